@@ -1,0 +1,258 @@
+//! A small HTTP client for the gateway's API, used by `rollout submit`, `rollout status`,
+//! `rollout up --submit`, the tests and the benchmarks.
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::gateway::StatusView;
+use crate::gateway::jobs::{CancelResponse, JobView, SubmitResponse};
+use crate::gateway::results::ResultPage;
+use crate::model::Task;
+
+/// A failed API call.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The gateway could not be reached.
+    #[error(
+        "cannot reach the gateway at {url}: {source} (is `rollout serve` or `rollout up` running? set --gateway)"
+    )]
+    Unreachable {
+        /// The URL called.
+        url: String,
+        /// The transport error.
+        source: reqwest::Error,
+    },
+    /// The gateway answered with an error.
+    #[error("gateway answered {status}: {body}")]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The JSON error body.
+        body: String,
+    },
+    /// The answer was not the expected JSON.
+    #[error("unexpected answer from the gateway: {0}")]
+    Decode(reqwest::Error),
+}
+
+/// Gateway client.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client of the gateway at `base` (e.g. `http://127.0.0.1:7878`).
+    pub fn new(base: &str) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(120))
+            .build()
+            .expect("HTTP client builds");
+        Self {
+            base: base.trim_end_matches('/').to_string(),
+            http,
+        }
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: String,
+    ) -> Result<T, ClientError> {
+        let resp = req
+            .send()
+            .await
+            .map_err(|source| ClientError::Unreachable { url, source })?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.text().await.unwrap_or_default();
+            return Err(ClientError::Api {
+                status: status.as_u16(),
+                body,
+            });
+        }
+        resp.json().await.map_err(ClientError::Decode)
+    }
+
+    /// `POST /v1/jobs`.
+    pub async fn submit(
+        &self,
+        tasks: &[Task],
+        batch_id: Option<&str>,
+    ) -> Result<SubmitResponse, ClientError> {
+        let url = format!("{}/v1/jobs", self.base);
+        let body = serde_json::json!({"tasks": tasks, "batch_id": batch_id});
+        self.send(self.http.post(&url).json(&body), url).await
+    }
+
+    /// `GET /v1/results`.
+    pub async fn results(
+        &self,
+        batch: Option<&str>,
+        after: i64,
+        wait_ms: u64,
+    ) -> Result<ResultPage, ClientError> {
+        let mut url = format!(
+            "{}/v1/results?after={after}&wait_ms={wait_ms}&limit=1000",
+            self.base
+        );
+        if let Some(b) = batch {
+            url.push_str(&format!("&batch={b}"));
+        }
+        self.send(self.http.get(&url), url).await
+    }
+
+    /// `GET /v1/status`.
+    pub async fn status(&self, batch: Option<&str>) -> Result<StatusView, ClientError> {
+        let mut url = format!("{}/v1/status", self.base);
+        if let Some(b) = batch {
+            url.push_str(&format!("?batch={b}"));
+        }
+        self.send(self.http.get(&url), url).await
+    }
+
+    /// `GET /v1/jobs/{id}`.
+    pub async fn job(&self, id: &str) -> Result<JobView, ClientError> {
+        let url = format!("{}/v1/jobs/{id}", self.base);
+        self.send(self.http.get(&url), url).await
+    }
+
+    /// `POST /v1/jobs/{id}/cancel`.
+    pub async fn cancel(&self, id: &str) -> Result<CancelResponse, ClientError> {
+        let url = format!("{}/v1/jobs/{id}/cancel", self.base);
+        self.send(self.http.post(&url), url).await
+    }
+}
+
+/// What a followed batch ended with.
+#[derive(Debug, Clone, Default)]
+pub struct BatchSummary {
+    /// Results received.
+    pub results: u64,
+    /// Of which `done`.
+    pub done: u64,
+    /// Of which `failed`.
+    pub failed: u64,
+    /// Of which `cancelled`.
+    pub cancelled: u64,
+    /// Of which `timed_out`.
+    pub timed_out: u64,
+    /// Sum of rewards of `done` results.
+    pub reward_sum: f64,
+    /// Wall time from start of following to the last result.
+    pub elapsed: Duration,
+}
+
+impl std::fmt::Display for BatchSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mean = if self.done > 0 {
+            self.reward_sum / self.done as f64
+        } else {
+            0.0
+        };
+        let secs = self.elapsed.as_secs_f64();
+        write!(
+            f,
+            "{} results in {:.2} s ({:.1}/s): {} done, {} failed, {} timed out, {} cancelled; mean reward of done jobs {:.3}",
+            self.results,
+            secs,
+            if secs > 0.0 {
+                self.results as f64 / secs
+            } else {
+                0.0
+            },
+            self.done,
+            self.failed,
+            self.timed_out,
+            self.cancelled,
+            mean
+        )
+    }
+}
+
+impl Client {
+    /// Follows a batch's results until `expected` have arrived, showing a progress bar on
+    /// a terminal (or a line every few seconds otherwise).
+    pub async fn follow_batch(
+        &self,
+        batch: &str,
+        expected: u64,
+    ) -> Result<BatchSummary, ClientError> {
+        use crate::model::Status;
+        use std::io::IsTerminal;
+        let start = std::time::Instant::now();
+        let bar = if std::io::stderr().is_terminal() {
+            let bar = indicatif::ProgressBar::new(expected);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}",
+                )
+                .expect("valid template"),
+            );
+            Some(bar)
+        } else {
+            None
+        };
+        let mut last_line = std::time::Instant::now();
+        let mut s = BatchSummary::default();
+        let mut after = 0;
+        while s.results < expected {
+            let page = self.results(Some(batch), after, 2000).await?;
+            after = page.next_cursor;
+            for r in &page.results {
+                s.results += 1;
+                match r.status {
+                    Status::Done => {
+                        s.done += 1;
+                        s.reward_sum += r.reward.unwrap_or(0.0);
+                    }
+                    Status::Failed => s.failed += 1,
+                    Status::Cancelled => s.cancelled += 1,
+                    Status::TimedOut => s.timed_out += 1,
+                    Status::Queued | Status::Running => {}
+                }
+            }
+            let msg = format!(
+                "done {} failed {} timed_out {} cancelled {}",
+                s.done, s.failed, s.timed_out, s.cancelled
+            );
+            match &bar {
+                Some(bar) => {
+                    bar.set_position(s.results);
+                    bar.set_message(msg);
+                }
+                None if last_line.elapsed() >= Duration::from_secs(3) || s.results >= expected => {
+                    eprintln!("progress: {}/{} results ({msg})", s.results, expected);
+                    last_line = std::time::Instant::now();
+                }
+                None => {}
+            }
+        }
+        if let Some(bar) = bar {
+            bar.finish();
+        }
+        s.elapsed = start.elapsed();
+        Ok(s)
+    }
+}
+
+/// Reads tasks from JSON Lines (blank lines and `#` comments skipped), naming the line of
+/// the first bad one.
+pub fn read_tasks_jsonl(text: &str) -> Result<Vec<Task>, String> {
+    let mut tasks = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let de = &mut serde_json::Deserializer::from_str(line);
+        let task: Task = serde_path_to_error::deserialize(de)
+            .map_err(|e| format!("line {}: {} at `{}`", i + 1, e.inner(), e.path()))?;
+        tasks.push(task);
+    }
+    Ok(tasks)
+}

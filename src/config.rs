@@ -1,0 +1,540 @@
+//! The typed settings tree, loaded with the `config` crate.
+//!
+//! Sources, later ones winning: built-in defaults, then a TOML file (`--config PATH` or
+//! the `ROLLOUT_CONFIG` variable), then environment variables `ROLLOUT__SECTION__KEY`
+//! (double underscores separate the levels, so snake_case keys survive, e.g.
+//! `ROLLOUT__QUEUE__DELIVERY_LIMIT=5`). Every value is checked once at load time, and an
+//! error names the key and what was expected, so a typo fails at start-up rather than as
+//! a stuck job.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Stage, is_subject_token};
+
+/// A configuration problem a user can fix: names the key and what was expected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file or environment could not be read or did not have the expected shape.
+    #[error("configuration error: {0} (see rollout.example.toml for every key and its type)")]
+    Load(#[from] config::ConfigError),
+    /// A value parsed but is out of range or inconsistent.
+    #[error("configuration error: `{key}` {problem}")]
+    Invalid {
+        /// The dotted key, e.g. `queue.delivery_limit`.
+        key: String,
+        /// What is wrong and what is expected.
+        problem: String,
+    },
+}
+
+/// All settings of every binary. Each binary reads the sections it needs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// NATS connection and naming.
+    pub nats: NatsSettings,
+    /// Database connection.
+    pub database: DatabaseSettings,
+    /// HTTP gateway.
+    pub gateway: GatewaySettings,
+    /// This machine's identity.
+    pub node: NodeSettings,
+    /// Delivery and retry policy of the work queue.
+    pub queue: QueueSettings,
+    /// Per-stage worker settings.
+    pub stages: StagesSettings,
+    /// The hand-off repair loop.
+    pub reconciler: ReconcilerSettings,
+    /// Where `rollout up` keeps its SQLite file and NATS data.
+    pub state_dir: PathBuf,
+    /// Logging.
+    pub log: LogSettings,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            nats: NatsSettings::default(),
+            database: DatabaseSettings::default(),
+            gateway: GatewaySettings::default(),
+            node: NodeSettings::default(),
+            queue: QueueSettings::default(),
+            stages: StagesSettings::default(),
+            reconciler: ReconcilerSettings::default(),
+            state_dir: PathBuf::from(".rollout"),
+            log: LogSettings::default(),
+        }
+    }
+}
+
+/// NATS settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsSettings {
+    /// Server URL, e.g. `nats://127.0.0.1:4222`.
+    pub url: String,
+    /// Prefix of every subject (`<prefix>.init`, …) and stream name. Two deployments (or
+    /// two test runs) with different prefixes share a NATS server without interfering.
+    pub prefix: String,
+}
+
+impl Default for NatsSettings {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            prefix: "rollout".into(),
+        }
+    }
+}
+
+/// Database settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseSettings {
+    /// `sqlite://PATH` (the default is a file under the state directory) or
+    /// `postgres://…`. Empty means the default SQLite file.
+    pub url: String,
+    /// Pool size.
+    pub max_connections: u32,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            max_connections: 8,
+        }
+    }
+}
+
+/// HTTP gateway settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewaySettings {
+    /// Listen address.
+    pub listen: String,
+    /// Largest accepted request body in bytes; larger bodies get 413.
+    pub max_body_bytes: usize,
+    /// Most tasks accepted in one `POST /v1/jobs`.
+    pub max_tasks_per_request: usize,
+    /// Longest `wait_ms` a long-poll may ask for.
+    pub max_wait_ms: u64,
+}
+
+impl Default for GatewaySettings {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:7878".into(),
+            max_body_bytes: 16 * 1024 * 1024,
+            max_tasks_per_request: 10_000,
+            max_wait_ms: 60_000,
+        }
+    }
+}
+
+/// This machine's identity.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeSettings {
+    /// Node name: jobs whose RUN must happen where their sandbox lives are routed to
+    /// `<prefix>.run.<name>`. Letters, digits, `-` and `_` only. Defaults to the host name.
+    pub name: String,
+}
+
+impl Default for NodeSettings {
+    fn default() -> Self {
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".into());
+        Self {
+            name: sanitize_node_name(&host),
+        }
+    }
+}
+
+/// Turns a host name into a valid subject token (`node1.cluster` → `node1-cluster`).
+pub fn sanitize_node_name(host: &str) -> String {
+    let s: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if s.is_empty() || s == "any" {
+        "node".into()
+    } else {
+        s
+    }
+}
+
+/// Delivery and retry policy.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueSettings {
+    /// How many times a stage message is delivered before the job is failed and the
+    /// message kept on `<prefix>.dead`.
+    pub delivery_limit: i64,
+    /// How long a worker may hold a message without acknowledging progress before
+    /// JetStream redelivers it (ms). Workers send progress every third of this.
+    pub ack_wait_ms: u64,
+    /// First delay of a nak after a transient fault (ms); doubles per delivery.
+    pub nak_delay_ms: u64,
+    /// Longest nak delay (ms).
+    pub nak_delay_max_ms: u64,
+    /// JetStream duplicate window (ms): re-publishes inside it are dropped.
+    pub duplicate_window_ms: u64,
+    /// Results larger than this many bytes are published as a reference to
+    /// `GET /v1/jobs/{id}` instead of inline.
+    pub max_result_bytes: usize,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        Self {
+            delivery_limit: 5,
+            ack_wait_ms: 30_000,
+            nak_delay_ms: 500,
+            nak_delay_max_ms: 30_000,
+            duplicate_window_ms: 120_000,
+            max_result_bytes: 512 * 1024,
+        }
+    }
+}
+
+/// Per-stage worker settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StagesSettings {
+    /// INIT workers.
+    pub init: StageSettings,
+    /// RUN workers.
+    pub run: StageSettings,
+    /// EVAL workers.
+    pub eval: StageSettings,
+    /// After SIGTERM, how long in-flight stages may keep running before they are handed
+    /// back to the queue (ms). Slurm's default grace before SIGKILL is 30 s.
+    pub grace_ms: u64,
+}
+
+impl Default for StagesSettings {
+    fn default() -> Self {
+        Self {
+            init: StageSettings::with_timeout(600_000),
+            run: StageSettings::with_timeout(3_600_000),
+            eval: StageSettings::with_timeout(1_800_000),
+            grace_ms: 20_000,
+        }
+    }
+}
+
+impl StagesSettings {
+    /// The settings of one stage.
+    pub fn get(&self, stage: Stage) -> &StageSettings {
+        match stage {
+            Stage::Init => &self.init,
+            Stage::Run => &self.run,
+            Stage::Eval => &self.eval,
+        }
+    }
+}
+
+/// Settings of one stage's workers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StageSettings {
+    /// Jobs one worker process runs at once in this stage.
+    pub concurrency: usize,
+    /// Longest a stage may run once started (ms); queue wait does not count.
+    pub timeout_ms: u64,
+}
+
+impl StageSettings {
+    fn with_timeout(timeout_ms: u64) -> Self {
+        Self {
+            concurrency: 64,
+            timeout_ms,
+        }
+    }
+}
+
+impl Default for StageSettings {
+    fn default() -> Self {
+        Self::with_timeout(600_000)
+    }
+}
+
+/// The reconciler, which repairs hand-offs lost between the database and the queue.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcilerSettings {
+    /// Run the reconciler in this process (the gateway and `up` do by default).
+    pub enabled: bool,
+    /// How often it sweeps (ms).
+    pub interval_ms: u64,
+    /// A queued job with no change for this long has its stage message re-published (ms).
+    /// Re-publishing is harmless: duplicates are dropped on pickup.
+    pub stale_after_ms: u64,
+    /// Most jobs re-published per sweep.
+    pub batch_limit: i64,
+}
+
+impl Default for ReconcilerSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval_ms: 5_000,
+            stale_after_ms: 300_000,
+            batch_limit: 1000,
+        }
+    }
+}
+
+/// Logging settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    /// `tracing` filter, e.g. `info` or `rollout=debug`; `RUST_LOG` overrides it.
+    pub level: String,
+    /// Emit JSON lines instead of human-readable text.
+    pub json: bool,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+            json: false,
+        }
+    }
+}
+
+impl Settings {
+    /// Loads settings from defaults, the optional file and the environment.
+    ///
+    /// `path` wins over `ROLLOUT_CONFIG`. A named file that does not exist is an error.
+    pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
+        let env_path = std::env::var_os("ROLLOUT_CONFIG").map(PathBuf::from);
+        let file = path.map(Path::to_path_buf).or(env_path);
+        Self::load_from(file.as_deref(), std::env::vars())
+    }
+
+    /// Loads from an explicit file and set of environment variables (testable core of
+    /// [`Settings::load`]).
+    pub fn load_from(
+        file: Option<&Path>,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
+        let defaults = config::Config::try_from(&Settings::default())?;
+        let mut builder = config::Config::builder().add_source(defaults);
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid {
+                    key: "--config / ROLLOUT_CONFIG".into(),
+                    problem: format!("names `{}`, which does not exist", file.display()),
+                });
+            }
+            builder = builder.add_source(
+                config::File::from(file.to_path_buf()).format(config::FileFormat::Toml),
+            );
+        }
+        let env: config::Map<String, String> = vars
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("ROLLOUT__"))
+            .collect();
+        builder = builder.add_source(
+            config::Environment::with_prefix("ROLLOUT")
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(env)),
+        );
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, problem: &str| {
+            Err(ConfigError::Invalid {
+                key: key.into(),
+                problem: problem.into(),
+            })
+        };
+        if !(self.nats.url.starts_with("nats://")
+            || self.nats.url.starts_with("tls://")
+            || self.nats.url.starts_with("ws://")
+            || self.nats.url.starts_with("wss://"))
+        {
+            return bad(
+                "nats.url",
+                "must be a NATS URL such as nats://127.0.0.1:4222",
+            );
+        }
+        if !is_subject_token(&self.nats.prefix) {
+            return bad(
+                "nats.prefix",
+                "must be 1-128 letters, digits, `-` or `_` (it becomes a subject token)",
+            );
+        }
+        let db = &self.database.url;
+        if !(db.is_empty()
+            || db.starts_with("sqlite:")
+            || db.starts_with("postgres://")
+            || db.starts_with("postgresql://"))
+        {
+            return bad(
+                "database.url",
+                "must start with sqlite:, postgres:// or postgresql:// (empty = SQLite under state_dir)",
+            );
+        }
+        if self.database.max_connections == 0 {
+            return bad("database.max_connections", "must be at least 1");
+        }
+        if self.gateway.listen.parse::<std::net::SocketAddr>().is_err() {
+            return bad(
+                "gateway.listen",
+                "must be an address with a port, e.g. 127.0.0.1:7878",
+            );
+        }
+        if !is_subject_token(&self.node.name) || self.node.name == "any" {
+            return bad(
+                "node.name",
+                "must be letters, digits, `-` or `_`, and not `any`",
+            );
+        }
+        if self.queue.delivery_limit < 1 {
+            return bad("queue.delivery_limit", "must be at least 1");
+        }
+        if self.queue.ack_wait_ms < 300 {
+            return bad("queue.ack_wait_ms", "must be at least 300");
+        }
+        for stage in Stage::ALL {
+            let s = self.stages.get(stage);
+            if s.concurrency == 0 {
+                return bad(&format!("stages.{stage}.concurrency"), "must be at least 1");
+            }
+            if s.timeout_ms == 0 {
+                return bad(&format!("stages.{stage}.timeout_ms"), "must be at least 1");
+            }
+        }
+        Ok(())
+    }
+
+    /// The database URL, with the empty default resolved to a SQLite file under the
+    /// state directory.
+    pub fn database_url(&self) -> String {
+        if self.database.url.is_empty() {
+            format!("sqlite://{}", self.state_dir.join("rollout.db").display())
+        } else {
+            self.database.url.clone()
+        }
+    }
+
+    /// The ack-wait as a [`Duration`].
+    pub fn ack_wait(&self) -> Duration {
+        Duration::from_millis(self.queue.ack_wait_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let s = Settings::load_from(None, env(&[])).unwrap();
+        assert_eq!(s.nats.url, "nats://127.0.0.1:4222");
+        assert_eq!(s.gateway.listen, "127.0.0.1:7878");
+        assert!(s.database_url().starts_with("sqlite://"));
+    }
+
+    #[test]
+    fn environment_overrides_nested_snake_case_keys() {
+        let s = Settings::load_from(
+            None,
+            env(&[
+                ("ROLLOUT__NATS__URL", "nats://10.0.0.1:4222"),
+                ("ROLLOUT__QUEUE__DELIVERY_LIMIT", "9"),
+                ("ROLLOUT__STAGES__RUN__CONCURRENCY", "3"),
+                ("ROLLOUT__NODE__NAME", "gpu-7"),
+                ("UNRELATED", "x"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.nats.url, "nats://10.0.0.1:4222");
+        assert_eq!(s.queue.delivery_limit, 9);
+        assert_eq!(s.stages.run.concurrency, 3);
+        assert_eq!(s.node.name, "gpu-7");
+    }
+
+    #[test]
+    fn file_then_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[gateway]\nlisten = \"0.0.0.0:9000\"\n[stages.eval]\ntimeout_ms = 5\n",
+        )
+        .unwrap();
+        let s = Settings::load_from(
+            Some(&path),
+            env(&[("ROLLOUT__GATEWAY__LISTEN", "127.0.0.1:1")]),
+        )
+        .unwrap();
+        assert_eq!(s.gateway.listen, "127.0.0.1:1");
+        assert_eq!(s.stages.eval.timeout_ms, 5);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let e = Settings::load_from(None, env(&[("ROLLOUT__QUEUE__DELIVERY_LIMIT", "lots")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("delivery_limit"), "{e}");
+        let e = Settings::load_from(None, env(&[("ROLLOUT__GATEWAY__LISTEN", "nowhere")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gateway.listen"), "{e}");
+        let e = Settings::load_from(None, env(&[("ROLLOUT__DATABASE__URL", "mysql://x")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("database.url"), "{e}");
+        let e = Settings::load_from(Some(Path::new("/nonexistent/rollout.toml")), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn unknown_file_keys_are_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[gateway]\nlisten_addr = \"x\"\n").unwrap();
+        let e = Settings::load_from(Some(&path), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("listen_addr"), "{e}");
+    }
+
+    #[test]
+    fn node_names_become_subject_tokens() {
+        assert_eq!(sanitize_node_name("n1.cluster.local"), "n1-cluster-local");
+        assert_eq!(sanitize_node_name("any"), "node");
+    }
+}

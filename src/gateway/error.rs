@@ -1,0 +1,85 @@
+//! The gateway's one error type: every failure becomes a JSON body with a message and,
+//! for bad input, the path of the offending field.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// The JSON body of every error response.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ApiErrorBody {
+    /// What went wrong and what to do about it.
+    pub error: String,
+    /// The offending field for bad input, as a path such as `tasks[2].spec.run_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// An error response.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Body.
+    pub body: ApiErrorBody,
+}
+
+impl ApiError {
+    /// 400 naming `field`.
+    pub fn bad_field(field: impl Into<String>, error: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, error, Some(field.into()))
+    }
+
+    /// An error with any status.
+    pub fn new(status: StatusCode, error: impl Into<String>, field: Option<String>) -> Self {
+        Self {
+            status,
+            body: ApiErrorBody {
+                error: error.into(),
+                field,
+            },
+        }
+    }
+
+    /// 404.
+    pub fn not_found(what: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, what, None)
+    }
+
+    /// 503: a dependency is down; the caller should retry.
+    pub fn unavailable(error: impl std::fmt::Display) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{error}; retry the request"),
+            None,
+        )
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        tracing::warn!(error = %e, "database error in request");
+        ApiError::unavailable(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+/// Maps a query-string rejection to a 400 naming the parameter when it can.
+pub fn query_error(e: axum::extract::rejection::QueryRejection) -> ApiError {
+    let text = e.body_text();
+    // serde_urlencoded messages look like "…: unknown field `x`, expected …" or
+    // "…: invalid digit found in string"; name the field when the text does.
+    let field = text
+        .split('`')
+        .nth(1)
+        .map(str::to_string)
+        .filter(|f| !f.is_empty());
+    ApiError::new(StatusCode::BAD_REQUEST, text, field)
+}

@@ -1,0 +1,352 @@
+//! `/v1/jobs`: submit, inspect, list and cancel jobs.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::error::{ApiError, ApiErrorBody};
+use super::params::Params;
+use super::{AppState, publish_submitted};
+use crate::model::{Job, JobResult, Outcome, Status, Task, is_subject_token};
+use crate::now_ms;
+use crate::store::{FinishIf, JobEvent, JobQuery, NewJob, Submitted};
+
+/// Body of `POST /v1/jobs`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRequest {
+    /// The tasks to run; each becomes one job.
+    pub tasks: Vec<Task>,
+    /// Batch to add the jobs to (created if new). Letters, digits, `-`, `_`. A fresh id is
+    /// generated when absent.
+    #[serde(default)]
+    pub batch_id: Option<String>,
+}
+
+/// Response of `POST /v1/jobs`: one entry per task, in order.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SubmitResponse {
+    /// The batch.
+    pub batch_id: String,
+    /// The jobs.
+    pub jobs: Vec<Submitted>,
+}
+
+/// Response of `GET /v1/jobs/{id}`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JobView {
+    /// The job's state and per-stage timings.
+    pub job: Job,
+    /// Its result, once it ended.
+    pub result: Option<JobResult>,
+    /// Its event log.
+    pub events: Vec<JobEvent>,
+}
+
+/// Response of `GET /v1/jobs`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JobPage {
+    /// Jobs in id (creation) order.
+    pub jobs: Vec<Job>,
+    /// Pass as `cursor` to get the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// Query of `GET /v1/jobs`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[allow(dead_code)] // documents the parameters; parsed by hand for precise errors
+pub struct ListQuery {
+    /// Only jobs of this batch.
+    batch: Option<String>,
+    /// Only jobs with this status.
+    status: Option<Status>,
+    /// Page size (default 100, at most 1000).
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// Response of `POST /v1/jobs/{id}/cancel`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CancelResponse {
+    /// The job.
+    pub id: String,
+    /// Its status now (`cancelled`).
+    pub status: Status,
+}
+
+const MAX_ID_LEN: usize = 256;
+
+/// Parses and validates a submit body; nothing is written unless every task is valid.
+fn parse_submit(state: &AppState, body: &[u8]) -> Result<(String, Vec<NewJob>), ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let req: SubmitRequest = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = (path != ".").then_some(path);
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {}", e.inner()),
+            field,
+        )
+    })?;
+    de.end().map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+            None,
+        )
+    })?;
+    let limits = &state.settings.gateway;
+    if req.tasks.is_empty() {
+        return Err(ApiError::bad_field("tasks", "`tasks` must not be empty"));
+    }
+    if req.tasks.len() > limits.max_tasks_per_request {
+        return Err(ApiError::bad_field(
+            "tasks",
+            format!(
+                "at most {} tasks per request (got {}); split the submission",
+                limits.max_tasks_per_request,
+                req.tasks.len()
+            ),
+        ));
+    }
+    let batch_id = match req.batch_id {
+        Some(b) if !is_subject_token(&b) => {
+            return Err(ApiError::bad_field(
+                "batch_id",
+                "`batch_id` must be 1-128 letters, digits, `-` or `_`",
+            ));
+        }
+        Some(b) => b,
+        None => format!("b-{}", uuid::Uuid::now_v7().simple()),
+    };
+    let mut jobs = Vec::with_capacity(req.tasks.len());
+    for (i, task) in req.tasks.into_iter().enumerate() {
+        let at = |f: &str| format!("tasks[{i}].{f}");
+        let Some(kind) = state.kinds.get(&task.kind) else {
+            return Err(ApiError::bad_field(
+                at("kind"),
+                format!(
+                    "unknown task kind `{}`; this service knows: {}",
+                    task.kind,
+                    state.kinds.names().join(", ")
+                ),
+            ));
+        };
+        for (name, v) in [("client_id", &task.client_id), ("group_id", &task.group_id)] {
+            if let Some(v) = v
+                && (v.is_empty() || v.len() > MAX_ID_LEN)
+            {
+                return Err(ApiError::bad_field(
+                    at(name),
+                    format!("`{name}` must be 1-{MAX_ID_LEN} characters"),
+                ));
+            }
+        }
+        if !(task.metadata.is_null() || task.metadata.is_object()) {
+            return Err(ApiError::bad_field(
+                at("metadata"),
+                "`metadata` must be an object",
+            ));
+        }
+        kind.validate(&task.spec).map_err(|e| {
+            let field = if e.path.is_empty() {
+                at("spec")
+            } else {
+                at(&format!("spec.{}", e.path))
+            };
+            ApiError::bad_field(field, format!("invalid spec: {}", e.message))
+        })?;
+        jobs.push(NewJob {
+            id: uuid::Uuid::now_v7().to_string(),
+            kind: task.kind.clone(),
+            client_id: task.client_id.clone(),
+            group_id: task.group_id.clone(),
+            task: serde_json::to_value(&task).expect("task serialises"),
+        });
+    }
+    Ok((batch_id, jobs))
+}
+
+/// Submit tasks.
+///
+/// Writes every job in one transaction, then queues them for INIT. A task whose
+/// `client_id` was submitted before returns the existing job (`duplicate: true`), so a
+/// retried request never creates jobs twice.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    tag = "jobs",
+    request_body = SubmitRequest,
+    responses(
+        (status = 201, description = "Jobs created (or found, for repeated client ids)", body = SubmitResponse),
+        (status = 400, description = "Invalid input; `field` names the problem", body = ApiErrorBody),
+        (status = 413, description = "Body too large", body = ApiErrorBody),
+        (status = 503, description = "Database or NATS unavailable; retry", body = ApiErrorBody),
+    )
+)]
+pub async fn submit(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<SubmitResponse>), ApiError> {
+    let body = body.map_err(|e| {
+        let status = e.status();
+        let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!(
+                "request body larger than {} bytes; split the submission",
+                state.settings.gateway.max_body_bytes
+            )
+        } else {
+            e.body_text()
+        };
+        ApiError::new(status, msg, None)
+    })?;
+    let (batch_id, jobs) = parse_submit(&state, &body)?;
+    let submitted = state.store.submit(&batch_id, &jobs, now_ms()).await?;
+    metrics::counter!(crate::metrics::JOBS_SUBMITTED)
+        .increment(submitted.iter().filter(|s| !s.duplicate).count() as u64);
+    publish_submitted(&state, &submitted).await.map_err(|e| {
+        ApiError::unavailable(format!(
+            "jobs were recorded but could not be queued ({e}); resubmit with the same \
+             client_id values, or the reconciler will queue them"
+        ))
+    })?;
+    tracing::info!(batch_id, jobs = submitted.len(), "tasks submitted");
+    Ok((
+        StatusCode::CREATED,
+        Json(SubmitResponse {
+            batch_id,
+            jobs: submitted,
+        }),
+    ))
+}
+
+/// One job: its state, per-stage timings, result and event log.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}",
+    tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses(
+        (status = 200, body = JobView),
+        (status = 404, body = ApiErrorBody),
+    )
+)]
+pub async fn get_job(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobView>, ApiError> {
+    let job = state
+        .store
+        .job(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no job with id `{id}`")))?;
+    let result = state.store.result(&id).await?;
+    let events = state.store.events(&id).await?;
+    Ok(Json(JobView {
+        job,
+        result,
+        events,
+    }))
+}
+
+/// A page of jobs, optionally of one batch and status, in creation order.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs",
+    tag = "jobs",
+    params(ListQuery),
+    responses(
+        (status = 200, body = JobPage),
+        (status = 400, body = ApiErrorBody),
+    )
+)]
+pub async fn list_jobs(
+    State(state): State<AppState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<JobPage>, ApiError> {
+    let p = Params::new(q, &["batch", "status", "limit", "cursor"])?;
+    let status = match p.string("status") {
+        None => None,
+        Some(s) => Some(Status::parse(&s).ok_or_else(|| {
+            ApiError::bad_field(
+                "status",
+                format!(
+                    "unknown status `{s}`; expected queued, running, done, failed, cancelled or timed_out"
+                ),
+            )
+        })?),
+    };
+    let limit = p.bounded("limit", 100, 1000)?.max(1);
+    let query = JobQuery {
+        batch: p.string("batch"),
+        status,
+        cursor: p.string("cursor"),
+        limit,
+    };
+    let jobs = state.store.list_jobs(&query).await?;
+    let next_cursor = (jobs.len() as i64 == limit)
+        .then(|| jobs.last().map(|j| j.id.clone()))
+        .flatten();
+    Ok(Json(JobPage { jobs, next_cursor }))
+}
+
+/// Cancel a job.
+///
+/// A queued job never runs; a running job's worker stops it within a second (it is told
+/// over `rollout.cancel`, and also finds out at its next lease renewal). The job ends
+/// `cancelled` and its result (with any partial output) is published like any other.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/cancel",
+    tag = "jobs",
+    params(("id" = String, Path, description = "Job id")),
+    responses(
+        (status = 200, body = CancelResponse),
+        (status = 404, body = ApiErrorBody),
+        (status = 409, description = "The job already ended", body = ApiErrorBody),
+    )
+)]
+pub async fn cancel_job(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<CancelResponse>, ApiError> {
+    let outcome = Outcome {
+        status: Status::Cancelled,
+        reward: None,
+        error: Some("cancelled by request".into()),
+        eval_output: None,
+    };
+    match state
+        .store
+        .finish(&FinishIf::Live, &id, &outcome, now_ms())
+        .await?
+    {
+        Some(result) => {
+            tracing::info!(job_id = %id, "job cancelled");
+            metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "cancelled").increment(1);
+            if let Err(e) = state.queue.publish_cancel(&id).await {
+                tracing::warn!(job_id = %id, error = %e, "cancel broadcast failed; the worker will notice at its next lease renewal");
+            }
+            crate::worker::publish_result(&state.queue, state.store.as_ref(), &result).await;
+            Ok(Json(CancelResponse {
+                id,
+                status: Status::Cancelled,
+            }))
+        }
+        None => match state.store.job(&id).await? {
+            None => Err(ApiError::not_found(format!("no job with id `{id}`"))),
+            Some(job) => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!("job already ended with status `{}`", job.status),
+                None,
+            )),
+        },
+    }
+}

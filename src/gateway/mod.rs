@@ -1,0 +1,293 @@
+//! The HTTP gateway: the API trainers and dashboards use.
+//!
+//! Stateless: everything lives in the database and the queue, so any number of gateways
+//! can run behind a balancer. The OpenAPI document at `GET /openapi.json` is generated
+//! from the handlers' annotations, so it cannot drift from the code.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use futures::StreamExt;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use utoipa::{OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::config::Settings;
+use crate::kinds::Registry;
+use crate::model::{BatchCounters, Stage, Status, WorkMessage};
+use crate::queue::Queue;
+use crate::store::{StatusCount, Store, Submitted};
+
+pub mod error;
+pub mod jobs;
+mod params;
+pub mod results;
+
+use error::{ApiError, ApiErrorBody};
+use params::Params;
+
+/// Shared state of all handlers.
+#[derive(Clone)]
+pub struct AppState {
+    /// Job state.
+    pub store: Arc<dyn Store>,
+    /// The queue.
+    pub queue: Queue,
+    /// Known task kinds (for validation).
+    pub kinds: Registry,
+    /// Settings.
+    pub settings: Arc<Settings>,
+    /// Changes whenever a result is published (a wake-up for long-polls and streams).
+    pub results_signal: watch::Receiver<u64>,
+    /// Fires at shutdown; streaming responses end on it.
+    pub shutdown: CancellationToken,
+    /// Metrics renderer.
+    pub metrics: PrometheusHandle,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "rollout",
+        description = "Rollout service for RL training of multi-turn LLM agents: submit tasks, \
+                       receive scored trajectories."
+    ),
+    tags(
+        (name = "jobs", description = "Submit, inspect and cancel jobs"),
+        (name = "results", description = "Receive results in a stable order"),
+        (name = "service", description = "Health, metrics and counts"),
+    )
+)]
+struct ApiDoc;
+
+/// Builds the router and the OpenAPI document.
+pub fn router(state: AppState) -> Router {
+    let max_body = state.settings.gateway.max_body_bytes;
+    let (router, api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(jobs::submit, jobs::list_jobs))
+        .routes(routes!(jobs::get_job))
+        .routes(routes!(jobs::cancel_job))
+        .routes(routes!(results::results))
+        .routes(routes!(results::results_stream))
+        .routes(routes!(status))
+        .routes(routes!(healthz))
+        .routes(routes!(metrics_text))
+        .with_state(state)
+        .split_for_parts();
+    let api = Arc::new(api);
+    router
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let api = api.clone();
+                async move { Json(api.as_ref().clone()) }
+            }),
+        )
+        .fallback(|| async {
+            ApiError::not_found("no such endpoint; see GET /openapi.json for the API")
+        })
+        .layer(DefaultBodyLimit::max(max_body))
+}
+
+/// Publishes the INIT hand-off of submitted jobs that are still waiting for INIT (new
+/// ones, and repeated ones whose first publish may have been lost).
+pub async fn publish_submitted(
+    state: &AppState,
+    submitted: &[Submitted],
+) -> Result<(), crate::queue::QueueError> {
+    let msgs = submitted
+        .iter()
+        .filter(|s| s.status == Status::Queued && s.stage == Stage::Init)
+        .map(|s| {
+            (
+                WorkMessage {
+                    job_id: s.id.clone(),
+                    stage: Stage::Init,
+                    epoch: s.epoch,
+                },
+                None,
+            )
+        })
+        .collect();
+    state.queue.publish_work_many(msgs).await
+}
+
+/// Keeps `tx` changing whenever a result is published, until `shutdown`.
+pub async fn watch_results(queue: Queue, tx: watch::Sender<u64>, shutdown: CancellationToken) {
+    loop {
+        let mut sub = match queue.subscribe_results().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot subscribe to results; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        };
+        loop {
+            tokio::select! {
+                m = sub.next() => match m {
+                    Some(_) => { tx.send_modify(|n| *n += 1); }
+                    None => break,
+                },
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// Response of `GET /v1/status`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StatusView {
+    /// Jobs by status and stage.
+    pub counts: Vec<StatusCount>,
+    /// The batch's counters, when a batch was named.
+    pub batch: Option<BatchCounters>,
+}
+
+/// Job counts by status and stage, for everything or one batch.
+#[utoipa::path(
+    get,
+    path = "/v1/status",
+    tag = "service",
+    params(("batch" = Option<String>, Query, description = "Only this batch")),
+    responses((status = 200, body = StatusView), (status = 404, body = ApiErrorBody))
+)]
+async fn status(
+    State(state): State<AppState>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Result<Json<StatusView>, ApiError> {
+    let p = Params::new(q, &["batch"])?;
+    let batch_id = p.string("batch");
+    let counts = state.store.counts(batch_id.as_deref()).await?;
+    let batch = match &batch_id {
+        Some(b) => Some(
+            state
+                .store
+                .batch(b)
+                .await?
+                .ok_or_else(|| ApiError::not_found(format!("no batch with id `{b}`")))?,
+        ),
+        None => None,
+    };
+    Ok(Json(StatusView { counts, batch }))
+}
+
+/// Reachability of one dependency.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DependencyHealth {
+    /// Whether it answered.
+    pub ok: bool,
+    /// Why not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Response of `GET /healthz`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok` or `degraded`.
+    pub status: String,
+    /// NATS.
+    pub nats: DependencyHealth,
+    /// The database.
+    pub database: DependencyHealth,
+}
+
+/// Health: whether NATS and the database answer. 503 when either does not.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "service",
+    responses((status = 200, body = Health), (status = 503, body = Health))
+)]
+async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+    let (nats, db) = tokio::join!(state.queue.ping(), async {
+        tokio::time::timeout(Duration::from_secs(2), state.store.ping())
+            .await
+            .map_err(|_| "timed out after 2 s".to_string())?
+            .map_err(|e| e.to_string())
+    });
+    let dep = |r: Result<(), String>| DependencyHealth {
+        ok: r.is_ok(),
+        error: r.err(),
+    };
+    let nats = dep(nats.map_err(|e| e.to_string()));
+    let database = dep(db);
+    let ok = nats.ok && database.ok;
+    (
+        if ok {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
+        Json(Health {
+            status: if ok { "ok" } else { "degraded" }.into(),
+            nats,
+            database,
+        }),
+    )
+}
+
+/// Prometheus metrics of this process, plus job counts by status from the database.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "service",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain"))
+)]
+async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
+    if let Ok(counts) = state.store.counts(None).await {
+        for st in Status::ALL {
+            let n: i64 = counts
+                .iter()
+                .filter(|c| c.status == st)
+                .map(|c| c.count)
+                .sum();
+            metrics::gauge!(crate::metrics::JOBS_BY_STATUS, "status" => st.as_str()).set(n as f64);
+        }
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        state.metrics.render(),
+    )
+}
+
+/// Serves `router` on `listener` until `shutdown`, then drains connections for at most
+/// five seconds (streaming responses end on `shutdown` themselves; the deadline covers
+/// anything else that would hold shutdown hostage).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let signal = shutdown.clone();
+    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+        signal.cancelled().await;
+    });
+    let server = server.into_future();
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => r,
+        _ = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        } => {
+            tracing::warn!("connections still open 5 s after shutdown; closing them");
+            Ok(())
+        }
+    }
+}

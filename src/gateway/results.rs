@@ -1,0 +1,189 @@
+//! `/v1/results`: every job's result, in a stable order, by long-poll or Server-Sent Events.
+//!
+//! Results are ordered by `seq`, which the store hands out in commit order, so a reader
+//! that remembers the last `seq` it saw and asks for `after=<seq>` gets every later
+//! result exactly once, across any number of calls and reconnects. New results wake
+//! waiting readers through a subscription to `rollout.done.>`; readers also re-check the
+//! database every half second, so a missed wake-up costs at most that.
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::AppState;
+use super::error::{ApiError, ApiErrorBody};
+use super::params::Params;
+use crate::model::JobResult;
+
+/// Response of `GET /v1/results`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ResultPage {
+    /// Results with `seq > after`, in `seq` order.
+    pub results: Vec<JobResult>,
+    /// Pass as `after` next time (the last `seq` returned, or `after` if none).
+    pub next_cursor: i64,
+}
+
+/// Query of `GET /v1/results`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[allow(dead_code)] // documents the parameters; parsed by hand for precise errors
+pub struct ResultsQuery {
+    /// Only results of this batch.
+    batch: Option<String>,
+    /// Return results with `seq` greater than this (default 0: from the start).
+    after: Option<i64>,
+    /// If nothing is available yet, wait up to this long for a result (ms, default 0).
+    wait_ms: Option<u64>,
+    /// Page size (default 100, at most 1000).
+    limit: Option<i64>,
+}
+
+/// Query of `GET /v1/results/stream`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[allow(dead_code)]
+pub struct StreamQuery {
+    /// Only results of this batch.
+    batch: Option<String>,
+    /// Start after this `seq`; the `Last-Event-ID` header, sent by reconnecting
+    /// EventSource clients, wins over it.
+    after: Option<i64>,
+}
+
+const RECHECK: Duration = Duration::from_millis(500);
+
+/// Waits until a result may have arrived, at most `RECHECK` (or until `deadline`).
+async fn wait_for_results(state: &AppState, deadline: tokio::time::Instant) {
+    let mut rx = state.results_signal.clone();
+    let until = deadline.min(tokio::time::Instant::now() + RECHECK);
+    tokio::select! {
+        _ = rx.changed() => {}
+        _ = tokio::time::sleep_until(until) => {}
+        _ = state.shutdown.cancelled() => {}
+    }
+}
+
+/// Results after a cursor, waiting up to `wait_ms` when none are ready.
+#[utoipa::path(
+    get,
+    path = "/v1/results",
+    tag = "results",
+    params(ResultsQuery),
+    responses(
+        (status = 200, body = ResultPage),
+        (status = 400, body = ApiErrorBody),
+    )
+)]
+pub async fn results(
+    State(state): State<AppState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<ResultPage>, ApiError> {
+    let p = Params::new(q, &["batch", "after", "wait_ms", "limit"])?;
+    let batch = p.string("batch");
+    let after = p.bounded("after", 0, i64::MAX)?;
+    let max_wait = state.settings.gateway.max_wait_ms as i64;
+    let wait_ms = p.bounded("wait_ms", 0, max_wait)?;
+    let limit = p.bounded("limit", 100, 1000)?.max(1);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
+    loop {
+        let results = state
+            .store
+            .results_after(batch.as_deref(), after, limit)
+            .await?;
+        if !results.is_empty()
+            || tokio::time::Instant::now() >= deadline
+            || state.shutdown.is_cancelled()
+        {
+            let next_cursor = results.last().map_or(after, |r| r.seq);
+            return Ok(Json(ResultPage {
+                results,
+                next_cursor,
+            }));
+        }
+        wait_for_results(&state, deadline).await;
+    }
+}
+
+/// The same results as a Server-Sent Events stream: one `result` event per result, with
+/// the result's `seq` as the event id, so a reconnecting client resumes where it left off.
+#[utoipa::path(
+    get,
+    path = "/v1/results/stream",
+    tag = "results",
+    params(StreamQuery),
+    responses(
+        (status = 200, description = "text/event-stream of `result` events whose data is a JobResult"),
+        (status = 400, body = ApiErrorBody),
+    )
+)]
+pub async fn results_stream(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let p = Params::new(q, &["batch", "after"])?;
+    let batch = p.string("batch");
+    let mut after = p.bounded("after", 0, i64::MAX)?;
+    if let Some(v) = headers.get("last-event-id") {
+        after = v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .filter(|v| *v >= 0)
+            .ok_or_else(|| {
+                ApiError::bad_field("Last-Event-ID", "`Last-Event-ID` must be a result seq")
+            })?;
+    }
+    struct Cursor {
+        state: AppState,
+        batch: Option<String>,
+        after: i64,
+        buffer: VecDeque<JobResult>,
+    }
+    let init = Cursor {
+        state,
+        batch,
+        after,
+        buffer: VecDeque::new(),
+    };
+    let stream = futures::stream::unfold(init, |mut c| async move {
+        loop {
+            if let Some(r) = c.buffer.pop_front() {
+                c.after = r.seq;
+                let event = Event::default()
+                    .event("result")
+                    .id(r.seq.to_string())
+                    .json_data(&r)
+                    .expect("result serialises");
+                return Some((Ok(event), c));
+            }
+            if c.state.shutdown.is_cancelled() {
+                return None;
+            }
+            match c
+                .state
+                .store
+                .results_after(c.batch.as_deref(), c.after, 100)
+                .await
+            {
+                Ok(rows) if !rows.is_empty() => c.buffer.extend(rows),
+                Ok(_) => {
+                    let deadline = tokio::time::Instant::now() + RECHECK;
+                    wait_for_results(&c.state, deadline).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "result stream cannot read the database; retrying");
+                    tokio::time::sleep(RECHECK).await;
+                }
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}

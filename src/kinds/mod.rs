@@ -1,0 +1,168 @@
+//! Task kinds: the code that gives a job's stages their meaning.
+//!
+//! The backbone knows nothing about sandboxes, models or graders. It claims a stage,
+//! calls the task kind's hook for that stage with a [`StageContext`], and records what
+//! the hook returns: an output handed to the next stage, a route for RUN, a reward from
+//! EVAL, or a [`StageError`]. Timeouts, cancellation, retries and hand-offs are the
+//! worker's business, so a kind's hooks are plain async functions that may be dropped at
+//! any `.await` (when the stage times out or the job is cancelled) and must tolerate
+//! being run again after a crash (a redelivered stage starts over).
+//!
+//! Kinds that hold node-local resources (a sandbox) route RUN to their node with
+//! [`Route::ThisNode`] and release resources in [`TaskKind::cleanup`], which the worker
+//! calls whenever a job ends while it holds one of its stages.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::Job;
+
+pub mod synthetic;
+
+/// Why a stage did not produce an output.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StageError {
+    /// A permanent failure: the job ends `failed` with this message.
+    #[error("{0}")]
+    Failed(String),
+    /// A transient fault (a service unreachable, a resource busy): the stage is retried
+    /// with backoff until the delivery limit, then the job fails with this message.
+    #[error("{0}")]
+    Transient(String),
+}
+
+/// A problem in a task's `spec`, found at submit time.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct SpecError {
+    /// Path of the offending field inside `spec`, e.g. `run_ms` (empty for the whole spec).
+    pub path: String,
+    /// What is wrong and what is expected.
+    pub message: String,
+}
+
+impl SpecError {
+    /// Parses `spec` into `T`, reporting the path of the first bad field.
+    pub fn parse<T: serde::de::DeserializeOwned>(spec: &serde_json::Value) -> Result<T, SpecError> {
+        let spec = if spec.is_null() {
+            serde_json::Value::Object(Default::default())
+        } else {
+            spec.clone()
+        };
+        serde_path_to_error::deserialize(spec).map_err(|e| SpecError {
+            path: e.path().to_string().trim_start_matches('.').to_string(),
+            message: e.inner().to_string(),
+        })
+    }
+}
+
+/// Where a job's RUN stage must happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Any RUN worker (nothing node-local was created).
+    Any,
+    /// A RUN worker on the node that ran INIT (its sandbox lives there).
+    ThisNode,
+}
+
+/// What a stage hook sees.
+#[derive(Debug, Clone)]
+pub struct StageContext {
+    /// The job as claimed for this stage (task, earlier stages' outputs, attempts).
+    pub job: Job,
+    /// The node the stage runs on.
+    pub node: String,
+    /// Fires when the job is cancelled or the worker must hand the stage back; a hook
+    /// that does blocking or external work should watch it. Hooks are also dropped at
+    /// their next `.await` in those cases.
+    pub cancel: CancellationToken,
+}
+
+/// What INIT hands on.
+#[derive(Debug, Clone)]
+pub struct InitOutput {
+    /// Stored on the job and given to RUN and EVAL.
+    pub output: serde_json::Value,
+    /// Where RUN must happen.
+    pub route: Route,
+}
+
+/// What EVAL produces.
+#[derive(Debug, Clone)]
+pub struct EvalOutput {
+    /// The reward.
+    pub reward: f64,
+    /// Scoring details returned with the result.
+    pub details: serde_json::Value,
+}
+
+/// The code behind one task kind: a hook per stage.
+#[async_trait]
+pub trait TaskKind: Send + Sync + 'static {
+    /// The kind's name as written in a task's `kind` field.
+    fn name(&self) -> &'static str;
+
+    /// Checks a task's `spec` at submit time, so bad input is refused before any job is
+    /// written.
+    fn validate(&self, spec: &serde_json::Value) -> Result<(), SpecError>;
+
+    /// INIT: prepare what RUN needs.
+    async fn init(&self, ctx: &StageContext) -> Result<InitOutput, StageError>;
+
+    /// RUN: produce the episode's output.
+    async fn run(&self, ctx: &StageContext) -> Result<serde_json::Value, StageError>;
+
+    /// EVAL: score RUN's output.
+    async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError>;
+
+    /// Releases node-local resources of a job that ended (cancelled, timed out, failed)
+    /// while this node held one of its stages. Best effort; the default does nothing.
+    async fn cleanup(&self, _job: &Job) {}
+}
+
+/// The task kinds a process knows, by name.
+#[derive(Clone, Default)]
+pub struct Registry {
+    kinds: HashMap<&'static str, Arc<dyn TaskKind>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.kinds.keys()).finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every kind this build ships.
+    pub fn builtin() -> Self {
+        let mut r = Self::new();
+        r.register(Arc::new(synthetic::Synthetic));
+        r
+    }
+
+    /// Adds (or replaces) a kind.
+    pub fn register(&mut self, kind: Arc<dyn TaskKind>) {
+        self.kinds.insert(kind.name(), kind);
+    }
+
+    /// Looks a kind up by name.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn TaskKind>> {
+        self.kinds.get(name)
+    }
+
+    /// The names, sorted (for error messages).
+    pub fn names(&self) -> Vec<&'static str> {
+        let mut v: Vec<_> = self.kinds.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+}

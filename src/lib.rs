@@ -1,0 +1,51 @@
+//! `rollout`: a rollout service for reinforcement-learning training of multi-turn LLM agents.
+//!
+//! Trainers submit tasks over HTTP; each task becomes a *job* that flows through three
+//! stages — INIT (prepare a sandbox), RUN (drive the policy through an episode) and EVAL
+//! (score the outcome) — carried between stateless workers by NATS JetStream, with every
+//! state change recorded in SQLite or Postgres. The crate is a library with thin binaries:
+//! the `rollout` CLI (gateway, admin commands, the all-in-one `up`) and one worker binary
+//! per stage.
+//!
+//! Module map:
+//! - [`config`]: the typed settings tree (file, then `ROLLOUT__SECTION__KEY` environment).
+//! - [`model`]: jobs, stages, statuses, tasks and results — the domain types.
+//! - [`store`]: durable job state behind one trait, with SQLite and Postgres backends.
+//! - [`queue`]: JetStream streams, consumers, subjects and publishing.
+//! - [`kinds`]: the task-kind interface (a hook per stage) and the `synthetic` kind.
+//! - [`worker`]: the stage worker loop shared by the three worker binaries.
+//! - [`reconciler`]: repairs hand-offs lost between the database and the queue.
+//! - [`gateway`]: the HTTP API (axum) with its OpenAPI document and metrics.
+//! - [`client`]: an HTTP client of the gateway API (CLI, tests, benchmarks).
+//! - [`natsd`]: starting a local `nats-server` child for `rollout up` and tests.
+//! - [`local`]: the all-in-one `rollout up` runtime.
+//! - [`telemetry`], [`metrics`], [`shutdown`]: logging, Prometheus metrics and signals.
+
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod config;
+pub mod gateway;
+pub mod kinds;
+pub mod local;
+pub mod metrics;
+pub mod model;
+pub mod natsd;
+pub mod queue;
+pub mod reconciler;
+pub mod shutdown;
+pub mod store;
+pub mod telemetry;
+pub mod worker;
+
+/// Current wall-clock time in milliseconds since the Unix epoch.
+///
+/// All timestamps in the database are epoch milliseconds computed here rather than by the
+/// database, so SQLite and Postgres rows are directly comparable and tests can reason
+/// about them without dialect-specific time functions.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,297 @@
+//! Starting the pieces in one process: the gateway, workers, and `rollout up`.
+//!
+//! The binaries are thin: they load settings, call [`connect`], and start a gateway
+//! ([`run_gateway`]) or workers ([`run_workers`]). `rollout up` ([`up`]) does all of it on
+//! one machine — starting a private `nats-server` when none answers at the configured
+//! URL — which is the quickest way to try the service and what the README's first
+//! command runs.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::gateway::{self, AppState};
+use crate::kinds::Registry;
+use crate::model::Stage;
+use crate::natsd::{NatsServer, NatsdError};
+use crate::queue::{Queue, QueueError};
+use crate::store::{self, StoreError};
+use crate::worker::{Worker, WorkerDeps, WorkerError};
+
+/// A failure to start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The database.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// NATS.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// The local nats-server.
+    #[error(transparent)]
+    Natsd(#[from] NatsdError),
+    /// A worker.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    /// Binding the listen address, or another I/O problem.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Connects to the database (migrating it) and NATS (provisioning streams).
+pub async fn connect(
+    settings: Arc<Settings>,
+    name: &str,
+    wait_for_nats: bool,
+) -> Result<WorkerDeps, StartError> {
+    let url = settings.database_url();
+    tracing::info!(database = %store::redact_url(&url), nats = %settings.nats.url, "connecting");
+    let store = store::connect(&url, settings.database.max_connections).await?;
+    let queue = Queue::connect(&settings, name, wait_for_nats).await?;
+    Ok(WorkerDeps {
+        store,
+        queue,
+        kinds: Registry::builtin(),
+        settings,
+    })
+}
+
+/// Runs the gateway (and, if enabled, the reconciler) on `listener` until `shutdown`.
+pub async fn run_gateway(
+    deps: WorkerDeps,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    let (tx, rx) = tokio::sync::watch::channel(0u64);
+    tokio::spawn(gateway::watch_results(
+        deps.queue.clone(),
+        tx,
+        shutdown.clone(),
+    ));
+    if deps.settings.reconciler.enabled {
+        tokio::spawn(crate::reconciler::run(
+            deps.store.clone(),
+            deps.queue.clone(),
+            deps.settings.reconciler.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let state = AppState {
+        store: deps.store,
+        queue: deps.queue,
+        kinds: deps.kinds,
+        settings: deps.settings,
+        results_signal: rx,
+        shutdown: shutdown.clone(),
+        metrics: crate::metrics::install(),
+    };
+    let addr = listener.local_addr().ok();
+    tracing::info!(?addr, "gateway listening");
+    gateway::serve(listener, gateway::router(state), shutdown)
+        .await
+        .map_err(|source| StartError::Io {
+            context: "gateway failed".into(),
+            source,
+        })
+}
+
+/// Binds the gateway's listen address with an error that says what to do.
+pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, StartError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Io {
+            context: format!(
+                "cannot listen on {addr} (is another gateway running? set ROLLOUT__GATEWAY__LISTEN)"
+            ),
+            source,
+        })
+}
+
+/// Runs `count` workers of `stage` in this process until `shutdown`, then drains them.
+pub async fn run_workers(
+    deps: WorkerDeps,
+    stage: Stage,
+    count: usize,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    let mut set = JoinSet::new();
+    for _ in 0..count {
+        let worker = Worker::new(stage, deps.clone());
+        set.spawn(worker.run(shutdown.clone()));
+    }
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e.into()),
+            Err(e) => tracing::error!(error = %e, "worker task panicked"),
+        }
+    }
+    Ok(())
+}
+
+/// Starts a private nats-server under the state directory if nothing answers at the
+/// configured URL, returning it (keep it alive) and updating `settings.nats.url`.
+pub fn ensure_nats(settings: &mut Settings) -> Result<Option<NatsServer>, StartError> {
+    let Some(addr) = crate::natsd::local_addr_of(&settings.nats.url) else {
+        return Ok(None);
+    };
+    if crate::natsd::answers(addr) {
+        tracing::info!(url = %settings.nats.url, "using the NATS server already running");
+        return Ok(None);
+    }
+    let dir = settings.state_dir.join("nats");
+    let server = NatsServer::start(&dir, addr)?;
+    tracing::info!(url = %server.url(), pid = server.pid(), dir = %dir.display(), "started nats-server");
+    settings.nats.url = server.url();
+    Ok(Some(server))
+}
+
+/// Options of `rollout up`.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    /// Workers of each stage.
+    pub workers: usize,
+    /// Tasks to submit once everything runs, with the batch to put them in.
+    pub submit: Option<(Vec<crate::model::Task>, String)>,
+    /// Stop once the submitted batch has all its results.
+    pub exit_when_done: bool,
+}
+
+/// `rollout up`: NATS (started if needed), database, gateway and workers of every stage
+/// in one process, until Ctrl-C (or, with `exit_when_done`, until the submitted batch is
+/// finished). Returns the followed batch's summary, if any.
+pub async fn up(
+    mut settings: Settings,
+    opts: UpOptions,
+    shutdown: CancellationToken,
+) -> Result<Option<crate::client::BatchSummary>, StartError> {
+    std::fs::create_dir_all(&settings.state_dir).map_err(|source| StartError::Io {
+        context: format!(
+            "cannot create state directory {}",
+            settings.state_dir.display()
+        ),
+        source,
+    })?;
+    let _nats = ensure_nats(&mut settings)?;
+    let settings = Arc::new(settings);
+    let deps = connect(settings.clone(), "rollout-up", false).await?;
+    let listener = bind(&settings.gateway.listen).await?;
+    let addr: SocketAddr = listener.local_addr().map_err(|source| StartError::Io {
+        context: "listener address".into(),
+        source,
+    })?;
+    let mut tasks = JoinSet::new();
+    tasks.spawn(run_gateway(deps.clone(), listener, shutdown.clone()));
+    for stage in Stage::ALL {
+        tasks.spawn(run_workers(
+            deps.clone(),
+            stage,
+            opts.workers,
+            shutdown.clone(),
+        ));
+    }
+    eprintln!(
+        "rollout is up: gateway http://{addr} (OpenAPI at /openapi.json), {} worker(s) per stage, \
+         node `{}`, database {}. Press Ctrl-C to stop.",
+        opts.workers,
+        settings.node.name,
+        store::redact_url(&settings.database_url())
+    );
+    let mut summary = None;
+    if let Some((batch, batch_id)) = opts.submit {
+        let client = crate::client::Client::new(&format!("http://{addr}"));
+        let follow = async {
+            let resp = client.submit(&batch, Some(&batch_id)).await?;
+            eprintln!(
+                "submitted {} tasks as batch {}",
+                resp.jobs.len(),
+                resp.batch_id
+            );
+            client
+                .follow_batch(&resp.batch_id, resp.jobs.len() as u64)
+                .await
+        };
+        tokio::select! {
+            r = follow => match r {
+                Ok(s) => {
+                    eprintln!("batch {batch_id} finished: {s}");
+                    summary = Some(s);
+                    if opts.exit_when_done {
+                        shutdown.cancel();
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "submitting the batch failed");
+                    shutdown.cancel();
+                }
+            },
+            _ = shutdown.cancelled() => {}
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                shutdown.cancel();
+                return Err(e);
+            }
+            Err(e) => tracing::error!(error = %e, "task panicked"),
+        }
+    }
+    Ok(summary)
+}
+
+/// Command line of the three worker binaries.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(version)]
+pub struct WorkerArgs {
+    /// Settings file (TOML); `ROLLOUT__…` environment variables override it.
+    #[arg(long, env = "ROLLOUT_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
+    /// Serve this process's Prometheus metrics at http://ADDR/metrics.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+}
+
+/// The whole life of a worker binary: settings, connections, work until SIGTERM/SIGINT,
+/// drain. Job concurrency comes from `stages.<stage>.concurrency`.
+pub async fn worker_process(
+    stage: Stage,
+    args: WorkerArgs,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let settings = Settings::load(args.config.as_deref())?;
+    crate::telemetry::init(&settings.log);
+    let shutdown = crate::shutdown::on_signals();
+    let handle = crate::metrics::install();
+    if let Some(addr) = &args.metrics_listen {
+        let listener = bind(addr).await?;
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let h = handle.clone();
+                async move { h.render() }
+            }),
+        );
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await;
+        });
+    }
+    let deps = connect(Arc::new(settings), &format!("rollout-{stage}-worker"), true).await?;
+    run_workers(deps.clone(), stage, 1, shutdown).await?;
+    if let Err(e) = deps.queue.client().drain().await {
+        tracing::warn!(error = %e, "NATS drain failed");
+    }
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! `rollout`: the gateway, admin commands and the all-in-one `up`.
+//!
+//! Each subcommand is a few lines over library code; see `rollout --help`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use rollout::client::{Client, read_tasks_jsonl};
+use rollout::config::Settings;
+use rollout::local::{self, UpOptions};
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "Rollout service for RL training of multi-turn LLM agents"
+)]
+struct Cli {
+    /// Settings file (TOML); `ROLLOUT__SECTION__KEY` environment variables override it.
+    #[arg(long, global = true, env = "ROLLOUT_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the HTTP gateway (and the reconciler).
+    Serve,
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Submit tasks from a JSON Lines file.
+    Submit {
+        /// One task per line: {"kind": …, "spec": {…}, "client_id"?: …, "group_id"?: …}.
+        file: PathBuf,
+        /// Batch to submit into (default: a new batch).
+        #[arg(long)]
+        batch: Option<String>,
+        /// Wait for every result, with a progress bar, then print a summary.
+        #[arg(long)]
+        wait: bool,
+        /// Gateway URL (default: http:// + gateway.listen).
+        #[arg(long, env = "ROLLOUT_GATEWAY")]
+        gateway: Option<String>,
+    },
+    /// Show job counts by status and stage.
+    Status {
+        /// Only this batch.
+        #[arg(long)]
+        batch: Option<String>,
+        /// Gateway URL (default: http:// + gateway.listen).
+        #[arg(long, env = "ROLLOUT_GATEWAY")]
+        gateway: Option<String>,
+    },
+    /// Everything on one machine: NATS (started if none answers), SQLite under the state
+    /// directory, the gateway and workers of every stage. Ctrl-C stops it all.
+    Up {
+        /// Workers of each stage.
+        #[arg(long, default_value_t = 1)]
+        workers: usize,
+        /// Submit this JSON Lines file once up, and follow its progress.
+        #[arg(long)]
+        submit: Option<PathBuf>,
+        /// Batch id for --submit.
+        #[arg(long)]
+        batch: Option<String>,
+        /// With --submit: stop when every submitted job has its result.
+        #[arg(long)]
+        exit_when_done: bool,
+    },
+}
+
+fn load_tasks(path: &PathBuf) -> anyhow::Result<Vec<rollout::model::Task>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let tasks = read_tasks_jsonl(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    anyhow::ensure!(!tasks.is_empty(), "{} holds no tasks", path.display());
+    Ok(tasks)
+}
+
+fn gateway_url(settings: &Settings, flag: Option<String>) -> String {
+    flag.unwrap_or_else(|| format!("http://{}", settings.gateway.listen))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let settings = Settings::load(cli.config.as_deref())?;
+    rollout::telemetry::init(&settings.log);
+    match cli.command {
+        Command::Serve => {
+            let shutdown = rollout::shutdown::on_signals();
+            let settings = Arc::new(settings);
+            let deps = local::connect(settings.clone(), "rollout-gateway", true).await?;
+            let listener = local::bind(&settings.gateway.listen).await?;
+            local::run_gateway(deps.clone(), listener, shutdown).await?;
+            let _ = deps.queue.client().drain().await;
+        }
+        Command::Migrate => {
+            let url = settings.database_url();
+            rollout::store::connect(&url, 1)
+                .await
+                .with_context(|| format!("migrating {}", rollout::store::redact_url(&url)))?;
+            eprintln!("migrations applied to {}", rollout::store::redact_url(&url));
+        }
+        Command::Submit {
+            file,
+            batch,
+            wait,
+            gateway,
+        } => {
+            let tasks = load_tasks(&file)?;
+            let client = Client::new(&gateway_url(&settings, gateway));
+            let mut batch_id = batch;
+            let mut total = 0u64;
+            let mut duplicates = 0u64;
+            // Chunks keep each request under the gateway's limits; the batch id of the
+            // first chunk is reused so the whole file is one batch.
+            for chunk in tasks.chunks(5000) {
+                let resp = client.submit(chunk, batch_id.as_deref()).await?;
+                total += resp.jobs.len() as u64;
+                duplicates += resp.jobs.iter().filter(|j| j.duplicate).count() as u64;
+                batch_id = Some(resp.batch_id);
+            }
+            let batch_id = batch_id.expect("at least one chunk");
+            println!("{batch_id}");
+            eprintln!(
+                "submitted {total} tasks to batch {batch_id} ({duplicates} already known by client_id)"
+            );
+            if wait {
+                let summary = client.follow_batch(&batch_id, total).await?;
+                eprintln!("{summary}");
+            }
+        }
+        Command::Status { batch, gateway } => {
+            let client = Client::new(&gateway_url(&settings, gateway));
+            let view = client.status(batch.as_deref()).await?;
+            println!("{:<10} {:<6} {:>8}", "STATUS", "STAGE", "JOBS");
+            for c in &view.counts {
+                println!("{:<10} {:<6} {:>8}", c.status, c.stage, c.count);
+            }
+            if let Some(b) = view.batch {
+                println!(
+                    "batch {}: {} submitted, {} finished ({} done, {} failed, {} timed out, {} cancelled)",
+                    b.id, b.submitted, b.finished, b.done, b.failed, b.timed_out, b.cancelled
+                );
+            }
+        }
+        Command::Up {
+            workers,
+            submit,
+            batch,
+            exit_when_done,
+        } => {
+            anyhow::ensure!(workers >= 1, "--workers must be at least 1");
+            let submit = match submit {
+                Some(path) => {
+                    let tasks = load_tasks(&path)?;
+                    let id =
+                        batch.unwrap_or_else(|| format!("up-{}", uuid::Uuid::now_v7().simple()));
+                    Some((tasks, id))
+                }
+                None => None,
+            };
+            let shutdown = rollout::shutdown::on_signals();
+            let opts = UpOptions {
+                workers,
+                submit,
+                exit_when_done,
+            };
+            let summary = local::up(settings, opts, shutdown).await?;
+            if let Some(s) = summary
+                && s.results > 0
+                && s.done == 0
+            {
+                anyhow::bail!("no job of the batch finished `done`");
+            }
+        }
+    }
+    Ok(())
+}

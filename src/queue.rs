@@ -1,0 +1,472 @@
+//! NATS JetStream: the only queue between stages.
+//!
+//! Layout for a deployment with subject prefix `P` (default `rollout`):
+//!
+//! | stream | retention | subjects | consumers |
+//! |---|---|---|---|
+//! | `P_WORK` | work queue | `P.init`, `P.run.<node>`, `P.run.any`, `P.eval` | `init`, `run-<node>`, `run-any`, `eval` |
+//! | `P_RESULTS` | limits | `P.done.<batch>` | read by trainers |
+//! | `P_DEAD` | limits | `P.dead` | kept for inspection |
+//!
+//! Cancels are broadcast on the core subject `P.cancel` (no stream: a worker that misses
+//! one still finds the job cancelled in the database at its next lease renewal).
+//!
+//! A work-queue stream allows one consumer per subject, so each stage has exactly one
+//! durable pull consumer shared by every worker of that stage; workers scale by pulling
+//! from the same consumer. Streams and consumers are created or updated idempotently at
+//! start-up by whoever starts first. Every publish carries a `Nats-Msg-Id` derived from
+//! the hand-off it represents, so a re-publish inside the duplicate window is dropped by
+//! the server.
+
+use std::future::IntoFuture;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use bytes::Bytes;
+use futures::future::try_join_all;
+
+use crate::config::Settings;
+use crate::model::{JobResult, Stage, WorkMessage};
+
+/// A queue failure. All are transient from the job's point of view.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// The server could not be reached.
+    #[error(
+        "cannot connect to NATS at {url}: {detail} (is nats-server running with JetStream, \
+         `nats-server -js`? set ROLLOUT__NATS__URL to its address)"
+    )]
+    Connect {
+        /// The URL tried.
+        url: String,
+        /// The client's error.
+        detail: String,
+    },
+    /// A JetStream request failed.
+    #[error("JetStream {what} failed: {detail}")]
+    JetStream {
+        /// What was attempted.
+        what: &'static str,
+        /// The server's or client's error.
+        detail: String,
+    },
+}
+
+fn js_err(what: &'static str) -> impl FnOnce(String) -> QueueError {
+    move |detail| QueueError::JetStream { what, detail }
+}
+
+/// Subject and stream names under one prefix.
+#[derive(Debug, Clone)]
+pub struct Subjects {
+    prefix: String,
+}
+
+impl Subjects {
+    /// Names under `prefix`.
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// `P.init`.
+    pub fn init(&self) -> String {
+        format!("{}.init", self.prefix)
+    }
+
+    /// `P.run.<route>`, where route is a node name or `any`.
+    pub fn run(&self, route: &str) -> String {
+        format!("{}.run.{route}", self.prefix)
+    }
+
+    /// `P.eval`.
+    pub fn eval(&self) -> String {
+        format!("{}.eval", self.prefix)
+    }
+
+    /// The subject a work message is published on.
+    pub fn work(&self, stage: Stage, route: Option<&str>) -> String {
+        match stage {
+            Stage::Init => self.init(),
+            Stage::Run => self.run(route.unwrap_or(ANY_ROUTE)),
+            Stage::Eval => self.eval(),
+        }
+    }
+
+    /// `P.done.<batch>`.
+    pub fn done(&self, batch: &str) -> String {
+        format!("{}.done.{batch}", self.prefix)
+    }
+
+    /// `P.done.>`.
+    pub fn done_all(&self) -> String {
+        format!("{}.done.>", self.prefix)
+    }
+
+    /// `P.dead`.
+    pub fn dead(&self) -> String {
+        format!("{}.dead", self.prefix)
+    }
+
+    /// `P.cancel`.
+    pub fn cancel(&self) -> String {
+        format!("{}.cancel", self.prefix)
+    }
+
+    /// Stream name `PREFIX_SUFFIX` (stream names cannot contain `.`; upper case by
+    /// convention).
+    pub fn stream(&self, suffix: &str) -> String {
+        format!("{}_{suffix}", self.prefix.to_uppercase().replace('-', "_"))
+    }
+}
+
+/// The RUN route of jobs that may run on any node (no node-local sandbox).
+pub const ANY_ROUTE: &str = "any";
+
+/// A connection to NATS with the deployment's streams provisioned.
+#[derive(Clone)]
+pub struct Queue {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    subjects: Subjects,
+    ack_wait: Duration,
+    max_deliver: i64,
+    duplicate_window: Duration,
+    max_result_bytes: usize,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("subjects", &self.subjects)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Queue {
+    /// Connects to the server in `settings` and provisions the streams. `name` labels
+    /// the connection in the server's monitoring. With `wait_for_server`, keeps retrying
+    /// until the server answers (workers started before NATS); otherwise fails at once
+    /// with an error saying what to check.
+    pub async fn connect(
+        settings: &Settings,
+        name: &str,
+        wait_for_server: bool,
+    ) -> Result<Queue, QueueError> {
+        let url = settings.nats.url.clone();
+        let mut opts =
+            async_nats::ConnectOptions::new()
+                .name(name)
+                .event_callback(|event| async move {
+                    match event {
+                        async_nats::Event::Disconnected => tracing::warn!("NATS disconnected"),
+                        async_nats::Event::Connected => tracing::info!("NATS connected"),
+                        async_nats::Event::LameDuckMode => {
+                            tracing::warn!("NATS server entering lame duck mode")
+                        }
+                        other => tracing::debug!(event = %other, "NATS event"),
+                    }
+                });
+        if wait_for_server {
+            opts = opts.retry_on_initial_connect();
+        }
+        let client = opts
+            .connect(url.as_str())
+            .await
+            .map_err(|e| QueueError::Connect {
+                url: url.clone(),
+                detail: e.to_string(),
+            })?;
+        let js = jetstream::new(client.clone());
+        let queue = Queue {
+            client,
+            js,
+            subjects: Subjects::new(&settings.nats.prefix),
+            ack_wait: settings.ack_wait(),
+            // One extra delivery beyond the limit: a worker that receives it knows every
+            // real attempt crashed, and fails the job instead of running it again.
+            max_deliver: settings.queue.delivery_limit + 1,
+            duplicate_window: Duration::from_millis(settings.queue.duplicate_window_ms),
+            max_result_bytes: settings.queue.max_result_bytes,
+        };
+        queue.provision().await?;
+        Ok(queue)
+    }
+
+    /// Creates or updates the three streams (idempotent; safe to race).
+    pub async fn provision(&self) -> Result<(), QueueError> {
+        let s = &self.subjects;
+        let work = stream::Config {
+            name: s.stream("WORK"),
+            subjects: vec![s.init(), format!("{}.run.>", s.prefix), s.eval()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            duplicate_window: self.duplicate_window,
+            ..Default::default()
+        };
+        let results = stream::Config {
+            name: s.stream("RESULTS"),
+            subjects: vec![s.done_all()],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            duplicate_window: self.duplicate_window,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            ..Default::default()
+        };
+        let dead = stream::Config {
+            name: s.stream("DEAD"),
+            subjects: vec![s.dead()],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            duplicate_window: self.duplicate_window,
+            ..Default::default()
+        };
+        for cfg in [work, results, dead] {
+            self.js
+                .create_or_update_stream(cfg)
+                .await
+                .map_err(|e| js_err("stream provisioning")(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// The subject names.
+    pub fn subjects(&self) -> &Subjects {
+        &self.subjects
+    }
+
+    /// The underlying core client.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// The JetStream context.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// The highest delivery count a consumer hands out (`delivery_limit + 1`).
+    pub fn max_deliver(&self) -> i64 {
+        self.max_deliver
+    }
+
+    /// Creates or updates the durable consumers a worker of `stage` on `node` pulls from:
+    /// one for INIT and EVAL, two for RUN (its node's subject and `any`).
+    pub async fn consumers(
+        &self,
+        stage: Stage,
+        node: &str,
+    ) -> Result<Vec<consumer::PullConsumer>, QueueError> {
+        let plan: Vec<(String, String)> = match stage {
+            Stage::Init => vec![("init".into(), self.subjects.init())],
+            Stage::Eval => vec![("eval".into(), self.subjects.eval())],
+            Stage::Run => vec![
+                (format!("run-{node}"), self.subjects.run(node)),
+                (format!("run-{ANY_ROUTE}"), self.subjects.run(ANY_ROUTE)),
+            ],
+        };
+        let stream = self
+            .js
+            .get_stream(self.subjects.stream("WORK"))
+            .await
+            .map_err(|e| js_err("stream lookup")(e.to_string()))?;
+        let mut out = Vec::new();
+        for (durable, subject) in plan {
+            let cfg = consumer::pull::Config {
+                durable_name: Some(durable),
+                filter_subject: subject,
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: self.ack_wait,
+                max_deliver: self.max_deliver,
+                max_ack_pending: 100_000,
+                max_waiting: 4096,
+                ..Default::default()
+            };
+            let c = stream
+                .create_consumer(cfg)
+                .await
+                .map_err(|e| js_err("consumer provisioning")(e.to_string()))?;
+            out.push(c);
+        }
+        Ok(out)
+    }
+
+    /// Publishes a stage hand-off and waits until the server has stored it.
+    pub async fn publish_work(
+        &self,
+        msg: &WorkMessage,
+        route: Option<&str>,
+    ) -> Result<(), QueueError> {
+        let ack = self.send_work(msg, route).await?;
+        ack.await
+            .map_err(|e| js_err("publish ack")(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Publishes many hand-offs with their acks awaited together (submit of a batch).
+    pub async fn publish_work_many(
+        &self,
+        msgs: Vec<(WorkMessage, Option<String>)>,
+    ) -> Result<(), QueueError> {
+        let mut pending = Vec::new();
+        for (msg, route) in msgs {
+            pending.push(self.send_work(&msg, route.as_deref()).await?.into_future());
+            // Bound the futures held at once so a huge batch cannot exhaust memory.
+            if pending.len() >= 1024 {
+                try_join_all(pending.drain(..))
+                    .await
+                    .map_err(|e| js_err("publish ack")(e.to_string()))?;
+            }
+        }
+        try_join_all(pending)
+            .await
+            .map_err(|e| js_err("publish ack")(e.to_string()))?;
+        Ok(())
+    }
+
+    async fn send_work(
+        &self,
+        msg: &WorkMessage,
+        route: Option<&str>,
+    ) -> Result<jetstream::context::PublishAckFuture, QueueError> {
+        let payload = serde_json::to_vec(msg).expect("work message serialises");
+        self.js
+            .send_publish(
+                self.subjects.work(msg.stage, route),
+                jetstream::message::PublishMessage::build()
+                    .payload(Bytes::from(payload))
+                    .message_id(msg.msg_id()),
+            )
+            .await
+            .map_err(|e| js_err("publish")(e.to_string()))
+    }
+
+    /// Publishes a result on `P.done.<batch>` (inline, or as a reference when larger than
+    /// the configured limit) and waits for the server to store it.
+    pub async fn publish_result(&self, result: &JobResult) -> Result<(), QueueError> {
+        let mut payload = serde_json::to_vec(result).expect("result serialises");
+        if payload.len() > self.max_result_bytes {
+            payload = serde_json::to_vec(&serde_json::json!({
+                "seq": result.seq,
+                "job_id": result.job_id,
+                "batch_id": result.batch_id,
+                "group_id": result.group_id,
+                "client_id": result.client_id,
+                "status": result.status,
+                "reward": result.reward,
+                "error": result.error,
+                "truncated": true,
+                "href": format!("/v1/jobs/{}", result.job_id),
+            }))
+            .expect("reference serialises");
+        }
+        let ack = self
+            .js
+            .send_publish(
+                self.subjects.done(&result.batch_id),
+                jetstream::message::PublishMessage::build()
+                    .payload(Bytes::from(payload))
+                    .message_id(format!("{}:result", result.job_id)),
+            )
+            .await
+            .map_err(|e| js_err("result publish")(e.to_string()))?;
+        ack.await
+            .map_err(|e| js_err("result publish ack")(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Keeps a message that exhausted its deliveries on `P.dead`, with why.
+    pub async fn publish_dead(
+        &self,
+        msg: &WorkMessage,
+        deliveries: i64,
+        error: &str,
+    ) -> Result<(), QueueError> {
+        let payload = serde_json::json!({
+            "message": msg,
+            "deliveries": deliveries,
+            "error": error,
+            "at": crate::now_ms(),
+        });
+        let ack = self
+            .js
+            .send_publish(
+                self.subjects.dead(),
+                jetstream::message::PublishMessage::build()
+                    .payload(Bytes::from(payload.to_string()))
+                    .message_id(format!("{}:dead", msg.msg_id())),
+            )
+            .await
+            .map_err(|e| js_err("dead-letter publish")(e.to_string()))?;
+        ack.await
+            .map_err(|e| js_err("dead-letter publish ack")(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Broadcasts a cancel of `job_id` to every worker.
+    pub async fn publish_cancel(&self, job_id: &str) -> Result<(), QueueError> {
+        self.client
+            .publish(self.subjects.cancel(), Bytes::from(job_id.to_string()))
+            .await
+            .map_err(|e| js_err("cancel publish")(e.to_string()))?;
+        self.client
+            .flush()
+            .await
+            .map_err(|e| js_err("cancel flush")(e.to_string()))
+    }
+
+    /// Subscribes to cancel broadcasts (payload: the job id).
+    pub async fn subscribe_cancel(&self) -> Result<async_nats::Subscriber, QueueError> {
+        self.client
+            .subscribe(self.subjects.cancel())
+            .await
+            .map_err(|e| js_err("cancel subscribe")(e.to_string()))
+    }
+
+    /// Subscribes (core, lossy) to result publications, as a wake-up signal.
+    pub async fn subscribe_results(&self) -> Result<async_nats::Subscriber, QueueError> {
+        self.client
+            .subscribe(self.subjects.done_all())
+            .await
+            .map_err(|e| js_err("results subscribe")(e.to_string()))
+    }
+
+    /// Whether the server answers a round trip now.
+    pub async fn ping(&self) -> Result<(), QueueError> {
+        tokio::time::timeout(Duration::from_secs(2), self.client.flush())
+            .await
+            .map_err(|_| js_err("ping")("timed out after 2 s".into()))?
+            .map_err(|e| js_err("ping")(e.to_string()))
+    }
+
+    /// How many messages a stream holds (tests and diagnostics).
+    pub async fn stream_messages(&self, suffix: &str) -> Result<u64, QueueError> {
+        let mut s = self
+            .js
+            .get_stream(self.subjects.stream(suffix))
+            .await
+            .map_err(|e| js_err("stream lookup")(e.to_string()))?;
+        let info = s
+            .info()
+            .await
+            .map_err(|e| js_err("stream info")(e.to_string()))?;
+        Ok(info.state.messages)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_and_streams() {
+        let s = Subjects::new("rollout");
+        assert_eq!(s.init(), "rollout.init");
+        assert_eq!(s.work(Stage::Run, None), "rollout.run.any");
+        assert_eq!(s.work(Stage::Run, Some("n1")), "rollout.run.n1");
+        assert_eq!(s.done("b1"), "rollout.done.b1");
+        assert_eq!(Subjects::new("t-1").stream("WORK"), "T_1_WORK");
+    }
+}

@@ -1,0 +1,295 @@
+//! Durable job state: one [`Store`] trait, one implementation per database.
+//!
+//! The database is the source of truth for every job; the queue only carries hand-offs.
+//! Every stage transition is a compare-and-set on the job row (`WHERE id = $1 AND stage
+//! = $2 AND epoch = $3 …`), so a redelivered or duplicated message can never apply a
+//! transition twice, and every terminal transition writes the job's single result and
+//! updates its batch and group counters in the same transaction.
+//!
+//! [`sqlite::SqliteStore`] (the embedded default: WAL, a long busy timeout and `BEGIN
+//! IMMEDIATE` for writing transactions) and [`postgres::PostgresStore`] (for many nodes)
+//! share their SQL text, which is written in the dialect both accept (`$N` parameters,
+//! `RETURNING`, `ON CONFLICT`), through the [`impl_store!`](crate::store::impl_store)
+//! macro; each backend supplies only how it opens a writing transaction and how it orders
+//! result sequence numbers.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::model::{
+    BatchCounters, GroupCounters, Job, JobResult, Outcome, Stage, Status, WorkMessage,
+};
+
+pub mod postgres;
+mod rows;
+mod shared;
+pub mod sqlite;
+
+pub(crate) use shared::impl_store;
+
+/// A database failure. Callers treat these as transient (retry or nak) unless stated.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database could not be reached or rejected a statement.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Applying migrations failed (a migration was edited after it was applied, or the
+    /// database is newer than this binary).
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored value could not be decoded; the row was written by an incompatible version.
+    #[error("corrupt row in the database: {0}")]
+    Corrupt(String),
+    /// The database URL is not one this build supports.
+    #[error("unsupported database URL `{0}`: use sqlite://PATH or postgres://USER@HOST/DB")]
+    UnsupportedUrl(String),
+}
+
+/// Shorthand for store results.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A job to insert at submit time (already validated).
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// Fresh job id.
+    pub id: String,
+    /// Task kind.
+    pub kind: String,
+    /// Caller's idempotency key.
+    pub client_id: Option<String>,
+    /// Prompt group.
+    pub group_id: Option<String>,
+    /// The task JSON as submitted.
+    pub task: serde_json::Value,
+}
+
+/// What submit did with one task.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Submitted {
+    /// The job's id (the existing one for a repeated `client_id`).
+    pub id: String,
+    /// The caller's key, echoed.
+    pub client_id: Option<String>,
+    /// The job's status now.
+    pub status: Status,
+    /// Its current stage.
+    pub stage: Stage,
+    /// Its stage-entry counter (needed to re-publish its message).
+    #[serde(skip)]
+    pub epoch: i64,
+    /// True when the `client_id` already existed and no new job was created.
+    pub duplicate: bool,
+}
+
+/// Result of trying to start a stage.
+#[derive(Debug, Clone)]
+pub enum Claim {
+    /// The job is now `running` in this stage under a fresh lease; go ahead.
+    Started(Box<Job>),
+    /// The message is stale: the job has moved on or ended. Carries the job as it is.
+    Stale(Box<Job>),
+    /// Another delivery holds a live lease on this stage until the given time (epoch ms).
+    Busy(i64),
+    /// No such job.
+    Missing,
+}
+
+/// Which jobs a terminal transition may apply to.
+#[derive(Debug, Clone)]
+pub enum FinishIf {
+    /// Only if the job is still in this stage entry and live.
+    Stage(WorkMessage),
+    /// Whenever the job is live (used by cancel).
+    Live,
+}
+
+/// Filter and page of `GET /v1/jobs`.
+#[derive(Debug, Clone, Default)]
+pub struct JobQuery {
+    /// Only this batch.
+    pub batch: Option<String>,
+    /// Only this status.
+    pub status: Option<Status>,
+    /// Return ids greater than this (the previous page's last id).
+    pub cursor: Option<String>,
+    /// Page size.
+    pub limit: i64,
+}
+
+/// One line of `rollout status`: how many jobs have this status in this stage.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StatusCount {
+    /// Status.
+    pub status: Status,
+    /// Stage.
+    pub stage: Stage,
+    /// Number of jobs.
+    pub count: i64,
+}
+
+/// One entry of a job's event log.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobEvent {
+    /// When (epoch ms).
+    pub at: i64,
+    /// A status name for transitions, or a named event such as `republished`.
+    pub event: String,
+    /// Stage at the time.
+    pub stage: Option<String>,
+    /// Stage-entry counter at the time.
+    pub epoch: Option<i64>,
+    /// Attempt counter at the time.
+    pub attempt: Option<i64>,
+    /// Node involved.
+    pub node: Option<String>,
+    /// Error text or other detail.
+    pub detail: Option<String>,
+}
+
+/// A job whose hand-off may have been lost, for the reconciler to re-publish.
+#[derive(Debug, Clone)]
+pub struct StaleJob {
+    /// The message to re-publish.
+    pub msg: WorkMessage,
+    /// Where RUN goes (`any` or a node), for RUN messages.
+    pub route: Option<String>,
+}
+
+/// Durable job state. Implemented for SQLite and Postgres; all methods are safe to call
+/// from many processes at once.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Applies pending migrations.
+    async fn migrate(&self) -> StoreResult<()>;
+    /// Checks the database answers.
+    async fn ping(&self) -> StoreResult<()>;
+    /// Inserts jobs in one transaction, creating the batch and groups as needed. A task
+    /// whose `client_id` exists already returns that job with `duplicate = true`.
+    async fn submit(
+        &self,
+        batch_id: &str,
+        jobs: &[NewJob],
+        now: i64,
+    ) -> StoreResult<Vec<Submitted>>;
+    /// One job.
+    async fn job(&self, id: &str) -> StoreResult<Option<Job>>;
+    /// A page of jobs in id (= creation) order.
+    async fn list_jobs(&self, q: &JobQuery) -> StoreResult<Vec<Job>>;
+    /// Starts the stage named by `msg` on `node` with a lease until `lease_until`.
+    async fn claim(
+        &self,
+        msg: &WorkMessage,
+        node: &str,
+        lease_until: i64,
+        now: i64,
+    ) -> StoreResult<Claim>;
+    /// Extends the lease of a running stage; false when the job is no longer running in
+    /// that stage entry (cancelled, or taken over), which tells the worker to stop.
+    async fn extend_lease(
+        &self,
+        msg: &WorkMessage,
+        lease_until: i64,
+        now: i64,
+    ) -> StoreResult<bool>;
+    /// Records a stage's output and queues the job for the next stage; returns the next
+    /// stage's message, or `None` if the compare-and-set failed (the job moved on).
+    async fn advance(
+        &self,
+        msg: &WorkMessage,
+        output: &serde_json::Value,
+        route: Option<&str>,
+        now: i64,
+    ) -> StoreResult<Option<WorkMessage>>;
+    /// Hands a running stage back to the queue (worker shutting down).
+    async fn release(&self, msg: &WorkMessage, now: i64) -> StoreResult<bool>;
+    /// Ends the job with `outcome` if `cond` holds, writing its result and updating the
+    /// batch and group counters in the same transaction. `None` if the condition failed.
+    async fn finish(
+        &self,
+        cond: &FinishIf,
+        job_id: &str,
+        outcome: &Outcome,
+        now: i64,
+    ) -> StoreResult<Option<JobResult>>;
+    /// Results with `seq > after`, in `seq` order.
+    async fn results_after(
+        &self,
+        batch: Option<&str>,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<JobResult>>;
+    /// The result of one job.
+    async fn result(&self, job_id: &str) -> StoreResult<Option<JobResult>>;
+    /// Marks results as published on the results stream.
+    async fn mark_published(&self, seqs: &[i64], now: i64) -> StoreResult<()>;
+    /// Results not yet marked published that were written before `before`.
+    async fn unpublished_results(&self, before: i64, limit: i64) -> StoreResult<Vec<JobResult>>;
+    /// Live jobs with no change since `before` (queued) or whose lease ended before it
+    /// (running); their `updated_at` is bumped so the next sweep skips them.
+    async fn take_stale(&self, before: i64, now: i64, limit: i64) -> StoreResult<Vec<StaleJob>>;
+    /// Job counts by status and stage.
+    async fn counts(&self, batch: Option<&str>) -> StoreResult<Vec<StatusCount>>;
+    /// A batch's counters.
+    async fn batch(&self, id: &str) -> StoreResult<Option<BatchCounters>>;
+    /// A prompt group's counters.
+    async fn group(&self, batch_id: &str, id: &str) -> StoreResult<Option<GroupCounters>>;
+    /// A job's event log, oldest first.
+    async fn events(&self, job_id: &str) -> StoreResult<Vec<JobEvent>>;
+    /// Appends a named event (one that is not a status change) to a job's log.
+    async fn record_event(
+        &self,
+        job_id: &str,
+        event: &str,
+        stage: Option<Stage>,
+        node: Option<&str>,
+        detail: Option<&str>,
+        now: i64,
+    ) -> StoreResult<()>;
+}
+
+/// Opens the database named by `url` (`sqlite:…` or `postgres://…`) and applies
+/// migrations.
+pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Arc<dyn Store>> {
+    let store: Arc<dyn Store> = if url.starts_with("sqlite:") {
+        Arc::new(sqlite::SqliteStore::connect(url, max_connections).await?)
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Arc::new(postgres::PostgresStore::connect(url, max_connections).await?)
+    } else {
+        return Err(StoreError::UnsupportedUrl(redact_url(url)));
+    };
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// Hides the password of a database URL for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.find(':') {
+                Some(c) => format!("{}://{}:***{}", &url[..s], &creds[..c], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h/db"),
+            "postgres://u:***@h/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
+}

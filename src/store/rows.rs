@@ -1,0 +1,223 @@
+//! Row shapes shared by both backends and their conversion into domain types.
+//!
+//! Columns use only types both databases decode the same way (TEXT, 64-bit integers,
+//! doubles), so one `FromRow` derive serves SQLite and Postgres.
+
+use crate::model::{
+    BatchCounters, GroupCounters, Job, JobResult, Stage, StageTimes, Status, Timings,
+};
+
+use super::{JobEvent, StoreError, StoreResult};
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct JobRow {
+    id: String,
+    batch_id: String,
+    group_id: Option<String>,
+    client_id: Option<String>,
+    kind: String,
+    task: String,
+    status: String,
+    stage: String,
+    epoch: i64,
+    attempts: i64,
+    node: Option<String>,
+    route: Option<String>,
+    pub(crate) lease_until: Option<i64>,
+    init_output: Option<String>,
+    run_output: Option<String>,
+    error: Option<String>,
+    created_at: i64,
+    updated_at: i64,
+    finished_at: Option<i64>,
+    init_queued_at: Option<i64>,
+    init_started_at: Option<i64>,
+    init_finished_at: Option<i64>,
+    run_queued_at: Option<i64>,
+    run_started_at: Option<i64>,
+    run_finished_at: Option<i64>,
+    eval_queued_at: Option<i64>,
+    eval_started_at: Option<i64>,
+    eval_finished_at: Option<i64>,
+}
+
+pub(crate) fn parse_status(s: &str) -> StoreResult<Status> {
+    Status::parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown status `{s}`")))
+}
+
+pub(crate) fn parse_stage(s: &str) -> StoreResult<Stage> {
+    Stage::parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown stage `{s}`")))
+}
+
+fn parse_json(s: &str) -> StoreResult<serde_json::Value> {
+    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("bad JSON column: {e}")))
+}
+
+fn parse_opt_json(s: Option<String>) -> StoreResult<Option<serde_json::Value>> {
+    s.as_deref().map(parse_json).transpose()
+}
+
+impl JobRow {
+    pub(crate) fn into_job(self) -> StoreResult<Job> {
+        Ok(Job {
+            status: parse_status(&self.status)?,
+            stage: parse_stage(&self.stage)?,
+            task: parse_json(&self.task)?,
+            init_output: parse_opt_json(self.init_output)?,
+            run_output: parse_opt_json(self.run_output)?,
+            id: self.id,
+            batch_id: self.batch_id,
+            group_id: self.group_id,
+            client_id: self.client_id,
+            kind: self.kind,
+            epoch: self.epoch,
+            attempts: self.attempts,
+            node: self.node,
+            route: self.route,
+            error: self.error,
+            timings: Timings {
+                init: StageTimes {
+                    queued_at: self.init_queued_at,
+                    started_at: self.init_started_at,
+                    finished_at: self.init_finished_at,
+                },
+                run: StageTimes {
+                    queued_at: self.run_queued_at,
+                    started_at: self.run_started_at,
+                    finished_at: self.run_finished_at,
+                },
+                eval: StageTimes {
+                    queued_at: self.eval_queued_at,
+                    started_at: self.eval_started_at,
+                    finished_at: self.eval_finished_at,
+                },
+            },
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            finished_at: self.finished_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct ResultRow {
+    seq: i64,
+    job_id: String,
+    batch_id: String,
+    group_id: Option<String>,
+    client_id: Option<String>,
+    status: String,
+    reward: Option<f64>,
+    error: Option<String>,
+    output: String,
+    created_at: i64,
+}
+
+impl ResultRow {
+    pub(crate) fn into_result(self) -> StoreResult<JobResult> {
+        Ok(JobResult {
+            status: parse_status(&self.status)?,
+            output: parse_json(&self.output)?,
+            seq: self.seq,
+            job_id: self.job_id,
+            batch_id: self.batch_id,
+            group_id: self.group_id,
+            client_id: self.client_id,
+            reward: self.reward,
+            error: self.error,
+            created_at: self.created_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct BatchRow {
+    id: String,
+    submitted: i64,
+    finished: i64,
+    done: i64,
+    failed: i64,
+    cancelled: i64,
+    timed_out: i64,
+}
+
+impl From<BatchRow> for BatchCounters {
+    fn from(r: BatchRow) -> Self {
+        BatchCounters {
+            id: r.id,
+            submitted: r.submitted,
+            finished: r.finished,
+            done: r.done,
+            failed: r.failed,
+            cancelled: r.cancelled,
+            timed_out: r.timed_out,
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct GroupRow {
+    id: String,
+    batch_id: String,
+    submitted: i64,
+    finished: i64,
+    rewarded: i64,
+    reward_sum: f64,
+    reward_min: Option<f64>,
+    reward_max: Option<f64>,
+}
+
+impl From<GroupRow> for GroupCounters {
+    fn from(r: GroupRow) -> Self {
+        GroupCounters {
+            id: r.id,
+            batch_id: r.batch_id,
+            submitted: r.submitted,
+            finished: r.finished,
+            rewarded: r.rewarded,
+            reward_sum: r.reward_sum,
+            reward_min: r.reward_min,
+            reward_max: r.reward_max,
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct EventRow {
+    at: i64,
+    event: String,
+    stage: Option<String>,
+    epoch: Option<i64>,
+    attempt: Option<i64>,
+    node: Option<String>,
+    detail: Option<String>,
+}
+
+impl From<EventRow> for JobEvent {
+    fn from(r: EventRow) -> Self {
+        JobEvent {
+            at: r.at,
+            event: r.event,
+            stage: r.stage,
+            epoch: r.epoch,
+            attempt: r.attempt,
+            node: r.node,
+            detail: r.detail,
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct CountRow {
+    pub(crate) status: String,
+    pub(crate) stage: String,
+    pub(crate) n: i64,
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct StaleRow {
+    pub(crate) id: String,
+    pub(crate) stage: String,
+    pub(crate) epoch: i64,
+    pub(crate) route: Option<String>,
+}

@@ -1,0 +1,678 @@
+//! The SQL both backends run, and the macro that implements [`Store`](super::Store) for a
+//! backend from it.
+//!
+//! Every statement is written once in the dialect SQLite and Postgres share. The macro
+//! expands the same method bodies over each backend's pool type; a backend provides two
+//! inherent methods: `write_tx()` (how a writing transaction begins — `BEGIN IMMEDIATE`
+//! on SQLite, so lock upgrades cannot fail with `SQLITE_BUSY`) and `order_results(tx)`
+//! (what makes result sequence numbers visible in commit order).
+
+macro_rules! job_cols {
+    () => {
+        "id, batch_id, group_id, client_id, kind, task, status, stage, epoch, attempts, node, \
+         route, lease_until, init_output, run_output, error, created_at, updated_at, \
+         finished_at, init_queued_at, init_started_at, init_finished_at, run_queued_at, \
+         run_started_at, run_finished_at, eval_queued_at, eval_started_at, eval_finished_at"
+    };
+}
+
+macro_rules! result_cols {
+    () => {
+        "seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at"
+    };
+}
+
+pub(crate) const INSERT_BATCH: &str = "INSERT INTO batches (id, created_at, submitted) \
+     VALUES ($1, $2, $3) ON CONFLICT (id) DO UPDATE SET submitted = batches.submitted + excluded.submitted";
+
+pub(crate) const INSERT_GROUP: &str = "INSERT INTO prompt_groups (batch_id, id, created_at, submitted) \
+     VALUES ($1, $2, $3, 1) ON CONFLICT (batch_id, id) DO UPDATE SET submitted = prompt_groups.submitted + 1";
+
+pub(crate) const INSERT_JOB: &str = "INSERT INTO jobs (id, batch_id, group_id, client_id, kind, task, \
+     status, stage, epoch, attempts, created_at, updated_at, init_queued_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, 'queued', 'init', 0, 0, $7, $7, $7) \
+     ON CONFLICT (client_id) DO NOTHING RETURNING id";
+
+pub(crate) const SELECT_BY_CLIENT: &str =
+    "SELECT id, status, stage, epoch FROM jobs WHERE client_id = $1";
+
+pub(crate) const SELECT_JOB: &str = concat!("SELECT ", job_cols!(), " FROM jobs WHERE id = $1");
+
+pub(crate) const LIST_JOBS: &str = concat!(
+    "SELECT ",
+    job_cols!(),
+    " FROM jobs WHERE ($1 IS NULL OR batch_id = $1) AND ($2 IS NULL OR status = $2) \
+     AND id > $3 ORDER BY id LIMIT $4"
+);
+
+/// Starts a stage: only from `queued`, or from `running` whose lease has ended (the
+/// previous holder died). Sets the stage's start time to this start.
+pub(crate) const CLAIM: &str = concat!(
+    "UPDATE jobs SET status = 'running', attempts = attempts + 1, node = $4, lease_until = $5, \
+     updated_at = $6, \
+     init_started_at = CASE WHEN stage = 'init' THEN $6 ELSE init_started_at END, \
+     run_started_at = CASE WHEN stage = 'run' THEN $6 ELSE run_started_at END, \
+     eval_started_at = CASE WHEN stage = 'eval' THEN $6 ELSE eval_started_at END \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 \
+     AND (status = 'queued' OR (status = 'running' AND lease_until < $6)) RETURNING ",
+    job_cols!()
+);
+
+pub(crate) const EXTEND_LEASE: &str = "UPDATE jobs SET lease_until = $4 \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running'";
+
+/// Finishes the current stage and queues the next one in a single compare-and-set.
+pub(crate) const ADVANCE: &str = "UPDATE jobs SET status = 'queued', stage = $4, epoch = epoch + 1, \
+     lease_until = NULL, updated_at = $5, route = COALESCE($6, route), \
+     init_output = CASE WHEN stage = 'init' THEN $7 ELSE init_output END, \
+     run_output = CASE WHEN stage = 'run' THEN $7 ELSE run_output END, \
+     init_finished_at = CASE WHEN stage = 'init' THEN $5 ELSE init_finished_at END, \
+     run_finished_at = CASE WHEN stage = 'run' THEN $5 ELSE run_finished_at END, \
+     run_queued_at = CASE WHEN $4 = 'run' THEN $5 ELSE run_queued_at END, \
+     eval_queued_at = CASE WHEN $4 = 'eval' THEN $5 ELSE eval_queued_at END \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' RETURNING epoch";
+
+pub(crate) const RELEASE: &str = "UPDATE jobs SET status = 'queued', lease_until = NULL, updated_at = $4 \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running'";
+
+/// Ends a live job. `$2`/`$3` restrict it to one stage entry; NULL means any live job.
+pub(crate) const FINISH_JOB: &str = "UPDATE jobs SET status = $4, error = $5, lease_until = NULL, \
+     updated_at = $6, finished_at = $6, \
+     init_finished_at = CASE WHEN stage = 'init' AND status = 'running' THEN $6 ELSE init_finished_at END, \
+     run_finished_at = CASE WHEN stage = 'run' AND status = 'running' THEN $6 ELSE run_finished_at END, \
+     eval_finished_at = CASE WHEN stage = 'eval' AND status = 'running' THEN $6 ELSE eval_finished_at END \
+     WHERE id = $1 AND status IN ('queued', 'running') \
+     AND ($2 IS NULL OR (stage = $2 AND epoch = $3)) \
+     RETURNING batch_id, group_id, client_id, task, init_output, run_output";
+
+pub(crate) const INSERT_RESULT: &str = "INSERT INTO results (job_id, batch_id, group_id, client_id, \
+     status, reward, error, output, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+     RETURNING seq";
+
+pub(crate) const COUNT_BATCH: &str = "UPDATE batches SET finished = finished + 1, done = done + $2, \
+     failed = failed + $3, cancelled = cancelled + $4, timed_out = timed_out + $5 WHERE id = $1";
+
+pub(crate) const COUNT_GROUP: &str = "UPDATE prompt_groups SET finished = finished + 1, \
+     rewarded = rewarded + $3, reward_sum = reward_sum + $4, \
+     reward_min = CASE WHEN $5 IS NULL THEN reward_min \
+        WHEN reward_min IS NULL OR $5 < reward_min THEN $5 ELSE reward_min END, \
+     reward_max = CASE WHEN $5 IS NULL THEN reward_max \
+        WHEN reward_max IS NULL OR $5 > reward_max THEN $5 ELSE reward_max END \
+     WHERE batch_id = $1 AND id = $2";
+
+pub(crate) const RESULTS_AFTER: &str = concat!(
+    "SELECT ",
+    result_cols!(),
+    " FROM results WHERE seq > $1 ORDER BY seq LIMIT $2"
+);
+
+pub(crate) const RESULTS_AFTER_IN_BATCH: &str = concat!(
+    "SELECT ",
+    result_cols!(),
+    " FROM results WHERE batch_id = $3 AND seq > $1 ORDER BY seq LIMIT $2"
+);
+
+pub(crate) const RESULT_OF_JOB: &str =
+    concat!("SELECT ", result_cols!(), " FROM results WHERE job_id = $1");
+
+pub(crate) const MARK_PUBLISHED: &str =
+    "UPDATE results SET published_at = $2 WHERE seq = $1 AND published_at IS NULL";
+
+pub(crate) const UNPUBLISHED: &str = concat!(
+    "SELECT ",
+    result_cols!(),
+    " FROM results WHERE published_at IS NULL AND created_at < $1 ORDER BY seq LIMIT $2"
+);
+
+pub(crate) const SELECT_STALE: &str = "SELECT id, stage, epoch, route FROM jobs \
+     WHERE (status = 'queued' AND updated_at < $1) OR (status = 'running' AND lease_until < $1) \
+     ORDER BY updated_at LIMIT $2";
+
+pub(crate) const TOUCH: &str = "UPDATE jobs SET updated_at = $3 WHERE id = $1 AND epoch = $2 AND status IN ('queued', 'running')";
+
+pub(crate) const COUNTS: &str =
+    "SELECT status, stage, COUNT(*) AS n FROM jobs GROUP BY status, stage ORDER BY status, stage";
+
+pub(crate) const COUNTS_IN_BATCH: &str = "SELECT status, stage, COUNT(*) AS n FROM jobs \
+     WHERE batch_id = $1 GROUP BY status, stage ORDER BY status, stage";
+
+pub(crate) const SELECT_BATCH: &str =
+    "SELECT id, submitted, finished, done, failed, cancelled, timed_out FROM batches WHERE id = $1";
+
+pub(crate) const SELECT_GROUP: &str = "SELECT id, batch_id, submitted, finished, rewarded, reward_sum, \
+     reward_min, reward_max FROM prompt_groups WHERE batch_id = $1 AND id = $2";
+
+pub(crate) const SELECT_EVENTS: &str = "SELECT at, event, stage, epoch, attempt, node, detail \
+     FROM job_events WHERE job_id = $1 ORDER BY id";
+
+pub(crate) const INSERT_EVENT: &str = "INSERT INTO job_events (job_id, at, event, stage, node, detail) \
+     VALUES ($1, $2, $3, $4, $5, $6)";
+
+/// Builds the `output` of a result from what the stages left on the job row.
+pub(crate) fn result_output(
+    task: &str,
+    init: Option<&str>,
+    run: Option<&str>,
+    eval: Option<&serde_json::Value>,
+) -> serde_json::Value {
+    let parse = |s: Option<&str>| {
+        s.and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+            .unwrap_or(serde_json::Value::Null)
+    };
+    let metadata = serde_json::from_str::<serde_json::Value>(task)
+        .ok()
+        .and_then(|t| t.get("metadata").cloned())
+        .unwrap_or(serde_json::Value::Null);
+    serde_json::json!({
+        "init": parse(init),
+        "run": parse(run),
+        "eval": eval.cloned().unwrap_or(serde_json::Value::Null),
+        "metadata": metadata,
+    })
+}
+
+/// Implements [`Store`](super::Store) for `$store`, whose `pool` field is a pool of
+/// database `$db`.
+macro_rules! impl_store {
+    ($store:ty, $db:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::store::Store for $store {
+            async fn migrate(&self) -> $crate::store::StoreResult<()> {
+                Self::MIGRATOR.run(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn ping(&self) -> $crate::store::StoreResult<()> {
+                sqlx::query("SELECT 1").execute(&self.pool).await?;
+                Ok(())
+            }
+
+            async fn submit(
+                &self,
+                batch_id: &str,
+                jobs: &[$crate::store::NewJob],
+                now: i64,
+            ) -> $crate::store::StoreResult<Vec<$crate::store::Submitted>> {
+                use $crate::store::shared as q;
+                let mut tx = self.write_tx().await?;
+                // Counted up front so the batch row exists before the jobs reference it;
+                // corrected below for tasks that turn out to be duplicates.
+                sqlx::query(q::INSERT_BATCH)
+                    .bind(batch_id)
+                    .bind(now)
+                    .bind(jobs.len() as i64)
+                    .execute(&mut *tx)
+                    .await?;
+                let mut out = Vec::with_capacity(jobs.len());
+                let mut duplicates = 0i64;
+                for job in jobs {
+                    let task = job.task.to_string();
+                    let inserted: Option<(String,)> = sqlx::query_as(q::INSERT_JOB)
+                        .bind(&job.id)
+                        .bind(batch_id)
+                        .bind(&job.group_id)
+                        .bind(&job.client_id)
+                        .bind(&job.kind)
+                        .bind(&task)
+                        .bind(now)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    if inserted.is_some() {
+                        if let Some(group) = &job.group_id {
+                            sqlx::query(q::INSERT_GROUP)
+                                .bind(batch_id)
+                                .bind(group)
+                                .bind(now)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        out.push($crate::store::Submitted {
+                            id: job.id.clone(),
+                            client_id: job.client_id.clone(),
+                            status: $crate::model::Status::Queued,
+                            stage: $crate::model::Stage::Init,
+                            epoch: 0,
+                            duplicate: false,
+                        });
+                    } else {
+                        duplicates += 1;
+                        let (id, status, stage, epoch): (String, String, String, i64) =
+                            sqlx::query_as(q::SELECT_BY_CLIENT)
+                                .bind(&job.client_id)
+                                .fetch_one(&mut *tx)
+                                .await?;
+                        out.push($crate::store::Submitted {
+                            id,
+                            client_id: job.client_id.clone(),
+                            status: $crate::store::rows::parse_status(&status)?,
+                            stage: $crate::store::rows::parse_stage(&stage)?,
+                            epoch,
+                            duplicate: true,
+                        });
+                    }
+                }
+                if duplicates > 0 {
+                    sqlx::query(q::INSERT_BATCH)
+                        .bind(batch_id)
+                        .bind(now)
+                        .bind(-duplicates)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(out)
+            }
+
+            async fn job(
+                &self,
+                id: &str,
+            ) -> $crate::store::StoreResult<Option<$crate::model::Job>> {
+                let row: Option<$crate::store::rows::JobRow> =
+                    sqlx::query_as($crate::store::shared::SELECT_JOB)
+                        .bind(id)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                row.map(|r| r.into_job()).transpose()
+            }
+
+            async fn list_jobs(
+                &self,
+                query: &$crate::store::JobQuery,
+            ) -> $crate::store::StoreResult<Vec<$crate::model::Job>> {
+                let rows: Vec<$crate::store::rows::JobRow> =
+                    sqlx::query_as($crate::store::shared::LIST_JOBS)
+                        .bind(&query.batch)
+                        .bind(query.status.map(|s| s.as_str()))
+                        .bind(query.cursor.as_deref().unwrap_or(""))
+                        .bind(query.limit)
+                        .fetch_all(&self.pool)
+                        .await?;
+                rows.into_iter().map(|r| r.into_job()).collect()
+            }
+
+            async fn claim(
+                &self,
+                msg: &$crate::model::WorkMessage,
+                node: &str,
+                lease_until: i64,
+                now: i64,
+            ) -> $crate::store::StoreResult<$crate::store::Claim> {
+                use $crate::store::Claim;
+                let row: Option<$crate::store::rows::JobRow> =
+                    sqlx::query_as($crate::store::shared::CLAIM)
+                        .bind(&msg.job_id)
+                        .bind(msg.stage.as_str())
+                        .bind(msg.epoch)
+                        .bind(node)
+                        .bind(lease_until)
+                        .bind(now)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                if let Some(row) = row {
+                    return Ok(Claim::Started(Box::new(row.into_job()?)));
+                }
+                let row: Option<$crate::store::rows::JobRow> =
+                    sqlx::query_as($crate::store::shared::SELECT_JOB)
+                        .bind(&msg.job_id)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                let Some(row) = row else {
+                    return Ok(Claim::Missing);
+                };
+                let lease = row.lease_until;
+                let job = row.into_job()?;
+                if job.status == $crate::model::Status::Running
+                    && job.stage == msg.stage
+                    && job.epoch == msg.epoch
+                {
+                    // Someone holds a live lease; the claim lost the race with it.
+                    return Ok(Claim::Busy(lease.unwrap_or(now).max(now)));
+                }
+                Ok(Claim::Stale(Box::new(job)))
+            }
+
+            async fn extend_lease(
+                &self,
+                msg: &$crate::model::WorkMessage,
+                lease_until: i64,
+                _now: i64,
+            ) -> $crate::store::StoreResult<bool> {
+                let r = sqlx::query($crate::store::shared::EXTEND_LEASE)
+                    .bind(&msg.job_id)
+                    .bind(msg.stage.as_str())
+                    .bind(msg.epoch)
+                    .bind(lease_until)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn advance(
+                &self,
+                msg: &$crate::model::WorkMessage,
+                output: &serde_json::Value,
+                route: Option<&str>,
+                now: i64,
+            ) -> $crate::store::StoreResult<Option<$crate::model::WorkMessage>> {
+                let Some(next) = msg.stage.next() else {
+                    return Ok(None);
+                };
+                let row: Option<(i64,)> = sqlx::query_as($crate::store::shared::ADVANCE)
+                    .bind(&msg.job_id)
+                    .bind(msg.stage.as_str())
+                    .bind(msg.epoch)
+                    .bind(next.as_str())
+                    .bind(now)
+                    .bind(route)
+                    .bind(output.to_string())
+                    .fetch_optional(&self.pool)
+                    .await?;
+                Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
+                    job_id: msg.job_id.clone(),
+                    stage: next,
+                    epoch,
+                }))
+            }
+
+            async fn release(
+                &self,
+                msg: &$crate::model::WorkMessage,
+                now: i64,
+            ) -> $crate::store::StoreResult<bool> {
+                let r = sqlx::query($crate::store::shared::RELEASE)
+                    .bind(&msg.job_id)
+                    .bind(msg.stage.as_str())
+                    .bind(msg.epoch)
+                    .bind(now)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn finish(
+                &self,
+                cond: &$crate::store::FinishIf,
+                job_id: &str,
+                outcome: &$crate::model::Outcome,
+                now: i64,
+            ) -> $crate::store::StoreResult<Option<$crate::model::JobResult>> {
+                use $crate::model::Status;
+                use $crate::store::shared as q;
+                let (stage, epoch) = match cond {
+                    $crate::store::FinishIf::Stage(m) => (Some(m.stage.as_str()), Some(m.epoch)),
+                    $crate::store::FinishIf::Live => (None, None),
+                };
+                let mut tx = self.write_tx().await?;
+                #[allow(clippy::type_complexity)]
+                let row: Option<(
+                    String,
+                    Option<String>,
+                    Option<String>,
+                    String,
+                    Option<String>,
+                    Option<String>,
+                )> = sqlx::query_as(q::FINISH_JOB)
+                    .bind(job_id)
+                    .bind(stage)
+                    .bind(epoch)
+                    .bind(outcome.status.as_str())
+                    .bind(&outcome.error)
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some((batch_id, group_id, client_id, task, init, run)) = row else {
+                    return Ok(None);
+                };
+                let output = q::result_output(
+                    &task,
+                    init.as_deref(),
+                    run.as_deref(),
+                    outcome.eval_output.as_ref(),
+                );
+                let reward = if outcome.status == Status::Done {
+                    outcome.reward
+                } else {
+                    None
+                };
+                Self::order_results(&mut tx).await?;
+                let (seq,): (i64,) = sqlx::query_as(q::INSERT_RESULT)
+                    .bind(job_id)
+                    .bind(&batch_id)
+                    .bind(&group_id)
+                    .bind(&client_id)
+                    .bind(outcome.status.as_str())
+                    .bind(reward)
+                    .bind(&outcome.error)
+                    .bind(output.to_string())
+                    .bind(now)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let is = |s: Status| i64::from(outcome.status == s);
+                sqlx::query(q::COUNT_BATCH)
+                    .bind(&batch_id)
+                    .bind(is(Status::Done))
+                    .bind(is(Status::Failed))
+                    .bind(is(Status::Cancelled))
+                    .bind(is(Status::TimedOut))
+                    .execute(&mut *tx)
+                    .await?;
+                if let Some(group) = &group_id {
+                    sqlx::query(q::COUNT_GROUP)
+                        .bind(&batch_id)
+                        .bind(group)
+                        .bind(i64::from(reward.is_some()))
+                        .bind(reward.unwrap_or(0.0))
+                        .bind(reward)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(Some($crate::model::JobResult {
+                    seq,
+                    job_id: job_id.to_string(),
+                    batch_id,
+                    group_id,
+                    client_id,
+                    status: outcome.status,
+                    reward,
+                    error: outcome.error.clone(),
+                    output,
+                    created_at: now,
+                }))
+            }
+
+            async fn results_after(
+                &self,
+                batch: Option<&str>,
+                after: i64,
+                limit: i64,
+            ) -> $crate::store::StoreResult<Vec<$crate::model::JobResult>> {
+                use $crate::store::shared as q;
+                let rows: Vec<$crate::store::rows::ResultRow> = match batch {
+                    Some(b) => {
+                        sqlx::query_as(q::RESULTS_AFTER_IN_BATCH)
+                            .bind(after)
+                            .bind(limit)
+                            .bind(b)
+                            .fetch_all(&self.pool)
+                            .await?
+                    }
+                    None => {
+                        sqlx::query_as(q::RESULTS_AFTER)
+                            .bind(after)
+                            .bind(limit)
+                            .fetch_all(&self.pool)
+                            .await?
+                    }
+                };
+                rows.into_iter().map(|r| r.into_result()).collect()
+            }
+
+            async fn result(
+                &self,
+                job_id: &str,
+            ) -> $crate::store::StoreResult<Option<$crate::model::JobResult>> {
+                let row: Option<$crate::store::rows::ResultRow> =
+                    sqlx::query_as($crate::store::shared::RESULT_OF_JOB)
+                        .bind(job_id)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                row.map(|r| r.into_result()).transpose()
+            }
+
+            async fn mark_published(
+                &self,
+                seqs: &[i64],
+                now: i64,
+            ) -> $crate::store::StoreResult<()> {
+                if seqs.is_empty() {
+                    return Ok(());
+                }
+                let mut tx = self.write_tx().await?;
+                for seq in seqs {
+                    sqlx::query($crate::store::shared::MARK_PUBLISHED)
+                        .bind(seq)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+
+            async fn unpublished_results(
+                &self,
+                before: i64,
+                limit: i64,
+            ) -> $crate::store::StoreResult<Vec<$crate::model::JobResult>> {
+                let rows: Vec<$crate::store::rows::ResultRow> =
+                    sqlx::query_as($crate::store::shared::UNPUBLISHED)
+                        .bind(before)
+                        .bind(limit)
+                        .fetch_all(&self.pool)
+                        .await?;
+                rows.into_iter().map(|r| r.into_result()).collect()
+            }
+
+            async fn take_stale(
+                &self,
+                before: i64,
+                now: i64,
+                limit: i64,
+            ) -> $crate::store::StoreResult<Vec<$crate::store::StaleJob>> {
+                use $crate::store::shared as q;
+                let mut tx = self.write_tx().await?;
+                let rows: Vec<$crate::store::rows::StaleRow> = sqlx::query_as(q::SELECT_STALE)
+                    .bind(before)
+                    .bind(limit)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for r in rows {
+                    sqlx::query(q::TOUCH)
+                        .bind(&r.id)
+                        .bind(r.epoch)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                    out.push($crate::store::StaleJob {
+                        msg: $crate::model::WorkMessage {
+                            stage: $crate::store::rows::parse_stage(&r.stage)?,
+                            job_id: r.id,
+                            epoch: r.epoch,
+                        },
+                        route: r.route,
+                    });
+                }
+                tx.commit().await?;
+                Ok(out)
+            }
+
+            async fn counts(
+                &self,
+                batch: Option<&str>,
+            ) -> $crate::store::StoreResult<Vec<$crate::store::StatusCount>> {
+                use $crate::store::shared as q;
+                let rows: Vec<$crate::store::rows::CountRow> = match batch {
+                    Some(b) => {
+                        sqlx::query_as(q::COUNTS_IN_BATCH)
+                            .bind(b)
+                            .fetch_all(&self.pool)
+                            .await?
+                    }
+                    None => sqlx::query_as(q::COUNTS).fetch_all(&self.pool).await?,
+                };
+                rows.into_iter()
+                    .map(|r| {
+                        Ok($crate::store::StatusCount {
+                            status: $crate::store::rows::parse_status(&r.status)?,
+                            stage: $crate::store::rows::parse_stage(&r.stage)?,
+                            count: r.n,
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn batch(
+                &self,
+                id: &str,
+            ) -> $crate::store::StoreResult<Option<$crate::model::BatchCounters>> {
+                let row: Option<$crate::store::rows::BatchRow> =
+                    sqlx::query_as($crate::store::shared::SELECT_BATCH)
+                        .bind(id)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                Ok(row.map(Into::into))
+            }
+
+            async fn group(
+                &self,
+                batch_id: &str,
+                id: &str,
+            ) -> $crate::store::StoreResult<Option<$crate::model::GroupCounters>> {
+                let row: Option<$crate::store::rows::GroupRow> =
+                    sqlx::query_as($crate::store::shared::SELECT_GROUP)
+                        .bind(batch_id)
+                        .bind(id)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                Ok(row.map(Into::into))
+            }
+
+            async fn events(
+                &self,
+                job_id: &str,
+            ) -> $crate::store::StoreResult<Vec<$crate::store::JobEvent>> {
+                let rows: Vec<$crate::store::rows::EventRow> =
+                    sqlx::query_as($crate::store::shared::SELECT_EVENTS)
+                        .bind(job_id)
+                        .fetch_all(&self.pool)
+                        .await?;
+                Ok(rows.into_iter().map(Into::into).collect())
+            }
+
+            async fn record_event(
+                &self,
+                job_id: &str,
+                event: &str,
+                stage: Option<$crate::model::Stage>,
+                node: Option<&str>,
+                detail: Option<&str>,
+                now: i64,
+            ) -> $crate::store::StoreResult<()> {
+                sqlx::query($crate::store::shared::INSERT_EVENT)
+                    .bind(job_id)
+                    .bind(now)
+                    .bind(event)
+                    .bind(stage.map(|s| s.as_str()))
+                    .bind(node)
+                    .bind(detail)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            }
+        }
+    };
+}
+
+pub(crate) use impl_store;

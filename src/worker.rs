@@ -1,0 +1,661 @@
+//! The stage worker: pulls a stage's messages, runs the task kind's hook, records the
+//! outcome, hands the job on.
+//!
+//! One loop serves all three stage binaries. For each message:
+//!
+//! 1. **Claim** the stage with a compare-and-set on the job row (`queued` → `running`,
+//!    with a lease). A message for a job that moved on is stale: its hand-off is
+//!    re-published (the server drops it if it is a duplicate) and the message is acked.
+//!    A message whose job has a live lease elsewhere is nakked until the lease ends.
+//! 2. **Run** the hook under the stage timeout (queue wait does not count: the clock
+//!    starts at the claim), while a ticker sends in-progress acks and renews the lease,
+//!    and while the job's cancel token and the worker's hand-back token are watched.
+//! 3. **Record** the outcome in the database (the next stage, or the terminal status with
+//!    its result), then **publish** the next message or the result, then **ack**. A crash
+//!    between any two steps is repaired by the redelivered message or the reconciler.
+//!
+//! Flow control: a worker asks the server for at most as many messages as it has free
+//! slots, so nothing waits in a local buffer while its ack timer runs. Transient faults
+//! nak with exponential delay; the delivery after the last allowed one fails the job and
+//! keeps the message on the dead-letter subject. On shutdown (SIGTERM) the worker stops
+//! pulling, lets running stages finish for a grace period, then hands the rest back
+//! (release the claim, nak) so other workers pick them up at once.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::config::Settings;
+use crate::kinds::{EvalOutput, InitOutput, Registry, Route, StageContext, StageError};
+use crate::model::{Job, Outcome, Stage, Status, WorkMessage};
+use crate::now_ms;
+use crate::queue::{ANY_ROUTE, Queue, QueueError};
+use crate::store::{Claim, FinishIf, Store};
+
+/// Why a worker stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// The queue could not be set up.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// What a worker needs; cheap to clone.
+#[derive(Clone)]
+pub struct WorkerDeps {
+    /// Job state.
+    pub store: Arc<dyn Store>,
+    /// The queue.
+    pub queue: Queue,
+    /// Known task kinds.
+    pub kinds: Registry,
+    /// Settings.
+    pub settings: Arc<Settings>,
+}
+
+/// A worker of one stage on one node.
+pub struct Worker {
+    stage: Stage,
+    deps: WorkerDeps,
+    node: String,
+    /// Cancel tokens of the jobs this worker is running, by job id.
+    running: Mutex<HashMap<String, CancellationToken>>,
+    /// Fires when the grace period after shutdown is over: hand everything back.
+    hand_back: CancellationToken,
+}
+
+type HookFuture<'a> = Pin<Box<dyn Future<Output = Result<HookOutput, StageError>> + Send + 'a>>;
+
+enum HookOutput {
+    Init(InitOutput),
+    Run(serde_json::Value),
+    Eval(EvalOutput),
+}
+
+/// How a claimed stage ended, from the worker's point of view.
+enum StageEnd {
+    Finished(Result<HookOutput, StageError>),
+    TimedOut,
+    Cancelled,
+    HandBack,
+}
+
+impl Worker {
+    /// A worker for `stage`.
+    pub fn new(stage: Stage, deps: WorkerDeps) -> Arc<Self> {
+        let node = deps.settings.node.name.clone();
+        Arc::new(Self {
+            stage,
+            deps,
+            node,
+            running: Mutex::new(HashMap::new()),
+            hand_back: CancellationToken::new(),
+        })
+    }
+
+    /// Runs until `shutdown` fires, then drains as described in the module docs.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        let settings = &self.deps.settings;
+        let consumers = self.deps.queue.consumers(self.stage, &self.node).await?;
+        let concurrency = settings.stages.get(self.stage).concurrency;
+        let slots = Arc::new(Semaphore::new(concurrency));
+        let tracker = TaskTracker::new();
+        tracing::info!(stage = %self.stage, node = %self.node, concurrency, "worker started");
+
+        let cancel_listener = tokio::spawn(self.clone().listen_for_cancels(shutdown.clone()));
+        let mut pullers = Vec::new();
+        for consumer in consumers {
+            pullers.push(tokio::spawn(self.clone().pull(
+                consumer,
+                slots.clone(),
+                tracker.clone(),
+                shutdown.clone(),
+            )));
+        }
+        shutdown.cancelled().await;
+        for p in pullers {
+            let _ = p.await;
+        }
+        tracker.close();
+        let grace = Duration::from_millis(settings.stages.grace_ms);
+        let in_flight = tracker.len();
+        if in_flight > 0 {
+            tracing::info!(
+                in_flight,
+                ?grace,
+                "stopped pulling; letting running stages finish"
+            );
+        }
+        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+            tracing::warn!(
+                in_flight = tracker.len(),
+                "grace period over; handing running stages back to the queue"
+            );
+            self.hand_back.cancel();
+            tracker.wait().await;
+        }
+        cancel_listener.abort();
+        tracing::info!(stage = %self.stage, "worker stopped");
+        Ok(())
+    }
+
+    async fn listen_for_cancels(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let mut sub = match self.deps.queue.subscribe_cancel().await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot subscribe to cancels; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            loop {
+                tokio::select! {
+                    m = sub.next() => match m {
+                        Some(m) => {
+                            let id = String::from_utf8_lossy(&m.payload).to_string();
+                            if let Some(t) = self.running.lock().expect("lock").get(&id) {
+                                tracing::info!(job_id = %id, "cancel received");
+                                t.cancel();
+                            }
+                        }
+                        None => break,
+                    },
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        }
+    }
+
+    /// Pulls from one consumer, never asking for more messages than free slots.
+    async fn pull(
+        self: Arc<Self>,
+        consumer: jetstream::consumer::PullConsumer,
+        slots: Arc<Semaphore>,
+        tracker: TaskTracker,
+        shutdown: CancellationToken,
+    ) {
+        let mut failures = 0u32;
+        'outer: loop {
+            let first = tokio::select! {
+                p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
+                _ = shutdown.cancelled() => break,
+            };
+            let mut permits = vec![first];
+            while permits.len() < 256 {
+                match slots.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            let batch = consumer
+                .batch()
+                .max_messages(permits.len())
+                .expires(Duration::from_secs(2))
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(b) => {
+                    failures = 0;
+                    b
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(error = %e, failures, "pull request failed; retrying");
+                    let backoff = Duration::from_millis(100 * 2u64.pow(failures.min(6)));
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => continue,
+                        _ = shutdown.cancelled() => break,
+                    }
+                }
+            };
+            loop {
+                tokio::select! {
+                    m = batch.next() => match m {
+                        Some(Ok(msg)) => {
+                            let permit = permits.pop().expect("one permit per requested message");
+                            tracker.spawn(self.clone().handle(msg, permit));
+                        }
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, "pull batch ended with an error");
+                            break;
+                        }
+                        None => break,
+                    },
+                    _ = shutdown.cancelled() => break 'outer,
+                }
+            }
+        }
+    }
+
+    async fn handle(self: Arc<Self>, msg: jetstream::Message, _permit: OwnedSemaphorePermit) {
+        let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
+        let work: WorkMessage = match serde_json::from_slice(&msg.payload) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!(subject = %msg.subject, error = %e, "malformed stage message dropped");
+                let _ = msg.ack_with(AckKind::Term).await;
+                return;
+            }
+        };
+        let span = tracing::info_span!(
+            "stage",
+            job_id = %work.job_id,
+            stage = %work.stage,
+            epoch = work.epoch,
+            delivery = delivered,
+        );
+        self.process(msg, work, delivered).instrument(span).await;
+    }
+
+    async fn process(&self, msg: jetstream::Message, work: WorkMessage, delivered: i64) {
+        let s = &self.deps.settings;
+        let store = &self.deps.store;
+        let limit = s.queue.delivery_limit;
+        if delivered > limit {
+            let error = format!(
+                "{} stage started {limit} times without finishing (the workers running it \
+                 crashed or were killed); giving up",
+                work.stage
+            );
+            self.dead_letter(&msg, &work, delivered, &error).await;
+            return;
+        }
+        let now = now_ms();
+        let lease_ms = s.queue.ack_wait_ms as i64;
+        let job = match store.claim(&work, &self.node, now + lease_ms, now).await {
+            Ok(Claim::Started(job)) => *job,
+            Ok(Claim::Missing) => {
+                tracing::warn!("message for an unknown job dropped");
+                ack(&msg, AckKind::Ack).await;
+                return;
+            }
+            Ok(Claim::Busy(until)) => {
+                let wait = Duration::from_millis((until - now).max(0) as u64 + 50);
+                tracing::debug!(?wait, "stage is leased by another delivery; retrying later");
+                ack(&msg, AckKind::Nak(Some(wait))).await;
+                return;
+            }
+            Ok(Claim::Stale(job)) => {
+                self.repair_stale(&msg, &work, &job).await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot claim the stage; will retry");
+                ack(&msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+                return;
+            }
+        };
+        if let Some(q) = job_stage_times(&job, work.stage).queued_at {
+            metrics::histogram!(crate::metrics::QUEUE_WAIT, "stage" => work.stage.as_str())
+                .record((now - q).max(0) as f64 / 1000.0);
+        }
+        let Some(kind) = self.deps.kinds.get(&job.kind).cloned() else {
+            let error = format!("this worker does not know task kind `{}`", job.kind);
+            self.give_up_or_retry(&msg, &work, delivered, error).await;
+            return;
+        };
+        let token = CancellationToken::new();
+        self.running
+            .lock()
+            .expect("lock")
+            .insert(work.job_id.clone(), token.clone());
+        let ctx = StageContext {
+            job,
+            node: self.node.clone(),
+            cancel: token.clone(),
+        };
+        let started = std::time::Instant::now();
+        let end = self.run_hook(&msg, &work, &ctx, kind.as_ref()).await;
+        self.running.lock().expect("lock").remove(&work.job_id);
+        let outcome_label = match &end {
+            StageEnd::Finished(Ok(_)) => "ok",
+            StageEnd::Finished(Err(StageError::Failed(_))) => "failed",
+            StageEnd::Finished(Err(_)) => "transient",
+            StageEnd::TimedOut => "timed_out",
+            StageEnd::Cancelled => "cancelled",
+            StageEnd::HandBack => "handed_back",
+        };
+        metrics::histogram!(crate::metrics::STAGE_DURATION, "stage" => work.stage.as_str(), "outcome" => outcome_label)
+            .record(started.elapsed().as_secs_f64());
+        match end {
+            StageEnd::Finished(Ok(out)) => {
+                self.complete(&msg, &work, delivered, &ctx.job, out).await
+            }
+            StageEnd::Finished(Err(StageError::Failed(e))) => {
+                tracing::info!(error = %e, "stage failed");
+                kind.cleanup(&ctx.job).await;
+                self.end_job(&msg, &work, delivered, Status::Failed, e, None)
+                    .await;
+            }
+            StageEnd::Finished(Err(StageError::Transient(e))) => {
+                self.give_up_or_retry(&msg, &work, delivered, e).await;
+            }
+            StageEnd::TimedOut => {
+                let timeout = s.stages.get(work.stage).timeout_ms;
+                let e = format!("{} stage exceeded its timeout of {timeout} ms", work.stage);
+                tracing::info!("{e}");
+                kind.cleanup(&ctx.job).await;
+                self.end_job(&msg, &work, delivered, Status::TimedOut, e, None)
+                    .await;
+            }
+            StageEnd::Cancelled => {
+                tracing::info!("stage stopped: job cancelled");
+                kind.cleanup(&ctx.job).await;
+                ack(&msg, AckKind::Ack).await;
+            }
+            StageEnd::HandBack => {
+                kind.cleanup(&ctx.job).await;
+                match store.release(&work, now_ms()).await {
+                    Ok(_) => tracing::info!("stage handed back to the queue"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot release the claim; the lease will expire")
+                    }
+                }
+                ack(&msg, AckKind::Nak(None)).await;
+            }
+        }
+    }
+
+    /// Runs the stage hook under the timeout, renewing the lease and watching cancels.
+    async fn run_hook(
+        &self,
+        msg: &jetstream::Message,
+        work: &WorkMessage,
+        ctx: &StageContext,
+        kind: &dyn crate::kinds::TaskKind,
+    ) -> StageEnd {
+        let s = &self.deps.settings;
+        let mut hook: HookFuture<'_> = match work.stage {
+            Stage::Init => Box::pin(async move { kind.init(ctx).await.map(HookOutput::Init) }),
+            Stage::Run => Box::pin(async move { kind.run(ctx).await.map(HookOutput::Run) }),
+            Stage::Eval => Box::pin(async move { kind.eval(ctx).await.map(HookOutput::Eval) }),
+        };
+        let timeout =
+            tokio::time::sleep(Duration::from_millis(s.stages.get(work.stage).timeout_ms));
+        tokio::pin!(timeout);
+        let period = Duration::from_millis((s.queue.ack_wait_ms / 3).max(100));
+        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        loop {
+            tokio::select! {
+                r = &mut hook => return StageEnd::Finished(r),
+                _ = &mut timeout => return StageEnd::TimedOut,
+                _ = ctx.cancel.cancelled() => return StageEnd::Cancelled,
+                _ = self.hand_back.cancelled() => return StageEnd::HandBack,
+                _ = progress.tick() => {
+                    if let Err(e) = msg.ack_with(AckKind::Progress).await {
+                        tracing::warn!(error = %e, "in-progress ack failed; the message may be redelivered");
+                    }
+                    let now = now_ms();
+                    match self.deps.store.extend_lease(work, now + s.queue.ack_wait_ms as i64, now).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            // The row moved without us: cancelled (broadcast missed) or
+                            // taken over after our lease lapsed. Either way, stop.
+                            tracing::info!("job no longer held by this worker; stopping the stage");
+                            return StageEnd::Cancelled;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot renew the lease"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records a successful stage and hands the job on.
+    async fn complete(
+        &self,
+        msg: &jetstream::Message,
+        work: &WorkMessage,
+        delivered: i64,
+        job: &Job,
+        out: HookOutput,
+    ) {
+        let store = &self.deps.store;
+        let (output, route) = match out {
+            HookOutput::Eval(e) => {
+                let outcome = Outcome {
+                    status: Status::Done,
+                    reward: Some(e.reward),
+                    error: None,
+                    eval_output: Some(e.details),
+                };
+                self.finish(msg, work, delivered, &outcome).await;
+                return;
+            }
+            HookOutput::Init(i) => {
+                let route = match i.route {
+                    Route::Any => ANY_ROUTE.to_string(),
+                    Route::ThisNode => self.node.clone(),
+                };
+                (i.output, Some(route))
+            }
+            HookOutput::Run(v) => (v, None),
+        };
+        match store
+            .advance(work, &output, route.as_deref(), now_ms())
+            .await
+        {
+            Ok(Some(next)) => {
+                let route = route.or_else(|| job.route.clone());
+                match self.deps.queue.publish_work(&next, route.as_deref()).await {
+                    Ok(()) => ack(msg, AckKind::Ack).await,
+                    Err(e) => {
+                        // The database already says where the job is; the redelivery of
+                        // this message will find it stale and re-publish the hand-off.
+                        tracing::warn!(error = %e, "hand-off publish failed; will repair on redelivery");
+                        ack(msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+                    }
+                }
+            }
+            Ok(None) => {
+                tracing::info!("stage output discarded: the job moved on while it ran");
+                ack(msg, AckKind::Ack).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot record the stage output; will retry");
+                self.release_and_nak(msg, work, delivered).await;
+            }
+        }
+    }
+
+    /// Ends the job with a non-`done` terminal status.
+    async fn end_job(
+        &self,
+        msg: &jetstream::Message,
+        work: &WorkMessage,
+        delivered: i64,
+        status: Status,
+        error: String,
+        eval_output: Option<serde_json::Value>,
+    ) {
+        let outcome = Outcome {
+            status,
+            reward: None,
+            error: Some(error),
+            eval_output,
+        };
+        self.finish(msg, work, delivered, &outcome).await;
+    }
+
+    /// Writes the terminal state and result, publishes the result, acks.
+    async fn finish(
+        &self,
+        msg: &jetstream::Message,
+        work: &WorkMessage,
+        delivered: i64,
+        outcome: &Outcome,
+    ) {
+        let cond = FinishIf::Stage(work.clone());
+        match self
+            .deps
+            .store
+            .finish(&cond, &work.job_id, outcome, now_ms())
+            .await
+        {
+            Ok(Some(result)) => {
+                metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => outcome.status.as_str())
+                    .increment(1);
+                tracing::debug!(status = %outcome.status, reward = ?result.reward, "job finished");
+                publish_result(&self.deps.queue, self.deps.store.as_ref(), &result).await;
+                ack(msg, AckKind::Ack).await;
+            }
+            Ok(None) => {
+                tracing::info!("job already ended elsewhere; outcome discarded");
+                ack(msg, AckKind::Ack).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot record the job's end; will retry");
+                self.release_and_nak(msg, work, delivered).await;
+            }
+        }
+    }
+
+    /// A transient fault: retry with backoff, or give up at the delivery limit.
+    async fn give_up_or_retry(
+        &self,
+        msg: &jetstream::Message,
+        work: &WorkMessage,
+        delivered: i64,
+        error: String,
+    ) {
+        let limit = self.deps.settings.queue.delivery_limit;
+        if delivered >= limit {
+            let error = format!("gave up after {delivered} deliveries: {error}");
+            self.dead_letter(msg, work, delivered, &error).await;
+        } else {
+            tracing::info!(error = %error, "transient fault; retrying with backoff");
+            self.release_and_nak(msg, work, delivered).await;
+        }
+    }
+
+    async fn release_and_nak(&self, msg: &jetstream::Message, work: &WorkMessage, delivered: i64) {
+        if let Err(e) = self.deps.store.release(work, now_ms()).await {
+            tracing::warn!(error = %e, "cannot release the claim; the lease will expire");
+        }
+        ack(msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+    }
+
+    /// Keeps the message on the dead-letter subject, fails the job, acks.
+    async fn dead_letter(
+        &self,
+        msg: &jetstream::Message,
+        work: &WorkMessage,
+        delivered: i64,
+        error: &str,
+    ) {
+        // Copy first: acking removes the message from the work-queue stream.
+        if let Err(e) = self.deps.queue.publish_dead(work, delivered, error).await {
+            tracing::warn!(error = %e, "cannot dead-letter; will retry");
+            ack(msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+            return;
+        }
+        tracing::warn!(
+            error,
+            "delivery limit reached; job failed and message dead-lettered"
+        );
+        let _ = self
+            .deps
+            .store
+            .record_event(
+                &work.job_id,
+                "dead_lettered",
+                Some(work.stage),
+                Some(&self.node),
+                Some(error),
+                now_ms(),
+            )
+            .await;
+        let outcome = Outcome {
+            status: Status::Failed,
+            reward: None,
+            error: Some(error.to_string()),
+            eval_output: None,
+        };
+        let cond = FinishIf::Stage(work.clone());
+        match self
+            .deps
+            .store
+            .finish(&cond, &work.job_id, &outcome, now_ms())
+            .await
+        {
+            Ok(Some(result)) => {
+                metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "failed").increment(1);
+                publish_result(&self.deps.queue, self.deps.store.as_ref(), &result).await;
+                ack(msg, AckKind::Ack).await;
+            }
+            Ok(None) => ack(msg, AckKind::Ack).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot record the failure; will retry");
+                ack(msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+            }
+        }
+    }
+
+    /// A message whose job moved on: make sure the job's current hand-off exists.
+    async fn repair_stale(&self, msg: &jetstream::Message, work: &WorkMessage, job: &Job) {
+        if !job.status.is_terminal() && (job.stage, job.epoch) != (work.stage, work.epoch) {
+            let current = WorkMessage {
+                job_id: job.id.clone(),
+                stage: job.stage,
+                epoch: job.epoch,
+            };
+            if job.status == Status::Queued
+                && let Err(e) = self
+                    .deps
+                    .queue
+                    .publish_work(&current, job.route.as_deref())
+                    .await
+            {
+                tracing::warn!(error = %e, "cannot re-publish the job's hand-off; will retry");
+                ack(msg, AckKind::Nak(Some(self.nak_delay(1)))).await;
+                return;
+            }
+        }
+        tracing::debug!(status = %job.status, current_stage = %job.stage, "stale message dropped");
+        ack(msg, AckKind::Ack).await;
+    }
+
+    fn nak_delay(&self, delivered: i64) -> Duration {
+        let q = &self.deps.settings.queue;
+        let exp = (delivered.max(1) - 1).min(20) as u32;
+        let ms = q.nak_delay_ms.saturating_mul(2u64.saturating_pow(exp));
+        Duration::from_millis(ms.min(q.nak_delay_max_ms))
+    }
+}
+
+/// Publishes a result and marks it published; on failure the reconciler retries later.
+pub async fn publish_result(queue: &Queue, store: &dyn Store, result: &crate::model::JobResult) {
+    match queue.publish_result(result).await {
+        Ok(()) => {
+            if let Err(e) = store.mark_published(&[result.seq], now_ms()).await {
+                tracing::warn!(error = %e, "result published but not marked; it may be re-published (deduplicated)");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "result not published yet; the reconciler will retry"),
+    }
+}
+
+fn job_stage_times(job: &Job, stage: Stage) -> &crate::model::StageTimes {
+    match stage {
+        Stage::Init => &job.timings.init,
+        Stage::Run => &job.timings.run,
+        Stage::Eval => &job.timings.eval,
+    }
+}
+
+async fn ack(msg: &jetstream::Message, kind: AckKind) {
+    if let Err(e) = msg.ack_with(kind).await {
+        tracing::warn!(error = %e, "acknowledgement failed; the message will be redelivered");
+    }
+}

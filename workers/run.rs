@@ -1,0 +1,15 @@
+//! `rollout-run-worker`: runs the RUN stage of jobs, as many at once as
+//! `stages.run.concurrency` allows. Stateless: start as many as you like, on any machine
+//! that reaches NATS and the database. SIGTERM stops it taking work and hands in-flight
+//! stages back after `stages.grace_ms`; no job is lost.
+
+use clap::Parser;
+use rollout::local::{WorkerArgs, worker_process};
+use rollout::model::Stage;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    worker_process(Stage::Run, WorkerArgs::parse())
+        .await
+        .map_err(|e| anyhow::anyhow!(e))
+}
