@@ -81,7 +81,7 @@ pub async fn run_gateway(
         tokio::spawn(crate::reconciler::run(
             deps.store.clone(),
             deps.queue.clone(),
-            deps.settings.reconciler.clone(),
+            deps.settings.clone(),
             shutdown.clone(),
         ));
     }

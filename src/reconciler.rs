@@ -3,40 +3,77 @@
 //! A stage commits to the database, then publishes, then acks. If a process dies between
 //! the commit and the publish (or a server failure loses a message), the database says a
 //! job is queued but no message exists. Redelivered messages repair most of these; the
-//! reconciler catches the rest by re-publishing, with the same `Nats-Msg-Id`, the
-//! hand-off of every live job that has not changed for `stale_after_ms`, and publishing
-//! results that were written but never marked published. Re-publishing is always safe: a
-//! message the server still holds is deduplicated, and one that reaches a worker after
-//! the job moved on is recognised as stale and dropped. Any number of reconcilers may
-//! run at once.
+//! reconciler catches the rest:
+//!
+//! - a **queued** job with no change for `stale_after_ms` has its hand-off re-published
+//!   with the same `Nats-Msg-Id` (a message the server still holds within its duplicate
+//!   window is deduplicated; a duplicate that reaches a worker is dropped as stale);
+//! - a **running** job whose lease lapsed `stale_after_ms` ago and that no redelivery took
+//!   over has lost its message (or the message ran out of deliveries): it is queued again
+//!   under a new stage entry, so the new message has a fresh id and fresh deliveries —
+//!   unless it has already been started `3 × delivery_limit` times, when it is failed;
+//! - results written but never marked published are published;
+//! - a message that reached the consumer's delivery maximum without a worker giving up on
+//!   it (deliveries wasted on workers that died) is reported by the server's
+//!   max-deliveries advisory; the reconciler dead-letters it, fails its job and deletes it.
+//!
+//! Any number of reconcilers may run at once: every action is a compare-and-set or a
+//! deduplicated publish.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ReconcilerSettings;
+use crate::config::Settings;
+use crate::model::{Outcome, Status, WorkMessage};
 use crate::now_ms;
-use crate::queue::Queue;
-use crate::store::Store;
+use crate::queue::{Queue, QueueError};
+use crate::store::{FinishIf, Store, StoreError};
+
+/// A failed sweep (retried at the next interval).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReconcileError {
+    /// The queue.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// The database.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Dead-lettering.
+    #[error(transparent)]
+    DeadLetter(#[from] crate::worker::DeadLetterError),
+}
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Sweep {
-    /// Stage messages re-published.
+    /// Queued jobs whose message was re-published.
     pub republished: usize,
+    /// Running jobs with a lapsed lease queued again.
+    pub requeued: usize,
+    /// Jobs failed for being stuck too often.
+    pub failed: usize,
     /// Results published.
     pub results_published: usize,
 }
 
-/// Runs sweeps every `interval_ms` until `shutdown` fires.
+/// Runs sweeps every `reconciler.interval_ms`, and handles max-deliveries advisories,
+/// until `shutdown` fires.
 pub async fn run(
     store: Arc<dyn Store>,
     queue: Queue,
-    settings: ReconcilerSettings,
+    settings: Arc<Settings>,
     shutdown: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(Duration::from_millis(settings.interval_ms));
+    tokio::spawn(watch_max_deliveries(
+        store.clone(),
+        queue.clone(),
+        shutdown.clone(),
+    ));
+    let mut tick = tokio::time::interval(Duration::from_millis(settings.reconciler.interval_ms));
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -45,6 +82,8 @@ pub async fn run(
         match sweep(store.as_ref(), &queue, &settings).await {
             Ok(s) if s != Sweep::default() => tracing::info!(
                 republished = s.republished,
+                requeued = s.requeued,
+                failed = s.failed,
                 results_published = s.results_published,
                 "reconciler repaired hand-offs"
             ),
@@ -58,39 +97,138 @@ pub async fn run(
 pub async fn sweep(
     store: &dyn Store,
     queue: &Queue,
-    settings: &ReconcilerSettings,
-) -> anyhow::Result<Sweep> {
+    settings: &Settings,
+) -> Result<Sweep, ReconcileError> {
+    let r = &settings.reconciler;
     let now = now_ms();
     let mut out = Sweep::default();
-    let stale = store
-        .take_stale(
-            now - settings.stale_after_ms as i64,
-            now,
-            settings.batch_limit,
-        )
-        .await?;
-    for job in stale {
-        queue.publish_work(&job.msg, job.route.as_deref()).await?;
-        store
-            .record_event(
-                &job.msg.job_id,
-                "republished",
-                Some(job.msg.stage),
-                None,
-                Some("no progress within reconciler.stale_after_ms"),
-                now,
-            )
-            .await?;
-        out.republished += 1;
+    for job in store
+        .stale_jobs(now - r.stale_after_ms as i64, r.batch_limit)
+        .await?
+    {
+        let id = job.msg.job_id.clone();
+        match job.status {
+            Status::Queued => {
+                if store.touch(&job.msg, now).await? {
+                    queue.publish_work(&job.msg, job.route.as_deref()).await?;
+                    store
+                        .record_event(&id, "republished", Some(job.msg.stage), None, None, now)
+                        .await?;
+                    out.republished += 1;
+                }
+            }
+            _ if job.attempts >= 3 * settings.queue.delivery_limit => {
+                let outcome = Outcome {
+                    status: Status::Failed,
+                    reward: None,
+                    error: Some(format!(
+                        "{} stage stuck: started {} times, and its last worker stopped renewing \
+                         its lease; giving up",
+                        job.msg.stage, job.attempts
+                    )),
+                    eval_output: None,
+                };
+                let cond = FinishIf::Stage(job.msg.clone());
+                if let Some(result) = store.finish(&cond, &id, &outcome, now).await? {
+                    crate::worker::publish_result(queue, store, &result).await;
+                    out.failed += 1;
+                }
+            }
+            _ => {
+                if let Some(next) = store.requeue(&job.msg, now).await? {
+                    queue.publish_work(&next, job.route.as_deref()).await?;
+                    store
+                        .record_event(
+                            &id,
+                            "requeued",
+                            Some(next.stage),
+                            None,
+                            Some("lease lapsed"),
+                            now,
+                        )
+                        .await?;
+                    out.requeued += 1;
+                }
+            }
+        }
     }
     // Results are normally marked within milliseconds; give in-flight publishes time.
-    let results = store
-        .unpublished_results(now - 10_000, settings.batch_limit)
-        .await?;
-    for r in results {
-        queue.publish_result(&r).await?;
-        store.mark_published(&[r.seq], now_ms()).await?;
+    for res in store
+        .unpublished_results(now - 10_000, r.batch_limit)
+        .await?
+    {
+        queue.publish_result(&res).await?;
+        store.mark_published(&[res.seq], now_ms()).await?;
         out.results_published += 1;
     }
     Ok(out)
+}
+
+/// The fields of a max-deliveries advisory that matter here.
+#[derive(Debug, serde::Deserialize)]
+struct MaxDeliveries {
+    stream_seq: u64,
+    deliveries: i64,
+}
+
+async fn watch_max_deliveries(store: Arc<dyn Store>, queue: Queue, shutdown: CancellationToken) {
+    let stream_name = queue.subjects().stream("WORK");
+    let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream_name}.*");
+    let mut sub = loop {
+        match queue.client().subscribe(subject.clone()).await {
+            Ok(s) => break s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot subscribe to max-deliveries advisories; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        }
+    };
+    loop {
+        let m = tokio::select! {
+            m = sub.next() => match m { Some(m) => m, None => return },
+            _ = shutdown.cancelled() => return,
+        };
+        tracing::debug!(advisory = %String::from_utf8_lossy(&m.payload), "max-deliveries advisory");
+        let Ok(adv) = serde_json::from_slice::<MaxDeliveries>(&m.payload) else {
+            tracing::warn!("unreadable max-deliveries advisory ignored");
+            continue;
+        };
+        if let Err(e) = handle_max_deliveries(store.as_ref(), &queue, &stream_name, &adv).await {
+            tracing::warn!(error = %e, seq = adv.stream_seq, "cannot dead-letter an exhausted message; the sweep will repair its job");
+        }
+    }
+}
+
+async fn handle_max_deliveries(
+    store: &dyn Store,
+    queue: &Queue,
+    stream_name: &str,
+    adv: &MaxDeliveries,
+) -> Result<(), ReconcileError> {
+    let js_err = |what: &'static str| move |e: String| QueueError::JetStream { what, detail: e };
+    let stream = queue
+        .jetstream()
+        .get_stream(stream_name)
+        .await
+        .map_err(|e| js_err("stream lookup")(e.to_string()))?;
+    let Ok(raw) = stream.get_raw_message(adv.stream_seq).await else {
+        return Ok(()); // already removed (a worker gave up on it in time)
+    };
+    let Ok(work) = serde_json::from_slice::<WorkMessage>(&raw.payload) else {
+        return Ok(());
+    };
+    let error = format!(
+        "{} stage delivered {} times without finishing (the workers running it crashed or \
+         were killed); giving up",
+        work.stage, adv.deliveries
+    );
+    crate::worker::dead_letter(queue, store, &work, adv.deliveries, &error, None).await?;
+    stream
+        .delete_message(adv.stream_seq)
+        .await
+        .map_err(|e| js_err("message delete")(e.to_string()))?;
+    Ok(())
 }

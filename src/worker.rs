@@ -554,49 +554,20 @@ impl Worker {
         delivered: i64,
         error: &str,
     ) {
-        // Copy first: acking removes the message from the work-queue stream.
-        if let Err(e) = self.deps.queue.publish_dead(work, delivered, error).await {
-            tracing::warn!(error = %e, "cannot dead-letter; will retry");
-            ack(msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
-            return;
-        }
-        tracing::warn!(
+        let deps = &self.deps;
+        match dead_letter(
+            &deps.queue,
+            deps.store.as_ref(),
+            work,
+            delivered,
             error,
-            "delivery limit reached; job failed and message dead-lettered"
-        );
-        let _ = self
-            .deps
-            .store
-            .record_event(
-                &work.job_id,
-                "dead_lettered",
-                Some(work.stage),
-                Some(&self.node),
-                Some(error),
-                now_ms(),
-            )
-            .await;
-        let outcome = Outcome {
-            status: Status::Failed,
-            reward: None,
-            error: Some(error.to_string()),
-            eval_output: None,
-        };
-        let cond = FinishIf::Stage(work.clone());
-        match self
-            .deps
-            .store
-            .finish(&cond, &work.job_id, &outcome, now_ms())
-            .await
+            Some(&self.node),
+        )
+        .await
         {
-            Ok(Some(result)) => {
-                metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "failed").increment(1);
-                publish_result(&self.deps.queue, self.deps.store.as_ref(), &result).await;
-                ack(msg, AckKind::Ack).await;
-            }
-            Ok(None) => ack(msg, AckKind::Ack).await,
+            Ok(()) => ack(msg, AckKind::Ack).await,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot record the failure; will retry");
+                tracing::warn!(error = %e, "cannot dead-letter the job; will retry");
                 ack(msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
             }
         }
@@ -632,6 +603,60 @@ impl Worker {
         let ms = q.nak_delay_ms.saturating_mul(2u64.saturating_pow(exp));
         Duration::from_millis(ms.min(q.nak_delay_max_ms))
     }
+}
+
+/// A failure to dead-letter a job (retry later).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeadLetterError {
+    /// Publishing the copy to the dead-letter subject failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// Recording the failure failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// Gives up on a stage message: keeps a copy on the dead-letter subject, then fails the
+/// job (if it is still in that stage entry) and publishes its result. Idempotent: the
+/// copy is deduplicated and the failure is a compare-and-set. The caller then removes
+/// the original message (ack, or delete from the stream).
+pub async fn dead_letter(
+    queue: &Queue,
+    store: &dyn Store,
+    work: &WorkMessage,
+    deliveries: i64,
+    error: &str,
+    node: Option<&str>,
+) -> Result<(), DeadLetterError> {
+    // Copy first: removing the message from the work-queue stream loses it.
+    queue.publish_dead(work, deliveries, error).await?;
+    let outcome = Outcome {
+        status: Status::Failed,
+        reward: None,
+        error: Some(error.to_string()),
+        eval_output: None,
+    };
+    let cond = FinishIf::Stage(work.clone());
+    if let Some(result) = store
+        .finish(&cond, &work.job_id, &outcome, now_ms())
+        .await?
+    {
+        tracing::warn!(job_id = %work.job_id, error, "job failed and its message dead-lettered");
+        store
+            .record_event(
+                &work.job_id,
+                "dead_lettered",
+                Some(work.stage),
+                node,
+                Some(error),
+                now_ms(),
+            )
+            .await?;
+        metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "failed").increment(1);
+        publish_result(queue, store, &result).await;
+    }
+    Ok(())
 }
 
 /// Publishes a result and marks it published; on failure the reconciler retries later.

@@ -157,6 +157,11 @@ pub struct StaleJob {
     pub msg: WorkMessage,
     /// Where RUN goes (`any` or a node), for RUN messages.
     pub route: Option<String>,
+    /// `queued` (its message may be lost) or `running` (its lease lapsed and no
+    /// redelivery took it over: its message is lost or out of deliveries).
+    pub status: Status,
+    /// Stage starts so far.
+    pub attempts: i64,
 }
 
 /// Durable job state. Implemented for SQLite and Postgres; all methods are safe to call
@@ -229,8 +234,13 @@ pub trait Store: Send + Sync + 'static {
     /// Results not yet marked published that were written before `before`.
     async fn unpublished_results(&self, before: i64, limit: i64) -> StoreResult<Vec<JobResult>>;
     /// Live jobs with no change since `before` (queued) or whose lease ended before it
-    /// (running); their `updated_at` is bumped so the next sweep skips them.
-    async fn take_stale(&self, before: i64, now: i64, limit: i64) -> StoreResult<Vec<StaleJob>>;
+    /// (running), oldest first.
+    async fn stale_jobs(&self, before: i64, limit: i64) -> StoreResult<Vec<StaleJob>>;
+    /// Marks a queued job as just re-published, so the next sweep skips it.
+    async fn touch(&self, msg: &WorkMessage, now: i64) -> StoreResult<bool>;
+    /// Puts a running job whose lease lapsed back in the queue under a new stage entry
+    /// (so its new message gets a new id and fresh deliveries); `None` if it moved on.
+    async fn requeue(&self, msg: &WorkMessage, now: i64) -> StoreResult<Option<WorkMessage>>;
     /// Job counts by status and stage.
     async fn counts(&self, batch: Option<&str>) -> StoreResult<Vec<StatusCount>>;
     /// A batch's counters.

@@ -220,4 +220,6 @@ pub(crate) struct StaleRow {
     pub(crate) stage: String,
     pub(crate) epoch: i64,
     pub(crate) route: Option<String>,
+    pub(crate) status: String,
+    pub(crate) attempts: i64,
 }

@@ -124,11 +124,20 @@ pub(crate) const UNPUBLISHED: &str = concat!(
     " FROM results WHERE published_at IS NULL AND created_at < $1 ORDER BY seq LIMIT $2"
 );
 
-pub(crate) const SELECT_STALE: &str = "SELECT id, stage, epoch, route FROM jobs \
+pub(crate) const SELECT_STALE: &str = "SELECT id, stage, epoch, route, status, attempts FROM jobs \
      WHERE (status = 'queued' AND updated_at < $1) OR (status = 'running' AND lease_until < $1) \
      ORDER BY updated_at LIMIT $2";
 
-pub(crate) const TOUCH: &str = "UPDATE jobs SET updated_at = $3 WHERE id = $1 AND epoch = $2 AND status IN ('queued', 'running')";
+pub(crate) const TOUCH: &str =
+    "UPDATE jobs SET updated_at = $3 WHERE id = $1 AND epoch = $2 AND status = 'queued'";
+
+/// A new stage entry for a job whose lease lapsed: new epoch, queued again.
+pub(crate) const REQUEUE: &str = "UPDATE jobs SET status = 'queued', epoch = epoch + 1, \
+     lease_until = NULL, updated_at = $3, \
+     init_queued_at = CASE WHEN stage = 'init' THEN $3 ELSE init_queued_at END, \
+     run_queued_at = CASE WHEN stage = 'run' THEN $3 ELSE run_queued_at END, \
+     eval_queued_at = CASE WHEN stage = 'eval' THEN $3 ELSE eval_queued_at END \
+     WHERE id = $1 AND epoch = $2 AND status = 'running' AND lease_until < $3 RETURNING epoch";
 
 pub(crate) const COUNTS: &str =
     "SELECT status, stage, COUNT(*) AS n FROM jobs GROUP BY status, stage ORDER BY status, stage";
@@ -554,38 +563,63 @@ macro_rules! impl_store {
                 rows.into_iter().map(|r| r.into_result()).collect()
             }
 
-            async fn take_stale(
+            async fn stale_jobs(
                 &self,
                 before: i64,
-                now: i64,
                 limit: i64,
             ) -> $crate::store::StoreResult<Vec<$crate::store::StaleJob>> {
-                use $crate::store::shared as q;
-                let mut tx = self.write_tx().await?;
-                let rows: Vec<$crate::store::rows::StaleRow> = sqlx::query_as(q::SELECT_STALE)
-                    .bind(before)
-                    .bind(limit)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                let mut out = Vec::with_capacity(rows.len());
-                for r in rows {
-                    sqlx::query(q::TOUCH)
-                        .bind(&r.id)
-                        .bind(r.epoch)
-                        .bind(now)
-                        .execute(&mut *tx)
+                let rows: Vec<$crate::store::rows::StaleRow> =
+                    sqlx::query_as($crate::store::shared::SELECT_STALE)
+                        .bind(before)
+                        .bind(limit)
+                        .fetch_all(&self.pool)
                         .await?;
-                    out.push($crate::store::StaleJob {
-                        msg: $crate::model::WorkMessage {
-                            stage: $crate::store::rows::parse_stage(&r.stage)?,
-                            job_id: r.id,
-                            epoch: r.epoch,
-                        },
-                        route: r.route,
-                    });
-                }
-                tx.commit().await?;
-                Ok(out)
+                rows.into_iter()
+                    .map(|r| {
+                        Ok($crate::store::StaleJob {
+                            msg: $crate::model::WorkMessage {
+                                stage: $crate::store::rows::parse_stage(&r.stage)?,
+                                job_id: r.id,
+                                epoch: r.epoch,
+                            },
+                            route: r.route,
+                            status: $crate::store::rows::parse_status(&r.status)?,
+                            attempts: r.attempts,
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn touch(
+                &self,
+                msg: &$crate::model::WorkMessage,
+                now: i64,
+            ) -> $crate::store::StoreResult<bool> {
+                let r = sqlx::query($crate::store::shared::TOUCH)
+                    .bind(&msg.job_id)
+                    .bind(msg.epoch)
+                    .bind(now)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            async fn requeue(
+                &self,
+                msg: &$crate::model::WorkMessage,
+                now: i64,
+            ) -> $crate::store::StoreResult<Option<$crate::model::WorkMessage>> {
+                let row: Option<(i64,)> = sqlx::query_as($crate::store::shared::REQUEUE)
+                    .bind(&msg.job_id)
+                    .bind(msg.epoch)
+                    .bind(now)
+                    .fetch_optional(&self.pool)
+                    .await?;
+                Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
+                    job_id: msg.job_id.clone(),
+                    stage: msg.stage,
+                    epoch,
+                }))
             }
 
             async fn counts(

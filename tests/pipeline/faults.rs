@@ -1,0 +1,364 @@
+//! Crashes, signals, cancels, timeouts, failures and the delivery limit.
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use rollout::model::{Stage, Status};
+
+use crate::helpers::{TestEnv, synthetic};
+
+fn running_in(stage: Stage) -> impl Fn(&rollout::model::Job) -> bool {
+    move |j| j.status == Status::Running && j.stage == stage
+}
+
+/// SIGKILL of the RUN worker mid-stage: the message is redelivered to another worker
+/// after the ack wait, and the job still ends exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_stage_has_its_job_redelivered_and_finished_once() {
+    let mut env = TestEnv::start(|s| s.queue.ack_wait_ms = 1_500).await;
+    env.stage_workers_in_process(Stage::Init, 1);
+    env.stage_workers_in_process(Stage::Eval, 1);
+    let victim = env.spawn_worker_process(Stage::Run);
+    let ids = env
+        .submit(&[synthetic(serde_json::json!({"run_ms": 2500}))], "kill")
+        .await;
+    env.wait_job(&ids[0], "running in RUN", running_in(Stage::Run))
+        .await;
+    env.signal_worker(victim, Signal::SIGKILL);
+    env.wait_worker(victim).await;
+    env.spawn_worker_process(Stage::Run);
+
+    let results = env.wait_results("kill", 1, Duration::from_secs(60)).await;
+    assert_eq!(results[0].status, Status::Done);
+    let view = env.client.job(&ids[0]).await.unwrap();
+    // INIT once, RUN twice (killed, then redelivered), EVAL once.
+    assert_eq!(view.job.attempts, 4, "events: {:?}", view.events);
+    env.wait_work_drained().await;
+    assert_eq!(env.stream_len("RESULTS").await, 1);
+    let again = env.client.results(Some("kill"), 0, 0).await.unwrap();
+    assert_eq!(again.results.len(), 1);
+}
+
+/// SIGTERM mid-stage: a stage that ends within the grace period finishes; one that does
+/// not is handed back and finished by another worker. No job is lost; the worker exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_short_stages_and_hands_long_ones_back() {
+    let mut env = TestEnv::start(|s| s.stages.grace_ms = 1_500).await;
+    env.stage_workers_in_process(Stage::Init, 1);
+    env.stage_workers_in_process(Stage::Eval, 1);
+    let w = env.spawn_worker_process(Stage::Run);
+    let ids = env
+        .submit(
+            &[
+                synthetic(serde_json::json!({"run_ms": 800})),
+                synthetic(serde_json::json!({"run_ms": 4000})),
+            ],
+            "term",
+        )
+        .await;
+    for id in &ids {
+        env.wait_job(id, "running in RUN", running_in(Stage::Run))
+            .await;
+    }
+    env.signal_worker(w, Signal::SIGTERM);
+    assert_eq!(
+        env.wait_worker(w).await,
+        Some(0),
+        "{}",
+        env.worker_log(Stage::Run, w)
+    );
+    let log = env.worker_log(Stage::Run, w);
+    assert!(log.contains("handed back"), "{log}");
+    // The short job finished on the first worker; the long one waits for another.
+    let short = env.client.job(&ids[0]).await.unwrap().job;
+    assert_eq!(short.stage, Stage::Eval, "short job: {short:?}");
+    let long = env.client.job(&ids[1]).await.unwrap().job;
+    assert_eq!((long.stage, long.status), (Stage::Run, Status::Queued));
+
+    env.spawn_worker_process(Stage::Run);
+    let results = env.wait_results("term", 2, Duration::from_secs(60)).await;
+    assert!(results.iter().all(|r| r.status == Status::Done));
+    env.wait_work_drained().await;
+    assert_eq!(env.stream_len("RESULTS").await, 2);
+}
+
+/// Cancel of a queued job: it never runs, and its message is dropped on pickup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_queued_job_stops_it_before_it_runs() {
+    let env = TestEnv::start(|_| {}).await;
+    let ids = env.submit(&[synthetic(serde_json::json!({}))], "cq").await;
+    let resp = env.client.cancel(&ids[0]).await.unwrap();
+    assert_eq!(resp.status, Status::Cancelled);
+    env.workers_in_process(1);
+    env.wait_work_drained().await;
+    let view = env.client.job(&ids[0]).await.unwrap();
+    assert_eq!(view.job.status, Status::Cancelled);
+    assert_eq!(
+        view.job.attempts, 0,
+        "a cancelled queued job must never start"
+    );
+    assert!(view.job.timings.init.started_at.is_none());
+    let results = env.wait_results("cq", 1, Duration::from_secs(10)).await;
+    assert_eq!(results[0].status, Status::Cancelled);
+    assert_eq!(results[0].error.as_deref(), Some("cancelled by request"));
+    // A second cancel is a conflict, not a second result.
+    let again = env.client.cancel(&ids[0]).await.unwrap_err().to_string();
+    assert!(again.contains("409"), "{again}");
+    assert_eq!(env.stream_len("RESULTS").await, 1);
+}
+
+/// Cancel of a running job: the worker is told and stops the stage (the stage would
+/// otherwise hang for its whole 60 s timeout); the job ends cancelled with its partial
+/// output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_running_job_stops_its_stage() {
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(1);
+    let ids = env
+        .submit(&[synthetic(serde_json::json!({"hang_in": "run"}))], "cr")
+        .await;
+    env.wait_job(&ids[0], "running in RUN", running_in(Stage::Run))
+        .await;
+    env.client.cancel(&ids[0]).await.unwrap();
+    // The worker acks the RUN message once it has stopped the stage.
+    env.wait_work_drained().await;
+    let results = env.wait_results("cr", 1, Duration::from_secs(10)).await;
+    assert_eq!(results[0].status, Status::Cancelled);
+    assert_eq!(
+        results[0].output["init"]["node"], "test-node",
+        "partial output kept"
+    );
+    let view = env.client.job(&ids[0]).await.unwrap();
+    assert_eq!(view.job.status, Status::Cancelled);
+    assert!(view.events.iter().any(|e| e.event == "cancelled"));
+}
+
+/// A worker that missed the cancel broadcast still stops at its next lease renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missed_cancel_broadcast_is_caught_at_lease_renewal() {
+    let env = TestEnv::start(|s| s.queue.ack_wait_ms = 900).await;
+    env.workers_in_process(1);
+    let ids = env
+        .submit(&[synthetic(serde_json::json!({"hang_in": "init"}))], "cm")
+        .await;
+    env.wait_job(&ids[0], "running in INIT", running_in(Stage::Init))
+        .await;
+    // Cancel in the database only, as if the broadcast had been lost.
+    let outcome = rollout::model::Outcome {
+        status: Status::Cancelled,
+        reward: None,
+        error: Some("cancelled by request".into()),
+        eval_output: None,
+    };
+    env.deps
+        .store
+        .finish(
+            &rollout::store::FinishIf::Live,
+            &ids[0],
+            &outcome,
+            rollout::now_ms(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    env.wait_work_drained().await;
+}
+
+/// A stage that hangs ends `timed_out` after its stage timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_stage_times_out() {
+    let env = TestEnv::start(|s| s.stages.eval.timeout_ms = 800).await;
+    env.workers_in_process(1);
+    env.submit(&[synthetic(serde_json::json!({"hang_in": "eval"}))], "hang")
+        .await;
+    let r = &env.wait_results("hang", 1, Duration::from_secs(30)).await[0];
+    assert_eq!(r.status, Status::TimedOut);
+    assert_eq!(r.reward, None);
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap()
+            .contains("eval stage exceeded its timeout of 800 ms")
+    );
+    assert_eq!(r.output["run"]["answer"], "synthetic", "RUN output kept");
+}
+
+/// Queue wait does not count against a stage's timeout: a job that waits behind another
+/// for longer than the timeout still runs its own short stage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_wait_does_not_count_against_the_stage_timeout() {
+    let env = TestEnv::start(|s| {
+        s.stages.run.timeout_ms = 1_500;
+        s.stages.run.concurrency = 1;
+    })
+    .await;
+    env.workers_in_process(1);
+    let tasks: Vec<_> = (0..3)
+        .map(|_| synthetic(serde_json::json!({"run_ms": 1000})))
+        .collect();
+    env.submit(&tasks, "qwait").await;
+    let results = env.wait_results("qwait", 3, Duration::from_secs(60)).await;
+    assert!(
+        results.iter().all(|r| r.status == Status::Done),
+        "{results:?}"
+    );
+}
+
+/// A stage that fails ends the job `failed` with the stage's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_stage_fails_the_job_with_its_error() {
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(1);
+    env.submit(
+        &[synthetic(
+            serde_json::json!({"fail_in": "init", "message": "disk full"}),
+        )],
+        "fail",
+    )
+    .await;
+    let r = &env.wait_results("fail", 1, Duration::from_secs(30)).await[0];
+    assert_eq!(r.status, Status::Failed);
+    assert_eq!(r.error.as_deref(), Some("disk full"));
+    assert_eq!(
+        env.stream_len("DEAD").await,
+        0,
+        "a permanent failure is not dead-lettered"
+    );
+}
+
+/// A job whose stage keeps failing transiently is retried up to the delivery limit, then
+/// failed, with its message kept on the dead-letter subject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausting_the_delivery_limit_fails_the_job_and_dead_letters_it() {
+    let env = TestEnv::start(|s| s.queue.delivery_limit = 3).await;
+    env.workers_in_process(1);
+    let ids = env
+        .submit(
+            &[synthetic(
+                serde_json::json!({"flaky_in": "run", "message": "backend down"}),
+            )],
+            "dead",
+        )
+        .await;
+    let r = &env.wait_results("dead", 1, Duration::from_secs(30)).await[0];
+    assert_eq!(r.status, Status::Failed);
+    let err = r.error.as_deref().unwrap();
+    assert!(
+        err.contains("gave up after 3 deliveries: backend down"),
+        "{err}"
+    );
+    env.wait_work_drained().await;
+    assert_eq!(env.stream_len("DEAD").await, 1);
+    let view = env.client.job(&ids[0]).await.unwrap();
+    assert!(view.events.iter().any(|e| e.event == "dead_lettered"));
+    let dead = env
+        .deps
+        .queue
+        .jetstream()
+        .get_stream(env.deps.queue.subjects().stream("DEAD"))
+        .await
+        .unwrap()
+        .get_raw_message(1)
+        .await
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&dead.payload).unwrap();
+    assert_eq!(body["message"]["job_id"], ids[0]);
+    assert_eq!(body["deliveries"], 3);
+}
+
+/// A stage whose workers die on every delivery is not retried for ever: once the
+/// deliveries are used up (by a worker that finds itself past the limit, or by the
+/// reconciler acting on the server's max-deliveries advisory when the last deliveries
+/// went to dead workers) the job fails and its message is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_that_crashed_on_every_delivery_is_dead_lettered() {
+    let mut env = TestEnv::start(|s| {
+        s.queue.delivery_limit = 2;
+        s.queue.ack_wait_ms = 1_000;
+        s.reconciler.stale_after_ms = 600_000;
+    })
+    .await;
+    env.stage_workers_in_process(Stage::Init, 1);
+    let ids = env
+        .submit(
+            &[synthetic(serde_json::json!({"run_ms": 600000}))],
+            "crashy",
+        )
+        .await;
+    let mut seen_attempts = 1; // INIT
+    let mut kills = 0;
+    loop {
+        let w = env.spawn_worker_process(Stage::Run);
+        let job = env
+            .wait_job(&ids[0], "claimed again or ended", |j| {
+                j.status.is_terminal() || (j.stage == Stage::Run && j.attempts > seen_attempts)
+            })
+            .await;
+        env.signal_worker(w, Signal::SIGKILL);
+        env.wait_worker(w).await;
+        if job.status.is_terminal() {
+            break;
+        }
+        seen_attempts = job.attempts;
+        kills += 1;
+        assert!(kills <= 2, "more claims than the delivery limit allows");
+    }
+    let r = &env.wait_results("crashy", 1, Duration::from_secs(30)).await[0];
+    assert_eq!(r.status, Status::Failed);
+    let err = r.error.as_deref().unwrap();
+    assert!(err.contains("times without finishing"), "{err}");
+    env.wait_work_drained().await;
+    assert_eq!(env.stream_len("DEAD").await, 1);
+}
+
+/// When every delivery of a message went to workers that died before even claiming it,
+/// the server's max-deliveries advisory lets the reconciler fail the job and keep the
+/// message on the dead-letter subject, instead of leaving the job stuck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_out_of_deliveries_are_dead_lettered_from_the_advisory() {
+    let env = TestEnv::start(|s| {
+        s.queue.delivery_limit = 2;
+        s.queue.ack_wait_ms = 500;
+        s.reconciler.stale_after_ms = 600_000;
+    })
+    .await;
+    env.stage_workers_in_process(Stage::Init, 1);
+    let ids = env
+        .submit(&[synthetic(serde_json::json!({}))], "advisory")
+        .await;
+    env.wait_job(&ids[0], "queued for RUN", |j| j.stage == Stage::Run)
+        .await;
+    // Play a worker that dies on receipt: take every delivery and never answer.
+    let consumers = env
+        .deps
+        .queue
+        .consumers(Stage::Run, "test-node")
+        .await
+        .unwrap();
+    let any = &consumers[1];
+    let mut deliveries = 0;
+    while deliveries < env.deps.queue.max_deliver() {
+        let mut batch = any
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+            .unwrap();
+        if let Some(Ok(m)) = futures::StreamExt::next(&mut batch).await {
+            deliveries = m.info().unwrap().delivered;
+        } else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // The server notices the exhausted message (and advises) when a worker next pulls.
+    env.stage_workers_in_process(Stage::Run, 1);
+    let r = &env
+        .wait_results("advisory", 1, Duration::from_secs(30))
+        .await[0];
+    assert_eq!(r.status, Status::Failed);
+    let err = r.error.as_deref().unwrap();
+    assert!(err.contains("delivered 3 times without finishing"), "{err}");
+    env.wait_work_drained().await;
+    assert_eq!(env.stream_len("DEAD").await, 1);
+}

@@ -1,0 +1,311 @@
+//! Test fixtures: a private NATS server (or the one `ROLLOUT_TEST_NATS_URL` names), a
+//! fresh database per test (SQLite in a temp dir, or a new Postgres database on the
+//! server `ROLLOUT_TEST_DATABASE_URL` names), a unique subject prefix, an in-process
+//! gateway, and workers in-process or as real processes.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollout::client::Client;
+use rollout::config::Settings;
+use rollout::model::{Job, JobResult, Stage, Status, Task};
+use rollout::natsd::NatsServer;
+use rollout::worker::WorkerDeps;
+use tokio_util::sync::CancellationToken;
+
+/// Everything one test needs. Dropping it stops the in-process services, kills spawned
+/// worker processes and the private NATS server, and drops a Postgres test database.
+pub struct TestEnv {
+    pub deps: WorkerDeps,
+    pub client: Client,
+    pub base: String,
+    pub shutdown: CancellationToken,
+    pub dir: tempfile::TempDir,
+    config_path: std::path::PathBuf,
+    children: Vec<Child>,
+    pg_drop: Option<(String, String)>,
+    _nats: Option<NatsServer>,
+}
+
+pub fn init_logging() {
+    if std::env::var_os("TEST_LOG").is_some() {
+        rollout::telemetry::init(&rollout::config::LogSettings {
+            level: "info".into(),
+            json: false,
+        });
+    }
+}
+
+async fn database_url(dir: &std::path::Path) -> (String, Option<(String, String)>) {
+    match std::env::var("ROLLOUT_TEST_DATABASE_URL") {
+        Ok(admin) if !admin.is_empty() => {
+            use sqlx::Connection;
+            let name = format!("rollout_test_{}", uuid::Uuid::now_v7().simple());
+            let mut conn = sqlx::PgConnection::connect(&admin)
+                .await
+                .expect("connect to ROLLOUT_TEST_DATABASE_URL");
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                .execute(&mut conn)
+                .await
+                .expect("create test database");
+            let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+            let (base, query) = match admin.split_once('?') {
+                Some((_, q)) => (base.split('?').next().unwrap_or(base), format!("?{q}")),
+                None => (base, String::new()),
+            };
+            (format!("{base}/{name}{query}"), Some((admin.clone(), name)))
+        }
+        _ => (
+            format!("sqlite://{}", dir.join("rollout.db").display()),
+            None,
+        ),
+    }
+}
+
+impl TestEnv {
+    /// Starts NATS (unless given), the database and the gateway. `tweak` adjusts the
+    /// settings first (timeouts, limits); workers are started separately.
+    pub async fn start(tweak: impl FnOnce(&mut Settings)) -> TestEnv {
+        init_logging();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (nats, nats_url) = match std::env::var("ROLLOUT_TEST_NATS_URL") {
+            Ok(url) if !url.is_empty() => (None, url),
+            _ => {
+                let server =
+                    NatsServer::start(&dir.path().join("nats"), "127.0.0.1:0".parse().unwrap())
+                        .expect("start nats-server (is it installed? see README)");
+                let url = server.url();
+                (Some(server), url)
+            }
+        };
+        let (db_url, pg_drop) = database_url(dir.path()).await;
+        let mut settings = Settings::default();
+        settings.nats.url = nats_url;
+        settings.nats.prefix = format!("t{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
+        settings.database.url = db_url;
+        settings.state_dir = dir.path().join("state");
+        settings.node.name = "test-node".into();
+        settings.gateway.listen = "127.0.0.1:0".into();
+        settings.queue.ack_wait_ms = 2_000;
+        settings.queue.nak_delay_ms = 50;
+        settings.queue.nak_delay_max_ms = 500;
+        settings.stages.grace_ms = 2_000;
+        settings.reconciler.interval_ms = 500;
+        settings.reconciler.stale_after_ms = 5_000;
+        for s in [
+            &mut settings.stages.init,
+            &mut settings.stages.run,
+            &mut settings.stages.eval,
+        ] {
+            s.timeout_ms = 60_000;
+            s.concurrency = 32;
+        }
+        tweak(&mut settings);
+        let config_path = dir.path().join("rollout.toml");
+        std::fs::write(
+            &config_path,
+            toml::to_string(&settings).expect("settings to TOML"),
+        )
+        .expect("write config");
+        let deps = rollout::local::connect(Arc::new(settings.clone()), "test", false)
+            .await
+            .expect("connect");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        tokio::spawn(rollout::local::run_gateway(
+            deps.clone(),
+            listener,
+            shutdown.clone(),
+        ));
+        TestEnv {
+            client: Client::new(&base),
+            base,
+
+            deps,
+            shutdown,
+            dir,
+            config_path,
+            children: Vec::new(),
+            pg_drop,
+            _nats: nats,
+        }
+    }
+
+    /// Starts `count` in-process workers of each stage.
+    pub fn workers_in_process(&self, count: usize) {
+        for stage in Stage::ALL {
+            self.stage_workers_in_process(stage, count);
+        }
+    }
+
+    /// Starts `count` in-process workers of one stage, stopped by `stop`.
+    pub fn stage_workers_with(&self, stage: Stage, count: usize, stop: CancellationToken) {
+        tokio::spawn(rollout::local::run_workers(
+            self.deps.clone(),
+            stage,
+            count,
+            stop,
+        ));
+    }
+
+    /// Starts `count` in-process workers of one stage.
+    pub fn stage_workers_in_process(&self, stage: Stage, count: usize) {
+        self.stage_workers_with(stage, count, self.shutdown.clone());
+    }
+
+    /// Starts a worker binary for `stage` as a child process; returns its index.
+    pub fn spawn_worker_process(&mut self, stage: Stage) -> usize {
+        let exe = match stage {
+            Stage::Init => env!("CARGO_BIN_EXE_rollout-init-worker"),
+            Stage::Run => env!("CARGO_BIN_EXE_rollout-run-worker"),
+            Stage::Eval => env!("CARGO_BIN_EXE_rollout-eval-worker"),
+        };
+        let log = std::fs::File::create(
+            self.dir
+                .path()
+                .join(format!("{stage}-{}.log", self.children.len())),
+        )
+        .unwrap();
+        let child = Command::new(exe)
+            .arg("--config")
+            .arg(&self.config_path)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn worker");
+        self.children.push(child);
+        self.children.len() - 1
+    }
+
+    /// Sends `signal` to a spawned worker.
+    pub fn signal_worker(&self, index: usize, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.children[index].id() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal worker");
+    }
+
+    /// Waits for a spawned worker to exit and returns its exit code.
+    pub async fn wait_worker(&mut self, index: usize) -> Option<i32> {
+        for _ in 0..300 {
+            if let Some(st) = self.children[index].try_wait().unwrap() {
+                return st.code();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("worker {index} did not exit within 30 s");
+    }
+
+    /// A worker process's log so far.
+    pub fn worker_log(&self, stage: Stage, index: usize) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{stage}-{index}.log")))
+            .unwrap_or_default()
+    }
+
+    /// Submits tasks (panics on an API error).
+    pub async fn submit(&self, tasks: &[Task], batch: &str) -> Vec<String> {
+        self.client
+            .submit(tasks, Some(batch))
+            .await
+            .expect("submit")
+            .jobs
+            .into_iter()
+            .map(|j| j.id)
+            .collect()
+    }
+
+    /// Collects results of `batch` with the long-poll API until `n` arrived (panics after
+    /// `limit`).
+    pub async fn wait_results(&self, batch: &str, n: usize, limit: Duration) -> Vec<JobResult> {
+        let mut out = Vec::new();
+        let mut after = 0;
+        let deadline = tokio::time::Instant::now() + limit;
+        while out.len() < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "only {} of {n} results after {limit:?}",
+                out.len()
+            );
+            let page = self.client.results(Some(batch), after, 1000).await.unwrap();
+            after = page.next_cursor;
+            out.extend(page.results);
+        }
+        out
+    }
+
+    /// Polls a job until `pred` holds (panics after 30 s).
+    pub async fn wait_job(&self, id: &str, what: &str, pred: impl Fn(&Job) -> bool) -> Job {
+        for _ in 0..600 {
+            let job = self.client.job(id).await.unwrap().job;
+            if pred(&job) {
+                return job;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("job {id} never became {what}");
+    }
+
+    /// Messages currently in one of the deployment's streams.
+    pub async fn stream_len(&self, suffix: &str) -> u64 {
+        self.deps.queue.stream_messages(suffix).await.unwrap()
+    }
+
+    /// Waits until the work stream is empty (every stage message acked).
+    pub async fn wait_work_drained(&self) {
+        for _ in 0..300 {
+            if self.stream_len("WORK").await == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("work stream still holds messages after 30 s");
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some((admin, name)) = self.pg_drop.take() {
+            // Best effort, on a thread of its own: Drop cannot await.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    use sqlx::Connection;
+                    if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
+                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                        )))
+                        .execute(&mut c)
+                        .await;
+                    }
+                });
+            })
+            .join();
+        }
+    }
+}
+
+/// A synthetic task from its spec.
+pub fn synthetic(spec: serde_json::Value) -> Task {
+    Task {
+        kind: "synthetic".into(),
+        client_id: None,
+        group_id: None,
+        spec,
+        metadata: serde_json::Value::Null,
+    }
+}
+
+/// Asserts every result's status.
+pub fn count_status(results: &[JobResult], status: Status) -> usize {
+    results.iter().filter(|r| r.status == status).count()
+}

@@ -1,0 +1,10 @@
+//! Integration tests of the backbone against a real nats-server and a real database
+//! (SQLite, or Postgres when `ROLLOUT_TEST_DATABASE_URL` is set). One binary with a
+//! module per area links once and runs the tests in parallel; each test has its own
+//! NATS subject prefix and database.
+
+mod api;
+mod faults;
+mod flow;
+mod helpers;
+mod results;
