@@ -538,3 +538,22 @@ mod tests {
         assert_eq!(sanitize_node_name("any"), "node");
     }
 }
+
+#[cfg(test)]
+mod example_file {
+    use super::*;
+
+    /// The commented example file in the repository loads and matches the defaults, so it
+    /// cannot drift from the code.
+    #[test]
+    fn example_toml_loads_and_matches_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("rollout.example.toml");
+        let s = Settings::load_from(Some(&path), Vec::new()).unwrap();
+        let d = Settings::default();
+        assert_eq!(
+            toml::to_string(&s).unwrap(),
+            toml::to_string(&d).unwrap(),
+            "rollout.example.toml disagrees with Settings::default()"
+        );
+    }
+}

@@ -191,8 +191,22 @@ impl Queue {
             duplicate_window: Duration::from_millis(settings.queue.duplicate_window_ms),
             max_result_bytes: settings.queue.max_result_bytes,
         };
-        queue.provision().await?;
-        Ok(queue)
+        // A worker started before the server (a Slurm job on a fresh allocation) keeps
+        // trying; everything else reports the problem at once.
+        let mut tries = 0u32;
+        loop {
+            match queue.provision().await {
+                Ok(()) => return Ok(queue),
+                Err(e) if wait_for_server => {
+                    tries += 1;
+                    if tries % 10 == 1 {
+                        tracing::warn!(error = %e, url = %url, "NATS not ready; retrying every second");
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Creates or updates the three streams (idempotent; safe to race).

@@ -113,19 +113,14 @@ impl Worker {
         tracing::info!(stage = %self.stage, node = %self.node, concurrency, "worker started");
 
         let cancel_listener = tokio::spawn(self.clone().listen_for_cancels(shutdown.clone()));
-        let mut pullers = Vec::new();
-        for consumer in consumers {
-            pullers.push(tokio::spawn(self.clone().pull(
-                consumer,
-                slots.clone(),
-                tracker.clone(),
-                shutdown.clone(),
-            )));
-        }
+        let puller = tokio::spawn(self.clone().pull(
+            consumers,
+            slots.clone(),
+            tracker.clone(),
+            shutdown.clone(),
+        ));
         shutdown.cancelled().await;
-        for p in pullers {
-            let _ = p.await;
-        }
+        let _ = puller.await;
         tracker.close();
         let grace = Duration::from_millis(settings.stages.grace_ms);
         let in_flight = tracker.len();
@@ -177,15 +172,28 @@ impl Worker {
         }
     }
 
-    /// Pulls from one consumer, never asking for more messages than free slots.
+    /// Pulls from the stage's consumers, never asking for more messages than free slots.
+    ///
+    /// Slots are reserved before a pull request is made, so a request waiting on an empty
+    /// consumer holds them. With one consumer that is what we want (a long-poll that
+    /// delivers the moment a message arrives). A RUN worker has two (its node's subject
+    /// and `any`), and usually only one of them carries traffic; so it first sweeps both
+    /// without waiting, and long-polls only the one that last had messages, briefly, so
+    /// a message on the other waits at most that long.
     async fn pull(
         self: Arc<Self>,
-        consumer: jetstream::consumer::PullConsumer,
+        consumers: Vec<jetstream::consumer::PullConsumer>,
         slots: Arc<Semaphore>,
         tracker: TaskTracker,
         shutdown: CancellationToken,
     ) {
         let mut failures = 0u32;
+        let mut primary = 0usize;
+        let long_poll = if consumers.len() > 1 {
+            Duration::from_millis(250)
+        } else {
+            Duration::from_secs(2)
+        };
         'outer: loop {
             let first = tokio::select! {
                 p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
@@ -198,10 +206,32 @@ impl Worker {
                     Err(_) => break,
                 }
             }
-            let batch = consumer
+            if consumers.len() > 1 {
+                let mut got = false;
+                for (i, c) in consumers.iter().enumerate() {
+                    if permits.is_empty() {
+                        break;
+                    }
+                    match c.fetch().max_messages(permits.len()).messages().await {
+                        Ok(mut batch) => {
+                            while let Some(Ok(msg)) = batch.next().await {
+                                let permit = permits.pop().expect("one permit per message");
+                                tracker.spawn(self.clone().handle(msg, permit));
+                                got = true;
+                                primary = i;
+                            }
+                        }
+                        Err(e) => tracing::debug!(error = %e, "fetch failed"),
+                    }
+                }
+                if got {
+                    continue;
+                }
+            }
+            let batch = consumers[primary]
                 .batch()
                 .max_messages(permits.len())
-                .expires(Duration::from_secs(2))
+                .expires(long_poll)
                 .messages()
                 .await;
             let mut batch = match batch {

@@ -29,6 +29,10 @@ impl PostgresStore {
         Ok(Self { pool })
     }
 
+    fn writer(&self) -> &PgPool {
+        &self.pool
+    }
+
     async fn write_tx(&self) -> StoreResult<Transaction<'static, Postgres>> {
         Ok(self.pool.begin().await?)
     }

@@ -2,10 +2,11 @@
 //! backend from it.
 //!
 //! Every statement is written once in the dialect SQLite and Postgres share. The macro
-//! expands the same method bodies over each backend's pool type; a backend provides two
-//! inherent methods: `write_tx()` (how a writing transaction begins — `BEGIN IMMEDIATE`
-//! on SQLite, so lock upgrades cannot fail with `SQLITE_BUSY`) and `order_results(tx)`
-//! (what makes result sequence numbers visible in commit order).
+//! expands the same method bodies over each backend's pool type; a backend provides three
+//! inherent methods: `writer()` (the pool statements that write go through — SQLite's has
+//! one connection), `write_tx()` (how a writing transaction begins — `BEGIN IMMEDIATE` on
+//! SQLite, so lock upgrades cannot fail with `SQLITE_BUSY`) and `order_results(tx)` (what
+//! makes result sequence numbers visible in commit order). Reads use `self.pool`.
 
 macro_rules! job_cols {
     () => {
@@ -187,7 +188,7 @@ macro_rules! impl_store {
         #[async_trait::async_trait]
         impl $crate::store::Store for $store {
             async fn migrate(&self) -> $crate::store::StoreResult<()> {
-                Self::MIGRATOR.run(&self.pool).await?;
+                Self::MIGRATOR.run(self.writer()).await?;
                 Ok(())
             }
 
@@ -315,7 +316,7 @@ macro_rules! impl_store {
                         .bind(node)
                         .bind(lease_until)
                         .bind(now)
-                        .fetch_optional(&self.pool)
+                        .fetch_optional(self.writer())
                         .await?;
                 if let Some(row) = row {
                     return Ok(Claim::Started(Box::new(row.into_job()?)));
@@ -351,7 +352,7 @@ macro_rules! impl_store {
                     .bind(msg.stage.as_str())
                     .bind(msg.epoch)
                     .bind(lease_until)
-                    .execute(&self.pool)
+                    .execute(self.writer())
                     .await?;
                 Ok(r.rows_affected() == 1)
             }
@@ -374,7 +375,7 @@ macro_rules! impl_store {
                     .bind(now)
                     .bind(route)
                     .bind(output.to_string())
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(self.writer())
                     .await?;
                 Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
                     job_id: msg.job_id.clone(),
@@ -393,7 +394,7 @@ macro_rules! impl_store {
                     .bind(msg.stage.as_str())
                     .bind(msg.epoch)
                     .bind(now)
-                    .execute(&self.pool)
+                    .execute(self.writer())
                     .await?;
                 Ok(r.rows_affected() == 1)
             }
@@ -599,7 +600,7 @@ macro_rules! impl_store {
                     .bind(&msg.job_id)
                     .bind(msg.epoch)
                     .bind(now)
-                    .execute(&self.pool)
+                    .execute(self.writer())
                     .await?;
                 Ok(r.rows_affected() == 1)
             }
@@ -613,7 +614,7 @@ macro_rules! impl_store {
                     .bind(&msg.job_id)
                     .bind(msg.epoch)
                     .bind(now)
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(self.writer())
                     .await?;
                 Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
                     job_id: msg.job_id.clone(),
@@ -701,7 +702,7 @@ macro_rules! impl_store {
                     .bind(stage.map(|s| s.as_str()))
                     .bind(node)
                     .bind(detail)
-                    .execute(&self.pool)
+                    .execute(self.writer())
                     .await?;
                 Ok(())
             }
