@@ -139,7 +139,11 @@ async fn latency(quick: bool) -> String {
     let n = if quick { 50 } else { 500 };
     // Warm up connections and statement caches.
     for _ in 0..20 {
-        let r = env.client.submit(&[task(serde_json::json!({}))], Some("warm")).await.unwrap();
+        let r = env
+            .client
+            .submit(&[task(serde_json::json!({}))], Some("warm"))
+            .await
+            .unwrap();
         let _ = r;
     }
     let _ = env.client.results(Some("warm"), 0, 0).await;
@@ -147,7 +151,10 @@ async fn latency(quick: bool) -> String {
     let mut after = 0;
     for _ in 0..n {
         let t = Instant::now();
-        env.client.submit(&[task(serde_json::json!({}))], Some("lat")).await.unwrap();
+        env.client
+            .submit(&[task(serde_json::json!({}))], Some("lat"))
+            .await
+            .unwrap();
         loop {
             let page = env.client.results(Some("lat"), after, 5000).await.unwrap();
             if let Some(last) = page.results.last() {
@@ -367,46 +374,111 @@ fn main() {
             let dir = tempfile::tempdir().unwrap();
             let url = format!("sqlite://{}", dir.path().join("f.db").display());
             let store = rollout::store::connect(&url, 8).await.unwrap();
-            let jobs: Vec<_> = (0..2000).map(|i| rollout::store::NewJob{id: format!("j{i}"), kind: "synthetic".into(), client_id: None, group_id: None, task: serde_json::json!({})}).collect();
+            let jobs: Vec<_> = (0..2000)
+                .map(|i| rollout::store::NewJob {
+                    id: format!("j{i}"),
+                    kind: "synthetic".into(),
+                    client_id: None,
+                    group_id: None,
+                    task: serde_json::json!({}),
+                })
+                .collect();
             store.submit("b", &jobs, 1).await.unwrap();
             let t = Instant::now();
             for j in &jobs {
-                let m = rollout::model::WorkMessage{job_id: j.id.clone(), stage: Stage::Init, epoch: 0};
+                let m = rollout::model::WorkMessage {
+                    job_id: j.id.clone(),
+                    stage: Stage::Init,
+                    epoch: 0,
+                };
                 store.claim(&m, "n", 10, 2).await.unwrap();
             }
             let e = t.elapsed();
-            println!("claim sequential: {:.1} us each", e.as_secs_f64()*1e6/2000.0);
+            println!(
+                "claim sequential: {:.1} us each",
+                e.as_secs_f64() * 1e6 / 2000.0
+            );
             let t = Instant::now();
             let mut set = tokio::task::JoinSet::new();
             for j in jobs.clone() {
                 let store = store.clone();
                 set.spawn(async move {
-                    let m = rollout::model::WorkMessage{job_id: j.id.clone(), stage: Stage::Init, epoch: 0};
-                    store.advance(&m, &serde_json::json!({}), Some("any"), 3).await.unwrap();
+                    let m = rollout::model::WorkMessage {
+                        job_id: j.id.clone(),
+                        stage: Stage::Init,
+                        epoch: 0,
+                    };
+                    store
+                        .advance(&m, &serde_json::json!({}), Some("any"), 3)
+                        .await
+                        .unwrap();
                 });
             }
             while set.join_next().await.is_some() {}
-            println!("advance concurrent: {:.1} us each", t.elapsed().as_secs_f64()*1e6/2000.0);
+            println!(
+                "advance concurrent: {:.1} us each",
+                t.elapsed().as_secs_f64() * 1e6 / 2000.0
+            );
             use std::str::FromStr;
-            let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().journal_mode(sqlx::sqlite::SqliteJournalMode::Wal).synchronous(sqlx::sqlite::SqliteSynchronous::Normal);
-            let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(opts).await.unwrap();
-            let (sync,): (i64,) = sqlx::query_as("PRAGMA synchronous").fetch_one(&pool).await.unwrap();
+            let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+                .unwrap()
+                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                .synchronous(sqlx::sqlite::SqliteSynchronous::Normal);
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect_with(opts)
+                .await
+                .unwrap();
+            let (sync,): (i64,) = sqlx::query_as("PRAGMA synchronous")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
             println!("synchronous = {sync}");
             let t = Instant::now();
-            for _ in 0..2000 { sqlx::query("SELECT 1").execute(&pool).await.unwrap(); }
-            println!("select 1: {:.1} us each", t.elapsed().as_secs_f64()*1e6/2000.0);
+            for _ in 0..2000 {
+                sqlx::query("SELECT 1").execute(&pool).await.unwrap();
+            }
+            println!(
+                "select 1: {:.1} us each",
+                t.elapsed().as_secs_f64() * 1e6 / 2000.0
+            );
             let mut conn = pool.acquire().await.unwrap();
             let t = Instant::now();
-            for _ in 0..2000 { sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap(); }
-            println!("select 1 on held conn: {:.1} us each", t.elapsed().as_secs_f64()*1e6/2000.0);
+            for _ in 0..2000 {
+                sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
+            }
+            println!(
+                "select 1 on held conn: {:.1} us each",
+                t.elapsed().as_secs_f64() * 1e6 / 2000.0
+            );
             let t = Instant::now();
-            for i in 0..2000 { sqlx::query("UPDATE jobs SET updated_at = $1 WHERE id = $2").bind(5i64).bind(format!("j{i}")).execute(&mut *conn).await.unwrap(); }
-            println!("update autocommit held conn: {:.1} us each", t.elapsed().as_secs_f64()*1e6/2000.0);
+            for i in 0..2000 {
+                sqlx::query("UPDATE jobs SET updated_at = $1 WHERE id = $2")
+                    .bind(5i64)
+                    .bind(format!("j{i}"))
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+            }
+            println!(
+                "update autocommit held conn: {:.1} us each",
+                t.elapsed().as_secs_f64() * 1e6 / 2000.0
+            );
             let t = Instant::now();
             let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-            for i in 0..2000 { sqlx::query("UPDATE jobs SET updated_at = $1 WHERE id = $2").bind(6i64).bind(format!("j{i}")).execute(&mut *tx).await.unwrap(); }
+            for i in 0..2000 {
+                sqlx::query("UPDATE jobs SET updated_at = $1 WHERE id = $2")
+                    .bind(6i64)
+                    .bind(format!("j{i}"))
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+            }
             tx.commit().await.unwrap();
-            println!("update in one tx: {:.1} us each", t.elapsed().as_secs_f64()*1e6/2000.0);
+            println!(
+                "update in one tx: {:.1} us each",
+                t.elapsed().as_secs_f64() * 1e6 / 2000.0
+            );
         }
         if want("pipeline") {
             println!("{}", pipelined_vs_coupled(quick).await);

@@ -44,6 +44,12 @@ pub enum StoreError {
     /// A stored value could not be decoded; the row was written by an incompatible version.
     #[error("corrupt row in the database: {0}")]
     Corrupt(String),
+    /// The SQLite write batch this op was part of could not be committed.
+    #[error("database write failed: {0}")]
+    Batch(String),
+    /// The store's writer has stopped (the process is shutting down).
+    #[error("database writer stopped")]
+    Closed,
     /// The database URL is not one this build supports.
     #[error("unsupported database URL `{0}`: use sqlite://PATH or postgres://USER@HOST/DB")]
     UnsupportedUrl(String),

@@ -1,9 +1,13 @@
 //! The Postgres backend, for deployments with workers on many machines.
+//!
+//! Each write op runs in a transaction of its own on a pooled connection; Postgres's own
+//! concurrency does the rest.
 
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{PgPool, Postgres, Transaction};
+use futures::future::BoxFuture;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnection, PgPoolOptions};
 
 use super::{StoreResult, impl_store};
 
@@ -29,12 +33,30 @@ impl PostgresStore {
         Ok(Self { pool })
     }
 
-    fn writer(&self) -> &PgPool {
-        &self.pool
+    async fn run_migrations(&self) -> StoreResult<()> {
+        Self::MIGRATOR.run(&self.pool).await?;
+        Ok(())
     }
 
-    async fn write_tx(&self) -> StoreResult<Transaction<'static, Postgres>> {
-        Ok(self.pool.begin().await?)
+    /// Runs `op` in a transaction of its own.
+    async fn write<T, F>(&self, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
+    {
+        let mut tx = self.pool.begin().await?;
+        let out = op(&mut tx).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// Runs a multi-statement `op` atomically: the same as [`Self::write`] here.
+    async fn write_atomic<T, F>(&self, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
+    {
+        self.write(op).await
     }
 
     /// Identity values are handed out at insert time but become visible at commit, so two
@@ -42,13 +64,13 @@ impl PostgresStore {
     /// would skip 10 for ever. Holding a transaction-scoped advisory lock from before the
     /// insert until commit makes sequence order equal visibility order; the critical
     /// section is only the result insert and two counter updates.
-    async fn order_results(tx: &mut Transaction<'static, Postgres>) -> StoreResult<()> {
+    async fn order_results(conn: &mut PgConnection) -> StoreResult<()> {
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(RESULTS_LOCK)
-            .execute(&mut **tx)
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }
 }
 
-impl_store!(PostgresStore, Postgres);
+impl_store!(PostgresStore, PgConnection);

@@ -2,11 +2,13 @@
 //! backend from it.
 //!
 //! Every statement is written once in the dialect SQLite and Postgres share. The macro
-//! expands the same method bodies over each backend's pool type; a backend provides three
-//! inherent methods: `writer()` (the pool statements that write go through — SQLite's has
-//! one connection), `write_tx()` (how a writing transaction begins — `BEGIN IMMEDIATE` on
-//! SQLite, so lock upgrades cannot fail with `SQLITE_BUSY`) and `order_results(tx)` (what
-//! makes result sequence numbers visible in commit order). Reads use `self.pool`.
+//! expands the same method bodies over each backend's connection type. Reads run on
+//! `self.pool`; every write runs inside `self.write(op)` (ops of one writing statement)
+//! or `self.write_atomic(op)` (ops of several, which must apply all or nothing), where
+//! `op` is a closure over a connection that is already inside a transaction. Each backend decides how: Postgres gives each op a transaction of
+//! its own; SQLite queues ops for its single writer, which commits many of them together
+//! (group commit; see [`super::sqlite`]). A backend also provides `order_results(conn)`,
+//! what makes result sequence numbers visible in commit order.
 
 macro_rules! job_cols {
     () => {
@@ -43,7 +45,7 @@ pub(crate) const LIST_JOBS: &str = concat!(
     "SELECT ",
     job_cols!(),
     " FROM jobs WHERE ($1 IS NULL OR batch_id = $1) AND ($2 IS NULL OR status = $2) \
-     AND id > $3 ORDER BY id LIMIT $4"
+     AND id > $3 ORDER BY id LIMIT CAST($4 AS INTEGER)"
 );
 
 /// Starts a stage: only from `queued`, or from `running` whose lease has ended (the
@@ -104,13 +106,13 @@ pub(crate) const COUNT_GROUP: &str = "UPDATE prompt_groups SET finished = finish
 pub(crate) const RESULTS_AFTER: &str = concat!(
     "SELECT ",
     result_cols!(),
-    " FROM results WHERE seq > $1 ORDER BY seq LIMIT $2"
+    " FROM results WHERE seq > $1 ORDER BY seq LIMIT CAST($2 AS INTEGER)"
 );
 
 pub(crate) const RESULTS_AFTER_IN_BATCH: &str = concat!(
     "SELECT ",
     result_cols!(),
-    " FROM results WHERE batch_id = $3 AND seq > $1 ORDER BY seq LIMIT $2"
+    " FROM results WHERE batch_id = $3 AND seq > $1 ORDER BY seq LIMIT CAST($2 AS INTEGER)"
 );
 
 pub(crate) const RESULT_OF_JOB: &str =
@@ -122,12 +124,12 @@ pub(crate) const MARK_PUBLISHED: &str =
 pub(crate) const UNPUBLISHED: &str = concat!(
     "SELECT ",
     result_cols!(),
-    " FROM results WHERE published_at IS NULL AND created_at < $1 ORDER BY seq LIMIT $2"
+    " FROM results WHERE published_at IS NULL AND created_at < $1 ORDER BY seq LIMIT CAST($2 AS INTEGER)"
 );
 
 pub(crate) const SELECT_STALE: &str = "SELECT id, stage, epoch, route, status, attempts FROM jobs \
      WHERE (status = 'queued' AND updated_at < $1) OR (status = 'running' AND lease_until < $1) \
-     ORDER BY updated_at LIMIT $2";
+     ORDER BY updated_at LIMIT CAST($2 AS INTEGER)";
 
 pub(crate) const TOUCH: &str =
     "UPDATE jobs SET updated_at = $3 WHERE id = $1 AND epoch = $2 AND status = 'queued'";
@@ -181,15 +183,13 @@ pub(crate) fn result_output(
     })
 }
 
-/// Implements [`Store`](super::Store) for `$store`, whose `pool` field is a pool of
-/// database `$db`.
+/// Implements [`Store`](super::Store) for `$store` over connections of type `$conn`.
 macro_rules! impl_store {
-    ($store:ty, $db:ty) => {
+    ($store:ty, $conn:ty) => {
         #[async_trait::async_trait]
         impl $crate::store::Store for $store {
             async fn migrate(&self) -> $crate::store::StoreResult<()> {
-                Self::MIGRATOR.run(self.writer()).await?;
-                Ok(())
+                self.run_migrations().await
             }
 
             async fn ping(&self) -> $crate::store::StoreResult<()> {
@@ -203,74 +203,79 @@ macro_rules! impl_store {
                 jobs: &[$crate::store::NewJob],
                 now: i64,
             ) -> $crate::store::StoreResult<Vec<$crate::store::Submitted>> {
-                use $crate::store::shared as q;
-                let mut tx = self.write_tx().await?;
-                // Counted up front so the batch row exists before the jobs reference it;
-                // corrected below for tasks that turn out to be duplicates.
-                sqlx::query(q::INSERT_BATCH)
-                    .bind(batch_id)
-                    .bind(now)
-                    .bind(jobs.len() as i64)
-                    .execute(&mut *tx)
-                    .await?;
-                let mut out = Vec::with_capacity(jobs.len());
-                let mut duplicates = 0i64;
-                for job in jobs {
-                    let task = job.task.to_string();
-                    let inserted: Option<(String,)> = sqlx::query_as(q::INSERT_JOB)
-                        .bind(&job.id)
-                        .bind(batch_id)
-                        .bind(&job.group_id)
-                        .bind(&job.client_id)
-                        .bind(&job.kind)
-                        .bind(&task)
-                        .bind(now)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                    if inserted.is_some() {
-                        if let Some(group) = &job.group_id {
-                            sqlx::query(q::INSERT_GROUP)
-                                .bind(batch_id)
-                                .bind(group)
+                let batch_id = batch_id.to_string();
+                let jobs = jobs.to_vec();
+                self.write_atomic(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        use $crate::store::shared as q;
+                        // Counted up front so the batch row exists before the jobs
+                        // reference it; corrected below for tasks that were duplicates.
+                        sqlx::query(q::INSERT_BATCH)
+                            .bind(&batch_id)
+                            .bind(now)
+                            .bind(jobs.len() as i64)
+                            .execute(&mut *conn)
+                            .await?;
+                        let mut out = Vec::with_capacity(jobs.len());
+                        let mut duplicates = 0i64;
+                        for job in &jobs {
+                            let task = job.task.to_string();
+                            let inserted: Option<(String,)> = sqlx::query_as(q::INSERT_JOB)
+                                .bind(&job.id)
+                                .bind(&batch_id)
+                                .bind(&job.group_id)
+                                .bind(&job.client_id)
+                                .bind(&job.kind)
+                                .bind(&task)
                                 .bind(now)
-                                .execute(&mut *tx)
+                                .fetch_optional(&mut *conn)
+                                .await?;
+                            if inserted.is_some() {
+                                if let Some(group) = &job.group_id {
+                                    sqlx::query(q::INSERT_GROUP)
+                                        .bind(&batch_id)
+                                        .bind(group)
+                                        .bind(now)
+                                        .execute(&mut *conn)
+                                        .await?;
+                                }
+                                out.push($crate::store::Submitted {
+                                    id: job.id.clone(),
+                                    client_id: job.client_id.clone(),
+                                    status: $crate::model::Status::Queued,
+                                    stage: $crate::model::Stage::Init,
+                                    epoch: 0,
+                                    duplicate: false,
+                                });
+                            } else {
+                                duplicates += 1;
+                                let (id, status, stage, epoch): (String, String, String, i64) =
+                                    sqlx::query_as(q::SELECT_BY_CLIENT)
+                                        .bind(&job.client_id)
+                                        .fetch_one(&mut *conn)
+                                        .await?;
+                                out.push($crate::store::Submitted {
+                                    id,
+                                    client_id: job.client_id.clone(),
+                                    status: $crate::store::rows::parse_status(&status)?,
+                                    stage: $crate::store::rows::parse_stage(&stage)?,
+                                    epoch,
+                                    duplicate: true,
+                                });
+                            }
+                        }
+                        if duplicates > 0 {
+                            sqlx::query(q::INSERT_BATCH)
+                                .bind(&batch_id)
+                                .bind(now)
+                                .bind(-duplicates)
+                                .execute(&mut *conn)
                                 .await?;
                         }
-                        out.push($crate::store::Submitted {
-                            id: job.id.clone(),
-                            client_id: job.client_id.clone(),
-                            status: $crate::model::Status::Queued,
-                            stage: $crate::model::Stage::Init,
-                            epoch: 0,
-                            duplicate: false,
-                        });
-                    } else {
-                        duplicates += 1;
-                        let (id, status, stage, epoch): (String, String, String, i64) =
-                            sqlx::query_as(q::SELECT_BY_CLIENT)
-                                .bind(&job.client_id)
-                                .fetch_one(&mut *tx)
-                                .await?;
-                        out.push($crate::store::Submitted {
-                            id,
-                            client_id: job.client_id.clone(),
-                            status: $crate::store::rows::parse_status(&status)?,
-                            stage: $crate::store::rows::parse_stage(&stage)?,
-                            epoch,
-                            duplicate: true,
-                        });
-                    }
-                }
-                if duplicates > 0 {
-                    sqlx::query(q::INSERT_BATCH)
-                        .bind(batch_id)
-                        .bind(now)
-                        .bind(-duplicates)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                tx.commit().await?;
-                Ok(out)
+                        Ok(out)
+                    })
+                })
+                .await
             }
 
             async fn job(
@@ -307,38 +312,45 @@ macro_rules! impl_store {
                 lease_until: i64,
                 now: i64,
             ) -> $crate::store::StoreResult<$crate::store::Claim> {
-                use $crate::store::Claim;
-                let row: Option<$crate::store::rows::JobRow> =
-                    sqlx::query_as($crate::store::shared::CLAIM)
-                        .bind(&msg.job_id)
-                        .bind(msg.stage.as_str())
-                        .bind(msg.epoch)
-                        .bind(node)
-                        .bind(lease_until)
-                        .bind(now)
-                        .fetch_optional(self.writer())
-                        .await?;
-                if let Some(row) = row {
-                    return Ok(Claim::Started(Box::new(row.into_job()?)));
-                }
-                let row: Option<$crate::store::rows::JobRow> =
-                    sqlx::query_as($crate::store::shared::SELECT_JOB)
-                        .bind(&msg.job_id)
-                        .fetch_optional(&self.pool)
-                        .await?;
-                let Some(row) = row else {
-                    return Ok(Claim::Missing);
-                };
-                let lease = row.lease_until;
-                let job = row.into_job()?;
-                if job.status == $crate::model::Status::Running
-                    && job.stage == msg.stage
-                    && job.epoch == msg.epoch
-                {
-                    // Someone holds a live lease; the claim lost the race with it.
-                    return Ok(Claim::Busy(lease.unwrap_or(now).max(now)));
-                }
-                Ok(Claim::Stale(Box::new(job)))
+                let msg = msg.clone();
+                let node = node.to_string();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        use $crate::store::Claim;
+                        use $crate::store::shared as q;
+                        let row: Option<$crate::store::rows::JobRow> = sqlx::query_as(q::CLAIM)
+                            .bind(&msg.job_id)
+                            .bind(msg.stage.as_str())
+                            .bind(msg.epoch)
+                            .bind(&node)
+                            .bind(lease_until)
+                            .bind(now)
+                            .fetch_optional(&mut *conn)
+                            .await?;
+                        if let Some(row) = row {
+                            return Ok(Claim::Started(Box::new(row.into_job()?)));
+                        }
+                        let row: Option<$crate::store::rows::JobRow> =
+                            sqlx::query_as(q::SELECT_JOB)
+                                .bind(&msg.job_id)
+                                .fetch_optional(&mut *conn)
+                                .await?;
+                        let Some(row) = row else {
+                            return Ok(Claim::Missing);
+                        };
+                        let lease = row.lease_until;
+                        let job = row.into_job()?;
+                        if job.status == $crate::model::Status::Running
+                            && job.stage == msg.stage
+                            && job.epoch == msg.epoch
+                        {
+                            // Someone holds a live lease; this claim lost the race.
+                            return Ok(Claim::Busy(lease.unwrap_or(now).max(now)));
+                        }
+                        Ok(Claim::Stale(Box::new(job)))
+                    })
+                })
+                .await
             }
 
             async fn extend_lease(
@@ -347,14 +359,20 @@ macro_rules! impl_store {
                 lease_until: i64,
                 _now: i64,
             ) -> $crate::store::StoreResult<bool> {
-                let r = sqlx::query($crate::store::shared::EXTEND_LEASE)
-                    .bind(&msg.job_id)
-                    .bind(msg.stage.as_str())
-                    .bind(msg.epoch)
-                    .bind(lease_until)
-                    .execute(self.writer())
-                    .await?;
-                Ok(r.rows_affected() == 1)
+                let msg = msg.clone();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let r = sqlx::query($crate::store::shared::EXTEND_LEASE)
+                            .bind(&msg.job_id)
+                            .bind(msg.stage.as_str())
+                            .bind(msg.epoch)
+                            .bind(lease_until)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(r.rows_affected() == 1)
+                    })
+                })
+                .await
             }
 
             async fn advance(
@@ -367,21 +385,29 @@ macro_rules! impl_store {
                 let Some(next) = msg.stage.next() else {
                     return Ok(None);
                 };
-                let row: Option<(i64,)> = sqlx::query_as($crate::store::shared::ADVANCE)
-                    .bind(&msg.job_id)
-                    .bind(msg.stage.as_str())
-                    .bind(msg.epoch)
-                    .bind(next.as_str())
-                    .bind(now)
-                    .bind(route)
-                    .bind(output.to_string())
-                    .fetch_optional(self.writer())
-                    .await?;
-                Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
-                    job_id: msg.job_id.clone(),
-                    stage: next,
-                    epoch,
-                }))
+                let msg = msg.clone();
+                let output = output.to_string();
+                let route = route.map(str::to_string);
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let row: Option<(i64,)> = sqlx::query_as($crate::store::shared::ADVANCE)
+                            .bind(&msg.job_id)
+                            .bind(msg.stage.as_str())
+                            .bind(msg.epoch)
+                            .bind(next.as_str())
+                            .bind(now)
+                            .bind(&route)
+                            .bind(&output)
+                            .fetch_optional(&mut *conn)
+                            .await?;
+                        Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
+                            job_id: msg.job_id.clone(),
+                            stage: next,
+                            epoch,
+                        }))
+                    })
+                })
+                .await
             }
 
             async fn release(
@@ -389,14 +415,20 @@ macro_rules! impl_store {
                 msg: &$crate::model::WorkMessage,
                 now: i64,
             ) -> $crate::store::StoreResult<bool> {
-                let r = sqlx::query($crate::store::shared::RELEASE)
-                    .bind(&msg.job_id)
-                    .bind(msg.stage.as_str())
-                    .bind(msg.epoch)
-                    .bind(now)
-                    .execute(self.writer())
-                    .await?;
-                Ok(r.rows_affected() == 1)
+                let msg = msg.clone();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let r = sqlx::query($crate::store::shared::RELEASE)
+                            .bind(&msg.job_id)
+                            .bind(msg.stage.as_str())
+                            .bind(msg.epoch)
+                            .bind(now)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(r.rows_affected() == 1)
+                    })
+                })
+                .await
             }
 
             async fn finish(
@@ -406,89 +438,94 @@ macro_rules! impl_store {
                 outcome: &$crate::model::Outcome,
                 now: i64,
             ) -> $crate::store::StoreResult<Option<$crate::model::JobResult>> {
-                use $crate::model::Status;
-                use $crate::store::shared as q;
                 let (stage, epoch) = match cond {
                     $crate::store::FinishIf::Stage(m) => (Some(m.stage.as_str()), Some(m.epoch)),
                     $crate::store::FinishIf::Live => (None, None),
                 };
-                let mut tx = self.write_tx().await?;
-                #[allow(clippy::type_complexity)]
-                let row: Option<(
-                    String,
-                    Option<String>,
-                    Option<String>,
-                    String,
-                    Option<String>,
-                    Option<String>,
-                )> = sqlx::query_as(q::FINISH_JOB)
-                    .bind(job_id)
-                    .bind(stage)
-                    .bind(epoch)
-                    .bind(outcome.status.as_str())
-                    .bind(&outcome.error)
-                    .bind(now)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                let Some((batch_id, group_id, client_id, task, init, run)) = row else {
-                    return Ok(None);
-                };
-                let output = q::result_output(
-                    &task,
-                    init.as_deref(),
-                    run.as_deref(),
-                    outcome.eval_output.as_ref(),
-                );
-                let reward = if outcome.status == Status::Done {
-                    outcome.reward
-                } else {
-                    None
-                };
-                Self::order_results(&mut tx).await?;
-                let (seq,): (i64,) = sqlx::query_as(q::INSERT_RESULT)
-                    .bind(job_id)
-                    .bind(&batch_id)
-                    .bind(&group_id)
-                    .bind(&client_id)
-                    .bind(outcome.status.as_str())
-                    .bind(reward)
-                    .bind(&outcome.error)
-                    .bind(output.to_string())
-                    .bind(now)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                let is = |s: Status| i64::from(outcome.status == s);
-                sqlx::query(q::COUNT_BATCH)
-                    .bind(&batch_id)
-                    .bind(is(Status::Done))
-                    .bind(is(Status::Failed))
-                    .bind(is(Status::Cancelled))
-                    .bind(is(Status::TimedOut))
-                    .execute(&mut *tx)
-                    .await?;
-                if let Some(group) = &group_id {
-                    sqlx::query(q::COUNT_GROUP)
-                        .bind(&batch_id)
-                        .bind(group)
-                        .bind(i64::from(reward.is_some()))
-                        .bind(reward.unwrap_or(0.0))
-                        .bind(reward)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                tx.commit().await?;
-                Ok(Some($crate::model::JobResult {
-                    seq,
-                    job_id: job_id.to_string(),
-                    batch_id,
-                    group_id,
-                    client_id,
-                    status: outcome.status,
-                    reward,
-                    error: outcome.error.clone(),
-                    output,
-                    created_at: now,
-                }))
+                let job_id = job_id.to_string();
+                let outcome = outcome.clone();
+                self.write_atomic(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        use $crate::model::Status;
+                        use $crate::store::shared as q;
+                        #[allow(clippy::type_complexity)]
+                        let row: Option<(
+                            String,
+                            Option<String>,
+                            Option<String>,
+                            String,
+                            Option<String>,
+                            Option<String>,
+                        )> = sqlx::query_as(q::FINISH_JOB)
+                            .bind(&job_id)
+                            .bind(stage)
+                            .bind(epoch)
+                            .bind(outcome.status.as_str())
+                            .bind(&outcome.error)
+                            .bind(now)
+                            .fetch_optional(&mut *conn)
+                            .await?;
+                        let Some((batch_id, group_id, client_id, task, init, run)) = row else {
+                            return Ok(None);
+                        };
+                        let output = q::result_output(
+                            &task,
+                            init.as_deref(),
+                            run.as_deref(),
+                            outcome.eval_output.as_ref(),
+                        );
+                        let reward = if outcome.status == Status::Done {
+                            outcome.reward
+                        } else {
+                            None
+                        };
+                        Self::order_results(&mut *conn).await?;
+                        let (seq,): (i64,) = sqlx::query_as(q::INSERT_RESULT)
+                            .bind(&job_id)
+                            .bind(&batch_id)
+                            .bind(&group_id)
+                            .bind(&client_id)
+                            .bind(outcome.status.as_str())
+                            .bind(reward)
+                            .bind(&outcome.error)
+                            .bind(output.to_string())
+                            .bind(now)
+                            .fetch_one(&mut *conn)
+                            .await?;
+                        let is = |s: Status| i64::from(outcome.status == s);
+                        sqlx::query(q::COUNT_BATCH)
+                            .bind(&batch_id)
+                            .bind(is(Status::Done))
+                            .bind(is(Status::Failed))
+                            .bind(is(Status::Cancelled))
+                            .bind(is(Status::TimedOut))
+                            .execute(&mut *conn)
+                            .await?;
+                        if let Some(group) = &group_id {
+                            sqlx::query(q::COUNT_GROUP)
+                                .bind(&batch_id)
+                                .bind(group)
+                                .bind(i64::from(reward.is_some()))
+                                .bind(reward.unwrap_or(0.0))
+                                .bind(reward)
+                                .execute(&mut *conn)
+                                .await?;
+                        }
+                        Ok(Some($crate::model::JobResult {
+                            seq,
+                            job_id,
+                            batch_id,
+                            group_id,
+                            client_id,
+                            status: outcome.status,
+                            reward,
+                            error: outcome.error.clone(),
+                            output,
+                            created_at: now,
+                        }))
+                    })
+                })
+                .await
             }
 
             async fn results_after(
@@ -538,16 +575,20 @@ macro_rules! impl_store {
                 if seqs.is_empty() {
                     return Ok(());
                 }
-                let mut tx = self.write_tx().await?;
-                for seq in seqs {
-                    sqlx::query($crate::store::shared::MARK_PUBLISHED)
-                        .bind(seq)
-                        .bind(now)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                tx.commit().await?;
-                Ok(())
+                let seqs = seqs.to_vec();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        for seq in seqs {
+                            sqlx::query($crate::store::shared::MARK_PUBLISHED)
+                                .bind(seq)
+                                .bind(now)
+                                .execute(&mut *conn)
+                                .await?;
+                        }
+                        Ok(())
+                    })
+                })
+                .await
             }
 
             async fn unpublished_results(
@@ -596,13 +637,19 @@ macro_rules! impl_store {
                 msg: &$crate::model::WorkMessage,
                 now: i64,
             ) -> $crate::store::StoreResult<bool> {
-                let r = sqlx::query($crate::store::shared::TOUCH)
-                    .bind(&msg.job_id)
-                    .bind(msg.epoch)
-                    .bind(now)
-                    .execute(self.writer())
-                    .await?;
-                Ok(r.rows_affected() == 1)
+                let msg = msg.clone();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let r = sqlx::query($crate::store::shared::TOUCH)
+                            .bind(&msg.job_id)
+                            .bind(msg.epoch)
+                            .bind(now)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(r.rows_affected() == 1)
+                    })
+                })
+                .await
             }
 
             async fn requeue(
@@ -610,17 +657,23 @@ macro_rules! impl_store {
                 msg: &$crate::model::WorkMessage,
                 now: i64,
             ) -> $crate::store::StoreResult<Option<$crate::model::WorkMessage>> {
-                let row: Option<(i64,)> = sqlx::query_as($crate::store::shared::REQUEUE)
-                    .bind(&msg.job_id)
-                    .bind(msg.epoch)
-                    .bind(now)
-                    .fetch_optional(self.writer())
-                    .await?;
-                Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
-                    job_id: msg.job_id.clone(),
-                    stage: msg.stage,
-                    epoch,
-                }))
+                let msg = msg.clone();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let row: Option<(i64,)> = sqlx::query_as($crate::store::shared::REQUEUE)
+                            .bind(&msg.job_id)
+                            .bind(msg.epoch)
+                            .bind(now)
+                            .fetch_optional(&mut *conn)
+                            .await?;
+                        Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
+                            job_id: msg.job_id.clone(),
+                            stage: msg.stage,
+                            epoch,
+                        }))
+                    })
+                })
+                .await
             }
 
             async fn counts(
@@ -695,16 +748,25 @@ macro_rules! impl_store {
                 detail: Option<&str>,
                 now: i64,
             ) -> $crate::store::StoreResult<()> {
-                sqlx::query($crate::store::shared::INSERT_EVENT)
-                    .bind(job_id)
-                    .bind(now)
-                    .bind(event)
-                    .bind(stage.map(|s| s.as_str()))
-                    .bind(node)
-                    .bind(detail)
-                    .execute(self.writer())
-                    .await?;
-                Ok(())
+                let job_id = job_id.to_string();
+                let event = event.to_string();
+                let node = node.map(str::to_string);
+                let detail = detail.map(str::to_string);
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        sqlx::query($crate::store::shared::INSERT_EVENT)
+                            .bind(&job_id)
+                            .bind(now)
+                            .bind(&event)
+                            .bind(stage.map(|s| s.as_str()))
+                            .bind(&node)
+                            .bind(&detail)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(())
+                    })
+                })
+                .await
             }
         }
     };
