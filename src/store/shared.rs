@@ -186,6 +186,33 @@ pub(crate) fn result_output(
 /// Implements [`Store`](super::Store) for `$store` over connections of type `$conn`.
 macro_rules! impl_store {
     ($store:ty, $conn:ty) => {
+        impl $store {
+            /// Runs `sql`, an update of the running stage entry named by `msg`
+            /// (`$1`-`$3` = job, stage, epoch) with one more value (`$4`); true if it
+            /// applied.
+            async fn update_stage_entry(
+                &self,
+                sql: &'static str,
+                msg: &$crate::model::WorkMessage,
+                value: i64,
+            ) -> $crate::store::StoreResult<bool> {
+                let msg = msg.clone();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let r = sqlx::query(sql)
+                            .bind(&msg.job_id)
+                            .bind(msg.stage.as_str())
+                            .bind(msg.epoch)
+                            .bind(value)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(r.rows_affected() == 1)
+                    })
+                })
+                .await
+            }
+        }
+
         #[async_trait::async_trait]
         impl $crate::store::Store for $store {
             async fn migrate(&self) -> $crate::store::StoreResult<()> {
@@ -359,20 +386,8 @@ macro_rules! impl_store {
                 lease_until: i64,
                 _now: i64,
             ) -> $crate::store::StoreResult<bool> {
-                let msg = msg.clone();
-                self.write(move |conn: &mut $conn| {
-                    Box::pin(async move {
-                        let r = sqlx::query($crate::store::shared::EXTEND_LEASE)
-                            .bind(&msg.job_id)
-                            .bind(msg.stage.as_str())
-                            .bind(msg.epoch)
-                            .bind(lease_until)
-                            .execute(&mut *conn)
-                            .await?;
-                        Ok(r.rows_affected() == 1)
-                    })
-                })
-                .await
+                self.update_stage_entry($crate::store::shared::EXTEND_LEASE, msg, lease_until)
+                    .await
             }
 
             async fn advance(
@@ -415,20 +430,8 @@ macro_rules! impl_store {
                 msg: &$crate::model::WorkMessage,
                 now: i64,
             ) -> $crate::store::StoreResult<bool> {
-                let msg = msg.clone();
-                self.write(move |conn: &mut $conn| {
-                    Box::pin(async move {
-                        let r = sqlx::query($crate::store::shared::RELEASE)
-                            .bind(&msg.job_id)
-                            .bind(msg.stage.as_str())
-                            .bind(msg.epoch)
-                            .bind(now)
-                            .execute(&mut *conn)
-                            .await?;
-                        Ok(r.rows_affected() == 1)
-                    })
-                })
-                .await
+                self.update_stage_entry($crate::store::shared::RELEASE, msg, now)
+                    .await
             }
 
             async fn finish(
