@@ -23,6 +23,21 @@ pub struct PostgresStore {
 impl PostgresStore {
     const MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
+    /// Ends a live job (`$2`/`$3` restrict it to one stage entry; NULL means any live job)
+    /// by inserting its result; a trigger applies the terminal status and the counters.
+    /// `FOR UPDATE` makes a concurrent end of the same job wait and then re-check the
+    /// job's state, so exactly one end applies.
+    const FINISH: &'static str = "INSERT INTO results (job_id, batch_id, group_id, client_id, \
+         status, reward, error, output, created_at) \
+         SELECT id, batch_id, group_id, client_id, $4, $7, $5, \
+         json_build_object('init', init_output::json, 'run', run_output::json, 'eval', $8::json, \
+                           'metadata', task::json -> 'metadata')::text, $6 \
+         FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
+         AND ($2::text IS NULL OR (stage = $2 AND epoch = $3)) \
+         FOR UPDATE \
+         ON CONFLICT (job_id) DO NOTHING \
+         RETURNING seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at";
+
     /// Connects to the database at `url`.
     pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
         let pool = PgPoolOptions::new()

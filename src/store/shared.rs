@@ -78,31 +78,6 @@ pub(crate) const ADVANCE: &str = "UPDATE jobs SET status = 'queued', stage = $4,
 pub(crate) const RELEASE: &str = "UPDATE jobs SET status = 'queued', lease_until = NULL, updated_at = $4 \
      WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running'";
 
-/// Ends a live job. `$2`/`$3` restrict it to one stage entry; NULL means any live job.
-pub(crate) const FINISH_JOB: &str = "UPDATE jobs SET status = $4, error = $5, lease_until = NULL, \
-     updated_at = $6, finished_at = $6, \
-     init_finished_at = CASE WHEN stage = 'init' AND status = 'running' THEN $6 ELSE init_finished_at END, \
-     run_finished_at = CASE WHEN stage = 'run' AND status = 'running' THEN $6 ELSE run_finished_at END, \
-     eval_finished_at = CASE WHEN stage = 'eval' AND status = 'running' THEN $6 ELSE eval_finished_at END \
-     WHERE id = $1 AND status IN ('queued', 'running') \
-     AND ($2 IS NULL OR (stage = $2 AND epoch = $3)) \
-     RETURNING batch_id, group_id, client_id, task, init_output, run_output";
-
-pub(crate) const INSERT_RESULT: &str = "INSERT INTO results (job_id, batch_id, group_id, client_id, \
-     status, reward, error, output, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-     RETURNING seq";
-
-pub(crate) const COUNT_BATCH: &str = "UPDATE batches SET finished = finished + 1, done = done + $2, \
-     failed = failed + $3, cancelled = cancelled + $4, timed_out = timed_out + $5 WHERE id = $1";
-
-pub(crate) const COUNT_GROUP: &str = "UPDATE prompt_groups SET finished = finished + 1, \
-     rewarded = rewarded + $3, reward_sum = reward_sum + $4, \
-     reward_min = CASE WHEN $5 IS NULL THEN reward_min \
-        WHEN reward_min IS NULL OR $5 < reward_min THEN $5 ELSE reward_min END, \
-     reward_max = CASE WHEN $5 IS NULL THEN reward_max \
-        WHEN reward_max IS NULL OR $5 > reward_max THEN $5 ELSE reward_max END \
-     WHERE batch_id = $1 AND id = $2";
-
 pub(crate) const RESULTS_AFTER: &str = concat!(
     "SELECT ",
     result_cols!(),
@@ -159,29 +134,6 @@ pub(crate) const SELECT_EVENTS: &str = "SELECT at, event, stage, epoch, attempt,
 
 pub(crate) const INSERT_EVENT: &str = "INSERT INTO job_events (job_id, at, event, stage, node, detail) \
      VALUES ($1, $2, $3, $4, $5, $6)";
-
-/// Builds the `output` of a result from what the stages left on the job row.
-pub(crate) fn result_output(
-    task: &str,
-    init: Option<&str>,
-    run: Option<&str>,
-    eval: Option<&serde_json::Value>,
-) -> serde_json::Value {
-    let parse = |s: Option<&str>| {
-        s.and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
-            .unwrap_or(serde_json::Value::Null)
-    };
-    let metadata = serde_json::from_str::<serde_json::Value>(task)
-        .ok()
-        .and_then(|t| t.get("metadata").cloned())
-        .unwrap_or(serde_json::Value::Null);
-    serde_json::json!({
-        "init": parse(init),
-        "run": parse(run),
-        "eval": eval.cloned().unwrap_or(serde_json::Value::Null),
-        "metadata": metadata,
-    })
-}
 
 /// Implements [`Store`](super::Store) for `$store` over connections of type `$conn`.
 macro_rules! impl_store {
@@ -447,85 +399,28 @@ macro_rules! impl_store {
                 };
                 let job_id = job_id.to_string();
                 let outcome = outcome.clone();
-                self.write_atomic(move |conn: &mut $conn| {
+                let reward = if outcome.status == $crate::model::Status::Done {
+                    outcome.reward
+                } else {
+                    None
+                };
+                let eval_output = outcome.eval_output.as_ref().map(|v| v.to_string());
+                self.write(move |conn: &mut $conn| {
                     Box::pin(async move {
-                        use $crate::model::Status;
-                        use $crate::store::shared as q;
-                        #[allow(clippy::type_complexity)]
-                        let row: Option<(
-                            String,
-                            Option<String>,
-                            Option<String>,
-                            String,
-                            Option<String>,
-                            Option<String>,
-                        )> = sqlx::query_as(q::FINISH_JOB)
-                            .bind(&job_id)
-                            .bind(stage)
-                            .bind(epoch)
-                            .bind(outcome.status.as_str())
-                            .bind(&outcome.error)
-                            .bind(now)
-                            .fetch_optional(&mut *conn)
-                            .await?;
-                        let Some((batch_id, group_id, client_id, task, init, run)) = row else {
-                            return Ok(None);
-                        };
-                        let output = q::result_output(
-                            &task,
-                            init.as_deref(),
-                            run.as_deref(),
-                            outcome.eval_output.as_ref(),
-                        );
-                        let reward = if outcome.status == Status::Done {
-                            outcome.reward
-                        } else {
-                            None
-                        };
                         Self::order_results(&mut *conn).await?;
-                        let (seq,): (i64,) = sqlx::query_as(q::INSERT_RESULT)
-                            .bind(&job_id)
-                            .bind(&batch_id)
-                            .bind(&group_id)
-                            .bind(&client_id)
-                            .bind(outcome.status.as_str())
-                            .bind(reward)
-                            .bind(&outcome.error)
-                            .bind(output.to_string())
-                            .bind(now)
-                            .fetch_one(&mut *conn)
-                            .await?;
-                        let is = |s: Status| i64::from(outcome.status == s);
-                        sqlx::query(q::COUNT_BATCH)
-                            .bind(&batch_id)
-                            .bind(is(Status::Done))
-                            .bind(is(Status::Failed))
-                            .bind(is(Status::Cancelled))
-                            .bind(is(Status::TimedOut))
-                            .execute(&mut *conn)
-                            .await?;
-                        if let Some(group) = &group_id {
-                            sqlx::query(q::COUNT_GROUP)
-                                .bind(&batch_id)
-                                .bind(group)
-                                .bind(i64::from(reward.is_some()))
-                                .bind(reward.unwrap_or(0.0))
+                        let row: Option<$crate::store::rows::ResultRow> =
+                            sqlx::query_as(Self::FINISH)
+                                .bind(&job_id)
+                                .bind(stage)
+                                .bind(epoch)
+                                .bind(outcome.status.as_str())
+                                .bind(&outcome.error)
+                                .bind(now)
                                 .bind(reward)
-                                .execute(&mut *conn)
+                                .bind(&eval_output)
+                                .fetch_optional(&mut *conn)
                                 .await?;
-                        }
-                        Ok(Some($crate::model::JobResult {
-                            seq,
-                            job_id,
-                            batch_id,
-                            group_id,
-                            client_id,
-                            status: outcome.status,
-                            reward,
-                            error: outcome.error.clone(),
-                            output,
-                            created_at: now,
-                        }))
+                        row.map(|r| r.into_result()).transpose()
                     })
                 })
                 .await

@@ -61,6 +61,19 @@ pub struct SqliteStore {
 impl SqliteStore {
     const MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
+    /// Ends a live job (`$2`/`$3` restrict it to one stage entry; NULL means any live job)
+    /// by inserting its result; a trigger applies the terminal status and the counters.
+    /// The result's output gathers what the stages left on the job row.
+    const FINISH: &'static str = "INSERT INTO results (job_id, batch_id, group_id, client_id, \
+         status, reward, error, output, created_at) \
+         SELECT id, batch_id, group_id, client_id, $4, $7, $5, \
+         json_object('init', json(init_output), 'run', json(run_output), 'eval', json($8), \
+                     'metadata', json_extract(task, '$.metadata')), $6 \
+         FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
+         AND ($2 IS NULL OR (stage = $2 AND epoch = $3)) \
+         ON CONFLICT (job_id) DO NOTHING \
+         RETURNING seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at";
+
     /// Opens (creating if missing, with its directory) the database at `url`.
     pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
         let opts = SqliteConnectOptions::from_str(url)?

@@ -237,14 +237,20 @@ impl TestEnv {
 
     /// Polls a job until `pred` holds (panics after 30 s).
     pub async fn wait_job(&self, id: &str, what: &str, pred: impl Fn(&Job) -> bool) -> Job {
+        let mut last = None;
         for _ in 0..600 {
-            let job = self.client.job(id).await.unwrap().job;
-            if pred(&job) {
-                return job;
+            let view = self.client.job(id).await.unwrap();
+            if pred(&view.job) {
+                return view.job;
             }
+            last = Some(view);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("job {id} never became {what}");
+        let last = last.expect("polled at least once");
+        panic!(
+            "job {id} never became {what}; last seen: {:?} {:?} attempts {}; events: {:?}",
+            last.job.status, last.job.stage, last.job.attempts, last.events
+        );
     }
 
     /// Messages currently in one of the deployment's streams.
