@@ -235,7 +235,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Vec<JobResult>>;
     /// The result of one job.
     async fn result(&self, job_id: &str) -> StoreResult<Option<JobResult>>;
-    /// Marks results as published on the results stream.
+    /// Marks results as published on the results stream. This is bookkeeping for the
+    /// reconciler, which re-publishes unmarked results (deduplicated by the server), so a
+    /// backend may apply it shortly after returning (SQLite coalesces marks).
     async fn mark_published(&self, seqs: &[i64], now: i64) -> StoreResult<()>;
     /// Results not yet marked published that were written before `before`.
     async fn unpublished_results(&self, before: i64, limit: i64) -> StoreResult<Vec<JobResult>>;

@@ -74,6 +74,17 @@ impl PostgresStore {
         self.write(op).await
     }
 
+    async fn mark_published_seqs(&self, seqs: &[i64], now: i64) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE results SET published_at = $1 WHERE seq = ANY($2) AND published_at IS NULL",
+        )
+        .bind(now)
+        .bind(seqs)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// Identity values are handed out at insert time but become visible at commit, so two
     /// concurrent writers could commit `seq` 11 before 10 and a reader polling `seq > 10`
     /// would skip 10 for ever. Holding a transaction-scoped advisory lock from before the

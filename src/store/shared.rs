@@ -93,9 +93,6 @@ pub(crate) const RESULTS_AFTER_IN_BATCH: &str = concat!(
 pub(crate) const RESULT_OF_JOB: &str =
     concat!("SELECT ", result_cols!(), " FROM results WHERE job_id = $1");
 
-pub(crate) const MARK_PUBLISHED: &str =
-    "UPDATE results SET published_at = $2 WHERE seq = $1 AND published_at IS NULL";
-
 pub(crate) const UNPUBLISHED: &str = concat!(
     "SELECT ",
     result_cols!(),
@@ -473,20 +470,7 @@ macro_rules! impl_store {
                 if seqs.is_empty() {
                     return Ok(());
                 }
-                let seqs = seqs.to_vec();
-                self.write(move |conn: &mut $conn| {
-                    Box::pin(async move {
-                        for seq in seqs {
-                            sqlx::query($crate::store::shared::MARK_PUBLISHED)
-                                .bind(seq)
-                                .bind(now)
-                                .execute(&mut *conn)
-                                .await?;
-                        }
-                        Ok(())
-                    })
-                })
-                .await
+                self.mark_published_seqs(seqs, now).await
             }
 
             async fn unpublished_results(

@@ -18,6 +18,7 @@
 //! exactly the semantics of one transaction per op: a reply means the op is durable.
 
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -48,6 +49,14 @@ struct Op {
     run: RunOp,
 }
 
+/// Result sequence numbers waiting to be marked published, and whether a flush op is
+/// already queued for them.
+#[derive(Debug, Default)]
+struct PendingMarks {
+    seqs: Vec<i64>,
+    flush_queued: bool,
+}
+
 /// A [`Store`](super::Store) over a SQLite file.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -56,6 +65,8 @@ pub struct SqliteStore {
     /// The writer task's queue.
     ops: mpsc::Sender<Op>,
     opts: SqliteConnectOptions,
+    /// Marks are coalesced: every result would otherwise cost a statement of its own.
+    marks: Arc<Mutex<PendingMarks>>,
 }
 
 impl SqliteStore {
@@ -98,7 +109,12 @@ impl SqliteStore {
             .await?;
         let (ops, rx) = mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(run_writer(writer, rx));
-        Ok(Self { pool, ops, opts })
+        Ok(Self {
+            pool,
+            ops,
+            opts,
+            marks: Arc::default(),
+        })
     }
 
     async fn run_migrations(&self) -> StoreResult<()> {
@@ -165,6 +181,48 @@ impl SqliteStore {
             .await
             .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Adds `seqs` to the pending marks and makes sure one flush op is queued; the op
+    /// takes every mark pending when the writer reaches it and sets them in one
+    /// statement. Returns at once: a mark lost to a crash only makes the reconciler
+    /// publish that result again, which the server deduplicates.
+    async fn mark_published_seqs(&self, seqs: &[i64], _now: i64) -> StoreResult<()> {
+        let queue_flush = {
+            let mut m = self.marks.lock().expect("marks lock");
+            m.seqs.extend_from_slice(seqs);
+            !std::mem::replace(&mut m.flush_queued, true)
+        };
+        if queue_flush {
+            let store = self.clone();
+            tokio::spawn(async move {
+                let marks = store.marks.clone();
+                let r = store
+                    .write(move |conn: &mut SqliteConnection| {
+                        Box::pin(async move {
+                            let seqs = {
+                                let mut m = marks.lock().expect("marks lock");
+                                m.flush_queued = false;
+                                std::mem::take(&mut m.seqs)
+                            };
+                            sqlx::query(
+                                "UPDATE results SET published_at = $1 WHERE published_at IS NULL \
+                                 AND seq IN (SELECT value FROM json_each($2))",
+                            )
+                            .bind(crate::now_ms())
+                            .bind(serde_json::to_string(&seqs).expect("numbers serialise"))
+                            .execute(&mut *conn)
+                            .await?;
+                            Ok(())
+                        })
+                    })
+                    .await;
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "cannot mark results published; the reconciler will re-publish them");
+                }
+            });
+        }
+        Ok(())
     }
 
     /// SQLite has one writer at a time, so AUTOINCREMENT values are already handed out
