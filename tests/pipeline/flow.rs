@@ -89,3 +89,46 @@ async fn node_bound_jobs_run_on_their_node_and_outputs_reach_the_result() {
     let job = env.client.job(&ids[0]).await.unwrap().job;
     assert_eq!(job.route.as_deref(), Some("test-node"));
 }
+
+/// A hand-off lost between the database and NATS (a gateway that died after writing the
+/// job but before publishing it) is repaired by the reconciler, and every result ends up
+/// marked published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_repairs_a_lost_hand_off() {
+    let env = TestEnv::start(|s| s.reconciler.stale_after_ms = 1_000).await;
+    env.workers_in_process(1);
+    // Written, never published.
+    let job = rollout::store::NewJob {
+        id: uuid::Uuid::now_v7().to_string(),
+        kind: "synthetic".into(),
+        client_id: None,
+        group_id: None,
+        task: serde_json::to_value(synthetic(serde_json::json!({}))).unwrap(),
+    };
+    env.deps
+        .store
+        .submit("lost", std::slice::from_ref(&job), rollout::now_ms())
+        .await
+        .unwrap();
+    let results = env.wait_results("lost", 1, Duration::from_secs(30)).await;
+    assert_eq!(results[0].status, Status::Done);
+    let view = env.client.job(&job.id).await.unwrap();
+    assert!(
+        view.events.iter().any(|e| e.event == "republished"),
+        "{:?}",
+        view.events
+    );
+    for _ in 0..100 {
+        let pending = env
+            .deps
+            .store
+            .unpublished_results(i64::MAX, 10)
+            .await
+            .unwrap();
+        if pending.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("a published result was never marked published");
+}
