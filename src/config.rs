@@ -180,8 +180,9 @@ pub fn sanitize_node_name(host: &str) -> String {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueSettings {
-    /// How many times a stage message is delivered before the job is failed and the
-    /// message kept on `<prefix>.dead`.
+    /// How many times a stage may be started (crashes and transient faults included;
+    /// graceful hand-backs not) before the job is failed and its message kept on
+    /// `<prefix>.dead`.
     pub delivery_limit: i64,
     /// How long a worker may hold a message without acknowledging progress before
     /// JetStream redelivers it (ms). Workers send progress every third of this.

@@ -185,11 +185,18 @@ pub struct Job {
     /// Stage-entry counter; increases every time the job is queued into a stage.
     pub epoch: i64,
     /// How many times a worker has started a stage of this job (redeliveries included).
+    /// It also identifies the current claim: statements of a running stage match it.
     pub attempts: i64,
+    /// Starts of the current stage entry; the delivery limit applies to it. A graceful
+    /// hand-back (SIGTERM) does not count.
+    pub stage_attempts: i64,
     /// The node that last worked on the job (and owns its sandbox during RUN).
     pub node: Option<String>,
     /// Where RUN must happen: a node name, or `any`.
     pub route: Option<String>,
+    /// Until when (epoch ms) the worker running the current stage holds it; a redelivery
+    /// may take the stage over after that.
+    pub lease_until: Option<i64>,
     /// Output of INIT, handed to RUN and EVAL.
     #[schema(value_type = Object)]
     pub init_output: Option<serde_json::Value>,

@@ -185,9 +185,11 @@ impl Queue {
             js,
             subjects: Subjects::new(&settings.nats.prefix),
             ack_wait: settings.ack_wait(),
-            // One extra delivery beyond the limit: a worker that receives it knows every
-            // real attempt crashed, and fails the job instead of running it again.
-            max_deliver: settings.queue.delivery_limit + 1,
+            // The delivery limit is enforced on stage starts recorded in the database;
+            // deliveries that start nothing (a copy that found the stage leased, a claim
+            // during a database outage) also count here, so the server's own limit is
+            // a generous backstop (see the reconciler's max-deliveries handling).
+            max_deliver: 4 * settings.queue.delivery_limit + 10,
             duplicate_window: Duration::from_millis(settings.queue.duplicate_window_ms),
             max_result_bytes: settings.queue.max_result_bytes,
         };
@@ -261,7 +263,7 @@ impl Queue {
         &self.js
     }
 
-    /// The highest delivery count a consumer hands out (`delivery_limit + 1`).
+    /// The highest delivery count a consumer hands out (`4 × delivery_limit + 10`).
     pub fn max_deliver(&self) -> i64 {
         self.max_deliver
     }
@@ -370,7 +372,7 @@ impl Queue {
                 "client_id": result.client_id,
                 "status": result.status,
                 "reward": result.reward,
-                "error": result.error,
+                "error": result.error.as_deref().map(|e| truncate(e, 4096)),
                 "truncated": true,
                 "href": format!("/v1/jobs/{}", result.job_id),
             }))
@@ -395,12 +397,12 @@ impl Queue {
     pub async fn publish_dead(
         &self,
         msg: &WorkMessage,
-        deliveries: i64,
+        attempts: i64,
         error: &str,
     ) -> Result<(), QueueError> {
         let payload = serde_json::json!({
             "message": msg,
-            "deliveries": deliveries,
+            "attempts": attempts,
             "error": error,
             "at": crate::now_ms(),
         });
@@ -470,9 +472,28 @@ impl Queue {
     }
 }
 
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn truncates_at_char_boundaries() {
+        assert_eq!(truncate("abc", 10), "abc");
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("héllo", 3), "hé");
+    }
 
     #[test]
     fn subjects_and_streams() {

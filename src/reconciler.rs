@@ -6,8 +6,10 @@
 //! reconciler catches the rest:
 //!
 //! - a **queued** job with no change for `stale_after_ms` has its hand-off re-published
-//!   with the same `Nats-Msg-Id` (a message the server still holds within its duplicate
-//!   window is deduplicated; a duplicate that reaches a worker is dropped as stale);
+//!   with the same `Nats-Msg-Id` (deduplicated by the server within its duplicate window;
+//!   after it, a second copy reaches a worker, which waits while the stage is held by the
+//!   first and drops the copy once the job has moved on — it never starts the stage
+//!   twice or counts against the delivery limit);
 //! - a **running** job whose lease lapsed `stale_after_ms` ago and that no redelivery took
 //!   over has lost its message (or the message ran out of deliveries): it is queued again
 //!   under a new stage entry, so the new message has a fresh id and fresh deliveries —
@@ -15,7 +17,9 @@
 //! - results written but never marked published are published;
 //! - a message that reached the consumer's delivery maximum without a worker giving up on
 //!   it (deliveries wasted on workers that died) is reported by the server's
-//!   max-deliveries advisory; the reconciler dead-letters it, fails its job and deletes it.
+//!   max-deliveries advisory; the reconciler dead-letters it and fails its job — unless
+//!   the stage is held under a live lease or has moved on, when the message was a
+//!   duplicate — and deletes it.
 //!
 //! Any number of reconcilers may run at once: every action is a compare-and-set or a
 //! deduplicated publish.
@@ -128,7 +132,7 @@ pub async fn sweep(
                     )),
                     eval_output: None,
                 };
-                let cond = FinishIf::Stage(job.msg.clone());
+                let cond = FinishIf::Unleased(job.msg.clone());
                 if let Some(result) = store.finish(&cond, &id, &outcome, now).await? {
                     crate::worker::publish_result(queue, store, &result).await;
                     out.failed += 1;
@@ -157,9 +161,14 @@ pub async fn sweep(
         .unpublished_results(now - 10_000, r.batch_limit)
         .await?
     {
-        queue.publish_result(&res).await?;
-        store.mark_published(&[res.seq], now_ms()).await?;
-        out.results_published += 1;
+        // One result that cannot be published must not hold up the others.
+        match queue.publish_result(&res).await {
+            Ok(()) => {
+                store.mark_published(&[res.seq], now_ms()).await?;
+                out.results_published += 1;
+            }
+            Err(e) => tracing::warn!(job_id = %res.job_id, error = %e, "cannot publish result"),
+        }
     }
     Ok(out)
 }
@@ -225,7 +234,10 @@ async fn handle_max_deliveries(
          were killed); giving up",
         work.stage, adv.deliveries
     );
-    crate::worker::dead_letter(queue, store, &work, adv.deliveries, &error, None).await?;
+    // Never ends a stage someone holds a live lease on: then this message was a
+    // duplicate copy, and the holder's own message carries the job on.
+    let cond = FinishIf::Unleased(work);
+    crate::worker::dead_letter(queue, store, &cond, adv.deliveries, &error, None).await?;
     stream
         .delete_message(adv.stream_seq)
         .await

@@ -16,8 +16,12 @@
 //!
 //! Flow control: a worker asks the server for at most as many messages as it has free
 //! slots, so nothing waits in a local buffer while its ack timer runs. Transient faults
-//! nak with exponential delay; the delivery after the last allowed one fails the job and
-//! keeps the message on the dead-letter subject. On shutdown (SIGTERM) the worker stops
+//! nak with exponential delay. The delivery limit counts stage starts recorded by the
+//! claims (not the queue's delivery counter, which also counts copies that found the
+//! stage busy): a claim past the limit, or a transient fault at it, fails the job and
+//! keeps the message on the dead-letter subject. Every statement of a claimed stage also
+//! matches the claim's token (the job's `attempts`), so a worker whose lease lapsed and
+//! was taken over can neither renew, release nor record the stage. On shutdown (SIGTERM) the worker stops
 //! pulling, lets running stages finish for a grace period, then hands the rest back
 //! (release the claim, nak) so other workers pick them up at once.
 
@@ -82,6 +86,28 @@ enum HookOutput {
     Eval(EvalOutput),
 }
 
+/// A stage entry this worker has claimed.
+struct Held {
+    /// The stage entry.
+    work: WorkMessage,
+    /// The claim's token (the job's `attempts` after the claim).
+    attempt: i64,
+    /// Starts of this stage entry, this one included.
+    stage_attempts: i64,
+    /// The queue's delivery count of the message.
+    delivered: i64,
+}
+
+impl Held {
+    /// The condition under which this claim may end the job.
+    fn cond(&self) -> FinishIf {
+        FinishIf::Claimed {
+            msg: self.work.clone(),
+            attempt: self.attempt,
+        }
+    }
+}
+
 /// How a claimed stage ended, from the worker's point of view.
 enum StageEnd {
     Finished(Result<HookOutput, StageError>),
@@ -112,7 +138,12 @@ impl Worker {
         let tracker = TaskTracker::new();
         tracing::info!(stage = %self.stage, node = %self.node, concurrency, "worker started");
 
-        let cancel_listener = tokio::spawn(self.clone().listen_for_cancels(shutdown.clone()));
+        // Subscribed before the first pull, so no job runs while cancels go unheard.
+        let cancels = self.deps.queue.subscribe_cancel().await?;
+        let cancel_listener = tokio::spawn(
+            self.clone()
+                .listen_for_cancels(Some(cancels), shutdown.clone()),
+        );
         let puller = tokio::spawn(self.clone().pull(
             consumers,
             slots.clone(),
@@ -144,9 +175,17 @@ impl Worker {
         Ok(())
     }
 
-    async fn listen_for_cancels(self: Arc<Self>, shutdown: CancellationToken) {
+    async fn listen_for_cancels(
+        self: Arc<Self>,
+        mut first: Option<async_nats::Subscriber>,
+        shutdown: CancellationToken,
+    ) {
         loop {
-            let mut sub = match self.deps.queue.subscribe_cancel().await {
+            let next = match first.take() {
+                Some(s) => Ok(s),
+                None => self.deps.queue.subscribe_cancel().await,
+            };
+            let mut sub = match next {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot subscribe to cancels; retrying");
@@ -291,63 +330,79 @@ impl Worker {
     async fn process(&self, msg: jetstream::Message, work: WorkMessage, delivered: i64) {
         let s = &self.deps.settings;
         let store = &self.deps.store;
-        let limit = s.queue.delivery_limit;
-        if delivered > limit {
-            let error = format!(
-                "{} stage started {limit} times without finishing (the workers running it \
-                 crashed or were killed); giving up",
-                work.stage
-            );
-            self.dead_letter(&msg, &work, delivered, &error).await;
-            return;
-        }
-        let now = now_ms();
-        let lease_ms = s.queue.ack_wait_ms as i64;
-        let job = match store.claim(&work, &self.node, now + lease_ms, now).await {
-            Ok(Claim::Started(job)) => *job,
-            Ok(Claim::Missing) => {
-                tracing::warn!("message for an unknown job dropped");
-                ack(&msg, AckKind::Ack).await;
-                return;
-            }
-            Ok(Claim::Busy(until)) => {
-                let wait = Duration::from_millis((until - now).max(0) as u64 + 50);
-                tracing::debug!(?wait, "stage is leased by another delivery; retrying later");
-                ack(&msg, AckKind::Nak(Some(wait))).await;
-                return;
-            }
-            Ok(Claim::Stale(job)) => {
-                self.repair_stale(&msg, &work, &job).await;
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot claim the stage; will retry");
-                ack(&msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
-                return;
-            }
-        };
-        if let Some(q) = job_stage_times(&job, work.stage).queued_at {
-            metrics::histogram!(crate::metrics::QUEUE_WAIT, "stage" => work.stage.as_str())
-                .record((now - q).max(0) as f64 / 1000.0);
-        }
-        let Some(kind) = self.deps.kinds.get(&job.kind).cloned() else {
-            let error = format!("this worker does not know task kind `{}`", job.kind);
-            self.give_up_or_retry(&msg, &work, delivered, error).await;
-            return;
-        };
+        // Registered before the claim, so a cancel broadcast that arrives between the
+        // claim's commit and the hook's start is not missed.
         let token = CancellationToken::new();
         self.running
             .lock()
             .expect("lock")
             .insert(work.job_id.clone(), token.clone());
+        let now = now_ms();
+        let lease_ms = s.queue.ack_wait_ms as i64;
+        let claim = store.claim(&work, &self.node, now + lease_ms, now).await;
+        let job = match claim {
+            Ok(Claim::Started(job)) => *job,
+            other => {
+                self.running.lock().expect("lock").remove(&work.job_id);
+                match other {
+                    Ok(Claim::Missing) => {
+                        tracing::warn!("message for an unknown job dropped");
+                        ack(&msg, AckKind::Ack).await;
+                    }
+                    Ok(Claim::Busy(until)) => {
+                        let wait = Duration::from_millis((until - now).max(0) as u64 + 50);
+                        tracing::debug!(
+                            ?wait,
+                            "stage is leased by another delivery; retrying later"
+                        );
+                        ack(&msg, AckKind::Nak(Some(wait))).await;
+                    }
+                    Ok(Claim::Stale(job)) => self.repair_stale(&msg, &work, &job).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot claim the stage; will retry");
+                        ack(&msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+                    }
+                    Ok(Claim::Started(_)) => unreachable!("handled above"),
+                }
+                return;
+            }
+        };
+        let held = Held {
+            work,
+            attempt: job.attempts,
+            stage_attempts: job.stage_attempts,
+            delivered,
+        };
+        let limit = s.queue.delivery_limit;
+        if held.stage_attempts > limit {
+            self.running.lock().expect("lock").remove(&held.work.job_id);
+            let error = format!(
+                "{} stage started {} times without finishing (the workers running it \
+                 crashed or were killed); giving up",
+                held.work.stage,
+                held.stage_attempts - 1
+            );
+            self.dead_letter(&msg, &held, &error).await;
+            return;
+        }
+        if let Some(q) = job_stage_times(&job, held.work.stage).queued_at {
+            metrics::histogram!(crate::metrics::QUEUE_WAIT, "stage" => held.work.stage.as_str())
+                .record((now - q).max(0) as f64 / 1000.0);
+        }
+        let Some(kind) = self.deps.kinds.get(&job.kind).cloned() else {
+            self.running.lock().expect("lock").remove(&held.work.job_id);
+            let error = format!("this worker does not know task kind `{}`", job.kind);
+            self.give_up_or_retry(&msg, &held, error).await;
+            return;
+        };
         let ctx = StageContext {
             job,
             node: self.node.clone(),
             cancel: token.clone(),
         };
         let started = std::time::Instant::now();
-        let end = self.run_hook(&msg, &work, &ctx, kind.as_ref()).await;
-        self.running.lock().expect("lock").remove(&work.job_id);
+        let end = self.run_hook(&msg, &held, &ctx, kind.as_ref()).await;
+        self.running.lock().expect("lock").remove(&held.work.job_id);
         let outcome_label = match &end {
             StageEnd::Finished(Ok(_)) => "ok",
             StageEnd::Finished(Err(StageError::Failed(_))) => "failed",
@@ -356,28 +411,27 @@ impl Worker {
             StageEnd::Cancelled => "cancelled",
             StageEnd::HandBack => "handed_back",
         };
-        metrics::histogram!(crate::metrics::STAGE_DURATION, "stage" => work.stage.as_str(), "outcome" => outcome_label)
+        metrics::histogram!(crate::metrics::STAGE_DURATION, "stage" => held.work.stage.as_str(), "outcome" => outcome_label)
             .record(started.elapsed().as_secs_f64());
         match end {
-            StageEnd::Finished(Ok(out)) => {
-                self.complete(&msg, &work, delivered, &ctx.job, out).await
-            }
+            StageEnd::Finished(Ok(out)) => self.complete(&msg, &held, &ctx.job, out).await,
             StageEnd::Finished(Err(StageError::Failed(e))) => {
                 tracing::info!(error = %e, "stage failed");
                 kind.cleanup(&ctx.job).await;
-                self.end_job(&msg, &work, delivered, Status::Failed, e, None)
-                    .await;
+                self.end_job(&msg, &held, Status::Failed, e).await;
             }
             StageEnd::Finished(Err(StageError::Transient(e))) => {
-                self.give_up_or_retry(&msg, &work, delivered, e).await;
+                self.give_up_or_retry(&msg, &held, e).await;
             }
             StageEnd::TimedOut => {
-                let timeout = s.stages.get(work.stage).timeout_ms;
-                let e = format!("{} stage exceeded its timeout of {timeout} ms", work.stage);
+                let timeout = s.stages.get(held.work.stage).timeout_ms;
+                let e = format!(
+                    "{} stage exceeded its timeout of {timeout} ms",
+                    held.work.stage
+                );
                 tracing::info!("{e}");
                 kind.cleanup(&ctx.job).await;
-                self.end_job(&msg, &work, delivered, Status::TimedOut, e, None)
-                    .await;
+                self.end_job(&msg, &held, Status::TimedOut, e).await;
             }
             StageEnd::Cancelled => {
                 tracing::info!("stage stopped: job cancelled");
@@ -386,7 +440,8 @@ impl Worker {
             }
             StageEnd::HandBack => {
                 kind.cleanup(&ctx.job).await;
-                match store.release(&work, now_ms()).await {
+                let w = &held.work;
+                match store.release(w, held.attempt, true, now_ms()).await {
                     Ok(_) => tracing::info!("stage handed back to the queue"),
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot release the claim; the lease will expire")
@@ -401,11 +456,12 @@ impl Worker {
     async fn run_hook(
         &self,
         msg: &jetstream::Message,
-        work: &WorkMessage,
+        held: &Held,
         ctx: &StageContext,
         kind: &dyn crate::kinds::TaskKind,
     ) -> StageEnd {
         let s = &self.deps.settings;
+        let work = &held.work;
         let mut hook: HookFuture<'_> = match work.stage {
             Stage::Init => Box::pin(async move { kind.init(ctx).await.map(HookOutput::Init) }),
             Stage::Run => Box::pin(async move { kind.run(ctx).await.map(HookOutput::Run) }),
@@ -427,7 +483,7 @@ impl Worker {
                         tracing::warn!(error = %e, "in-progress ack failed; the message may be redelivered");
                     }
                     let now = now_ms();
-                    match self.deps.store.extend_lease(work, now + s.queue.ack_wait_ms as i64, now).await {
+                    match self.deps.store.extend_lease(work, held.attempt, now + s.queue.ack_wait_ms as i64).await {
                         Ok(true) => {}
                         Ok(false) => {
                             // The row moved without us: cancelled (broadcast missed) or
@@ -443,15 +499,9 @@ impl Worker {
     }
 
     /// Records a successful stage and hands the job on.
-    async fn complete(
-        &self,
-        msg: &jetstream::Message,
-        work: &WorkMessage,
-        delivered: i64,
-        job: &Job,
-        out: HookOutput,
-    ) {
+    async fn complete(&self, msg: &jetstream::Message, held: &Held, job: &Job, out: HookOutput) {
         let store = &self.deps.store;
+        let work = &held.work;
         let (output, route) = match out {
             HookOutput::Eval(e) => {
                 let outcome = Outcome {
@@ -460,7 +510,7 @@ impl Worker {
                     error: None,
                     eval_output: Some(e.details),
                 };
-                self.finish(msg, work, delivered, &outcome).await;
+                self.finish(msg, held, &outcome).await;
                 return;
             }
             HookOutput::Init(i) => {
@@ -473,7 +523,7 @@ impl Worker {
             HookOutput::Run(v) => (v, None),
         };
         match store
-            .advance(work, &output, route.as_deref(), now_ms())
+            .advance(work, held.attempt, &output, route.as_deref(), now_ms())
             .await
         {
             Ok(Some(next)) => {
@@ -484,7 +534,7 @@ impl Worker {
                         // The database already says where the job is; the redelivery of
                         // this message will find it stale and re-publish the hand-off.
                         tracing::warn!(error = %e, "hand-off publish failed; will repair on redelivery");
-                        ack(msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+                        ack(msg, AckKind::Nak(Some(self.nak_delay(held.delivered)))).await;
                     }
                 }
             }
@@ -494,43 +544,29 @@ impl Worker {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot record the stage output; will retry");
-                self.release_and_nak(msg, work, delivered).await;
+                self.release_and_nak(msg, held).await;
             }
         }
     }
 
     /// Ends the job with a non-`done` terminal status.
-    async fn end_job(
-        &self,
-        msg: &jetstream::Message,
-        work: &WorkMessage,
-        delivered: i64,
-        status: Status,
-        error: String,
-        eval_output: Option<serde_json::Value>,
-    ) {
+    async fn end_job(&self, msg: &jetstream::Message, held: &Held, status: Status, error: String) {
         let outcome = Outcome {
             status,
             reward: None,
             error: Some(error),
-            eval_output,
+            eval_output: None,
         };
-        self.finish(msg, work, delivered, &outcome).await;
+        self.finish(msg, held, &outcome).await;
     }
 
     /// Writes the terminal state and result, publishes the result, acks.
-    async fn finish(
-        &self,
-        msg: &jetstream::Message,
-        work: &WorkMessage,
-        delivered: i64,
-        outcome: &Outcome,
-    ) {
-        let cond = FinishIf::Stage(work.clone());
+    async fn finish(&self, msg: &jetstream::Message, held: &Held, outcome: &Outcome) {
+        let cond = held.cond();
         match self
             .deps
             .store
-            .finish(&cond, &work.job_id, outcome, now_ms())
+            .finish(&cond, &held.work.job_id, outcome, now_ms())
             .await
         {
             Ok(Some(result)) => {
@@ -546,59 +582,57 @@ impl Worker {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot record the job's end; will retry");
-                self.release_and_nak(msg, work, delivered).await;
+                self.release_and_nak(msg, held).await;
             }
         }
     }
 
     /// A transient fault: retry with backoff, or give up at the delivery limit.
-    async fn give_up_or_retry(
-        &self,
-        msg: &jetstream::Message,
-        work: &WorkMessage,
-        delivered: i64,
-        error: String,
-    ) {
+    async fn give_up_or_retry(&self, msg: &jetstream::Message, held: &Held, error: String) {
         let limit = self.deps.settings.queue.delivery_limit;
-        if delivered >= limit {
-            let error = format!("gave up after {delivered} deliveries: {error}");
-            self.dead_letter(msg, work, delivered, &error).await;
+        if held.stage_attempts >= limit {
+            let error = format!("gave up after {} attempts: {error}", held.stage_attempts);
+            self.dead_letter(msg, held, &error).await;
         } else {
             tracing::info!(error = %error, "transient fault; retrying with backoff");
-            self.release_and_nak(msg, work, delivered).await;
+            self.release_and_nak(msg, held).await;
         }
     }
 
-    async fn release_and_nak(&self, msg: &jetstream::Message, work: &WorkMessage, delivered: i64) {
-        if let Err(e) = self.deps.store.release(work, now_ms()).await {
+    async fn release_and_nak(&self, msg: &jetstream::Message, held: &Held) {
+        let w = &held.work;
+        if let Err(e) = self
+            .deps
+            .store
+            .release(w, held.attempt, false, now_ms())
+            .await
+        {
             tracing::warn!(error = %e, "cannot release the claim; the lease will expire");
         }
-        ack(msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+        let delay = self.nak_delay(held.stage_attempts.max(held.delivered));
+        ack(msg, AckKind::Nak(Some(delay))).await;
     }
 
     /// Keeps the message on the dead-letter subject, fails the job, acks.
-    async fn dead_letter(
-        &self,
-        msg: &jetstream::Message,
-        work: &WorkMessage,
-        delivered: i64,
-        error: &str,
-    ) {
+    async fn dead_letter(&self, msg: &jetstream::Message, held: &Held, error: &str) {
         let deps = &self.deps;
+        let cond = held.cond();
+        let attempts = held.stage_attempts;
+        let node = Some(self.node.as_str());
         match dead_letter(
             &deps.queue,
             deps.store.as_ref(),
-            work,
-            delivered,
+            &cond,
+            attempts,
             error,
-            Some(&self.node),
+            node,
         )
         .await
         {
             Ok(()) => ack(msg, AckKind::Ack).await,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot dead-letter the job; will retry");
-                ack(msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+                ack(msg, AckKind::Nak(Some(self.nak_delay(held.delivered)))).await;
             }
         }
     }
@@ -654,26 +688,44 @@ pub enum DeadLetterError {
 pub async fn dead_letter(
     queue: &Queue,
     store: &dyn Store,
-    work: &WorkMessage,
-    deliveries: i64,
+    cond: &FinishIf,
+    attempts: i64,
     error: &str,
     node: Option<&str>,
 ) -> Result<(), DeadLetterError> {
+    let work = match cond {
+        FinishIf::Claimed { msg, .. } => msg,
+        FinishIf::Unleased(msg) => {
+            // A message nobody holds: give up only if its stage entry is still live and
+            // unleased. Otherwise it is a duplicate copy (its job moved on, ended, or is
+            // held by a worker with its own message) and the caller just removes it.
+            let now = now_ms();
+            let live = store.job(&msg.job_id).await?.is_some_and(|j| {
+                !j.status.is_terminal()
+                    && (j.stage, j.epoch) == (msg.stage, msg.epoch)
+                    && !(j.status == Status::Running && j.lease_until.is_some_and(|l| l >= now))
+            });
+            if !live {
+                return Ok(());
+            }
+            msg
+        }
+        FinishIf::Live => unreachable!("dead-lettering names a stage entry"),
+    };
     // Copy first: removing the message from the work-queue stream loses it.
-    queue.publish_dead(work, deliveries, error).await?;
+    queue.publish_dead(work, attempts, error).await?;
     let outcome = Outcome {
         status: Status::Failed,
         reward: None,
         error: Some(error.to_string()),
         eval_output: None,
     };
-    let cond = FinishIf::Stage(work.clone());
-    if let Some(result) = store
-        .finish(&cond, &work.job_id, &outcome, now_ms())
-        .await?
-    {
+    if let Some(result) = store.finish(cond, &work.job_id, &outcome, now_ms()).await? {
         tracing::warn!(job_id = %work.job_id, error, "job failed and its message dead-lettered");
-        store
+        metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "failed").increment(1);
+        publish_result(queue, store, &result).await;
+        // Bookkeeping only: the job's end and its result are already durable.
+        if let Err(e) = store
             .record_event(
                 &work.job_id,
                 "dead_lettered",
@@ -682,9 +734,10 @@ pub async fn dead_letter(
                 Some(error),
                 now_ms(),
             )
-            .await?;
-        metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "failed").increment(1);
-        publish_result(queue, store, &result).await;
+            .await
+        {
+            tracing::warn!(job_id = %work.job_id, error = %e, "cannot log the dead-letter event");
+        }
     }
     Ok(())
 }

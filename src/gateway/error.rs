@@ -70,16 +70,3 @@ impl IntoResponse for ApiError {
         (self.status, Json(self.body)).into_response()
     }
 }
-
-/// Maps a query-string rejection to a 400 naming the parameter when it can.
-pub fn query_error(e: axum::extract::rejection::QueryRejection) -> ApiError {
-    let text = e.body_text();
-    // serde_urlencoded messages look like "…: unknown field `x`, expected …" or
-    // "…: invalid digit found in string"; name the field when the text does.
-    let field = text
-        .split('`')
-        .nth(1)
-        .map(str::to_string)
-        .filter(|f| !f.is_empty());
-    ApiError::new(StatusCode::BAD_REQUEST, text, field)
-}

@@ -95,6 +95,13 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async {
             ApiError::not_found("no such endpoint; see GET /openapi.json for the API")
         })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this endpoint; see GET /openapi.json for the API",
+                None,
+            )
+        })
         .layer(DefaultBodyLimit::max(max_body))
 }
 

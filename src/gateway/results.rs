@@ -59,14 +59,34 @@ pub struct StreamQuery {
 
 const RECHECK: Duration = Duration::from_millis(500);
 
-/// Waits until a result may have arrived, at most `RECHECK` (or until `deadline`).
-async fn wait_for_results(state: &AppState, deadline: tokio::time::Instant) {
-    let mut rx = state.results_signal.clone();
-    let until = deadline.min(tokio::time::Instant::now() + RECHECK);
-    tokio::select! {
-        _ = rx.changed() => {}
-        _ = tokio::time::sleep_until(until) => {}
-        _ = state.shutdown.cancelled() => {}
+/// A reader's own view of the result signal. Each request holds one, marks the signal
+/// seen before each database read, and so sleeps until a result newer than that read is
+/// published (a shared receiver would report the same change for ever and spin).
+struct Wakeup {
+    rx: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Wakeup {
+    fn new(state: &AppState) -> Self {
+        Self {
+            rx: state.results_signal.clone(),
+        }
+    }
+
+    /// Call right before reading the database.
+    fn mark_seen(&mut self) {
+        self.rx.borrow_and_update();
+    }
+
+    /// Waits until a result may have arrived since the last `mark_seen`, at most
+    /// `RECHECK` (or until `deadline`).
+    async fn wait(&mut self, state: &AppState, deadline: tokio::time::Instant) {
+        let until = deadline.min(tokio::time::Instant::now() + RECHECK);
+        tokio::select! {
+            _ = self.rx.changed() => {}
+            _ = tokio::time::sleep_until(until) => {}
+            _ = state.shutdown.cancelled() => {}
+        }
     }
 }
 
@@ -92,7 +112,9 @@ pub async fn results(
     let wait_ms = p.bounded("wait_ms", 0, max_wait)?;
     let limit = p.bounded("limit", 100, 1000)?.max(1);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
+    let mut wakeup = Wakeup::new(&state);
     loop {
+        wakeup.mark_seen();
         let results = state
             .store
             .results_after(batch.as_deref(), after, limit)
@@ -107,7 +129,7 @@ pub async fn results(
                 next_cursor,
             }));
         }
-        wait_for_results(&state, deadline).await;
+        wakeup.wait(&state, deadline).await;
     }
 }
 
@@ -143,11 +165,13 @@ pub async fn results_stream(
     }
     struct Cursor {
         state: AppState,
+        wakeup: Wakeup,
         batch: Option<String>,
         after: i64,
         buffer: VecDeque<JobResult>,
     }
     let init = Cursor {
+        wakeup: Wakeup::new(&state),
         state,
         batch,
         after,
@@ -167,6 +191,7 @@ pub async fn results_stream(
             if c.state.shutdown.is_cancelled() {
                 return None;
             }
+            c.wakeup.mark_seen();
             match c
                 .state
                 .store
@@ -176,7 +201,8 @@ pub async fn results_stream(
                 Ok(rows) if !rows.is_empty() => c.buffer.extend(rows),
                 Ok(_) => {
                     let deadline = tokio::time::Instant::now() + RECHECK;
-                    wait_for_results(&c.state, deadline).await;
+                    let Cursor { wakeup, state, .. } = &mut c;
+                    wakeup.wait(state, deadline).await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "result stream cannot read the database; retrying");

@@ -107,8 +107,17 @@ pub enum Claim {
 /// Which jobs a terminal transition may apply to.
 #[derive(Debug, Clone)]
 pub enum FinishIf {
-    /// Only if the job is still in this stage entry and live.
-    Stage(WorkMessage),
+    /// Only if the job is still in this stage entry under this claim (`attempt` is the
+    /// job's `attempts` right after the claim): the worker holding the stage ends it.
+    Claimed {
+        /// The stage entry.
+        msg: WorkMessage,
+        /// The claim's token.
+        attempt: i64,
+    },
+    /// Only if the job is still in this stage entry and nobody holds a live lease on it:
+    /// giving up on a message nobody is working on.
+    Unleased(WorkMessage),
     /// Whenever the job is live (used by cancel).
     Live,
 }
@@ -206,17 +215,27 @@ pub trait Store: Send + Sync + 'static {
         lease_until: i64,
         now: i64,
     ) -> StoreResult<bool>;
-    /// Records a stage's output and queues the job for the next stage; returns the next
-    /// stage's message, or `None` if the compare-and-set failed (the job moved on).
+    /// Records the output of the claim `attempt` of a stage and queues the job for the next
+    /// stage; returns the next stage's message, or `None` if the compare-and-set failed
+    /// (the job moved on or was taken over).
     async fn advance(
         &self,
         msg: &WorkMessage,
+        attempt: i64,
         output: &serde_json::Value,
         route: Option<&str>,
         now: i64,
     ) -> StoreResult<Option<WorkMessage>>;
-    /// Hands a running stage back to the queue (worker shutting down).
-    async fn release(&self, msg: &WorkMessage, now: i64) -> StoreResult<bool>;
+    /// Hands the claim `attempt` of a running stage back to the queue: after a transient
+    /// fault (the start counts towards the delivery limit) or, with `hand_back`, because
+    /// the worker is shutting down (it does not).
+    async fn release(
+        &self,
+        msg: &WorkMessage,
+        attempt: i64,
+        hand_back: bool,
+        now: i64,
+    ) -> StoreResult<bool>;
     /// Ends the job with `outcome` if `cond` holds, writing its result and updating the
     /// batch and group counters in the same transaction. `None` if the condition failed.
     async fn finish(

@@ -23,7 +23,8 @@ pub struct PostgresStore {
 impl PostgresStore {
     const MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
-    /// Ends a live job (`$2`/`$3` restrict it to one stage entry; NULL means any live job)
+    /// Ends a live job (`$2`/`$3` restrict it to one stage entry, `$9` to one claim of it,
+    /// `$10` to an entry nobody holds a lease on at that time; NULL means no restriction)
     /// by inserting its result; a trigger applies the terminal status and the counters.
     /// `FOR UPDATE` makes a concurrent end of the same job wait and then re-check the
     /// job's state, so exactly one end applies.
@@ -34,6 +35,8 @@ impl PostgresStore {
                            'metadata', task::json -> 'metadata')::text, $6 \
          FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
          AND ($2::text IS NULL OR (stage = $2 AND epoch = $3)) \
+         AND ($9::bigint IS NULL OR attempts = $9) \
+         AND ($10::bigint IS NULL OR status = 'queued' OR lease_until < $10) \
          FOR UPDATE \
          ON CONFLICT (job_id) DO NOTHING \
          RETURNING seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at";

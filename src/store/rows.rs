@@ -23,7 +23,7 @@ pub(crate) struct JobRow {
     attempts: i64,
     node: Option<String>,
     route: Option<String>,
-    pub(crate) lease_until: Option<i64>,
+    lease_until: Option<i64>,
     init_output: Option<String>,
     run_output: Option<String>,
     error: Option<String>,
@@ -39,6 +39,7 @@ pub(crate) struct JobRow {
     eval_queued_at: Option<i64>,
     eval_started_at: Option<i64>,
     eval_finished_at: Option<i64>,
+    stage_attempts: i64,
 }
 
 pub(crate) fn parse_status(s: &str) -> StoreResult<Status> {
@@ -72,8 +73,10 @@ impl JobRow {
             kind: self.kind,
             epoch: self.epoch,
             attempts: self.attempts,
+            stage_attempts: self.stage_attempts,
             node: self.node,
             route: self.route,
+            lease_until: self.lease_until,
             error: self.error,
             timings: Timings {
                 init: StageTimes {

@@ -15,7 +15,8 @@ macro_rules! job_cols {
         "id, batch_id, group_id, client_id, kind, task, status, stage, epoch, attempts, node, \
          route, lease_until, init_output, run_output, error, created_at, updated_at, \
          finished_at, init_queued_at, init_started_at, init_finished_at, run_queued_at, \
-         run_started_at, run_finished_at, eval_queued_at, eval_started_at, eval_finished_at"
+         run_started_at, run_finished_at, eval_queued_at, eval_started_at, eval_finished_at, \
+         stage_attempts"
     };
 }
 
@@ -51,7 +52,8 @@ pub(crate) const LIST_JOBS: &str = concat!(
 /// Starts a stage: only from `queued`, or from `running` whose lease has ended (the
 /// previous holder died). Sets the stage's start time to this start.
 pub(crate) const CLAIM: &str = concat!(
-    "UPDATE jobs SET status = 'running', attempts = attempts + 1, node = $4, lease_until = $5, \
+    "UPDATE jobs SET status = 'running', attempts = attempts + 1, \
+     stage_attempts = stage_attempts + 1, node = $4, lease_until = $5, \
      updated_at = $6, \
      init_started_at = CASE WHEN stage = 'init' THEN $6 ELSE init_started_at END, \
      run_started_at = CASE WHEN stage = 'run' THEN $6 ELSE run_started_at END, \
@@ -61,11 +63,15 @@ pub(crate) const CLAIM: &str = concat!(
     job_cols!()
 );
 
+// Statements of a claimed stage entry also match `attempts`: the claim's token. A worker
+// whose lease lapsed and was taken over cannot renew, release or advance the new claim.
+
 pub(crate) const EXTEND_LEASE: &str = "UPDATE jobs SET lease_until = $4 \
-     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running'";
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5";
 
 /// Finishes the current stage and queues the next one in a single compare-and-set.
 pub(crate) const ADVANCE: &str = "UPDATE jobs SET status = 'queued', stage = $4, epoch = epoch + 1, \
+     stage_attempts = 0, \
      lease_until = NULL, updated_at = $5, route = COALESCE($6, route), \
      init_output = CASE WHEN stage = 'init' THEN $7 ELSE init_output END, \
      run_output = CASE WHEN stage = 'run' THEN $7 ELSE run_output END, \
@@ -73,10 +79,14 @@ pub(crate) const ADVANCE: &str = "UPDATE jobs SET status = 'queued', stage = $4,
      run_finished_at = CASE WHEN stage = 'run' THEN $5 ELSE run_finished_at END, \
      run_queued_at = CASE WHEN $4 = 'run' THEN $5 ELSE run_queued_at END, \
      eval_queued_at = CASE WHEN $4 = 'eval' THEN $5 ELSE eval_queued_at END \
-     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' RETURNING epoch";
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $8 \
+     RETURNING epoch";
 
-pub(crate) const RELEASE: &str = "UPDATE jobs SET status = 'queued', lease_until = NULL, updated_at = $4 \
-     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running'";
+/// Hands a claimed stage back; `$6` = 1 takes the start back too (a graceful hand-back is
+/// not a failed attempt), 0 keeps it (a transient fault is).
+pub(crate) const RELEASE: &str = "UPDATE jobs SET status = 'queued', lease_until = NULL, \
+     updated_at = $4, stage_attempts = stage_attempts - $6 \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5";
 
 pub(crate) const RESULTS_AFTER: &str = concat!(
     "SELECT ",
@@ -136,25 +146,30 @@ pub(crate) const INSERT_EVENT: &str = "INSERT INTO job_events (job_id, at, event
 macro_rules! impl_store {
     ($store:ty, $conn:ty) => {
         impl $store {
-            /// Runs `sql`, an update of the running stage entry named by `msg`
-            /// (`$1`-`$3` = job, stage, epoch) with one more value (`$4`); true if it
-            /// applied.
+            /// Runs `sql`, an update of the claimed stage entry named by `msg` and the
+            /// claim's `attempt` (`$1`-`$3` = job, stage, epoch, `$5` = attempt) with one
+            /// more value (`$4`) and optionally another (`$6`); true if it applied.
             async fn update_stage_entry(
                 &self,
                 sql: &'static str,
                 msg: &$crate::model::WorkMessage,
+                attempt: i64,
                 value: i64,
+                extra: Option<i64>,
             ) -> $crate::store::StoreResult<bool> {
                 let msg = msg.clone();
                 self.write(move |conn: &mut $conn| {
                     Box::pin(async move {
-                        let r = sqlx::query(sql)
+                        let mut q = sqlx::query(sql)
                             .bind(&msg.job_id)
                             .bind(msg.stage.as_str())
                             .bind(msg.epoch)
                             .bind(value)
-                            .execute(&mut *conn)
-                            .await?;
+                            .bind(attempt);
+                        if let Some(extra) = extra {
+                            q = q.bind(extra);
+                        }
+                        let r = q.execute(&mut *conn).await?;
                         Ok(r.rows_affected() == 1)
                     })
                 })
@@ -314,8 +329,8 @@ macro_rules! impl_store {
                         let Some(row) = row else {
                             return Ok(Claim::Missing);
                         };
-                        let lease = row.lease_until;
                         let job = row.into_job()?;
+                        let lease = job.lease_until;
                         if job.status == $crate::model::Status::Running
                             && job.stage == msg.stage
                             && job.epoch == msg.epoch
@@ -332,16 +347,23 @@ macro_rules! impl_store {
             async fn extend_lease(
                 &self,
                 msg: &$crate::model::WorkMessage,
+                attempt: i64,
                 lease_until: i64,
-                _now: i64,
             ) -> $crate::store::StoreResult<bool> {
-                self.update_stage_entry($crate::store::shared::EXTEND_LEASE, msg, lease_until)
-                    .await
+                self.update_stage_entry(
+                    $crate::store::shared::EXTEND_LEASE,
+                    msg,
+                    attempt,
+                    lease_until,
+                    None,
+                )
+                .await
             }
 
             async fn advance(
                 &self,
                 msg: &$crate::model::WorkMessage,
+                attempt: i64,
                 output: &serde_json::Value,
                 route: Option<&str>,
                 now: i64,
@@ -362,6 +384,7 @@ macro_rules! impl_store {
                             .bind(now)
                             .bind(&route)
                             .bind(&output)
+                            .bind(attempt)
                             .fetch_optional(&mut *conn)
                             .await?;
                         Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
@@ -377,10 +400,18 @@ macro_rules! impl_store {
             async fn release(
                 &self,
                 msg: &$crate::model::WorkMessage,
+                attempt: i64,
+                hand_back: bool,
                 now: i64,
             ) -> $crate::store::StoreResult<bool> {
-                self.update_stage_entry($crate::store::shared::RELEASE, msg, now)
-                    .await
+                self.update_stage_entry(
+                    $crate::store::shared::RELEASE,
+                    msg,
+                    attempt,
+                    now,
+                    Some(i64::from(hand_back)),
+                )
+                .await
             }
 
             async fn finish(
@@ -390,9 +421,18 @@ macro_rules! impl_store {
                 outcome: &$crate::model::Outcome,
                 now: i64,
             ) -> $crate::store::StoreResult<Option<$crate::model::JobResult>> {
-                let (stage, epoch) = match cond {
-                    $crate::store::FinishIf::Stage(m) => (Some(m.stage.as_str()), Some(m.epoch)),
-                    $crate::store::FinishIf::Live => (None, None),
+                use $crate::store::FinishIf;
+                let (stage, epoch, attempt, unleased_at) = match cond {
+                    FinishIf::Claimed { msg, attempt } => (
+                        Some(msg.stage.as_str()),
+                        Some(msg.epoch),
+                        Some(*attempt),
+                        None,
+                    ),
+                    FinishIf::Unleased(msg) => {
+                        (Some(msg.stage.as_str()), Some(msg.epoch), None, Some(now))
+                    }
+                    FinishIf::Live => (None, None, None, None),
                 };
                 let job_id = job_id.to_string();
                 let outcome = outcome.clone();
@@ -415,6 +455,8 @@ macro_rules! impl_store {
                                 .bind(now)
                                 .bind(reward)
                                 .bind(&eval_output)
+                                .bind(attempt)
+                                .bind(unleased_at)
                                 .fetch_optional(&mut *conn)
                                 .await?;
                         row.map(|r| r.into_result()).transpose()

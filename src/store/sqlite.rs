@@ -72,7 +72,8 @@ pub struct SqliteStore {
 impl SqliteStore {
     const MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
-    /// Ends a live job (`$2`/`$3` restrict it to one stage entry; NULL means any live job)
+    /// Ends a live job (`$2`/`$3` restrict it to one stage entry, `$9` to one claim of it,
+    /// `$10` to an entry nobody holds a lease on at that time; NULL means no restriction)
     /// by inserting its result; a trigger applies the terminal status and the counters.
     /// The result's output gathers what the stages left on the job row.
     const FINISH: &'static str = "INSERT INTO results (job_id, batch_id, group_id, client_id, \
@@ -82,6 +83,8 @@ impl SqliteStore {
                      'metadata', json_extract(task, '$.metadata')), $6 \
          FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
          AND ($2 IS NULL OR (stage = $2 AND epoch = $3)) \
+         AND ($9 IS NULL OR attempts = $9) \
+         AND ($10 IS NULL OR status = 'queued' OR lease_until < $10) \
          ON CONFLICT (job_id) DO NOTHING \
          RETURNING seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at";
 
@@ -186,7 +189,8 @@ impl SqliteStore {
     /// Adds `seqs` to the pending marks and makes sure one flush op is queued; the op
     /// takes every mark pending when the writer reaches it and sets them in one
     /// statement. Returns at once: a mark lost to a crash only makes the reconciler
-    /// publish that result again, which the server deduplicates.
+    /// publish that result again (deduplicated by the server within its duplicate
+    /// window; a trainer may see it twice after that, with the same `seq`).
     async fn mark_published_seqs(&self, seqs: &[i64], _now: i64) -> StoreResult<()> {
         let queue_flush = {
             let mut m = self.marks.lock().expect("marks lock");
@@ -218,7 +222,10 @@ impl SqliteStore {
                     })
                     .await;
                 if let Err(e) = r {
-                    tracing::warn!(error = %e, "cannot mark results published; the reconciler will re-publish them");
+                    // If the op never ran, its marks are still pending: let the next mark
+                    // queue a new flush for them.
+                    store.marks.lock().expect("marks lock").flush_queued = false;
+                    tracing::warn!(error = %e, "cannot mark results published; will retry with the next mark");
                 }
             });
         }

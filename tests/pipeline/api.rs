@@ -142,6 +142,14 @@ async fn bad_input_gets_a_4xx_naming_the_field_and_writes_nothing() {
         let json: serde_json::Value = resp.json().await.unwrap();
         assert_eq!(json["field"], field, "{url}: {json}");
     }
+    let resp = reqwest::Client::new()
+        .delete(format!("{}/v1/jobs", env.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 405);
+    let json: serde_json::Value = resp.json().await.unwrap();
+    assert!(json["error"].as_str().is_some());
     let resp = reqwest::get(format!("{}/v1/jobs/nope", env.base))
         .await
         .unwrap();

@@ -244,7 +244,7 @@ async fn exhausting_the_delivery_limit_fails_the_job_and_dead_letters_it() {
     assert_eq!(r.status, Status::Failed);
     let err = r.error.as_deref().unwrap();
     assert!(
-        err.contains("gave up after 3 deliveries: backend down"),
+        err.contains("gave up after 3 attempts: backend down"),
         "{err}"
     );
     env.wait_work_drained().await;
@@ -263,7 +263,7 @@ async fn exhausting_the_delivery_limit_fails_the_job_and_dead_letters_it() {
         .unwrap();
     let body: serde_json::Value = serde_json::from_slice(&dead.payload).unwrap();
     assert_eq!(body["message"]["job_id"], ids[0]);
-    assert_eq!(body["deliveries"], 3);
+    assert_eq!(body["attempts"], 3);
 }
 
 /// A stage whose workers die on every delivery is not retried for ever: once the
@@ -294,8 +294,8 @@ async fn a_stage_that_crashed_on_every_delivery_is_dead_lettered() {
                 j.status.is_terminal() || (j.stage == Stage::Run && j.attempts > seen_attempts)
             })
             .await;
-        if job.status.is_terminal() {
-            // This worker gave up on the job; let it ack the message.
+        if job.status.is_terminal() || job.stage_attempts > 2 {
+            // Past the limit: this worker gives up on the job; let it ack the message.
             break;
         }
         env.signal_worker(w, Signal::SIGKILL);
@@ -312,7 +312,8 @@ async fn a_stage_that_crashed_on_every_delivery_is_dead_lettered() {
     assert_eq!(env.stream_len("DEAD").await, 1);
 }
 
-/// When every delivery of a message went to workers that died before even claiming it,
+/// When every delivery of a message went to workers that died before even claiming it
+/// (here the test plays such workers; the server allows `4 × limit + 10` deliveries),
 /// the server's max-deliveries advisory lets the reconciler fail the job and keep the
 /// message on the dead-letter subject, instead of leaving the job stuck.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,7 +360,55 @@ async fn messages_out_of_deliveries_are_dead_lettered_from_the_advisory() {
         .await[0];
     assert_eq!(r.status, Status::Failed);
     let err = r.error.as_deref().unwrap();
-    assert!(err.contains("delivered 3 times without finishing"), "{err}");
+    let want = format!(
+        "delivered {} times without finishing",
+        env.deps.queue.max_deliver()
+    );
+    assert!(err.contains(&want), "{err}");
     env.wait_work_drained().await;
     assert_eq!(env.stream_len("DEAD").await, 1);
+}
+
+/// A duplicate copy of a running stage's message (a re-publish after the server's
+/// duplicate window) neither runs the stage twice nor fails the job: it waits while the
+/// stage is held, then finds the job moved on and is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_copy_of_a_running_stage_does_not_fail_the_job() {
+    let env = TestEnv::start(|s| {
+        s.queue.delivery_limit = 1;
+        s.queue.ack_wait_ms = 600;
+    })
+    .await;
+    env.workers_in_process(1);
+    let ids = env
+        .submit(&[synthetic(serde_json::json!({"run_ms": 2500}))], "dup")
+        .await;
+    let job = env
+        .wait_job(&ids[0], "running in RUN", running_in(Stage::Run))
+        .await;
+    let copy = rollout::model::WorkMessage {
+        job_id: ids[0].clone(),
+        stage: Stage::Run,
+        epoch: job.epoch,
+    };
+    let js = env.deps.queue.jetstream();
+    js.send_publish(
+        env.deps.queue.subjects().run("any"),
+        async_nats::jetstream::message::PublishMessage::build()
+            .payload(serde_json::to_vec(&copy).unwrap().into())
+            .message_id("a-later-copy"),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let r = &env.wait_results("dup", 1, Duration::from_secs(30)).await[0];
+    assert_eq!(r.status, Status::Done, "{:?}", r.error);
+    env.wait_work_drained().await;
+    assert_eq!(env.stream_len("DEAD").await, 0);
+    let view = env.client.job(&ids[0]).await.unwrap();
+    assert_eq!(
+        view.job.attempts, 3,
+        "the copy must not start the stage again"
+    );
 }
