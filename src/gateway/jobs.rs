@@ -141,11 +141,13 @@ fn parse_submit(state: &AppState, body: &[u8]) -> Result<(String, Vec<NewJob>), 
         };
         for (name, v) in [("client_id", &task.client_id), ("group_id", &task.group_id)] {
             if let Some(v) = v
-                && (v.is_empty() || v.len() > MAX_ID_LEN)
+                && (v.is_empty() || v.len() > MAX_ID_LEN || v.chars().any(char::is_control))
             {
                 return Err(ApiError::bad_field(
                     at(name),
-                    format!("`{name}` must be 1-{MAX_ID_LEN} characters"),
+                    format!(
+                        "`{name}` must be 1-{MAX_ID_LEN} characters, none of them control characters"
+                    ),
                 ));
             }
         }
