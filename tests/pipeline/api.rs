@@ -80,6 +80,11 @@ async fn bad_input_gets_a_4xx_naming_the_field_and_writes_nothing() {
             Some("tasks[1].client_id"),
         ),
         (
+            format!(r#"{{"tasks":[{ok},{{"kind":"synthetic","group_id":"a\u0000b"}}]}}"#),
+            400,
+            Some("tasks[1].group_id"),
+        ),
+        (
             format!(r#"{{"tasks":[{ok}],"batch_id":"has.dot"}}"#),
             400,
             Some("batch_id"),
