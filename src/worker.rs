@@ -140,10 +140,7 @@ impl Worker {
 
         // Subscribed before the first pull, so no job runs while cancels go unheard.
         let cancels = self.deps.queue.subscribe_cancel().await?;
-        let cancel_listener = tokio::spawn(
-            self.clone()
-                .listen_for_cancels(Some(cancels), shutdown.clone()),
-        );
+        let cancel_listener = tokio::spawn(self.clone().listen_for_cancels(Some(cancels)));
         let puller = tokio::spawn(self.clone().pull(
             consumers,
             slots.clone(),
@@ -175,11 +172,10 @@ impl Worker {
         Ok(())
     }
 
-    async fn listen_for_cancels(
-        self: Arc<Self>,
-        mut first: Option<async_nats::Subscriber>,
-        shutdown: CancellationToken,
-    ) {
+    /// Relays cancel broadcasts to the running jobs' tokens. Runs until aborted at the very
+    /// end of [`Worker::run`], so stages finishing during the grace period still hear
+    /// cancels.
+    async fn listen_for_cancels(self: Arc<Self>, mut first: Option<async_nats::Subscriber>) {
         loop {
             let next = match first.take() {
                 Some(s) => Ok(s),
@@ -193,19 +189,11 @@ impl Worker {
                     continue;
                 }
             };
-            loop {
-                tokio::select! {
-                    m = sub.next() => match m {
-                        Some(m) => {
-                            let id = String::from_utf8_lossy(&m.payload).to_string();
-                            if let Some(t) = self.running.lock().expect("lock").get(&id) {
-                                tracing::info!(job_id = %id, "cancel received");
-                                t.cancel();
-                            }
-                        }
-                        None => break,
-                    },
-                    _ = shutdown.cancelled() => return,
+            while let Some(m) = sub.next().await {
+                let id = String::from_utf8_lossy(&m.payload).to_string();
+                if let Some(t) = self.running.lock().expect("lock").get(&id) {
+                    tracing::info!(job_id = %id, "cancel received");
+                    t.cancel();
                 }
             }
         }
