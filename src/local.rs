@@ -252,7 +252,12 @@ pub async fn up(
 
 /// Command line of the three worker binaries.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(version)]
+#[command(
+    version,
+    about = "Runs one stage (the one in the binary's name) of the rollout service's jobs; \
+             stop with SIGTERM or Ctrl-C",
+    long_about = None
+)]
 pub struct WorkerArgs {
     /// Settings file (TOML); `ROLLOUT__…` environment variables override it.
     #[arg(long, env = "ROLLOUT_CONFIG")]
