@@ -25,6 +25,9 @@ use crate::worker::{Worker, WorkerDeps, WorkerError};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
+    /// The settings.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// The database.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -269,10 +272,7 @@ pub struct WorkerArgs {
 
 /// The whole life of a worker binary: settings, connections, work until SIGTERM/SIGINT,
 /// drain. Job concurrency comes from `stages.<stage>.concurrency`.
-pub async fn worker_process(
-    stage: Stage,
-    args: WorkerArgs,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+pub async fn worker_process(stage: Stage, args: WorkerArgs) -> Result<(), StartError> {
     let settings = Settings::load(args.config.as_deref())?;
     crate::telemetry::init(&settings.log);
     let shutdown = crate::shutdown::on_signals();

@@ -9,7 +9,6 @@ use rollout::model::Stage;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    worker_process(Stage::Init, WorkerArgs::parse())
-        .await
-        .map_err(|e| anyhow::anyhow!(e))
+    worker_process(Stage::Init, WorkerArgs::parse()).await?;
+    Ok(())
 }
