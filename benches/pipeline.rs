@@ -192,13 +192,7 @@ async fn throughput(quick: bool) -> String {
             client.submit(&tasks, Some("tput")).await.unwrap();
         }
     });
-    let mut after = 0;
-    let mut got = 0;
-    while got < n {
-        let page = env.client.results(Some("tput"), after, 1000).await.unwrap();
-        after = page.next_cursor;
-        got += page.results.len();
-    }
+    env.client.collect_results("tput", n).await.unwrap();
     let secs = t.elapsed().as_secs_f64();
     submitter.await.unwrap();
     let rate = n as f64 / secs;
@@ -287,13 +281,7 @@ async fn pipelined_vs_coupled(quick: bool) -> String {
     let tasks: Vec<Task> = (0..n).map(|_| task(spec.clone())).collect();
     let t = Instant::now();
     env.client.submit(&tasks, Some("pipe")).await.unwrap();
-    let mut after = 0;
-    let mut got = 0;
-    while got < n {
-        let page = env.client.results(Some("pipe"), after, 5000).await.unwrap();
-        after = page.next_cursor;
-        got += page.results.len();
-    }
+    env.client.collect_results("pipe", n).await.unwrap();
     let pipelined = n as f64 / t.elapsed().as_secs_f64();
     env.shutdown.cancel();
 

@@ -106,6 +106,23 @@ impl Client {
         self.send(self.http.get(&url), url).await
     }
 
+    /// Long-polls the results of `batch` until `n` have arrived; returns them in `seq`
+    /// order.
+    pub async fn collect_results(
+        &self,
+        batch: &str,
+        n: usize,
+    ) -> Result<Vec<crate::model::JobResult>, ClientError> {
+        let mut out = Vec::with_capacity(n);
+        let mut after = 0;
+        while out.len() < n {
+            let page = self.results(Some(batch), after, 5000).await?;
+            after = page.next_cursor;
+            out.extend(page.results);
+        }
+        Ok(out)
+    }
+
     /// `GET /v1/status`.
     pub async fn status(&self, batch: Option<&str>) -> Result<StatusView, ClientError> {
         let mut url = format!("{}/v1/status", self.base);

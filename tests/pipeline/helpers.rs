@@ -219,20 +219,13 @@ impl TestEnv {
     /// Collects results of `batch` with the long-poll API until `n` arrived (panics after
     /// `limit`).
     pub async fn wait_results(&self, batch: &str, n: usize, limit: Duration) -> Vec<JobResult> {
-        let mut out = Vec::new();
-        let mut after = 0;
-        let deadline = tokio::time::Instant::now() + limit;
-        while out.len() < n {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "only {} of {n} results after {limit:?}",
-                out.len()
-            );
-            let page = self.client.results(Some(batch), after, 1000).await.unwrap();
-            after = page.next_cursor;
-            out.extend(page.results);
+        match tokio::time::timeout(limit, self.client.collect_results(batch, n)).await {
+            Ok(results) => results.expect("read results"),
+            Err(_) => {
+                let got = self.client.results(Some(batch), 0, 0).await.unwrap();
+                panic!("only {} of {n} results after {limit:?}", got.results.len());
+            }
         }
-        out
     }
 
     /// Polls a job until `pred` holds (panics after 30 s).
