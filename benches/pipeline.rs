@@ -75,13 +75,7 @@ async fn start(tweak: impl FnOnce(&mut Settings)) -> Env {
 }
 
 fn task(spec: serde_json::Value) -> Task {
-    Task {
-        kind: "synthetic".into(),
-        client_id: None,
-        group_id: None,
-        spec,
-        metadata: serde_json::Value::Null,
-    }
+    Task::new("synthetic", spec)
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {

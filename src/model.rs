@@ -142,6 +142,19 @@ pub struct Task {
     pub metadata: serde_json::Value,
 }
 
+impl Task {
+    /// A task of `kind` with `spec` and no client id, group or metadata.
+    pub fn new(kind: &str, spec: serde_json::Value) -> Self {
+        Task {
+            kind: kind.to_string(),
+            client_id: None,
+            group_id: None,
+            spec,
+            metadata: serde_json::Value::Null,
+        }
+    }
+}
+
 /// The message carried on a stage subject. It names the job and the exact stage entry
 /// (`epoch`) it is for, so a stale or duplicated message can be recognised and dropped.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -295,13 +295,7 @@ impl Drop for TestEnv {
 
 /// A synthetic task from its spec.
 pub fn synthetic(spec: serde_json::Value) -> Task {
-    Task {
-        kind: "synthetic".into(),
-        client_id: None,
-        group_id: None,
-        spec,
-        metadata: serde_json::Value::Null,
-    }
+    Task::new("synthetic", spec)
 }
 
 /// Asserts every result's status.
