@@ -15,6 +15,7 @@
 //! - [`kinds`]: the task-kind interface (a hook per stage) and the `synthetic` kind.
 //! - [`worker`]: the stage worker loop shared by the three worker binaries.
 //! - [`reconciler`]: repairs hand-offs lost between the database and the queue.
+//! - [`sandbox`]: sandboxes (local, bubblewrap, Apptainer) and the tool server inside them.
 //! - [`gateway`]: the HTTP API (axum) with its OpenAPI document and metrics.
 //! - [`client`]: an HTTP client of the gateway API (CLI, tests, benchmarks).
 //! - [`natsd`]: starting a local `nats-server` child for `rollout up` and tests.
@@ -33,6 +34,7 @@ pub mod model;
 pub mod natsd;
 pub mod queue;
 pub mod reconciler;
+pub mod sandbox;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

@@ -1,0 +1,129 @@
+//! `rollout-sandbox`: the server that runs inside every sandbox, and a small client to
+//! talk to one by hand.
+//!
+//! `rollout-sandbox serve` is started by the sandbox backends as the sandbox's first
+//! process; `rollout-sandbox call` sends one request to a running server and prints the
+//! response, which is how to poke at a live sandbox while debugging.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use rollout::sandbox::SandboxClient;
+use rollout::sandbox::server::{ServerOptions, serve};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "rollout-sandbox",
+    version,
+    about = "The rollout sandbox server (bash, python, file and export tools over a Unix socket)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the tools on a Unix socket until SIGTERM.
+    Serve {
+        /// The socket to bind.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The workspace (starting directory of the shell and the interpreter).
+        #[arg(long)]
+        workdir: PathBuf,
+        /// A private directory for the server's own files.
+        #[arg(long)]
+        ctl_dir: PathBuf,
+        /// The shell.
+        #[arg(long, default_value = "bash")]
+        shell: String,
+        /// The Python interpreter.
+        #[arg(long, default_value = "python3")]
+        python: String,
+        /// `auto` (IPython when importable), `ipython` or `cpython`.
+        #[arg(long, env = "ROLLOUT_SANDBOX_PYTHON_ENGINE", default_value = "auto")]
+        python_engine: String,
+    },
+    /// Send one request to a running server and print its response as JSON.
+    Call {
+        /// The server's socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The tool: bash, python, file, export or ping.
+        tool: String,
+        /// The tool's arguments as JSON, e.g. '{"command": "ls"}'.
+        #[arg(default_value = "null")]
+        args: String,
+        /// Timeout in milliseconds.
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // One thread: a server per sandbox, many sandboxes per node.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    rt.block_on(async move {
+        match cli.command {
+            Command::Serve {
+                socket,
+                workdir,
+                ctl_dir,
+                shell,
+                python,
+                python_engine,
+            } => {
+                tracing_subscriber::fmt()
+                    .with_writer(std::io::stderr)
+                    .with_env_filter(
+                        tracing_subscriber::EnvFilter::try_from_env("ROLLOUT_SANDBOX_LOG")
+                            .unwrap_or_else(|_| "info".into()),
+                    )
+                    .init();
+                let shutdown = tokio_util::sync::CancellationToken::new();
+                let stop = shutdown.clone();
+                tokio::spawn(async move {
+                    use tokio::signal::unix::{SignalKind, signal};
+                    if let Ok(mut term) = signal(SignalKind::terminate()) {
+                        term.recv().await;
+                        stop.cancel();
+                    }
+                });
+                serve(
+                    ServerOptions {
+                        socket,
+                        workdir,
+                        ctl_dir,
+                        shell,
+                        python,
+                        python_engine,
+                    },
+                    shutdown,
+                )
+                .await
+                .context("the sandbox server failed")
+            }
+            Command::Call {
+                socket,
+                tool,
+                args,
+                timeout_ms,
+            } => {
+                let args: serde_json::Value =
+                    serde_json::from_str(&args).context("args must be JSON")?;
+                let client = SandboxClient::connect(&socket).await?;
+                let resp = client
+                    .call(&tool, args, timeout_ms.map(Duration::from_millis))
+                    .await?;
+                println!("{}", serde_json::to_string_pretty(&resp)?);
+                Ok(())
+            }
+        }
+    })
+}

@@ -1,0 +1,185 @@
+//! The `apptainer` backend: Apptainer (or Singularity) instances from `.sif` images, the
+//! container runtime HPC clusters allow.
+//!
+//! A sandbox is an instance named `rollout-<job id>` (the label), started with
+//! `apptainer instance start --containall --writable-tmpfs` (the image stays read-only;
+//! writes outside the binds go to a throw-away overlay), `--net --network none` unless the
+//! task allows network, optionally `--fakeroot`, and three binds: the workspace at
+//! `/workspace`, the socket directory at `/run/rollout`, and the `rollout-sandbox` binary
+//! at `/run/rollout-sandbox` (read-only). The server then runs through
+//! `apptainer exec instance://<name> …`, and `apptainer instance stop <name>` ends it all.
+//!
+//! The server binary runs with the image's C library, so build it static for images
+//! older than the host (see `docs/apptainer.md`). The process limit is not applied here:
+//! without a user namespace of its own it would count every process of the user.
+
+use super::{BackendKind, Label, Sandbox, SandboxBackend, SandboxError, StartRequest};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// Where the server binary appears inside the instance.
+pub const SERVER_PATH: &str = "/run/rollout-sandbox";
+
+/// See the module documentation.
+#[derive(Debug, Clone)]
+pub struct ApptainerBackend {
+    /// The `apptainer` (or `singularity`) executable.
+    pub program: PathBuf,
+}
+
+impl Default for ApptainerBackend {
+    fn default() -> Self {
+        ApptainerBackend {
+            program: PathBuf::from("apptainer"),
+        }
+    }
+}
+
+/// The instance name of a job's sandbox: the label Apptainer itself knows.
+pub fn instance_name(job_id: &str) -> String {
+    let clean: String = job_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("rollout-{clean}")
+}
+
+impl ApptainerBackend {
+    /// `apptainer instance start …` arguments (public so tests can check them).
+    pub fn start_args(&self, req: &StartRequest, image: &str) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec!["instance".into(), "start".into()];
+        a.push("--containall".into());
+        a.push("--writable-tmpfs".into());
+        if !req.network {
+            a.extend(["--net".into(), "--network".into(), "none".into()]);
+        }
+        if req.fakeroot {
+            a.push("--fakeroot".into());
+        }
+        let bind = |host: &Path, inside: &str, ro: bool| -> OsString {
+            let mut s = host.as_os_str().to_os_string();
+            s.push(":");
+            s.push(inside);
+            if ro {
+                s.push(":ro");
+            }
+            s
+        };
+        a.extend(["--bind".into(), bind(&req.workspace(), "/workspace", false)]);
+        a.extend(["--bind".into(), bind(&req.run_dir(), "/run/rollout", false)]);
+        a.extend(["--bind".into(), bind(&req.server_bin, SERVER_PATH, true)]);
+        for p in &req.ro_binds {
+            a.extend(["--bind".into(), bind(p, &p.to_string_lossy(), true)]);
+        }
+        for (k, v) in &req.env {
+            a.extend(["--env".into(), format!("{k}={v}").into()]);
+        }
+        a.push(image.into());
+        a.push(instance_name(&req.label.job_id).into());
+        a
+    }
+
+    /// `apptainer exec instance://… rollout-sandbox serve …` arguments.
+    pub fn exec_args(&self, req: &StartRequest) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec![
+            "exec".into(),
+            "--pwd".into(),
+            "/workspace".into(),
+            format!("instance://{}", instance_name(&req.label.job_id)).into(),
+            SERVER_PATH.into(),
+        ];
+        a.extend(super::serve_args(
+            Path::new("/run/rollout/sock"),
+            Path::new("/workspace"),
+            Path::new("/run/rollout/ctl"),
+        ));
+        a
+    }
+}
+
+#[async_trait::async_trait]
+impl SandboxBackend for ApptainerBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Apptainer
+    }
+
+    async fn start(&self, req: &StartRequest) -> Result<Sandbox, SandboxError> {
+        let image = req.image.as_deref().ok_or_else(|| {
+            SandboxError::Config(
+                "the apptainer backend needs an image: set `sandbox.image` in the task (a .sif file or a docker:// URI)".into(),
+            )
+        })?;
+        std::fs::create_dir_all(req.workspace())?;
+        std::fs::create_dir_all(req.run_dir())?;
+        let mut label = req.label.clone();
+        let name = instance_name(&req.label.job_id);
+        label.instance = Some(name.clone());
+        // Written before the instance exists, so a crash right after still leaves the
+        // reaper a label that names it.
+        label.write()?;
+        let out = tokio::process::Command::new(&self.program)
+            .args(self.start_args(req, image))
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| SandboxError::Start {
+                backend: "apptainer",
+                message: format!("cannot run {}: {e}", self.program.display()),
+            })?;
+        if !out.status.success() {
+            return Err(SandboxError::Start {
+                backend: "apptainer",
+                message: format!(
+                    "`{} instance start` failed ({}): {}",
+                    self.program.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        let mut cmd = tokio::process::Command::new(&self.program);
+        cmd.args(self.exec_args(req));
+        let limits = super::Limits {
+            processes: 0,
+            ..req.limits
+        };
+        let started = super::launch("apptainer", cmd, req, label.clone(), Some(limits), None).await;
+        if started.is_err() {
+            let _ = self.stop(&label).await;
+        }
+        started
+    }
+
+    async fn stop(&self, label: &Label) -> Result<(), SandboxError> {
+        label.kill();
+        let name = label
+            .instance
+            .clone()
+            .unwrap_or_else(|| instance_name(&label.job_id));
+        let out = tokio::process::Command::new(&self.program)
+            .args(["instance", "stop", &name])
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| {
+                SandboxError::Config(format!("cannot run {}: {e}", self.program.display()))
+            })?;
+        let said = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || said.contains("no instance found") {
+            Ok(())
+        } else {
+            Err(SandboxError::Config(format!(
+                "`{} instance stop {name}` failed ({}): {}",
+                self.program.display(),
+                out.status,
+                said.trim()
+            )))
+        }
+    }
+}

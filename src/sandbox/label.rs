@@ -1,0 +1,252 @@
+//! Sandbox labels: how a sandbox is found again after the worker that started it is gone.
+//!
+//! Each sandbox directory holds a `label.json` naming the job, the node, the backend and
+//! the identity of its root process: the pid *and* that process's start time from
+//! `/proc/<pid>/stat`, so a pid reused by an unrelated process after a reboot or a long
+//! uptime is never mistaken for the sandbox and never killed. Apptainer sandboxes also
+//! carry their instance name. The reaper and [`crate::sandbox::stop`] act on labels only.
+
+use super::{BackendKind, SandboxError};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The file name of a label inside a sandbox directory.
+pub const LABEL_FILE: &str = "label.json";
+
+/// A sandbox's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Label {
+    /// The job the sandbox belongs to (its id is also the directory name).
+    pub job_id: String,
+    /// The node it runs on.
+    pub node: String,
+    /// The backend that started it.
+    pub backend: BackendKind,
+    /// The sandbox directory on the host.
+    pub dir: PathBuf,
+    /// The socket on the host.
+    pub socket: PathBuf,
+    /// The root process on the host (the server, `bwrap`, or `apptainer exec`).
+    #[serde(default)]
+    pub pid: Option<i32>,
+    /// That process's start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    #[serde(default)]
+    pub pid_start: Option<u64>,
+    /// bwrap's PID-namespace init on the host: killing it ends every process inside.
+    /// It runs in a session of its own, so it must be recorded, not found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_init: Option<i32>,
+    /// Its start time, as for `pid_start`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_init_start: Option<u64>,
+    /// The Apptainer instance name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// When the sandbox was started (ms since the Unix epoch).
+    pub created_ms: i64,
+}
+
+impl Label {
+    /// A label for a sandbox not started yet.
+    pub fn new(job_id: &str, node: &str, backend: BackendKind, dir: &Path) -> Self {
+        Label {
+            job_id: job_id.to_string(),
+            node: node.to_string(),
+            backend,
+            dir: dir.to_path_buf(),
+            socket: dir.join("run").join("sock"),
+            pid: None,
+            pid_start: None,
+            ns_init: None,
+            ns_init_start: None,
+            instance: None,
+            created_ms: crate::now_ms(),
+        }
+    }
+
+    /// Records `pid` (and its start time) as the sandbox's root process.
+    pub fn set_process(&mut self, pid: i32) {
+        self.pid = Some(pid);
+        self.pid_start = process_start(pid);
+    }
+
+    /// Writes the label atomically (temporary file, then rename).
+    pub fn write(&self) -> Result<(), SandboxError> {
+        let tmp = self.dir.join(format!("{LABEL_FILE}.tmp"));
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(self).expect("labels serialise"),
+        )?;
+        std::fs::rename(&tmp, self.dir.join(LABEL_FILE))?;
+        Ok(())
+    }
+
+    /// Reads the label in `dir`, if there is one.
+    pub fn read(dir: &Path) -> Result<Option<Label>, SandboxError> {
+        match std::fs::read(dir.join(LABEL_FILE)) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+                SandboxError::Protocol(format!(
+                    "unreadable sandbox label in {}: {e}",
+                    dir.display()
+                ))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Every sandbox directory under `root` (with or without a label yet).
+    pub fn dirs(root: &Path) -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(root) else {
+            return Vec::new();
+        };
+        let mut dirs: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+            .map(|e| e.path())
+            .collect();
+        dirs.sort();
+        dirs
+    }
+
+    /// The root process, if it is still the one this label recorded.
+    pub fn live_pid(&self) -> Option<i32> {
+        let pid = self.pid?;
+        let start = process_start(pid)?;
+        (self.pid_start == Some(start)).then_some(pid)
+    }
+
+    /// The namespace init, if it is still the one this label recorded.
+    pub fn live_ns_init(&self) -> Option<i32> {
+        let pid = self.ns_init?;
+        let start = process_start(pid)?;
+        (self.ns_init_start == Some(start)).then_some(pid)
+    }
+
+    /// Kills every process the label records, with their descendants.
+    pub fn kill(&self) {
+        if let Some(pid) = self.live_pid() {
+            kill_tree(pid);
+        }
+        if let Some(pid) = self.live_ns_init() {
+            kill_tree(pid);
+        }
+    }
+}
+
+impl Label {
+    /// Waits up to `limit` until the root process has exited (or is only a zombie
+    /// awaiting its parent), so a stop is complete when it returns.
+    pub async fn wait_gone(&self, limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        while self.live_pid().is_some_and(|pid| !is_zombie(pid))
+            || self.live_ns_init().is_some_and(|pid| !is_zombie(pid))
+        {
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(job_id = %self.job_id, pid = ?self.pid, "sandbox process still running after stop");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Whether `pid` has exited and waits only to be reaped.
+pub fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rfind(')')
+                .map(|i| s[i + 1..].trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+/// A process's start time (`/proc/<pid>/stat` field 22), `None` if it does not exist.
+pub fn process_start(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    // After the name: state(3) ppid(4) ... starttime is field 22, the 20th after the name.
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// All descendants of `pid` (children first found, then theirs), from `/proc`.
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut parent_of: Vec<(i32, i32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(p) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+                continue;
+            };
+            let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            if let Some(ppid) = after.split_whitespace().nth(1).and_then(|s| s.parse().ok()) {
+                parent_of.push((p, ppid));
+            }
+        }
+    }
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            parent_of
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// SIGKILLs `pid` and all its descendants (the process tree is frozen first with
+/// SIGSTOP so nothing forks away while it is walked).
+pub fn kill_tree(pid: i32) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+    let mut all = descendants(pid);
+    for p in &all {
+        let _ = kill(Pid::from_raw(*p), Signal::SIGSTOP);
+    }
+    // A second walk catches children forked before their parent stopped.
+    for p in descendants(pid) {
+        if !all.contains(&p) {
+            all.push(p);
+        }
+    }
+    all.push(pid);
+    for p in all {
+        let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_round_trip_and_know_their_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut label = Label::new("job-1", "node-a", BackendKind::Local, dir.path());
+        label.set_process(std::process::id() as i32);
+        label.write().unwrap();
+        let back = Label::read(dir.path()).unwrap().unwrap();
+        assert_eq!(back, label);
+        assert_eq!(back.live_pid(), Some(std::process::id() as i32));
+        let mut stale = back.clone();
+        stale.pid_start = stale.pid_start.map(|s| s + 1);
+        assert_eq!(stale.live_pid(), None, "a reused pid is not the sandbox");
+    }
+}

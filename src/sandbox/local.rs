@@ -1,0 +1,41 @@
+//! The `local` backend: the sandbox server as a plain child process, for development.
+//!
+//! Nothing is isolated: the agent's commands run as the worker's user with the worker's
+//! view of the machine, so every start logs a warning. It is the backend to use on a
+//! laptop without bubblewrap, and the reference the other backends are tested against.
+
+use super::{BackendKind, Label, Sandbox, SandboxBackend, SandboxError, StartRequest};
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct LocalBackend;
+
+#[async_trait::async_trait]
+impl SandboxBackend for LocalBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Local
+    }
+
+    async fn start(&self, req: &StartRequest) -> Result<Sandbox, SandboxError> {
+        tracing::warn!(
+            job_id = %req.label.job_id,
+            "the local sandbox backend does not isolate: the agent's commands run as this worker's user"
+        );
+        std::fs::create_dir_all(req.workspace())?;
+        std::fs::create_dir_all(req.run_dir())?;
+        let mut cmd = tokio::process::Command::new(&req.server_bin);
+        cmd.args(super::serve_args(
+            &req.socket(),
+            &req.workspace(),
+            &req.dir.join("ctl"),
+        ))
+        .current_dir(req.workspace())
+        .envs(&req.env);
+        super::launch("local", cmd, req, req.label.clone(), None, None).await
+    }
+
+    async fn stop(&self, label: &Label) -> Result<(), SandboxError> {
+        label.kill();
+        Ok(())
+    }
+}

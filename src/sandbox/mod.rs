@@ -1,0 +1,424 @@
+//! Sandboxes: where an agent's tools run, and the server that runs them.
+//!
+//! A sandbox is a directory on the node (`<root>/<id>/`, holding the writable
+//! `workspace/`, the socket directory `run/` and a `label.json`) plus a process tree
+//! started by a [`SandboxBackend`] whose first process is the sandbox server
+//! (`rollout-sandbox serve`, see [`server`]). Workers talk to it with a [`SandboxClient`]
+//! over the Unix socket in `run/`; the wire format is [`protocol`].
+//!
+//! Backends: [`local`] (a plain child process, no isolation, for development),
+//! [`bwrap`] (bubblewrap: rootless namespaces, the default on Linux) and [`apptainer`]
+//! (Apptainer/Singularity instances from `.sif` images, for HPC clusters). Every sandbox is
+//! found again through its label — the job id, node, backend and process identity written
+//! at start — never by process name, which is how [`stop`] and the reaper remove one after
+//! a worker crash.
+
+pub mod apptainer;
+pub mod bwrap;
+pub mod client;
+pub mod label;
+pub mod local;
+pub mod protocol;
+pub mod server;
+
+pub use client::SandboxClient;
+pub use label::Label;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Which backend runs a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// A plain child process in a directory: no isolation.
+    Local,
+    /// bubblewrap.
+    Bwrap,
+    /// Apptainer / Singularity.
+    Apptainer,
+}
+
+impl BackendKind {
+    /// The name used in configuration and labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Local => "local",
+            BackendKind::Bwrap => "bwrap",
+            BackendKind::Apptainer => "apptainer",
+        }
+    }
+}
+
+/// Resource limits applied to everything in a sandbox. `0` leaves a limit unset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Maximum processes (RLIMIT_NPROC, counted in the sandbox's own user namespace).
+    pub processes: u64,
+    /// Address space per process in bytes (RLIMIT_AS).
+    pub memory_bytes: u64,
+    /// Largest file a process may write, in bytes (RLIMIT_FSIZE).
+    pub file_size_bytes: u64,
+    /// CPU seconds per process (RLIMIT_CPU).
+    pub cpu_seconds: u64,
+    /// Size of the private `/tmp` (tmpfs), in bytes.
+    pub tmp_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            processes: 256,
+            memory_bytes: 8 << 30,
+            file_size_bytes: 1 << 30,
+            cpu_seconds: 3600,
+            tmp_bytes: 512 << 20,
+        }
+    }
+}
+
+/// Everything needed to start one sandbox.
+#[derive(Debug, Clone)]
+pub struct StartRequest {
+    /// The label: job id, node and backend.
+    pub label: Label,
+    /// The sandbox directory; `workspace/` in it must already hold the task's files.
+    pub dir: PathBuf,
+    /// The `rollout-sandbox` executable on the host.
+    pub server_bin: PathBuf,
+    /// Whether the sandbox may reach the network.
+    pub network: bool,
+    /// Extra environment for the shell and the interpreter.
+    pub env: BTreeMap<String, String>,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Apptainer image (`.sif` file or URI).
+    pub image: Option<String>,
+    /// Apptainer `--fakeroot`.
+    pub fakeroot: bool,
+    /// Host paths bound read-only at the same path inside (bwrap, apptainer), e.g. a
+    /// Python environment outside `/usr`.
+    pub ro_binds: Vec<PathBuf>,
+    /// How long the server may take to answer its first ping.
+    pub ready_timeout: Duration,
+}
+
+impl StartRequest {
+    /// The workspace on the host.
+    pub fn workspace(&self) -> PathBuf {
+        self.dir.join("workspace")
+    }
+
+    /// The socket directory on the host.
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+
+    /// The socket on the host.
+    pub fn socket(&self) -> PathBuf {
+        self.run_dir().join("sock")
+    }
+}
+
+/// A started sandbox: its label (already written) and a connected client.
+pub struct Sandbox {
+    /// The label as written to disk.
+    pub label: Label,
+    /// A client connected to the server, which answered a ping.
+    pub client: SandboxClient,
+    /// Time from the start call to the first answered ping.
+    pub ready_after: Duration,
+}
+
+/// Sandbox failures: starting, talking, stopping.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SandboxError {
+    /// The backend's program is missing or failed to start the sandbox.
+    #[error("cannot start the {backend} sandbox: {message}")]
+    Start {
+        /// Which backend.
+        backend: &'static str,
+        /// What went wrong, with the backend's own words where there are any.
+        message: String,
+    },
+    /// Connecting to the socket failed.
+    #[error("cannot connect to the sandbox socket {}: {source}", path.display())]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// I/O on the connection or the sandbox directory failed.
+    #[error("sandbox I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server said something that does not follow the protocol.
+    #[error("sandbox protocol error: {0}")]
+    Protocol(String),
+    /// The server closed the connection (the sandbox is gone).
+    #[error("the sandbox server closed the connection (the sandbox is gone)")]
+    Closed,
+    /// The server did not answer within the call's timeout plus its escalation grace.
+    #[error("the sandbox server did not answer within {0:?}")]
+    NoAnswer(Duration),
+    /// The tool refused the call.
+    #[error("{}: {}", .0.code_str(), .0.message)]
+    Tool(protocol::ToolError),
+    /// A configuration problem (path too long, backend unavailable).
+    #[error("{0}")]
+    Config(String),
+}
+
+impl protocol::ToolError {
+    /// The error code as it appears on the wire.
+    pub fn code_str(&self) -> String {
+        serde_json::to_value(self.code)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+}
+
+/// A way of running sandboxes.
+#[async_trait::async_trait]
+pub trait SandboxBackend: Send + Sync {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+
+    /// Starts the sandbox described by `req`, writes its label and waits until the
+    /// server answers a ping.
+    async fn start(&self, req: &StartRequest) -> Result<Sandbox, SandboxError>;
+
+    /// Stops the sandbox with this label and everything in it. Stopping one that is
+    /// already gone is not an error.
+    async fn stop(&self, label: &Label) -> Result<(), SandboxError>;
+}
+
+/// One configured instance of each backend: what a worker uses to start sandboxes and
+/// what the reaper uses to stop them, whichever backend a label names.
+#[derive(Default)]
+pub struct Backends {
+    /// The `local` backend.
+    pub local: local::LocalBackend,
+    /// The `bwrap` backend.
+    pub bwrap: bwrap::BwrapBackend,
+    /// The `apptainer` backend.
+    pub apptainer: apptainer::ApptainerBackend,
+}
+
+impl Backends {
+    /// The backend for `kind`.
+    pub fn get(&self, kind: BackendKind) -> &dyn SandboxBackend {
+        match kind {
+            BackendKind::Local => &self.local,
+            BackendKind::Bwrap => &self.bwrap,
+            BackendKind::Apptainer => &self.apptainer,
+        }
+    }
+
+    /// Stops the sandbox in `dir` through its label, with whichever backend started it,
+    /// waits until its root process is gone, and removes the directory.
+    pub async fn stop(&self, dir: &Path) -> Result<(), SandboxError> {
+        if let Some(label) = Label::read(dir)? {
+            self.get(label.backend).stop(&label).await?;
+            label.wait_gone(Duration::from_secs(5)).await;
+        }
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(SandboxError::Io(e)),
+        }
+    }
+}
+
+/// Linux limits a socket path to 107 bytes; say so before `bind` fails obscurely.
+pub fn check_socket_path(socket: &Path) -> Result<(), SandboxError> {
+    let len = socket.as_os_str().len();
+    if len > 100 {
+        return Err(SandboxError::Config(format!(
+            "the sandbox socket path {} is {len} bytes long, over the 100-byte limit of Unix sockets; set a shorter `sandbox.root`",
+            socket.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Connects to a freshly started server and waits for its first ping; if `alive` says
+/// the sandbox process has died meanwhile, gives up at once with its words.
+pub(crate) async fn await_ready(
+    backend: &'static str,
+    socket: &Path,
+    started: Instant,
+    timeout: Duration,
+    mut alive: impl FnMut() -> Result<(), String>,
+) -> Result<(SandboxClient, Duration), SandboxError> {
+    let deadline = started + timeout;
+    let mut wait = Duration::from_micros(200);
+    loop {
+        if let Ok(client) = SandboxClient::connect(socket).await {
+            client.ping().await?;
+            return Ok((client, started.elapsed()));
+        }
+        if let Err(message) = alive() {
+            return Err(SandboxError::Start { backend, message });
+        }
+        if Instant::now() >= deadline {
+            return Err(SandboxError::Start {
+                backend,
+                message: format!("the sandbox server did not open its socket within {timeout:?}"),
+            });
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_millis(10));
+    }
+}
+
+/// Applies `limits` to the calling process; runs between fork and exec, so the limits
+/// are inherited by everything the sandbox starts.
+fn apply_rlimits(limits: &Limits) -> std::io::Result<()> {
+    use nix::sys::resource::{Resource, setrlimit};
+    let set = |r: Resource, v: u64| {
+        if v > 0 {
+            setrlimit(r, v, v).map_err(std::io::Error::from)
+        } else {
+            Ok(())
+        }
+    };
+    set(Resource::RLIMIT_NPROC, limits.processes)?;
+    set(Resource::RLIMIT_AS, limits.memory_bytes)?;
+    set(Resource::RLIMIT_FSIZE, limits.file_size_bytes)?;
+    set(Resource::RLIMIT_CPU, limits.cpu_seconds)?;
+    set(Resource::RLIMIT_CORE, 0)?;
+    Ok(())
+}
+
+/// The descriptor number a launched process finds `info_fd` at.
+const INFO_FD: i32 = 3;
+
+/// Starts `cmd` as the sandbox's root process in a session of its own (so a signal to
+/// the worker's process group does not reach it, and it outlives a crashed worker until
+/// the reaper removes it), writes the label, and waits for the server's first ping.
+async fn launch(
+    backend: &'static str,
+    mut cmd: tokio::process::Command,
+    req: &StartRequest,
+    mut label: Label,
+    rlimits: Option<Limits>,
+    info: Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>,
+) -> Result<Sandbox, SandboxError> {
+    let (info_read, info_fd) = info.unzip();
+    use std::os::fd::AsRawFd;
+    let started = Instant::now();
+    let info_raw = info_fd.as_ref().map(|fd| fd.as_raw_fd());
+    check_socket_path(&req.socket())?;
+    let log = std::fs::File::create(req.dir.join("server.log"))?;
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid and setrlimit are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if let Some(l) = &rlimits {
+                apply_rlimits(l)?;
+            }
+            if let Some(fd) = info_raw
+                && libc::dup2(fd, INFO_FD) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| SandboxError::Start {
+        backend,
+        message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
+    })?;
+    label.set_process(child.id().map(|p| p as i32).unwrap_or(-1));
+    drop(info_fd);
+    if let Some(read) = info_read {
+        // bwrap reports the host pid of the namespace's init, which must die with it.
+        if let Some(pid) = read_child_pid(read, started + req.ready_timeout).await {
+            label.ns_init = Some(pid);
+            label.ns_init_start = label::process_start(pid);
+        }
+    }
+    label.write()?;
+    let exited = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let status = exited.clone();
+    // Reap the process whenever it ends, so it never lingers as a zombie.
+    tokio::spawn(async move {
+        let st = child.wait().await;
+        *status.lock().expect("status lock") = Some(st);
+    });
+    let log_path = req.dir.join("server.log");
+    let ready = await_ready(
+        backend,
+        &req.socket(),
+        started,
+        req.ready_timeout,
+        || match &*exited.lock().expect("status lock") {
+            None => Ok(()),
+            Some(st) => {
+                let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+                Err(format!(
+                    "it exited ({}) before its server answered: {}",
+                    st.as_ref()
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|e| e.to_string()),
+                    said.trim()
+                ))
+            }
+        },
+    )
+    .await;
+    match ready {
+        Ok((client, ready_after)) => Ok(Sandbox {
+            label,
+            client,
+            ready_after,
+        }),
+        Err(e) => {
+            if let Some(pid) = label.live_pid() {
+                label::kill_tree(pid);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Reads bwrap's `--info-fd` report (`{"child-pid": N, ...}`) up to its closing brace.
+async fn read_child_pid(fd: std::os::fd::OwnedFd, deadline: Instant) -> Option<i32> {
+    let fd = server::stream::nonblocking(fd).ok()?;
+    let mut text = Vec::new();
+    let mut buf = [0u8; 512];
+    while !text.contains(&b'}') {
+        let n = tokio::time::timeout_at(deadline.into(), server::stream::read(&fd, &mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            break;
+        }
+        text.extend_from_slice(&buf[..n]);
+    }
+    let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    v["child-pid"].as_i64().map(|p| p as i32)
+}
+
+/// The arguments of `rollout-sandbox serve` for a sandbox whose paths are as given.
+fn serve_args(socket: &Path, workdir: &Path, ctl_dir: &Path) -> Vec<std::ffi::OsString> {
+    vec![
+        "serve".into(),
+        "--socket".into(),
+        socket.into(),
+        "--workdir".into(),
+        workdir.into(),
+        "--ctl-dir".into(),
+        ctl_dir.into(),
+    ]
+}

@@ -1,0 +1,359 @@
+//! The sandbox wire protocol: length-prefixed JSON frames over one Unix socket.
+//!
+//! Each frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON
+//! (`docs/sandbox-protocol.md` is the reference for people writing other clients). A
+//! request names a tool and carries its own `id`, so several requests can be in flight on
+//! one connection and their responses come back in completion order, not request order.
+//! Every frame carries the protocol version `v`; a server answers a request of another
+//! version with an `unsupported_version` error rather than guessing.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::codec::LengthDelimitedCodec;
+
+/// The protocol version this build speaks. Bump it on any incompatible change.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The largest frame either side accepts (16 MiB): a tool's output is capped far below
+/// this, so a larger frame means a confused peer.
+pub const MAX_FRAME_BYTES: usize = 16 << 20;
+
+/// The frame codec both sides use: a 4-byte big-endian length prefix, then the JSON body.
+pub fn codec() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .max_frame_length(MAX_FRAME_BYTES)
+        .new_codec()
+}
+
+/// One tool call.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Request {
+    /// Protocol version; must equal [`PROTOCOL_VERSION`].
+    pub v: u32,
+    /// Chosen by the client, echoed in the response; unique among its in-flight requests.
+    pub id: u64,
+    /// Which tool: `bash`, `python`, `file`, `export` or `ping`.
+    pub tool: String,
+    /// How long the tool may run, in milliseconds; each tool has a default. Escalation
+    /// after a timeout (interrupt, kill, restart) adds a bounded grace on top.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// The tool's arguments (see the `*Args` types).
+    #[serde(default)]
+    pub args: Value,
+}
+
+/// The answer to one [`Request`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Response {
+    /// Protocol version of the server.
+    pub v: u32,
+    /// The request's id.
+    pub id: u64,
+    /// Whether the tool ran. A command that exits non-zero still ran: `ok` is about the
+    /// call, the exit code is in the result.
+    pub ok: bool,
+    /// The tool's result when `ok`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    /// What went wrong when not `ok`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ToolError>,
+}
+
+impl Response {
+    /// A successful response carrying `result`.
+    pub fn ok(id: u64, result: Value) -> Self {
+        Response {
+            v: PROTOCOL_VERSION,
+            id,
+            ok: true,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    /// A failed response.
+    pub fn err(id: u64, code: ErrorCode, message: impl Into<String>) -> Self {
+        Response {
+            v: PROTOCOL_VERSION,
+            id,
+            ok: false,
+            result: None,
+            error: Some(ToolError {
+                code,
+                message: message.into(),
+            }),
+        }
+    }
+}
+
+/// Why a call did not produce a result. The message is written for the agent (and the
+/// person debugging it): it says what was wrong and, where it can, what to do instead.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ToolError {
+    /// Machine-readable class of the failure.
+    pub code: ErrorCode,
+    /// Human- (and model-) readable explanation.
+    pub message: String,
+}
+
+/// Classes of tool failure.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The frame was not a valid request, or an argument is missing or malformed.
+    BadRequest,
+    /// The request's `v` is not one this server speaks.
+    UnsupportedVersion,
+    /// No tool of that name.
+    UnknownTool,
+    /// The tool ran and refused, e.g. `str_replace` found no match or several.
+    ToolFailed,
+    /// The sandbox server itself failed (could not start bash, I/O error).
+    Internal,
+}
+
+/// Arguments of the `bash` tool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BashArgs {
+    /// The command text, run by the persistent shell as if typed at its prompt (several
+    /// lines, functions and here-documents are fine).
+    pub command: String,
+    /// Output cap in bytes; the head and the tail are kept, the middle is dropped and
+    /// counted. Defaults to 32 KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<usize>,
+}
+
+/// What happened when a call ran past its timeout, in the order the server tries.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Escalation {
+    /// SIGINT to the foreground process group (or the interpreter) was enough.
+    Interrupted,
+    /// The foreground process group ignored SIGINT and was killed with SIGKILL.
+    Killed,
+    /// Nothing else helped: the shell or interpreter was replaced by a fresh one, so its
+    /// state (variables, working directory, background jobs) is gone.
+    Restarted,
+}
+
+/// Result of the `bash` tool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BashResult {
+    /// stdout and stderr as the terminal showed them, capped, lossily decoded as UTF-8.
+    pub output: String,
+    /// The command's exit status (`$?`); absent when the shell had to be replaced.
+    pub exit_code: Option<i32>,
+    /// Bytes dropped from the middle of the output by the cap.
+    pub omitted_bytes: u64,
+    /// Whether the command hit its timeout.
+    pub timed_out: bool,
+    /// How far the server had to go after a timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalation: Option<Escalation>,
+    /// Whether this call ended with a new shell (after `exit`, a crash, or escalation).
+    pub shell_restarted: bool,
+    /// A sentence for the agent when something unusual happened (timeout, new shell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Time the command took inside the server, in microseconds.
+    pub elapsed_us: u64,
+}
+
+/// Arguments of the `python` tool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PythonArgs {
+    /// Source to run in the persistent interpreter, like a notebook cell: if the last
+    /// statement is an expression its value's `repr` is returned.
+    pub code: String,
+    /// Output cap in bytes (head and tail kept); defaults to 32 KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<usize>,
+}
+
+/// Result of the `python` tool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PythonResult {
+    /// Everything the cell printed to stdout and stderr (including its subprocesses').
+    pub output: String,
+    /// `repr` of the final expression's value, when there was one and it was not `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// The formatted traceback when the cell raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Bytes dropped from the middle of the output by the cap.
+    pub omitted_bytes: u64,
+    /// Whether the cell hit its timeout.
+    pub timed_out: bool,
+    /// How far the server had to go after a timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalation: Option<Escalation>,
+    /// Whether the interpreter was (re)started during this call, losing its variables.
+    pub restarted: bool,
+    /// A sentence for the agent when something unusual happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// `ipython` or `cpython`: which engine ran the cell.
+    pub engine: String,
+    /// Time the cell took inside the server, in microseconds.
+    pub elapsed_us: u64,
+}
+
+/// Arguments of the `file` tool, modelled on the `str_replace_editor` tool agents are
+/// trained with (SWE-agent, OpenHands), so prompts written for it carry over.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "command", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FileArgs {
+    /// Show a file with line numbers (optionally only `view_range` = `[first, last]`,
+    /// 1-based, `last` = -1 for the end), or list a directory two levels deep.
+    View {
+        /// File or directory, absolute or relative to the workspace.
+        path: String,
+        /// Inclusive 1-based line range.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        view_range: Option<[i64; 2]>,
+    },
+    /// Create (or overwrite) a file, creating parent directories.
+    Create {
+        /// The file to write.
+        path: String,
+        /// Its whole new content.
+        file_text: String,
+    },
+    /// Replace the one occurrence of `old_str` with `new_str`.
+    StrReplace {
+        /// The file to edit.
+        path: String,
+        /// Text that must occur exactly once in the file.
+        old_str: String,
+        /// Its replacement (empty deletes it).
+        #[serde(default)]
+        new_str: String,
+    },
+    /// Insert `new_str` after line `insert_line` (0 = at the top).
+    Insert {
+        /// The file to edit.
+        path: String,
+        /// Line after which to insert, 0-based count of lines kept above.
+        insert_line: usize,
+        /// The text to insert.
+        new_str: String,
+    },
+    /// Restore the file's content from before its last edit by this tool.
+    UndoEdit {
+        /// The file whose last edit to revert.
+        path: String,
+    },
+}
+
+/// Result of the `file` tool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileResult {
+    /// What the agent sees: the listing, the numbered lines, or a confirmation with a
+    /// snippet around the edit.
+    pub output: String,
+}
+
+/// Arguments of the `export` tool.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportArgs {
+    /// Commit to diff against; defaults to the `HEAD` the server saw when it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+}
+
+/// The workspace's changes since the sandbox started.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ExportResult {
+    /// The workspace is a git repository: a binary-safe `git diff` against `base`,
+    /// including new untracked files (those not ignored).
+    GitDiff {
+        /// The commit the diff is against.
+        base: String,
+        /// `git diff --binary` output; apply with `git apply`.
+        diff: String,
+    },
+    /// Not a repository: every file added, modified or deleted since start.
+    Files {
+        /// The changed files, sorted by path.
+        files: Vec<ChangedFile>,
+    },
+}
+
+/// One changed file in a [`ExportResult::Files`] export.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ChangedFile {
+    /// Path relative to the workspace.
+    pub path: String,
+    /// `added`, `modified` or `deleted`.
+    pub status: String,
+    /// Content as UTF-8 text, when it is text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Content in standard base64, when it is not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base64: Option<String>,
+}
+
+/// Result of `ping`: whether the tools are up.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PingResult {
+    /// Protocol version.
+    pub v: u32,
+    /// The server's process id (inside the sandbox's PID namespace).
+    pub pid: u32,
+    /// The workspace directory, as the sandbox sees it.
+    pub workdir: String,
+    /// Whether the persistent shell answered its start-up handshake.
+    pub bash_ready: bool,
+    /// `ipython`, `cpython`, or absent when no interpreter has started yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_engine: Option<String>,
+    /// Milliseconds since the server started.
+    pub uptime_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_args_use_the_editor_tool_names() {
+        let a: FileArgs = serde_json::from_value(serde_json::json!({
+            "command": "str_replace", "path": "a.py", "old_str": "x", "new_str": "y"
+        }))
+        .unwrap();
+        assert_eq!(
+            a,
+            FileArgs::StrReplace {
+                path: "a.py".into(),
+                old_str: "x".into(),
+                new_str: "y".into()
+            }
+        );
+        let err = serde_json::from_value::<FileArgs>(serde_json::json!({
+            "command": "view", "path": "a", "bogus": 1
+        }))
+        .unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn responses_round_trip() {
+        let r = Response::err(7, ErrorCode::ToolFailed, "no match");
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            text,
+            r#"{"v":1,"id":7,"ok":false,"error":{"code":"tool_failed","message":"no match"}}"#
+        );
+        assert_eq!(serde_json::from_str::<Response>(&text).unwrap(), r);
+    }
+}

@@ -1,0 +1,121 @@
+//! Starting a sandbox for a test: its own temporary root, its own label.
+
+use rollout::sandbox::{self, BackendKind, Backends, Label, Limits, Sandbox, StartRequest};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The server binary cargo built for this test run.
+pub fn server_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rollout-sandbox"))
+}
+
+/// A running sandbox and the directory that holds it.
+pub struct TestSandbox {
+    pub sb: Sandbox,
+    /// Kept so the temporary root lives as long as the sandbox.
+    pub _root: tempfile::TempDir,
+}
+
+impl TestSandbox {
+    /// The workspace on the host.
+    pub fn workspace(&self) -> PathBuf {
+        self.sb.label.dir.join("workspace")
+    }
+
+    /// Stops the sandbox through its label and checks nothing of it is left running.
+    pub async fn stop(self) {
+        self.stop_with(&Backends::default()).await
+    }
+
+    /// Stops the sandbox with these backends (a test's own stand-in apptainer, say).
+    pub async fn stop_with(self, backends: &Backends) {
+        let pid = self.sb.label.pid.expect("label has a pid");
+        let dir = self.sb.label.dir.clone();
+        backends.stop(&dir).await.expect("stop");
+        assert!(
+            self.sb.label.live_pid().is_none() || sandbox::label::is_zombie(pid),
+            "the sandbox's root process {pid} outlived stop"
+        );
+        assert!(!dir.exists(), "stop removes the sandbox directory");
+    }
+}
+
+impl Drop for TestSandbox {
+    /// A test that failed before `stop` must not leave its sandbox running.
+    fn drop(&mut self) {
+        self.sb.label.kill();
+    }
+}
+
+/// A start request for `kind` in a fresh temporary root, with `files` in the workspace.
+pub fn request(kind: BackendKind, files: &[(&str, &str)]) -> (tempfile::TempDir, StartRequest) {
+    let root = tempfile::Builder::new()
+        .prefix("rsb")
+        .tempdir()
+        .expect("tempdir");
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let dir = root.path().join(&id[..12]);
+    let ws = dir.join("workspace");
+    std::fs::create_dir_all(&ws).unwrap();
+    for (path, content) in files {
+        let p = ws.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+    let req = StartRequest {
+        label: Label::new(&id, "test-node", kind, &dir),
+        dir,
+        server_bin: server_bin(),
+        network: false,
+        env: BTreeMap::new(),
+        limits: Limits::default(),
+        image: None,
+        fakeroot: false,
+        ro_binds: Vec::new(),
+        ready_timeout: Duration::from_secs(20),
+    };
+    (root, req)
+}
+
+/// Starts a sandbox for `req`.
+pub async fn start_with(root: tempfile::TempDir, req: StartRequest) -> TestSandbox {
+    let backends = Backends::default();
+    let sb = backends
+        .get(req.label.backend)
+        .start(&req)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{} sandbox did not start: {e}\nserver log:\n{}",
+                req.label.backend.as_str(),
+                std::fs::read_to_string(req.dir.join("server.log")).unwrap_or_default()
+            )
+        });
+    TestSandbox { sb, _root: root }
+}
+
+/// Starts a `kind` sandbox with `files` in its workspace.
+pub async fn start(kind: BackendKind, files: &[(&str, &str)]) -> TestSandbox {
+    let (root, req) = request(kind, files);
+    start_with(root, req).await
+}
+
+/// Generates one test per backend for each listed `async fn name(kind: BackendKind)`.
+#[macro_export]
+macro_rules! on_backends {
+    ($($name:ident),* $(,)?) => {
+        mod local {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(rollout::sandbox::BackendKind::Local).await
+            })*
+        }
+        mod bwrap {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(rollout::sandbox::BackendKind::Bwrap).await
+            })*
+        }
+    };
+}

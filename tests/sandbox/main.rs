@@ -1,0 +1,8 @@
+//! Sandbox tests: the tools through a real sandbox server on the `local` and `bwrap`
+//! backends, the `apptainer` command lines against a stand-in executable, and the
+//! containment suite on `bwrap`.
+
+mod apptainer;
+mod containment;
+mod helpers;
+mod tools;
