@@ -324,6 +324,7 @@ fn fake_job(spec: &serde_json::Value) -> rollout::model::Job {
         epoch: 0,
         attempts: 1,
         stage_attempts: 1,
+        restarts: 0,
         node: None,
         route: None,
         lease_until: None,

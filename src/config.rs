@@ -49,6 +49,8 @@ pub struct Settings {
     pub stages: StagesSettings,
     /// The hand-off repair loop.
     pub reconciler: ReconcilerSettings,
+    /// Sandboxes on this node.
+    pub sandbox: SandboxSettings,
     /// Where `rollout up` keeps its SQLite file and NATS data.
     pub state_dir: PathBuf,
     /// Logging.
@@ -65,6 +67,7 @@ impl Default for Settings {
             queue: QueueSettings::default(),
             stages: StagesSettings::default(),
             reconciler: ReconcilerSettings::default(),
+            sandbox: SandboxSettings::default(),
             state_dir: PathBuf::from(".rollout"),
             log: LogSettings::default(),
         }
@@ -299,6 +302,65 @@ impl Default for ReconcilerSettings {
     }
 }
 
+/// Sandboxes: which backend, where they live, their limits and their upkeep.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxSettings {
+    /// `bwrap` (bubblewrap; isolated, the default), `apptainer` (instances from a `.sif`
+    /// image, set per task) or `local` (no isolation: development only). A task may name
+    /// its own.
+    pub backend: String,
+    /// Where sandbox directories live. Empty: `<state_dir>/sb`. Keep it short: socket
+    /// paths inside it must stay under 100 bytes.
+    pub root: PathBuf,
+    /// The `rollout-sandbox` server binary. Empty: the one beside this executable.
+    pub server_bin: PathBuf,
+    /// The bubblewrap executable.
+    pub bwrap: PathBuf,
+    /// The `apptainer` (or `singularity`) executable.
+    pub apptainer: PathBuf,
+    /// When the worker runs as root, `bwrap` sandboxes run as this user and group id
+    /// instead (the kernel exempts root from the process limit).
+    pub unprivileged_uid: u32,
+    /// See `unprivileged_uid`.
+    pub unprivileged_gid: u32,
+    /// Host paths bound read-only at the same place in every sandbox (a Python
+    /// environment outside /usr, a dataset).
+    pub ro_binds: Vec<PathBuf>,
+    /// Default resource limits; a task may lower or raise them.
+    pub limits: crate::sandbox::Limits,
+    /// How long a sandbox may take to answer its first ping (ms).
+    pub ready_timeout_ms: u64,
+    /// How long a node vouches for its sandboxes between renewals (ms); the reaper
+    /// renews every `reaper_interval_ms`.
+    pub lease_ms: u64,
+    /// How often the node's reaper looks for sandboxes to remove (ms). A cancelled job's
+    /// sandbox that no stage holds goes within this interval.
+    pub reaper_interval_ms: u64,
+    /// How many times a job goes back to INIT because its sandbox was lost.
+    pub max_restarts: i64,
+}
+
+impl Default for SandboxSettings {
+    fn default() -> Self {
+        Self {
+            backend: "bwrap".into(),
+            root: PathBuf::new(),
+            server_bin: PathBuf::new(),
+            bwrap: PathBuf::from("bwrap"),
+            apptainer: PathBuf::from("apptainer"),
+            unprivileged_uid: 65534,
+            unprivileged_gid: 65534,
+            ro_binds: Vec::new(),
+            limits: crate::sandbox::Limits::default(),
+            ready_timeout_ms: 30_000,
+            lease_ms: 60_000,
+            reaper_interval_ms: 500,
+            max_restarts: 2,
+        }
+    }
+}
+
 /// Logging settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -427,7 +489,63 @@ impl Settings {
                 return bad(&format!("stages.{stage}.timeout_ms"), "must be at least 1");
             }
         }
+        if crate::sandbox::BackendKind::parse(&self.sandbox.backend).is_none() {
+            return bad("sandbox.backend", "must be bwrap, apptainer or local");
+        }
+        for (key, v) in [
+            ("sandbox.ready_timeout_ms", self.sandbox.ready_timeout_ms),
+            ("sandbox.lease_ms", self.sandbox.lease_ms),
+            (
+                "sandbox.reaper_interval_ms",
+                self.sandbox.reaper_interval_ms,
+            ),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1");
+            }
+        }
+        if self.sandbox.lease_ms <= 2 * self.sandbox.reaper_interval_ms {
+            return bad(
+                "sandbox.lease_ms",
+                "must be more than twice sandbox.reaper_interval_ms (the reaper renews leases)",
+            );
+        }
+        if self.sandbox.max_restarts < 0 {
+            return bad("sandbox.max_restarts", "must be 0 or more");
+        }
         Ok(())
+    }
+
+    /// Where sandbox directories live, resolved to an absolute path.
+    pub fn sandbox_root(&self) -> PathBuf {
+        let root = if self.sandbox.root.as_os_str().is_empty() {
+            self.state_dir.join("sb")
+        } else {
+            self.sandbox.root.clone()
+        };
+        std::path::absolute(&root).unwrap_or(root)
+    }
+
+    /// The sandbox server binary, resolved: the configured one, or `rollout-sandbox`
+    /// beside the running executable.
+    pub fn sandbox_server_bin(&self) -> PathBuf {
+        if !self.sandbox.server_bin.as_os_str().is_empty() {
+            return std::path::absolute(&self.sandbox.server_bin)
+                .unwrap_or_else(|_| self.sandbox.server_bin.clone());
+        }
+        let exe = std::env::current_exe().unwrap_or_default();
+        let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+        // Test and bench executables live one level down, in `deps/`.
+        for d in [
+            dir.clone(),
+            dir.parent().map(Path::to_path_buf).unwrap_or_default(),
+        ] {
+            let candidate = d.join("rollout-sandbox");
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+        dir.join("rollout-sandbox")
     }
 
     /// The database URL, with the empty default resolved to a SQLite file under the

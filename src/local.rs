@@ -60,10 +60,12 @@ pub async fn connect(
     tracing::info!(database = %store::redact_url(&url), nats = %settings.nats.url, "connecting");
     let store = store::connect(&url, settings.database.max_connections).await?;
     let queue = Queue::connect(&settings, name, wait_for_nats).await?;
+    let sandboxes = Arc::new(crate::sandbox::NodeSandboxes::new(&settings, store.clone()));
     Ok(WorkerDeps {
         store,
         queue,
-        kinds: Registry::builtin(),
+        kinds: Registry::builtin(sandboxes.clone()),
+        sandboxes,
         settings,
     })
 }
@@ -194,6 +196,7 @@ pub async fn up(
     })?;
     let mut tasks = JoinSet::new();
     tasks.spawn(run_gateway(deps.clone(), listener, shutdown.clone()));
+    tokio::spawn(deps.sandboxes.clone().run_reaper(shutdown.clone()));
     for stage in Stage::ALL {
         tasks.spawn(run_workers(
             deps.clone(),
@@ -294,6 +297,8 @@ pub async fn worker_process(stage: Stage, args: WorkerArgs) -> Result<(), StartE
         });
     }
     let deps = connect(Arc::new(settings), &format!("rollout-{stage}-worker"), true).await?;
+    // Every worker looks after the sandboxes of its node (EVAL's fresh ones included).
+    tokio::spawn(deps.sandboxes.clone().run_reaper(shutdown.clone()));
     run_workers(deps.clone(), stage, 1, shutdown).await?;
     if let Err(e) = deps.queue.client().drain().await {
         tracing::warn!(error = %e, "NATS drain failed");

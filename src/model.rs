@@ -203,6 +203,8 @@ pub struct Job {
     /// Starts of the current stage entry; the delivery limit applies to it. A graceful
     /// hand-back (SIGTERM) does not count.
     pub stage_attempts: i64,
+    /// Times the job was sent back to INIT because what RUN needed (its sandbox) was gone.
+    pub restarts: i64,
     /// The node that last worked on the job (and owns its sandbox during RUN).
     pub node: Option<String>,
     /// Where RUN must happen: a node name, or `any`.

@@ -63,6 +63,8 @@ pub struct WorkerDeps {
     pub queue: Queue,
     /// Known task kinds.
     pub kinds: Registry,
+    /// This node's sandboxes (for the reaper; the kinds hold their own handle).
+    pub sandboxes: Arc<crate::sandbox::NodeSandboxes>,
     /// Settings.
     pub settings: Arc<Settings>,
 }
@@ -411,6 +413,10 @@ impl Worker {
             StageEnd::Finished(Err(StageError::Transient(e))) => {
                 self.give_up_or_retry(&msg, &held, e).await;
             }
+            StageEnd::Finished(Err(StageError::Restart(e))) => {
+                kind.cleanup(&ctx.job).await;
+                self.restart(&msg, &held, &ctx.job, e).await;
+            }
             StageEnd::TimedOut => {
                 let timeout = s.stages.get(held.work.stage).timeout_ms;
                 let e = format!(
@@ -532,6 +538,43 @@ impl Worker {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot record the stage output; will retry");
+                self.release_and_nak(msg, held).await;
+            }
+        }
+    }
+
+    /// Sends the job back to INIT (its sandbox is gone), or fails it once it has been
+    /// sent back `sandbox.max_restarts` times.
+    async fn restart(&self, msg: &jetstream::Message, held: &Held, job: &Job, error: String) {
+        let max = self.deps.settings.sandbox.max_restarts;
+        if job.restarts >= max {
+            let e = format!("{error}; already sent back to INIT {max} times, giving up");
+            tracing::info!("{e}");
+            self.end_job(msg, held, Status::Failed, e).await;
+            return;
+        }
+        match self
+            .deps
+            .store
+            .restart(&held.work, held.attempt, max, now_ms())
+            .await
+        {
+            Ok(Some(next)) => {
+                tracing::info!(reason = %error, restarts = job.restarts + 1, "job sent back to INIT");
+                match self.deps.queue.publish_work(&next, None).await {
+                    Ok(()) => ack(msg, AckKind::Ack).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "hand-off publish failed; will repair on redelivery");
+                        ack(msg, AckKind::Nak(Some(self.nak_delay(held.delivered)))).await;
+                    }
+                }
+            }
+            Ok(None) => {
+                tracing::info!("restart discarded: the job moved on meanwhile");
+                ack(msg, AckKind::Ack).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot send the job back to INIT; will retry");
                 self.release_and_nak(msg, held).await;
             }
         }

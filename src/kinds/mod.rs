@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::model::Job;
 
+pub mod shell;
 pub mod synthetic;
 
 /// Why a stage did not produce an output.
@@ -33,6 +34,11 @@ pub enum StageError {
     /// with backoff until the delivery limit, then the job fails with this message.
     #[error("{0}")]
     Transient(String),
+    /// The node-local state this stage needs (the job's sandbox) is gone, or cannot be
+    /// trusted: the job goes back to INIT to build it afresh, at most
+    /// `sandbox.max_restarts` times, then fails with this message.
+    #[error("{0}")]
+    Restart(String),
 }
 
 /// A problem in a task's `spec`, found at submit time.
@@ -142,10 +148,11 @@ impl Registry {
         Self::default()
     }
 
-    /// Every kind this build ships.
-    pub fn builtin() -> Self {
+    /// Every kind this build ships; the sandboxed ones use this node's `sandboxes`.
+    pub fn builtin(sandboxes: Arc<crate::sandbox::NodeSandboxes>) -> Self {
         let mut r = Self::new();
         r.register(Arc::new(synthetic::Synthetic));
+        r.register(Arc::new(shell::Shell::new(sandboxes)));
         r
     }
 

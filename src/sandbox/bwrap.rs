@@ -227,13 +227,20 @@ impl SandboxBackend for BwrapBackend {
     }
 }
 
-/// Adds search (`x`) permission for others to `dir`, so another user can pass through.
+/// Adds search (`x`, not read) permission for others to `dir` and those of its ancestors
+/// we own, so the unprivileged sandbox user can reach the bind sources. Directories of
+/// other owners are left alone; if one blocks the way, bwrap says so when it starts.
 fn allow_traverse(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut perms = std::fs::metadata(dir)?.permissions();
-    if perms.mode() & 0o001 == 0 {
-        perms.set_mode(perms.mode() | 0o001);
-        std::fs::set_permissions(dir, perms)?;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let me = nix::unistd::geteuid().as_raw();
+    for d in dir.ancestors() {
+        let Ok(meta) = std::fs::metadata(d) else {
+            continue;
+        };
+        let mode = meta.permissions().mode();
+        if meta.uid() == me && mode & 0o001 == 0 {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode | 0o001))?;
+        }
     }
     Ok(())
 }

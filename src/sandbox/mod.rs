@@ -18,11 +18,15 @@ pub mod bwrap;
 pub mod client;
 pub mod label;
 pub mod local;
+pub mod node;
 pub mod protocol;
 pub mod server;
+pub mod spec;
 
 pub use client::SandboxClient;
 pub use label::Label;
+pub use node::{NodeSandboxes, Purpose};
+pub use spec::SandboxSpec;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -42,6 +46,16 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// Parses a configuration or task value.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "local" => Some(BackendKind::Local),
+            "bwrap" => Some(BackendKind::Bwrap),
+            "apptainer" => Some(BackendKind::Apptainer),
+            _ => None,
+        }
+    }
+
     /// The name used in configuration and labels.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -168,6 +182,9 @@ pub enum SandboxError {
     /// The tool refused the call.
     #[error("{}: {}", .0.code_str(), .0.message)]
     Tool(protocol::ToolError),
+    /// A setup command of the task failed; the message has its output.
+    #[error("{0}")]
+    Setup(String),
     /// A configuration problem (path too long, backend unavailable).
     #[error("{0}")]
     Config(String),

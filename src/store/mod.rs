@@ -179,6 +179,25 @@ pub struct StaleJob {
     pub attempts: i64,
 }
 
+/// A live sandbox as the database knows it: which node holds it and where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct SandboxRecord {
+    /// The job it belongs to (one sandbox per job at a time).
+    pub job_id: String,
+    /// The node it runs on.
+    pub node: String,
+    /// `local`, `bwrap` or `apptainer`.
+    pub backend: String,
+    /// Its directory on that node.
+    pub dir: String,
+    /// Its socket on that node.
+    pub socket: String,
+    /// Until when (epoch ms) the node vouches for it; renewed by the node's reaper.
+    pub lease_until: i64,
+    /// When it was recorded.
+    pub created_at: i64,
+}
+
 /// Durable job state. Implemented for SQLite and Postgres; all methods are safe to call
 /// from many processes at once.
 #[async_trait]
@@ -268,6 +287,28 @@ pub trait Store: Send + Sync + 'static {
     /// Puts a running job whose lease lapsed back in the queue under a new stage entry
     /// (so its new message gets a new id and fresh deliveries); `None` if it moved on.
     async fn requeue(&self, msg: &WorkMessage, now: i64) -> StoreResult<Option<WorkMessage>>;
+    /// Sends the claim `attempt` of a running stage back to INIT under a new stage entry,
+    /// because the node-local state it needed is gone; `None` if the claim no longer
+    /// holds or the job was sent back `max_restarts` times already.
+    async fn restart(
+        &self,
+        msg: &WorkMessage,
+        attempt: i64,
+        max_restarts: i64,
+        now: i64,
+    ) -> StoreResult<Option<WorkMessage>>;
+    /// Records (or replaces) a job's sandbox.
+    async fn put_sandbox(&self, sandbox: &SandboxRecord) -> StoreResult<()>;
+    /// A job's sandbox, if one is recorded.
+    async fn sandbox(&self, job_id: &str) -> StoreResult<Option<SandboxRecord>>;
+    /// Forgets a job's sandbox (after it was stopped).
+    async fn delete_sandbox(&self, job_id: &str) -> StoreResult<()>;
+    /// A node's sandboxes whose job ended (or is unknown) or whose lease ran out by `now`.
+    async fn sandboxes_to_reap(&self, node: &str, now: i64) -> StoreResult<Vec<SandboxRecord>>;
+    /// All of a node's recorded sandboxes.
+    async fn sandboxes_of_node(&self, node: &str) -> StoreResult<Vec<SandboxRecord>>;
+    /// Renews until `lease_until` the leases of a node's sandboxes still leased at `now`.
+    async fn renew_sandboxes(&self, node: &str, lease_until: i64, now: i64) -> StoreResult<u64>;
     /// Job counts by status and stage.
     async fn counts(&self, batch: Option<&str>) -> StoreResult<Vec<StatusCount>>;
     /// A batch's counters.

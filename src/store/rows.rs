@@ -40,6 +40,7 @@ pub(crate) struct JobRow {
     eval_started_at: Option<i64>,
     eval_finished_at: Option<i64>,
     stage_attempts: i64,
+    restarts: i64,
 }
 
 pub(crate) fn parse_status(s: &str) -> StoreResult<Status> {
@@ -74,6 +75,7 @@ impl JobRow {
             epoch: self.epoch,
             attempts: self.attempts,
             stage_attempts: self.stage_attempts,
+            restarts: self.restarts,
             node: self.node,
             route: self.route,
             lease_until: self.lease_until,

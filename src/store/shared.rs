@@ -16,7 +16,7 @@ macro_rules! job_cols {
          route, lease_until, init_output, run_output, error, created_at, updated_at, \
          finished_at, init_queued_at, init_started_at, init_finished_at, run_queued_at, \
          run_started_at, run_finished_at, eval_queued_at, eval_started_at, eval_finished_at, \
-         stage_attempts"
+         stage_attempts, restarts"
     };
 }
 
@@ -87,6 +87,52 @@ pub(crate) const ADVANCE: &str = "UPDATE jobs SET status = 'queued', stage = $4,
 pub(crate) const RELEASE: &str = "UPDATE jobs SET status = 'queued', lease_until = NULL, \
      updated_at = $4, stage_attempts = stage_attempts - $6 \
      WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5";
+
+/// Sends a running stage back to INIT (its node-local state is gone) under a new stage
+/// entry, unless the job has been sent back `$6` times already.
+pub(crate) const RESTART: &str = "UPDATE jobs SET status = 'queued', stage = 'init', \
+     epoch = epoch + 1, stage_attempts = 0, restarts = restarts + 1, lease_until = NULL, \
+     route = NULL, init_output = NULL, run_output = NULL, updated_at = $4, init_queued_at = $4 \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5 \
+     AND restarts < $6 RETURNING epoch";
+
+macro_rules! sandbox_cols {
+    () => {
+        "job_id, node, backend, dir, socket, lease_until, created_at"
+    };
+}
+
+pub(crate) const PUT_SANDBOX: &str = concat!(
+    "INSERT INTO sandboxes (",
+    sandbox_cols!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id) DO UPDATE SET \
+     node = excluded.node, backend = excluded.backend, dir = excluded.dir, \
+     socket = excluded.socket, lease_until = excluded.lease_until, created_at = excluded.created_at"
+);
+
+pub(crate) const SELECT_SANDBOX: &str = concat!(
+    "SELECT ",
+    sandbox_cols!(),
+    " FROM sandboxes WHERE job_id = $1"
+);
+
+pub(crate) const DELETE_SANDBOX: &str = "DELETE FROM sandboxes WHERE job_id = $1";
+
+/// A node's sandboxes that must go: their job ended or is unknown, or their lease ran out.
+pub(crate) const SANDBOXES_TO_REAP: &str = "SELECT s.job_id, s.node, s.backend, s.dir, s.socket, \
+     s.lease_until, s.created_at FROM sandboxes s LEFT JOIN jobs j ON j.id = s.job_id \
+     WHERE s.node = $1 AND (j.id IS NULL OR j.status IN ('done', 'failed', 'cancelled', 'timed_out') \
+     OR s.lease_until < $2) ORDER BY s.job_id";
+
+pub(crate) const SANDBOXES_OF_NODE: &str = concat!(
+    "SELECT ",
+    sandbox_cols!(),
+    " FROM sandboxes WHERE node = $1 ORDER BY job_id"
+);
+
+/// Renews the leases of a node's sandboxes that still hold one.
+pub(crate) const RENEW_SANDBOXES: &str =
+    "UPDATE sandboxes SET lease_until = $2 WHERE node = $1 AND lease_until >= $3";
 
 pub(crate) const RESULTS_AFTER: &str = concat!(
     "SELECT ",
@@ -649,6 +695,125 @@ macro_rules! impl_store {
                         .fetch_optional(&self.pool)
                         .await?;
                 Ok(row.map(Into::into))
+            }
+
+            async fn restart(
+                &self,
+                msg: &$crate::model::WorkMessage,
+                attempt: i64,
+                max_restarts: i64,
+                now: i64,
+            ) -> $crate::store::StoreResult<Option<$crate::model::WorkMessage>> {
+                let msg = msg.clone();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let row: Option<(i64,)> = sqlx::query_as($crate::store::shared::RESTART)
+                            .bind(&msg.job_id)
+                            .bind(msg.stage.as_str())
+                            .bind(msg.epoch)
+                            .bind(now)
+                            .bind(attempt)
+                            .bind(max_restarts)
+                            .fetch_optional(&mut *conn)
+                            .await?;
+                        Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
+                            job_id: msg.job_id.clone(),
+                            stage: $crate::model::Stage::Init,
+                            epoch,
+                        }))
+                    })
+                })
+                .await
+            }
+
+            async fn put_sandbox(
+                &self,
+                sandbox: &$crate::store::SandboxRecord,
+            ) -> $crate::store::StoreResult<()> {
+                let s = sandbox.clone();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        sqlx::query($crate::store::shared::PUT_SANDBOX)
+                            .bind(&s.job_id)
+                            .bind(&s.node)
+                            .bind(&s.backend)
+                            .bind(&s.dir)
+                            .bind(&s.socket)
+                            .bind(s.lease_until)
+                            .bind(s.created_at)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(())
+                    })
+                })
+                .await
+            }
+
+            async fn sandbox(
+                &self,
+                job_id: &str,
+            ) -> $crate::store::StoreResult<Option<$crate::store::SandboxRecord>> {
+                Ok(sqlx::query_as($crate::store::shared::SELECT_SANDBOX)
+                    .bind(job_id)
+                    .fetch_optional(&self.pool)
+                    .await?)
+            }
+
+            async fn delete_sandbox(&self, job_id: &str) -> $crate::store::StoreResult<()> {
+                let job_id = job_id.to_string();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        sqlx::query($crate::store::shared::DELETE_SANDBOX)
+                            .bind(&job_id)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(())
+                    })
+                })
+                .await
+            }
+
+            async fn sandboxes_to_reap(
+                &self,
+                node: &str,
+                now: i64,
+            ) -> $crate::store::StoreResult<Vec<$crate::store::SandboxRecord>> {
+                Ok(sqlx::query_as($crate::store::shared::SANDBOXES_TO_REAP)
+                    .bind(node)
+                    .bind(now)
+                    .fetch_all(&self.pool)
+                    .await?)
+            }
+
+            async fn sandboxes_of_node(
+                &self,
+                node: &str,
+            ) -> $crate::store::StoreResult<Vec<$crate::store::SandboxRecord>> {
+                Ok(sqlx::query_as($crate::store::shared::SANDBOXES_OF_NODE)
+                    .bind(node)
+                    .fetch_all(&self.pool)
+                    .await?)
+            }
+
+            async fn renew_sandboxes(
+                &self,
+                node: &str,
+                lease_until: i64,
+                now: i64,
+            ) -> $crate::store::StoreResult<u64> {
+                let node = node.to_string();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let r = sqlx::query($crate::store::shared::RENEW_SANDBOXES)
+                            .bind(&node)
+                            .bind(lease_until)
+                            .bind(now)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(r.rows_affected())
+                    })
+                })
+                .await
             }
 
             async fn events(

@@ -8,3 +8,4 @@ mod faults;
 mod flow;
 mod helpers;
 mod results;
+mod shell;

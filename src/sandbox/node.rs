@@ -1,0 +1,338 @@
+//! A node's sandboxes: starting them for jobs, finding them again, and the reaper.
+//!
+//! A job's RUN sandbox lives in `<root>/<job id>/` and is recorded in the database
+//! *before* it starts, so that after any crash either the row or the directory's label
+//! names it. EVAL's fresh sandboxes live in `<root>/<job id>-eval/` and are not recorded:
+//! they exist only while an EVAL stage holds them.
+//!
+//! The reaper, run by the node's INIT and RUN workers, removes the sandboxes whose job has
+//! ended (or is unknown) or whose lease ran out, and directories whose label points at a
+//! process that is gone; then it renews the leases of the rest, which is how the node
+//! tells the cluster it still looks after them.
+
+use super::protocol::ExportResult;
+use super::spec::{SandboxSpec, apply_changes};
+use super::{BackendKind, Backends, Label, Sandbox, SandboxClient, SandboxError, StartRequest};
+use crate::config::Settings;
+use crate::store::{SandboxRecord, Store};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Which stage a sandbox serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// The agent's sandbox: started by INIT, used and stopped by RUN.
+    Run,
+    /// A fresh sandbox in which EVAL checks the agent's changes.
+    Eval,
+}
+
+/// What one reaper pass removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Reaped {
+    /// Job ids whose sandboxes were removed.
+    pub removed: Vec<String>,
+    /// Leases renewed.
+    pub renewed: u64,
+}
+
+/// The sandboxes of this node.
+pub struct NodeSandboxes {
+    backends: Backends,
+    default_backend: BackendKind,
+    settings: crate::config::SandboxSettings,
+    root: PathBuf,
+    server_bin: PathBuf,
+    store: Arc<dyn Store>,
+    node: String,
+}
+
+impl NodeSandboxes {
+    /// The node's sandboxes as configured in `settings`.
+    pub fn new(settings: &Settings, store: Arc<dyn Store>) -> Self {
+        let s = &settings.sandbox;
+        let backends = Backends {
+            local: super::local::LocalBackend,
+            bwrap: super::bwrap::BwrapBackend {
+                program: s.bwrap.clone(),
+                root_maps_to: (s.unprivileged_uid, s.unprivileged_gid),
+            },
+            apptainer: super::apptainer::ApptainerBackend {
+                program: s.apptainer.clone(),
+            },
+        };
+        NodeSandboxes {
+            backends,
+            default_backend: BackendKind::parse(&s.backend).unwrap_or(BackendKind::Bwrap),
+            settings: s.clone(),
+            root: settings.sandbox_root(),
+            server_bin: settings.sandbox_server_bin(),
+            store,
+            node: settings.node.name.clone(),
+        }
+    }
+
+    /// This node's name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The backends, as configured.
+    pub fn backends(&self) -> &Backends {
+        &self.backends
+    }
+
+    /// The directory of a job's sandbox.
+    pub fn dir(&self, job_id: &str, purpose: Purpose) -> PathBuf {
+        match purpose {
+            Purpose::Run => self.root.join(job_id),
+            Purpose::Eval => self.root.join(format!("{job_id}-eval")),
+        }
+    }
+
+    /// Starts a sandbox for `job_id` from `spec` (plus RUN's `changes`, for EVAL),
+    /// replacing any earlier one of the same purpose, and runs the spec's setup commands.
+    pub async fn start(
+        &self,
+        job_id: &str,
+        spec: &SandboxSpec,
+        purpose: Purpose,
+        changes: Option<&ExportResult>,
+    ) -> Result<Sandbox, SandboxError> {
+        let dir = self.dir(job_id, purpose);
+        self.remove(job_id, purpose).await;
+        let backend = spec.backend_or(self.default_backend);
+        let workspace = dir.join("workspace");
+        std::fs::create_dir_all(&workspace)?;
+        let prepared = async {
+            spec.prepare(&workspace).await?;
+            if let Some(c) = changes {
+                apply_changes(&workspace, c).await?;
+            }
+            Ok::<(), String>(())
+        };
+        if let Err(message) = prepared.await {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(SandboxError::Config(format!(
+                "cannot prepare the workspace: {message}"
+            )));
+        }
+        let label = Label::new(job_id, &self.node, backend, &dir);
+        if purpose == Purpose::Run {
+            let now = crate::now_ms();
+            self.store
+                .put_sandbox(&SandboxRecord {
+                    job_id: job_id.to_string(),
+                    node: self.node.clone(),
+                    backend: backend.as_str().to_string(),
+                    dir: dir.display().to_string(),
+                    socket: label.socket.display().to_string(),
+                    lease_until: now + self.settings.lease_ms as i64,
+                    created_at: now,
+                })
+                .await
+                .map_err(|e| SandboxError::Config(format!("cannot record the sandbox: {e}")))?;
+        }
+        let mut ro_binds = self.settings.ro_binds.clone();
+        ro_binds.dedup();
+        let req = StartRequest {
+            label,
+            dir: dir.clone(),
+            server_bin: self.server_bin.clone(),
+            network: spec.network,
+            env: spec.env.clone(),
+            limits: spec.limits.apply(self.settings.limits),
+            image: spec.image.clone(),
+            fakeroot: spec.fakeroot,
+            ro_binds,
+            ready_timeout: Duration::from_millis(self.settings.ready_timeout_ms),
+        };
+        let sandbox = match self.backends.get(backend).start(&req).await {
+            Ok(s) => s,
+            Err(e) => {
+                self.remove(job_id, purpose).await;
+                return Err(e);
+            }
+        };
+        tracing::info!(
+            job_id,
+            backend = backend.as_str(),
+            ready_ms = sandbox.ready_after.as_secs_f64() * 1000.0,
+            "sandbox ready"
+        );
+        for (i, command) in spec.setup.iter().enumerate() {
+            let r = sandbox
+                .client
+                .bash(command, Some(Duration::from_millis(spec.setup_timeout_ms)))
+                .await;
+            let failure = match r {
+                Ok(r) if r.exit_code == Some(0) && !r.timed_out => None,
+                Ok(r) => Some(format!(
+                    "setup command {} (`{command}`) failed with exit code {}{}:\n{}",
+                    i + 1,
+                    r.exit_code
+                        .map(|c| c.to_string())
+                        .unwrap_or_else(|| "none".into()),
+                    if r.timed_out { " after timing out" } else { "" },
+                    r.output
+                )),
+                Err(e) => Some(format!(
+                    "setup command {} (`{command}`) could not run: {e}",
+                    i + 1
+                )),
+            };
+            if let Some(message) = failure {
+                self.remove(job_id, purpose).await;
+                return Err(SandboxError::Setup(message));
+            }
+        }
+        Ok(sandbox)
+    }
+
+    /// Connects to the job's RUN sandbox; `Err` means it is gone.
+    pub async fn connect(&self, job_id: &str) -> Result<SandboxClient, SandboxError> {
+        let socket = match self.store.sandbox(job_id).await {
+            Ok(Some(rec)) if rec.node == self.node => PathBuf::from(rec.socket),
+            Ok(Some(rec)) => {
+                return Err(SandboxError::Config(format!(
+                    "the sandbox of job {job_id} lives on node {}, not {}",
+                    rec.node, self.node
+                )));
+            }
+            Ok(None) => return Err(SandboxError::Closed),
+            Err(e) => {
+                return Err(SandboxError::Config(format!(
+                    "cannot look the sandbox up: {e}"
+                )));
+            }
+        };
+        let client = SandboxClient::connect(&socket).await?;
+        client.ping().await?;
+        Ok(client)
+    }
+
+    /// Stops and forgets a job's sandbox of `purpose`; quiet if there is none.
+    pub async fn remove(&self, job_id: &str, purpose: Purpose) {
+        let dir = self.dir(job_id, purpose);
+        if let Err(e) = self.backends.stop(&dir).await {
+            tracing::warn!(job_id, dir = %dir.display(), error = %e, "cannot stop the sandbox");
+        }
+        if purpose == Purpose::Run
+            && let Err(e) = self.store.delete_sandbox(job_id).await
+        {
+            tracing::warn!(job_id, error = %e, "cannot forget the sandbox");
+        }
+    }
+
+    /// One reaper pass. With `at_start` (a worker starting after a crash, say) it also
+    /// removes sandboxes whose root process is gone.
+    pub async fn reap(&self, at_start: bool) -> Result<Reaped, crate::store::StoreError> {
+        let now = crate::now_ms();
+        let mut reaped = Reaped::default();
+        for rec in self.store.sandboxes_to_reap(&self.node, now).await? {
+            let reason = if rec.lease_until < now {
+                "lease expired"
+            } else {
+                "job ended"
+            };
+            tracing::info!(job_id = %rec.job_id, reason, "reaping sandbox");
+            self.remove(&rec.job_id, Purpose::Run).await;
+            reaped.removed.push(rec.job_id);
+        }
+        let recorded: std::collections::HashSet<String> = self
+            .store
+            .sandboxes_of_node(&self.node)
+            .await?
+            .into_iter()
+            .map(|r| r.job_id)
+            .collect();
+        for dir in Label::dirs(&self.root) {
+            if let Some(reason) = self.orphan_reason(&dir, &recorded, at_start).await? {
+                let name = dir
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned();
+                tracing::info!(sandbox = %name, reason, "reaping sandbox");
+                if let Err(e) = self.backends.stop(&dir).await {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot stop the sandbox");
+                }
+                if recorded.contains(&name) {
+                    let _ = self.store.delete_sandbox(&name).await;
+                }
+                reaped.removed.push(name);
+            }
+        }
+        reaped.renewed = self
+            .store
+            .renew_sandboxes(&self.node, now + self.settings.lease_ms as i64, now)
+            .await?;
+        Ok(reaped)
+    }
+
+    /// Why a sandbox directory must go, if it must.
+    async fn orphan_reason(
+        &self,
+        dir: &Path,
+        recorded: &std::collections::HashSet<String>,
+        at_start: bool,
+    ) -> Result<Option<&'static str>, crate::store::StoreError> {
+        let label = match Label::read(dir) {
+            Ok(Some(l)) => l,
+            // No label yet: being created right now, or left by a crash before the start.
+            Ok(None) | Err(_) => {
+                let age = std::fs::metadata(dir)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .unwrap_or_default();
+                return Ok((age > Duration::from_secs(120)).then_some("no label"));
+            }
+        };
+        if label.node != self.node {
+            return Ok(None);
+        }
+        let is_eval = dir.to_string_lossy().ends_with("-eval");
+        let alive = label.live_pid().is_some() || label.live_ns_init().is_some();
+        if at_start && !alive {
+            return Ok(Some("its processes are gone"));
+        }
+        let young = crate::now_ms() - label.created_ms < 10_000;
+        if !is_eval && !recorded.contains(&label.job_id) && !young {
+            return Ok(Some("not recorded in the database"));
+        }
+        if is_eval {
+            let ended = match self.store.job(&label.job_id).await? {
+                None => true,
+                Some(job) => job.status.is_terminal(),
+            };
+            if ended {
+                return Ok(Some("job ended"));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Runs the reaper until `shutdown`: one pass at once (with `at_start`), then one
+    /// every `sandbox.reaper_interval_ms`.
+    pub async fn run_reaper(self: Arc<Self>, shutdown: CancellationToken) {
+        let every = Duration::from_millis(self.settings.reaper_interval_ms);
+        let mut at_start = true;
+        loop {
+            match self.reap(at_start).await {
+                Ok(r) if !r.removed.is_empty() => {
+                    tracing::info!(removed = r.removed.len(), "reaper removed sandboxes")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "sandbox reaper pass failed"),
+            }
+            at_start = false;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! What a task says about its sandbox, and how the workspace is made from it.
+//!
+//! The same spec builds the RUN sandbox in INIT and the fresh EVAL sandbox, which then
+//! also receives the changes RUN exported, so EVAL scores what the agent did in a
+//! sandbox the agent never touched.
+
+use super::protocol::ExportResult;
+use super::{BackendKind, Limits};
+use crate::kinds::SpecError;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Component, Path};
+
+/// A task's sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSpec {
+    /// `bwrap`, `apptainer` or `local`; absent = the node's configured backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Apptainer image: a `.sif` path on the node, or a URI Apptainer understands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Files to create in the workspace: relative path → UTF-8 content.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// A git repository to clone into the workspace (before `files` are written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<RepoSpec>,
+    /// Shell commands run in the sandbox, in order, before the tools are handed over; the
+    /// first that fails fails the stage.
+    #[serde(default)]
+    pub setup: Vec<String>,
+    /// Timeout of each setup command (ms).
+    #[serde(default = "default_setup_timeout")]
+    pub setup_timeout_ms: u64,
+    /// Whether the sandbox may use the network.
+    #[serde(default)]
+    pub network: bool,
+    /// Environment for the shell and the interpreter.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Limits that differ from the node's defaults.
+    #[serde(default)]
+    pub limits: LimitOverrides,
+    /// Apptainer `--fakeroot`.
+    #[serde(default)]
+    pub fakeroot: bool,
+}
+
+fn default_setup_timeout() -> u64 {
+    300_000
+}
+
+/// A repository and the commit to check out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepoSpec {
+    /// Anything `git clone` accepts: a URL or a path on the node.
+    pub url: String,
+    /// Commit, tag or branch; absent = the default branch's head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+}
+
+/// Per-task limit overrides; absent fields keep the node's value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitOverrides {
+    /// See [`Limits::processes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u64>,
+    /// See [`Limits::memory_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// See [`Limits::file_size_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_size_bytes: Option<u64>,
+    /// See [`Limits::cpu_seconds`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<u64>,
+    /// See [`Limits::tmp_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tmp_bytes: Option<u64>,
+}
+
+impl LimitOverrides {
+    /// `base` with these overrides applied.
+    pub fn apply(&self, base: Limits) -> Limits {
+        Limits {
+            processes: self.processes.unwrap_or(base.processes),
+            memory_bytes: self.memory_bytes.unwrap_or(base.memory_bytes),
+            file_size_bytes: self.file_size_bytes.unwrap_or(base.file_size_bytes),
+            cpu_seconds: self.cpu_seconds.unwrap_or(base.cpu_seconds),
+            tmp_bytes: self.tmp_bytes.unwrap_or(base.tmp_bytes),
+        }
+    }
+}
+
+impl SandboxSpec {
+    /// Checks what serde cannot; `prefix` is the spec's path in the task (for messages).
+    pub fn validate(&self, prefix: &str) -> Result<(), SpecError> {
+        let err = |path: &str, message: String| SpecError {
+            path: format!("{prefix}.{path}"),
+            message,
+        };
+        if let Some(b) = &self.backend
+            && BackendKind::parse(b).is_none()
+        {
+            return Err(err(
+                "backend",
+                format!("unknown backend `{b}`: use bwrap, apptainer or local"),
+            ));
+        }
+        if self.backend.as_deref() == Some("apptainer") && self.image.is_none() {
+            return Err(err(
+                "image",
+                "the apptainer backend needs an image (a .sif file or URI)".into(),
+            ));
+        }
+        for path in self.files.keys() {
+            if !is_relative_inside(path) {
+                return Err(err(
+                    &format!("files.{path}"),
+                    "file paths must be relative and stay inside the workspace (no `..`, no leading `/`)".into(),
+                ));
+            }
+        }
+        for key in self.env.keys() {
+            let ok = !key.is_empty()
+                && !key.starts_with(|c: char| c.is_ascii_digit())
+                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ok {
+                return Err(err(
+                    &format!("env.{key}"),
+                    "environment names are letters, digits and `_`, not starting with a digit"
+                        .into(),
+                ));
+            }
+        }
+        if let Some(r) = &self.repo
+            && r.url.trim().is_empty()
+        {
+            return Err(err("repo.url", "must not be empty".into()));
+        }
+        Ok(())
+    }
+
+    /// The backend to use: the task's, else the node's default.
+    pub fn backend_or(&self, default: BackendKind) -> BackendKind {
+        self.backend
+            .as_deref()
+            .and_then(BackendKind::parse)
+            .unwrap_or(default)
+    }
+
+    /// Fills `workspace` (an empty directory): clone the repository, then write the files.
+    pub async fn prepare(&self, workspace: &Path) -> Result<(), String> {
+        if let Some(repo) = &self.repo {
+            run_git(
+                None,
+                &["clone", "--quiet", &repo.url, &workspace.to_string_lossy()],
+            )
+            .await?;
+            if let Some(commit) = &repo.commit {
+                run_git(
+                    Some(workspace),
+                    &["checkout", "--quiet", "--detach", commit],
+                )
+                .await?;
+            }
+        }
+        for (path, content) in &self.files {
+            let p = workspace.join(path);
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+            }
+            std::fs::write(&p, content)
+                .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Applies what RUN exported to a freshly prepared `workspace`.
+pub async fn apply_changes(workspace: &Path, changes: &ExportResult) -> Result<(), String> {
+    match changes {
+        ExportResult::GitDiff { diff, .. } => {
+            if diff.trim().is_empty() {
+                return Ok(());
+            }
+            let patch = workspace.join(".rollout-changes.patch");
+            std::fs::write(&patch, diff).map_err(|e| format!("cannot write the patch: {e}"))?;
+            let applied = run_git(
+                Some(workspace),
+                &[
+                    "apply",
+                    "--binary",
+                    "--whitespace=nowarn",
+                    &patch.to_string_lossy(),
+                ],
+            )
+            .await;
+            let _ = std::fs::remove_file(&patch);
+            applied
+        }
+        ExportResult::Files { files } => {
+            for f in files {
+                if !is_relative_inside(&f.path) {
+                    return Err(format!("exported path `{}` leaves the workspace", f.path));
+                }
+                let p = workspace.join(&f.path);
+                if f.status == "deleted" {
+                    let _ = std::fs::remove_file(&p);
+                    continue;
+                }
+                let bytes = match (&f.text, &f.base64) {
+                    (Some(t), _) => t.clone().into_bytes(),
+                    (None, Some(b)) => base64::engine::general_purpose::STANDARD
+                        .decode(b)
+                        .map_err(|e| format!("bad base64 for {}: {e}", f.path))?,
+                    (None, None) => {
+                        return Err(format!(
+                            "{} was exported without content (too large)",
+                            f.path
+                        ));
+                    }
+                };
+                if let Some(parent) = p.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+                }
+                std::fs::write(&p, bytes)
+                    .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn is_relative_inside(path: &str) -> bool {
+    let p = Path::new(path);
+    !path.is_empty()
+        && p.components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+}
+
+async fn run_git(dir: Option<&Path>, args: &[&str]) -> Result<(), String> {
+    let mut cmd = tokio::process::Command::new("git");
+    if let Some(d) = dir {
+        cmd.arg("-C").arg(d);
+    }
+    let out = cmd
+        .args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "git {} failed: {}",
+            args.first().copied().unwrap_or_default(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_are_checked_with_paths() {
+        let spec: SandboxSpec = serde_json::from_value(serde_json::json!({
+            "files": {"../escape": "x"}
+        }))
+        .unwrap();
+        let e = spec.validate("sandbox").unwrap_err();
+        assert_eq!(e.path, "sandbox.files.../escape");
+        let spec: SandboxSpec =
+            serde_json::from_value(serde_json::json!({"backend": "docker"})).unwrap();
+        assert!(
+            spec.validate("sandbox")
+                .unwrap_err()
+                .message
+                .contains("unknown backend")
+        );
+        let spec: SandboxSpec = serde_json::from_value(
+            serde_json::json!({"files": {"a/b.py": ""}, "env": {"A_1": "x"}}),
+        )
+        .unwrap();
+        spec.validate("sandbox").unwrap();
+    }
+
+    #[test]
+    fn overrides_keep_unset_limits() {
+        let o = LimitOverrides {
+            processes: Some(8),
+            ..Default::default()
+        };
+        let l = o.apply(Limits::default());
+        assert_eq!(l.processes, 8);
+        assert_eq!(l.tmp_bytes, Limits::default().tmp_bytes);
+    }
+}

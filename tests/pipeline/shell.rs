@@ -1,0 +1,302 @@
+//! The `shell` kind end to end: sandboxes made by INIT on the node, used and stopped by
+//! RUN, a fresh one for EVAL, and the reaper after crashes and cancels.
+
+use std::path::Path;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use rollout::model::{Stage, Status, Task};
+use rollout::sandbox::Label;
+
+use crate::helpers::TestEnv;
+
+fn shell(spec: serde_json::Value) -> Task {
+    Task::new("shell", spec)
+}
+
+/// A task whose agent fixes `add` correctly when `right`, wrongly otherwise.
+fn fix_task(right: bool) -> Task {
+    let fix = if right { "a + b" } else { "a * b" };
+    shell(serde_json::json!({
+        "sandbox": {
+            "files": {"calc/add.py": "def add(a, b):\n    return a - b\n"},
+            "setup": ["test -f calc/add.py"],
+        },
+        "steps": [
+            {"tool": "bash", "args": {"command": "cd calc && ls"}},
+            {"tool": "file", "args": {"command": "str_replace", "path": "calc/add.py",
+                                      "old_str": "a - b", "new_str": fix}},
+            {"tool": "python", "args": {"code": "import sys; sys.path.insert(0, 'calc')\nimport add\nadd.add(2, 3)"}},
+            {"tool": "bash", "args": {"command": "pwd"}},
+        ],
+        "check": {"command": "cd calc && python3 -c 'import add; assert add.add(2, 3) == 5'"},
+    }))
+}
+
+fn root(env: &TestEnv) -> std::path::PathBuf {
+    env.deps.settings.sandbox_root()
+}
+
+/// Sandbox directories left under the node's root.
+fn leftovers(root: &Path) -> Vec<String> {
+    Label::dirs(root)
+        .iter()
+        .map(|d| d.file_name().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Nothing of any sandbox is left: no directory, no row, no process.
+async fn assert_no_sandboxes(env: &TestEnv, labels: &[Label]) {
+    let reaped = env.deps.sandboxes.reap(false).await.unwrap();
+    assert!(
+        leftovers(&root(env)).is_empty(),
+        "left: {:?} (reaped {reaped:?})",
+        leftovers(&root(env))
+    );
+    assert!(
+        env.deps
+            .store
+            .sandboxes_of_node("test-node")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for l in labels {
+        for pid in [l.live_pid(), l.live_ns_init()].into_iter().flatten() {
+            assert!(
+                rollout::sandbox::label::is_zombie(pid),
+                "process {pid} of {} survived",
+                l.job_id
+            );
+        }
+    }
+}
+
+/// Waits until the job's RUN sandbox has a label, and returns it.
+async fn wait_label(env: &TestEnv, job_id: &str) -> Label {
+    let dir = root(env).join(job_id);
+    for _ in 0..2000 {
+        if let Ok(Some(l)) = Label::read(&dir)
+            && l.pid.is_some()
+        {
+            return l;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no sandbox appeared for {job_id}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_shell_jobs_get_the_rewards_their_changes_earn() {
+    let env = TestEnv::start(|s| {
+        s.stages.init.concurrency = 8;
+        s.stages.run.concurrency = 8;
+        s.stages.eval.concurrency = 8;
+    })
+    .await;
+    env.workers_in_process(1);
+    let tasks: Vec<Task> = (0..100usize)
+        .map(|i| {
+            let mut t = fix_task(!i.is_multiple_of(3));
+            t.client_id = Some(format!("job-{i}"));
+            t
+        })
+        .collect();
+    env.submit(&tasks, "shell100").await;
+    let results = env
+        .wait_results("shell100", 100, Duration::from_secs(600))
+        .await;
+    assert_eq!(results.len(), 100);
+    for r in &results {
+        let i: usize = r.client_id.as_deref().unwrap()[4..].parse().unwrap();
+        assert_eq!(r.status, Status::Done, "{r:?}");
+        let expected = if i.is_multiple_of(3) { 0.0 } else { 1.0 };
+        assert_eq!(r.reward, Some(expected), "job {i}: {r:?}");
+    }
+    // One job's record in full: the observations and their latencies.
+    let view = env.client.job(&results[0].job_id).await.unwrap();
+    let run = view.job.run_output.unwrap();
+    let steps = run["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 4);
+    assert_eq!(steps[0]["observation"]["output"], "add.py\n");
+    assert_eq!(
+        steps[2]["observation"]["value"],
+        if results[0].reward == Some(1.0) {
+            "5"
+        } else {
+            "6"
+        }
+    );
+    assert!(steps.iter().all(|s| s["latency_us"].as_u64().unwrap() > 0));
+    let files = run["export"]["files"].as_array().unwrap();
+    assert!(
+        files
+            .iter()
+            .any(|f| f["path"] == "calc/add.py" && f["status"] == "modified"),
+        "{}",
+        run["export"]
+    );
+    let init = view.job.init_output.unwrap();
+    assert_eq!(init["sandbox"]["backend"], "bwrap");
+    assert_no_sandboxes(&env, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_worker_killed_mid_run_leaves_no_sandbox_behind() {
+    let mut env = TestEnv::start(|s| s.queue.ack_wait_ms = 1_500).await;
+    env.stage_workers_in_process(Stage::Init, 1);
+    env.stage_workers_in_process(Stage::Eval, 1);
+    let victim = env.spawn_worker_process(Stage::Run);
+    let mut task = fix_task(true);
+    if let Some(steps) = task.spec["steps"].as_array_mut() {
+        steps.insert(
+            0,
+            serde_json::json!({"tool": "bash", "args": {"command": "sleep 3"}}),
+        );
+    }
+    let ids = env.submit(&[task], "killrun").await;
+    env.wait_job(&ids[0], "running in RUN", |j| {
+        j.status == Status::Running && j.stage == Stage::Run
+    })
+    .await;
+    let first = wait_label(&env, &ids[0]).await;
+    env.signal_worker(victim, Signal::SIGKILL);
+    env.wait_worker(victim).await;
+    env.spawn_worker_process(Stage::Run);
+
+    let results = env
+        .wait_results("killrun", 1, Duration::from_secs(120))
+        .await;
+    assert_eq!(results[0].status, Status::Done, "{:?}", results[0]);
+    assert_eq!(results[0].reward, Some(1.0));
+    let view = env.client.job(&ids[0]).await.unwrap();
+    assert_eq!(
+        view.job.restarts, 1,
+        "the half-used sandbox was not reused: {:?}",
+        view.events
+    );
+    assert_no_sandboxes(&env, &[first]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_removes_the_sandbox() {
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(1);
+    let task = shell(serde_json::json!({
+        "steps": [{"tool": "bash", "args": {"command": "sleep 100000"}, "timeout_ms": 600000}],
+        "check": {"command": "true"},
+    }));
+    let ids = env.submit(&[task], "cancel").await;
+    env.wait_job(&ids[0], "running in RUN", |j| {
+        j.status == Status::Running && j.stage == Stage::Run
+    })
+    .await;
+    let label = wait_label(&env, &ids[0]).await;
+    env.client.cancel(&ids[0]).await.unwrap();
+    let results = env.wait_results("cancel", 1, Duration::from_secs(60)).await;
+    assert_eq!(results[0].status, Status::Cancelled);
+    // The worker's cleanup stops the sandbox as the stage ends.
+    let dir = root(&env).join(&ids[0]);
+    for _ in 0..1000 {
+        if !dir.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!dir.exists(), "the cancelled job's sandbox is still there");
+    assert_no_sandboxes(&env, &[label]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_job_waiting_for_run_loses_its_sandbox_to_the_reaper() {
+    let env = TestEnv::start(|s| s.sandbox.reaper_interval_ms = 100).await;
+    env.stage_workers_in_process(Stage::Init, 1);
+    tokio::spawn(env.deps.sandboxes.clone().run_reaper(env.shutdown.clone()));
+    let ids = env.submit(&[fix_task(true)], "idle").await;
+    env.wait_job(&ids[0], "queued for RUN", |j| {
+        j.status == Status::Queued && j.stage == Stage::Run
+    })
+    .await;
+    let label = wait_label(&env, &ids[0]).await;
+    env.client.cancel(&ids[0]).await.unwrap();
+    let dir = root(&env).join(&ids[0]);
+    for _ in 0..1000 {
+        if !dir.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!dir.exists(), "the reaper left the cancelled job's sandbox");
+    assert_no_sandboxes(&env, &[label]).await;
+}
+
+/// Runs one job until it waits for RUN, kills its sandbox (as a node restart would), then
+/// lets RUN start, and returns its result and job row.
+async fn lose_the_sandbox(max_restarts: i64) -> (rollout::model::JobResult, rollout::model::Job) {
+    let env = TestEnv::start(|s| s.sandbox.max_restarts = max_restarts).await;
+    env.stage_workers_in_process(Stage::Init, 1);
+    env.stage_workers_in_process(Stage::Eval, 1);
+    let ids = env.submit(&[fix_task(true)], "lost").await;
+    env.wait_job(&ids[0], "queued for RUN", |j| {
+        j.status == Status::Queued && j.stage == Stage::Run
+    })
+    .await;
+    let label = wait_label(&env, &ids[0]).await;
+    label.kill();
+    label.wait_gone(Duration::from_secs(5)).await;
+    env.stage_workers_in_process(Stage::Run, 1);
+    let results = env.wait_results("lost", 1, Duration::from_secs(120)).await;
+    let job = env.client.job(&ids[0]).await.unwrap().job;
+    assert_no_sandboxes(&env, &[label]).await;
+    (results[0].clone(), job)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_sandbox_sends_the_job_back_to_init() {
+    let (result, job) = lose_the_sandbox(2).await;
+    assert_eq!(result.status, Status::Done, "{result:?}");
+    assert_eq!(result.reward, Some(1.0));
+    assert_eq!(job.restarts, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_sandbox_is_lost_too_often_fails_with_the_reason() {
+    let (result, job) = lose_the_sandbox(0).await;
+    assert_eq!(result.status, Status::Failed, "{result:?}");
+    let e = result.error.unwrap();
+    assert!(
+        e.contains("sandbox is gone") && e.contains("giving up"),
+        "{e}"
+    );
+    assert_eq!(job.restarts, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_shell_specs_are_refused_with_the_field_named() {
+    let env = TestEnv::start(|_| {}).await;
+    let bad = [
+        (serde_json::json!({"steps": []}), "check"),
+        (
+            serde_json::json!({"steps": [{"tool": "bash", "args": {"cmd": "ls"}}], "check": {"command": "true"}}),
+            "steps[0].args",
+        ),
+        (
+            serde_json::json!({"steps": [{"tool": "rm", "args": {}}], "check": {"command": "true"}}),
+            "steps[0].tool",
+        ),
+        (
+            serde_json::json!({"sandbox": {"files": {"/etc/x": ""}}, "check": {"command": "true"}}),
+            "sandbox.files",
+        ),
+    ];
+    for (spec, field) in bad {
+        let err = env
+            .client
+            .submit(&[shell(spec.clone())], Some("bad"))
+            .await
+            .expect_err("refused");
+        let text = err.to_string();
+        assert!(text.contains("400") || text.contains("invalid"), "{text}");
+        assert!(text.contains(field), "{spec}: {text}");
+    }
+}
