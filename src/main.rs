@@ -59,9 +59,10 @@ enum Command {
         /// Workers of each stage.
         #[arg(long, default_value_t = 1)]
         workers: usize,
-        /// Submit this JSON Lines file once up, and follow its progress.
+        /// Submit these JSON Lines files (repeat the flag for several) as one batch once
+        /// up, and follow its progress.
         #[arg(long)]
-        submit: Option<PathBuf>,
+        submit: Vec<PathBuf>,
         /// Batch id for --submit.
         #[arg(long)]
         batch: Option<String>,
@@ -154,14 +155,15 @@ async fn main() -> anyhow::Result<()> {
             exit_when_done,
         } => {
             anyhow::ensure!(workers >= 1, "--workers must be at least 1");
-            let submit = match submit {
-                Some(path) => {
-                    let tasks = load_tasks(&path)?;
-                    let id =
-                        batch.unwrap_or_else(|| format!("up-{}", uuid::Uuid::now_v7().simple()));
-                    Some((tasks, id))
+            let submit = if submit.is_empty() {
+                None
+            } else {
+                let mut tasks = Vec::new();
+                for path in &submit {
+                    tasks.extend(load_tasks(path)?);
                 }
-                None => None,
+                let id = batch.unwrap_or_else(|| format!("up-{}", uuid::Uuid::now_v7().simple()));
+                Some((tasks, id))
             };
             let shutdown = rollout::shutdown::on_signals();
             let opts = UpOptions {

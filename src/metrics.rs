@@ -20,6 +20,13 @@ pub const JOBS_BY_STATUS: &str = "rollout_jobs";
 /// Tasks accepted by the gateway.
 pub const JOBS_SUBMITTED: &str = "rollout_jobs_submitted_total";
 
+/// Seconds from a sandbox start call to its tools answering, by `backend`.
+pub const SANDBOX_READY: &str = "rollout_sandbox_ready_seconds";
+/// Sandbox starts that failed, by `backend`.
+pub const SANDBOX_START_FAILURES: &str = "rollout_sandbox_start_failures_total";
+/// Sandboxes removed by the reaper, by `reason`.
+pub const SANDBOXES_REAPED: &str = "rollout_sandboxes_reaped_total";
+
 const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     120.0, 300.0, 600.0, 1800.0, 3600.0,

@@ -172,12 +172,24 @@ impl TaskKind for Shell {
             .start(&ctx.job.id, &spec.sandbox, Purpose::Run, None)
             .await
             .map_err(|e| stage_error("cannot start the sandbox", e))?;
+        // The shell answered before the sandbox counted as started; check the interpreter
+        // too. A sandbox without Python is still usable for bash and file steps, so this
+        // is reported rather than fatal.
+        let python = match sb
+            .client
+            .python("pass", Some(Duration::from_secs(60)))
+            .await
+        {
+            Ok(r) => serde_json::json!({"engine": r.engine}),
+            Err(e) => serde_json::json!({"error": e.to_string()}),
+        };
         Ok(InitOutput {
             output: serde_json::json!({
                 "sandbox": {
                     "node": sb.label.node,
                     "backend": sb.label.backend.as_str(),
                     "ready_ms": sb.ready_after.as_secs_f64() * 1000.0,
+                    "python": python,
                 }
             }),
             route: Route::ThisNode,

@@ -152,10 +152,14 @@ impl NodeSandboxes {
         let sandbox = match self.backends.get(backend).start(&req).await {
             Ok(s) => s,
             Err(e) => {
+                metrics::counter!(crate::metrics::SANDBOX_START_FAILURES, "backend" => backend.as_str())
+                    .increment(1);
                 self.remove(job_id, purpose).await;
                 return Err(e);
             }
         };
+        metrics::histogram!(crate::metrics::SANDBOX_READY, "backend" => backend.as_str())
+            .record(sandbox.ready_after.as_secs_f64());
         tracing::info!(
             job_id,
             backend = backend.as_str(),
@@ -238,6 +242,7 @@ impl NodeSandboxes {
                 "job ended"
             };
             tracing::info!(job_id = %rec.job_id, reason, "reaping sandbox");
+            metrics::counter!(crate::metrics::SANDBOXES_REAPED, "reason" => reason).increment(1);
             self.remove(&rec.job_id, Purpose::Run).await;
             reaped.removed.push(rec.job_id);
         }
@@ -256,6 +261,8 @@ impl NodeSandboxes {
                     .to_string_lossy()
                     .into_owned();
                 tracing::info!(sandbox = %name, reason, "reaping sandbox");
+                metrics::counter!(crate::metrics::SANDBOXES_REAPED, "reason" => reason)
+                    .increment(1);
                 if let Err(e) = self.backends.stop(&dir).await {
                     tracing::warn!(dir = %dir.display(), error = %e, "cannot stop the sandbox");
                 }

@@ -300,3 +300,72 @@ async fn bad_shell_specs_are_refused_with_the_field_named() {
         assert!(text.contains(field), "{spec}: {text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_task_is_cloned_at_its_commit_and_scored_on_its_diff() {
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(1);
+    // A repository on the node with two commits; the task pins the first.
+    let repo = env.dir.path().join("upstream");
+    std::fs::create_dir_all(&repo).unwrap();
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "commit.gpgsign=false",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    git(&["init", "-q"]);
+    std::fs::write(repo.join("VERSION"), "1\n").unwrap();
+    std::fs::write(repo.join("logo.bin"), [0u8, 159, 146, 150]).unwrap();
+    git(&["add", "-A"]);
+    git(&["commit", "-q", "-m", "one"]);
+    let first = git(&["rev-parse", "HEAD"]).trim().to_string();
+    std::fs::write(repo.join("VERSION"), "2\n").unwrap();
+    git(&["commit", "-qam", "two"]);
+    let task = shell(serde_json::json!({
+        "sandbox": {"repo": {"url": repo.display().to_string(), "commit": first}},
+        "steps": [
+            {"tool": "bash", "args": {"command": "cat VERSION && echo 1.1 > VERSION && printf '\\x01\\x02' > logo.bin && mkdir -p docs && echo hi > docs/new.md"}},
+        ],
+        "check": {"command": "test \"$(cat VERSION)\" = 1.1 && test -f docs/new.md && test \"$(od -An -tx1 logo.bin | tr -d ' ')\" = 0102"},
+    }));
+    let ids = env.submit(&[task], "repo").await;
+    let results = env.wait_results("repo", 1, Duration::from_secs(120)).await;
+    assert_eq!(results[0].status, Status::Done, "{:?}", results[0]);
+    assert_eq!(results[0].reward, Some(1.0), "{:?}", results[0]);
+    let run = env
+        .client
+        .job(&ids[0])
+        .await
+        .unwrap()
+        .job
+        .run_output
+        .unwrap();
+    assert_eq!(
+        run["steps"][0]["observation"]["output"], "1\n",
+        "the pinned commit was checked out"
+    );
+    assert_eq!(run["export"]["kind"], "git_diff");
+    let diff = run["export"]["diff"].as_str().unwrap();
+    assert!(
+        diff.contains("+1.1") && diff.contains("docs/new.md") && diff.contains("GIT binary patch"),
+        "{diff}"
+    );
+    assert_no_sandboxes(&env, &[]).await;
+}

@@ -7,8 +7,9 @@
 //! after the command, `\x1e<session token>:<sequence>:<status>\x1e`, so the server never
 //! polls a screen and a command costs one write and the reads of its own output.
 //!
-//! Each command is written to a file in the server's control directory and sourced by one
-//! line typed into the shell (`. file; printf marker "$?"`): the shell reads only that line
+//! Each command is typed as one line (`eval '<command>'; printf marker "$?"`), or, when it
+//! has several lines or is long, written to a file in the server's control directory and
+//! sourced by such a line (`. file; printf marker "$?"`): the shell reads only that line
 //! from the terminal, so a program that waits for input finds nothing to read and blocks
 //! until the timeout interrupts it, instead of swallowing the marker. Terminal echo and
 //! `\n` → `\r\n` translation are turned off, so the output is exactly what the command
@@ -236,12 +237,19 @@ impl Session {
         self.seq += 1;
         let seq = self.seq;
         let deadline = Instant::now() + timeout;
-        std::fs::write(&self.cmd_file, command)?;
-        let line = format!(
-            " . '{}'; {}\n",
-            self.cmd_file.display(),
-            self.marker_command(seq)
-        );
+        let line = match inline(command) {
+            // A short one-line command travels in the typed line itself (no file to
+            // write and read back), quoted so nothing in it can reach the marker.
+            Some(quoted) => format!(" eval {quoted}; {}\n", self.marker_command(seq)),
+            None => {
+                std::fs::write(&self.cmd_file, command)?;
+                format!(
+                    " . '{}'; {}\n",
+                    self.cmd_file.display(),
+                    self.marker_command(seq)
+                )
+            }
+        };
         let mut out = CappedOutput::new(max);
         write_all(self.stream.fd(), line.as_bytes()).await?;
         let first = self.stream.read_until(&mut out, seq, deadline).await?;
@@ -429,5 +437,32 @@ pub fn kill_session(sid: i32) {
         if fields.get(3).and_then(|s| s.parse::<i32>().ok()) == Some(sid) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
+    }
+}
+
+/// The longest typed line: the terminal's line discipline holds at most 4095 bytes.
+const MAX_INLINE: usize = 2048;
+
+/// `command` single-quoted for the shell, if it can be typed on one line: no newline or
+/// other control character (the terminal would act on them) and short enough.
+fn inline(command: &str) -> Option<String> {
+    if command.len() > MAX_INLINE / 2 || command.chars().any(|c| c.is_control() && c != '\t') {
+        return None;
+    }
+    let quoted = format!("'{}'", command.replace('\'', r"'\''"));
+    (quoted.len() <= MAX_INLINE).then_some(quoted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inline;
+
+    #[test]
+    fn only_short_single_lines_are_typed_inline() {
+        assert_eq!(inline("echo hi").as_deref(), Some("'echo hi'"));
+        assert_eq!(inline("echo 'a b'").as_deref(), Some(r"'echo '\''a b'\'''"));
+        assert_eq!(inline("echo a\nb"), None);
+        assert_eq!(inline("printf '\x03'"), None);
+        assert_eq!(inline(&"x".repeat(5000)), None);
     }
 }

@@ -60,8 +60,12 @@ class IPy:
 
     def __init__(self):
         from IPython.core.interactiveshell import InteractiveShell
+        from traitlets.config import Config
 
-        sh = InteractiveShell.instance(colors="NoColor")
+        # History in memory: no SQLite file in the sandbox, no writer thread.
+        config = Config()
+        config.HistoryManager.hist_file = ":memory:"
+        sh = InteractiveShell.instance(colors="NoColor", config=config)
         self.sh = sh
         self.tb = None
 
@@ -76,7 +80,9 @@ class IPy:
 
     def run(self, code):
         self.tb = None
-        r = self.sh.run_cell(code, store_history=True)
+        # store_history=True would cost about 1 ms a cell (In/Out bookkeeping and the
+        # history database); `_` still holds the last value without it.
+        r = self.sh.run_cell(code, store_history=False)
         out = {}
         if self.tb is not None:
             out["error"] = self.tb.rstrip()

@@ -1,0 +1,496 @@
+//! Sandbox tool benchmarks (not tests): run with `cargo bench --bench sandbox`.
+//!
+//! Every figure is printed beside a baseline measured in the same run:
+//!
+//! 1. **bash**: `echo hi` and `ls /usr/lib | wc -l` through the sandbox server's bash tool
+//!    (a client on the Unix socket, as RUN uses it), p50/p99, beside a raw pty round trip
+//!    (a bash on a pseudo-terminal driven directly: write the command and an end marker,
+//!    read until the marker) and beside tmux driven by `send-keys` and `capture-pane`
+//!    polling every 10 ms, the way tmux-based agent runtimes run commands.
+//! 2. **python**: `1+1` through the python tool (plain CPython engine and IPython engine)
+//!    beside a Jupyter kernel driven by `jupyter_client` (measured by a Python client in
+//!    the same run; needs `pip install jupyter_client ipykernel`).
+//! 3. **sandbox start**: a `bwrap` sandbox from the start call to its first answered
+//!    ping (the server's bash is up by then), beside the floor of `bwrap … /bin/true`.
+//! 4. **memory**: the sandbox server's resident set after the runs above.
+//!
+//! Set `BENCH_QUICK=1` for a short smoke run.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use rollout::sandbox::{BackendKind, Backends, Label, Limits, Sandbox, StartRequest};
+
+fn quick() -> bool {
+    std::env::var_os("BENCH_QUICK").is_some()
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+struct Stats {
+    p50: Duration,
+    p99: Duration,
+}
+
+fn stats(mut v: Vec<Duration>) -> Stats {
+    v.sort();
+    Stats {
+        p50: pct(&v, 0.5),
+        p99: pct(&v, 0.99),
+    }
+}
+
+fn us(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us >= 10_000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else {
+        format!("{us:.0} µs")
+    }
+}
+
+fn request(root: &Path, kind: BackendKind, env: &[(&str, &str)]) -> StartRequest {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let dir = root.join(&id[..12]);
+    std::fs::create_dir_all(dir.join("workspace")).unwrap();
+    StartRequest {
+        label: Label::new(&id, "bench", kind, &dir),
+        dir,
+        server_bin: PathBuf::from(env!("CARGO_BIN_EXE_rollout-sandbox")),
+        network: false,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        limits: Limits::default(),
+        image: None,
+        fakeroot: false,
+        ro_binds: Vec::new(),
+        ready_timeout: Duration::from_secs(30),
+    }
+}
+
+async fn start(root: &Path, kind: BackendKind, env: &[(&str, &str)]) -> Sandbox {
+    Backends::default()
+        .get(kind)
+        .start(&request(root, kind, env))
+        .await
+        .expect("sandbox starts")
+}
+
+/// A bash on a pty driven directly: the floor under any tool server.
+struct RawPty {
+    master: OwnedFd,
+    _child: std::process::Child,
+}
+
+impl RawPty {
+    fn start() -> RawPty {
+        use nix::sys::termios::{self, LocalFlags, OutputFlags, SetArg};
+        use std::os::unix::process::CommandExt;
+        let pty = nix::pty::openpty(None, None).unwrap();
+        let mut t = termios::tcgetattr(&pty.slave).unwrap();
+        t.local_flags.remove(LocalFlags::ECHO);
+        t.output_flags.remove(OutputFlags::ONLCR);
+        termios::tcsetattr(&pty.slave, SetArg::TCSANOW, &t).unwrap();
+        let mut cmd = std::process::Command::new("bash");
+        cmd.args(["--noprofile", "--norc", "--noediting", "-i"])
+            .env("PS1", "")
+            .env("PS2", "")
+            .stdin(Stdio::from(pty.slave.try_clone().unwrap()))
+            .stdout(Stdio::from(pty.slave.try_clone().unwrap()))
+            .stderr(Stdio::from(pty.slave));
+        // SAFETY: setsid and ioctl are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                libc::ioctl(0, libc::TIOCSCTTY, 0);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        let mut raw = RawPty {
+            master: pty.master,
+            _child: child,
+        };
+        raw.run("true");
+        raw
+    }
+
+    /// Writes the command with an end marker and reads until the marker.
+    fn run(&mut self, command: &str) -> Vec<u8> {
+        let line = format!("{command}; printf '\\036END\\036'\n");
+        nix::unistd::write(self.master.as_fd(), line.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            let n = nix::unistd::read(self.master.as_fd(), &mut buf).unwrap();
+            out.extend_from_slice(&buf[..n]);
+            if out.ends_with(b"\x1eEND\x1e") {
+                return out;
+            }
+        }
+    }
+}
+
+/// tmux driven the way tmux-based agent runtimes do it.
+struct Tmux {
+    session: String,
+    seq: u64,
+}
+
+impl Tmux {
+    fn start() -> Option<Tmux> {
+        let session = format!("rollout-bench-{}", std::process::id());
+        let ok = std::process::Command::new("tmux")
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                &session,
+                "-x",
+                "200",
+                "-y",
+                "50",
+                "bash --noprofile --norc",
+            ])
+            .status()
+            .ok()?
+            .success();
+        ok.then_some(Tmux { session, seq: 0 })
+    }
+
+    fn run(&mut self, command: &str) {
+        self.seq += 1;
+        let marker = format!("__DONE_{}__", self.seq);
+        let line = format!("{command}; echo {marker}");
+        let tmux = |args: &[&str]| {
+            std::process::Command::new("tmux")
+                .args(args)
+                .output()
+                .unwrap()
+        };
+        tmux(&["send-keys", "-t", &self.session, &line, "Enter"]);
+        loop {
+            std::thread::sleep(Duration::from_millis(10));
+            let screen = tmux(&["capture-pane", "-p", "-t", &self.session]);
+            // The marker appears twice once done: in the typed line and in the output.
+            if String::from_utf8_lossy(&screen.stdout)
+                .matches(&marker)
+                .count()
+                >= 2
+            {
+                tmux(&["clear-history", "-t", &self.session]);
+                tmux(&["send-keys", "-t", &self.session, "clear", "Enter"]);
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("tmux")
+            .args(["kill-session", "-t", &self.session])
+            .status();
+    }
+}
+
+async fn bash_row(
+    sb: &Sandbox,
+    raw: &mut RawPty,
+    tmux: &mut Option<Tmux>,
+    command: &str,
+    n: usize,
+) {
+    for _ in 0..n / 10 {
+        sb.client.bash(command, None).await.unwrap();
+        raw.run(command);
+    }
+    let mut ours = Vec::with_capacity(n);
+    let mut inside = Vec::with_capacity(n);
+    let mut floor = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = sb.client.bash(command, None).await.unwrap();
+        ours.push(t.elapsed());
+        inside.push(Duration::from_micros(r.elapsed_us));
+        assert_eq!(r.exit_code, Some(0));
+        let t = Instant::now();
+        raw.run(command);
+        floor.push(t.elapsed());
+    }
+    let (ours, inside, floor) = (stats(ours), stats(inside), stats(floor));
+    let ratio = ours.p50.as_secs_f64() / floor.p50.as_secs_f64();
+    let tm = tmux.as_mut().map(|t| {
+        let runs = if quick() { 5 } else { 50 };
+        let v: Vec<Duration> = (0..runs)
+            .map(|_| {
+                let s = Instant::now();
+                t.run(command);
+                s.elapsed()
+            })
+            .collect();
+        stats(v)
+    });
+    println!(
+        "| bash `{command}` ({n} calls) | p50 {}, p99 {} (in the server: p50 {}) | raw pty p50 {}, p99 {}; tmux polling p50 {} | {ratio:.2}× raw pty{} |",
+        us(ours.p50),
+        us(ours.p99),
+        us(inside.p50),
+        us(floor.p50),
+        us(floor.p99),
+        tm.as_ref()
+            .map(|s| us(s.p50))
+            .unwrap_or_else(|| "n/a (no tmux)".into()),
+        tm.as_ref()
+            .map(|s| format!(
+                ", tmux/ours {:.0}×",
+                s.p50.as_secs_f64() / ours.p50.as_secs_f64()
+            ))
+            .unwrap_or_default(),
+    );
+}
+
+async fn python_row(sb: &Sandbox, n: usize, label: &str) -> Stats {
+    for _ in 0..n / 10 {
+        sb.client.python("1+1", None).await.unwrap();
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = sb.client.python("1+1", None).await.unwrap();
+        v.push(t.elapsed());
+        assert_eq!(r.value.as_deref(), Some("2"), "{label}");
+    }
+    stats(v)
+}
+
+/// `1+1` on a Jupyter kernel through jupyter_client, timed by the Python client.
+fn jupyter(n: usize) -> Option<(f64, f64)> {
+    let script = format!(
+        r#"
+import time, statistics
+from jupyter_client.manager import start_new_kernel
+km, kc = start_new_kernel(kernel_name="python3")
+def run():
+    msg_id = kc.execute("1+1")
+    while True:
+        m = kc.get_iopub_msg(timeout=10)
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            return
+for _ in range(20): run()
+ts = []
+for _ in range({n}):
+    t = time.perf_counter(); run(); ts.append(time.perf_counter() - t)
+ts.sort()
+print(ts[len(ts)//2] * 1e6, ts[min(len(ts)-1, int(round((len(ts)-1)*0.99)))] * 1e6)
+kc.stop_channels(); km.shutdown_kernel(now=True)
+"#
+    );
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!(
+            "jupyter baseline skipped: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut it = text
+        .split_whitespace()
+        .filter_map(|s| s.parse::<f64>().ok());
+    Some((it.next()?, it.next()?))
+}
+
+fn rss_kib(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Round trip of one byte through a `cat` child over pipes: two process wake-ups, the
+/// floor under any request/response between processes on this machine right now.
+fn wakeup_floor(n: usize) -> Duration {
+    use std::io::{Read, Write};
+    let mut cat = std::process::Command::new("cat")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut tx = cat.stdin.take().unwrap();
+    let mut rx = cat.stdout.take().unwrap();
+    let mut b = [0u8; 1];
+    let v: Vec<Duration> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            tx.write_all(b"x").unwrap();
+            rx.read_exact(&mut b).unwrap();
+            t.elapsed()
+        })
+        .collect();
+    drop(tx);
+    let _ = cat.wait();
+    stats(v).p50
+}
+
+fn bwrap_true() -> Duration {
+    let t = Instant::now();
+    let ok = std::process::Command::new("bwrap")
+        .args([
+            "--unshare-all",
+            "--unshare-user",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "/bin/true",
+        ])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "bwrap works");
+    t.elapsed()
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return; // `cargo test --all-targets` runs benches as tests: nothing to do.
+    }
+    let n = if quick() { 200 } else { 5000 };
+    let root = tempfile::Builder::new().prefix("rsb").tempdir().unwrap();
+    println!("| benchmark | result | baseline (same run) | ratio |");
+    println!("|---|---|---|---|");
+
+    // How fast this machine wakes a blocked process right now (virtual machines vary a
+    // lot: idle vCPUs are slow to wake), printed so the absolute figures can be read.
+    let floor_before = wakeup_floor(n);
+
+    // 1. bash.
+    let local = start(
+        root.path(),
+        BackendKind::Local,
+        &[("ROLLOUT_SANDBOX_PYTHON_ENGINE", "cpython")],
+    )
+    .await;
+    let mut raw = RawPty::start();
+    let mut tmux = Tmux::start();
+    bash_row(&local, &mut raw, &mut tmux, "echo hi", n).await;
+    bash_row(&local, &mut raw, &mut tmux, "ls /usr/lib | wc -l", n / 5).await;
+
+    // 2. python.
+    let plain = python_row(&local, n, "cpython").await;
+    let ipy_sb = start(
+        root.path(),
+        BackendKind::Local,
+        &[("ROLLOUT_SANDBOX_PYTHON_ENGINE", "ipython")],
+    )
+    .await;
+    let ipy = python_row(&ipy_sb, n / 5, "ipython").await;
+    let jup = jupyter(if quick() { 100 } else { 1000 });
+    let jup_text = jup
+        .map(|(p50, p99)| {
+            format!("Jupyter kernel via jupyter_client p50 {p50:.0} µs, p99 {p99:.0} µs")
+        })
+        .unwrap_or_else(|| "Jupyter: n/a (pip install jupyter_client ipykernel)".into());
+    let ratio = |s: &Stats| {
+        jup.map(|(p50, _)| {
+            format!(
+                "{:.1}× faster than Jupyter",
+                p50 / (s.p50.as_secs_f64() * 1e6)
+            )
+        })
+        .unwrap_or_default()
+    };
+    println!(
+        "| python `1+1`, CPython engine ({n} calls) | p50 {}, p99 {} | {jup_text} | {} |",
+        us(plain.p50),
+        us(plain.p99),
+        ratio(&plain)
+    );
+    println!(
+        "| python `1+1`, IPython engine ({} calls) | p50 {}, p99 {} | (same) | {} |",
+        n / 5,
+        us(ipy.p50),
+        us(ipy.p99),
+        ratio(&ipy)
+    );
+
+    // 4. memory (before the sandboxes go).
+    let rss = local.label.live_pid().and_then(rss_kib);
+    let rss_ipy = ipy_sb.label.live_pid().and_then(rss_kib);
+
+    // 3. sandbox start.
+    let starts = if quick() { 10 } else { 100 };
+    let mut ready = Vec::new();
+    let mut floor = Vec::new();
+    let backends = Backends::default();
+    for _ in 0..starts {
+        floor.push(bwrap_true());
+        let req = request(root.path(), BackendKind::Bwrap, &[]);
+        let t = Instant::now();
+        let sb = backends
+            .get(BackendKind::Bwrap)
+            .start(&req)
+            .await
+            .expect("bwrap sandbox");
+        ready.push(t.elapsed());
+        drop(sb.client);
+        backends.stop(&req.dir).await.unwrap();
+    }
+    let (ready, floor) = (stats(ready), stats(floor));
+    println!(
+        "| bwrap sandbox start → tools ready ({starts} starts) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap |",
+        us(ready.p50),
+        us(ready.p99),
+        us(floor.p50),
+        us(ready.p50.saturating_sub(floor.p50))
+    );
+    println!(
+        "| sandbox server RSS after the runs above | {} (CPython engine sandbox), {} (IPython) | — | — |",
+        rss.map(|k| format!("{:.1} MB", k as f64 / 1024.0))
+            .unwrap_or_default(),
+        rss_ipy
+            .map(|k| format!("{:.1} MB", k as f64 / 1024.0))
+            .unwrap_or_default(),
+    );
+    println!(
+        "| process wake-up floor: 1-byte round trip through a `cat` child ({n} trips) | p50 {} before the runs, {} after | — | — |",
+        us(floor_before),
+        us(wakeup_floor(n))
+    );
+    for sb in [local, ipy_sb] {
+        drop(sb.client);
+        backends.stop(&sb.label.dir).await.unwrap();
+    }
+}
