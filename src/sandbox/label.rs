@@ -171,39 +171,45 @@ pub fn process_start(pid: i32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// One row of the process table: pid, parent pid and session id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessRow {
+    /// The process.
+    pub pid: i32,
+    /// Its parent.
+    pub ppid: i32,
+    /// Its session.
+    pub session: i32,
+}
+
+/// Every process visible in `/proc`, read once.
+pub fn process_table() -> Vec<ProcessRow> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The fields after the command name, which is in parentheses and may hold
+            // spaces: state ppid pgrp session ...
+            let after = &stat[stat.rfind(')')? + 1..];
+            let mut fields = after.split_whitespace().skip(1);
+            let ppid = fields.next()?.parse().ok()?;
+            let session = fields.nth(1)?.parse().ok()?;
+            Some(ProcessRow { pid, ppid, session })
+        })
+        .collect()
+}
+
 /// All descendants of `pid` (children first found, then theirs), from `/proc`.
 pub fn descendants(pid: i32) -> Vec<i32> {
-    let mut parent_of: Vec<(i32, i32)> = Vec::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for entry in dir.flatten() {
-            let Some(p) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-                continue;
-            };
-            let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-                continue;
-            };
-            if let Some(ppid) = after.split_whitespace().nth(1).and_then(|s| s.parse().ok()) {
-                parent_of.push((p, ppid));
-            }
-        }
-    }
+    let table = process_table();
     let mut found = vec![pid];
     let mut i = 0;
     while i < found.len() {
         let parent = found[i];
-        found.extend(
-            parent_of
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
-        );
+        found.extend(table.iter().filter(|r| r.ppid == parent).map(|r| r.pid));
         i += 1;
     }
     found.remove(0);

@@ -161,7 +161,6 @@ impl NodeSandboxes {
         metrics::histogram!(crate::metrics::SANDBOX_READY, "backend" => backend.as_str())
             .record(sandbox.ready_after.as_secs_f64());
         tracing::info!(
-            job_id,
             backend = backend.as_str(),
             ready_ms = sandbox.ready_after.as_secs_f64() * 1000.0,
             "sandbox ready"

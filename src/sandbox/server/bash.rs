@@ -267,7 +267,7 @@ impl Session {
         match first {
             Until::Marker(status) => result.exit_code = status.parse().ok(),
             Until::Eof => {
-                let status = self.exit_status().await;
+                let status = super::exit_code(&mut self.child, GRACE).await;
                 result.shell_restarted = true;
                 replace = true;
                 result.note = Some(format!(
@@ -390,16 +390,6 @@ impl Session {
             .map(|p| p.as_raw())
     }
 
-    async fn exit_status(&mut self) -> Option<i32> {
-        match tokio::time::timeout(GRACE, self.child.wait()).await {
-            Ok(Ok(st)) => st.code().or_else(|| {
-                use std::os::unix::process::ExitStatusExt;
-                st.signal().map(|s| 128 + s)
-            }),
-            _ => None,
-        }
-    }
-
     /// Kills the shell and every process still in its session.
     async fn kill(mut self) {
         kill_session(self.pid);
@@ -414,28 +404,9 @@ pub fn kill_session(sid: i32) {
     if sid <= 0 {
         return;
     }
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // Fields after the command name, which is in parentheses and may contain spaces.
-        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            continue;
-        };
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        // state ppid pgrp session ...
-        if fields.get(3).and_then(|s| s.parse::<i32>().ok()) == Some(sid) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    for row in crate::sandbox::label::process_table() {
+        if row.session == sid {
+            let _ = kill(Pid::from_raw(row.pid), Signal::SIGKILL);
         }
     }
 }

@@ -257,6 +257,16 @@ async fn handle(tools: &Tools, req: Request) -> Response {
     }
 }
 
+/// Waits up to `within` for `child` to exit and returns its status the way a shell
+/// reports it (128 + the signal number for a process killed by a signal).
+pub(crate) async fn exit_code(child: &mut tokio::process::Child, within: Duration) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    match tokio::time::timeout(within, child.wait()).await {
+        Ok(Ok(st)) => st.code().or_else(|| st.signal().map(|s| 128 + s)),
+        _ => None,
+    }
+}
+
 fn to_value<T: serde::Serialize>(v: &T) -> serde_json::Value {
     serde_json::to_value(v).expect("results serialise")
 }

@@ -144,7 +144,7 @@ impl PythonTool {
                 result.error = parsed["error"].as_str().map(str::to_string);
             }
             Until::Eof if !restarted => {
-                let status = interp.exit_status().await;
+                let status = super::exit_code(&mut interp.child, GRACE).await;
                 notes.push(format!(
                     "The Python interpreter exited{} while running this cell and was restarted: all variables and imports are gone.",
                     status.map(|s| format!(" with status {s}")).unwrap_or_default()
@@ -263,16 +263,6 @@ impl Interp {
                     said.finish().0.trim()
                 )))
             }
-        }
-    }
-
-    async fn exit_status(&mut self) -> Option<i32> {
-        match tokio::time::timeout(GRACE, self.child.wait()).await {
-            Ok(Ok(st)) => st.code().or_else(|| {
-                use std::os::unix::process::ExitStatusExt;
-                st.signal().map(|s| 128 + s)
-            }),
-            _ => None,
         }
     }
 
