@@ -23,8 +23,9 @@ use tokio::sync::oneshot;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 /// Added to a call's own timeout before the client stops waiting: the server's
-/// escalation after a timeout (interrupt, kill, new shell) takes a few seconds at most.
-const ESCALATION_ALLOWANCE: Duration = Duration::from_secs(15);
+/// escalation after a timeout (interrupt, kill) takes a few seconds, and replacing an
+/// interpreter may take its whole start-up allowance (30 s) on top.
+const ESCALATION_ALLOWANCE: Duration = Duration::from_secs(60);
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
 

@@ -26,6 +26,8 @@ on_backends!(
     requests_run_concurrently,
     export_git_diff_against_the_start,
     export_changed_files_of_a_plain_workspace,
+    bash_exit_with_a_background_job_holding_the_terminal,
+    bash_prompt_changes_do_not_leak_into_output,
 );
 
 async fn bash(t: &TestSandbox, cmd: &str) -> rollout::sandbox::protocol::BashResult {
@@ -514,5 +516,25 @@ async fn export_changed_files_of_a_plain_workspace(kind: BackendKind) {
     );
     assert_eq!(files[1].text.as_deref(), Some("new\n"));
     assert_eq!(files[0].base64.as_deref(), Some("/w=="));
+    t.stop().await;
+}
+
+async fn bash_exit_with_a_background_job_holding_the_terminal(kind: BackendKind) {
+    let t = start(kind, &[]).await;
+    bash(&t, "sleep 300 &").await;
+    // The background job keeps the terminal open, so only the shell's own exit tells.
+    let r = t.sb.client.bash("exit 4", Some(Duration::from_secs(60))).await.unwrap();
+    assert!(!r.timed_out, "{r:?}");
+    assert!(r.shell_restarted);
+    assert_eq!(r.exit_code, Some(4));
+    assert!(t.sb.client.ping().await.unwrap().bash_ready, "the server survived");
+    assert_eq!(bash(&t, "echo on").await.output, "on\n");
+    t.stop().await;
+}
+
+async fn bash_prompt_changes_do_not_leak_into_output(kind: BackendKind) {
+    let t = start(kind, &[]).await;
+    bash(&t, "PS1='(venv) $ '; PROMPT_COMMAND='echo prompt'").await;
+    assert_eq!(bash(&t, "echo clean").await.output, "clean\n");
     t.stop().await;
 }

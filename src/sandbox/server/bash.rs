@@ -87,7 +87,9 @@ impl BashTool {
             Ok(r) => r,
             Err(e) => {
                 // The terminal broke under us: report it and start afresh next time.
-                *guard = None;
+                if let Some(broken) = guard.take() {
+                    broken.kill().await;
+                }
                 self.ready
                     .store(false, std::sync::atomic::Ordering::Relaxed);
                 return Err(e);
@@ -149,6 +151,12 @@ impl Session {
             ws_ypixel: 0,
         };
         let pty = nix::pty::openpty(Some(&winsize), None).map_err(io::Error::from)?;
+        // Neither end may leak into later children (the interpreter, the agent's
+        // programs): a leaked slave keeps the terminal open after the shell exits.
+        for fd in [&pty.master, &pty.slave] {
+            nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+                .map_err(io::Error::from)?;
+        }
         let mut t = termios::tcgetattr(&pty.slave).map_err(io::Error::from)?;
         t.local_flags.remove(
             LocalFlags::ECHO
@@ -188,6 +196,9 @@ impl Session {
         let child = cmd.spawn().map_err(|e| {
             io::Error::new(e.kind(), format!("cannot start `{}`: {e}", opts.program))
         })?;
+        // The command holds copies of the slave; without them, a shell that dies at once
+        // shows as end of stream instead of a silent terminal.
+        drop(cmd);
         let pid = child.id().map(|p| p as i32).unwrap_or(-1);
         let token = uuid::Uuid::new_v4().simple().to_string();
         let mut session = Session {
@@ -222,9 +233,14 @@ impl Session {
         }
     }
 
-    /// The shell code that prints the end marker for call `seq` with the last status.
+    /// The shell code that prints the end marker for call `seq` with the last status,
+    /// then clears the prompts again (a sourced `activate` script sets PS1, which would
+    /// otherwise be printed after every marker and open the next call's output).
     fn marker_command(&self, seq: u64) -> String {
-        format!("printf '\\036%s:%s:%s\\036' {} {seq} \"$?\"", self.token)
+        format!(
+            "printf '\\036%s:%s:%s\\036' {} {seq} \"$?\"; PS1= PS2=; unset PROMPT_COMMAND",
+            self.token
+        )
     }
 
     /// Runs `command`; the flag says whether the shell must be replaced afterwards.
@@ -252,7 +268,7 @@ impl Session {
         };
         let mut out = CappedOutput::new(max);
         write_all(self.stream.fd(), line.as_bytes()).await?;
-        let first = self.stream.read_until(&mut out, seq, deadline).await?;
+        let first = self.read(&mut out, seq, deadline).await?;
         let mut result = BashResult {
             output: String::new(),
             exit_code: None,
@@ -317,6 +333,9 @@ impl Session {
         seq: u64,
     ) -> io::Result<(Escalation, Option<i32>)> {
         for step in [Escalation::Interrupted, Escalation::Killed] {
+            if !self.alive() {
+                return Ok((Escalation::Restarted, None));
+            }
             let fg = self.foreground();
             let shell_busy = fg.is_none_or(|g| g == self.pid);
             let signal = match step {
@@ -349,7 +368,7 @@ impl Session {
                 let sync = format!(" {}\n", self.marker_command(self.seq));
                 write_all(self.stream.fd(), sync.as_bytes()).await?;
                 let retry = (Instant::now() + Duration::from_millis(100)).min(deadline);
-                match self.stream.read_until(out, seq, retry).await? {
+                match self.read(out, seq, retry).await? {
                     Until::Marker(status) => return Ok((step, status.parse().ok())),
                     Until::Eof => return Ok((Escalation::Restarted, None)),
                     Until::Deadline if Instant::now() >= deadline => break,
@@ -376,18 +395,42 @@ impl Session {
                 return Ok(Some(Until::Deadline));
             }
             let step = (Instant::now() + Duration::from_millis(5)).min(deadline);
-            match self.stream.read_until(out, seq, step).await? {
+            match self.read(out, seq, step).await? {
                 Until::Deadline => {}
                 other => return Ok(Some(other)),
             }
         }
     }
 
-    /// The terminal's foreground process group.
+    /// The terminal's foreground process group; `None` when there is none (the kernel
+    /// reports 0 once the shell, the session leader, is gone).
     fn foreground(&self) -> Option<i32> {
         nix::unistd::tcgetpgrp(self.stream.fd().get_ref())
             .ok()
             .map(|p| p.as_raw())
+            .filter(|&g| g > 1)
+    }
+
+    /// Whether the shell process is still running.
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Reads towards a marker like [`MarkedStream::read_until`], but also notices the
+    /// shell exiting: a background job may hold the terminal open, so its end of stream
+    /// would never come.
+    async fn read(&mut self, out: &mut CappedOutput, seq: u64, deadline: Instant) -> io::Result<Until> {
+        tokio::select! {
+            r = self.stream.read_until(out, seq, deadline) => r,
+            _ = self.child.wait() => {
+                // Take what the shell printed before it went, then report its end.
+                let drain = (Instant::now() + Duration::from_millis(100)).min(deadline);
+                match self.stream.read_until(out, seq, drain).await? {
+                    Until::Marker(status) => Ok(Until::Marker(status)),
+                    _ => Ok(Until::Eof),
+                }
+            }
+        }
     }
 
     /// Kills the shell and every process still in its session.

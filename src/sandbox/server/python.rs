@@ -234,6 +234,9 @@ impl Interp {
         let child = cmd.spawn().map_err(|e| {
             io::Error::new(e.kind(), format!("cannot start `{}`: {e}", opts.program))
         })?;
+        // Our copies of the child's ends: an interpreter that dies at once must show as
+        // end of stream.
+        drop(cmd);
         drop(req_read);
         let pid = child.id().map(|p| p as i32).unwrap_or(-1);
         let mut interp = Interp {

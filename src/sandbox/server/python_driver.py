@@ -14,6 +14,7 @@ import ast
 import json
 import linecache
 import os
+import signal
 import sys
 import traceback
 
@@ -119,6 +120,9 @@ def send(seq, result):
 
 
 def main():
+    # SIGINT interrupts cells only: the server sends it when a cell times out, and one
+    # that arrives late, between cells, must not kill the driver.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.set_inheritable(3, False)
     requests = os.fdopen(3, "r", encoding="utf-8")
     engine = make_engine()
@@ -132,9 +136,12 @@ def main():
             return
         req = json.loads(line)
         try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             result = engine.run(req["code"])
         except KeyboardInterrupt:
             result = {"error": "KeyboardInterrupt"}
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         while True:
             try:
                 send(req["seq"], result)
