@@ -319,10 +319,14 @@ pub struct SandboxSettings {
     pub bwrap: PathBuf,
     /// The `apptainer` (or `singularity`) executable.
     pub apptainer: PathBuf,
-    /// When the worker runs as root, `bwrap` sandboxes run as this user and group id
-    /// instead (the kernel exempts root from the process limit).
-    pub unprivileged_uid: u32,
-    /// See `unprivileged_uid`.
+    /// When the worker runs as root, each `bwrap` sandbox runs as a user id of its own,
+    /// picked from `unprivileged_uid_base` .. `+ unprivileged_uid_count`: the kernel
+    /// exempts root from the process limit and counts that limit per host user, so only
+    /// a user per sandbox makes `limits.processes` a per-sandbox limit.
+    pub unprivileged_uid_base: u32,
+    /// See `unprivileged_uid_base`.
+    pub unprivileged_uid_count: u32,
+    /// The group id those sandboxes run as.
     pub unprivileged_gid: u32,
     /// Host paths bound read-only at the same place in every sandbox (a Python
     /// environment outside /usr, a dataset).
@@ -349,7 +353,8 @@ impl Default for SandboxSettings {
             server_bin: PathBuf::new(),
             bwrap: PathBuf::from("bwrap"),
             apptainer: PathBuf::from("apptainer"),
-            unprivileged_uid: 65534,
+            unprivileged_uid_base: 1_000_000_000,
+            unprivileged_uid_count: 1_000_000,
             unprivileged_gid: 65534,
             ro_binds: Vec::new(),
             limits: crate::sandbox::Limits::default(),
@@ -508,6 +513,18 @@ impl Settings {
             return bad(
                 "sandbox.lease_ms",
                 "must be more than twice sandbox.reaper_interval_ms (the reaper renews leases)",
+            );
+        }
+        if self.sandbox.unprivileged_uid_count == 0
+            || self
+                .sandbox
+                .unprivileged_uid_base
+                .checked_add(self.sandbox.unprivileged_uid_count)
+                .is_none()
+        {
+            return bad(
+                "sandbox.unprivileged_uid_count",
+                "must be at least 1, and base + count must fit in 32 bits",
             );
         }
         if self.sandbox.max_restarts < 0 {

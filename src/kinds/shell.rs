@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use super::{EvalOutput, InitOutput, Route, SpecError, StageContext, StageError, TaskKind};
-use crate::model::Job;
+use crate::model::{Job, Stage};
 use crate::sandbox::protocol::{
     BashArgs, ExportArgs, ExportResult, FileArgs, PythonArgs, Response,
 };
@@ -102,6 +102,14 @@ impl Shell {
     }
 }
 
+/// The generation of the RUN sandbox this stage entry's INIT made (its claim attempt).
+fn run_generation(job: &Job) -> i64 {
+    job.init_output
+        .as_ref()
+        .and_then(|o| o["sandbox"]["generation"].as_i64())
+        .unwrap_or(-1)
+}
+
 fn spec_of(job: &Job) -> Result<ShellSpec, StageError> {
     SpecError::parse(&job.task["spec"]).map_err(|e| StageError::Failed(format!("bad spec: {e}")))
 }
@@ -169,7 +177,13 @@ impl TaskKind for Shell {
         let spec = spec_of(&ctx.job)?;
         let sb = self
             .sandboxes
-            .start(&ctx.job.id, &spec.sandbox, Purpose::Run, None)
+            .start(
+                &ctx.job.id,
+                &spec.sandbox,
+                Purpose::Run,
+                None,
+                ctx.job.attempts,
+            )
             .await
             .map_err(|e| stage_error("cannot start the sandbox", e))?;
         // The shell answered before the sandbox counted as started; check the interpreter
@@ -190,6 +204,7 @@ impl TaskKind for Shell {
                     "backend": sb.label.backend.as_str(),
                     "ready_ms": sb.ready_after.as_secs_f64() * 1000.0,
                     "python": python,
+                    "generation": ctx.job.attempts,
                 }
             }),
             route: Route::ThisNode,
@@ -199,19 +214,28 @@ impl TaskKind for Shell {
     async fn run(&self, ctx: &StageContext) -> Result<serde_json::Value, StageError> {
         let spec = spec_of(&ctx.job)?;
         let job_id = &ctx.job.id;
+        let generation = run_generation(&ctx.job);
         if ctx.job.stage_attempts > 1 {
             // An earlier attempt may have changed the sandbox before it died: replaying
             // the steps there would not be the episode the task describes.
-            self.sandboxes.remove(job_id, Purpose::Run).await;
+            self.sandboxes
+                .remove(job_id, Purpose::Run, Some(generation))
+                .await;
             return Err(StageError::Restart(
                 "an earlier RUN attempt stopped part-way through; starting again from a fresh sandbox".into(),
             ));
         }
-        let client = self.sandboxes.connect(job_id).await.map_err(|e| {
-            StageError::Restart(format!(
-                "the job's sandbox is gone ({e}); starting again from INIT"
-            ))
-        })?;
+        let client = match self.sandboxes.connect(job_id, generation).await {
+            Ok(c) => c,
+            Err(e @ SandboxError::Unavailable(_)) => {
+                return Err(StageError::Transient(e.to_string()));
+            }
+            Err(e) => {
+                return Err(StageError::Restart(format!(
+                    "the job's sandbox is gone ({e}); starting again from INIT"
+                )));
+            }
+        };
         let mut steps = Vec::with_capacity(spec.steps.len());
         for step in &spec.steps {
             let t0 = Instant::now();
@@ -226,7 +250,9 @@ impl TaskKind for Shell {
             let resp: Response = match resp {
                 Ok(r) => r,
                 Err(e @ (SandboxError::Closed | SandboxError::Io(_))) => {
-                    self.sandboxes.remove(job_id, Purpose::Run).await;
+                    self.sandboxes
+                        .remove(job_id, Purpose::Run, Some(generation))
+                        .await;
                     return Err(StageError::Restart(format!(
                         "the sandbox died during step {} ({e}); starting again from INIT",
                         steps.len() + 1
@@ -250,7 +276,9 @@ impl TaskKind for Shell {
             .await
             .map_err(|e| stage_error("cannot export the workspace", e))?;
         drop(client);
-        self.sandboxes.remove(job_id, Purpose::Run).await;
+        self.sandboxes
+            .remove(job_id, Purpose::Run, Some(generation))
+            .await;
         Ok(serde_json::json!({"steps": steps, "export": export}))
     }
 
@@ -264,7 +292,13 @@ impl TaskKind for Shell {
             .and_then(|o| serde_json::from_value(o["export"].clone()).ok());
         let sb = self
             .sandboxes
-            .start(job_id, &spec.sandbox, Purpose::Eval, changes.as_ref())
+            .start(
+                job_id,
+                &spec.sandbox,
+                Purpose::Eval,
+                changes.as_ref(),
+                ctx.job.attempts,
+            )
             .await
             .map_err(|e| stage_error("cannot start the evaluation sandbox", e))?;
         let checked = sb
@@ -275,7 +309,9 @@ impl TaskKind for Shell {
             )
             .await;
         drop(sb);
-        self.sandboxes.remove(job_id, Purpose::Eval).await;
+        self.sandboxes
+            .remove(job_id, Purpose::Eval, Some(ctx.job.attempts))
+            .await;
         let r = checked.map_err(|e| stage_error("the check command could not run", e))?;
         let passed = r.exit_code == Some(0) && !r.timed_out;
         Ok(EvalOutput {
@@ -288,8 +324,25 @@ impl TaskKind for Shell {
         })
     }
 
+    /// Removes the sandbox the ending stage held, and only that one: a stale attempt
+    /// (whose lease lapsed while a newer one took over) must not remove the newer one's.
     async fn cleanup(&self, job: &Job) {
-        self.sandboxes.remove(&job.id, Purpose::Run).await;
-        self.sandboxes.remove(&job.id, Purpose::Eval).await;
+        match job.stage {
+            Stage::Init => {
+                self.sandboxes
+                    .remove(&job.id, Purpose::Run, Some(job.attempts))
+                    .await
+            }
+            Stage::Run => {
+                self.sandboxes
+                    .remove(&job.id, Purpose::Run, Some(run_generation(job)))
+                    .await
+            }
+            Stage::Eval => {
+                self.sandboxes
+                    .remove(&job.id, Purpose::Eval, Some(job.attempts))
+                    .await
+            }
+        }
     }
 }

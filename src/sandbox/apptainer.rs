@@ -149,7 +149,16 @@ impl SandboxBackend for ApptainerBackend {
             processes: 0,
             ..req.limits
         };
-        let started = super::launch("apptainer", cmd, req, label.clone(), Some(limits), None).await;
+        let started = super::launch(
+            "apptainer",
+            cmd,
+            req,
+            label.clone(),
+            Some(limits),
+            Vec::new(),
+            None,
+        )
+        .await;
         if started.is_err() {
             let _ = self.stop(&label).await;
         }

@@ -8,10 +8,14 @@
 //! tmpfs `/tmp`. Process, memory, file-size and CPU limits are rlimits set on `bwrap`
 //! before it starts and inherited by everything inside.
 //!
-//! When the worker runs as root, the sandbox runs as an unprivileged user instead
-//! (`nobody` by default, mapped to root inside): the kernel exempts real root from the
-//! process limit, so only an unprivileged sandbox makes that limit hold, and the
-//! sandbox's files are then owned by that user on the host.
+//! The process limit (RLIMIT_NPROC) is counted by the kernel per *host* user, across
+//! user namespaces, and real root is exempt from it. So when the worker runs as root,
+//! each sandbox runs as a host user id of its own, picked from a configured range and
+//! recorded in its label (mapped to root inside); its files are owned by that id on the
+//! host. Its binds are then passed to bwrap as descriptors the worker opened, so that
+//! user needs no permission on the directories above them. When the worker is not root, the sandbox shares the worker's user, and the limit
+//! is set to what that user runs already plus `limits.processes`: a cap on the fork
+//! bomb, though not a separate budget per sandbox.
 
 use super::{BackendKind, Label, Sandbox, SandboxBackend, SandboxError, StartRequest};
 use std::ffi::OsString;
@@ -59,29 +63,44 @@ const ETC: &[&str] = &[
 pub struct BwrapBackend {
     /// The bubblewrap executable.
     pub program: PathBuf,
-    /// User and group to run the sandbox as when the worker is root.
-    pub root_maps_to: (u32, u32),
+    /// When the worker is root: the first host user id for sandboxes, and how many.
+    pub uid_range: (u32, u32),
+    /// When the worker is root: the group sandboxes run as.
+    pub gid: u32,
 }
 
 impl Default for BwrapBackend {
     fn default() -> Self {
         BwrapBackend {
             program: PathBuf::from("bwrap"),
-            root_maps_to: (65534, 65534),
+            uid_range: (1_000_000_000, 1_000_000),
+            gid: 65534,
         }
     }
 }
 
 impl BwrapBackend {
-    /// The user and group the sandbox runs as on the host, if different from ours.
-    fn drop_to(&self) -> Option<(u32, u32)> {
-        nix::unistd::geteuid()
-            .is_root()
-            .then_some(self.root_maps_to)
+    /// A host user id for a new sandbox under `root`: random in the range, and not one
+    /// that a sandbox there (by its label) or a running process uses.
+    fn pick_uid(&self, root: &Path) -> u32 {
+        let mut used: std::collections::HashSet<u32> = Label::dirs(root)
+            .iter()
+            .filter_map(|d| Label::read(d).ok().flatten()?.uid)
+            .collect();
+        used.extend(super::label::process_table().iter().map(|r| r.uid));
+        let (base, count) = self.uid_range;
+        loop {
+            let uid = base + (uuid::Uuid::new_v4().as_u128() % u128::from(count)) as u32;
+            if !used.contains(&uid) {
+                return uid;
+            }
+        }
     }
 
-    /// The full `bwrap` argument list for `req` (public so tests can check it).
-    pub fn args(&self, req: &StartRequest) -> Vec<OsString> {
+    /// The full `bwrap` argument list for `req`. With `by_fd`, the workspace, socket
+    /// directory and server binary are bound from descriptors 4, 5 and 6 rather than by
+    /// path (fd 3 is always bwrap's `--info-fd`).
+    pub fn args(&self, req: &StartRequest, by_fd: bool) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push =
             |items: &[&std::ffi::OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
@@ -138,15 +157,35 @@ impl BwrapBackend {
             "67108864".as_ref(),
             "--tmpfs".as_ref(),
             CTL_DIR.as_ref(),
-            "--bind".as_ref(),
-            req.workspace().as_os_str(),
-            WORKSPACE.as_ref(),
-            "--bind".as_ref(),
-            req.run_dir().as_os_str(),
-            RUN_DIR.as_ref(),
-            "--ro-bind".as_ref(),
-            req.server_bin.as_os_str(),
-            SERVER_PATH.as_ref(),
+        ]);
+        if by_fd {
+            // Descriptors the worker opened (see `start`): the sandbox's own user needs no
+            // permission on the directories above them.
+            push(&[
+                "--bind-fd".as_ref(),
+                "4".as_ref(),
+                WORKSPACE.as_ref(),
+                "--bind-fd".as_ref(),
+                "5".as_ref(),
+                RUN_DIR.as_ref(),
+                "--ro-bind-fd".as_ref(),
+                "6".as_ref(),
+                SERVER_PATH.as_ref(),
+            ]);
+        } else {
+            push(&[
+                "--bind".as_ref(),
+                req.workspace().as_os_str(),
+                WORKSPACE.as_ref(),
+                "--bind".as_ref(),
+                req.run_dir().as_os_str(),
+                RUN_DIR.as_ref(),
+                "--ro-bind".as_ref(),
+                req.server_bin.as_os_str(),
+                SERVER_PATH.as_ref(),
+            ]);
+        }
+        push(&[
             // The root itself is a tmpfs bwrap made; read-only, so nothing but the
             // binds above can be written.
             "--remount-ro".as_ref(),
@@ -192,29 +231,40 @@ impl SandboxBackend for BwrapBackend {
         std::fs::create_dir_all(req.workspace())?;
         std::fs::create_dir_all(req.run_dir())?;
         let mut cmd = tokio::process::Command::new(&self.program);
-        cmd.args(self.args(req));
-        if let Some((uid, gid)) = self.drop_to() {
-            // The unprivileged user must be able to reach the binds.
-            for dir in [Some(req.dir.as_path()), req.dir.parent()]
-                .into_iter()
-                .flatten()
-            {
-                allow_traverse(dir)?;
-            }
-            allow_traverse(req.server_bin.parent().unwrap_or(Path::new("/")))?;
-            chown_tree(&req.workspace(), uid, gid)?;
-            chown_tree(&req.run_dir(), uid, gid)?;
-            cmd.uid(uid).gid(gid);
-        }
+        let mut label = req.label.clone();
+        let mut limits = req.limits;
         let (info_read, info_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+        let mut pass = vec![info_write];
+        let me = nix::unistd::geteuid().as_raw();
+        if me == 0 {
+            let uid = self.pick_uid(req.dir.parent().unwrap_or(Path::new("/")));
+            label.uid = Some(uid);
+            chown_tree(&req.workspace(), uid, self.gid)?;
+            chown_tree(&req.run_dir(), uid, self.gid)?;
+            for p in [req.workspace(), req.run_dir(), req.server_bin.clone()] {
+                pass.push(open_path(&p)?);
+            }
+            cmd.args(self.args(req, true)).uid(uid).gid(self.gid);
+        } else {
+            cmd.args(self.args(req, false));
+        }
+        if me != 0 && limits.processes > 0 {
+            let running: u64 = super::label::process_table()
+                .iter()
+                .filter(|r| r.uid == me)
+                .map(|r| r.threads)
+                .sum();
+            limits.processes += running;
+        }
         super::launch(
             "bwrap",
             cmd,
             req,
-            req.label.clone(),
-            Some(req.limits),
-            Some((info_read, info_write)),
+            label,
+            Some(limits),
+            pass,
+            Some(info_read),
         )
         .await
     }
@@ -227,22 +277,20 @@ impl SandboxBackend for BwrapBackend {
     }
 }
 
-/// Adds search (`x`, not read) permission for others to `dir` and those of its ancestors
-/// we own, so the unprivileged sandbox user can reach the bind sources. Directories of
-/// other owners are left alone; if one blocks the way, bwrap says so when it starts.
-fn allow_traverse(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let me = nix::unistd::geteuid().as_raw();
-    for d in dir.ancestors() {
-        let Ok(meta) = std::fs::metadata(d) else {
-            continue;
-        };
-        let mode = meta.permissions().mode();
-        if meta.uid() == me && mode & 0o001 == 0 {
-            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode | 0o001))?;
-        }
-    }
-    Ok(())
+/// Opens `path` for binding only (`O_PATH`): no read permission is needed or granted.
+fn open_path(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use nix::fcntl::{OFlag, open};
+    open(
+        path,
+        OFlag::O_PATH | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| {
+        std::io::Error::new(
+            std::io::Error::from(e).kind(),
+            format!("cannot open {}: {e}", path.display()),
+        )
+    })
 }
 
 /// Gives `path` and everything under it to `uid:gid` (without following symlinks).

@@ -40,6 +40,13 @@ pub struct Label {
     /// Its start time, as for `pid_start`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_init_start: Option<u64>,
+    /// The claim attempt of the stage that started it: a stale attempt of that stage
+    /// removes only a sandbox of its own generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The host user id the sandbox runs as, when it has one of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
     /// The Apptainer instance name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
@@ -60,6 +67,8 @@ impl Label {
             pid_start: None,
             ns_init: None,
             ns_init_start: None,
+            generation: None,
+            uid: None,
             instance: None,
             created_ms: crate::now_ms(),
         }
@@ -171,7 +180,7 @@ pub fn process_start(pid: i32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// One row of the process table: pid, parent pid and session id.
+/// One row of the process table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessRow {
     /// The process.
@@ -180,6 +189,10 @@ pub struct ProcessRow {
     pub ppid: i32,
     /// Its session.
     pub session: i32,
+    /// Its threads (each counts against RLIMIT_NPROC).
+    pub threads: u64,
+    /// Its (effective) user id.
+    pub uid: u32,
 }
 
 /// Every process visible in `/proc`, read once.
@@ -194,10 +207,15 @@ pub fn process_table() -> Vec<ProcessRow> {
             // The fields after the command name, which is in parentheses and may hold
             // spaces: state ppid pgrp session ...
             let after = &stat[stat.rfind(')')? + 1..];
-            let mut fields = after.split_whitespace().skip(1);
-            let ppid = fields.next()?.parse().ok()?;
-            let session = fields.nth(1)?.parse().ok()?;
-            Some(ProcessRow { pid, ppid, session })
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            let uid = std::os::unix::fs::MetadataExt::uid(&entry.metadata().ok()?);
+            Some(ProcessRow {
+                pid,
+                ppid: fields.get(1)?.parse().ok()?,
+                session: fields.get(3)?.parse().ok()?,
+                threads: fields.get(17)?.parse().ok()?,
+                uid,
+            })
         })
         .collect()
 }

@@ -31,7 +31,7 @@ impl SandboxBackend for LocalBackend {
         ))
         .current_dir(req.workspace())
         .envs(&req.env);
-        super::launch("local", cmd, req, req.label.clone(), None, None).await
+        super::launch("local", cmd, req, req.label.clone(), None, Vec::new(), None).await
     }
 
     async fn stop(&self, label: &Label) -> Result<(), SandboxError> {

@@ -182,6 +182,9 @@ pub enum SandboxError {
     /// The tool refused the call.
     #[error("{}: {}", .0.code_str(), .0.message)]
     Tool(protocol::ToolError),
+    /// A service the sandbox needs (the database) did not answer; worth retrying.
+    #[error("{0}")]
+    Unavailable(String),
     /// A setup command of the task failed; the message has its output.
     #[error("{0}")]
     Setup(String),
@@ -313,8 +316,11 @@ fn apply_rlimits(limits: &Limits) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The descriptor number a launched process finds `info_fd` at.
-const INFO_FD: i32 = 3;
+/// The descriptor number a launched process finds the first of `pass_fds` at; the
+/// others follow in order.
+pub(crate) const FIRST_PASSED_FD: i32 = 3;
+/// At most this many descriptors are passed.
+const MAX_PASS_FDS: usize = 8;
 
 /// Starts `cmd` as the sandbox's root process in a session of its own (so a signal to
 /// the worker's process group does not reach it, and it outlives a crashed worker until
@@ -325,12 +331,19 @@ async fn launch(
     req: &StartRequest,
     mut label: Label,
     rlimits: Option<Limits>,
-    info: Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>,
+    pass_fds: Vec<std::os::fd::OwnedFd>,
+    info_read: Option<std::os::fd::OwnedFd>,
 ) -> Result<Sandbox, SandboxError> {
-    let (info_read, info_fd) = info.unzip();
     use std::os::fd::AsRawFd;
     let started = Instant::now();
-    let info_raw = info_fd.as_ref().map(|fd| fd.as_raw_fd());
+    if pass_fds.len() > MAX_PASS_FDS {
+        return Err(SandboxError::Config("too many descriptors to pass".into()));
+    }
+    let mut raw = [-1i32; MAX_PASS_FDS];
+    for (slot, fd) in raw.iter_mut().zip(&pass_fds) {
+        *slot = fd.as_raw_fd();
+    }
+    let count = pass_fds.len();
     check_socket_path(&req.socket())?;
     let log = std::fs::File::create(req.dir.join("server.log"))?;
     cmd.stdin(std::process::Stdio::null())
@@ -343,10 +356,19 @@ async fn launch(
             if let Some(l) = &rlimits {
                 apply_rlimits(l)?;
             }
-            if let Some(fd) = info_raw
-                && libc::dup2(fd, INFO_FD) < 0
-            {
-                return Err(std::io::Error::last_os_error());
+            // Move the descriptors out of the way first, so a source that happens to be
+            // numbered like a target is not overwritten before it is copied.
+            let mut high = [-1i32; MAX_PASS_FDS];
+            for i in 0..count {
+                high[i] = libc::fcntl(raw[i], libc::F_DUPFD_CLOEXEC, 64);
+                if high[i] < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (i, fd) in high.iter().enumerate().take(count) {
+                if libc::dup2(*fd, FIRST_PASSED_FD + i as i32) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -356,7 +378,7 @@ async fn launch(
         message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
     })?;
     label.set_process(child.id().map(|p| p as i32).unwrap_or(-1));
-    drop(info_fd);
+    drop(pass_fds);
     if let Some(read) = info_read {
         // bwrap reports the host pid of the namespace's init, which must die with it.
         if let Some(pid) = read_child_pid(read, started + req.ready_timeout).await {

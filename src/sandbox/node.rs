@@ -57,7 +57,8 @@ impl NodeSandboxes {
             local: super::local::LocalBackend,
             bwrap: super::bwrap::BwrapBackend {
                 program: s.bwrap.clone(),
-                root_maps_to: (s.unprivileged_uid, s.unprivileged_gid),
+                uid_range: (s.unprivileged_uid_base, s.unprivileged_uid_count),
+                gid: s.unprivileged_gid,
             },
             apptainer: super::apptainer::ApptainerBackend {
                 program: s.apptainer.clone(),
@@ -94,32 +95,26 @@ impl NodeSandboxes {
 
     /// Starts a sandbox for `job_id` from `spec` (plus RUN's `changes`, for EVAL),
     /// replacing any earlier one of the same purpose, and runs the spec's setup commands.
+    /// `generation` (the claim attempt of the stage that starts it) goes into the label,
+    /// so that a stale attempt of a stage can only ever remove its own sandbox.
     pub async fn start(
         &self,
         job_id: &str,
         spec: &SandboxSpec,
         purpose: Purpose,
         changes: Option<&ExportResult>,
+        generation: i64,
     ) -> Result<Sandbox, SandboxError> {
         let dir = self.dir(job_id, purpose);
-        self.remove(job_id, purpose).await;
+        self.remove(job_id, purpose, None).await;
         let backend = spec.backend_or(self.default_backend);
         let workspace = dir.join("workspace");
         std::fs::create_dir_all(&workspace)?;
-        let prepared = async {
-            spec.prepare(&workspace).await?;
-            if let Some(c) = changes {
-                apply_changes(&workspace, c).await?;
-            }
-            Ok::<(), String>(())
-        };
-        if let Err(message) = prepared.await {
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(SandboxError::Config(format!(
-                "cannot prepare the workspace: {message}"
-            )));
-        }
-        let label = Label::new(job_id, &self.node, backend, &dir);
+        // Label and record first, so however long preparing takes (a large clone), the
+        // reaper knows the directory is wanted.
+        let mut label = Label::new(job_id, &self.node, backend, &dir);
+        label.generation = Some(generation);
+        label.write()?;
         if purpose == Purpose::Run {
             let now = crate::now_ms();
             self.store
@@ -133,7 +128,23 @@ impl NodeSandboxes {
                     created_at: now,
                 })
                 .await
-                .map_err(|e| SandboxError::Config(format!("cannot record the sandbox: {e}")))?;
+                .map_err(|e| {
+                    SandboxError::Unavailable(format!("cannot record the sandbox: {e}"))
+                })?;
+        }
+        let mine = Some(generation);
+        let prepared = async {
+            spec.prepare(&workspace).await?;
+            if let Some(c) = changes {
+                apply_changes(&workspace, c).await?;
+            }
+            Ok::<(), String>(())
+        };
+        if let Err(message) = prepared.await {
+            self.remove(job_id, purpose, mine).await;
+            return Err(SandboxError::Config(format!(
+                "cannot prepare the workspace: {message}"
+            )));
         }
         let mut ro_binds = self.settings.ro_binds.clone();
         ro_binds.dedup();
@@ -154,7 +165,7 @@ impl NodeSandboxes {
             Err(e) => {
                 metrics::counter!(crate::metrics::SANDBOX_START_FAILURES, "backend" => backend.as_str())
                     .increment(1);
-                self.remove(job_id, purpose).await;
+                self.remove(job_id, purpose, mine).await;
                 return Err(e);
             }
         };
@@ -172,7 +183,7 @@ impl NodeSandboxes {
                 .await;
             let failure = match r {
                 Ok(r) if r.exit_code == Some(0) && !r.timed_out => None,
-                Ok(r) => Some(format!(
+                Ok(r) => Some(SandboxError::Setup(format!(
                     "setup command {} (`{command}`) failed with exit code {}{}:\n{}",
                     i + 1,
                     r.exit_code
@@ -180,22 +191,26 @@ impl NodeSandboxes {
                         .unwrap_or_else(|| "none".into()),
                     if r.timed_out { " after timing out" } else { "" },
                     r.output
-                )),
-                Err(e) => Some(format!(
-                    "setup command {} (`{command}`) could not run: {e}",
-                    i + 1
-                )),
+                ))),
+                // The sandbox itself failed (not the command): say so as it is.
+                Err(e) => Some(e),
             };
-            if let Some(message) = failure {
-                self.remove(job_id, purpose).await;
-                return Err(SandboxError::Setup(message));
+            if let Some(e) = failure {
+                self.remove(job_id, purpose, mine).await;
+                return Err(e);
             }
         }
         Ok(sandbox)
     }
 
-    /// Connects to the job's RUN sandbox; `Err` means it is gone.
-    pub async fn connect(&self, job_id: &str) -> Result<SandboxClient, SandboxError> {
+    /// Connects to the job's RUN sandbox of `generation`. [`SandboxError::Unavailable`]
+    /// means the database could not be asked; any other error, that the sandbox is gone
+    /// (or is not the one this stage entry's INIT made).
+    pub async fn connect(
+        &self,
+        job_id: &str,
+        generation: i64,
+    ) -> Result<SandboxClient, SandboxError> {
         let socket = match self.store.sandbox(job_id).await {
             Ok(Some(rec)) if rec.node == self.node => PathBuf::from(rec.socket),
             Ok(Some(rec)) => {
@@ -206,19 +221,33 @@ impl NodeSandboxes {
             }
             Ok(None) => return Err(SandboxError::Closed),
             Err(e) => {
-                return Err(SandboxError::Config(format!(
+                return Err(SandboxError::Unavailable(format!(
                     "cannot look the sandbox up: {e}"
                 )));
             }
         };
+        let label = Label::read(&self.dir(job_id, Purpose::Run))?;
+        if label.as_ref().and_then(|l| l.generation) != Some(generation) {
+            return Err(SandboxError::Config(format!(
+                "the sandbox of job {job_id} is not the one its INIT made (generation {generation})"
+            )));
+        }
         let client = SandboxClient::connect(&socket).await?;
         client.ping().await?;
         Ok(client)
     }
 
-    /// Stops and forgets a job's sandbox of `purpose`; quiet if there is none.
-    pub async fn remove(&self, job_id: &str, purpose: Purpose) {
+    /// Stops and forgets a job's sandbox of `purpose`; quiet if there is none. With a
+    /// `generation`, only a sandbox of that generation is touched.
+    pub async fn remove(&self, job_id: &str, purpose: Purpose, generation: Option<i64>) {
         let dir = self.dir(job_id, purpose);
+        if let Some(g) = generation {
+            match Label::read(&dir) {
+                Ok(Some(l)) if l.generation == Some(g) => {}
+                // Someone else's (a newer attempt's), or nothing there.
+                _ => return,
+            }
+        }
         if let Err(e) = self.backends.stop(&dir).await {
             tracing::warn!(job_id, dir = %dir.display(), error = %e, "cannot stop the sandbox");
         }
@@ -233,7 +262,15 @@ impl NodeSandboxes {
     /// removes sandboxes whose root process is gone.
     pub async fn reap(&self, at_start: bool) -> Result<Reaped, crate::store::StoreError> {
         let now = crate::now_ms();
-        let mut reaped = Reaped::default();
+        // Renew first: this node is alive and looks after its sandboxes, so none of them
+        // is removed for a lease that lapsed while the database was unreachable.
+        let mut reaped = Reaped {
+            renewed: self
+                .store
+                .renew_sandboxes(&self.node, now + self.settings.lease_ms as i64, now)
+                .await?,
+            ..Reaped::default()
+        };
         for rec in self.store.sandboxes_to_reap(&self.node, now).await? {
             let reason = if rec.lease_until < now {
                 "lease expired"
@@ -242,7 +279,7 @@ impl NodeSandboxes {
             };
             tracing::info!(job_id = %rec.job_id, reason, "reaping sandbox");
             metrics::counter!(crate::metrics::SANDBOXES_REAPED, "reason" => reason).increment(1);
-            self.remove(&rec.job_id, Purpose::Run).await;
+            self.remove(&rec.job_id, Purpose::Run, None).await;
             reaped.removed.push(rec.job_id);
         }
         let recorded: std::collections::HashSet<String> = self
@@ -271,10 +308,6 @@ impl NodeSandboxes {
                 reaped.removed.push(name);
             }
         }
-        reaped.renewed = self
-            .store
-            .renew_sandboxes(&self.node, now + self.settings.lease_ms as i64, now)
-            .await?;
         Ok(reaped)
     }
 
@@ -301,12 +334,19 @@ impl NodeSandboxes {
             return Ok(None);
         }
         let is_eval = dir.to_string_lossy().ends_with("-eval");
+        // A label without a process is a sandbox still being prepared.
+        let started = label.pid.is_some();
         let alive = label.live_pid().is_some() || label.live_ns_init().is_some();
-        if at_start && !alive {
+        if at_start && started && !alive {
             return Ok(Some("its processes are gone"));
         }
         let young = crate::now_ms() - label.created_ms < 10_000;
-        if !is_eval && !recorded.contains(&label.job_id) && !young {
+        if !is_eval
+            && !recorded.contains(&label.job_id)
+            && !young
+            // Recorded since this pass listed the records?
+            && self.store.sandbox(&label.job_id).await?.is_none()
+        {
             return Ok(Some("not recorded in the database"));
         }
         if is_eval {

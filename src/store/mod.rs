@@ -307,7 +307,8 @@ pub trait Store: Send + Sync + 'static {
     async fn sandboxes_to_reap(&self, node: &str, now: i64) -> StoreResult<Vec<SandboxRecord>>;
     /// All of a node's recorded sandboxes.
     async fn sandboxes_of_node(&self, node: &str) -> StoreResult<Vec<SandboxRecord>>;
-    /// Renews until `lease_until` the leases of a node's sandboxes still leased at `now`.
+    /// Renews until `lease_until` the leases of all of a node's sandboxes (`now` is the
+    /// caller's clock, for the record).
     async fn renew_sandboxes(&self, node: &str, lease_until: i64, now: i64) -> StoreResult<u64>;
     /// Job counts by status and stage.
     async fn counts(&self, batch: Option<&str>) -> StoreResult<Vec<StatusCount>>;

@@ -130,9 +130,10 @@ pub(crate) const SANDBOXES_OF_NODE: &str = concat!(
     " FROM sandboxes WHERE node = $1 ORDER BY job_id"
 );
 
-/// Renews the leases of a node's sandboxes that still hold one.
+/// Renews the leases of all of a node's sandboxes (the node is alive to say so), never
+/// moving one backwards.
 pub(crate) const RENEW_SANDBOXES: &str =
-    "UPDATE sandboxes SET lease_until = $2 WHERE node = $1 AND lease_until >= $3";
+    "UPDATE sandboxes SET lease_until = $2 WHERE node = $1 AND lease_until < $2";
 
 pub(crate) const RESULTS_AFTER: &str = concat!(
     "SELECT ",
@@ -799,7 +800,7 @@ macro_rules! impl_store {
                 &self,
                 node: &str,
                 lease_until: i64,
-                now: i64,
+                _now: i64,
             ) -> $crate::store::StoreResult<u64> {
                 let node = node.to_string();
                 self.write(move |conn: &mut $conn| {
@@ -807,7 +808,6 @@ macro_rules! impl_store {
                         let r = sqlx::query($crate::store::shared::RENEW_SANDBOXES)
                             .bind(&node)
                             .bind(lease_until)
-                            .bind(now)
                             .execute(&mut *conn)
                             .await?;
                         Ok(r.rows_affected())

@@ -523,11 +523,18 @@ async fn bash_exit_with_a_background_job_holding_the_terminal(kind: BackendKind)
     let t = start(kind, &[]).await;
     bash(&t, "sleep 300 &").await;
     // The background job keeps the terminal open, so only the shell's own exit tells.
-    let r = t.sb.client.bash("exit 4", Some(Duration::from_secs(60))).await.unwrap();
+    let r =
+        t.sb.client
+            .bash("exit 4", Some(Duration::from_secs(60)))
+            .await
+            .unwrap();
     assert!(!r.timed_out, "{r:?}");
     assert!(r.shell_restarted);
     assert_eq!(r.exit_code, Some(4));
-    assert!(t.sb.client.ping().await.unwrap().bash_ready, "the server survived");
+    assert!(
+        t.sb.client.ping().await.unwrap().bash_ready,
+        "the server survived"
+    );
     assert_eq!(bash(&t, "echo on").await.output, "on\n");
     t.stop().await;
 }

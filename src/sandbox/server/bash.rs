@@ -154,8 +154,11 @@ impl Session {
         // Neither end may leak into later children (the interpreter, the agent's
         // programs): a leaked slave keeps the terminal open after the shell exits.
         for fd in [&pty.master, &pty.slave] {
-            nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
-                .map_err(io::Error::from)?;
+            nix::fcntl::fcntl(
+                fd,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            )
+            .map_err(io::Error::from)?;
         }
         let mut t = termios::tcgetattr(&pty.slave).map_err(io::Error::from)?;
         t.local_flags.remove(
@@ -419,7 +422,12 @@ impl Session {
     /// Reads towards a marker like [`MarkedStream::read_until`], but also notices the
     /// shell exiting: a background job may hold the terminal open, so its end of stream
     /// would never come.
-    async fn read(&mut self, out: &mut CappedOutput, seq: u64, deadline: Instant) -> io::Result<Until> {
+    async fn read(
+        &mut self,
+        out: &mut CappedOutput,
+        seq: u64,
+        deadline: Instant,
+    ) -> io::Result<Until> {
         tokio::select! {
             r = self.stream.read_until(out, seq, deadline) => r,
             _ = self.child.wait() => {
