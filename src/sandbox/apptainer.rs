@@ -35,9 +35,11 @@ impl Default for ApptainerBackend {
     }
 }
 
-/// The instance name of a job's sandbox: the label Apptainer itself knows.
-pub fn instance_name(job_id: &str) -> String {
-    let clean: String = job_id
+/// The instance name of the sandbox in directory `dir`, `rollout-<directory name>` (the
+/// job id, or `<job id>-eval` for EVAL's): the label Apptainer itself knows.
+pub fn instance_name(dir: &Path) -> String {
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    let clean: String = name
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
@@ -81,7 +83,7 @@ impl ApptainerBackend {
             a.extend(["--env".into(), format!("{k}={v}").into()]);
         }
         a.push(image.into());
-        a.push(instance_name(&req.label.job_id).into());
+        a.push(instance_name(&req.dir).into());
         a
     }
 
@@ -91,7 +93,7 @@ impl ApptainerBackend {
             "exec".into(),
             "--pwd".into(),
             "/workspace".into(),
-            format!("instance://{}", instance_name(&req.label.job_id)).into(),
+            format!("instance://{}", instance_name(&req.dir)).into(),
             SERVER_PATH.into(),
         ];
         a.extend(super::serve_args(
@@ -118,7 +120,7 @@ impl SandboxBackend for ApptainerBackend {
         std::fs::create_dir_all(req.workspace())?;
         std::fs::create_dir_all(req.run_dir())?;
         let mut label = req.label.clone();
-        let name = instance_name(&req.label.job_id);
+        let name = instance_name(&req.dir);
         label.instance = Some(name.clone());
         // Written before the instance exists, so a crash right after still leaves the
         // reaper a label that names it.
@@ -170,7 +172,7 @@ impl SandboxBackend for ApptainerBackend {
         let name = label
             .instance
             .clone()
-            .unwrap_or_else(|| instance_name(&label.job_id));
+            .unwrap_or_else(|| instance_name(&label.dir));
         let out = tokio::process::Command::new(&self.program)
             .args(["instance", "stop", &name])
             .kill_on_drop(true)

@@ -300,9 +300,13 @@ pub(crate) async fn await_ready(
 /// Applies `limits` to the calling process; runs between fork and exec, so the limits
 /// are inherited by everything the sandbox starts.
 fn apply_rlimits(limits: &Limits) -> std::io::Result<()> {
-    use nix::sys::resource::{Resource, setrlimit};
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    // Never above the hard limit the worker itself runs under: raising it needs
+    // privileges, and the tighter limit is the one that holds anyway.
     let set = |r: Resource, v: u64| {
         if v > 0 {
+            let (_, hard) = getrlimit(r).map_err(std::io::Error::from)?;
+            let v = v.min(hard);
             setrlimit(r, v, v).map_err(std::io::Error::from)
         } else {
             Ok(())

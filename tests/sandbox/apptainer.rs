@@ -43,7 +43,7 @@ async fn instance_lifecycle_uses_the_documented_command_lines() {
         program: program.clone(),
     };
     let sb = backend.start(&req).await.expect("start");
-    let name = instance_name(&req.label.job_id);
+    let name = instance_name(&req.dir);
     assert_eq!(sb.label.instance.as_deref(), Some(name.as_str()));
 
     let r = sb
