@@ -14,6 +14,9 @@
 //!   over has lost its message (or the message ran out of deliveries): it is queued again
 //!   under a new stage entry, so the new message has a fresh id and fresh deliveries —
 //!   unless it has already been started `3 × delivery_limit` times, when it is failed;
+//! - a job **queued for RUN** whose sandbox's lease ran out (its node stopped renewing
+//!   it: the node died) is sent back to INIT for a new sandbox elsewhere, at most
+//!   `sandbox.max_restarts` times, then failed;
 //! - results written but never marked published are published;
 //! - a message that reached the consumer's delivery maximum without a worker giving up on
 //!   it (deliveries wasted on workers that died) is reported by the server's
@@ -60,6 +63,8 @@ pub struct Sweep {
     pub requeued: usize,
     /// Jobs failed for being stuck too often.
     pub failed: usize,
+    /// Jobs sent back to INIT because their sandbox's node is gone.
+    pub restarted: usize,
     /// Results published.
     pub results_published: usize,
 }
@@ -88,6 +93,7 @@ pub async fn run(
                 republished = s.republished,
                 requeued = s.requeued,
                 failed = s.failed,
+                restarted = s.restarted,
                 results_published = s.results_published,
                 "reconciler repaired hand-offs"
             ),
@@ -154,6 +160,36 @@ pub async fn sweep(
                     out.requeued += 1;
                 }
             }
+        }
+    }
+    for run in store.abandoned_runs(now, r.batch_limit).await? {
+        let id = run.msg.job_id.clone();
+        let max = settings.sandbox.max_restarts;
+        if run.restarts >= max {
+            let outcome = Outcome {
+                status: Status::Failed,
+                reward: None,
+                error: Some(format!(
+                    "node {} stopped renewing the lease of the job's sandbox (the node is gone) \
+                     and the job was already sent back to INIT {max} times; giving up",
+                    run.node
+                )),
+                eval_output: None,
+            };
+            let cond = FinishIf::Unleased(run.msg.clone());
+            if let Some(result) = store.finish(&cond, &id, &outcome, now).await? {
+                crate::worker::publish_result(queue, store, &result).await;
+                store.delete_sandbox(&id).await?;
+                out.failed += 1;
+            }
+        } else if let Some(next) = store.restart_queued(&run.msg, max, now).await? {
+            store.delete_sandbox(&id).await?;
+            queue.publish_work(&next, None).await?;
+            let why = format!("the sandbox's node {} is gone", run.node);
+            store
+                .record_event(&id, "restarted", Some(next.stage), None, Some(&why), now)
+                .await?;
+            out.restarted += 1;
         }
     }
     // Results are normally marked within milliseconds; give in-flight publishes time.

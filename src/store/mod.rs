@@ -179,6 +179,17 @@ pub struct StaleJob {
     pub attempts: i64,
 }
 
+/// A job waiting for RUN on a node that stopped renewing its sandbox's lease.
+#[derive(Debug, Clone)]
+pub struct AbandonedRun {
+    /// The job's RUN stage entry.
+    pub msg: WorkMessage,
+    /// Times it was sent back to INIT already.
+    pub restarts: i64,
+    /// The node that held its sandbox.
+    pub node: String,
+}
+
 /// A live sandbox as the database knows it: which node holds it and where.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct SandboxRecord {
@@ -294,6 +305,17 @@ pub trait Store: Send + Sync + 'static {
         &self,
         msg: &WorkMessage,
         attempt: i64,
+        max_restarts: i64,
+        now: i64,
+    ) -> StoreResult<Option<WorkMessage>>;
+    /// Jobs queued for RUN whose sandbox's lease ended before `before` (their node is
+    /// gone), oldest lease first.
+    async fn abandoned_runs(&self, before: i64, limit: i64) -> StoreResult<Vec<AbandonedRun>>;
+    /// Sends a job still queued for RUN in the stage entry `msg` back to INIT, unless it
+    /// was sent back `max_restarts` times already; `None` if it moved on or ran out.
+    async fn restart_queued(
+        &self,
+        msg: &WorkMessage,
         max_restarts: i64,
         now: i64,
     ) -> StoreResult<Option<WorkMessage>>;

@@ -96,6 +96,19 @@ pub(crate) const RESTART: &str = "UPDATE jobs SET status = 'queued', stage = 'in
      WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5 \
      AND restarts < $6 RETURNING epoch";
 
+/// RUN jobs still waiting for a sandbox whose node stopped renewing its lease.
+pub(crate) const ABANDONED_RUNS: &str = "SELECT j.id, j.epoch, j.restarts, s.node FROM sandboxes s \
+     JOIN jobs j ON j.id = s.job_id WHERE s.lease_until < $1 AND j.stage = 'run' \
+     AND j.status = 'queued' ORDER BY s.lease_until LIMIT CAST($2 AS INTEGER)";
+
+/// Sends a job queued for RUN back to INIT (its node is gone), like `RESTART` does for a
+/// running one.
+pub(crate) const RESTART_QUEUED: &str = "UPDATE jobs SET status = 'queued', stage = 'init', \
+     epoch = epoch + 1, stage_attempts = 0, restarts = restarts + 1, lease_until = NULL, \
+     route = NULL, init_output = NULL, run_output = NULL, updated_at = $3, init_queued_at = $3 \
+     WHERE id = $1 AND stage = 'run' AND epoch = $2 AND status = 'queued' AND restarts < $4 \
+     RETURNING epoch";
+
 macro_rules! sandbox_cols {
     () => {
         "job_id, node, backend, dir, socket, lease_until, created_at"
@@ -717,6 +730,60 @@ macro_rules! impl_store {
                             .bind(max_restarts)
                             .fetch_optional(&mut *conn)
                             .await?;
+                        Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
+                            job_id: msg.job_id.clone(),
+                            stage: $crate::model::Stage::Init,
+                            epoch,
+                        }))
+                    })
+                })
+                .await
+            }
+
+            async fn abandoned_runs(
+                &self,
+                before: i64,
+                limit: i64,
+            ) -> $crate::store::StoreResult<Vec<$crate::store::AbandonedRun>> {
+                let rows: Vec<(String, i64, i64, String)> =
+                    sqlx::query_as($crate::store::shared::ABANDONED_RUNS)
+                        .bind(before)
+                        .bind(limit)
+                        .fetch_all(&self.pool)
+                        .await?;
+                Ok(rows
+                    .into_iter()
+                    .map(
+                        |(job_id, epoch, restarts, node)| $crate::store::AbandonedRun {
+                            msg: $crate::model::WorkMessage {
+                                job_id,
+                                stage: $crate::model::Stage::Run,
+                                epoch,
+                            },
+                            restarts,
+                            node,
+                        },
+                    )
+                    .collect())
+            }
+
+            async fn restart_queued(
+                &self,
+                msg: &$crate::model::WorkMessage,
+                max_restarts: i64,
+                now: i64,
+            ) -> $crate::store::StoreResult<Option<$crate::model::WorkMessage>> {
+                let msg = msg.clone();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let row: Option<(i64,)> =
+                            sqlx::query_as($crate::store::shared::RESTART_QUEUED)
+                                .bind(&msg.job_id)
+                                .bind(msg.epoch)
+                                .bind(now)
+                                .bind(max_restarts)
+                                .fetch_optional(&mut *conn)
+                                .await?;
                         Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
                             job_id: msg.job_id.clone(),
                             stage: $crate::model::Stage::Init,

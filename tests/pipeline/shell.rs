@@ -369,3 +369,36 @@ async fn a_repository_task_is_cloned_at_its_commit_and_scored_on_its_diff() {
     );
     assert_no_sandboxes(&env, &[]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waiting_for_run_on_a_dead_node_goes_back_to_init() {
+    // No reaper renews the node's leases at first: to the reconciler, the node is dead.
+    let env = TestEnv::start(|s| {
+        s.sandbox.lease_ms = 1_500;
+        s.sandbox.reaper_interval_ms = 500;
+        s.sandbox.max_restarts = 5;
+    })
+    .await;
+    env.stage_workers_in_process(Stage::Init, 1);
+    let ids = env.submit(&[fix_task(true)], "deadnode").await;
+    env.wait_job(&ids[0], "sent back to INIT by the reconciler", |j| {
+        j.restarts >= 1
+    })
+    .await;
+    // The node comes back: its reaper renews leases again, and RUN workers start.
+    tokio::spawn(env.deps.sandboxes.clone().run_reaper(env.shutdown.clone()));
+    env.stage_workers_in_process(Stage::Run, 1);
+    env.stage_workers_in_process(Stage::Eval, 1);
+    let results = env
+        .wait_results("deadnode", 1, Duration::from_secs(120))
+        .await;
+    assert_eq!(results[0].status, Status::Done, "{:?}", results[0]);
+    let view = env.client.job(&ids[0]).await.unwrap();
+    assert!(view.job.restarts >= 1);
+    assert!(
+        view.events.iter().any(|e| e.event == "restarted"),
+        "{:?}",
+        view.events
+    );
+    assert_no_sandboxes(&env, &[]).await;
+}
