@@ -196,13 +196,9 @@ impl Session {
                 Ok(())
             });
         }
-        let child = cmd.spawn().map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot start `{}`: {e}", opts.program))
-        })?;
-        // The command holds copies of the slave; without them, a shell that dies at once
+        // The command's copies of the slave go with it, so a shell that dies at once
         // shows as end of stream instead of a silent terminal.
-        drop(cmd);
-        let pid = child.id().map(|p| p as i32).unwrap_or(-1);
+        let (child, pid) = super::spawn(cmd, &opts.program)?;
         let token = uuid::Uuid::new_v4().simple().to_string();
         let mut session = Session {
             stream: MarkedStream::new(pty.master, &token, 64)?,

@@ -257,6 +257,19 @@ async fn handle(tools: &Tools, req: Request) -> Response {
     }
 }
 
+/// Spawns `cmd` and drops it, closing the parent's copies of the descriptors it gave the
+/// child; returns the child and its pid.
+pub(crate) fn spawn(
+    mut cmd: tokio::process::Command,
+    program: &str,
+) -> std::io::Result<(tokio::process::Child, i32)> {
+    let child = cmd
+        .spawn()
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start `{program}`: {e}")))?;
+    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
+    Ok((child, pid))
+}
+
 /// Waits up to `within` for `child` to exit and returns its status the way a shell
 /// reports it (128 + the signal number for a process killed by a signal).
 pub(crate) async fn exit_code(child: &mut tokio::process::Child, within: Duration) -> Option<i32> {

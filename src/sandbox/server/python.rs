@@ -240,14 +240,10 @@ impl Interp {
                 Ok(())
             });
         }
-        let child = cmd.spawn().map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot start `{}`: {e}", opts.program))
-        })?;
-        // Our copies of the child's ends: an interpreter that dies at once must show as
-        // end of stream.
-        drop(cmd);
+        // Our copies of the child's ends go with the command: an interpreter that dies at
+        // once must show as end of stream.
+        let (child, pid) = super::spawn(cmd, &opts.program)?;
         drop(req_read);
-        let pid = child.id().map(|p| p as i32).unwrap_or(-1);
         let mut interp = Interp {
             child,
             pid,
