@@ -415,7 +415,7 @@ impl Worker {
             }
             StageEnd::Finished(Err(StageError::Restart(e))) => {
                 kind.cleanup(&ctx.job).await;
-                self.restart(&msg, &held, &ctx.job, e).await;
+                self.restart(&msg, &held, &ctx.job, e, true).await;
             }
             StageEnd::TimedOut => {
                 let timeout = s.stages.get(held.work.stage).timeout_ms;
@@ -431,6 +431,12 @@ impl Worker {
                 tracing::info!("stage stopped: job cancelled");
                 kind.cleanup(&ctx.job).await;
                 ack(&msg, AckKind::Ack).await;
+            }
+            StageEnd::HandBack if held.work.stage == Stage::Run && kind.restart_on_hand_back() => {
+                // Its sandbox goes with this worker's cleanup; a fresh one it is.
+                kind.cleanup(&ctx.job).await;
+                let why = "RUN was handed back at shutdown".to_string();
+                self.restart(&msg, &held, &ctx.job, why, false).await;
             }
             StageEnd::HandBack => {
                 kind.cleanup(&ctx.job).await;
@@ -544,9 +550,21 @@ impl Worker {
     }
 
     /// Sends the job back to INIT (its sandbox is gone), or fails it once it has been
-    /// sent back `sandbox.max_restarts` times.
-    async fn restart(&self, msg: &jetstream::Message, held: &Held, job: &Job, error: String) {
-        let max = self.deps.settings.sandbox.max_restarts;
+    /// sent back `sandbox.max_restarts` times; an uncounted restart (a graceful
+    /// hand-back) is always allowed and not counted.
+    async fn restart(
+        &self,
+        msg: &jetstream::Message,
+        held: &Held,
+        job: &Job,
+        error: String,
+        counted: bool,
+    ) {
+        let max = if counted {
+            self.deps.settings.sandbox.max_restarts
+        } else {
+            i64::MAX
+        };
         if job.restarts >= max {
             let e = format!("{error}; already sent back to INIT {max} times, giving up");
             tracing::info!("{e}");
@@ -556,11 +574,11 @@ impl Worker {
         match self
             .deps
             .store
-            .restart(&held.work, held.attempt, max, now_ms())
+            .restart(&held.work, held.attempt, max, counted, now_ms())
             .await
         {
             Ok(Some(next)) => {
-                tracing::info!(reason = %error, restarts = job.restarts + 1, "job sent back to INIT");
+                tracing::info!(reason = %error, counted, "job sent back to INIT");
                 match self.deps.queue.publish_work(&next, None).await {
                     Ok(()) => ack(msg, AckKind::Ack).await,
                     Err(e) => {

@@ -125,6 +125,13 @@ pub trait TaskKind: Send + Sync + 'static {
     /// EVAL: score RUN's output.
     async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError>;
 
+    /// Whether a RUN stage handed back at shutdown must start again from INIT, because
+    /// what it used (a sandbox, part-way through an episode) does not survive the
+    /// hand-back. Such restarts do not count against `sandbox.max_restarts`.
+    fn restart_on_hand_back(&self) -> bool {
+        false
+    }
+
     /// Releases node-local resources of a job that ended (cancelled, timed out, failed)
     /// while this node held one of its stages. Best effort; the default does nothing.
     async fn cleanup(&self, _job: &Job) {}

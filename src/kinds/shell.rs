@@ -324,6 +324,10 @@ impl TaskKind for Shell {
         })
     }
 
+    fn restart_on_hand_back(&self) -> bool {
+        true
+    }
+
     /// Removes the sandbox the ending stage held, and only that one: a stale attempt
     /// (whose lease lapsed while a newer one took over) must not remove the newer one's.
     async fn cleanup(&self, job: &Job) {

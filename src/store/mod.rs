@@ -300,12 +300,14 @@ pub trait Store: Send + Sync + 'static {
     async fn requeue(&self, msg: &WorkMessage, now: i64) -> StoreResult<Option<WorkMessage>>;
     /// Sends the claim `attempt` of a running stage back to INIT under a new stage entry,
     /// because the node-local state it needed is gone; `None` if the claim no longer
-    /// holds or the job was sent back `max_restarts` times already.
+    /// holds or the job was sent back `max_restarts` times already. An uncounted restart
+    /// (a graceful hand-back) leaves the job's `restarts` as it is.
     async fn restart(
         &self,
         msg: &WorkMessage,
         attempt: i64,
         max_restarts: i64,
+        counted: bool,
         now: i64,
     ) -> StoreResult<Option<WorkMessage>>;
     /// Jobs queued for RUN whose sandbox's lease ended before `before` (their node is

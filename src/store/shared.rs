@@ -89,9 +89,10 @@ pub(crate) const RELEASE: &str = "UPDATE jobs SET status = 'queued', lease_until
      WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5";
 
 /// Sends a running stage back to INIT (its node-local state is gone) under a new stage
-/// entry, unless the job has been sent back `$6` times already.
+/// entry, unless the job has been sent back `$6` times already; `$7` (0 or 1) says
+/// whether this one counts.
 pub(crate) const RESTART: &str = "UPDATE jobs SET status = 'queued', stage = 'init', \
-     epoch = epoch + 1, stage_attempts = 0, restarts = restarts + 1, lease_until = NULL, \
+     epoch = epoch + 1, stage_attempts = 0, restarts = restarts + $7, lease_until = NULL, \
      route = NULL, init_output = NULL, run_output = NULL, updated_at = $4, init_queued_at = $4 \
      WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5 \
      AND restarts < $6 RETURNING epoch";
@@ -716,6 +717,7 @@ macro_rules! impl_store {
                 msg: &$crate::model::WorkMessage,
                 attempt: i64,
                 max_restarts: i64,
+                counted: bool,
                 now: i64,
             ) -> $crate::store::StoreResult<Option<$crate::model::WorkMessage>> {
                 let msg = msg.clone();
@@ -728,6 +730,7 @@ macro_rules! impl_store {
                             .bind(now)
                             .bind(attempt)
                             .bind(max_restarts)
+                            .bind(i64::from(counted))
                             .fetch_optional(&mut *conn)
                             .await?;
                         Ok(row.map(|(epoch,)| $crate::model::WorkMessage {

@@ -402,3 +402,41 @@ async fn a_job_waiting_for_run_on_a_dead_node_goes_back_to_init() {
     );
     assert_no_sandboxes(&env, &[]).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_run_starts_the_job_again_without_using_up_its_restarts() {
+    let mut env = TestEnv::start(|s| {
+        s.stages.grace_ms = 300;
+        s.sandbox.max_restarts = 0;
+    })
+    .await;
+    env.stage_workers_in_process(Stage::Init, 1);
+    env.stage_workers_in_process(Stage::Eval, 1);
+    let victim = env.spawn_worker_process(Stage::Run);
+    let mut task = fix_task(true);
+    if let Some(steps) = task.spec["steps"].as_array_mut() {
+        steps.insert(
+            0,
+            serde_json::json!({"tool": "bash", "args": {"command": "sleep 5"}}),
+        );
+    }
+    let ids = env.submit(&[task], "term").await;
+    env.wait_job(&ids[0], "running in RUN", |j| {
+        j.status == Status::Running && j.stage == Stage::Run
+    })
+    .await;
+    let first = wait_label(&env, &ids[0]).await;
+    env.signal_worker(victim, Signal::SIGTERM);
+    assert_eq!(
+        env.wait_worker(victim).await,
+        Some(0),
+        "{}",
+        env.worker_log(Stage::Run, victim)
+    );
+    env.spawn_worker_process(Stage::Run);
+    let results = env.wait_results("term", 1, Duration::from_secs(120)).await;
+    // With max_restarts = 0, a counted restart would have failed the job.
+    assert_eq!(results[0].status, Status::Done, "{:?}", results[0]);
+    assert_eq!(env.client.job(&ids[0]).await.unwrap().job.restarts, 0);
+    assert_no_sandboxes(&env, &[first]).await;
+}
