@@ -28,6 +28,7 @@ on_backends!(
     export_changed_files_of_a_plain_workspace,
     bash_exit_with_a_background_job_holding_the_terminal,
     bash_prompt_changes_do_not_leak_into_output,
+    bash_background_jobs_keep_running_between_calls,
 );
 
 async fn bash(t: &TestSandbox, cmd: &str) -> rollout::sandbox::protocol::BashResult {
@@ -543,5 +544,38 @@ async fn bash_prompt_changes_do_not_leak_into_output(kind: BackendKind) {
     let t = start(kind, &[]).await;
     bash(&t, "PS1='(venv) $ '; PROMPT_COMMAND='echo prompt'").await;
     assert_eq!(bash(&t, "echo clean").await.output, "clean\n");
+    t.stop().await;
+}
+
+async fn bash_background_jobs_keep_running_between_calls(kind: BackendKind) {
+    let t = start(kind, &[]).await;
+    // Far more output than a terminal buffers, printed while no bash call is running.
+    bash(&t, "(seq 1 300000; touch finished) &").await;
+    let r = t
+        .sb
+        .client
+        .python(
+            "import os, time\nfor _ in range(600):\n    if os.path.exists('finished'):\n        break\n    time.sleep(0.1)\nos.path.exists('finished')",
+            Some(Duration::from_secs(120)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r.value.as_deref(),
+        Some("True"),
+        "the background job blocked: {r:?}"
+    );
+    // What it printed opens the next call's output: the newest part, with the rest counted.
+    let r = bash(&t, "echo after").await;
+    assert!(
+        r.output.ends_with("after\n"),
+        "{}",
+        &r.output[r.output.len().saturating_sub(200)..]
+    );
+    assert!(
+        r.output.contains("300000\n"),
+        "the end of the background output is kept"
+    );
+    assert!(r.omitted_bytes > 0);
     t.stop().await;
 }

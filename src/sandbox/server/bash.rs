@@ -32,6 +32,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
+/// Output printed between calls (by background jobs) kept for the next call.
+pub const BETWEEN_CALLS_KEEP: usize = 256 * 1024;
 /// How long each escalation step waits for the shell to answer.
 const GRACE: Duration = Duration::from_millis(1000);
 /// How long a new shell may take to answer its first marker.
@@ -120,6 +122,40 @@ impl BashTool {
         let s = Session::spawn(&self.opts).await?;
         self.ready.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(s)
+    }
+
+    /// Reads the terminal while no call does, forever: background jobs keep running
+    /// instead of blocking on a full terminal, and what they print (the newest
+    /// [`BETWEEN_CALLS_KEEP`] bytes) opens the next call's output.
+    pub async fn drain_between_calls(&self) {
+        loop {
+            let fd = match self.session.lock().await.as_ref() {
+                Some(s) => s.stream.shared_fd(),
+                None => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            // Wait for output without holding the session (a call may take it meanwhile
+            // and read the output itself; then there is nothing left to drain).
+            if fd.readable().await.is_err() {
+                return;
+            }
+            let mut guard = self.session.lock().await;
+            let open = match guard.as_mut() {
+                Some(s) if std::sync::Arc::ptr_eq(&s.stream.shared_fd(), &fd) => s
+                    .stream
+                    .drain_available(BETWEEN_CALLS_KEEP)
+                    .unwrap_or(false),
+                // Replaced meanwhile: start over with the new shell.
+                _ => true,
+            };
+            drop(guard);
+            if !open {
+                // The shell is gone; the next call finds out and replaces it.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
 
     /// Kills the shell and everything in its session (server shutdown).

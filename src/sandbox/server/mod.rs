@@ -85,6 +85,8 @@ pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io:
     let _ = std::fs::remove_file(&opts.socket);
     let listener = UnixListener::bind(&opts.socket)?;
     tracing::info!(socket = %opts.socket.display(), "sandbox server ready");
+    let drain = tools.clone();
+    tokio::spawn(async move { drain.bash.drain_between_calls().await });
     let warm = tools.clone();
     tokio::spawn(async move {
         if let Err(e) = warm.python.warm_up().await {

@@ -57,6 +57,13 @@ impl CappedOutput {
         }
     }
 
+    /// Counts `n` bytes that were dropped before they reached this capture. The head is
+    /// closed, so the omitted-bytes line stands where the gap was.
+    pub fn skip(&mut self, n: u64) {
+        self.total += n;
+        self.head_cap = self.head.len();
+    }
+
     /// Bytes dropped from the middle so far.
     pub fn omitted(&self) -> u64 {
         self.total - self.head.len() as u64 - self.tail.len().min(self.tail_cap) as u64

@@ -8,6 +8,7 @@
 //! bytes after a marker (a background job's output) are kept for the next call.
 
 use super::output::{CappedOutput, MarkerScanner, Scan};
+use futures::FutureExt;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::time::Instant;
@@ -27,9 +28,11 @@ pub enum Until {
 
 /// Output of a persistent process, scanned for its end markers.
 pub struct MarkedStream {
-    fd: AsyncFd<OwnedFd>,
+    fd: std::sync::Arc<AsyncFd<OwnedFd>>,
     scanner: MarkerScanner,
     carry: Vec<u8>,
+    /// Bytes of between-calls output dropped from `carry` to bound it.
+    dropped: u64,
     buf: Vec<u8>,
 }
 
@@ -37,7 +40,8 @@ impl MarkedStream {
     /// Wraps `fd` (made non-blocking here) for markers carrying `token`.
     pub fn new(fd: OwnedFd, token: &str, max_payload: usize) -> io::Result<Self> {
         Ok(MarkedStream {
-            fd: nonblocking(fd)?,
+            fd: std::sync::Arc::new(nonblocking(fd)?),
+            dropped: 0,
             scanner: MarkerScanner::new(token).with_max_payload(max_payload),
             carry: Vec::new(),
             buf: vec![0u8; 64 * 1024],
@@ -49,6 +53,41 @@ impl MarkedStream {
         &self.fd
     }
 
+    /// A shared handle on the descriptor, to wait for output without holding the stream.
+    pub fn shared_fd(&self) -> std::sync::Arc<AsyncFd<OwnedFd>> {
+        self.fd.clone()
+    }
+
+    /// Reads whatever output is waiting, between calls, into the carry-over for the next
+    /// call, keeping at most `keep` bytes (the newest) and counting what it drops. This
+    /// keeps a chatty background job from blocking on a full terminal while no call is
+    /// reading. Returns false when the other side is gone.
+    pub fn drain_available(&mut self, keep: usize) -> io::Result<bool> {
+        loop {
+            match nix::unistd::read(self.fd.get_ref(), &mut self.buf) {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    self.carry.extend_from_slice(&self.buf[..n]);
+                    if self.carry.len() > keep {
+                        let cut = self.carry.len() - keep;
+                        self.carry.drain(..cut);
+                        self.dropped += cut as u64;
+                    }
+                }
+                Err(nix::errno::Errno::EAGAIN) => {
+                    // Tell tokio the descriptor is drained, or it stays "ready".
+                    if let Some(mut g) = self.fd.readable().now_or_never().and_then(Result::ok) {
+                        g.clear_ready();
+                    }
+                    return Ok(true);
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(nix::errno::Errno::EIO) => return Ok(false),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// Reads until a marker numbered `seq` or later, end of stream, or `deadline`.
     pub async fn read_until(
         &mut self,
@@ -56,6 +95,9 @@ impl MarkedStream {
         seq: u64,
         deadline: Instant,
     ) -> io::Result<Until> {
+        if self.dropped > 0 {
+            out.skip(std::mem::take(&mut self.dropped));
+        }
         let carry = std::mem::take(&mut self.carry);
         if let Some(found) = self.feed(&carry, out, seq) {
             return Ok(found);
