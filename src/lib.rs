@@ -8,6 +8,7 @@
 //! per stage.
 //!
 //! Module map:
+//! - [`agent`]: chat templates and (later) the multi-turn agent loop.
 //! - [`config`]: the typed settings tree (file, then `ROLLOUT__SECTION__KEY` environment).
 //! - [`model`]: jobs, stages, statuses, tasks and results — the domain types.
 //! - [`store`]: durable job state behind one trait, with SQLite and Postgres backends.
@@ -24,6 +25,7 @@
 
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod client;
 pub mod config;
 pub mod gateway;

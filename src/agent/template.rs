@@ -1,0 +1,560 @@
+//! Chat templates: a model's Jinja `chat_template` rendered the way Hugging Face
+//! transformers' `apply_chat_template` renders it.
+//!
+//! The prompt a policy was trained on is the template's exact output, so the renderer
+//! must agree with transformers to the character. transformers renders in a sandboxed
+//! Jinja2 environment with `trim_blocks` and `lstrip_blocks`, loop controls, the globals
+//! `raise_exception` and `strftime_now`, and a `tojson` filter that is plain `json.dumps`
+//! (`ensure_ascii=False`, no HTML escaping, key order kept, `", "` and `": "`
+//! separators). minijinja's own `tojson` escapes `<`, `>`, `&` and `'` and writes compact
+//! JSON, so it is replaced here; Python string methods (`strip`, `split`, `startswith`,
+//! `items`, `get`, …) come from minijinja-contrib's pycompat callback.
+
+use minijinja::value::{Kwargs, Serde, Value};
+use minijinja::{Environment, Error, ErrorKind};
+use serde::Serialize;
+
+/// Why a template could not be loaded or rendered.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TemplateError {
+    /// `tokenizer_config.json` has no `chat_template` (or none of the wanted name).
+    #[error("the tokenizer config has no chat template{0}")]
+    Missing(String),
+    /// The template does not parse.
+    #[error("the chat template does not parse: {0}")]
+    Syntax(String),
+    /// Rendering failed, or the template called `raise_exception` (its message is here:
+    /// templates use it to reject conversations they cannot format).
+    #[error("the chat template failed: {0}")]
+    Render(String),
+}
+
+const NAME: &str = "chat_template";
+
+/// A loaded chat template with the special tokens it refers to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Loads `source` with the special tokens the template may print.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .map_err(|e| TemplateError::Syntax(e.to_string()))?,
+        );
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned(NAME, source.to_string())
+            .map_err(|e| TemplateError::Syntax(describe(&e)))?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
+    }
+
+    /// Loads the template of a `tokenizer_config.json`. `chat_template` is either a
+    /// string or a list of `{name, template}`; with a list, `name` picks one (transformers
+    /// picks `tool_use` when tools are given and it exists, else `default`).
+    pub fn from_tokenizer_config(
+        config: &serde_json::Value,
+        name: Option<&str>,
+    ) -> Result<Self, TemplateError> {
+        let source = match &config["chat_template"] {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Array(list) => {
+                let wanted = name.unwrap_or("default");
+                list.iter()
+                    .find(|t| t["name"] == wanted)
+                    .and_then(|t| t["template"].as_str())
+                    .map(str::to_string)
+                    .ok_or_else(|| TemplateError::Missing(format!(" named `{wanted}`")))?
+            }
+            _ => return Err(TemplateError::Missing(String::new())),
+        };
+        let token = |key: &str| match &config[key] {
+            serde_json::Value::String(s) => s.clone(),
+            // Older configs wrap special tokens: {"content": "<s>", ...}.
+            v => v["content"].as_str().unwrap_or_default().to_string(),
+        };
+        Self::new(&source, &token("bos_token"), &token("eos_token"))
+    }
+
+    /// Renders `messages` (OpenAI-style objects), offering `tools` (JSON schemas, as
+    /// transformers passes them), optionally opening the assistant's turn; `extra`
+    /// holds template switches such as `enable_thinking`.
+    pub fn render<M: Serialize, T: Serialize>(
+        &self,
+        messages: &[M],
+        tools: Option<&[T]>,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String, TemplateError> {
+        let mut ctx = serde_json::Map::new();
+        for (k, v) in extra {
+            ctx.insert(k.clone(), v.clone());
+        }
+        // Through one JSON value, keeping the callers' key order (serde_json is built
+        // with `preserve_order`), which tool schemas must keep.
+        let json = |v: Result<serde_json::Value, serde_json::Error>| {
+            v.map_err(|e| TemplateError::Render(format!("cannot serialise the input: {e}")))
+        };
+        ctx.insert("messages".into(), json(serde_json::to_value(messages))?);
+        let tools = match tools {
+            Some(t) => json(serde_json::to_value(t))?,
+            None => serde_json::Value::Null,
+        };
+        ctx.insert("tools".into(), tools);
+        ctx.insert(
+            "add_generation_prompt".into(),
+            serde_json::Value::Bool(add_generation_prompt),
+        );
+        ctx.insert("bos_token".into(), self.bos_token.clone().into());
+        ctx.insert("eos_token".into(), self.eos_token.clone().into());
+        let tmpl = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| TemplateError::Syntax(describe(&e)))?;
+        tmpl.render(Value::from(Serde(serde_json::Value::Object(ctx))))
+            .map_err(|e| TemplateError::Render(describe(&e)))
+    }
+}
+
+/// An error's message with its cause chain and the template line, for users.
+fn describe(e: &Error) -> String {
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `json.dumps(value, ensure_ascii=False, indent=indent)` as transformers' `tojson` does.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(Value::from(python_json(&json, indent)))
+}
+
+/// JSON text the way Python's `json.dumps` writes it: `", "` and `": "` separators, or
+/// with `indent`, one item per line and `","` / `": "`; non-ASCII kept as is.
+pub fn python_json(value: &serde_json::Value, indent: Option<usize>) -> String {
+    let mut out = Vec::new();
+    let result = match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let mut ser = serde_json::Serializer::with_formatter(
+                &mut out,
+                serde_json::ser::PrettyFormatter::with_indent(&pad),
+            );
+            value.serialize(&mut ser)
+        }
+        None => {
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
+            value.serialize(&mut ser)
+        }
+    };
+    result.expect("a JSON value serialises");
+    String::from_utf8(out).expect("serde_json writes UTF-8")
+}
+
+/// serde_json's compact format with Python's default separators.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
+/// `strftime_now(format)`: the current UTC time with the C `strftime` directives chat
+/// templates use (`%Y %m %d %e %b %B %a %A %H %M %S %y %j %%`).
+fn strftime_now(format: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    strftime(&format, secs)
+}
+
+/// Formats `unix_secs` (UTC) with the directives of [`strftime_now`].
+pub fn strftime(format: &str, unix_secs: i64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    let days = unix_secs.div_euclid(86_400);
+    let rem = unix_secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let cumulative = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = cumulative[(month - 1) as usize] + day + i64::from(leap && month > 2);
+    let weekday = DAYS[days.rem_euclid(7) as usize];
+    let month_name = MONTHS[(month - 1) as usize];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year % 100)),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('e') => out.push_str(&format!("{day:2}")),
+            Some('j') => out.push_str(&format!("{yday:03}")),
+            Some('b') => out.push_str(&month_name[..3]),
+            Some('B') => out.push_str(month_name),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('A') => out.push_str(weekday),
+            Some('H') => out.push_str(&format!("{:02}", rem / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", rem / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", rem % 60)),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_json_matches_json_dumps() {
+        let v = serde_json::json!({"b": [1, 2.5, "é<&>'"], "a": {"x": null, "y": true}});
+        assert_eq!(
+            python_json(&v, None),
+            r#"{"b": [1, 2.5, "é<&>'"], "a": {"x": null, "y": true}}"#
+        );
+        assert_eq!(
+            python_json(&serde_json::json!({"a": [1]}), Some(2)),
+            "{\n  \"a\": [\n    1\n  ]\n}"
+        );
+    }
+
+    #[test]
+    fn strftime_formats_known_dates() {
+        // 2024-02-29 13:05:09 UTC, a Thursday.
+        let t = 1_709_211_909;
+        assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
+        assert_eq!(
+            strftime("%A %B %e, %H:%M:%S %j %y %%", t),
+            "Thursday February 29, 13:05:09 060 24 %"
+        );
+        assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
+    }
+
+    #[test]
+    fn templates_get_python_semantics() {
+        let src = "{%- set ns = namespace(n=0) -%}\n\
+            {% for m in messages %}{% if m.role == 'skip' %}{% continue %}{% endif %}\
+            {% set ns.n = ns.n + 1 %}[{{ m.content.strip().split(' ')[-1] }}|{{ m.content[:3] }}]{% endfor %}\n\
+            {{ ns.n }} {{ tools | tojson }}{{ bos_token }}";
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        let messages = serde_json::json!([
+            {"role": "user", "content": "  hello big world "},
+            {"role": "skip", "content": "x"},
+            {"role": "user", "content": "abcdef"}
+        ]);
+        let tools = [serde_json::json!({"name": "f", "description": "<b> & 'q'"})];
+        let out = t
+            .render(
+                messages.as_array().unwrap(),
+                Some(&tools[..]),
+                false,
+                &Default::default(),
+            )
+            .unwrap();
+        assert_eq!(
+            out,
+            "[world|  h][abcdef|abc]2 [{\"name\": \"f\", \"description\": \"<b> & 'q'\"}]<s>"
+        );
+    }
+
+    #[test]
+    fn raise_exception_reports_the_templates_message() {
+        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}", "", "").unwrap();
+        let err = t
+            .render::<serde_json::Value, serde_json::Value>(&[], None, false, &Default::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("roles must alternate"), "{err}");
+    }
+}
+
+/// The project's own test templates (tests/fixtures/templates) against snapshots.
+#[cfg(test)]
+mod snapshots {
+    use super::*;
+
+    const CHATML: &str = include_str!("../../tests/fixtures/templates/chatml_tools.jinja");
+    const LLAMA3: &str = include_str!("../../tests/fixtures/templates/llama3_tools.jinja");
+
+    /// The same template rendered by Python's Jinja2 set up as transformers sets it up
+    /// (tests/fixtures/templates/render_with_jinja2.py): the reference every snapshot
+    /// must also equal.
+    fn reference(
+        template: &str,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+        bos: &str,
+        eos: &str,
+    ) -> String {
+        use std::io::Write;
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/templates/");
+        let mut child = std::process::Command::new("python3")
+            .arg(format!("{dir}render_with_jinja2.py"))
+            .arg(format!("{dir}{template}"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 (scripts/setup.sh installs it)");
+        let input = serde_json::json!({
+            "messages": messages, "tools": tools, "add_generation_prompt": add_generation_prompt,
+            "bos_token": bos, "eos_token": eos, "extra": extra,
+        });
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "the Jinja2 reference failed (scripts/setup.sh installs jinja2): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn tools() -> Vec<serde_json::Value> {
+        // Key order as a trainer would send it; it must survive into the prompt.
+        vec![serde_json::json!({
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "description": "Run a command in the sandbox's shell & return <stdout>.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "command": {"type": "string", "description": "The command."},
+                        "timeout": {"type": "integer", "description": "Seconds."}
+                    },
+                    "required": ["command"]
+                }
+            }
+        })]
+    }
+
+    fn conversation() -> Vec<serde_json::Value> {
+        serde_json::json!([
+            {"role": "system", "content": "You fix bugs. Be brief."},
+            {"role": "user", "content": "  Which files are here?  "},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [
+                {"type": "function", "function": {"name": "bash", "arguments": {"command": "ls", "timeout": 5}}}
+            ]},
+            {"role": "tool", "content": "stats.py\ntest_stats.py"},
+            {"role": "assistant", "content": "Two files: stats.py and test_stats.py — ünïcode ok."},
+            {"role": "user", "content": "Run the tests."}
+        ])
+        .as_array()
+        .unwrap()
+        .clone()
+    }
+
+    #[test]
+    fn chatml_with_tools() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        let tools = tools();
+        let msgs = conversation();
+        let out = t
+            .render(&msgs, Some(&tools[..]), true, &Default::default())
+            .unwrap();
+        let want = reference(
+            "chatml_tools.jinja",
+            &msgs,
+            Some(&tools),
+            true,
+            &Default::default(),
+            "",
+            "<|im_end|>",
+        );
+        assert_eq!(out, want);
+        insta::assert_snapshot!(out);
+    }
+
+    #[test]
+    fn chatml_without_tools_and_thinking_off() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        let mut extra = serde_json::Map::new();
+        extra.insert("enable_thinking".into(), false.into());
+        let msgs = &conversation()[..2];
+        let out = t
+            .render::<_, serde_json::Value>(msgs, None, true, &extra)
+            .unwrap();
+        assert_eq!(
+            out,
+            reference(
+                "chatml_tools.jinja",
+                msgs,
+                None,
+                true,
+                &extra,
+                "",
+                "<|im_end|>"
+            )
+        );
+        insta::assert_snapshot!(out);
+    }
+
+    #[test]
+    fn chatml_rejects_unknown_roles() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        let msgs = [serde_json::json!({"role": "narrator", "content": "x"})];
+        let err = t
+            .render::<_, serde_json::Value>(&msgs, None, false, &Default::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown role: narrator"), "{err}");
+    }
+
+    #[test]
+    fn llama3_with_tools() {
+        let t = ChatTemplate::new(LLAMA3, "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        let tools: Vec<serde_json::Value> =
+            tools().into_iter().map(|t| t["function"].clone()).collect();
+        let mut extra = serde_json::Map::new();
+        extra.insert("date_string".into(), "26 Jul 2024".into());
+        let msgs = conversation();
+        let out = t.render(&msgs, Some(&tools[..]), true, &extra).unwrap();
+        let want = reference(
+            "llama3_tools.jinja",
+            &msgs,
+            Some(&tools),
+            true,
+            &extra,
+            "<|begin_of_text|>",
+            "<|eot_id|>",
+        );
+        assert_eq!(out, want);
+        insta::assert_snapshot!(out);
+    }
+
+    #[test]
+    fn llama3_dates_itself_when_not_told() {
+        let t = ChatTemplate::new(LLAMA3, "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        let msgs = [serde_json::json!({"role": "user", "content": "hi"})];
+        let out = t
+            .render::<_, serde_json::Value>(&msgs, None, false, &Default::default())
+            .unwrap();
+        let today = strftime_now("%d %b %Y".into());
+        assert!(out.contains(&format!("Today Date: {today}\n")), "{out}");
+    }
+
+    #[test]
+    fn llama3_refuses_two_calls_in_a_turn() {
+        let t = ChatTemplate::new(LLAMA3, "<|begin_of_text|>", "<|eot_id|>").unwrap();
+        let call = serde_json::json!({"function": {"name": "f", "arguments": {}}});
+        let msgs = [
+            serde_json::json!({"role": "user", "content": "hi"}),
+            serde_json::json!({"role": "assistant", "tool_calls": [call.clone(), call]}),
+        ];
+        let err = t
+            .render::<_, serde_json::Value>(&msgs, None, false, &Default::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("one tool call per turn"), "{err}");
+    }
+}
