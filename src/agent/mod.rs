@@ -2,5 +2,7 @@
 //! model was trained on.
 //!
 //! - [`template`]: chat templates rendered as transformers renders them.
+//! - [`tokenizer`]: `tokenizer.json` loading, and small BPE tokenizers trained for tests.
 
 pub mod template;
+pub mod tokenizer;
