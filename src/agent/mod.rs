@@ -3,6 +3,8 @@
 //!
 //! - [`template`]: chat templates rendered as transformers renders them.
 //! - [`tokenizer`]: `tokenizer.json` loading, and small BPE tokenizers trained for tests.
+//! - [`parse`]: tool-call parsers (Hermes `<tool_call>` blocks, one bash block per turn).
 
+pub mod parse;
 pub mod template;
 pub mod tokenizer;
