@@ -9,6 +9,7 @@
 //!
 //! Module map:
 //! - [`agent`]: chat templates and (later) the multi-turn agent loop.
+//! - [`backends`]: inference servers and their wire formats.
 //! - [`config`]: the typed settings tree (file, then `ROLLOUT__SECTION__KEY` environment).
 //! - [`model`]: jobs, stages, statuses, tasks and results — the domain types.
 //! - [`store`]: durable job state behind one trait, with SQLite and Postgres backends.
@@ -26,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod backends;
 pub mod client;
 pub mod config;
 pub mod gateway;
