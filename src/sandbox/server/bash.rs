@@ -460,17 +460,9 @@ impl Session {
         seq: u64,
         deadline: Instant,
     ) -> io::Result<Until> {
-        tokio::select! {
-            r = self.stream.read_until(out, seq, deadline) => r,
-            _ = self.child.wait() => {
-                // Take what the shell printed before it went, then report its end.
-                let drain = (Instant::now() + Duration::from_millis(100)).min(deadline);
-                match self.stream.read_until(out, seq, drain).await? {
-                    Until::Marker(status) => Ok(Until::Marker(status)),
-                    _ => Ok(Until::Eof),
-                }
-            }
-        }
+        self.stream
+            .read_until_exit(&mut self.child, out, seq, deadline)
+            .await
     }
 
     /// Kills the shell and every process still in its session.

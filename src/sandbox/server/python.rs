@@ -102,18 +102,10 @@ impl PythonTool {
         let mut ended = match written {
             Ok(()) => {
                 let deadline = Instant::now() + timeout;
-                // Watch the interpreter itself too: a child it started may hold its
-                // stdout open after it died, so end of stream alone is not enough.
-                tokio::select! {
-                    r = interp.output.read_until(&mut out, seq, deadline) => r?,
-                    _ = interp.child.wait() => {
-                        let drain = Instant::now() + Duration::from_millis(100);
-                        match interp.output.read_until(&mut out, seq, drain).await? {
-                            Until::Marker(p) => Until::Marker(p),
-                            _ => Until::Eof,
-                        }
-                    }
-                }
+                interp
+                    .output
+                    .read_until_exit(&mut interp.child, &mut out, seq, deadline)
+                    .await?
             }
             // The interpreter is gone (broken pipe): treat like a crash.
             Err(_) => Until::Eof,

@@ -118,6 +118,29 @@ impl MarkedStream {
         }
     }
 
+    /// Like [`read_until`](Self::read_until), but also watches the process writing the
+    /// stream: a child it started may hold the stream open after it died, so end of
+    /// stream alone would not tell. On its exit, takes what it printed before it went
+    /// (for up to 100 ms) and reports end of stream unless the marker came.
+    pub async fn read_until_exit(
+        &mut self,
+        child: &mut tokio::process::Child,
+        out: &mut CappedOutput,
+        seq: u64,
+        deadline: Instant,
+    ) -> io::Result<Until> {
+        tokio::select! {
+            r = self.read_until(out, seq, deadline) => r,
+            _ = child.wait() => {
+                let drain = (Instant::now() + std::time::Duration::from_millis(100)).min(deadline);
+                match self.read_until(out, seq, drain).await? {
+                    Until::Marker(payload) => Ok(Until::Marker(payload)),
+                    _ => Ok(Until::Eof),
+                }
+            }
+        }
+    }
+
     /// Ends a call that got no marker: bytes held back as a possible marker start are
     /// output after all.
     pub fn flush(&mut self, out: &mut CappedOutput) {
