@@ -5,10 +5,11 @@
 //! names it. EVAL's fresh sandboxes live in `<root>/<job id>-eval/` and are not recorded:
 //! they exist only while an EVAL stage holds them.
 //!
-//! The reaper, run by the node's INIT and RUN workers, removes the sandboxes whose job has
-//! ended (or is unknown) or whose lease ran out, and directories whose label points at a
-//! process that is gone; then it renews the leases of the rest, which is how the node
-//! tells the cluster it still looks after them.
+//! The reaper, run by every worker, first renews the leases of the node's sandboxes
+//! (which is how the node tells the cluster it still looks after them), then removes the
+//! sandboxes whose job has ended (or is unknown), and directories whose label points at a
+//! process that is gone. A lease only runs out when its node stops renewing it; the
+//! reconciler then sends the waiting job back to INIT.
 
 use super::protocol::ExportResult;
 use super::spec::{SandboxSpec, apply_changes};
@@ -271,12 +272,8 @@ impl NodeSandboxes {
                 .await?,
             ..Reaped::default()
         };
-        for rec in self.store.sandboxes_to_reap(&self.node, now).await? {
-            let reason = if rec.lease_until < now {
-                "lease expired"
-            } else {
-                "job ended"
-            };
+        for rec in self.store.sandboxes_to_reap(&self.node).await? {
+            let reason = "job ended";
             tracing::info!(job_id = %rec.job_id, reason, "reaping sandbox");
             metrics::counter!(crate::metrics::SANDBOXES_REAPED, "reason" => reason).increment(1);
             self.remove(&rec.job_id, Purpose::Run, None).await;

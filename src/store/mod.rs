@@ -327,8 +327,10 @@ pub trait Store: Send + Sync + 'static {
     async fn sandbox(&self, job_id: &str) -> StoreResult<Option<SandboxRecord>>;
     /// Forgets a job's sandbox (after it was stopped).
     async fn delete_sandbox(&self, job_id: &str) -> StoreResult<()>;
-    /// A node's sandboxes whose job ended (or is unknown) or whose lease ran out by `now`.
-    async fn sandboxes_to_reap(&self, node: &str, now: i64) -> StoreResult<Vec<SandboxRecord>>;
+    /// A node's sandboxes whose job ended (or is unknown). Lapsed leases are not a reason
+    /// here: the node's own reaper renews every lease first, and the reconciler handles
+    /// the sandboxes of nodes that stopped renewing.
+    async fn sandboxes_to_reap(&self, node: &str) -> StoreResult<Vec<SandboxRecord>>;
     /// All of a node's recorded sandboxes.
     async fn sandboxes_of_node(&self, node: &str) -> StoreResult<Vec<SandboxRecord>>;
     /// Renews until `lease_until` the leases of all of a node's sandboxes (`now` is the

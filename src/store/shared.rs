@@ -132,11 +132,11 @@ pub(crate) const SELECT_SANDBOX: &str = concat!(
 
 pub(crate) const DELETE_SANDBOX: &str = "DELETE FROM sandboxes WHERE job_id = $1";
 
-/// A node's sandboxes that must go: their job ended or is unknown, or their lease ran out.
+/// A node's sandboxes that must go: their job ended or is unknown.
 pub(crate) const SANDBOXES_TO_REAP: &str = "SELECT s.job_id, s.node, s.backend, s.dir, s.socket, \
      s.lease_until, s.created_at FROM sandboxes s LEFT JOIN jobs j ON j.id = s.job_id \
-     WHERE s.node = $1 AND (j.id IS NULL OR j.status IN ('done', 'failed', 'cancelled', 'timed_out') \
-     OR s.lease_until < $2) ORDER BY s.job_id";
+     WHERE s.node = $1 AND (j.id IS NULL OR j.status IN ('done', 'failed', 'cancelled', 'timed_out')) \
+     ORDER BY s.job_id";
 
 pub(crate) const SANDBOXES_OF_NODE: &str = concat!(
     "SELECT ",
@@ -847,11 +847,9 @@ macro_rules! impl_store {
             async fn sandboxes_to_reap(
                 &self,
                 node: &str,
-                now: i64,
             ) -> $crate::store::StoreResult<Vec<$crate::store::SandboxRecord>> {
                 Ok(sqlx::query_as($crate::store::shared::SANDBOXES_TO_REAP)
                     .bind(node)
-                    .bind(now)
                     .fetch_all(&self.pool)
                     .await?)
             }
