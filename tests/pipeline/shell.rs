@@ -141,25 +141,38 @@ async fn a_hundred_shell_jobs_get_the_rewards_their_changes_earn() {
     assert_no_sandboxes(&env, &[]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_worker_killed_mid_run_leaves_no_sandbox_behind() {
-    let mut env = TestEnv::start(|s| s.queue.ack_wait_ms = 1_500).await;
+/// Starts INIT and EVAL workers in this process and a RUN worker as a process of its
+/// own, submits a task whose first step sleeps `sleep_secs`, and waits until RUN runs
+/// it: the worker's index, the job ids and the sandbox's label.
+async fn running_in_a_worker_process(
+    env: &mut TestEnv,
+    sleep_secs: u32,
+    batch: &str,
+) -> (usize, Vec<String>, Label) {
     env.stage_workers_in_process(Stage::Init, 1);
     env.stage_workers_in_process(Stage::Eval, 1);
     let victim = env.spawn_worker_process(Stage::Run);
     let mut task = fix_task(true);
     if let Some(steps) = task.spec["steps"].as_array_mut() {
+        let sleep = format!("sleep {sleep_secs}");
         steps.insert(
             0,
-            serde_json::json!({"tool": "bash", "args": {"command": "sleep 3"}}),
+            serde_json::json!({"tool": "bash", "args": {"command": sleep}}),
         );
     }
-    let ids = env.submit(&[task], "killrun").await;
+    let ids = env.submit(&[task], batch).await;
     env.wait_job(&ids[0], "running in RUN", |j| {
         j.status == Status::Running && j.stage == Stage::Run
     })
     .await;
-    let first = wait_label(&env, &ids[0]).await;
+    let label = wait_label(env, &ids[0]).await;
+    (victim, ids, label)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_worker_killed_mid_run_leaves_no_sandbox_behind() {
+    let mut env = TestEnv::start(|s| s.queue.ack_wait_ms = 1_500).await;
+    let (victim, ids, first) = running_in_a_worker_process(&mut env, 3, "killrun").await;
     env.signal_worker(victim, Signal::SIGKILL);
     env.wait_worker(victim).await;
     env.spawn_worker_process(Stage::Run);
@@ -410,22 +423,7 @@ async fn sigterm_mid_run_starts_the_job_again_without_using_up_its_restarts() {
         s.sandbox.max_restarts = 0;
     })
     .await;
-    env.stage_workers_in_process(Stage::Init, 1);
-    env.stage_workers_in_process(Stage::Eval, 1);
-    let victim = env.spawn_worker_process(Stage::Run);
-    let mut task = fix_task(true);
-    if let Some(steps) = task.spec["steps"].as_array_mut() {
-        steps.insert(
-            0,
-            serde_json::json!({"tool": "bash", "args": {"command": "sleep 5"}}),
-        );
-    }
-    let ids = env.submit(&[task], "term").await;
-    env.wait_job(&ids[0], "running in RUN", |j| {
-        j.status == Status::Running && j.stage == Stage::Run
-    })
-    .await;
-    let first = wait_label(&env, &ids[0]).await;
+    let (victim, ids, first) = running_in_a_worker_process(&mut env, 5, "term").await;
     env.signal_worker(victim, Signal::SIGTERM);
     assert_eq!(
         env.wait_worker(victim).await,
