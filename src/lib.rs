@@ -39,6 +39,7 @@ pub mod natsd;
 pub mod queue;
 pub mod reconciler;
 pub mod sandbox;
+pub mod scripted;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

@@ -1,0 +1,266 @@
+//! The HTTP client for inference servers.
+//!
+//! One pooled [`reqwest::Client`] per process keeps connections to every backend alive
+//! across turns and jobs. Each generation has a timeout; connection errors, timeouts
+//! and 5xx answers are retried with exponential backoff, because a backend under load
+//! or restarting answers so briefly and a lost turn costs a whole episode. Other errors
+//! (4xx, an answer without token IDs) are not retried: the same request would fail the
+//! same way. Cancelling drops the request future, which closes its connection, so the
+//! server sees the client go away and can abort the generation.
+
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::BackendSpec;
+use super::WireKind;
+use super::wire::{self, Generation, Sampling};
+
+/// Timeouts and retry policy.
+#[derive(Debug, Clone)]
+pub struct ClientSettings {
+    /// How long one connection attempt may take.
+    pub connect_timeout: Duration,
+    /// How long one generation request may take, answer included.
+    pub request_timeout: Duration,
+    /// Retries after the first attempt, for connection errors, timeouts and 5xx.
+    pub retries: u32,
+    /// The first backoff; it doubles with each retry.
+    pub backoff: Duration,
+}
+
+impl Default for ClientSettings {
+    fn default() -> Self {
+        ClientSettings {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(600),
+            retries: 3,
+            backoff: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Why a generation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InferenceError {
+    /// The backend could not be reached, timed out or answered 5xx on every attempt:
+    /// the caller should move the job to another backend.
+    #[error("backend `{backend}` is unavailable after {attempts} attempts: {last}")]
+    Unavailable {
+        /// The backend's id.
+        backend: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last error.
+        last: String,
+    },
+    /// The backend refused the request (4xx): retrying or moving would not help.
+    #[error("backend `{backend}` refused the request ({status}): {body}")]
+    Refused {
+        /// The backend's id.
+        backend: String,
+        /// HTTP status.
+        status: u16,
+        /// Its answer, shortened.
+        body: String,
+    },
+    /// The answer lacks what token-exact training needs.
+    #[error("backend `{backend}`: {source}")]
+    Wire {
+        /// The backend's id.
+        backend: String,
+        /// What is missing.
+        source: wire::WireError,
+    },
+    /// The job was cancelled; the request was closed.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// A pooled inference client.
+#[derive(Debug, Clone)]
+pub struct InferenceClient {
+    http: reqwest::Client,
+    settings: ClientSettings,
+}
+
+/// One attempt's failure, and whether another attempt may help.
+enum Attempt {
+    Retry(String),
+    Fatal(InferenceError),
+}
+
+impl InferenceClient {
+    /// A client with `settings`.
+    pub fn new(settings: ClientSettings) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(settings.connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()
+            .expect("HTTP client builds");
+        InferenceClient { http, settings }
+    }
+
+    /// Its settings.
+    pub fn settings(&self) -> &ClientSettings {
+        &self.settings
+    }
+
+    /// Generates from `prompt_ids` on `backend`, retrying transient failures; returns
+    /// early with [`InferenceError::Cancelled`] when `cancel` fires.
+    pub async fn generate(
+        &self,
+        backend: &BackendSpec,
+        prompt_ids: &[u32],
+        sampling: &Sampling,
+        cancel: &CancellationToken,
+    ) -> Result<Generation, InferenceError> {
+        let (url, body) = match backend.kind {
+            WireKind::Vllm => (
+                format!("{}/v1/completions", backend.url.trim_end_matches('/')),
+                wire::vllm_request(&backend.model, prompt_ids, sampling),
+            ),
+            WireKind::Sglang => (
+                format!("{}/generate", backend.url.trim_end_matches('/')),
+                wire::sglang_request(prompt_ids, sampling),
+            ),
+        };
+        let body = bytes::Bytes::from(serde_json::to_vec(&body).expect("request serialises"));
+        let attempts = self.settings.retries + 1;
+        let mut last = String::new();
+        for attempt in 1..=attempts {
+            if attempt > 1 {
+                let backoff = self.settings.backoff * 2u32.saturating_pow(attempt - 2);
+                tracing::debug!(backend = %backend.id, attempt, ?backoff, error = %last, "retrying generation");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Err(InferenceError::Cancelled),
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+            }
+            let once = self.attempt(backend, &url, body.clone());
+            let outcome = tokio::select! {
+                // Dropping the request future closes its connection.
+                _ = cancel.cancelled() => return Err(InferenceError::Cancelled),
+                r = once => r,
+            };
+            match outcome {
+                Ok(g) => return Ok(g),
+                Err(Attempt::Fatal(e)) => return Err(e),
+                Err(Attempt::Retry(e)) => {
+                    metrics::counter!("rollout_backend_errors_total", "backend" => backend.id.clone())
+                        .increment(1);
+                    last = e;
+                }
+            }
+        }
+        Err(InferenceError::Unavailable {
+            backend: backend.id.clone(),
+            attempts,
+            last,
+        })
+    }
+
+    async fn attempt(
+        &self,
+        backend: &BackendSpec,
+        url: &str,
+        body: bytes::Bytes,
+    ) -> Result<Generation, Attempt> {
+        let t0 = Instant::now();
+        metrics::counter!("rollout_backend_requests_total", "backend" => backend.id.clone())
+            .increment(1);
+        let resp = self
+            .http
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .timeout(self.settings.request_timeout)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| Attempt::Retry(describe(&e)))?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| Attempt::Retry(describe(&e)))?;
+        metrics::histogram!("rollout_backend_latency_seconds", "backend" => backend.id.clone())
+            .record(t0.elapsed().as_secs_f64());
+        if status.is_server_error() {
+            return Err(Attempt::Retry(format!(
+                "HTTP {status}: {}",
+                shorten(&String::from_utf8_lossy(&bytes))
+            )));
+        }
+        if !status.is_success() {
+            return Err(Attempt::Fatal(InferenceError::Refused {
+                backend: backend.id.clone(),
+                status: status.as_u16(),
+                body: shorten(&String::from_utf8_lossy(&bytes)),
+            }));
+        }
+        let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+            Attempt::Fatal(InferenceError::Wire {
+                backend: backend.id.clone(),
+                source: wire::WireError {
+                    server: match backend.kind {
+                        WireKind::Vllm => "vLLM",
+                        WireKind::Sglang => "SGLang",
+                    },
+                    message: format!("the answer is not JSON: {e}"),
+                },
+            })
+        })?;
+        let parsed = match backend.kind {
+            WireKind::Vllm => wire::parse_vllm(&json),
+            WireKind::Sglang => wire::parse_sglang(&json),
+        };
+        parsed.map_err(|source| {
+            Attempt::Fatal(InferenceError::Wire {
+                backend: backend.id.clone(),
+                source,
+            })
+        })
+    }
+
+    /// Probes `backend`'s `GET /health`; the error says why it is not healthy.
+    pub async fn health(&self, backend: &BackendSpec, timeout: Duration) -> Result<(), String> {
+        let url = format!("{}/health", backend.url.trim_end_matches('/'));
+        match self.http.get(&url).timeout(timeout).send().await {
+            Ok(r) if r.status().is_success() => Ok(()),
+            Ok(r) => Err(format!("GET /health answered {}", r.status())),
+            Err(e) => Err(describe(&e)),
+        }
+    }
+}
+
+/// A transport error with its causes (reqwest's top-level message alone says little).
+fn describe(e: &reqwest::Error) -> String {
+    let mut s = if e.is_timeout() {
+        "timed out".to_string()
+    } else if e.is_connect() {
+        "cannot connect".to_string()
+    } else {
+        e.to_string()
+    };
+    let mut source = std::error::Error::source(e);
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+fn shorten(s: &str) -> String {
+    const MAX: usize = 500;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}

@@ -1,0 +1,79 @@
+//! A small model directory the project makes itself: a byte-level BPE tokenizer trained
+//! on the spot and the project's ChatML / Hermes-tool-call chat template.
+//!
+//! Tests, benchmarks and the README demo need a `tokenizer.json` and a
+//! `tokenizer_config.json` that the RUN workers and the stand-in server both load;
+//! downloading a real model's is not an option. Training is deterministic, so every run
+//! (and every process of one run) gets the same vocabulary.
+
+use std::path::Path;
+
+use crate::agent::model::{ModelError, ModelFiles};
+use crate::agent::tokenizer::Tokenizer;
+
+/// The ChatML template with Hermes-style tool calls (Qwen2.5 / Qwen3 style).
+pub const CHATML_TEMPLATE: &str = include_str!("../../tests/fixtures/templates/chatml_tools.jinja");
+
+/// Special tokens of the demo vocabulary.
+pub const SPECIAL_TOKENS: [&str; 5] = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<tool_call>",
+    "</tool_call>",
+];
+
+const CORPUS: &[&str] = &[
+    "You are a helpful assistant. Use the tools to inspect and change files, then answer.",
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n",
+    "{\"name\": \"bash\", \"arguments\": {\"command\": \"ls -la && cat README.md\"}}",
+    "{\"name\": \"python\", \"arguments\": {\"code\": \"print(sum(range(10)))\"}}",
+    "{\"name\": \"file\", \"arguments\": {\"command\": \"str_replace\", \"path\": \"add.py\", \"old_str\": \"a - b\", \"new_str\": \"a + b\"}}",
+    "{\"name\": \"finish\", \"arguments\": {\"answer\": \"42\"}}",
+    "{\"type\": \"function\", \"function\": {\"name\": \"bash\", \"description\": \"Run a command in a persistent bash shell.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"command\": {\"type\": \"string\"}}, \"required\": [\"command\"]}}}",
+    "<tool_response>\nexit code 0\n</tool_response>",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
+    "The quick brown fox jumps over the lazy dog. The answer is 5. I will run the tests.",
+    "Traceback (most recent call last):\n  File \"<stdin>\", line 1, in <module>\nNameError: name 'x' is not defined",
+    "Let me look at the repository first, then fix the bug and check the result.",
+];
+
+/// Trains the demo tokenizer; `extra` text (a policy's turns, say) joins the corpus.
+pub fn tokenizer(extra: &[&str]) -> Result<Tokenizer, ModelError> {
+    let mut corpus: Vec<&str> = CORPUS.to_vec();
+    corpus.push(CHATML_TEMPLATE);
+    corpus.extend_from_slice(extra);
+    Ok(Tokenizer::train_bpe(&corpus, 2000, &SPECIAL_TOKENS)?)
+}
+
+/// The demo `tokenizer_config.json` around `template`.
+pub fn tokenizer_config(template: &str) -> serde_json::Value {
+    serde_json::json!({
+        "bos_token": null,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 32768,
+        "chat_template": template,
+    })
+}
+
+/// The demo model in memory, with `template` as its chat template.
+pub fn model_files(template: &str, extra: &[&str]) -> Result<ModelFiles, ModelError> {
+    ModelFiles::from_parts(tokenizer(extra)?, &tokenizer_config(template))
+}
+
+/// Writes the demo model directory (`tokenizer.json`, `tokenizer_config.json`) to `dir`.
+pub fn write_model_dir(dir: &Path, template: &str, extra: &[&str]) -> Result<(), ModelError> {
+    let io = |path: &Path, source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let tok = tokenizer(extra)?;
+    let tok_path = dir.join("tokenizer.json");
+    std::fs::write(&tok_path, tok.to_json()?).map_err(|e| io(&tok_path, e))?;
+    let cfg_path = dir.join("tokenizer_config.json");
+    let cfg = serde_json::to_string_pretty(&tokenizer_config(template)).expect("JSON");
+    std::fs::write(&cfg_path, cfg).map_err(|e| io(&cfg_path, e))?;
+    Ok(())
+}

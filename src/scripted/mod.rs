@@ -1,0 +1,681 @@
+//! `rollout-scripted-llm`: a stand-in inference server for tests, benchmarks and demos.
+//!
+//! **It plays a script; it is not a model.** It answers vLLM's `POST /v1/completions`
+//! and SGLang's `POST /generate` in their wire formats, token-in and token-out, with the
+//! assistant turns a [`policy::Policy`] file scripts for each task. The turns become
+//! real token IDs of the model directory's tokenizer (the same files the RUN workers
+//! load), each with a deterministic pseudo-logprob. It simulates what matters for
+//! measuring the rollout service around it: per-token generation time, a prefix cache
+//! that reports cached prompt tokens as vLLM and SGLang do ([`cache::PrefixCache`]),
+//! the context limit, and faults on command (`POST /control`: fail with 5xx, stall,
+//! drop connections, go down).
+//!
+//! Endpoints: `POST /v1/completions`, `POST /generate`, `GET /health`, `GET /v1/models`,
+//! `POST /control`, `GET /stats`, `GET /requests` (the last requests served, for tests
+//! that check token-exactness against what the server sent).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::model::ModelFiles;
+
+pub mod cache;
+pub mod demo;
+pub mod policy;
+
+use cache::PrefixCache;
+use policy::{Policy, stable_hash};
+
+/// How the server behaves.
+#[derive(Debug)]
+pub struct ScriptedConfig {
+    /// The model name it answers to (vLLM's `model` field; not checked).
+    pub model_name: String,
+    /// The tokenizer and template.
+    pub model: Arc<ModelFiles>,
+    /// The script.
+    pub policy: Policy,
+    /// Seed for requests that carry none.
+    pub seed: u64,
+    /// Simulated time per generated token (µs).
+    pub token_us: u64,
+    /// Simulated prefill time per prompt token not found in the cache (ns).
+    pub prefill_ns_per_token: u64,
+    /// Prefix cache block size (tokens).
+    pub block_size: usize,
+    /// Prefix cache capacity (blocks).
+    pub cache_blocks: usize,
+    /// Context length: prompt plus `max_tokens` beyond it is refused with 400.
+    pub max_model_len: usize,
+    /// Behave like a vLLM without `return_token_ids`: IDs only as `token_id:<id>`.
+    pub legacy_vllm: bool,
+    /// How many served requests `GET /requests` keeps.
+    pub keep_requests: usize,
+}
+
+impl ScriptedConfig {
+    /// Defaults around `model` and `policy`: no simulated delays, 16-token blocks, a
+    /// cache of 65,536 blocks, a 32,768-token context.
+    pub fn new(model: Arc<ModelFiles>, policy: Policy) -> Self {
+        ScriptedConfig {
+            model_name: "scripted".into(),
+            model,
+            policy,
+            seed: 0,
+            token_us: 0,
+            prefill_ns_per_token: 0,
+            block_size: 16,
+            cache_blocks: 65_536,
+            max_model_len: 32_768,
+            legacy_vllm: false,
+            keep_requests: 10_000,
+        }
+    }
+}
+
+/// A fault to play.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultMode {
+    /// Answer normally.
+    Ok,
+    /// Answer generation requests with HTTP 500.
+    Fail,
+    /// Never answer generation requests (until the client gives up).
+    Stall,
+    /// Close the connection without an answer.
+    Drop,
+    /// Answer everything, `/health` included, with HTTP 503.
+    Down,
+}
+
+/// `POST /control` body: play `mode` for the next `count` generation requests (all of
+/// them when absent), then answer normally again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Control {
+    /// The fault.
+    pub mode: FaultMode,
+    /// How many requests it applies to.
+    #[serde(default)]
+    pub count: Option<u64>,
+}
+
+/// Counters since start.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Generation requests answered with tokens.
+    pub requests: u64,
+    /// Prompt tokens received.
+    pub prompt_tokens: u64,
+    /// Prompt tokens found in the prefix cache.
+    pub cached_tokens: u64,
+    /// Tokens generated.
+    pub completion_tokens: u64,
+    /// Requests that got a fault instead.
+    pub faulted: u64,
+    /// Requests being served now.
+    pub in_flight: u64,
+}
+
+/// One served request, as `GET /requests` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Served {
+    /// `vllm` or `sglang`.
+    pub format: String,
+    /// The seed the pick used.
+    pub key: u64,
+    /// Prompt length.
+    pub prompt_len: usize,
+    /// Prompt tokens found in the cache.
+    pub cached_tokens: usize,
+    /// The token IDs returned.
+    pub output_ids: Vec<u32>,
+    /// Their logprobs.
+    pub logprobs: Vec<f32>,
+    /// Which variant and turn were played.
+    pub variant: usize,
+    /// The turn index.
+    pub turn: usize,
+}
+
+struct Shared {
+    cfg: ScriptedConfig,
+    cache: Mutex<PrefixCache>,
+    fault: Mutex<(FaultMode, Option<u64>)>,
+    counter: AtomicU64,
+    requests: AtomicU64,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    faulted: AtomicU64,
+    in_flight: AtomicU64,
+    served: Mutex<VecDeque<Served>>,
+    shutdown: CancellationToken,
+}
+
+/// A running stand-in server.
+pub struct ScriptedServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for ScriptedServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScriptedServer")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ScriptedServer {
+    /// Serves on `listener` until [`ScriptedServer::stop`].
+    pub fn spawn(listener: tokio::net::TcpListener, cfg: ScriptedConfig) -> std::io::Result<Self> {
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            cache: Mutex::new(PrefixCache::new(cfg.block_size, cfg.cache_blocks)),
+            cfg,
+            fault: Mutex::new((FaultMode::Ok, None)),
+            counter: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
+            completion_tokens: AtomicU64::new(0),
+            faulted: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            served: Mutex::new(VecDeque::new()),
+            shutdown: CancellationToken::new(),
+        });
+        let app = router(shared.clone());
+        let stop = shared.shutdown.clone();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "the scripted server stopped");
+            }
+        });
+        Ok(ScriptedServer { addr, shared, task })
+    }
+
+    /// Its base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+
+    /// The requests served, oldest first.
+    pub fn served(&self) -> Vec<Served> {
+        self.shared
+            .served
+            .lock()
+            .expect("lock")
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Plays a fault.
+    pub fn control(&self, c: Control) {
+        *self.shared.fault.lock().expect("lock") = (c.mode, c.count);
+    }
+
+    /// Stops serving: stalled requests end, open connections close.
+    pub async fn stop(self) {
+        self.shared.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+impl Shared {
+    fn stats(&self) -> Stats {
+        Stats {
+            requests: self.requests.load(Ordering::Relaxed),
+            prompt_tokens: self.prompt_tokens.load(Ordering::Relaxed),
+            cached_tokens: self.cached_tokens.load(Ordering::Relaxed),
+            completion_tokens: self.completion_tokens.load(Ordering::Relaxed),
+            faulted: self.faulted.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The fault for this request, consuming one from its count.
+    fn take_fault(&self) -> FaultMode {
+        let mut f = self.fault.lock().expect("lock");
+        let mode = f.0;
+        if mode == FaultMode::Ok {
+            return mode;
+        }
+        if let Some(n) = f.1.as_mut() {
+            if *n == 0 {
+                *f = (FaultMode::Ok, None);
+                return FaultMode::Ok;
+            }
+            *n -= 1;
+        }
+        mode
+    }
+
+    fn is_down(&self) -> bool {
+        self.fault.lock().expect("lock").0 == FaultMode::Down
+    }
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/generate", post(generate))
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/control", post(control))
+        .route("/stats", get(stats))
+        .route("/requests", get(requests))
+        .with_state(shared)
+}
+
+async fn health(State(s): State<Arc<Shared>>) -> StatusCode {
+    if s.is_down() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
+}
+
+async fn models(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "object": "list",
+        "data": [{"id": s.cfg.model_name, "object": "model", "owned_by": "rollout-scripted-llm",
+                  "max_model_len": s.cfg.max_model_len}],
+    }))
+}
+
+async fn control(State(s): State<Arc<Shared>>, Json(c): Json<Control>) -> StatusCode {
+    tracing::info!(mode = ?c.mode, count = ?c.count, "fault mode set");
+    *s.fault.lock().expect("lock") = (c.mode, c.count);
+    StatusCode::NO_CONTENT
+}
+
+async fn stats(State(s): State<Arc<Shared>>) -> Json<Stats> {
+    Json(s.stats())
+}
+
+async fn requests(State(s): State<Arc<Shared>>) -> Json<Vec<Served>> {
+    Json(s.served.lock().expect("lock").iter().cloned().collect())
+}
+
+/// A 4xx answer in the shape both servers use for bad requests.
+fn bad_request(message: String) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(serde_json::json!({
+            "object": "error", "message": message, "type": "BadRequestError",
+            "param": null, "code": 400,
+        })),
+    )
+        .into_response()
+}
+
+/// What a request asks for, from either format.
+struct Ask {
+    prompt: Vec<u32>,
+    max_tokens: Option<usize>,
+    stop: Vec<String>,
+    seed: Option<u64>,
+}
+
+/// What the script answers.
+struct Answer {
+    ids: Vec<u32>,
+    logprobs: Vec<f32>,
+    text: String,
+    /// `stop` or `length`.
+    finish: &'static str,
+    /// The token or string that stopped it.
+    matched: Option<serde_json::Value>,
+    cached: usize,
+}
+
+/// Plays faults, then the script, with the simulated timing. `Err` is the response to
+/// send instead.
+async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
+    match s.take_fault() {
+        FaultMode::Ok => {}
+        FaultMode::Fail => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            return Err((
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(serde_json::json!({"object": "error", "message": "scripted failure", "code": 500})),
+            )
+                .into_response());
+        }
+        FaultMode::Down => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            return Err(StatusCode::SERVICE_UNAVAILABLE.into_response());
+        }
+        FaultMode::Stall => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            s.shutdown.cancelled().await;
+            return Err(StatusCode::SERVICE_UNAVAILABLE.into_response());
+        }
+        FaultMode::Drop => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            // Headers, then a body that fails: the connection is closed mid-answer.
+            let body = Body::from_stream(futures::stream::once(async {
+                Err::<bytes::Bytes, _>(std::io::Error::other("scripted connection drop"))
+            }));
+            return Err(Response::builder()
+                .status(StatusCode::OK)
+                .body(body)
+                .expect("response builds"));
+        }
+    }
+    let cfg = &s.cfg;
+    let max_tokens = ask
+        .max_tokens
+        .unwrap_or(cfg.max_model_len.saturating_sub(ask.prompt.len()));
+    if ask.prompt.len() + max_tokens > cfg.max_model_len {
+        return Err(bad_request(format!(
+            "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
+            cfg.max_model_len,
+            ask.prompt.len() + max_tokens,
+            ask.prompt.len(),
+            max_tokens
+        )));
+    }
+    let vocab = &cfg.model.tokenizer;
+    let prompt_text = vocab
+        .decode(&ask.prompt)
+        .map_err(|e| bad_request(format!("prompt: {e}")))?;
+    let key = ask
+        .seed
+        .unwrap_or_else(|| stable_hash(&[cfg.seed, s.counter.fetch_add(1, Ordering::Relaxed)]));
+    let pick = cfg.policy.pick(&prompt_text, key);
+    // Stop strings end the turn right after the first one (kept in the output).
+    let mut text = pick.text.clone();
+    let mut matched = None;
+    let mut by_string = false;
+    if let Some((end, stop)) = ask
+        .stop
+        .iter()
+        .filter_map(|st| text.find(st.as_str()).map(|i| (i + st.len(), st)))
+        .min_by_key(|(end, _)| *end)
+    {
+        matched = Some(serde_json::Value::String(stop.clone()));
+        text.truncate(end);
+        by_string = true;
+    }
+    let mut ids = vocab
+        .encode(&text)
+        .map_err(|e| bad_request(format!("script: {e}")))?;
+    if !by_string {
+        ids.push(cfg.model.eos_id);
+        matched = Some(cfg.model.eos_id.into());
+    }
+    let mut finish = "stop";
+    if ids.len() > max_tokens {
+        ids.truncate(max_tokens);
+        finish = "length";
+        matched = None;
+    }
+    let logprobs: Vec<f32> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| pseudo_logprob(ask.prompt.len() + i, id))
+        .collect();
+    let cached = s.cache.lock().expect("lock").lookup(&ask.prompt);
+    let wait = Duration::from_nanos(
+        (ask.prompt.len() - cached) as u64 * cfg.prefill_ns_per_token
+            + ids.len() as u64 * cfg.token_us * 1000,
+    );
+    if !wait.is_zero() {
+        tokio::time::sleep(wait).await;
+    }
+    {
+        let mut all = ask.prompt.clone();
+        all.extend_from_slice(&ids);
+        s.cache.lock().expect("lock").insert(&all);
+    }
+    s.requests.fetch_add(1, Ordering::Relaxed);
+    s.prompt_tokens
+        .fetch_add(ask.prompt.len() as u64, Ordering::Relaxed);
+    s.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
+    s.completion_tokens
+        .fetch_add(ids.len() as u64, Ordering::Relaxed);
+    if cfg.keep_requests > 0 {
+        let mut log = s.served.lock().expect("lock");
+        if log.len() >= cfg.keep_requests {
+            log.pop_front();
+        }
+        log.push_back(Served {
+            format: format.into(),
+            key,
+            prompt_len: ask.prompt.len(),
+            cached_tokens: cached,
+            output_ids: ids.clone(),
+            logprobs: logprobs.clone(),
+            variant: pick.variant,
+            turn: pick.turn,
+        });
+    }
+    let text = vocab.decode(&ids).unwrap_or_default();
+    Ok(Answer {
+        ids,
+        logprobs,
+        text,
+        finish,
+        matched,
+        cached,
+    })
+}
+
+/// A deterministic logprob in [-4, -0.001] for token `id` at `position`.
+pub fn pseudo_logprob(position: usize, id: u32) -> f32 {
+    let h = stable_hash(&[position as u64, u64::from(id)]);
+    -(0.001 + (h % 4000) as f32 / 1000.0)
+}
+
+/// Counts a request in flight for as long as it lives.
+struct InFlight<'a>(&'a AtomicU64);
+
+impl<'a> InFlight<'a> {
+    fn new(c: &'a AtomicU64) -> Self {
+        c.fetch_add(1, Ordering::Relaxed);
+        InFlight(c)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn stop_list(v: &serde_json::Value) -> Vec<String> {
+    match v {
+        serde_json::Value::String(s) => vec![s.clone()],
+        serde_json::Value::Array(a) => a
+            .iter()
+            .filter_map(|x| x.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn ids_of(v: &serde_json::Value, field: &str) -> Result<Vec<u32>, String> {
+    v.as_array()
+        .and_then(|a| {
+            a.iter()
+                .map(|x| x.as_u64().and_then(|i| u32::try_from(i).ok()))
+                .collect::<Option<Vec<u32>>>()
+        })
+        .filter(|ids| !ids.is_empty())
+        .ok_or_else(|| format!("{field} must be a non-empty list of token IDs"))
+}
+
+async fn completions(
+    State(s): State<Arc<Shared>>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    let _in_flight = InFlight::new(&s.in_flight);
+    let t0 = Instant::now();
+    let prompt = match &body["prompt"] {
+        serde_json::Value::String(text) => match s.cfg.model.tokenizer.encode(text) {
+            Ok(ids) => ids,
+            Err(e) => return bad_request(format!("prompt: {e}")),
+        },
+        v => match ids_of(v, "prompt") {
+            Ok(ids) => ids,
+            Err(m) => return bad_request(m),
+        },
+    };
+    let ask = Ask {
+        max_tokens: body["max_tokens"].as_u64().map(|n| n as usize),
+        stop: stop_list(&body["stop"]),
+        seed: body["seed"].as_u64(),
+        prompt,
+    };
+    let prompt_len = ask.prompt.len();
+    let prompt_ids = ask.prompt.clone();
+    let a = match serve(&s, ask, "vllm").await {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
+    let as_ids = body["return_tokens_as_token_ids"].as_bool() == Some(true);
+    let with_ids = body["return_token_ids"].as_bool() == Some(true) && !s.cfg.legacy_vllm;
+    let vocab = &s.cfg.model.tokenizer;
+    let tokens: Vec<String> = a
+        .ids
+        .iter()
+        .map(|&id| {
+            if as_ids {
+                format!("token_id:{id}")
+            } else {
+                vocab.decode(&[id]).unwrap_or_default()
+            }
+        })
+        .collect();
+    let mut offsets = Vec::with_capacity(a.ids.len());
+    let mut off = 0usize;
+    for &id in &a.ids {
+        offsets.push(off);
+        off += vocab.decode(&[id]).map(|t| t.len()).unwrap_or(0);
+    }
+    let top: Vec<serde_json::Value> = tokens
+        .iter()
+        .zip(&a.logprobs)
+        .map(|(t, lp)| serde_json::json!({ t: lp }))
+        .collect();
+    let mut choice = serde_json::json!({
+        "index": 0,
+        "text": a.text,
+        "logprobs": {
+            "text_offset": offsets,
+            "token_logprobs": a.logprobs,
+            "tokens": tokens,
+            "top_logprobs": top,
+        },
+        "finish_reason": a.finish,
+        "stop_reason": if a.finish == "stop" { a.matched.clone() } else { None },
+        "prompt_logprobs": null,
+    });
+    if with_ids {
+        choice["token_ids"] = serde_json::json!(a.ids);
+        choice["prompt_token_ids"] = serde_json::json!(prompt_ids);
+    }
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let id = s.counter.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        prompt_len,
+        out = a.ids.len(),
+        cached = a.cached,
+        us = t0.elapsed().as_micros() as u64,
+        "completion"
+    );
+    Json(serde_json::json!({
+        "id": format!("cmpl-scripted-{id}"),
+        "object": "text_completion",
+        "created": created,
+        "model": s.cfg.model_name,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": prompt_len,
+            "total_tokens": prompt_len + a.ids.len(),
+            "completion_tokens": a.ids.len(),
+            "prompt_tokens_details": {"cached_tokens": a.cached},
+        },
+    }))
+    .into_response()
+}
+
+async fn generate(State(s): State<Arc<Shared>>, Json(body): Json<serde_json::Value>) -> Response {
+    let _in_flight = InFlight::new(&s.in_flight);
+    let t0 = Instant::now();
+    let prompt = match ids_of(&body["input_ids"], "input_ids") {
+        Ok(ids) => ids,
+        Err(m) => return bad_request(m),
+    };
+    let sp = &body["sampling_params"];
+    let ask = Ask {
+        max_tokens: sp["max_new_tokens"].as_u64().map(|n| n as usize),
+        stop: stop_list(&sp["stop"]),
+        seed: sp["sampling_seed"].as_u64(),
+        prompt,
+    };
+    let prompt_len = ask.prompt.len();
+    let a = match serve(&s, ask, "sglang").await {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
+    let with_lp = body["return_logprob"].as_bool() == Some(true);
+    let finish = if a.finish == "length" {
+        serde_json::json!({"type": "length", "length": a.ids.len()})
+    } else {
+        serde_json::json!({"type": "stop", "matched": a.matched})
+    };
+    let id = s.counter.fetch_add(1, Ordering::Relaxed);
+    let mut meta = serde_json::json!({
+        "id": format!("scripted-{id}"),
+        "finish_reason": finish,
+        "prompt_tokens": prompt_len,
+        "completion_tokens": a.ids.len(),
+        "cached_tokens": a.cached,
+        "e2e_latency": t0.elapsed().as_secs_f64(),
+    });
+    if with_lp {
+        meta["input_token_logprobs"] = serde_json::Value::Null;
+        meta["output_token_logprobs"] = a
+            .ids
+            .iter()
+            .zip(&a.logprobs)
+            .map(|(id, lp)| serde_json::json!([lp, id, null]))
+            .collect();
+    }
+    Json(serde_json::json!({
+        "text": a.text,
+        "output_ids": a.ids,
+        "meta_info": meta,
+    }))
+    .into_response()
+}
