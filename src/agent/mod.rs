@@ -5,8 +5,16 @@
 //! - [`tokenizer`]: `tokenizer.json` loading, and small BPE tokenizers trained for tests.
 //! - [`model`]: a model directory (tokenizer and chat template) loaded together.
 //! - [`parse`]: tool-call parsers (Hermes `<tool_call>` blocks, one bash block per turn).
+//! - [`render`]: the text a template puts between turns, for token-exact observations.
+//! - [`tools`]: the tools offered to the model and how results become observations.
+//! - [`trajectory`]: what an episode hands the trainer.
+//! - [`episode`]: the multi-turn loop itself.
 
+pub mod episode;
 pub mod model;
 pub mod parse;
+pub mod render;
 pub mod template;
 pub mod tokenizer;
+pub mod tools;
+pub mod trajectory;

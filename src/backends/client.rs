@@ -109,14 +109,16 @@ impl InferenceClient {
     }
 
     /// Generates from `prompt_ids` on `backend`, retrying transient failures; returns
-    /// early with [`InferenceError::Cancelled`] when `cancel` fires.
+    /// early with [`InferenceError::Cancelled`] when `cancel` fires. With the generation
+    /// comes the time spent waiting on the backend (requests in flight and the backoff
+    /// between them), so callers can tell it from their own time.
     pub async fn generate(
         &self,
         backend: &BackendSpec,
         prompt_ids: &[u32],
         sampling: &Sampling,
         cancel: &CancellationToken,
-    ) -> Result<Generation, InferenceError> {
+    ) -> Result<(Generation, Duration), InferenceError> {
         let (url, body) = match backend.kind {
             WireKind::Vllm => (
                 format!("{}/v1/completions", backend.url.trim_end_matches('/')),
@@ -130,6 +132,7 @@ impl InferenceClient {
         let body = bytes::Bytes::from(serde_json::to_vec(&body).expect("request serialises"));
         let attempts = self.settings.retries + 1;
         let mut last = String::new();
+        let mut waited = Duration::ZERO;
         for attempt in 1..=attempts {
             if attempt > 1 {
                 let backoff = self.settings.backoff * 2u32.saturating_pow(attempt - 2);
@@ -138,15 +141,16 @@ impl InferenceClient {
                     _ = cancel.cancelled() => return Err(InferenceError::Cancelled),
                     _ = tokio::time::sleep(backoff) => {}
                 }
+                waited += backoff;
             }
-            let once = self.attempt(backend, &url, body.clone());
+            let once = self.attempt(backend, &url, body.clone(), &mut waited);
             let outcome = tokio::select! {
                 // Dropping the request future closes its connection.
                 _ = cancel.cancelled() => return Err(InferenceError::Cancelled),
                 r = once => r,
             };
             match outcome {
-                Ok(g) => return Ok(g),
+                Ok(g) => return Ok((g, waited)),
                 Err(Attempt::Fatal(e)) => return Err(e),
                 Err(Attempt::Retry(e)) => {
                     metrics::counter!("rollout_backend_errors_total", "backend" => backend.id.clone())
@@ -167,6 +171,7 @@ impl InferenceClient {
         backend: &BackendSpec,
         url: &str,
         body: bytes::Bytes,
+        waited: &mut Duration,
     ) -> Result<Generation, Attempt> {
         let t0 = Instant::now();
         metrics::counter!("rollout_backend_requests_total", "backend" => backend.id.clone())
@@ -179,12 +184,14 @@ impl InferenceClient {
             .body(body)
             .send()
             .await
-            .map_err(|e| Attempt::Retry(describe(&e)))?;
+            .map_err(|e| {
+                *waited += t0.elapsed();
+                Attempt::Retry(describe(&e))
+            })?;
         let status = resp.status();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| Attempt::Retry(describe(&e)))?;
+        let bytes = resp.bytes().await;
+        *waited += t0.elapsed();
+        let bytes = bytes.map_err(|e| Attempt::Retry(describe(&e)))?;
         metrics::histogram!("rollout_backend_latency_seconds", "backend" => backend.id.clone())
             .record(t0.elapsed().as_secs_f64());
         if status.is_server_error() {

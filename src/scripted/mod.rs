@@ -130,6 +130,9 @@ pub struct Stats {
     pub faulted: u64,
     /// Requests being served now.
     pub in_flight: u64,
+    /// Requests whose client went away before the answer was ready (the handler was
+    /// dropped): what a cancelled job's closed connection looks like from here.
+    pub aborted: u64,
 }
 
 /// One served request, as `GET /requests` lists it.
@@ -164,6 +167,7 @@ struct Shared {
     completion_tokens: AtomicU64,
     faulted: AtomicU64,
     in_flight: AtomicU64,
+    aborted: AtomicU64,
     served: Mutex<VecDeque<Served>>,
     shutdown: CancellationToken,
 }
@@ -199,6 +203,7 @@ impl ScriptedServer {
             completion_tokens: AtomicU64::new(0),
             faulted: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            aborted: AtomicU64::new(0),
             served: Mutex::new(VecDeque::new()),
             shutdown: CancellationToken::new(),
         });
@@ -255,6 +260,7 @@ impl Shared {
             completion_tokens: self.completion_tokens.load(Ordering::Relaxed),
             faulted: self.faulted.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
+            aborted: self.aborted.load(Ordering::Relaxed),
         }
     }
 
@@ -493,19 +499,33 @@ pub fn pseudo_logprob(position: usize, id: u32) -> f32 {
     -(0.001 + (h % 4000) as f32 / 1000.0)
 }
 
-/// Counts a request in flight for as long as it lives.
-struct InFlight<'a>(&'a AtomicU64);
+/// Counts a request in flight for as long as it lives, and as aborted if it is dropped
+/// before [`InFlight::done`] (the client closed the connection).
+struct InFlight<'a> {
+    shared: &'a Shared,
+    done: bool,
+}
 
 impl<'a> InFlight<'a> {
-    fn new(c: &'a AtomicU64) -> Self {
-        c.fetch_add(1, Ordering::Relaxed);
-        InFlight(c)
+    fn new(shared: &'a Shared) -> Self {
+        shared.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight {
+            shared,
+            done: false,
+        }
+    }
+
+    fn done(mut self) {
+        self.done = true;
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.shared.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if !self.done {
+            self.shared.aborted.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -535,7 +555,13 @@ async fn completions(
     State(s): State<Arc<Shared>>,
     Json(body): Json<serde_json::Value>,
 ) -> Response {
-    let _in_flight = InFlight::new(&s.in_flight);
+    let in_flight = InFlight::new(&s);
+    let resp = completions_answer(&s, body).await;
+    in_flight.done();
+    resp
+}
+
+async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
     let t0 = Instant::now();
     let prompt = match &body["prompt"] {
         serde_json::Value::String(text) => match s.cfg.model.tokenizer.encode(text) {
@@ -555,7 +581,7 @@ async fn completions(
     };
     let prompt_len = ask.prompt.len();
     let prompt_ids = ask.prompt.clone();
-    let a = match serve(&s, ask, "vllm").await {
+    let a = match serve(s, ask, "vllm").await {
         Ok(a) => a,
         Err(r) => return r,
     };
@@ -594,7 +620,8 @@ async fn completions(
             "top_logprobs": top,
         },
         "finish_reason": a.finish,
-        "stop_reason": if a.finish == "stop" { a.matched.clone() } else { None },
+        // vLLM names the stop string that ended the text; an end-of-sequence token is null.
+        "stop_reason": a.matched.clone().filter(|m| a.finish == "stop" && m.is_string()),
         "prompt_logprobs": null,
     });
     if with_ids {
@@ -630,7 +657,13 @@ async fn completions(
 }
 
 async fn generate(State(s): State<Arc<Shared>>, Json(body): Json<serde_json::Value>) -> Response {
-    let _in_flight = InFlight::new(&s.in_flight);
+    let in_flight = InFlight::new(&s);
+    let resp = generate_answer(&s, body).await;
+    in_flight.done();
+    resp
+}
+
+async fn generate_answer(s: &Shared, body: serde_json::Value) -> Response {
     let t0 = Instant::now();
     let prompt = match ids_of(&body["input_ids"], "input_ids") {
         Ok(ids) => ids,
@@ -644,7 +677,7 @@ async fn generate(State(s): State<Arc<Shared>>, Json(body): Json<serde_json::Val
         prompt,
     };
     let prompt_len = ask.prompt.len();
-    let a = match serve(&s, ask, "sglang").await {
+    let a = match serve(s, ask, "sglang").await {
         Ok(a) => a,
         Err(r) => return r,
     };

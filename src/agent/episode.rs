@@ -1,0 +1,839 @@
+//! The multi-turn loop: the policy model and the sandbox take turns until the task is
+//! done or a limit is hit.
+//!
+//! Token-in, token-out. The prompt is rendered with the model's chat template and
+//! tokenized once; every turn sends the whole token sequence so far, appends the token
+//! IDs the backend returned verbatim (with their logprobs, loss mask 1), parses the
+//! turn's text for tool calls, runs them, and appends the observation as the template
+//! renders it between turns ([`TurnGlue`]), tokenized, with loss mask 0. Model tokens
+//! are never decoded and encoded again; the decoded text is only read for tool calls.
+//!
+//! A malformed call or an unknown tool becomes an error observation the model sees, not
+//! a failure. The episode stops on the `finish` tool, on a turn without a tool call
+//! (configurable), on the turn limit, the context limit, a turn cut by the per-turn
+//! token limit, or the episode's deadline, and records which. After the episode the
+//! whole conversation is rendered and tokenized again and compared with the trajectory
+//! (the drift check): a trainer that re-tokenizes text would train on those tokens
+//! instead.
+//!
+//! At every turn boundary the job's status is read while the turn is generated (so the
+//! read costs nothing), and a job nobody wants any more stops within that turn.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::model::ModelFiles;
+use super::parse::{self, CallError, ParsedTurn};
+use super::render::TurnGlue;
+use super::tools::{self, FINISH, ToolRunner};
+use super::trajectory::{self, BackendSwitch, FinishReason, ToolRecord, Trajectory, Turn};
+use crate::backends::wire::{Finish, Generation, Sampling};
+use crate::sandbox::SandboxError;
+
+/// Histogram of the RUN worker's own time per turn (seconds).
+pub const TURN_OVERHEAD: &str = "rollout_agent_turn_overhead_seconds";
+/// Counter of episodes by how they ended.
+pub const EPISODES: &str = "rollout_agent_episodes_total";
+/// Counter of drift checks by model and verdict (`drift` = `true`/`false`); the drift
+/// rate of a model is `drift="true"` over all of its checks.
+pub const DRIFT_CHECKS: &str = "rollout_agent_drift_checks_total";
+
+/// How a turn's text becomes tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Parser {
+    /// `<tool_call>{"name": …, "arguments": {…}}</tool_call>` blocks (Hermes, Qwen).
+    #[default]
+    Hermes,
+    /// One fenced bash block per turn, run by the `bash` tool.
+    BashBlock,
+}
+
+impl Parser {
+    /// Parses `text`.
+    pub fn parse(self, text: &str) -> ParsedTurn {
+        match self {
+            Parser::Hermes => parse::parse_hermes(text),
+            Parser::BashBlock => parse::parse_bash_block(text),
+        }
+    }
+
+    /// Parses `hermes` or `bash_block`.
+    pub fn from_name(s: &str) -> Option<Self> {
+        match s {
+            "hermes" => Some(Parser::Hermes),
+            "bash_block" => Some(Parser::BashBlock),
+            _ => None,
+        }
+    }
+}
+
+/// An episode's limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Model turns at most.
+    pub max_turns: usize,
+    /// Tokens at most in prompt and response together (the context length).
+    pub max_tokens: usize,
+    /// Tokens at most in one model turn.
+    pub max_new_tokens: usize,
+    /// How long one tool call may run.
+    pub tool_timeout: Duration,
+    /// Whether a turn without a tool call ends the episode; otherwise the model is told
+    /// to use a tool and the episode goes on.
+    pub stop_without_tool_call: bool,
+    /// The longest observation, in bytes (head and tail are kept).
+    pub max_observation_bytes: usize,
+}
+
+/// What the episode is about.
+#[derive(Debug, Clone)]
+pub struct Episode {
+    /// The model's tokenizer and chat template.
+    pub model: Arc<ModelFiles>,
+    /// The model's name, for the record and metrics.
+    pub model_name: String,
+    /// The opening conversation (OpenAI-style messages).
+    pub messages: Vec<Value>,
+    /// The tools offered, by name (see [`tools::TOOL_NAMES`]).
+    pub tools: Vec<String>,
+    /// The tool-call format.
+    pub parser: Parser,
+    /// Sampling parameters; `max_tokens` is set per turn from the limits.
+    pub sampling: Sampling,
+    /// Limits.
+    pub limits: Limits,
+    /// Extra variables for the chat template (`enable_thinking`, …).
+    pub template_args: serde_json::Map<String, Value>,
+    /// When the episode must end (it ends with [`FinishReason::Timeout`]).
+    pub deadline: tokio::time::Instant,
+}
+
+/// One generated turn, and the backend that produced it.
+#[derive(Debug, Clone)]
+pub struct Generated {
+    /// The tokens, logprobs and finish reason.
+    pub generation: Generation,
+    /// The backend's id.
+    pub backend: String,
+    /// Time spent waiting for backends (requests in flight and backoff between
+    /// retries), as opposed to building requests and reading answers.
+    pub backend_wait: Duration,
+}
+
+/// Why no backend produced a turn.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum GenerateError {
+    /// The backend refused the request because prompt and `max_tokens` exceed its
+    /// context length.
+    #[error("the backend's context is full: {0}")]
+    ContextFull(String),
+    /// No backend could answer (all down, or none registered for the model).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The backend refused the request or answered without token IDs; another attempt
+    /// would fail the same way.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Where turns are generated: the job's backend (switching when it dies), or a stand-in
+/// in unit tests.
+#[async_trait]
+pub trait Generator: Send {
+    /// Generates the next turn from `prompt_ids`. `turn` is the 0-based turn index.
+    async fn generate(
+        &mut self,
+        prompt_ids: &[u32],
+        sampling: &Sampling,
+        turn: usize,
+    ) -> Result<Generated, GenerateError>;
+
+    /// The moves to other backends made so far (taken: a second call returns none).
+    fn take_switches(&mut self) -> Vec<BackendSwitch>;
+}
+
+/// Whether the job is still wanted; read at every turn boundary.
+#[async_trait]
+pub trait TurnGuard: Send + Sync {
+    /// False once the job was cancelled or taken over.
+    async fn still_wanted(&self) -> bool;
+}
+
+/// A guard that always says yes (tests, benchmarks).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AlwaysWanted;
+
+#[async_trait]
+impl TurnGuard for AlwaysWanted {
+    async fn still_wanted(&self) -> bool {
+        true
+    }
+}
+
+/// Why an episode stopped without a trajectory to score.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EpisodeError {
+    /// The prompt could not be built (the template refused the conversation, the model
+    /// files are unusable): the task or the model is wrong, retrying will not help.
+    #[error("{0}")]
+    Setup(String),
+    /// The sandbox died or stopped answering mid-episode.
+    #[error("{message}")]
+    Sandbox {
+        /// What happened.
+        message: String,
+        /// The episode so far.
+        partial: Box<Trajectory>,
+    },
+    /// No backend could go on with the episode.
+    #[error("{message}")]
+    Backend {
+        /// What happened.
+        message: String,
+        /// The episode so far.
+        partial: Box<Trajectory>,
+    },
+    /// The job is no longer wanted (cancelled, or taken over by another worker).
+    #[error("the job is no longer wanted")]
+    Cancelled,
+}
+
+/// Runs `ep`: turns from `llm`, tools on `runner`, the status read from `guard`.
+pub async fn run(
+    ep: &Episode,
+    llm: &mut dyn Generator,
+    runner: &dyn ToolRunner,
+    guard: &dyn TurnGuard,
+) -> Result<Trajectory, EpisodeError> {
+    let model = ep.model.as_ref();
+    let schemas: Vec<Value> = ep.tools.iter().filter_map(|t| tools::schema(t)).collect();
+    let offered = (!schemas.is_empty()).then_some(&schemas[..]);
+    let setup = |e: &dyn std::fmt::Display| EpisodeError::Setup(e.to_string());
+    let glue = TurnGlue::new(
+        &model.template,
+        &model.eos_token,
+        offered,
+        &ep.template_args,
+    )
+    .map_err(|e| setup(&e))?;
+    let prompt = model
+        .template
+        .render(&ep.messages, offered, true, &ep.template_args)
+        .map_err(|e| setup(&e))?;
+    let prompt_ids = model.tokenizer.encode(&prompt).map_err(|e| setup(&e))?;
+    let mut traj = Trajectory::new(prompt_ids, &ep.model_name, ep.messages.clone());
+    let mut context = traj.prompt_ids.clone();
+    // Messages whose tokens are in `context` (the drift check renders exactly these).
+    let mut rendered = traj.messages.len();
+    let finish = 'episode: loop {
+        if traj.turns.len() >= ep.limits.max_turns {
+            break FinishReason::MaxTurns;
+        }
+        let room = ep.limits.max_tokens.saturating_sub(context.len());
+        if room == 0 {
+            break FinishReason::ContextLength;
+        }
+        let turn_index = traj.turns.len();
+        let t_turn = Instant::now();
+        let mut sampling = ep.sampling.clone();
+        sampling.max_tokens = Some(ep.limits.max_new_tokens.min(room) as u64);
+
+        // The turn: generation, with the status read alongside and the deadline above.
+        let t_llm = Instant::now();
+        let generated = {
+            let generate = llm.generate(&context, &sampling, turn_index);
+            let check = guard.still_wanted();
+            tokio::pin!(generate, check);
+            let mut checked = false;
+            loop {
+                tokio::select! {
+                    g = &mut generate => break g,
+                    wanted = &mut check, if !checked => {
+                        checked = true;
+                        if !wanted {
+                            return Err(EpisodeError::Cancelled);
+                        }
+                    }
+                    _ = tokio::time::sleep_until(ep.deadline) => break 'episode FinishReason::Timeout,
+                }
+            }
+        };
+        let llm_us = t_llm.elapsed().as_micros() as u64;
+        let Generated {
+            generation: g,
+            backend,
+            backend_wait,
+        } = match generated {
+            Ok(g) => g,
+            Err(GenerateError::ContextFull(_)) => break FinishReason::ContextLength,
+            Err(e) => {
+                return Err(EpisodeError::Backend {
+                    message: e.to_string(),
+                    partial: Box::new(finish_partial(traj, llm)),
+                });
+            }
+        };
+        let model_start = traj.response_ids.len();
+        traj.push_model(&g.token_ids, &g.logprobs);
+        context.extend_from_slice(&g.token_ids);
+        traj.backend = backend.clone();
+        let ended_with_eos = g.token_ids.last() == Some(&model.eos_id);
+        let body = if ended_with_eos {
+            &g.token_ids[..g.token_ids.len() - 1]
+        } else {
+            &g.token_ids[..]
+        };
+        let text = model.tokenizer.decode(body).unwrap_or_default();
+        let parsed = ep.parser.parse(&text);
+        let mut turn = Turn {
+            text,
+            model_range: [model_start, traj.response_ids.len()],
+            observation_range: [traj.response_ids.len(); 2],
+            tools: Vec::new(),
+            backend,
+            generation_finish: finish_name(g.finish).to_string(),
+            llm_latency_us: llm_us,
+            backend_wait_us: backend_wait.as_micros() as u64,
+            tool_latency_us: 0,
+            overhead_us: 0,
+            cached_prompt_tokens: g.cached_prompt_tokens,
+            prompt_tokens: context.len() - g.token_ids.len(),
+        };
+        traj.messages.push(assistant_message(&parsed));
+        if !ended_with_eos && g.finish == Finish::Length {
+            let why = if context.len() >= ep.limits.max_tokens {
+                FinishReason::ContextLength
+            } else {
+                FinishReason::TurnLength
+            };
+            end_turn(&mut traj, turn, t_turn);
+            break why;
+        }
+
+        // The tools.
+        let mut observations = Vec::new();
+        let mut finished = None;
+        if parsed.calls.is_empty() {
+            if ep.limits.stop_without_tool_call {
+                end_turn(&mut traj, turn, t_turn);
+                break FinishReason::NoToolCall;
+            }
+            let nudge = format!(
+                "Your last message called no tool. Continue the task with a tool call ({}).",
+                ep.tools.join(", ")
+            );
+            observations.push(json!({"role": "user", "content": nudge}));
+        }
+        for call in &parsed.calls {
+            let call = match call {
+                Err(e) => {
+                    let observation = format!("Error: {}", e.message);
+                    observations.push(json!({"role": "tool", "content": observation}));
+                    turn.tools.push(ToolRecord {
+                        call: None,
+                        error: Some(e.clone()),
+                        observation,
+                        ok: false,
+                        latency_us: 0,
+                    });
+                    continue;
+                }
+                Ok(c) => c,
+            };
+            if call.name == FINISH && ep.tools.iter().any(|t| t == FINISH) {
+                finished = Some(match &call.arguments["answer"] {
+                    Value::String(s) => s.clone(),
+                    Value::Null => String::new(),
+                    other => other.to_string(),
+                });
+                turn.tools.push(ToolRecord {
+                    call: Some(call.clone()),
+                    error: None,
+                    observation: String::new(),
+                    ok: true,
+                    latency_us: 0,
+                });
+                break;
+            }
+            if !ep.tools.contains(&call.name) || call.name == FINISH {
+                let message = format!(
+                    "unknown tool `{}`; the tools are: {}",
+                    call.name,
+                    ep.tools.join(", ")
+                );
+                let observation = format!("Error: {message}");
+                observations.push(json!({"role": "tool", "content": observation}));
+                turn.tools.push(ToolRecord {
+                    call: Some(call.clone()),
+                    error: Some(CallError {
+                        message,
+                        raw: call.name.clone(),
+                    }),
+                    observation,
+                    ok: false,
+                    latency_us: 0,
+                });
+                continue;
+            }
+            let left = ep
+                .deadline
+                .saturating_duration_since(tokio::time::Instant::now());
+            let timeout = ep.limits.tool_timeout.min(left);
+            let t_tool = Instant::now();
+            let resp = tokio::time::timeout_at(
+                ep.deadline,
+                runner.call(&call.name, call.arguments.clone(), timeout),
+            )
+            .await;
+            let latency_us = t_tool.elapsed().as_micros() as u64;
+            turn.tool_latency_us += latency_us;
+            let resp = match resp {
+                Err(_) => {
+                    end_turn(&mut traj, turn, t_turn);
+                    break 'episode FinishReason::Timeout;
+                }
+                Ok(Err(
+                    e @ (SandboxError::Closed | SandboxError::Io(_) | SandboxError::NoAnswer(_)),
+                )) => {
+                    end_turn(&mut traj, turn, t_turn);
+                    return Err(EpisodeError::Sandbox {
+                        message: format!("the sandbox failed during turn {}: {e}", turn_index + 1),
+                        partial: Box::new(finish_partial(traj, llm)),
+                    });
+                }
+                Ok(Err(e)) => crate::sandbox::protocol::Response::err(
+                    0,
+                    crate::sandbox::protocol::ErrorCode::Internal,
+                    e.to_string(),
+                ),
+                Ok(Ok(r)) => r,
+            };
+            let (observation, ok) =
+                tools::observation(&call.name, &resp, ep.limits.max_observation_bytes);
+            observations.push(json!({"role": "tool", "content": observation}));
+            turn.tools.push(ToolRecord {
+                call: Some(call.clone()),
+                error: None,
+                observation,
+                ok,
+                latency_us,
+            });
+        }
+        if let Some(answer) = finished {
+            traj.answer = Some(answer);
+            end_turn(&mut traj, turn, t_turn);
+            break FinishReason::Finished;
+        }
+        traj.messages.extend(observations.iter().cloned());
+        if traj.turns.len() + 1 >= ep.limits.max_turns {
+            // The tools ran (their effects count for scoring), but no turn follows.
+            end_turn(&mut traj, turn, t_turn);
+            break FinishReason::MaxTurns;
+        }
+        let between = glue
+            .between_turns(&observations, ended_with_eos)
+            .map_err(|e| EpisodeError::Setup(e.to_string()))?;
+        let obs_ids = model
+            .tokenizer
+            .encode(&between)
+            .map_err(|e| EpisodeError::Setup(e.to_string()))?;
+        if context.len() + obs_ids.len() >= ep.limits.max_tokens {
+            end_turn(&mut traj, turn, t_turn);
+            break FinishReason::ContextLength;
+        }
+        traj.push_observation(&obs_ids);
+        context.extend_from_slice(&obs_ids);
+        rendered = traj.messages.len();
+        turn.observation_range = [turn.observation_range[0], traj.response_ids.len()];
+        end_turn(&mut traj, turn, t_turn);
+    };
+    // Messages after `rendered` ran but their tokens were not appended.
+    let in_tokens = traj.messages[..covered(&traj, rendered)].to_vec();
+    traj.finish_reason = Some(finish);
+    traj.backend_switches.extend(llm.take_switches());
+    metrics::counter!(EPISODES, "finish_reason" => finish.as_str()).increment(1);
+    let tail = glue.tail().to_string();
+    drop(glue);
+    let drift = drift_check(ep, schemas, in_tokens, traj.all_ids(), tail).await;
+    match drift {
+        Ok(d) => {
+            metrics::counter!(DRIFT_CHECKS, "model" => ep.model_name.clone(), "drift" => if d.identical { "false" } else { "true" })
+                .increment(1);
+            traj.drift = Some(d);
+        }
+        Err(e) => tracing::warn!(error = %e, "drift check failed"),
+    }
+    Ok(traj)
+}
+
+/// How many leading messages of the conversation the trajectory's tokens cover: those
+/// whose tokens were appended (`rendered`), plus the model turn that followed them when
+/// its tokens are in the trajectory (every assistant message's tokens are).
+fn covered(traj: &Trajectory, rendered: usize) -> usize {
+    match traj.messages.get(rendered) {
+        Some(m) if m["role"] == "assistant" => rendered + 1,
+        _ => rendered,
+    }
+}
+
+/// Re-renders and re-tokenizes `messages` off the async threads (a long conversation
+/// takes milliseconds) and compares the result with `ours`.
+async fn drift_check(
+    ep: &Episode,
+    schemas: Vec<Value>,
+    messages: Vec<Value>,
+    ours: Vec<u32>,
+    tail: String,
+) -> Result<trajectory::Drift, String> {
+    let model = ep.model.clone();
+    let args = ep.template_args.clone();
+    tokio::task::spawn_blocking(move || {
+        let offered = (!schemas.is_empty()).then_some(&schemas[..]);
+        let open = messages.last().is_some_and(|m| m["role"] != "assistant");
+        let text = model
+            .template
+            .render(&messages, offered, open, &args)
+            .map_err(|e| e.to_string())?;
+        let again = model.tokenizer.encode(&text).map_err(|e| e.to_string())?;
+        let tail = model.tokenizer.encode(&tail).map_err(|e| e.to_string())?;
+        Ok(trajectory::compare(&ours, &again, &tail))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// The assistant message a trainer re-rendering the conversation would build from the
+/// turn: its text outside tool calls, and the calls that parsed.
+fn assistant_message(parsed: &ParsedTurn) -> Value {
+    let calls: Vec<Value> = parsed
+        .calls
+        .iter()
+        .filter_map(|c| c.as_ref().ok())
+        .map(
+            |c| json!({"type": "function", "function": {"name": c.name, "arguments": c.arguments}}),
+        )
+        .collect();
+    let mut m = json!({"role": "assistant", "content": parsed.content});
+    if !calls.is_empty() {
+        m["tool_calls"] = Value::Array(calls);
+    }
+    m
+}
+
+fn finish_name(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+        Finish::Other => "other",
+    }
+}
+
+/// Closes a turn's record: its overhead is its wall time minus the time spent waiting
+/// for the backend and the tools.
+fn end_turn(traj: &mut Trajectory, mut turn: Turn, t_turn: Instant) {
+    let wall = t_turn.elapsed().as_micros() as u64;
+    turn.overhead_us = wall.saturating_sub(turn.tool_latency_us + turn.backend_wait_us);
+    metrics::histogram!(TURN_OVERHEAD).record(turn.overhead_us as f64 / 1e6);
+    traj.turns.push(turn);
+}
+
+fn finish_partial(mut traj: Trajectory, llm: &mut dyn Generator) -> Trajectory {
+    traj.backend_switches.extend(llm.take_switches());
+    traj
+}
+
+/// Where the model's tokens of `traj` are, as a check for tests and callers: every
+/// `model_range` has loss mask 1, everything else 0.
+pub fn mask_matches_turns(traj: &Trajectory) -> bool {
+    let mut expect = vec![0u8; traj.response_ids.len()];
+    for t in &traj.turns {
+        for m in &mut expect[t.model_range[0]..t.model_range[1]] {
+            *m = 1;
+        }
+    }
+    expect == traj.loss_mask
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::protocol::Response;
+    use crate::scripted::demo;
+
+    /// Plays scripted turn texts as a backend would: the text's tokens, then the
+    /// end-of-turn token, with made-up logprobs; records the prompts it was sent.
+    struct Script {
+        model: Arc<ModelFiles>,
+        turns: Vec<String>,
+        prompts: Vec<Vec<u32>>,
+        sent: Vec<Vec<u32>>,
+    }
+
+    #[async_trait]
+    impl Generator for Script {
+        async fn generate(
+            &mut self,
+            prompt_ids: &[u32],
+            sampling: &Sampling,
+            turn: usize,
+        ) -> Result<Generated, GenerateError> {
+            self.prompts.push(prompt_ids.to_vec());
+            let text = self
+                .turns
+                .get(turn)
+                .cloned()
+                .unwrap_or_else(|| "Done.".into());
+            let mut ids = self.model.tokenizer.encode(&text).unwrap();
+            ids.push(self.model.eos_id);
+            let max = sampling.max_tokens.unwrap() as usize;
+            let finish = if ids.len() > max {
+                ids.truncate(max);
+                Finish::Length
+            } else {
+                Finish::Stop
+            };
+            self.sent.push(ids.clone());
+            let logprobs = (0..ids.len()).map(|i| -(i as f32 + 1.0) / 10.0).collect();
+            Ok(Generated {
+                generation: Generation {
+                    token_ids: ids,
+                    logprobs,
+                    finish,
+                    cached_prompt_tokens: Some(0),
+                    text: None,
+                },
+                backend: "b0".into(),
+                backend_wait: Duration::ZERO,
+            })
+        }
+
+        fn take_switches(&mut self) -> Vec<BackendSwitch> {
+            Vec::new()
+        }
+    }
+
+    /// Answers every bash call with its command echoed.
+    struct Echo;
+
+    #[async_trait]
+    impl ToolRunner for Echo {
+        async fn call(
+            &self,
+            tool: &str,
+            args: Value,
+            _timeout: Duration,
+        ) -> Result<Response, SandboxError> {
+            let out = format!("{tool} ran {}", args["command"].as_str().unwrap_or("?"));
+            Ok(Response::ok(
+                1,
+                json!({"output": out, "exit_code": 0, "omitted_bytes": 0, "timed_out": false,
+                       "shell_restarted": false, "elapsed_us": 1}),
+            ))
+        }
+    }
+
+    fn call(command: &str) -> String {
+        // Exactly as the template's `tojson` writes a call, so re-rendering agrees.
+        format!(
+            "<tool_call>\n{{\"name\": \"bash\", \"arguments\": {{\"command\": \"{command}\"}}}}\n</tool_call>"
+        )
+    }
+
+    fn episode(model: Arc<ModelFiles>, max_tokens: usize) -> Episode {
+        Episode {
+            model,
+            model_name: "demo".into(),
+            messages: vec![
+                json!({"role": "system", "content": "You are a careful engineer."}),
+                json!({"role": "user", "content": "List the files, then finish."}),
+            ],
+            tools: vec!["bash".into(), "finish".into()],
+            parser: Parser::Hermes,
+            sampling: Sampling::default(),
+            limits: Limits {
+                max_turns: 8,
+                max_tokens,
+                max_new_tokens: 256,
+                tool_timeout: Duration::from_secs(5),
+                stop_without_tool_call: true,
+                max_observation_bytes: 4096,
+            },
+            template_args: Default::default(),
+            deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+        }
+    }
+
+    fn model() -> Arc<ModelFiles> {
+        Arc::new(demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap())
+    }
+
+    fn script(model: &Arc<ModelFiles>, turns: &[String]) -> Script {
+        Script {
+            model: model.clone(),
+            turns: turns.to_vec(),
+            prompts: Vec::new(),
+            sent: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn tokens_are_the_servers_followed_by_the_templates_observations() {
+        let m = model();
+        let mut llm = script(
+            &m,
+            &[
+                format!("Let me look.\n{}", call("ls")),
+                call("cat a.py"),
+                "<tool_call>\n{\"name\": \"finish\", \"arguments\": {\"answer\": \"two files\"}}\n</tool_call>".into(),
+            ],
+        );
+        let ep = episode(m.clone(), 4096);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(t.finish_reason, Some(FinishReason::Finished));
+        assert_eq!(t.answer.as_deref(), Some("two files"));
+        assert_eq!(t.turns.len(), 3);
+        // Each request carried exactly the tokens so far; each turn's tokens are the
+        // server's, in order; between them, the template's rendering of the results.
+        for (i, turn) in t.turns.iter().enumerate() {
+            let [a, b] = turn.model_range;
+            assert_eq!(&t.response_ids[a..b], &llm.sent[i][..]);
+            assert_eq!(
+                llm.prompts[i],
+                [&t.prompt_ids[..], &t.response_ids[..a]].concat()
+            );
+        }
+        let [a, b] = t.turns[0].observation_range;
+        let obs = m.tokenizer.decode(&t.response_ids[a..b]).unwrap();
+        assert_eq!(
+            obs,
+            "\n<|im_start|>user\n<tool_response>\nbash ran ls\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert!(mask_matches_turns(&t));
+        assert_eq!(t.logprobs.len(), t.response_ids.len());
+        for (i, lp) in t.logprobs.iter().enumerate() {
+            assert_eq!(*lp == 0.0, t.loss_mask[i] == 0);
+        }
+        let drift = t.drift.unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
+    #[tokio::test]
+    async fn re_tokenizing_drifts_when_the_template_rewrites_a_turn() {
+        // Compact JSON in the call: the template re-renders it with `", "` and `": "`.
+        let m = model();
+        let compact =
+            "<tool_call>\n{\"name\":\"bash\",\"arguments\":{\"command\":\"ls\"}}\n</tool_call>";
+        let mut llm = script(&m, &[compact.into(), "All done.".into()]);
+        let ep = episode(m.clone(), 4096);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(t.finish_reason, Some(FinishReason::NoToolCall));
+        let drift = t.drift.unwrap();
+        assert!(!drift.identical);
+        let first = drift.first_difference.unwrap();
+        let start = t.prompt_ids.len() + t.turns[0].model_range[0];
+        assert!(first >= start && first < t.prompt_ids.len() + t.turns[0].model_range[1]);
+    }
+
+    #[tokio::test]
+    async fn bad_calls_and_unknown_tools_are_observations() {
+        let m = model();
+        let mut llm = script(
+            &m,
+            &[
+                "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": }\n</tool_call>"
+                    .into(),
+                "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>".into(),
+                "I am done.".into(),
+            ],
+        );
+        let ep = episode(m.clone(), 4096);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(t.turns.len(), 3);
+        assert!(t.turns[0].tools[0].observation.contains("not valid JSON"));
+        assert!(
+            t.turns[1].tools[0]
+                .observation
+                .contains("unknown tool `rm_rf`")
+        );
+        assert!(!t.turns[1].tools[0].ok);
+        let [a, b] = t.turns[1].observation_range;
+        let seen = m.tokenizer.decode(&t.response_ids[a..b]).unwrap();
+        assert!(seen.contains("unknown tool"), "{seen}");
+        assert_eq!(t.finish_reason, Some(FinishReason::NoToolCall));
+    }
+
+    #[tokio::test]
+    async fn the_context_limit_ends_the_episode() {
+        let m = model();
+        let long: Vec<String> = (0..20).map(|i| call(&format!("echo {i}"))).collect();
+        let mut llm = script(&m, &long);
+        let probe = episode(m.clone(), 100_000);
+        let prompt_len = m
+            .tokenizer
+            .encode(
+                &m.template
+                    .render(
+                        &probe.messages,
+                        Some(
+                            &[
+                                tools::schema("bash").unwrap(),
+                                tools::schema("finish").unwrap(),
+                            ][..],
+                        ),
+                        true,
+                        &Default::default(),
+                    )
+                    .unwrap(),
+            )
+            .unwrap()
+            .len();
+        let ep = episode(m.clone(), prompt_len + 90);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(t.finish_reason, Some(FinishReason::ContextLength));
+        assert!(t.len() <= prompt_len + 90);
+        // No request asked for more tokens than fit.
+        for p in &llm.prompts {
+            assert!(p.len() < prompt_len + 90);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_job_nobody_wants_stops_at_the_turn_boundary() {
+        struct Gone;
+        #[async_trait]
+        impl TurnGuard for Gone {
+            async fn still_wanted(&self) -> bool {
+                false
+            }
+        }
+        struct Slow(Script);
+        #[async_trait]
+        impl Generator for Slow {
+            async fn generate(
+                &mut self,
+                p: &[u32],
+                s: &Sampling,
+                turn: usize,
+            ) -> Result<Generated, GenerateError> {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                self.0.generate(p, s, turn).await
+            }
+            fn take_switches(&mut self) -> Vec<BackendSwitch> {
+                Vec::new()
+            }
+        }
+        let m = model();
+        let mut llm = Slow(script(&m, &[call("ls")]));
+        let ep = episode(m, 4096);
+        let e = run(&ep, &mut llm, &Echo, &Gone).await.unwrap_err();
+        assert!(matches!(e, EpisodeError::Cancelled));
+        assert!(llm.0.sent.is_empty());
+    }
+}
