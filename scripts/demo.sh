@@ -1,12 +1,63 @@
 #!/usr/bin/env bash
 # The README's first command: install what is missing, build, and run `rollout up` on the
-# bundled examples — 64 synthetic jobs in 8 prompt groups and 16 `shell` jobs, each in a
-# bubblewrap sandbox of its own — with progress and a summary.
+# bundled examples — 64 synthetic jobs in 8 prompt groups, 16 `shell` jobs and 32 `agent`
+# episodes, each sandboxed job in a bubblewrap sandbox of its own — with progress and a
+# summary. The agent episodes run against two stand-in inference servers
+# (rollout-scripted-llm, one speaking vLLM's format and one SGLang's) that play the script
+# in examples/agent-policy.json: they are not models.
 # Uses SQLite under ./.rollout and a NATS server on 127.0.0.1:4222 (started as a child
 # process if none answers there). Extra arguments go to `rollout up`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
 cargo build --release --bins
-exec target/release/rollout up --submit examples/synthetic.jsonl --submit examples/shell.jsonl \
-  --exit-when-done "$@"
+bin=target/release
+state=.rollout
+mkdir -p "$state"
+
+# The model directory both the stand-in servers and the RUN workers load.
+"$bin/rollout-scripted-llm" write-model "$state/demo-model" --policy examples/agent-policy.json
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+# Two stand-in servers on free ports; each prints `listening on URL` first.
+urls=()
+for i in 0 1; do
+  out="$state/scripted-$i.out"
+  : >"$out"
+  "$bin/rollout-scripted-llm" serve --listen 127.0.0.1:0 --model "$state/demo-model" \
+    --policy examples/agent-policy.json --seed "$i" --token-us 200 >"$out" 2>"$state/scripted-$i.log" &
+  pids+=("$!")
+  for _ in $(seq 100); do
+    grep -q '^listening on ' "$out" && break
+    sleep 0.1
+  done
+  url=$(sed -n 's/^listening on //p' "$out")
+  [ -n "$url" ] || { echo "demo: the stand-in server did not start; see $state/scripted-$i.log" >&2; exit 1; }
+  urls+=("$url")
+done
+
+config="$state/demo.toml"
+cat >"$config" <<EOF
+# Written by scripts/demo.sh: the two stand-in backends of the demo.
+[[backends]]
+id = "scripted-vllm"
+url = "${urls[0]}"
+kind = "vllm"
+model = "scripted"
+tokenizer = "$state/demo-model"
+
+[[backends]]
+id = "scripted-sglang"
+url = "${urls[1]}"
+kind = "sglang"
+model = "scripted"
+tokenizer = "$state/demo-model"
+EOF
+
+"$bin/rollout" --config "$config" up --submit examples/synthetic.jsonl --submit examples/shell.jsonl \
+  --submit examples/agent.jsonl --exit-when-done "$@"

@@ -58,11 +58,12 @@ impl Client {
         }
     }
 
-    async fn send<T: DeserializeOwned>(
+    /// Sends `req`; a non-2xx answer becomes [`ClientError::Api`].
+    async fn checked(
         &self,
         req: reqwest::RequestBuilder,
         url: String,
-    ) -> Result<T, ClientError> {
+    ) -> Result<reqwest::Response, ClientError> {
         let resp = req
             .send()
             .await
@@ -75,6 +76,15 @@ impl Client {
                 body,
             });
         }
+        Ok(resp)
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: String,
+    ) -> Result<T, ClientError> {
+        let resp = self.checked(req, url).await?;
         resp.json().await.map_err(ClientError::Decode)
     }
 
@@ -121,6 +131,27 @@ impl Client {
             out.extend(page.results);
         }
         Ok(out)
+    }
+
+    /// `GET /v1/backends`.
+    pub async fn backends(&self) -> Result<Vec<crate::backends::BackendState>, ClientError> {
+        let url = format!("{}/v1/backends", self.base);
+        self.send(self.http.get(&url), url).await
+    }
+
+    /// `POST /v1/backends`.
+    pub async fn add_backend(
+        &self,
+        spec: &crate::backends::BackendSpec,
+    ) -> Result<crate::backends::BackendState, ClientError> {
+        let url = format!("{}/v1/backends", self.base);
+        self.send(self.http.post(&url).json(spec), url).await
+    }
+
+    /// `DELETE /v1/backends/{id}`.
+    pub async fn remove_backend(&self, id: &str) -> Result<(), ClientError> {
+        let url = format!("{}/v1/backends/{id}", self.base);
+        self.checked(self.http.delete(&url), url).await.map(drop)
     }
 
     /// `GET /v1/status`.

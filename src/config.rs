@@ -51,6 +51,13 @@ pub struct Settings {
     pub reconciler: ReconcilerSettings,
     /// Sandboxes on this node.
     pub sandbox: SandboxSettings,
+    /// Inference backends registered from this file (`[[backends]]`); more can be added
+    /// through the API.
+    pub backends: Vec<crate::backends::BackendSpec>,
+    /// How jobs use the backend pool.
+    pub pool: PoolSettings,
+    /// Defaults of the `agent` task kind.
+    pub agent: AgentSettings,
     /// Where `rollout up` keeps its SQLite file and NATS data.
     pub state_dir: PathBuf,
     /// Logging.
@@ -68,6 +75,9 @@ impl Default for Settings {
             stages: StagesSettings::default(),
             reconciler: ReconcilerSettings::default(),
             sandbox: SandboxSettings::default(),
+            backends: Vec::new(),
+            pool: PoolSettings::default(),
+            agent: AgentSettings::default(),
             state_dir: PathBuf::from(".rollout"),
             log: LogSettings::default(),
         }
@@ -366,6 +376,104 @@ impl Default for SandboxSettings {
     }
 }
 
+/// The inference backend pool: health probes, group affinity, the HTTP client.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolSettings {
+    /// How often every backend's `GET /health` is probed (ms).
+    pub health_interval_ms: u64,
+    /// How long a probe may take before the backend counts as down (ms).
+    pub health_timeout_ms: u64,
+    /// How far above its fair share of running jobs (a fraction of it) a backend may go
+    /// to keep a prompt group's samples together.
+    pub affinity_slack: f64,
+    /// Jobs a backend may run above its fair share regardless of `affinity_slack`, so
+    /// the first groups of a batch stay together; about one group's size.
+    pub affinity_margin: f64,
+    /// How long connecting to a backend may take (ms).
+    pub connect_timeout_ms: u64,
+    /// How long one generation request may take, answer included (ms).
+    pub request_timeout_ms: u64,
+    /// Retries of a generation after connection errors, timeouts and 5xx answers; then
+    /// the job moves to another backend.
+    pub retries: u32,
+    /// The first retry's delay (ms); it doubles with each retry.
+    pub backoff_ms: u64,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            health_interval_ms: 5_000,
+            health_timeout_ms: 2_000,
+            affinity_slack: 0.25,
+            affinity_margin: 8.0,
+            connect_timeout_ms: 5_000,
+            request_timeout_ms: 600_000,
+            retries: 3,
+            backoff_ms: 200,
+        }
+    }
+}
+
+impl PoolSettings {
+    /// The group-affinity policy.
+    pub fn policy(&self) -> crate::backends::pool::AffinityPolicy {
+        crate::backends::pool::AffinityPolicy {
+            slack: self.affinity_slack,
+            margin: self.affinity_margin,
+        }
+    }
+
+    /// The inference client's timeouts and retries.
+    pub fn client_settings(&self) -> crate::backends::client::ClientSettings {
+        crate::backends::client::ClientSettings {
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            retries: self.retries,
+            backoff: Duration::from_millis(self.backoff_ms),
+        }
+    }
+}
+
+/// Defaults of the `agent` task kind; a task's `limits` override them one by one.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentSettings {
+    /// Model turns at most.
+    pub max_turns: usize,
+    /// Prompt and response tokens at most (the context length).
+    pub max_tokens: usize,
+    /// Tokens at most in one model turn.
+    pub max_new_tokens: usize,
+    /// The episode's wall-clock limit (ms); kept inside `stages.run.timeout_ms`.
+    pub timeout_ms: u64,
+    /// One tool call's limit (ms).
+    pub tool_timeout_ms: u64,
+    /// `hermes` (`<tool_call>` blocks) or `bash_block` (one fenced bash block per turn).
+    pub parser: String,
+    /// Whether a turn without a tool call ends the episode (otherwise the model is told
+    /// to use a tool).
+    pub stop_without_tool_call: bool,
+    /// The longest observation shown to the model (bytes; head and tail are kept).
+    pub max_observation_bytes: usize,
+}
+
+impl Default for AgentSettings {
+    fn default() -> Self {
+        Self {
+            max_turns: 16,
+            max_tokens: 32_768,
+            max_new_tokens: 4_096,
+            timeout_ms: 1_800_000,
+            tool_timeout_ms: 120_000,
+            parser: "hermes".into(),
+            stop_without_tool_call: true,
+            max_observation_bytes: 16_384,
+        }
+    }
+}
+
 /// Logging settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -529,6 +637,51 @@ impl Settings {
         }
         if self.sandbox.max_restarts < 0 {
             return bad("sandbox.max_restarts", "must be 0 or more");
+        }
+        let mut ids = std::collections::HashSet::new();
+        for (i, b) in self.backends.iter().enumerate() {
+            if let Err((field, problem)) = b.validate() {
+                return bad(&format!("backends[{i}].{field}"), &problem);
+            }
+            if !ids.insert(b.id.as_str()) {
+                return bad(&format!("backends[{i}].id"), "is used by another backend");
+            }
+        }
+        let p = &self.pool;
+        for (key, v) in [
+            ("pool.health_interval_ms", p.health_interval_ms),
+            ("pool.health_timeout_ms", p.health_timeout_ms),
+            ("pool.connect_timeout_ms", p.connect_timeout_ms),
+            ("pool.request_timeout_ms", p.request_timeout_ms),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1");
+            }
+        }
+        if !(p.affinity_slack.is_finite() && p.affinity_slack >= 0.0) {
+            return bad("pool.affinity_slack", "must be a number, 0 or more");
+        }
+        if !(p.affinity_margin.is_finite() && p.affinity_margin >= 0.0) {
+            return bad("pool.affinity_margin", "must be a number, 0 or more");
+        }
+        let a = &self.agent;
+        for (key, v) in [
+            ("agent.max_turns", a.max_turns as u64),
+            ("agent.max_tokens", a.max_tokens as u64),
+            ("agent.max_new_tokens", a.max_new_tokens as u64),
+            ("agent.timeout_ms", a.timeout_ms),
+            ("agent.tool_timeout_ms", a.tool_timeout_ms),
+            (
+                "agent.max_observation_bytes",
+                a.max_observation_bytes as u64,
+            ),
+        ] {
+            if v == 0 {
+                return bad(key, "must be at least 1");
+            }
+        }
+        if crate::agent::episode::Parser::from_name(&a.parser).is_none() {
+            return bad("agent.parser", "must be hermes or bash_block");
         }
         Ok(())
     }

@@ -8,13 +8,17 @@
 //! per stage.
 //!
 //! Module map:
-//! - [`agent`]: chat templates and (later) the multi-turn agent loop.
-//! - [`backends`]: inference servers and their wire formats.
+//! - [`agent`]: the multi-turn agent loop: chat templates, tokenizers, tool-call
+//!   parsers, observations, trajectories.
+//! - [`backends`]: inference servers: wire formats, the pooled client, the backend pool.
+//! - [`scripted`]: the stand-in inference server (a script, not a model) for tests,
+//!   benchmarks and the demo.
 //! - [`config`]: the typed settings tree (file, then `ROLLOUT__SECTION__KEY` environment).
 //! - [`model`]: jobs, stages, statuses, tasks and results — the domain types.
 //! - [`store`]: durable job state behind one trait, with SQLite and Postgres backends.
 //! - [`queue`]: JetStream streams, consumers, subjects and publishing.
-//! - [`kinds`]: the task-kind interface (a hook per stage) and the `synthetic` kind.
+//! - [`kinds`]: the task-kind interface (a hook per stage) and the `synthetic`, `shell`
+//!   and `agent` kinds.
 //! - [`worker`]: the stage worker loop shared by the three worker binaries.
 //! - [`reconciler`]: repairs hand-offs lost between the database and the queue.
 //! - [`sandbox`]: sandboxes (local, bubblewrap, Apptainer) and the tool server inside them.

@@ -59,12 +59,14 @@ pub async fn connect(
     let url = settings.database_url();
     tracing::info!(database = %store::redact_url(&url), nats = %settings.nats.url, "connecting");
     let store = store::connect(&url, settings.database.max_connections).await?;
+    crate::backends::pool::register_configured(store.as_ref(), &settings).await?;
     let queue = Queue::connect(&settings, name, wait_for_nats).await?;
     let sandboxes = Arc::new(crate::sandbox::NodeSandboxes::new(&settings, store.clone()));
+    let kinds = Registry::builtin(sandboxes.clone(), store.clone(), settings.clone());
     Ok(WorkerDeps {
         store,
         queue,
-        kinds: Registry::builtin(sandboxes.clone()),
+        kinds,
         sandboxes,
         settings,
     })
@@ -83,6 +85,11 @@ pub async fn run_gateway(
         shutdown.clone(),
     ));
     if deps.settings.reconciler.enabled {
+        tokio::spawn(crate::backends::pool::run_health_prober(
+            deps.store.clone(),
+            deps.settings.clone(),
+            shutdown.clone(),
+        ));
         tokio::spawn(crate::reconciler::run(
             deps.store.clone(),
             deps.queue.clone(),

@@ -53,6 +53,14 @@ enum Command {
         #[arg(long, env = "ROLLOUT_GATEWAY")]
         gateway: Option<String>,
     },
+    /// List, register and remove inference backends (through the gateway).
+    Backends {
+        #[command(subcommand)]
+        action: BackendsAction,
+        /// Gateway URL (default: http:// + gateway.listen).
+        #[arg(long, env = "ROLLOUT_GATEWAY", global = true)]
+        gateway: Option<String>,
+    },
     /// Everything on one machine: NATS (started if none answers), SQLite under the state
     /// directory, the gateway and workers of every stage. Ctrl-C stops it all.
     Up {
@@ -69,6 +77,39 @@ enum Command {
         /// With --submit: stop when every submitted job has its result.
         #[arg(long)]
         exit_when_done: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BackendsAction {
+    /// Every backend with its health and active jobs.
+    List,
+    /// Register a backend (or replace the one with the same id).
+    Add {
+        /// A name unique in the pool.
+        #[arg(long)]
+        id: String,
+        /// Base URL, e.g. http://10.0.0.5:8000.
+        #[arg(long)]
+        url: String,
+        /// `vllm` or `sglang`.
+        #[arg(long)]
+        kind: String,
+        /// The model it serves.
+        #[arg(long)]
+        model: String,
+        /// The model directory (tokenizer.json, tokenizer_config.json) as the RUN
+        /// workers see it.
+        #[arg(long)]
+        tokenizer: String,
+        /// Relative capacity.
+        #[arg(long, default_value_t = 1.0)]
+        weight: f64,
+    },
+    /// Unregister a backend.
+    Remove {
+        /// Its id.
+        id: String,
     },
 }
 
@@ -146,6 +187,58 @@ async fn main() -> anyhow::Result<()> {
                     "batch {}: {} submitted, {} finished ({} done, {} failed, {} timed out, {} cancelled)",
                     b.id, b.submitted, b.finished, b.done, b.failed, b.timed_out, b.cancelled
                 );
+            }
+        }
+        Command::Backends { action, gateway } => {
+            let client = Client::new(&gateway_url(&settings, gateway));
+            match action {
+                BackendsAction::List => {
+                    let list = client.backends().await?;
+                    println!(
+                        "{:<20} {:<7} {:<20} {:<32} {:<8} {:>6} {:>6}",
+                        "ID", "KIND", "MODEL", "URL", "HEALTHY", "ACTIVE", "WEIGHT"
+                    );
+                    for b in list {
+                        println!(
+                            "{:<20} {:<7} {:<20} {:<32} {:<8} {:>6} {:>6}",
+                            b.spec.id,
+                            b.spec.kind,
+                            b.spec.model,
+                            b.spec.url,
+                            if b.healthy { "yes" } else { "no" },
+                            b.active,
+                            b.spec.weight
+                        );
+                    }
+                }
+                BackendsAction::Add {
+                    id,
+                    url,
+                    kind,
+                    model,
+                    tokenizer,
+                    weight,
+                } => {
+                    let kind = rollout::backends::WireKind::parse(&kind)
+                        .with_context(|| format!("--kind `{kind}`: use vllm or sglang"))?;
+                    let spec = rollout::backends::BackendSpec {
+                        id,
+                        url,
+                        kind,
+                        model,
+                        tokenizer,
+                        weight,
+                    };
+                    let b = client.add_backend(&spec).await?;
+                    eprintln!(
+                        "registered backend {} ({} at {})",
+                        b.spec.id, b.spec.model, b.spec.url
+                    );
+                }
+                BackendsAction::Remove { id } => {
+                    client.remove_backend(&id).await?;
+                    eprintln!("removed backend {id}");
+                }
             }
         }
         Command::Up {

@@ -27,9 +27,32 @@ pub const SANDBOX_START_FAILURES: &str = "rollout_sandbox_start_failures_total";
 /// Sandboxes removed by the reaper, by `reason`.
 pub const SANDBOXES_REAPED: &str = "rollout_sandboxes_reaped_total";
 
+/// Generation requests sent to inference backends (attempts, retries included), by
+/// `backend`.
+pub const BACKEND_REQUESTS: &str = "rollout_backend_requests_total";
+/// Generation attempts that failed with a connection error, a timeout or a 5xx, by
+/// `backend`.
+pub const BACKEND_ERRORS: &str = "rollout_backend_errors_total";
+/// Seconds a generation request took, answer included, by `backend`.
+pub const BACKEND_LATENCY: &str = "rollout_backend_latency_seconds";
+/// Whether the last health probe of a backend succeeded (1) or not (0), by `backend`.
+pub const BACKEND_HEALTHY: &str = "rollout_backend_healthy";
+/// Jobs assigned to a backend (in RUN), by `backend`, as of the last probe.
+pub const BACKEND_ACTIVE: &str = "rollout_backend_active_jobs";
+/// Jobs moved off a failed backend mid-episode, by the backend left (`from`).
+pub const BACKEND_SWITCHES: &str = "rollout_backend_switches_total";
+/// Seconds of the RUN loop's own work per turn (everything but waiting for the backend
+/// and the tools).
+pub const TURN_OVERHEAD: &str = "rollout_agent_turn_overhead_seconds";
+/// Agent episodes by how they ended (`finish_reason`).
+pub const EPISODES: &str = "rollout_agent_episodes_total";
+/// Drift checks by `model` and verdict (`drift` = `true`/`false`): the drift rate of a
+/// model is its `drift="true"` count over all of its checks.
+pub const DRIFT_CHECKS: &str = "rollout_agent_drift_checks_total";
+
 const BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-    120.0, 300.0, 600.0, 1800.0, 3600.0,
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 ];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();

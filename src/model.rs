@@ -264,6 +264,9 @@ pub struct Outcome {
     pub error: Option<String>,
     /// EVAL's output (scoring details), if it ran.
     pub eval_output: Option<serde_json::Value>,
+    /// What RUN produced before it failed (a partial trajectory), kept as the result's
+    /// `run` output; `None` keeps what the job row holds.
+    pub run_output: Option<serde_json::Value>,
 }
 
 /// A result as stored and delivered to trainers: one per job, written when the job ends.

@@ -137,6 +137,7 @@ pub async fn sweep(
                         job.msg.stage, job.attempts
                     )),
                     eval_output: None,
+                    run_output: None,
                 };
                 let cond = FinishIf::Unleased(job.msg.clone());
                 if let Some(result) = store.finish(&cond, &id, &outcome, now).await? {
@@ -175,6 +176,7 @@ pub async fn sweep(
                     run.node
                 )),
                 eval_output: None,
+                run_output: None,
             };
             let cond = FinishIf::Unleased(run.msg.clone());
             if let Some(result) = store.finish(&cond, &id, &outcome, now).await? {

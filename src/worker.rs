@@ -395,7 +395,9 @@ impl Worker {
         self.running.lock().expect("lock").remove(&held.work.job_id);
         let outcome_label = match &end {
             StageEnd::Finished(Ok(_)) => "ok",
-            StageEnd::Finished(Err(StageError::Failed(_))) => "failed",
+            StageEnd::Finished(Err(StageError::Failed(_) | StageError::FailedWith { .. })) => {
+                "failed"
+            }
             StageEnd::Finished(Err(_)) => "transient",
             StageEnd::TimedOut => "timed_out",
             StageEnd::Cancelled => "cancelled",
@@ -409,6 +411,18 @@ impl Worker {
                 tracing::info!(error = %e, "stage failed");
                 kind.cleanup(&ctx.job).await;
                 self.end_job(&msg, &held, Status::Failed, e).await;
+            }
+            StageEnd::Finished(Err(StageError::FailedWith { message, output })) => {
+                tracing::info!(error = %message, "stage failed with partial output");
+                kind.cleanup(&ctx.job).await;
+                let outcome = Outcome {
+                    status: Status::Failed,
+                    reward: None,
+                    error: Some(message),
+                    eval_output: None,
+                    run_output: (held.work.stage == Stage::Run).then_some(output),
+                };
+                self.finish(&msg, &held, &outcome).await;
             }
             StageEnd::Finished(Err(StageError::Transient(e))) => {
                 self.give_up_or_retry(&msg, &held, e).await;
@@ -509,6 +523,7 @@ impl Worker {
                     reward: Some(e.reward),
                     error: None,
                     eval_output: Some(e.details),
+                    run_output: None,
                 };
                 self.finish(msg, held, &outcome).await;
                 return;
@@ -605,6 +620,7 @@ impl Worker {
             reward: None,
             error: Some(error),
             eval_output: None,
+            run_output: None,
         };
         self.finish(msg, held, &outcome).await;
     }
@@ -768,6 +784,7 @@ pub async fn dead_letter(
         reward: None,
         error: Some(error.to_string()),
         eval_output: None,
+        run_output: None,
     };
     if let Some(result) = store.finish(cond, &work.job_id, &outcome, now_ms()).await? {
         tracing::warn!(job_id = %work.job_id, error, "job failed and its message dead-lettered");

@@ -32,15 +32,8 @@ use super::render::TurnGlue;
 use super::tools::{self, FINISH, ToolRunner};
 use super::trajectory::{self, BackendSwitch, FinishReason, ToolRecord, Trajectory, Turn};
 use crate::backends::wire::{Finish, Generation, Sampling};
+use crate::metrics::{DRIFT_CHECKS, EPISODES, TURN_OVERHEAD};
 use crate::sandbox::SandboxError;
-
-/// Histogram of the RUN worker's own time per turn (seconds).
-pub const TURN_OVERHEAD: &str = "rollout_agent_turn_overhead_seconds";
-/// Counter of episodes by how they ended.
-pub const EPISODES: &str = "rollout_agent_episodes_total";
-/// Counter of drift checks by model and verdict (`drift` = `true`/`false`); the drift
-/// rate of a model is `drift="true"` over all of its checks.
-pub const DRIFT_CHECKS: &str = "rollout_agent_drift_checks_total";
 
 /// How a turn's text becomes tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -232,6 +225,9 @@ pub async fn run(
     let mut context = traj.prompt_ids.clone();
     // Messages whose tokens are in `context` (the drift check renders exactly these).
     let mut rendered = traj.messages.len();
+    // Whether the last model turn ended with the end-of-turn token (a re-render adds it
+    // after a turn that was cut).
+    let mut last_ended = true;
     let finish = 'episode: loop {
         if traj.turns.len() >= ep.limits.max_turns {
             break FinishReason::MaxTurns;
@@ -285,6 +281,7 @@ pub async fn run(
         context.extend_from_slice(&g.token_ids);
         traj.backend = backend.clone();
         let ended_with_eos = g.token_ids.last() == Some(&model.eos_id);
+        last_ended = ended_with_eos;
         let body = if ended_with_eos {
             &g.token_ids[..g.token_ids.len() - 1]
         } else {
@@ -459,7 +456,14 @@ pub async fn run(
     traj.finish_reason = Some(finish);
     traj.backend_switches.extend(llm.take_switches());
     metrics::counter!(EPISODES, "finish_reason" => finish.as_str()).increment(1);
-    let tail = glue.tail().to_string();
+    // What a re-render may add after our last token without it being drift: the
+    // template's text after an end-of-turn token, and the token itself after a turn
+    // that was cut before it.
+    let tail = if last_ended || rendered == traj.messages.len() {
+        glue.tail().to_string()
+    } else {
+        format!("{}{}", model.eos_token, glue.tail())
+    };
     drop(glue);
     let drift = drift_check(ep, schemas, in_tokens, traj.all_ids(), tail).await;
     match drift {
@@ -802,6 +806,19 @@ mod tests {
         for p in &llm.prompts {
             assert!(p.len() < prompt_len + 90);
         }
+    }
+
+    #[tokio::test]
+    async fn a_turn_cut_by_its_token_limit_ends_the_episode_without_drift() {
+        let m = model();
+        let mut llm = script(&m, &[format!("Let me look around first.\n{}", call("ls"))]);
+        let mut ep = episode(m, 4096);
+        ep.limits.max_new_tokens = 5;
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(t.finish_reason, Some(FinishReason::TurnLength));
+        assert_eq!(t.response_ids.len(), 5);
+        assert!(t.turns[0].tools.is_empty());
+        assert!(t.drift.unwrap().identical);
     }
 
     #[tokio::test]

@@ -107,3 +107,36 @@ impl ModelFiles {
         })
     }
 }
+
+/// Model directories loaded once per process and shared by every job that uses them:
+/// loading a real `tokenizer.json` takes long enough that it must not happen per job.
+#[derive(Debug, Default)]
+pub struct ModelCache {
+    loaded: tokio::sync::Mutex<std::collections::HashMap<PathBuf, std::sync::Arc<ModelFiles>>>,
+}
+
+impl ModelCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The model at `path`, loaded off the async threads the first time it is asked for.
+    /// Concurrent first requests for one path wait for a single load.
+    pub async fn get(&self, path: &Path) -> Result<std::sync::Arc<ModelFiles>, ModelError> {
+        let mut loaded = self.loaded.lock().await;
+        if let Some(m) = loaded.get(path) {
+            return Ok(m.clone());
+        }
+        let owned = path.to_path_buf();
+        let files = tokio::task::spawn_blocking(move || ModelFiles::load(&owned))
+            .await
+            .map_err(|e| ModelError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::other(e.to_string()),
+            })??;
+        let files = std::sync::Arc::new(files);
+        loaded.insert(path.to_path_buf(), files.clone());
+        Ok(files)
+    }
+}

@@ -153,7 +153,7 @@ impl InferenceClient {
                 Ok(g) => return Ok((g, waited)),
                 Err(Attempt::Fatal(e)) => return Err(e),
                 Err(Attempt::Retry(e)) => {
-                    metrics::counter!("rollout_backend_errors_total", "backend" => backend.id.clone())
+                    metrics::counter!(crate::metrics::BACKEND_ERRORS, "backend" => backend.id.clone())
                         .increment(1);
                     last = e;
                 }
@@ -174,7 +174,7 @@ impl InferenceClient {
         waited: &mut Duration,
     ) -> Result<Generation, Attempt> {
         let t0 = Instant::now();
-        metrics::counter!("rollout_backend_requests_total", "backend" => backend.id.clone())
+        metrics::counter!(crate::metrics::BACKEND_REQUESTS, "backend" => backend.id.clone())
             .increment(1);
         let resp = self
             .http
@@ -192,7 +192,7 @@ impl InferenceClient {
         let bytes = resp.bytes().await;
         *waited += t0.elapsed();
         let bytes = bytes.map_err(|e| Attempt::Retry(describe(&e)))?;
-        metrics::histogram!("rollout_backend_latency_seconds", "backend" => backend.id.clone())
+        metrics::histogram!(crate::metrics::BACKEND_LATENCY, "backend" => backend.id.clone())
             .record(t0.elapsed().as_secs_f64());
         if status.is_server_error() {
             return Err(Attempt::Retry(format!(

@@ -4,12 +4,14 @@
 //! - [`client`]: the HTTP client (pooled connections, timeouts, retries, abort).
 //! - [`pool`]: which backend a job uses: registration, health, sticky and group-affine
 //!   assignment with counts kept in the database.
+//! - [`session`]: a job's assigned backend across its turns, and the move off a dead one.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 pub mod client;
 pub mod pool;
+pub mod session;
 pub mod wire;
 
 /// Which wire format a backend speaks.

@@ -17,6 +17,8 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::BackendSpec;
+
 /// How strongly a group sticks to its backend.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct AffinityPolicy {
@@ -61,6 +63,32 @@ pub enum Reason {
     Group,
     /// It had the lowest weighted load.
     LeastLoaded,
+}
+
+/// What a job asks of the pool.
+#[derive(Debug, Clone)]
+pub struct AssignRequest {
+    /// The job.
+    pub job_id: String,
+    /// Its prompt group (`batch/group`): samples of one group prefer one backend.
+    pub group_key: Option<String>,
+    /// The model it needs; when `None`, the model of its previous assignment, or any.
+    pub model: Option<String>,
+    /// Backends not to use (they just failed this job).
+    pub exclude: Vec<String>,
+    /// How strongly groups stick together.
+    pub policy: AffinityPolicy,
+}
+
+/// The backend a job got.
+#[derive(Debug, Clone)]
+pub struct Assignment {
+    /// The backend.
+    pub backend: BackendSpec,
+    /// Why it was chosen.
+    pub reason: Reason,
+    /// The job's previous backend, when this assignment replaced another.
+    pub previous: Option<String>,
 }
 
 /// Whether `c` may take one more job without going over its fair share of all the jobs
@@ -122,6 +150,79 @@ fn load(c: &Candidate) -> f64 {
 
 fn load_after(c: &Candidate) -> f64 {
     (c.active + 1) as f64 / c.weight
+}
+
+/// Registers the configuration's `[[backends]]` (source `config`), leaving those added
+/// through the API alone. Every process calls it at start, so a worker started with a
+/// config file that names new backends makes them known at once.
+pub async fn register_configured(
+    store: &dyn crate::store::Store,
+    settings: &crate::config::Settings,
+) -> Result<(), crate::store::StoreError> {
+    for spec in &settings.backends {
+        store
+            .upsert_backend(spec, "config", crate::now_ms())
+            .await?;
+    }
+    Ok(())
+}
+
+/// Probes every registered backend's `GET /health` every `pool.health_interval_ms`,
+/// records the verdicts (a backend marked down gets no new jobs until it answers again)
+/// and keeps the per-backend gauges current, until `shutdown`. Any number of processes
+/// may run it: the verdicts they write agree.
+pub async fn run_health_prober(
+    store: std::sync::Arc<dyn crate::store::Store>,
+    settings: std::sync::Arc<crate::config::Settings>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let client = super::client::InferenceClient::new(settings.pool.client_settings());
+    let timeout = std::time::Duration::from_millis(settings.pool.health_timeout_ms);
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(
+        settings.pool.health_interval_ms,
+    ));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let backends = match store.backends().await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list backends to probe");
+                continue;
+            }
+        };
+        let probes = backends.iter().map(|b| {
+            let client = &client;
+            async move { (b, client.health(&b.spec, timeout).await) }
+        });
+        for (b, verdict) in futures::future::join_all(probes).await {
+            let id = b.spec.id.clone();
+            let healthy = verdict.is_ok();
+            let error = verdict.err();
+            match store
+                .set_backend_health(&id, healthy, error.as_deref(), crate::now_ms())
+                .await
+            {
+                Ok(Some(before)) if before != healthy => {
+                    if healthy {
+                        tracing::info!(backend = %id, "backend is up");
+                    } else {
+                        tracing::warn!(backend = %id, error = error.as_deref().unwrap_or(""), "backend is down");
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(backend = %id, error = %e, "cannot record the backend's health")
+                }
+            }
+            metrics::gauge!(crate::metrics::BACKEND_HEALTHY, "backend" => id.clone())
+                .set(if healthy { 1.0 } else { 0.0 });
+            metrics::gauge!(crate::metrics::BACKEND_ACTIVE, "backend" => id).set(b.active as f64);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -324,6 +324,7 @@ pub async fn cancel_job(
         reward: None,
         error: Some("cancelled by request".into()),
         eval_output: None,
+        run_output: None,
     };
     match state
         .store

@@ -27,6 +27,7 @@ use crate::model::{BatchCounters, Stage, Status, WorkMessage};
 use crate::queue::Queue;
 use crate::store::{StatusCount, Store, Submitted};
 
+pub mod backends;
 pub mod error;
 pub mod jobs;
 mod params;
@@ -64,6 +65,7 @@ pub struct AppState {
     tags(
         (name = "jobs", description = "Submit, inspect and cancel jobs"),
         (name = "results", description = "Receive results in a stable order"),
+        (name = "backends", description = "The inference backend pool"),
         (name = "service", description = "Health, metrics and counts"),
     )
 )]
@@ -78,6 +80,8 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(jobs::cancel_job))
         .routes(routes!(results::results))
         .routes(routes!(results::results_stream))
+        .routes(routes!(backends::list_backends, backends::add_backend))
+        .routes(routes!(backends::get_backend, backends::remove_backend))
         .routes(routes!(status))
         .routes(routes!(healthz))
         .routes(routes!(metrics_text))

@@ -20,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::model::Job;
 
+pub mod agent;
+pub mod sandboxed;
 pub mod shell;
 pub mod synthetic;
 
@@ -30,6 +32,17 @@ pub enum StageError {
     /// A permanent failure: the job ends `failed` with this message.
     #[error("{0}")]
     Failed(String),
+    /// A permanent failure that still produced output, e.g. the partial trajectory of an
+    /// episode whose backends all died: the job ends `failed` with `message`, and
+    /// `output` is kept as the result's output of the failing stage (RUN), so the
+    /// trainer sees how far the rollout got.
+    #[error("{message}")]
+    FailedWith {
+        /// What went wrong.
+        message: String,
+        /// What the stage produced before it failed.
+        output: serde_json::Value,
+    },
     /// A transient fault (a service unreachable, a resource busy): the stage is retried
     /// with backoff until the delivery limit, then the job fails with this message.
     #[error("{0}")]
@@ -155,11 +168,17 @@ impl Registry {
         Self::default()
     }
 
-    /// Every kind this build ships; the sandboxed ones use this node's `sandboxes`.
-    pub fn builtin(sandboxes: Arc<crate::sandbox::NodeSandboxes>) -> Self {
+    /// Every kind this build ships; the sandboxed ones use this node's `sandboxes`, and
+    /// `agent` the backend pool in `store` with `settings`' defaults.
+    pub fn builtin(
+        sandboxes: Arc<crate::sandbox::NodeSandboxes>,
+        store: Arc<dyn crate::store::Store>,
+        settings: Arc<crate::config::Settings>,
+    ) -> Self {
         let mut r = Self::new();
         r.register(Arc::new(synthetic::Synthetic));
-        r.register(Arc::new(shell::Shell::new(sandboxes)));
+        r.register(Arc::new(shell::Shell::new(sandboxes.clone())));
+        r.register(Arc::new(agent::Agent::new(sandboxes, store, settings)));
         r
     }
 

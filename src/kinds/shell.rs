@@ -26,12 +26,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::{EvalOutput, InitOutput, Route, SpecError, StageContext, StageError, TaskKind};
-use crate::model::{Job, Stage};
-use crate::sandbox::protocol::{
-    BashArgs, ExportArgs, ExportResult, FileArgs, PythonArgs, Response,
-};
-use crate::sandbox::{NodeSandboxes, Purpose, SandboxError, SandboxSpec};
+use super::sandboxed::{self, Check};
+use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
+use crate::model::Job;
+use crate::sandbox::protocol::{BashArgs, ExportArgs, FileArgs, PythonArgs, Response};
+use crate::sandbox::{NodeSandboxes, SandboxError, SandboxSpec};
 
 /// A `shell` task's `spec`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -61,22 +60,6 @@ pub struct Step {
     pub timeout_ms: Option<u64>,
 }
 
-/// The scoring command.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Check {
-    /// Shell command run in a fresh sandbox holding the agent's changes; exit code 0
-    /// means reward 1.
-    pub command: String,
-    /// Its timeout (ms).
-    #[serde(default = "default_check_timeout")]
-    pub timeout_ms: u64,
-}
-
-fn default_check_timeout() -> u64 {
-    300_000
-}
-
 /// What RUN records for one step.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StepRecord {
@@ -102,26 +85,8 @@ impl Shell {
     }
 }
 
-/// The generation of the RUN sandbox this stage entry's INIT made (its claim attempt).
-fn run_generation(job: &Job) -> i64 {
-    job.init_output
-        .as_ref()
-        .and_then(|o| o["sandbox"]["generation"].as_i64())
-        .unwrap_or(-1)
-}
-
 fn spec_of(job: &Job) -> Result<ShellSpec, StageError> {
     SpecError::parse(&job.task["spec"]).map_err(|e| StageError::Failed(format!("bad spec: {e}")))
-}
-
-/// Maps a sandbox failure to what the worker should do with the stage.
-fn stage_error(context: &str, e: SandboxError) -> StageError {
-    match e {
-        SandboxError::Setup(_) | SandboxError::Config(_) | SandboxError::Tool(_) => {
-            StageError::Failed(format!("{context}: {e}"))
-        }
-        _ => StageError::Transient(format!("{context}: {e}")),
-    }
 }
 
 /// Checks one step's arguments against the tool's argument type.
@@ -164,78 +129,16 @@ impl TaskKind for Shell {
         for (i, step) in s.steps.iter().enumerate() {
             check_step(i, step)?;
         }
-        if s.check.command.trim().is_empty() {
-            return Err(SpecError {
-                path: "check.command".into(),
-                message: "must not be empty".into(),
-            });
-        }
-        Ok(())
+        s.check.validate("check")
     }
 
     async fn init(&self, ctx: &StageContext) -> Result<InitOutput, StageError> {
-        let spec = spec_of(&ctx.job)?;
-        let sb = self
-            .sandboxes
-            .start(
-                &ctx.job.id,
-                &spec.sandbox,
-                Purpose::Run,
-                None,
-                ctx.job.attempts,
-            )
-            .await
-            .map_err(|e| stage_error("cannot start the sandbox", e))?;
-        // The shell answered before the sandbox counted as started; check the interpreter
-        // too. A sandbox without Python is still usable for bash and file steps, so this
-        // is reported rather than fatal.
-        let python = match sb
-            .client
-            .python("pass", Some(Duration::from_secs(60)))
-            .await
-        {
-            Ok(r) => serde_json::json!({"engine": r.engine}),
-            Err(e) => serde_json::json!({"error": e.to_string()}),
-        };
-        Ok(InitOutput {
-            output: serde_json::json!({
-                "sandbox": {
-                    "node": sb.label.node,
-                    "backend": sb.label.backend.as_str(),
-                    "ready_ms": sb.ready_after.as_secs_f64() * 1000.0,
-                    "python": python,
-                    "generation": ctx.job.attempts,
-                }
-            }),
-            route: Route::ThisNode,
-        })
+        sandboxed::init(&self.sandboxes, ctx, &spec_of(&ctx.job)?.sandbox).await
     }
 
     async fn run(&self, ctx: &StageContext) -> Result<serde_json::Value, StageError> {
         let spec = spec_of(&ctx.job)?;
-        let job_id = &ctx.job.id;
-        let generation = run_generation(&ctx.job);
-        if ctx.job.stage_attempts > 1 {
-            // An earlier attempt may have changed the sandbox before it died: replaying
-            // the steps there would not be the episode the task describes.
-            self.sandboxes
-                .remove(job_id, Purpose::Run, Some(generation))
-                .await;
-            return Err(StageError::Restart(
-                "an earlier RUN attempt stopped part-way through; starting again from a fresh sandbox".into(),
-            ));
-        }
-        let client = match self.sandboxes.connect(job_id, generation).await {
-            Ok(c) => c,
-            Err(e @ SandboxError::Unavailable(_)) => {
-                return Err(StageError::Transient(e.to_string()));
-            }
-            Err(e) => {
-                return Err(StageError::Restart(format!(
-                    "the job's sandbox is gone ({e}); starting again from INIT"
-                )));
-            }
-        };
+        let client = sandboxed::connect(&self.sandboxes, ctx).await?;
         let mut steps = Vec::with_capacity(spec.steps.len());
         for step in &spec.steps {
             let t0 = Instant::now();
@@ -250,15 +153,10 @@ impl TaskKind for Shell {
             let resp: Response = match resp {
                 Ok(r) => r,
                 Err(e @ (SandboxError::Closed | SandboxError::Io(_))) => {
-                    self.sandboxes
-                        .remove(job_id, Purpose::Run, Some(generation))
-                        .await;
-                    return Err(StageError::Restart(format!(
-                        "the sandbox died during step {} ({e}); starting again from INIT",
-                        steps.len() + 1
-                    )));
+                    let why = format!("the sandbox died during step {} ({e})", steps.len() + 1);
+                    return Err(sandboxed::lost(&self.sandboxes, &ctx.job, why).await);
                 }
-                Err(e) => return Err(stage_error("tool call failed", e)),
+                Err(e) => return Err(sandboxed::stage_error("tool call failed", e)),
             };
             steps.push(StepRecord {
                 tool: step.tool.clone(),
@@ -271,82 +169,28 @@ impl TaskKind for Shell {
                 latency_us,
             });
         }
-        let export = client
-            .export(&ExportArgs::default())
-            .await
-            .map_err(|e| stage_error("cannot export the workspace", e))?;
-        drop(client);
-        self.sandboxes
-            .remove(job_id, Purpose::Run, Some(generation))
-            .await;
+        let export = sandboxed::finish(&self.sandboxes, &ctx.job, client).await?;
         Ok(serde_json::json!({"steps": steps, "export": export}))
     }
 
     async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {
         let spec = spec_of(&ctx.job)?;
-        let job_id = &ctx.job.id;
-        let changes: Option<ExportResult> = ctx
-            .job
-            .run_output
-            .as_ref()
-            .and_then(|o| serde_json::from_value(o["export"].clone()).ok());
-        let sb = self
-            .sandboxes
-            .start(
-                job_id,
-                &spec.sandbox,
-                Purpose::Eval,
-                changes.as_ref(),
-                ctx.job.attempts,
-            )
-            .await
-            .map_err(|e| stage_error("cannot start the evaluation sandbox", e))?;
-        let checked = sb
-            .client
-            .bash(
-                &spec.check.command,
-                Some(Duration::from_millis(spec.check.timeout_ms)),
-            )
-            .await;
-        drop(sb);
-        self.sandboxes
-            .remove(job_id, Purpose::Eval, Some(ctx.job.attempts))
-            .await;
-        let r = checked.map_err(|e| stage_error("the check command could not run", e))?;
-        let passed = r.exit_code == Some(0) && !r.timed_out;
-        Ok(EvalOutput {
-            reward: if passed { 1.0 } else { 0.0 },
-            details: serde_json::json!({
-                "exit_code": r.exit_code,
-                "timed_out": r.timed_out,
-                "output": r.output,
-            }),
-        })
+        sandboxed::eval(
+            &self.sandboxes,
+            ctx,
+            &spec.sandbox,
+            &spec.check,
+            Default::default(),
+        )
+        .await
     }
 
     fn restart_on_hand_back(&self) -> bool {
         true
     }
 
-    /// Removes the sandbox the ending stage held, and only that one: a stale attempt
-    /// (whose lease lapsed while a newer one took over) must not remove the newer one's.
+    /// Removes the sandbox the ending stage held, and only that one.
     async fn cleanup(&self, job: &Job) {
-        match job.stage {
-            Stage::Init => {
-                self.sandboxes
-                    .remove(&job.id, Purpose::Run, Some(job.attempts))
-                    .await
-            }
-            Stage::Run => {
-                self.sandboxes
-                    .remove(&job.id, Purpose::Run, Some(run_generation(job)))
-                    .await
-            }
-            Stage::Eval => {
-                self.sandboxes
-                    .remove(&job.id, Purpose::Eval, Some(job.attempts))
-                    .await
-            }
-        }
+        sandboxed::cleanup(&self.sandboxes, job).await
     }
 }

@@ -342,6 +342,43 @@ pub trait Store: Send + Sync + 'static {
     async fn batch(&self, id: &str) -> StoreResult<Option<BatchCounters>>;
     /// A prompt group's counters.
     async fn group(&self, batch_id: &str, id: &str) -> StoreResult<Option<GroupCounters>>;
+    /// Registers `spec` (from `source`: `config` or `api`), or replaces the backend of
+    /// that id; a backend whose URL is unchanged keeps its health.
+    async fn upsert_backend(
+        &self,
+        spec: &crate::backends::BackendSpec,
+        source: &str,
+        now: i64,
+    ) -> StoreResult<()>;
+    /// Unregisters a backend; false when unknown. Jobs assigned to it keep their rows
+    /// until they end or move: their next failed request moves them elsewhere.
+    async fn delete_backend(&self, id: &str) -> StoreResult<bool>;
+    /// Every backend with its active count, by id.
+    async fn backends(&self) -> StoreResult<Vec<crate::backends::BackendState>>;
+    /// One backend.
+    async fn backend(&self, id: &str) -> StoreResult<Option<crate::backends::BackendState>>;
+    /// Records a health verdict; returns the previous one (`None`: unknown backend), so
+    /// callers can log changes.
+    async fn set_backend_health(
+        &self,
+        id: &str,
+        healthy: bool,
+        error: Option<&str>,
+        now: i64,
+    ) -> StoreResult<Option<bool>>;
+    /// Gives the job a backend in one transaction: the one it has when that is healthy,
+    /// not excluded and of the wanted model (sticky), else one chosen by
+    /// [`crate::backends::pool::choose`] from the healthy ones, recorded as its
+    /// assignment. `None` (and no assignment) when no backend qualifies. Assignments are
+    /// deleted by the database when the job leaves RUN or ends.
+    async fn assign_backend(
+        &self,
+        req: &crate::backends::pool::AssignRequest,
+        now: i64,
+    ) -> StoreResult<Option<crate::backends::pool::Assignment>>;
+    /// Deletes a job's assignment (jobs that are not rows of this database, such as a
+    /// benchmark's, release their own).
+    async fn release_backend(&self, job_id: &str) -> StoreResult<()>;
     /// A job's event log, oldest first.
     async fn events(&self, job_id: &str) -> StoreResult<Vec<JobEvent>>;
     /// Appends a named event (one that is not a status change) to a job's log.

@@ -14,6 +14,9 @@ use super::{StoreResult, impl_store};
 /// Advisory-lock key serialising result inserts (see [`PostgresStore::order_results`]).
 const RESULTS_LOCK: i64 = 0x0072_6f6c_6c6f_7574; // "rollout" in ASCII
 
+/// Advisory-lock key serialising backend assignments (see [`PostgresStore::lock_pool`]).
+const POOL_LOCK: i64 = 0x0072_6f6c_6c70_6f6f; // "rollpoo"
+
 /// A [`Store`](super::Store) over a Postgres database.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -31,7 +34,7 @@ impl PostgresStore {
     const FINISH: &'static str = "INSERT INTO results (job_id, batch_id, group_id, client_id, \
          status, reward, error, output, created_at) \
          SELECT id, batch_id, group_id, client_id, $4, $7, $5, \
-         json_build_object('init', init_output::json, 'run', run_output::json, 'eval', $8::json, \
+         json_build_object('init', init_output::json, 'run', COALESCE($11::text, run_output)::json, 'eval', $8::json, \
                            'metadata', task::json -> 'metadata')::text, $6 \
          FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
          AND ($2::text IS NULL OR (stage = $2 AND epoch = $3)) \
@@ -96,6 +99,17 @@ impl PostgresStore {
     async fn order_results(conn: &mut PgConnection) -> StoreResult<()> {
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(RESULTS_LOCK)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Assignments read the counts and then write one: two RUN workers assigning at once
+    /// must not both see the same counts. A transaction-scoped advisory lock makes them
+    /// take turns (an assignment is a few small statements, once per job).
+    async fn lock_pool(conn: &mut PgConnection) -> StoreResult<()> {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(POOL_LOCK)
             .execute(&mut *conn)
             .await?;
         Ok(())

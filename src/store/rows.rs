@@ -228,3 +228,42 @@ pub(crate) struct StaleRow {
     pub(crate) status: String,
     pub(crate) attempts: i64,
 }
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct BackendRow {
+    id: String,
+    url: String,
+    kind: String,
+    model: String,
+    tokenizer: String,
+    weight: f64,
+    healthy: i64,
+    checked_at: Option<i64>,
+    last_error: Option<String>,
+    source: String,
+    pub(crate) active: i64,
+    pub(crate) group_members: i64,
+}
+
+impl BackendRow {
+    pub(crate) fn into_state(self) -> StoreResult<crate::backends::BackendState> {
+        let kind = crate::backends::WireKind::parse(&self.kind).ok_or_else(|| {
+            StoreError::Corrupt(format!("backend {} has kind `{}`", self.id, self.kind))
+        })?;
+        Ok(crate::backends::BackendState {
+            spec: crate::backends::BackendSpec {
+                id: self.id,
+                url: self.url,
+                kind,
+                model: self.model,
+                tokenizer: self.tokenizer,
+                weight: self.weight,
+            },
+            healthy: self.healthy != 0,
+            active: self.active,
+            checked_at: self.checked_at,
+            last_error: self.last_error,
+            source: self.source,
+        })
+    }
+}

@@ -203,6 +203,60 @@ pub(crate) const SELECT_EVENTS: &str = "SELECT at, event, stage, epoch, attempt,
 pub(crate) const INSERT_EVENT: &str = "INSERT INTO job_events (job_id, at, event, stage, node, detail) \
      VALUES ($1, $2, $3, $4, $5, $6)";
 
+macro_rules! backend_cols {
+    () => {
+        "b.id, b.url, b.kind, b.model, b.tokenizer, b.weight, b.healthy, b.checked_at, \
+         b.last_error, b.source"
+    };
+}
+
+/// Every backend with its active count (`$1` = a job not to count, `$2` = a group whose
+/// members to count separately).
+pub(crate) const SELECT_BACKENDS: &str = concat!(
+    "SELECT ",
+    backend_cols!(),
+    ", (SELECT COUNT(*) FROM backend_assignments a WHERE a.backend_id = b.id \
+     AND a.job_id <> $1) AS active, \
+     (SELECT COUNT(*) FROM backend_assignments a WHERE a.backend_id = b.id \
+     AND a.job_id <> $1 AND a.group_key = $2) AS group_members \
+     FROM backends b ORDER BY b.id"
+);
+
+pub(crate) const SELECT_BACKEND: &str = concat!(
+    "SELECT ",
+    backend_cols!(),
+    ", (SELECT COUNT(*) FROM backend_assignments a WHERE a.backend_id = b.id) AS active, \
+     0 AS group_members FROM backends b WHERE b.id = $1"
+);
+
+/// Registers or replaces a backend; a changed URL resets its health to unknown (up).
+pub(crate) const UPSERT_BACKEND: &str = "INSERT INTO backends (id, url, kind, model, tokenizer, \
+     weight, healthy, checked_at, last_error, source, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, 1, NULL, NULL, $7, $8, $8) ON CONFLICT (id) DO UPDATE SET \
+     healthy = CASE WHEN backends.url = excluded.url THEN backends.healthy ELSE 1 END, \
+     checked_at = CASE WHEN backends.url = excluded.url THEN backends.checked_at ELSE NULL END, \
+     last_error = CASE WHEN backends.url = excluded.url THEN backends.last_error ELSE NULL END, \
+     url = excluded.url, kind = excluded.kind, model = excluded.model, \
+     tokenizer = excluded.tokenizer, weight = excluded.weight, source = excluded.source, \
+     updated_at = excluded.updated_at";
+
+pub(crate) const DELETE_BACKEND: &str = "DELETE FROM backends WHERE id = $1";
+
+pub(crate) const BACKEND_HEALTH: &str = "SELECT healthy FROM backends WHERE id = $1";
+
+pub(crate) const SET_BACKEND_HEALTH: &str = "UPDATE backends SET healthy = $2, last_error = $3, \
+     checked_at = $4 WHERE id = $1";
+
+pub(crate) const SELECT_ASSIGNMENT: &str =
+    "SELECT backend_id, model FROM backend_assignments WHERE job_id = $1";
+
+pub(crate) const PUT_ASSIGNMENT: &str = "INSERT INTO backend_assignments (job_id, backend_id, \
+     group_key, model, assigned_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id) DO UPDATE \
+     SET backend_id = excluded.backend_id, group_key = excluded.group_key, \
+     model = excluded.model, assigned_at = excluded.assigned_at";
+
+pub(crate) const DELETE_ASSIGNMENT: &str = "DELETE FROM backend_assignments WHERE job_id = $1";
+
 /// Implements [`Store`](super::Store) for `$store` over connections of type `$conn`.
 macro_rules! impl_store {
     ($store:ty, $conn:ty) => {
@@ -503,6 +557,7 @@ macro_rules! impl_store {
                     None
                 };
                 let eval_output = outcome.eval_output.as_ref().map(|v| v.to_string());
+                let run_output = outcome.run_output.as_ref().map(|v| v.to_string());
                 self.write(move |conn: &mut $conn| {
                     Box::pin(async move {
                         Self::order_results(&mut *conn).await?;
@@ -518,6 +573,7 @@ macro_rules! impl_store {
                                 .bind(&eval_output)
                                 .bind(attempt)
                                 .bind(unleased_at)
+                                .bind(&run_output)
                                 .fetch_optional(&mut *conn)
                                 .await?;
                         row.map(|r| r.into_result()).transpose()
@@ -879,6 +935,197 @@ macro_rules! impl_store {
                             .execute(&mut *conn)
                             .await?;
                         Ok(r.rows_affected())
+                    })
+                })
+                .await
+            }
+
+            async fn upsert_backend(
+                &self,
+                spec: &$crate::backends::BackendSpec,
+                source: &str,
+                now: i64,
+            ) -> $crate::store::StoreResult<()> {
+                let b = spec.clone();
+                let source = source.to_string();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        sqlx::query($crate::store::shared::UPSERT_BACKEND)
+                            .bind(&b.id)
+                            .bind(&b.url)
+                            .bind(b.kind.as_str())
+                            .bind(&b.model)
+                            .bind(&b.tokenizer)
+                            .bind(b.weight)
+                            .bind(&source)
+                            .bind(now)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(())
+                    })
+                })
+                .await
+            }
+
+            async fn delete_backend(&self, id: &str) -> $crate::store::StoreResult<bool> {
+                let id = id.to_string();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let r = sqlx::query($crate::store::shared::DELETE_BACKEND)
+                            .bind(&id)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(r.rows_affected() == 1)
+                    })
+                })
+                .await
+            }
+
+            async fn backends(
+                &self,
+            ) -> $crate::store::StoreResult<Vec<$crate::backends::BackendState>> {
+                let rows: Vec<$crate::store::rows::BackendRow> =
+                    sqlx::query_as($crate::store::shared::SELECT_BACKENDS)
+                        .bind("")
+                        .bind(None::<String>)
+                        .fetch_all(&self.pool)
+                        .await?;
+                rows.into_iter().map(|r| r.into_state()).collect()
+            }
+
+            async fn backend(
+                &self,
+                id: &str,
+            ) -> $crate::store::StoreResult<Option<$crate::backends::BackendState>> {
+                let row: Option<$crate::store::rows::BackendRow> =
+                    sqlx::query_as($crate::store::shared::SELECT_BACKEND)
+                        .bind(id)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                row.map(|r| r.into_state()).transpose()
+            }
+
+            async fn set_backend_health(
+                &self,
+                id: &str,
+                healthy: bool,
+                error: Option<&str>,
+                now: i64,
+            ) -> $crate::store::StoreResult<Option<bool>> {
+                let id = id.to_string();
+                let error = error.map(str::to_string);
+                self.write_atomic(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let before: Option<(i64,)> =
+                            sqlx::query_as($crate::store::shared::BACKEND_HEALTH)
+                                .bind(&id)
+                                .fetch_optional(&mut *conn)
+                                .await?;
+                        if before.is_some() {
+                            sqlx::query($crate::store::shared::SET_BACKEND_HEALTH)
+                                .bind(&id)
+                                .bind(i64::from(healthy))
+                                .bind(&error)
+                                .bind(now)
+                                .execute(&mut *conn)
+                                .await?;
+                        }
+                        Ok(before.map(|(h,)| h != 0))
+                    })
+                })
+                .await
+            }
+
+            async fn assign_backend(
+                &self,
+                req: &$crate::backends::pool::AssignRequest,
+                now: i64,
+            ) -> $crate::store::StoreResult<Option<$crate::backends::pool::Assignment>> {
+                let req = req.clone();
+                self.write_atomic(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        use $crate::backends::pool::{self, Assignment, Candidate, Reason};
+                        Self::lock_pool(&mut *conn).await?;
+                        let previous: Option<(String, String)> =
+                            sqlx::query_as($crate::store::shared::SELECT_ASSIGNMENT)
+                                .bind(&req.job_id)
+                                .fetch_optional(&mut *conn)
+                                .await?;
+                        let rows: Vec<$crate::store::rows::BackendRow> =
+                            sqlx::query_as($crate::store::shared::SELECT_BACKENDS)
+                                .bind(&req.job_id)
+                                .bind(&req.group_key)
+                                .fetch_all(&mut *conn)
+                                .await?;
+                        let model = req
+                            .model
+                            .clone()
+                            .or_else(|| previous.as_ref().map(|p| p.1.clone()));
+                        let mut usable = Vec::new();
+                        for r in rows {
+                            let (active, group) = (r.active, r.group_members);
+                            let b = r.into_state()?;
+                            if b.healthy
+                                && !req.exclude.contains(&b.spec.id)
+                                && model.as_ref().is_none_or(|m| *m == b.spec.model)
+                            {
+                                usable.push((b.spec, active, group));
+                            }
+                        }
+                        let prev_id = previous.map(|p| p.0);
+                        if let Some(p) = &prev_id
+                            && let Some((spec, _, _)) = usable.iter().find(|u| &u.0.id == p)
+                        {
+                            return Ok(Some(Assignment {
+                                backend: spec.clone(),
+                                reason: Reason::Sticky,
+                                previous: None,
+                            }));
+                        }
+                        let candidates: Vec<Candidate> = usable
+                            .iter()
+                            .map(|(spec, active, group)| Candidate {
+                                id: spec.id.clone(),
+                                weight: spec.weight,
+                                active: *active,
+                                group_members: *group,
+                            })
+                            .collect();
+                        let Some((i, reason)) = pool::choose(&candidates, &req.policy) else {
+                            sqlx::query($crate::store::shared::DELETE_ASSIGNMENT)
+                                .bind(&req.job_id)
+                                .execute(&mut *conn)
+                                .await?;
+                            return Ok(None);
+                        };
+                        let spec = usable.swap_remove(i).0;
+                        sqlx::query($crate::store::shared::PUT_ASSIGNMENT)
+                            .bind(&req.job_id)
+                            .bind(&spec.id)
+                            .bind(&req.group_key)
+                            .bind(&spec.model)
+                            .bind(now)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(Some(Assignment {
+                            backend: spec,
+                            reason,
+                            previous: prev_id,
+                        }))
+                    })
+                })
+                .await
+            }
+
+            async fn release_backend(&self, job_id: &str) -> $crate::store::StoreResult<()> {
+                let job_id = job_id.to_string();
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        sqlx::query($crate::store::shared::DELETE_ASSIGNMENT)
+                            .bind(&job_id)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(())
                     })
                 })
                 .await

@@ -75,11 +75,12 @@ impl SqliteStore {
     /// Ends a live job (`$2`/`$3` restrict it to one stage entry, `$9` to one claim of it,
     /// `$10` to an entry nobody holds a lease on at that time; NULL means no restriction)
     /// by inserting its result; a trigger applies the terminal status and the counters.
-    /// The result's output gathers what the stages left on the job row.
+    /// The result's output gathers what the stages left on the job row, with RUN's
+    /// partial output `$11` (when given) in place of the row's.
     const FINISH: &'static str = "INSERT INTO results (job_id, batch_id, group_id, client_id, \
          status, reward, error, output, created_at) \
          SELECT id, batch_id, group_id, client_id, $4, $7, $5, \
-         json_object('init', json(init_output), 'run', json(run_output), 'eval', json($8), \
+         json_object('init', json(init_output), 'run', json(COALESCE($11, run_output)), 'eval', json($8), \
                      'metadata', json_extract(task, '$.metadata')), $6 \
          FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
          AND ($2 IS NULL OR (stage = $2 AND epoch = $3)) \
@@ -235,6 +236,11 @@ impl SqliteStore {
     /// SQLite has one writer at a time, so AUTOINCREMENT values are already handed out
     /// in commit order.
     async fn order_results(_conn: &mut SqliteConnection) -> StoreResult<()> {
+        Ok(())
+    }
+
+    /// The single writer already runs one assignment at a time.
+    async fn lock_pool(_conn: &mut SqliteConnection) -> StoreResult<()> {
         Ok(())
     }
 }

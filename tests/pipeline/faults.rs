@@ -149,6 +149,7 @@ async fn a_missed_cancel_broadcast_is_caught_at_lease_renewal() {
         reward: None,
         error: Some("cancelled by request".into()),
         eval_output: None,
+        run_output: None,
     };
     env.deps
         .store

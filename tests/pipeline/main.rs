@@ -3,6 +3,7 @@
 //! module per area links once and runs the tests in parallel; each test has its own
 //! NATS subject prefix and database.
 
+mod agent;
 mod api;
 mod faults;
 mod flow;

@@ -1,0 +1,464 @@
+//! Agent-loop benchmarks (not tests): run with `cargo bench --bench agent`.
+//!
+//! 1. **routing**: prefix-cache hits reported by 4 stand-in backends (`rollout::scripted`:
+//!    they play a script and simulate vLLM's block prefix cache; they are not models)
+//!    for one batch of prompt groups (G = 8 samples each), episodes of several turns,
+//!    under three ways of picking a backend:
+//!    - (a) this pool: the real assignment in a SQLite store (least weighted load, group
+//!      affinity within a fair share, sticky per job, counts released when a job ends);
+//!    - (b) ProRL Agent's scheme: a min-heap of assignment counts, sticky per job, counts
+//!      never decremented;
+//!    - (c) round-robin per request.
+//!
+//!    The same jobs arrive in the same order with the same number in flight; each
+//!    scheme gets fresh servers (cold caches). The figure is cached prompt tokens over
+//!    prompt tokens; the ratio (a)/(b) is the goal (≥ 1.3).
+//! 2. **overhead**: the RUN loop's own time per turn (building requests, reading
+//!    answers, parsing, rendering and tokenizing observations, bookkeeping: the turn's
+//!    wall time minus backend and tool time), from the trajectories of run (a), beside
+//!    the time of one bare HTTP request to the same server in the same run.
+//!
+//! Tools run in a stand-in that answers at once (sandbox speed is the sandbox
+//! benchmark's subject); the loop, the client, the pool and the store are the real ones.
+//! `BENCH_QUICK=1` runs a small batch.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rollout::agent::episode::{
+    self, AlwaysWanted, Episode, GenerateError, Generated, Generator, Limits, Parser,
+};
+use rollout::agent::model::ModelFiles;
+use rollout::agent::template::python_json;
+use rollout::agent::tools::ToolRunner;
+use rollout::agent::trajectory::{BackendSwitch, Trajectory};
+use rollout::backends::client::{ClientSettings, InferenceClient};
+use rollout::backends::pool::AffinityPolicy;
+use rollout::backends::session::{BackendSession, SessionJob};
+use rollout::backends::wire::Sampling;
+use rollout::backends::{BackendSpec, WireKind};
+use rollout::sandbox::SandboxError;
+use rollout::sandbox::protocol::Response;
+use rollout::scripted::policy::Policy;
+use rollout::scripted::{ScriptedConfig, ScriptedServer, demo};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const WORDS: &[&str] = &[
+    "parse", "config", "module", "request", "handler", "buffer", "value", "error", "return",
+    "test", "file", "line", "index", "cache", "token", "stream", "worker", "thread", "queue",
+    "record", "field", "schema", "table", "row", "column", "query", "update", "insert", "delete",
+    "user", "server", "client", "timeout", "retry", "offset", "length", "limit", "page",
+];
+
+/// The batch's shape.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    groups: usize,
+    group_size: usize,
+    backends: usize,
+    in_flight: usize,
+    prompt_words: usize,
+    cache_blocks: usize,
+}
+
+/// The bench policy: every task plays one of four scripted episodes of four turns (three
+/// bash calls, then finish), picked per sample by the server's seeded variation.
+fn policy() -> Policy {
+    let call = |name: &str, args: Value| {
+        format!(
+            "<tool_call>\n{}\n</tool_call>",
+            python_json(&json!({"name": name, "arguments": args}), None)
+        )
+    };
+    let variants: Vec<Value> = (0..4)
+        .map(|v| {
+            json!({"turns": [
+                format!("I will start by reading the code.\n{}", call("bash", json!({"command": format!("grep -rn handler src/ | head -{}", 10 + v)}))),
+                call("bash", json!({"command": format!("sed -n {},{}p src/worker.py", 10 * v, 10 * v + 40)})),
+                call("bash", json!({"command": "python3 -m pytest -x -q tests/"})),
+                call("finish", json!({"answer": format!("patched {v}")})),
+            ]})
+        })
+        .collect();
+    Policy::from_json(&json!({"fallback": variants}).to_string()).unwrap()
+}
+
+/// A unique task description per group, `words` long, from a fixed word list.
+fn prompt(group: usize, words: usize) -> String {
+    let mut x = group as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
+    let mut out = format!("Task {group}: fix the failing test. Context:");
+    for _ in 0..words {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.push(' ');
+        out.push_str(WORDS[(x % WORDS.len() as u64) as usize]);
+    }
+    out
+}
+
+/// Answers every tool call at once with a short, realistic observation.
+struct InstantTools;
+
+#[async_trait]
+impl ToolRunner for InstantTools {
+    async fn call(
+        &self,
+        _tool: &str,
+        args: Value,
+        _timeout: Duration,
+    ) -> Result<Response, SandboxError> {
+        let cmd = args["command"].as_str().unwrap_or_default();
+        let output = format!(
+            "$ {cmd}\nsrc/worker.py:12: def handler(request):\nsrc/worker.py:40:     return handler(value)\n"
+        );
+        Ok(Response::ok(
+            1,
+            json!({"output": output, "exit_code": 0, "omitted_bytes": 0, "timed_out": false,
+                   "shell_restarted": false, "elapsed_us": 1}),
+        ))
+    }
+}
+
+/// A fixed backend per job (schemes b) or per request (scheme c).
+struct Routed {
+    client: InferenceClient,
+    backends: Arc<Vec<BackendSpec>>,
+    sticky: Option<usize>,
+    round_robin: Option<Arc<AtomicUsize>>,
+    cancel: CancellationToken,
+}
+
+#[async_trait]
+impl Generator for Routed {
+    async fn generate(
+        &mut self,
+        prompt_ids: &[u32],
+        sampling: &Sampling,
+        _turn: usize,
+    ) -> Result<Generated, GenerateError> {
+        let i = match (&self.round_robin, self.sticky) {
+            (Some(rr), _) => rr.fetch_add(1, Ordering::Relaxed) % self.backends.len(),
+            (None, Some(i)) => i,
+            (None, None) => unreachable!("a scheme routes somewhere"),
+        };
+        let b = &self.backends[i];
+        let (generation, wait) = self
+            .client
+            .generate(b, prompt_ids, sampling, &self.cancel)
+            .await
+            .map_err(|e| GenerateError::Unavailable(e.to_string()))?;
+        Ok(Generated {
+            generation,
+            backend: b.id.clone(),
+            backend_wait: wait,
+        })
+    }
+
+    fn take_switches(&mut self) -> Vec<BackendSwitch> {
+        Vec::new()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scheme {
+    Pool,
+    ProRl,
+    RoundRobin,
+}
+
+impl Scheme {
+    fn label(self) -> &'static str {
+        match self {
+            Scheme::Pool => "(a) this pool",
+            Scheme::ProRl => "(b) ProRL Agent (min-heap, never decremented)",
+            Scheme::RoundRobin => "(c) round-robin per request",
+        }
+    }
+}
+
+struct Outcome {
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    trajectories: Vec<Trajectory>,
+    groups_on_one_backend: usize,
+    seconds: f64,
+}
+
+async fn run_scheme(
+    scheme: Scheme,
+    shape: Shape,
+    model: Arc<ModelFiles>,
+    model_dir: &std::path::Path,
+    dir: &std::path::Path,
+) -> Outcome {
+    let p = policy();
+    let mut servers = Vec::new();
+    let mut specs = Vec::new();
+    for i in 0..shape.backends {
+        let mut cfg = ScriptedConfig::new(model.clone(), p.clone());
+        cfg.seed = i as u64;
+        cfg.cache_blocks = shape.cache_blocks;
+        cfg.keep_requests = 0;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let s = ScriptedServer::spawn(listener, cfg).unwrap();
+        specs.push(BackendSpec {
+            id: format!("b{i}"),
+            url: s.url(),
+            kind: if i % 2 == 0 {
+                WireKind::Vllm
+            } else {
+                WireKind::Sglang
+            },
+            model: "demo".into(),
+            tokenizer: model_dir.display().to_string(),
+            weight: 1.0,
+        });
+        servers.push(s);
+    }
+    let specs = Arc::new(specs);
+    let client = InferenceClient::new(ClientSettings::default());
+    let store = match scheme {
+        Scheme::Pool => {
+            let url = format!("sqlite://{}", dir.join(format!("{scheme:?}.db")).display());
+            let store = rollout::store::connect(&url, 4).await.unwrap();
+            for s in specs.iter() {
+                store.upsert_backend(s, "config", 0).await.unwrap();
+            }
+            Some(store)
+        }
+        _ => None,
+    };
+    let prorl_counts = Arc::new(std::sync::Mutex::new(vec![0u64; shape.backends]));
+    let rr = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(tokio::sync::Semaphore::new(shape.in_flight));
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for g in 0..shape.groups {
+        let text = prompt(g, shape.prompt_words);
+        for s in 0..shape.group_size {
+            let permit = slots.clone().acquire_owned().await.unwrap();
+            let (model, client, specs, store) =
+                (model.clone(), client.clone(), specs.clone(), store.clone());
+            let (prorl_counts, rr, text) = (prorl_counts.clone(), rr.clone(), text.clone());
+            tasks.spawn(async move {
+                let _permit = permit;
+                let ep = Episode {
+                    model,
+                    model_name: "demo".into(),
+                    messages: vec![
+                        json!({"role": "system", "content": "You are a software engineer working in a repository. Use the tools to inspect and change files, run the tests, then finish."}),
+                        json!({"role": "user", "content": text}),
+                    ],
+                    tools: vec!["bash".into(), "finish".into()],
+                    parser: Parser::Hermes,
+                    sampling: Sampling::default(),
+                    limits: Limits {
+                        max_turns: 8,
+                        max_tokens: 32_768,
+                        max_new_tokens: 1024,
+                        tool_timeout: Duration::from_secs(60),
+                        stop_without_tool_call: true,
+                        max_observation_bytes: 16_384,
+                    },
+                    template_args: Default::default(),
+                    deadline: tokio::time::Instant::now() + Duration::from_secs(600),
+                };
+                let job_id = format!("g{g}-s{s}");
+                let cancel = CancellationToken::new();
+                match scheme {
+                    Scheme::Pool => {
+                        let store = store.unwrap();
+                        let mut session = BackendSession::open(
+                            store.clone(),
+                            client,
+                            SessionJob {
+                                job_id: job_id.clone(),
+                                group_key: Some(format!("bench/g{g}")),
+                                model: Some("demo".into()),
+                                node: "bench".into(),
+                            },
+                            AffinityPolicy::default(),
+                            cancel,
+                        )
+                        .await
+                        .unwrap();
+                        let t = episode::run(&ep, &mut session, &InstantTools, &AlwaysWanted)
+                            .await
+                            .unwrap();
+                        // The job leaves RUN: its assignment goes (the trigger does this
+                        // for real jobs).
+                        store.release_backend(&job_id).await.unwrap();
+                        (g, t)
+                    }
+                    Scheme::ProRl | Scheme::RoundRobin => {
+                        let sticky = (scheme == Scheme::ProRl).then(|| {
+                            let mut c = prorl_counts.lock().unwrap();
+                            let (i, _) = c
+                                .iter()
+                                .enumerate()
+                                .min_by_key(|(i, n)| (**n, *i))
+                                .unwrap();
+                            c[i] += 1;
+                            i
+                        });
+                        let mut routed = Routed {
+                            client,
+                            backends: specs,
+                            sticky,
+                            round_robin: (scheme == Scheme::RoundRobin).then_some(rr),
+                            cancel,
+                        };
+                        let t = episode::run(&ep, &mut routed, &InstantTools, &AlwaysWanted)
+                            .await
+                            .unwrap();
+                        (g, t)
+                    }
+                }
+            });
+        }
+    }
+    let mut trajectories = Vec::new();
+    let mut homes: HashMap<usize, std::collections::BTreeSet<String>> = HashMap::new();
+    while let Some(r) = tasks.join_next().await {
+        let (g, t) = r.unwrap();
+        for turn in &t.turns {
+            homes.entry(g).or_default().insert(turn.backend.clone());
+        }
+        trajectories.push(t);
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let mut prompt_tokens = 0;
+    let mut cached_tokens = 0;
+    for s in servers {
+        let st = s.stats();
+        prompt_tokens += st.prompt_tokens;
+        cached_tokens += st.cached_tokens;
+        s.stop().await;
+    }
+    Outcome {
+        prompt_tokens,
+        cached_tokens,
+        trajectories,
+        groups_on_one_backend: homes.values().filter(|b| b.len() == 1).count(),
+        seconds,
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let shape = Shape {
+        groups: if quick { 8 } else { 64 },
+        group_size: 8,
+        backends: 4,
+        in_flight: if quick { 16 } else { 64 },
+        prompt_words: 600,
+        // 16-token blocks: 2,048 blocks hold 32,768 tokens per backend, about what the
+        // batch in flight on one backend needs when its samples share their prompts.
+        cache_blocks: 2_048,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().join("model");
+    let p = policy();
+    let mut corpus: Vec<String> = p.fallback.iter().flat_map(|v| v.turns.clone()).collect();
+    corpus.push(WORDS.join(" "));
+    let extra: Vec<&str> = corpus.iter().map(String::as_str).collect();
+    demo::write_model_dir(&model_dir, demo::CHATML_TEMPLATE, &extra).unwrap();
+    let model = Arc::new(ModelFiles::load(&model_dir).unwrap());
+    println!(
+        "routing: {} groups x G={} on {} stand-in backends, {} jobs in flight, ~{}-word task prompts, {} cache blocks of 16 tokens per backend",
+        shape.groups,
+        shape.group_size,
+        shape.backends,
+        shape.in_flight,
+        shape.prompt_words,
+        shape.cache_blocks
+    );
+    let mut outcomes = Vec::new();
+    for scheme in [Scheme::Pool, Scheme::ProRl, Scheme::RoundRobin] {
+        let o = run_scheme(scheme, shape, model.clone(), &model_dir, dir.path()).await;
+        println!(
+            "  {:<48} cached {:>9} of {:>9} prompt tokens ({:>5.1}%), groups on one backend {:>3}/{}, {:.1} s",
+            scheme.label(),
+            o.cached_tokens,
+            o.prompt_tokens,
+            100.0 * o.cached_tokens as f64 / o.prompt_tokens.max(1) as f64,
+            o.groups_on_one_backend,
+            shape.groups,
+            o.seconds
+        );
+        outcomes.push((scheme, o));
+    }
+    let cached = |i: usize| outcomes[i].1.cached_tokens as f64;
+    println!(
+        "  ratio (a)/(b) = {:.2} (goal >= 1.3), (a)/(c) = {:.2}",
+        cached(0) / cached(1).max(1.0),
+        cached(0) / cached(2).max(1.0)
+    );
+
+    // Overhead per turn, from run (a)'s trajectories.
+    let mut overhead: Vec<u64> = outcomes[0]
+        .1
+        .trajectories
+        .iter()
+        .flat_map(|t| t.turns.iter().map(|u| u.overhead_us))
+        .collect();
+    overhead.sort_unstable();
+    // Baseline: one bare request to a fresh server with a prompt of the same size.
+    let cfg = ScriptedConfig::new(model.clone(), p.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = ScriptedServer::spawn(listener, cfg).unwrap();
+    let spec = BackendSpec {
+        id: "bare".into(),
+        url: server.url(),
+        kind: WireKind::Vllm,
+        model: "demo".into(),
+        tokenizer: model_dir.display().to_string(),
+        weight: 1.0,
+    };
+    let client = InferenceClient::new(ClientSettings::default());
+    let typical = outcomes[0].1.trajectories[0].turns[1].prompt_tokens;
+    let prompt_ids: Vec<u32> = (0..typical as u32).map(|i| 10 + i % 500).collect();
+    let mut bare = Vec::new();
+    for _ in 0..200 {
+        let t0 = Instant::now();
+        client
+            .generate(
+                &spec,
+                &prompt_ids,
+                &Sampling::default(),
+                &CancellationToken::new(),
+            )
+            .await
+            .unwrap();
+        bare.push(t0.elapsed().as_micros() as u64);
+    }
+    bare.sort_unstable();
+    server.stop().await;
+    println!(
+        "overhead: RUN loop's own time per turn over {} turns: p50 {} us, p90 {} us, p99 {} us (goal p50 <= 200 us)",
+        overhead.len(),
+        percentile(&overhead, 0.5),
+        percentile(&overhead, 0.9),
+        percentile(&overhead, 0.99)
+    );
+    println!(
+        "  baseline: one bare request of a {}-token prompt to a stand-in server: p50 {} us; overhead p50 / bare p50 = {:.2}",
+        typical,
+        percentile(&bare, 0.5),
+        percentile(&overhead, 0.5) as f64 / percentile(&bare, 0.5).max(1) as f64
+    );
+}

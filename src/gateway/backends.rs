@@ -1,0 +1,118 @@
+//! `/v1/backends`: the inference backend pool, listed, registered and removed.
+//!
+//! Backends from the configuration file are registered at every start; these endpoints
+//! add the ones a deployment brings up later (a new vLLM replica on a fresh node) and
+//! remove the ones it takes down. A registered backend counts as healthy until the
+//! health probe says otherwise.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+
+use super::AppState;
+use super::error::{ApiError, ApiErrorBody};
+use crate::backends::{BackendSpec, BackendState};
+use crate::now_ms;
+
+/// Every registered backend with its health and active jobs.
+#[utoipa::path(
+    get,
+    path = "/v1/backends",
+    tag = "backends",
+    responses(
+        (status = 200, body = Vec<BackendState>),
+        (status = 503, description = "Database unavailable; retry", body = ApiErrorBody),
+    )
+)]
+pub async fn list_backends(
+    State(state): State<AppState>,
+) -> Result<Json<Vec<BackendState>>, ApiError> {
+    Ok(Json(state.store.backends().await?))
+}
+
+/// One backend.
+#[utoipa::path(
+    get,
+    path = "/v1/backends/{id}",
+    tag = "backends",
+    params(("id" = String, Path, description = "Backend id")),
+    responses(
+        (status = 200, body = BackendState),
+        (status = 404, body = ApiErrorBody),
+    )
+)]
+pub async fn get_backend(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<BackendState>, ApiError> {
+    state
+        .store
+        .backend(&id)
+        .await?
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("no backend with id `{id}`")))
+}
+
+/// Registers a backend, or replaces the one with the same id (a backend whose URL is
+/// unchanged keeps its health).
+#[utoipa::path(
+    post,
+    path = "/v1/backends",
+    tag = "backends",
+    request_body = BackendSpec,
+    responses(
+        (status = 201, description = "Registered", body = BackendState),
+        (status = 400, description = "Invalid input; `field` names the problem", body = ApiErrorBody),
+        (status = 503, description = "Database unavailable; retry", body = ApiErrorBody),
+    )
+)]
+pub async fn add_backend(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<BackendState>), ApiError> {
+    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text(), None))?;
+    let mut de = serde_json::Deserializer::from_slice(&body);
+    let spec: BackendSpec = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid backend: {}", e.inner()),
+            (path != ".").then_some(path),
+        )
+    })?;
+    spec.validate().map_err(|(field, problem)| {
+        ApiError::bad_field(field, format!("invalid backend: {problem}"))
+    })?;
+    state.store.upsert_backend(&spec, "api", now_ms()).await?;
+    tracing::info!(backend = %spec.id, url = %spec.url, model = %spec.model, "backend registered");
+    let registered = state.store.backend(&spec.id).await?.ok_or_else(|| {
+        ApiError::unavailable("the backend vanished right after it was registered")
+    })?;
+    Ok((StatusCode::CREATED, Json(registered)))
+}
+
+/// Unregisters a backend. Jobs running on it finish their current request there and
+/// move to another backend at their next failed request.
+#[utoipa::path(
+    delete,
+    path = "/v1/backends/{id}",
+    tag = "backends",
+    params(("id" = String, Path, description = "Backend id")),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 404, body = ApiErrorBody),
+    )
+)]
+pub async fn remove_backend(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if state.store.delete_backend(&id).await? {
+        tracing::info!(backend = %id, "backend removed");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("no backend with id `{id}`")))
+    }
+}

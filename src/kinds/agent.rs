@@ -1,0 +1,368 @@
+//! The `agent` task kind: a multi-turn episode of the policy model in a sandbox.
+//!
+//! INIT starts the job's sandbox; RUN takes a backend from the pool (the one its prompt
+//! group uses, when that one has room), runs the episode ([`crate::agent::episode`])
+//! with the sandbox's tools, exports the workspace's changes and stops the sandbox; EVAL
+//! applies the changes to a fresh sandbox and runs the task's check command, with the
+//! final answer in `$ROLLOUT_ANSWER` (real graders for math, code and SWE tasks build on
+//! this). RUN's output is the trajectory (`prompt_ids`, `response_ids`, `loss_mask`,
+//! `logprobs`, turns, finish reason, backend, drift verdict) plus `export`.
+//!
+//! ```json
+//! {"kind": "agent", "group_id": "p7", "spec": {
+//!   "messages": [{"role": "user", "content": "Fix add() in add.py, then call finish."}],
+//!   "tools": ["bash", "python", "file", "finish"],
+//!   "sandbox": {"files": {"add.py": "def add(a, b):\n    return a - b\n"}},
+//!   "sampling": {"temperature": 1.0},
+//!   "limits": {"max_turns": 8},
+//!   "check": {"command": "python3 -c 'import add; assert add.add(2, 3) == 5'"}
+//! }}
+//! ```
+//!
+//! An episode that cannot go on because no backend answers fails the job with the
+//! partial trajectory in its result; a sandbox that dies sends the job back to INIT; an
+//! episode that reaches its deadline ends normally (`finish_reason: "timeout"`) and is
+//! scored.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use super::sandboxed::{self, Check};
+use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
+use crate::agent::episode::{self, Episode, EpisodeError, Limits, Parser, TurnGuard};
+use crate::agent::model::ModelCache;
+use crate::agent::tools::TOOL_NAMES;
+use crate::backends::client::InferenceClient;
+use crate::backends::session::{BackendSession, SessionError, SessionJob};
+use crate::backends::wire::Sampling;
+use crate::config::Settings;
+use crate::model::{Job, Stage, Status};
+use crate::sandbox::{NodeSandboxes, SandboxSpec};
+use crate::store::Store;
+
+/// An `agent` task's `spec`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSpec {
+    /// The opening conversation: OpenAI-style messages (`role`, `content`).
+    pub messages: Vec<serde_json::Value>,
+    /// Tools offered to the model; all of them when absent.
+    #[serde(default = "all_tools")]
+    pub tools: Vec<String>,
+    /// The sandbox.
+    #[serde(default)]
+    pub sandbox: SandboxSpec,
+    /// The model (a registered backend's `model`); any backend's when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Sampling parameters passed to the backend (`max_tokens` is set per turn).
+    #[serde(default)]
+    pub sampling: Sampling,
+    /// `hermes` (`<tool_call>` blocks) or `bash_block`; `agent.parser` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parser: Option<String>,
+    /// Limits; each one absent takes the `agent.*` default.
+    #[serde(default)]
+    pub limits: AgentLimits,
+    /// Extra variables for the chat template (e.g. `{"enable_thinking": false}`).
+    #[serde(default)]
+    pub template_args: serde_json::Map<String, serde_json::Value>,
+    /// What EVAL runs to score the result.
+    pub check: Check,
+}
+
+fn all_tools() -> Vec<String> {
+    TOOL_NAMES.iter().map(|s| s.to_string()).collect()
+}
+
+/// Per-task limits; absent ones come from the `agent` settings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentLimits {
+    /// Model turns at most.
+    pub max_turns: Option<usize>,
+    /// Prompt and response tokens at most (the context length).
+    pub max_tokens: Option<usize>,
+    /// Tokens at most in one turn.
+    pub max_new_tokens: Option<usize>,
+    /// The episode's wall-clock limit (ms).
+    pub timeout_ms: Option<u64>,
+    /// One tool call's limit (ms).
+    pub tool_timeout_ms: Option<u64>,
+    /// Whether a turn without a tool call ends the episode.
+    pub stop_without_tool_call: Option<bool>,
+    /// The longest observation (bytes).
+    pub max_observation_bytes: Option<usize>,
+}
+
+/// The `agent` kind, bound to this node's sandboxes and the backend pool.
+pub struct Agent {
+    sandboxes: Arc<NodeSandboxes>,
+    store: Arc<dyn Store>,
+    settings: Arc<Settings>,
+    client: InferenceClient,
+    models: ModelCache,
+}
+
+impl Agent {
+    /// An `agent` kind using `sandboxes`, the pool in `store`, and `settings`' defaults.
+    pub fn new(
+        sandboxes: Arc<NodeSandboxes>,
+        store: Arc<dyn Store>,
+        settings: Arc<Settings>,
+    ) -> Self {
+        let client = InferenceClient::new(settings.pool.client_settings());
+        Agent {
+            sandboxes,
+            store,
+            settings,
+            client,
+            models: ModelCache::new(),
+        }
+    }
+
+    /// The limits of `spec`, defaults filled in; the deadline is also kept inside the
+    /// RUN stage's timeout, so a long episode ends as `timeout` (and is scored) rather
+    /// than being cut off by the stage timeout (and failed).
+    fn limits(&self, spec: &AgentSpec) -> (Limits, Duration) {
+        let d = &self.settings.agent;
+        let l = &spec.limits;
+        let limits = Limits {
+            max_turns: l.max_turns.unwrap_or(d.max_turns),
+            max_tokens: l.max_tokens.unwrap_or(d.max_tokens),
+            max_new_tokens: l.max_new_tokens.unwrap_or(d.max_new_tokens),
+            tool_timeout: Duration::from_millis(l.tool_timeout_ms.unwrap_or(d.tool_timeout_ms)),
+            stop_without_tool_call: l.stop_without_tool_call.unwrap_or(d.stop_without_tool_call),
+            max_observation_bytes: l.max_observation_bytes.unwrap_or(d.max_observation_bytes),
+        };
+        let stage = self.settings.stages.run.timeout_ms;
+        let inside_stage = stage.saturating_sub((stage / 10).max(2_000));
+        let timeout = l.timeout_ms.unwrap_or(d.timeout_ms).min(inside_stage);
+        (limits, Duration::from_millis(timeout))
+    }
+}
+
+fn spec_of(job: &Job) -> Result<AgentSpec, StageError> {
+    SpecError::parse(&job.task["spec"]).map_err(|e| StageError::Failed(format!("bad spec: {e}")))
+}
+
+fn bad(path: impl Into<String>, message: impl Into<String>) -> SpecError {
+    SpecError {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+/// Reads the job's status at turn boundaries: it is wanted while this claim still holds
+/// its RUN stage. A database hiccup does not stop the episode.
+struct StillClaimed {
+    store: Arc<dyn Store>,
+    job_id: String,
+    epoch: i64,
+    attempt: i64,
+}
+
+#[async_trait]
+impl TurnGuard for StillClaimed {
+    async fn still_wanted(&self) -> bool {
+        match self.store.job(&self.job_id).await {
+            Ok(Some(j)) => {
+                j.status == Status::Running
+                    && j.stage == Stage::Run
+                    && j.epoch == self.epoch
+                    && j.attempts == self.attempt
+            }
+            Ok(None) => false,
+            Err(_) => true,
+        }
+    }
+}
+
+#[async_trait]
+impl TaskKind for Agent {
+    fn name(&self) -> &'static str {
+        "agent"
+    }
+
+    fn validate(&self, spec: &serde_json::Value) -> Result<(), SpecError> {
+        let s: AgentSpec = SpecError::parse(spec)?;
+        if s.messages.is_empty() {
+            return Err(bad("messages", "must hold at least one message"));
+        }
+        for (i, m) in s.messages.iter().enumerate() {
+            if !m["role"].is_string() {
+                return Err(bad(
+                    format!("messages[{i}].role"),
+                    "every message needs a `role` string",
+                ));
+            }
+        }
+        for (i, t) in s.tools.iter().enumerate() {
+            if !TOOL_NAMES.contains(&t.as_str()) {
+                return Err(bad(
+                    format!("tools[{i}]"),
+                    format!("unknown tool `{t}`: use {}", TOOL_NAMES.join(", ")),
+                ));
+            }
+        }
+        if let Some(p) = &s.parser
+            && Parser::from_name(p).is_none()
+        {
+            return Err(bad("parser", "must be `hermes` or `bash_block`"));
+        }
+        if s.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+            return Err(bad("model", "must not be empty when given"));
+        }
+        let l = &s.limits;
+        for (name, v) in [
+            ("max_turns", l.max_turns.map(|v| v as u64)),
+            ("max_tokens", l.max_tokens.map(|v| v as u64)),
+            ("max_new_tokens", l.max_new_tokens.map(|v| v as u64)),
+            ("timeout_ms", l.timeout_ms),
+            ("tool_timeout_ms", l.tool_timeout_ms),
+            (
+                "max_observation_bytes",
+                l.max_observation_bytes.map(|v| v as u64),
+            ),
+        ] {
+            if v == Some(0) {
+                return Err(bad(format!("limits.{name}"), "must be above 0"));
+            }
+        }
+        s.sandbox.validate("sandbox")?;
+        s.check.validate("check")
+    }
+
+    async fn init(&self, ctx: &StageContext) -> Result<InitOutput, StageError> {
+        sandboxed::init(&self.sandboxes, ctx, &spec_of(&ctx.job)?.sandbox).await
+    }
+
+    async fn run(&self, ctx: &StageContext) -> Result<serde_json::Value, StageError> {
+        let spec = spec_of(&ctx.job)?;
+        let job = &ctx.job;
+        let (limits, timeout) = self.limits(&spec);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let client = sandboxed::connect(&self.sandboxes, ctx).await?;
+        let group_key = job
+            .group_id
+            .as_ref()
+            .map(|g| format!("{}/{g}", job.batch_id));
+        let session = BackendSession::open(
+            self.store.clone(),
+            self.client.clone(),
+            SessionJob {
+                job_id: job.id.clone(),
+                group_key,
+                model: spec.model.clone(),
+                node: ctx.node.clone(),
+            },
+            self.settings.pool.policy(),
+            ctx.cancel.clone(),
+        )
+        .await;
+        let mut session = match session {
+            Ok(s) => s,
+            // A pool with no healthy backend may recover (the probe marks it up again).
+            Err(e @ SessionError::NoBackend(_)) => {
+                return Err(StageError::Transient(e.to_string()));
+            }
+            Err(e) => return Err(StageError::Transient(e.to_string())),
+        };
+        let model = self
+            .models
+            .get(Path::new(&session.backend().tokenizer))
+            .await
+            .map_err(|e| {
+                StageError::Failed(format!(
+                    "cannot load the model files of backend `{}`: {e}",
+                    session.backend().id
+                ))
+            })?;
+        let parser = spec
+            .parser
+            .as_deref()
+            .or(Some(self.settings.agent.parser.as_str()))
+            .and_then(Parser::from_name)
+            .unwrap_or_default();
+        let ep = Episode {
+            model,
+            model_name: session.backend().model.clone(),
+            messages: spec.messages.clone(),
+            tools: spec.tools.clone(),
+            parser,
+            sampling: spec.sampling.clone(),
+            limits,
+            template_args: spec.template_args.clone(),
+            deadline,
+        };
+        let guard = StillClaimed {
+            store: self.store.clone(),
+            job_id: job.id.clone(),
+            epoch: job.epoch,
+            attempt: job.attempts,
+        };
+        let result = episode::run(&ep, &mut session, &client, &guard).await;
+        let trajectory = match result {
+            Ok(t) => t,
+            Err(EpisodeError::Setup(m)) => return Err(StageError::Failed(m)),
+            Err(EpisodeError::Cancelled) => {
+                // The worker notices the same at its next lease renewal; stop now.
+                return Err(StageError::Transient(
+                    "the job is no longer held by this worker".into(),
+                ));
+            }
+            Err(EpisodeError::Sandbox { message, .. }) => {
+                drop(client);
+                return Err(sandboxed::lost(&self.sandboxes, job, message).await);
+            }
+            Err(EpisodeError::Backend { message, partial }) => {
+                // The worker's cleanup stops the sandbox.
+                drop(client);
+                return Err(StageError::FailedWith {
+                    message,
+                    output: serde_json::to_value(partial).unwrap_or_default(),
+                });
+            }
+        };
+        tracing::info!(
+            turns = trajectory.turns.len(),
+            finish_reason = ?trajectory.finish_reason,
+            tokens = trajectory.len(),
+            backend = %trajectory.backend,
+            "episode ended"
+        );
+        let export = sandboxed::finish(&self.sandboxes, job, client).await?;
+        let mut out = serde_json::to_value(&trajectory).unwrap_or_default();
+        out["export"] = serde_json::to_value(export).unwrap_or_default();
+        Ok(out)
+    }
+
+    async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {
+        let spec = spec_of(&ctx.job)?;
+        let run = ctx.job.run_output.as_ref();
+        let answer = run
+            .and_then(|o| o["answer"].as_str())
+            .unwrap_or_default()
+            .replace('\0', "");
+        let env = BTreeMap::from([("ROLLOUT_ANSWER".to_string(), answer)]);
+        let mut out =
+            sandboxed::eval(&self.sandboxes, ctx, &spec.sandbox, &spec.check, env).await?;
+        if let Some(reason) = run.map(|o| o["finish_reason"].clone()) {
+            out.details["finish_reason"] = reason;
+        }
+        Ok(out)
+    }
+
+    fn restart_on_hand_back(&self) -> bool {
+        true
+    }
+
+    async fn cleanup(&self, job: &Job) {
+        sandboxed::cleanup(&self.sandboxes, job).await
+    }
+}

@@ -1,0 +1,547 @@
+//! The `agent` kind end to end: episodes in bubblewrap sandboxes against stand-in
+//! inference servers (`rollout::scripted`, which play a script and are not models) over
+//! both wire formats, checked token by token against what the servers sent; the drift
+//! verdict; backends that die, stall or are cancelled under a running episode; and a
+//! batch of 200 jobs over two backends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollout::agent::model::ModelFiles;
+use rollout::agent::template::python_json;
+use rollout::backends::{BackendSpec, WireKind};
+use rollout::model::{JobResult, Status, Task};
+use rollout::scripted::policy::Policy;
+use rollout::scripted::{Control, FaultMode, ScriptedConfig, ScriptedServer, demo};
+use serde_json::{Value, json};
+
+use crate::helpers::TestEnv;
+
+/// A Hermes tool call exactly as the chat template's `tojson` writes it back, so a
+/// re-rendered conversation agrees with what the model emitted.
+fn call(name: &str, args: Value) -> String {
+    let body = python_json(&json!({"name": name, "arguments": args}), None);
+    format!("<tool_call>\n{body}\n</tool_call>")
+}
+
+/// The stand-in policy of these tests.
+fn policy() -> Policy {
+    let fix = |new: &str, answer: &str| {
+        json!({"turns": [
+            format!("Let me look at the code first.\n{}", call("bash", json!({"command": "cat calc/add.py"}))),
+            call("file", json!({"command": "str_replace", "path": "calc/add.py", "old_str": "a - b", "new_str": new})),
+            call("python", json!({"code": "import sys; sys.path.insert(0, 'calc')\nimport add\nadd.add(2, 3)"})),
+            call("finish", json!({"answer": answer})),
+        ]})
+    };
+    let p = json!({
+        "rules": [
+            {"match": "Fix add() in calc/add.py", "variants": [fix("a + b", "5"), fix("a * b", "6")]},
+            {"match": "Take your time", "variants": [{"turns": [
+                call("bash", json!({"command": "sleep 2 && echo slept"})),
+                call("python", json!({"code": "1 + 1"})),
+                call("finish", json!({"answer": "2"})),
+            ]}]},
+            {"match": "Think first", "variants": [{"turns": [
+                format!("<think>\nThe file list comes first.\n</think>\n{}", call("bash", json!({"command": "ls calc"}))),
+                call("finish", json!({"answer": "done"})),
+            ]}]},
+            {"match": "Write an essay", "variants": [{"turns": [
+                "The quick brown fox jumps over the lazy dog. ".repeat(8),
+            ]}]},
+            {"match": "Quick fix", "variants": [
+                {"weight": 1, "turns": [
+                    call("file", json!({"command": "str_replace", "path": "calc/add.py", "old_str": "a - b", "new_str": "a + b"})),
+                    call("finish", json!({})),
+                ]},
+                {"weight": 1, "turns": [call("bash", json!({"command": "ls"})), call("finish", json!({}))]},
+            ]},
+        ]
+    });
+    Policy::from_json(&p.to_string()).unwrap()
+}
+
+fn policy_turns(p: &Policy) -> Vec<String> {
+    p.rules
+        .iter()
+        .flat_map(|r| &r.variants)
+        .flat_map(|v| v.turns.clone())
+        .collect()
+}
+
+/// A test deployment plus stand-in servers registered as backends.
+struct Stand {
+    env: TestEnv,
+    servers: Vec<Option<ScriptedServer>>,
+    kinds: Vec<WireKind>,
+    model: Arc<ModelFiles>,
+}
+
+impl Stand {
+    /// Starts the deployment (with `tweak`), writes the model directories, starts one
+    /// stand-in server per entry of `kinds` (adjusted by `server`) and registers each as
+    /// a backend of model `demo` (and `think` for the drifting template).
+    async fn start(
+        kinds: &[WireKind],
+        tweak: impl FnOnce(&mut rollout::config::Settings),
+        server: impl Fn(usize, &mut ScriptedConfig),
+    ) -> Stand {
+        let env = TestEnv::start(|s| {
+            s.pool.retries = 1;
+            s.pool.backoff_ms = 50;
+            s.pool.health_interval_ms = 60_000;
+            tweak(s);
+        })
+        .await;
+        let p = policy();
+        let turns = policy_turns(&p);
+        let extra: Vec<&str> = turns.iter().map(String::as_str).collect();
+        let dir = env.dir.path().join("model");
+        demo::write_model_dir(&dir, demo::CHATML_TEMPLATE, &extra).unwrap();
+        let think_dir = env.dir.path().join("model-think");
+        let think = include_str!("../fixtures/templates/chatml_think.jinja");
+        demo::write_model_dir(&think_dir, think, &extra).unwrap();
+        let model = Arc::new(ModelFiles::load(&dir).unwrap());
+        let mut servers = Vec::new();
+        for (i, kind) in kinds.iter().enumerate() {
+            let mut cfg = ScriptedConfig::new(model.clone(), p.clone());
+            cfg.seed = i as u64;
+            server(i, &mut cfg);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let s = ScriptedServer::spawn(listener, cfg).unwrap();
+            for (model_name, tok) in [("demo", &dir), ("think", &think_dir)] {
+                let spec = BackendSpec {
+                    id: format!("{model_name}-{i}"),
+                    url: s.url(),
+                    kind: *kind,
+                    model: model_name.into(),
+                    tokenizer: tok.display().to_string(),
+                    weight: 1.0,
+                };
+                env.client.add_backend(&spec).await.unwrap();
+            }
+            servers.push(Some(s));
+        }
+        Stand {
+            env,
+            servers,
+            kinds: kinds.to_vec(),
+            model,
+        }
+    }
+
+    /// The index of the server behind backend `demo-<i>` or `think-<i>`.
+    fn index(backend: &str) -> usize {
+        backend.rsplit('-').next().unwrap().parse().unwrap()
+    }
+
+    fn server(&self, backend: &str) -> &ScriptedServer {
+        self.servers[Self::index(backend)]
+            .as_ref()
+            .expect("server running")
+    }
+}
+
+/// An agent task about the `calc/add.py` workspace.
+fn task(prompt: &str, model: &str, extra: Value) -> Task {
+    let mut spec = json!({
+        "messages": [
+            {"role": "system", "content": "You are a careful engineer."},
+            {"role": "user", "content": prompt},
+        ],
+        "model": model,
+        "sandbox": {"files": {"calc/add.py": "def add(a, b):\n    return a - b\n"}},
+        "check": {"command": "cd calc && python3 -c 'import add; assert add.add(2, 3) == 5'"},
+    });
+    if let (Value::Object(s), Value::Object(e)) = (&mut spec, extra) {
+        s.extend(e);
+    }
+    Task::new("agent", spec)
+}
+
+fn run_output(r: &JobResult) -> &Value {
+    &r.output["run"]
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Checks one trajectory against the servers: every model turn is, token for token and
+/// logprob for logprob, an answer its backend sent for a prompt of that length, in the
+/// backend's wire format; everything else in `response_ids` has loss mask 0; and the
+/// sequence is the concatenation of the turns and the observations in order.
+fn assert_token_exact(stand: &Stand, run: &Value) {
+    let response = ids(&run["response_ids"]);
+    let mask: Vec<u64> = run["loss_mask"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_u64().unwrap())
+        .collect();
+    let logprobs: Vec<f64> = run["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_f64().unwrap())
+        .collect();
+    assert_eq!(mask.len(), response.len());
+    assert_eq!(logprobs.len(), response.len());
+    let mut expect_mask = vec![0u64; response.len()];
+    let mut cursor = 0usize;
+    for turn in run["turns"].as_array().unwrap() {
+        let [a, b] = [
+            turn["model_range"][0].as_u64().unwrap() as usize,
+            turn["model_range"][1].as_u64().unwrap() as usize,
+        ];
+        let [oa, ob] = [
+            turn["observation_range"][0].as_u64().unwrap() as usize,
+            turn["observation_range"][1].as_u64().unwrap() as usize,
+        ];
+        assert_eq!(a, cursor, "turns and observations are contiguous");
+        assert_eq!(oa, b);
+        cursor = ob;
+        expect_mask[a..b].fill(1);
+        let backend = turn["backend"].as_str().unwrap();
+        let served = stand.server(backend).served();
+        let format = stand.kinds[Stand::index(backend)].as_str();
+        let prompt_len = turn["prompt_tokens"].as_u64().unwrap() as usize;
+        let hit = served.iter().find(|s| {
+            s.output_ids == response[a..b] && s.prompt_len == prompt_len && s.format == format
+        });
+        let hit = hit.unwrap_or_else(|| {
+            panic!(
+                "turn tokens {:?} were not sent by {backend} in {format}",
+                &response[a..b]
+            )
+        });
+        for (i, lp) in hit.logprobs.iter().enumerate() {
+            // The trajectory's f32 logprobs travel as JSON's shortest decimal form.
+            assert_eq!(*lp, logprobs[a + i] as f32);
+        }
+        assert!(logprobs[b..ob].iter().all(|&l| l == 0.0));
+    }
+    assert_eq!(cursor, response.len());
+    assert_eq!(mask, expect_mask);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn episodes_are_token_exact_over_both_wire_formats() {
+    // Backend 0 speaks vLLM, 1 SGLang, 2 an older vLLM that returns token IDs only as
+    // `token_id:<id>` strings.
+    let kinds = [WireKind::Vllm, WireKind::Sglang, WireKind::Vllm];
+    let stand = Stand::start(&kinds, |_| {}, |i, c| c.legacy_vllm = i == 2).await;
+    stand.env.workers_in_process(1);
+    let mut tasks = Vec::new();
+    for g in 0..3 {
+        for s in 0..4 {
+            let mut t = task("Fix add() in calc/add.py, then finish.", "demo", json!({}));
+            t.group_id = Some(format!("g{g}"));
+            t.client_id = Some(format!("g{g}-s{s}"));
+            tasks.push(t);
+        }
+    }
+    stand.env.submit(&tasks, "exact").await;
+    let results = stand
+        .env
+        .wait_results("exact", tasks.len(), Duration::from_secs(300))
+        .await;
+    let mut formats = std::collections::BTreeSet::new();
+    let mut rewards = std::collections::BTreeSet::new();
+    for r in &results {
+        assert_eq!(r.status, Status::Done, "{r:?}");
+        let run = run_output(r);
+        assert_eq!(run["finish_reason"], "finished", "{run}");
+        assert_eq!(run["turns"].as_array().unwrap().len(), 4);
+        assert_token_exact(&stand, run);
+        // The chat template re-renders this conversation to the very same tokens.
+        assert_eq!(run["drift"]["identical"], true, "{}", run["drift"]);
+        // The answer reached EVAL, and the reward is what the edit earned.
+        let right = run["answer"] == "5";
+        assert_eq!(r.reward, Some(if right { 1.0 } else { 0.0 }), "{r:?}");
+        rewards.insert(right);
+        formats.insert(Stand::index(run["backend"].as_str().unwrap()));
+        // Tool observations came from the sandbox: the file as it was, the sum after
+        // the edit.
+        let turns = run["turns"].as_array().unwrap();
+        assert!(
+            turns[0]["tools"][0]["observation"]
+                .as_str()
+                .unwrap()
+                .contains("return a - b")
+        );
+        assert_eq!(
+            turns[2]["tools"][0]["observation"],
+            if right { "5" } else { "6" }
+        );
+        assert!(turns[0]["tools"][0]["latency_us"].as_u64().unwrap() > 0);
+        assert!(run["export"]["files"].is_array(), "{}", run["export"]);
+    }
+    assert_eq!(
+        rewards.len(),
+        2,
+        "seeded variation gives right and wrong samples"
+    );
+    assert!(
+        formats.len() >= 2,
+        "jobs ran on several backends: {formats:?}"
+    );
+    // A group's samples share a backend (its prompt's prefix cache lives there).
+    for g in 0..3 {
+        let group: std::collections::BTreeSet<&str> = results
+            .iter()
+            .filter(|r| r.group_id.as_deref() == Some(&format!("g{g}")))
+            .map(|r| run_output(r)["backend"].as_str().unwrap())
+            .collect();
+        assert_eq!(group.len(), 1, "group g{g} ran on {group:?}");
+    }
+    // Every assignment was released when its job left RUN.
+    let backends = stand.env.client.backends().await.unwrap();
+    assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drift_verdict_tells_templates_that_rewrite_history() {
+    let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, _| {}).await;
+    stand.env.workers_in_process(1);
+    let tasks = vec![
+        task("Think first, then look.", "think", json!({})),
+        task("Think first, then look.", "demo", json!({})),
+    ];
+    let ids = stand.env.submit(&tasks, "drift").await;
+    let results = stand
+        .env
+        .wait_results("drift", 2, Duration::from_secs(120))
+        .await;
+    let by_id = |id: &str| results.iter().find(|r| r.job_id == id).unwrap();
+    // The reasoning-dropping template renders the finished conversation without the
+    // first turn's <think> block: a trainer re-tokenizing it would train on other
+    // tokens, starting inside the first model turn.
+    let think = run_output(by_id(&ids[0]));
+    assert_token_exact(&stand, think);
+    assert_eq!(think["drift"]["identical"], false, "{think}");
+    let first = think["drift"]["first_difference"].as_u64().unwrap() as usize;
+    let prompt_len = think["prompt_ids"].as_array().unwrap().len();
+    let range = &think["turns"][0]["model_range"];
+    let turn0 = prompt_len + range[0].as_u64().unwrap() as usize
+        ..prompt_len + range[1].as_u64().unwrap() as usize;
+    assert!(turn0.contains(&first), "{first} not in {turn0:?}");
+    // The same episode under the plain template re-renders exactly.
+    let plain = run_output(by_id(&ids[1]));
+    assert_eq!(plain["drift"]["identical"], true, "{plain}");
+    assert_eq!(think["response_ids"], plain["response_ids"]);
+    // The drift rate per model is a metric.
+    let text = reqwest::get(format!("{}/metrics", stand.env.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("rollout_agent_drift_checks_total")
+                && l.contains("model=\"think\"")
+                && l.contains("drift=\"true\"")),
+        "{text}"
+    );
+}
+
+/// Waits until `pred` holds of a server's counters (panics after 30 s).
+async fn wait_stats(
+    server: &ScriptedServer,
+    what: &str,
+    pred: impl Fn(&rollout::scripted::Stats) -> bool,
+) {
+    for _ in 0..3000 {
+        if pred(&server.stats()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("server never {what}: {:?}", server.stats());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_killed_mid_episode_hands_the_job_to_another() {
+    let mut stand = Stand::start(&[WireKind::Vllm, WireKind::Sglang], |_| {}, |_, _| {}).await;
+    stand.env.workers_in_process(1);
+    let ids = stand
+        .env
+        .submit(
+            &[task("Take your time, then finish.", "demo", json!({}))],
+            "kill",
+        )
+        .await;
+    // The first turn (a two-second command) is under way: kill the backend serving it.
+    let mut victim = None;
+    for _ in 0..3000 {
+        victim = stand
+            .servers
+            .iter()
+            .position(|s| s.as_ref().unwrap().stats().requests == 1);
+        if victim.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let victim = victim.expect("a backend served the first turn");
+    stand.servers[victim].take().unwrap().stop().await;
+    let results = stand
+        .env
+        .wait_results("kill", 1, Duration::from_secs(120))
+        .await;
+    let r = &results[0];
+    assert_eq!(r.status, Status::Done, "{r:?}");
+    let run = run_output(r);
+    assert_eq!(run["finish_reason"], "finished");
+    let switches = run["backend_switches"].as_array().unwrap();
+    assert_eq!(switches.len(), 1, "{run}");
+    assert_eq!(switches[0]["from"], format!("demo-{victim}"));
+    assert_eq!(switches[0]["to"], format!("demo-{}", 1 - victim));
+    assert_eq!(switches[0]["turn"], 1);
+    // Turns before and after the move, each token-exact; the conversation intact.
+    let turns = run["turns"].as_array().unwrap();
+    assert_eq!(turns[0]["backend"], format!("demo-{victim}"));
+    assert_eq!(turns[1]["backend"], format!("demo-{}", 1 - victim));
+    assert_eq!(run["drift"]["identical"], true);
+    let view = stand.env.client.job(&ids[0]).await.unwrap();
+    assert!(
+        view.events.iter().any(|e| e.event == "backend_switch"),
+        "{:?}",
+        view.events
+    );
+    // The dead backend is marked down; counts are back to zero.
+    let backends = stand.env.client.backends().await.unwrap();
+    let dead = backends
+        .iter()
+        .find(|b| b.spec.id == format!("demo-{victim}"))
+        .unwrap();
+    assert!(!dead.healthy);
+    assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_times_out_and_is_retried() {
+    let stand = Stand::start(
+        &[WireKind::Sglang],
+        |s| s.pool.request_timeout_ms = 1_000,
+        |_, _| {},
+    )
+    .await;
+    stand.servers[0].as_ref().unwrap().control(Control {
+        mode: FaultMode::Stall,
+        count: Some(1),
+    });
+    stand.env.workers_in_process(1);
+    stand
+        .env
+        .submit(
+            &[task("Quick fix, then finish.", "demo", json!({}))],
+            "stall",
+        )
+        .await;
+    let results = stand
+        .env
+        .wait_results("stall", 1, Duration::from_secs(120))
+        .await;
+    assert_eq!(results[0].status, Status::Done, "{:?}", results[0]);
+    let run = run_output(&results[0]);
+    assert!(run["backend_switches"].as_array().unwrap().is_empty());
+    let stats = stand.servers[0].as_ref().unwrap().stats();
+    assert_eq!(stats.faulted, 1, "{stats:?}");
+    let turns = run["turns"].as_array().unwrap();
+    assert_eq!(stats.requests as usize, turns.len());
+    // The stalled attempt's second is in the first turn's backend time.
+    assert!(turns[0]["backend_wait_us"].as_u64().unwrap() >= 1_000_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_mid_generation_closes_the_request_and_the_sandbox() {
+    // 50 ms a token: the essay's turn takes seconds.
+    let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, c| c.token_us = 50_000).await;
+    stand.env.workers_in_process(1);
+    let ids = stand
+        .env
+        .submit(&[task("Write an essay.", "demo", json!({}))], "cancel")
+        .await;
+    let server = stand.servers[0].as_ref().unwrap();
+    wait_stats(server, "received the request", |s| s.in_flight == 1).await;
+    let root = stand.env.deps.settings.sandbox_root();
+    assert!(root.join(&ids[0]).exists(), "the job's sandbox is up");
+    stand.env.client.cancel(&ids[0]).await.unwrap();
+    let results = stand
+        .env
+        .wait_results("cancel", 1, Duration::from_secs(60))
+        .await;
+    assert_eq!(results[0].status, Status::Cancelled);
+    // The worker dropped the request: the server saw its client go away before the
+    // answer was ready.
+    wait_stats(server, "saw the request closed", |s| {
+        s.aborted == 1 && s.in_flight == 0
+    })
+    .await;
+    assert_eq!(server.stats().requests, 0);
+    // The sandbox went with the stage, and the assignment with the job.
+    for _ in 0..300 {
+        if !root.join(&ids[0]).exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!root.join(&ids[0]).exists(), "the sandbox is gone");
+    let backends = stand.env.client.backends().await.unwrap();
+    assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_agent_jobs_on_two_backends() {
+    let stand = Stand::start(
+        &[WireKind::Vllm, WireKind::Sglang],
+        |s| {
+            s.stages.init.concurrency = 8;
+            s.stages.run.concurrency = 16;
+            s.stages.eval.concurrency = 8;
+        },
+        |_, _| {},
+    )
+    .await;
+    stand.env.workers_in_process(1);
+    let tasks: Vec<Task> = (0..200usize)
+        .map(|i| {
+            let mut t = task("Quick fix, then finish.", "demo", json!({}));
+            t.group_id = Some(format!("g{}", i / 8));
+            t.client_id = Some(format!("job-{i}"));
+            t
+        })
+        .collect();
+    stand.env.submit(&tasks, "many").await;
+    let results = stand
+        .env
+        .wait_results("many", 200, Duration::from_secs(900))
+        .await;
+    // Every job done, exactly once.
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &results {
+        assert_eq!(r.status, Status::Done, "{r:?}");
+        assert!(seen.insert(r.job_id.clone()), "{} reported twice", r.job_id);
+        let run = run_output(r);
+        assert_eq!(run["finish_reason"], "finished");
+        assert_eq!(run["drift"]["identical"], true);
+    }
+    assert_eq!(seen.len(), 200);
+    let rewarded = results.iter().filter(|r| r.reward == Some(1.0)).count();
+    assert!(rewarded > 0 && rewarded < 200, "{rewarded} of 200 rewarded");
+    let batch = stand.env.client.status(Some("many")).await.unwrap();
+    assert_eq!(batch.batch.unwrap().done, 200);
+    // Both backends worked, and every assignment was released.
+    let backends = stand.env.client.backends().await.unwrap();
+    assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
+    for s in &stand.servers {
+        assert!(s.as_ref().unwrap().stats().requests > 0);
+    }
+    let _ = &stand.model;
+}
