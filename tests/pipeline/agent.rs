@@ -545,3 +545,52 @@ async fn two_hundred_agent_jobs_on_two_backends() {
     }
     let _ = &stand.model;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_episode_with_no_backend_left_fails_with_its_partial_trajectory() {
+    let mut stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, _| {}).await;
+    stand.env.workers_in_process(1);
+    stand
+        .env
+        .submit(
+            &[task("Take your time, then finish.", "demo", json!({}))],
+            "lost",
+        )
+        .await;
+    wait_stats(
+        stand.servers[0].as_ref().unwrap(),
+        "served the first turn",
+        |s| s.requests == 1,
+    )
+    .await;
+    stand.servers[0].take().unwrap().stop().await;
+    let results = stand
+        .env
+        .wait_results("lost", 1, Duration::from_secs(120))
+        .await;
+    let r = &results[0];
+    assert_eq!(r.status, Status::Failed, "{r:?}");
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap()
+            .contains("no other healthy backend"),
+        "{r:?}"
+    );
+    // What the episode did before it lost its backend is in the result.
+    let run = run_output(r);
+    let turns = run["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 1, "{run}");
+    assert!(
+        turns[0]["tools"][0]["observation"]
+            .as_str()
+            .unwrap()
+            .contains("slept")
+    );
+    assert_eq!(
+        run["loss_mask"].as_array().unwrap().len(),
+        run["response_ids"].as_array().unwrap().len()
+    );
+    let backends = stand.env.client.backends().await.unwrap();
+    assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
+}

@@ -5,6 +5,7 @@
 
 mod agent;
 mod api;
+mod backends;
 mod faults;
 mod flow;
 mod helpers;

@@ -1,0 +1,298 @@
+//! The backend pool's records: `/v1/backends` over HTTP, and assignments in the store —
+//! sticky per job, shared by a prompt group, away from unhealthy, excluded or other
+//! models' backends, and deleted by the database whenever a job leaves RUN.
+
+use rollout::backends::pool::{AffinityPolicy, AssignRequest, Reason};
+use rollout::backends::{BackendSpec, WireKind};
+use rollout::model::{Outcome, Stage, Status, WorkMessage};
+use rollout::now_ms;
+use rollout::store::{Claim, FinishIf, NewJob, Store};
+
+use crate::helpers::TestEnv;
+
+fn spec(id: &str, model: &str) -> BackendSpec {
+    BackendSpec {
+        id: id.into(),
+        url: format!("http://127.0.0.1:9/{id}"),
+        kind: WireKind::Vllm,
+        model: model.into(),
+        tokenizer: "/models/m".into(),
+        weight: 1.0,
+    }
+}
+
+async fn send(req: reqwest::RequestBuilder) -> (u16, serde_json::Value) {
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_are_registered_listed_and_removed_over_http() {
+    let env = TestEnv::start(|_| {}).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/backends", env.base);
+    let b = env.client.add_backend(&spec("gpu0", "m")).await.unwrap();
+    assert_eq!((b.source.as_str(), b.healthy, b.active), ("api", true, 0));
+    let (status, one) = send(http.get(format!("{url}/gpu0"))).await;
+    assert_eq!(status, 200);
+    assert_eq!(one["model"], "m");
+    assert_eq!(env.client.backends().await.unwrap().len(), 1);
+    // Bad input names the field.
+    for (body, field) in [
+        (
+            serde_json::json!({"id": "x", "url": "ftp://h", "kind": "vllm", "model": "m", "tokenizer": "t"}),
+            "url",
+        ),
+        (
+            serde_json::json!({"id": "x", "url": "http://h", "kind": "tgi", "model": "m", "tokenizer": "t"}),
+            "kind",
+        ),
+        (
+            serde_json::json!({"id": "a b", "url": "http://h", "kind": "vllm", "model": "m", "tokenizer": "t"}),
+            "id",
+        ),
+        (
+            serde_json::json!({"id": "x", "url": "http://h", "kind": "vllm", "model": "m", "tokenizer": "t", "weight": 0}),
+            "weight",
+        ),
+        (
+            serde_json::json!({"id": "x", "url": "http://h", "kind": "vllm", "model": "m", "tokenizer": "t", "gpus": 8}),
+            "gpus",
+        ),
+    ] {
+        let (status, err) = send(http.post(&url).json(&body)).await;
+        assert_eq!(status, 400, "{body}: {err}");
+        assert!(
+            err["field"].as_str().is_some_and(|f| f.contains(field))
+                || err["error"].as_str().unwrap().contains(field),
+            "{body}: {err}"
+        );
+    }
+    assert_eq!(env.client.backends().await.unwrap().len(), 1);
+    env.client.remove_backend("gpu0").await.unwrap();
+    let (status, err) = send(http.delete(format!("{url}/gpu0"))).await;
+    assert_eq!(status, 404);
+    assert!(err["error"].as_str().unwrap().contains("gpu0"));
+    let (status, _) = send(http.get(format!("{url}/gpu0"))).await;
+    assert_eq!(status, 404);
+}
+
+/// Submits `n` jobs of group `group` and moves each into a claimed RUN stage; returns
+/// their RUN stage entries and claim tokens.
+async fn jobs_in_run(
+    store: &dyn Store,
+    batch: &str,
+    group: &str,
+    n: usize,
+) -> Vec<(WorkMessage, i64)> {
+    let jobs: Vec<NewJob> = (0..n)
+        .map(|_| NewJob {
+            id: uuid::Uuid::now_v7().to_string(),
+            kind: "synthetic".into(),
+            client_id: None,
+            group_id: Some(group.into()),
+            task: serde_json::json!({"kind": "synthetic", "spec": {}}),
+        })
+        .collect();
+    let mut out = Vec::new();
+    for s in store.submit(batch, &jobs, now_ms()).await.unwrap() {
+        let init = WorkMessage {
+            job_id: s.id.clone(),
+            stage: Stage::Init,
+            epoch: s.epoch,
+        };
+        let now = now_ms();
+        let Claim::Started(job) = store.claim(&init, "n", now + 60_000, now).await.unwrap() else {
+            panic!("INIT claim failed");
+        };
+        let run = store
+            .advance(
+                &init,
+                job.attempts,
+                &serde_json::json!({}),
+                Some("any"),
+                now,
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        let Claim::Started(job) = store.claim(&run, "n", now + 60_000, now).await.unwrap() else {
+            panic!("RUN claim failed");
+        };
+        out.push((run, job.attempts));
+    }
+    out
+}
+
+fn ask(job: &str, group: &str, model: Option<&str>, exclude: &[&str]) -> AssignRequest {
+    AssignRequest {
+        job_id: job.into(),
+        group_key: Some(group.into()),
+        model: model.map(str::to_string),
+        exclude: exclude.iter().map(|s| s.to_string()).collect(),
+        policy: AffinityPolicy::default(),
+    }
+}
+
+async fn active(store: &dyn Store) -> Vec<(String, i64)> {
+    store
+        .backends()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| (b.spec.id, b.active))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() {
+    // No health probes (they run beside the reconciler): these URLs answer nothing.
+    let env = TestEnv::start(|s| s.reconciler.enabled = false).await;
+    let store = env.deps.store.as_ref();
+    for b in [spec("a", "m"), spec("b", "m"), spec("c", "other")] {
+        store.upsert_backend(&b, "api", now_ms()).await.unwrap();
+    }
+    let g1 = jobs_in_run(store, "pool", "g1", 3).await;
+    let g2 = jobs_in_run(store, "pool", "g2", 2).await;
+    let id = |i: &(WorkMessage, i64)| i.0.job_id.clone();
+    let now = now_ms();
+
+    // The first of g1 goes to the least loaded; its group follows; a second request of
+    // a job keeps its backend.
+    let first = store
+        .assign_backend(&ask(&id(&g1[0]), "pool/g1", Some("m"), &[]), now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (first.backend.id.as_str(), first.reason),
+        ("a", Reason::LeastLoaded)
+    );
+    let second = store
+        .assign_backend(&ask(&id(&g1[1]), "pool/g1", Some("m"), &[]), now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (second.backend.id.as_str(), second.reason),
+        ("a", Reason::Group)
+    );
+    let again = store
+        .assign_backend(&ask(&id(&g1[0]), "pool/g1", None, &[]), now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (again.backend.id.as_str(), again.reason),
+        ("a", Reason::Sticky)
+    );
+    // Another group goes where the load is lower.
+    let other = store
+        .assign_backend(&ask(&id(&g2[0]), "pool/g2", Some("m"), &[]), now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(other.backend.id, "b");
+    // A model only one backend serves.
+    let c = store
+        .assign_backend(&ask(&id(&g2[1]), "pool/g2", Some("other"), &[]), now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.backend.id, "c");
+    // A failed backend is excluded and the move says where from.
+    let moved = store
+        .assign_backend(&ask(&id(&g1[1]), "pool/g1", None, &["a"]), now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (moved.backend.id.as_str(), moved.previous.as_deref()),
+        ("b", Some("a"))
+    );
+    // An unhealthy backend gets no new jobs; with none left there is no assignment.
+    assert_eq!(
+        store
+            .set_backend_health("b", false, Some("down"), now)
+            .await
+            .unwrap(),
+        Some(true)
+    );
+    let third = store
+        .assign_backend(&ask(&id(&g1[2]), "pool/g1", Some("m"), &[]), now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(third.backend.id, "a");
+    let none = store
+        .assign_backend(&ask(&id(&g1[2]), "pool/g1", Some("m"), &["a"]), now)
+        .await
+        .unwrap();
+    assert!(none.is_none());
+    assert_eq!(
+        active(store).await,
+        vec![("a".into(), 1), ("b".into(), 2), ("c".into(), 1)]
+    );
+
+    // Leaving RUN in every way releases the assignment: advancing to EVAL, failing,
+    // being cancelled, being sent back to INIT.
+    let (msg, attempt) = &g1[0];
+    store
+        .advance(msg, *attempt, &serde_json::json!({}), None, now_ms())
+        .await
+        .unwrap()
+        .unwrap();
+    let (msg, attempt) = &g1[1];
+    let failed = Outcome {
+        status: Status::Failed,
+        reward: None,
+        error: Some("x".into()),
+        eval_output: None,
+        run_output: None,
+    };
+    let cond = FinishIf::Claimed {
+        msg: msg.clone(),
+        attempt: *attempt,
+    };
+    store
+        .finish(&cond, &msg.job_id, &failed, now_ms())
+        .await
+        .unwrap()
+        .unwrap();
+    let (msg, _) = &g2[0];
+    let cancelled = Outcome {
+        status: Status::Cancelled,
+        reward: None,
+        error: Some("cancelled".into()),
+        eval_output: None,
+        run_output: None,
+    };
+    store
+        .finish(&FinishIf::Live, &msg.job_id, &cancelled, now_ms())
+        .await
+        .unwrap()
+        .unwrap();
+    let (msg, attempt) = &g2[1];
+    store
+        .restart(msg, *attempt, 5, true, now_ms())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        active(store).await,
+        vec![("a".into(), 0), ("b".into(), 0), ("c".into(), 0)]
+    );
+    // A job requeued within RUN (its worker's lease lapsed) keeps its backend.
+    let (msg, _) = &g1[2];
+    store
+        .assign_backend(&ask(&msg.job_id, "pool/g1", Some("m"), &[]), now_ms())
+        .await
+        .unwrap()
+        .unwrap();
+    store.release(msg, g1[2].1, false, now_ms()).await.unwrap();
+    assert_eq!(active(store).await[0], ("a".into(), 1));
+    store.release_backend(&msg.job_id).await.unwrap();
+    assert_eq!(active(store).await[0], ("a".into(), 0));
+}
