@@ -822,6 +822,32 @@ mod tests {
     }
 
     #[test]
+    fn backends_load_from_the_file_and_bad_ones_name_their_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let one = "[[backends]]\nid = \"gpu0\"\nurl = \"http://h:8000\"\nkind = \"sglang\"\nmodel = \"m\"\ntokenizer = \"/m\"\n";
+        std::fs::write(&path, one).unwrap();
+        let s = Settings::load_from(Some(&path), env(&[])).unwrap();
+        assert_eq!(s.backends.len(), 1);
+        assert_eq!(s.backends[0].kind, crate::backends::WireKind::Sglang);
+        assert_eq!(s.backends[0].weight, 1.0);
+        std::fs::write(&path, format!("{one}{}", one.replace("h:8000", "h:8001"))).unwrap();
+        let e = Settings::load_from(Some(&path), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("backends[1].id"), "{e}");
+        std::fs::write(&path, one.replace("http://", "tcp://")).unwrap();
+        let e = Settings::load_from(Some(&path), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("backends[0].url"), "{e}");
+        let e = Settings::load_from(None, env(&[("ROLLOUT__AGENT__PARSER", "xml")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("agent.parser"), "{e}");
+    }
+
+    #[test]
     fn node_names_become_subject_tokens() {
         assert_eq!(sanitize_node_name("n1.cluster.local"), "n1-cluster-local");
         assert_eq!(sanitize_node_name("any"), "node");
