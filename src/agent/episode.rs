@@ -96,7 +96,8 @@ pub struct Episode {
     pub tools: Vec<String>,
     /// The tool-call format.
     pub parser: Parser,
-    /// Sampling parameters; `max_tokens` is set per turn from the limits.
+    /// Sampling parameters; each turn's `max_tokens` is the smallest of this one, the
+    /// per-turn limit and the room left in the context.
     pub sampling: Sampling,
     /// Limits.
     pub limits: Limits,
@@ -239,7 +240,9 @@ pub async fn run(
         let turn_index = traj.turns.len();
         let t_turn = Instant::now();
         let mut sampling = ep.sampling.clone();
-        sampling.max_tokens = Some(ep.limits.max_new_tokens.min(room) as u64);
+        // A task's own `max_tokens` can only lower the per-turn limit.
+        let asked = sampling.max_tokens.map_or(usize::MAX, |m| m as usize);
+        sampling.max_tokens = Some(ep.limits.max_new_tokens.min(asked).min(room) as u64);
 
         // The turn: generation, with the status read alongside and the deadline above.
         let t_llm = Instant::now();

@@ -90,10 +90,8 @@ impl BackendSession {
         };
         let Some(a) = store.assign_backend(&req, now_ms()).await? else {
             return Err(SessionError::NoBackend(match &job.model {
-                Some(m) => format!(
-                    "no healthy inference backend serves model `{m}`; register one (rollout backends add, or [[backends]] in the config)"
-                ),
-                None => "no healthy inference backend is registered; register one (rollout backends add, or [[backends]] in the config)".into(),
+                Some(m) => format!("no healthy inference backend serves model `{m}`"),
+                None => "no healthy inference backend is registered".into(),
             }));
         };
         tracing::debug!(backend = %a.backend.id, reason = ?a.reason, "backend assigned");

@@ -147,6 +147,67 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// The job's backend session. While backends of the model are registered but none is
+    /// healthy (all restarting, say) it waits for one, with backoff, until the episode's
+    /// deadline; when none is registered at all the task cannot run, and says so.
+    async fn open_session(
+        &self,
+        job: SessionJob,
+        deadline: tokio::time::Instant,
+        ctx: &StageContext,
+    ) -> Result<BackendSession, StageError> {
+        let mut backoff = Duration::from_millis(500);
+        let mut warned = false;
+        loop {
+            let opened = BackendSession::open(
+                self.store.clone(),
+                self.client.clone(),
+                job.clone(),
+                self.settings.pool.policy(),
+                ctx.cancel.clone(),
+            )
+            .await;
+            let why = match opened {
+                Ok(s) => return Ok(s),
+                // The database may answer next time: retry the stage with backoff.
+                Err(e @ SessionError::Store(_)) => {
+                    return Err(StageError::Transient(e.to_string()));
+                }
+                Err(SessionError::NoBackend(why)) => why,
+            };
+            let registered = self
+                .store
+                .backends()
+                .await
+                .map_err(|e| StageError::Transient(e.to_string()))?
+                .iter()
+                .any(|b| job.model.as_ref().is_none_or(|m| *m == b.spec.model));
+            if !registered {
+                return Err(StageError::Failed(format!(
+                    "no inference backend is registered{}; register one (`rollout backends add`, \
+                     POST /v1/backends, or [[backends]] in the configuration)",
+                    job.model
+                        .as_ref()
+                        .map(|m| format!(" for model `{m}`"))
+                        .unwrap_or_default()
+                )));
+            }
+            if tokio::time::Instant::now() + backoff >= deadline {
+                return Err(StageError::Failed(format!(
+                    "{why}; none came back within the episode's time limit"
+                )));
+            }
+            if !warned {
+                tracing::warn!(reason = %why, "waiting for a healthy backend");
+                warned = true;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
 fn spec_of(job: &Job) -> Result<AgentSpec, StageError> {
     SpecError::parse(&job.task["spec"]).map_err(|e| StageError::Failed(format!("bad spec: {e}")))
 }
@@ -252,27 +313,13 @@ impl TaskKind for Agent {
             .group_id
             .as_ref()
             .map(|g| format!("{}/{g}", job.batch_id));
-        let session = BackendSession::open(
-            self.store.clone(),
-            self.client.clone(),
-            SessionJob {
-                job_id: job.id.clone(),
-                group_key,
-                model: spec.model.clone(),
-                node: ctx.node.clone(),
-            },
-            self.settings.pool.policy(),
-            ctx.cancel.clone(),
-        )
-        .await;
-        let mut session = match session {
-            Ok(s) => s,
-            // A pool with no healthy backend may recover (the probe marks it up again).
-            Err(e @ SessionError::NoBackend(_)) => {
-                return Err(StageError::Transient(e.to_string()));
-            }
-            Err(e) => return Err(StageError::Transient(e.to_string())),
+        let session_job = SessionJob {
+            job_id: job.id.clone(),
+            group_key,
+            model: spec.model.clone(),
+            node: ctx.node.clone(),
         };
+        let mut session = self.open_session(session_job, deadline, ctx).await?;
         let model = self
             .models
             .get(Path::new(&session.backend().tokenizer))

@@ -594,3 +594,60 @@ async fn an_episode_with_no_backend_left_fails_with_its_partial_trajectory() {
     let backends = stand.env.client.backends().await.unwrap();
     assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_agent_tasks_are_refused_and_unknown_models_fail_clearly() {
+    let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, _| {}).await;
+    stand.env.workers_in_process(1);
+    // Refused at submit, naming the field.
+    let http = reqwest::Client::new();
+    for (extra, field) in [
+        (
+            json!({"tools": ["bash", "browser"]}),
+            "tasks[0].spec.tools[1]",
+        ),
+        (json!({"parser": "xml"}), "tasks[0].spec.parser"),
+        (
+            json!({"limits": {"max_turns": 0}}),
+            "tasks[0].spec.limits.max_turns",
+        ),
+        (json!({"messages": []}), "tasks[0].spec.messages"),
+        (
+            json!({"sampling": {"temprature": 1.0}}),
+            "tasks[0].spec.sampling",
+        ),
+    ] {
+        let t = task("Quick fix, then finish.", "demo", extra.clone());
+        let resp = http
+            .post(format!("{}/v1/jobs", stand.env.base))
+            .json(&json!({"tasks": [t]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "{extra}");
+        let body: Value = resp.json().await.unwrap();
+        assert!(
+            body["field"].as_str().unwrap().starts_with(field),
+            "{extra}: {body}"
+        );
+    }
+    // A model no backend serves: the job fails and says what to do.
+    stand
+        .env
+        .submit(
+            &[task("Quick fix, then finish.", "gpt-9", json!({}))],
+            "nomodel",
+        )
+        .await;
+    let results = stand
+        .env
+        .wait_results("nomodel", 1, Duration::from_secs(60))
+        .await;
+    assert_eq!(results[0].status, Status::Failed);
+    let error = results[0].error.as_deref().unwrap();
+    assert!(
+        error.contains("no inference backend is registered for model `gpt-9`")
+            && error.contains("rollout backends add"),
+        "{error}"
+    );
+}
