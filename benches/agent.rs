@@ -18,9 +18,10 @@
 //!    wall time minus backend and tool time), from the trajectories of run (a), beside
 //!    the time of one bare HTTP request to the same server in the same run.
 //!
-//! Tools run in a stand-in that answers at once (sandbox speed is the sandbox
+//! Tools run in a stand-in that answers after a fixed delay (sandbox speed is the sandbox
 //! benchmark's subject); the loop, the client, the pool and the store are the real ones.
-//! `BENCH_QUICK=1` runs a small batch.
+//! `BENCH_QUICK=1` runs a small batch; `BENCH_GROUPS`, `BENCH_IN_FLIGHT`,
+//! `BENCH_PROMPT_WORDS`, `BENCH_CACHE_BLOCKS` and `BENCH_TOOL_MS` change the shape.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -63,6 +64,7 @@ struct Shape {
     in_flight: usize,
     prompt_words: usize,
     cache_blocks: usize,
+    tool_ms: u64,
 }
 
 /// The bench policy: every task plays one of four scripted episodes of four turns (three
@@ -101,17 +103,22 @@ fn prompt(group: usize, words: usize) -> String {
     out
 }
 
-/// Answers every tool call at once with a short, realistic observation.
-struct InstantTools;
+/// Answers every tool call with a short, realistic observation after `latency` (a fast
+/// tool: the time other episodes' turns use the backend in between, which is what
+/// lets a bounded prefix cache evict an episode's blocks before its next turn).
+struct Tools {
+    latency: Duration,
+}
 
 #[async_trait]
-impl ToolRunner for InstantTools {
+impl ToolRunner for Tools {
     async fn call(
         &self,
         _tool: &str,
         args: Value,
         _timeout: Duration,
     ) -> Result<Response, SandboxError> {
+        tokio::time::sleep(self.latency).await;
         let cmd = args["command"].as_str().unwrap_or_default();
         let output = format!(
             "$ {cmd}\nsrc/worker.py:12: def handler(request):\nsrc/worker.py:40:     return handler(value)\n"
@@ -269,6 +276,9 @@ async fn run_scheme(
                     deadline: tokio::time::Instant::now() + Duration::from_secs(600),
                 };
                 let job_id = format!("g{g}-s{s}");
+                let tools = Tools {
+                    latency: Duration::from_millis(shape.tool_ms),
+                };
                 let cancel = CancellationToken::new();
                 match scheme {
                     Scheme::Pool => {
@@ -287,7 +297,7 @@ async fn run_scheme(
                         )
                         .await
                         .unwrap();
-                        let t = episode::run(&ep, &mut session, &InstantTools, &AlwaysWanted)
+                        let t = episode::run(&ep, &mut session, &tools, &AlwaysWanted)
                             .await
                             .unwrap();
                         // The job leaves RUN: its assignment goes (the trigger does this
@@ -313,7 +323,7 @@ async fn run_scheme(
                             round_robin: (scheme == Scheme::RoundRobin).then_some(rr),
                             cancel,
                         };
-                        let t = episode::run(&ep, &mut routed, &InstantTools, &AlwaysWanted)
+                        let t = episode::run(&ep, &mut routed, &tools, &AlwaysWanted)
                             .await
                             .unwrap();
                         (g, t)
@@ -349,6 +359,9 @@ async fn run_scheme(
     }
 }
 
+/// A named step of a turn, timed alone.
+type Step<'a> = (&'static str, Box<dyn Fn() + 'a>);
+
 fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -360,15 +373,26 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 #[tokio::main]
 async fn main() {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let var = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
     let shape = Shape {
-        groups: if quick { 8 } else { 64 },
+        groups: var("BENCH_GROUPS", if quick { 8 } else { 64 }),
         group_size: 8,
         backends: 4,
-        in_flight: if quick { 16 } else { 64 },
-        prompt_words: 600,
-        // 16-token blocks: 2,048 blocks hold 32,768 tokens per backend, about what the
-        // batch in flight on one backend needs when its samples share their prompts.
-        cache_blocks: 2_048,
+        in_flight: var("BENCH_IN_FLIGHT", if quick { 16 } else { 64 }),
+        prompt_words: var("BENCH_PROMPT_WORDS", 600),
+        // Blocks of 16 tokens per backend: about what the 16 episodes a backend runs need
+        // when the 8 samples of a group share their prompt (2 prompts of ~70 blocks and
+        // ~15 blocks of each episode's own turns), half of what they need when every
+        // backend holds a copy of 8 groups' prompts. An engine's prefix cache is the KV
+        // memory its running sequences leave, far smaller than the contexts of all the
+        // episodes in flight in agentic RL; BENCHMARKS.md has a sweep of this size.
+        cache_blocks: var("BENCH_CACHE_BLOCKS", 384),
+        tool_ms: var("BENCH_TOOL_MS", 20) as u64,
     };
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("model");
@@ -409,14 +433,27 @@ async fn main() {
         cached(0) / cached(2).max(1.0)
     );
 
-    // Overhead per turn, from run (a)'s trajectories.
-    let mut overhead: Vec<u64> = outcomes[0]
-        .1
-        .trajectories
-        .iter()
-        .flat_map(|t| t.turns.iter().map(|u| u.overhead_us))
-        .collect();
-    overhead.sort_unstable();
+    // Overhead per turn: the loop's own work, measured with one episode at a time (the
+    // pool, the client and the loop as in run a; 4 groups of 8 episodes), so it is the
+    // worker's cost and not time queued behind the other episodes and the stand-in
+    // servers, which share this process's two cores in run (a).
+    let alone = Shape {
+        groups: 4,
+        in_flight: 1,
+        ..shape
+    };
+    let single = run_scheme(Scheme::Pool, alone, model.clone(), &model_dir, dir.path()).await;
+    let turns_of = |o: &Outcome| {
+        let mut v: Vec<u64> = o
+            .trajectories
+            .iter()
+            .flat_map(|t| t.turns.iter().map(|u| u.overhead_us))
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let overhead = turns_of(&single);
+    let loaded = turns_of(&outcomes[0].1);
     // Baseline: one bare request to a fresh server with a prompt of the same size.
     let cfg = ScriptedConfig::new(model.clone(), p.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -447,18 +484,118 @@ async fn main() {
         bare.push(t0.elapsed().as_micros() as u64);
     }
     bare.sort_unstable();
+    // Where a turn's own time goes: each step of the loop on a typical turn, timed alone.
+    let turn = &outcomes[0].1.trajectories[0].turns[1];
+    let t = &outcomes[0].1.trajectories[0];
+    let ids = t.all_ids()[..turn.prompt_tokens].to_vec();
+    let out_ids = t.response_ids[turn.model_range[0]..turn.model_range[1]].to_vec();
+    let raw = reqwest::Client::new()
+        .post(format!("{}/v1/completions", server.url()))
+        .header("content-type", "application/json")
+        .body(rollout::backends::wire::vllm_body(
+            "demo",
+            &ids,
+            &Sampling::default(),
+        ))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
     server.stop().await;
+    let schemas: Vec<Value> = ["bash", "finish"]
+        .iter()
+        .filter_map(|n| rollout::agent::tools::schema(n))
+        .collect();
+    let args = serde_json::Map::new();
+    let glue = rollout::agent::render::TurnGlue::new(
+        &model.template,
+        &model.eos_token,
+        Some(&schemas[..]),
+        &args,
+    )
+    .unwrap();
+    let obs = [
+        json!({"role": "tool", "content": "src/worker.py:12: def handler(request):\nsrc/worker.py:40:     return handler(value)"}),
+    ];
+    let between = glue.between_turns(&obs, true).unwrap();
+    let text = model.tokenizer.decode(&out_ids).unwrap();
+    let steps: Vec<Step> = vec![
+        (
+            "build the request body",
+            Box::new(|| {
+                std::hint::black_box(rollout::backends::wire::vllm_body(
+                    "demo",
+                    &ids,
+                    &Sampling::default(),
+                ));
+            }),
+        ),
+        (
+            "read the answer",
+            Box::new(|| {
+                std::hint::black_box(rollout::backends::wire::parse_vllm(&raw).unwrap());
+            }),
+        ),
+        (
+            "decode the turn for parsing",
+            Box::new(|| {
+                std::hint::black_box(model.tokenizer.decode(&out_ids).unwrap());
+            }),
+        ),
+        (
+            "parse tool calls",
+            Box::new(|| {
+                std::hint::black_box(rollout::agent::parse::parse_hermes(&text));
+            }),
+        ),
+        (
+            "render the observation",
+            Box::new(|| {
+                std::hint::black_box(glue.between_turns(&obs, true).unwrap());
+            }),
+        ),
+        (
+            "tokenize the observation",
+            Box::new(|| {
+                std::hint::black_box(model.tokenizer.encode(&between).unwrap());
+            }),
+        ),
+    ];
+    let mut parts = Vec::new();
+    for (name, f) in &steps {
+        let n = 2000;
+        let t0 = Instant::now();
+        for _ in 0..n {
+            f();
+        }
+        parts.push(format!(
+            "{name} {:.1} us",
+            t0.elapsed().as_secs_f64() * 1e6 / n as f64
+        ));
+    }
     println!(
-        "overhead: RUN loop's own time per turn over {} turns: p50 {} us, p90 {} us, p99 {} us (goal p50 <= 200 us)",
+        "overhead: RUN loop's own time per turn, one episode at a time, over {} turns: p50 {} us, p90 {} us, p99 {} us (goal p50 <= 200 us)",
         overhead.len(),
         percentile(&overhead, 0.5),
         percentile(&overhead, 0.9),
         percentile(&overhead, 0.99)
     );
     println!(
+        "  with {} episodes in flight beside the stand-in servers (run a): p50 {} us, p90 {} us",
+        shape.in_flight,
+        percentile(&loaded, 0.5),
+        percentile(&loaded, 0.9)
+    );
+    println!(
         "  baseline: one bare request of a {}-token prompt to a stand-in server: p50 {} us; overhead p50 / bare p50 = {:.2}",
         typical,
         percentile(&bare, 0.5),
         percentile(&overhead, 0.5) as f64 / percentile(&bare, 0.5).max(1) as f64
+    );
+    println!(
+        "  steps of a typical turn, each alone: {}",
+        parts.join(", ")
     );
 }

@@ -122,14 +122,14 @@ impl InferenceClient {
         let (url, body) = match backend.kind {
             WireKind::Vllm => (
                 format!("{}/v1/completions", backend.url.trim_end_matches('/')),
-                wire::vllm_request(&backend.model, prompt_ids, sampling),
+                wire::vllm_body(&backend.model, prompt_ids, sampling),
             ),
             WireKind::Sglang => (
                 format!("{}/generate", backend.url.trim_end_matches('/')),
-                wire::sglang_request(prompt_ids, sampling),
+                wire::sglang_body(prompt_ids, sampling),
             ),
         };
-        let body = bytes::Bytes::from(serde_json::to_vec(&body).expect("request serialises"));
+        let body = bytes::Bytes::from(body);
         let attempts = self.settings.retries + 1;
         let mut last = String::new();
         let mut waited = Duration::ZERO;
@@ -207,21 +207,9 @@ impl InferenceClient {
                 body: shorten(&String::from_utf8_lossy(&bytes)),
             }));
         }
-        let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-            Attempt::Fatal(InferenceError::Wire {
-                backend: backend.id.clone(),
-                source: wire::WireError {
-                    server: match backend.kind {
-                        WireKind::Vllm => "vLLM",
-                        WireKind::Sglang => "SGLang",
-                    },
-                    message: format!("the answer is not JSON: {e}"),
-                },
-            })
-        })?;
         let parsed = match backend.kind {
-            WireKind::Vllm => wire::parse_vllm(&json),
-            WireKind::Sglang => wire::parse_sglang(&json),
+            WireKind::Vllm => wire::parse_vllm(&bytes),
+            WireKind::Sglang => wire::parse_sglang(&bytes),
         };
         parsed.map_err(|source| {
             Attempt::Fatal(InferenceError::Wire {

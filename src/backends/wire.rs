@@ -84,55 +84,110 @@ fn finish_of(reason: Option<&str>) -> Finish {
     }
 }
 
-/// The body of a vLLM `/v1/completions` request.
-pub fn vllm_request(model: &str, prompt_ids: &[u32], s: &Sampling) -> serde_json::Value {
-    let mut body = serde_json::json!({
-        "model": model,
-        "prompt": prompt_ids,
-        "logprobs": 1,
-        "return_token_ids": true,
-        "return_tokens_as_token_ids": true,
-        "skip_special_tokens": false,
-        "include_stop_str_in_output": true,
-        "stream": false,
-    });
-    let map = body.as_object_mut().expect("an object");
-    if let serde_json::Value::Object(extra) = serde_json::to_value(s).expect("sampling serialises")
-    {
-        map.extend(extra);
+/// The body of a vLLM `/v1/completions` request, serialised straight from the borrowed
+/// prompt (a request carries the whole context, tens of thousands of IDs, every turn).
+pub fn vllm_body(model: &str, prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Body<'a> {
+        model: &'a str,
+        prompt: &'a [u32],
+        logprobs: u32,
+        return_token_ids: bool,
+        return_tokens_as_token_ids: bool,
+        skip_special_tokens: bool,
+        include_stop_str_in_output: bool,
+        stream: bool,
+        #[serde(flatten)]
+        sampling: &'a Sampling,
     }
-    body
+    serde_json::to_vec(&Body {
+        model,
+        prompt: prompt_ids,
+        logprobs: 1,
+        return_token_ids: true,
+        return_tokens_as_token_ids: true,
+        skip_special_tokens: false,
+        include_stop_str_in_output: true,
+        stream: false,
+        sampling: s,
+    })
+    .expect("a request serialises")
 }
 
-/// Reads a vLLM `/v1/completions` response.
-pub fn parse_vllm(resp: &serde_json::Value) -> Result<Generation, WireError> {
+#[derive(Deserialize)]
+struct VllmResponse {
+    #[serde(default)]
+    choices: Vec<VllmChoice>,
+    #[serde(default)]
+    usage: Option<VllmUsage>,
+}
+
+#[derive(Deserialize)]
+struct VllmChoice {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+    #[serde(default)]
+    token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    logprobs: Option<VllmLogprobs>,
+}
+
+#[derive(Deserialize)]
+struct VllmLogprobs {
+    #[serde(default)]
+    token_logprobs: Option<Vec<Option<f64>>>,
+    #[serde(default)]
+    tokens: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+struct VllmUsage {
+    #[serde(default)]
+    prompt_tokens_details: Option<CachedTokens>,
+}
+
+#[derive(Deserialize)]
+struct CachedTokens {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+/// Reads a vLLM `/v1/completions` response. Only the fields used are decoded; the rest
+/// (`top_logprobs`, offsets) is skipped without being built.
+pub fn parse_vllm(body: &[u8]) -> Result<Generation, WireError> {
     let err = |message: String| WireError {
         server: "vLLM",
         message,
     };
-    let choice = &resp["choices"][0];
-    if choice.is_null() {
-        return Err(err("no choices[0]".into()));
-    }
-    let logprobs: Vec<f32> = choice["logprobs"]["token_logprobs"]
-        .as_array()
+    let resp: VllmResponse = serde_json::from_slice(body)
+        .map_err(|e| err(format!("the answer is not a completions response: {e}")))?;
+    let cached_prompt_tokens = resp
+        .usage
+        .and_then(|u| u.prompt_tokens_details)
+        .and_then(|d| d.cached_tokens);
+    let choice = resp
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| err("no choices[0]".into()))?;
+    let lp = choice.logprobs.unwrap_or(VllmLogprobs {
+        token_logprobs: None,
+        tokens: None,
+    });
+    let logprobs: Vec<f32> = lp
+        .token_logprobs
         .ok_or_else(|| err("no choices[0].logprobs.token_logprobs (send logprobs: 1)".into()))?
-        .iter()
-        .map(|v| v.as_f64().unwrap_or(f64::NEG_INFINITY) as f32)
+        .into_iter()
+        .map(|v| v.unwrap_or(f64::NEG_INFINITY) as f32)
         .collect();
-    let token_ids: Vec<u32> = if let Some(ids) = choice["token_ids"].as_array() {
-        ids.iter()
-            .map(|v| v.as_u64().map(|i| i as u32))
-            .collect::<Option<_>>()
-            .ok_or_else(|| err("choices[0].token_ids holds a non-integer".into()))?
-    } else if let Some(tokens) = choice["logprobs"]["tokens"].as_array() {
+    let token_ids: Vec<u32> = if let Some(ids) = choice.token_ids {
+        ids
+    } else if let Some(tokens) = lp.tokens {
         tokens
             .iter()
-            .map(|t| {
-                t.as_str()
-                    .and_then(|s| s.strip_prefix("token_id:"))
-                    .and_then(|s| s.parse().ok())
-            })
+            .map(|t| t.strip_prefix("token_id:").and_then(|s| s.parse().ok()))
             .collect::<Option<_>>()
             .ok_or_else(|| {
                 err("logprobs.tokens are not `token_id:<id>` (the server needs return_tokens_as_token_ids or return_token_ids)".into())
@@ -152,76 +207,115 @@ pub fn parse_vllm(resp: &serde_json::Value) -> Result<Generation, WireError> {
     Ok(Generation {
         token_ids,
         logprobs,
-        finish: finish_of(choice["finish_reason"].as_str()),
-        cached_prompt_tokens: resp["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
-        text: choice["text"].as_str().map(str::to_string),
+        finish: finish_of(choice.finish_reason.as_deref()),
+        cached_prompt_tokens,
+        text: choice.text,
     })
 }
 
 /// The body of an SGLang `/generate` request.
-pub fn sglang_request(prompt_ids: &[u32], s: &Sampling) -> serde_json::Value {
-    let mut params = serde_json::Map::new();
-    let mut put = |k: &str, v: Option<serde_json::Value>| {
-        if let Some(v) = v {
-            params.insert(k.into(), v);
-        }
-    };
-    put("temperature", s.temperature.map(Into::into));
-    put("top_p", s.top_p.map(Into::into));
-    put("top_k", s.top_k.map(Into::into));
-    put("max_new_tokens", s.max_tokens.map(Into::into));
-    put("sampling_seed", s.seed.map(Into::into));
-    if !s.stop.is_empty() {
-        put("stop", Some(s.stop.clone().into()));
+pub fn sglang_body(prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Params<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        temperature: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        top_p: Option<f64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        top_k: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_new_tokens: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        sampling_seed: Option<u64>,
+        #[serde(skip_serializing_if = "<[String]>::is_empty")]
+        stop: &'a [String],
+        skip_special_tokens: bool,
     }
-    put("skip_special_tokens", Some(false.into()));
-    serde_json::json!({
-        "input_ids": prompt_ids,
-        "sampling_params": params,
-        "return_logprob": true,
-        "stream": false,
+    #[derive(Serialize)]
+    struct Body<'a> {
+        input_ids: &'a [u32],
+        sampling_params: Params<'a>,
+        return_logprob: bool,
+        stream: bool,
+    }
+    serde_json::to_vec(&Body {
+        input_ids: prompt_ids,
+        sampling_params: Params {
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k,
+            max_new_tokens: s.max_tokens,
+            sampling_seed: s.seed,
+            stop: &s.stop,
+            skip_special_tokens: false,
+        },
+        return_logprob: true,
+        stream: false,
     })
+    .expect("a request serialises")
+}
+
+#[derive(Deserialize)]
+struct SglangResponse {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    output_ids: Option<Vec<u64>>,
+    #[serde(default)]
+    meta_info: Option<SglangMeta>,
+}
+
+/// One entry of SGLang's `output_token_logprobs`: `[logprob, token_id, token_text]`.
+type TokenLogprob = (Option<f64>, Option<u64>, serde::de::IgnoredAny);
+
+#[derive(Deserialize)]
+struct SglangMeta {
+    #[serde(default)]
+    output_token_logprobs: Option<Vec<TokenLogprob>>,
+    #[serde(default)]
+    finish_reason: Option<serde_json::Value>,
+    #[serde(default)]
+    cached_tokens: Option<u64>,
 }
 
 /// Reads an SGLang `/generate` response.
-pub fn parse_sglang(resp: &serde_json::Value) -> Result<Generation, WireError> {
+pub fn parse_sglang(body: &[u8]) -> Result<Generation, WireError> {
     let err = |message: String| WireError {
         server: "SGLang",
         message,
     };
-    let meta = &resp["meta_info"];
-    let triples = meta["output_token_logprobs"].as_array().ok_or_else(|| {
+    let resp: SglangResponse = serde_json::from_slice(body)
+        .map_err(|e| err(format!("the answer is not a generate response: {e}")))?;
+    let meta = resp
+        .meta_info
+        .ok_or_else(|| err("no meta_info (send return_logprob: true)".into()))?;
+    let triples = meta.output_token_logprobs.ok_or_else(|| {
         err("no meta_info.output_token_logprobs (send return_logprob: true)".into())
     })?;
     let mut token_ids = Vec::with_capacity(triples.len());
     let mut logprobs = Vec::with_capacity(triples.len());
-    for t in triples {
-        let id = t[1]
-            .as_u64()
-            .ok_or_else(|| err("an output_token_logprobs entry has no token ID".into()))?;
+    for (lp, id, _) in triples {
+        let id = id.ok_or_else(|| err("an output_token_logprobs entry has no token ID".into()))?;
         token_ids.push(id as u32);
-        logprobs.push(t[0].as_f64().unwrap_or(f64::NEG_INFINITY) as f32);
+        logprobs.push(lp.unwrap_or(f64::NEG_INFINITY) as f32);
     }
-    if let Some(ids) = resp["output_ids"].as_array()
+    if let Some(ids) = &resp.output_ids
         && ids.len() == token_ids.len()
-        && ids
-            .iter()
-            .zip(&token_ids)
-            .any(|(a, b)| a.as_u64() != Some(u64::from(*b)))
+        && ids.iter().zip(&token_ids).any(|(a, b)| *a != u64::from(*b))
     {
         return Err(err("output_ids and output_token_logprobs disagree".into()));
     }
-    let finish = match &meta["finish_reason"] {
-        serde_json::Value::Object(o) => finish_of(o.get("type").and_then(|t| t.as_str())),
-        serde_json::Value::String(s) => finish_of(Some(s)),
+    let finish = match &meta.finish_reason {
+        Some(serde_json::Value::Object(o)) => finish_of(o.get("type").and_then(|t| t.as_str())),
+        Some(serde_json::Value::String(s)) => finish_of(Some(s)),
         _ => Finish::Other,
     };
     Ok(Generation {
         token_ids,
         logprobs,
         finish,
-        cached_prompt_tokens: meta["cached_tokens"].as_u64(),
-        text: resp["text"].as_str().map(str::to_string),
+        cached_prompt_tokens: meta.cached_tokens,
+        text: resp.text,
     })
 }
 
@@ -242,7 +336,8 @@ mod tests {
 
     #[test]
     fn vllm_requests_carry_ids_and_sampling() {
-        let body = vllm_request("policy", &[1, 2, 3], &sampling());
+        let body: serde_json::Value =
+            serde_json::from_slice(&vllm_body("policy", &[1, 2, 3], &sampling())).unwrap();
         assert_eq!(body["prompt"], serde_json::json!([1, 2, 3]));
         assert_eq!(body["logprobs"], 1);
         assert_eq!(body["return_token_ids"], true);
@@ -258,7 +353,7 @@ mod tests {
                          "logprobs": {"tokens": ["h", "i"], "token_logprobs": [-0.5, -0.25]}}],
             "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
         });
-        let g = parse_vllm(&new).unwrap();
+        let g = parse_vllm(new.to_string().as_bytes()).unwrap();
         assert_eq!(g.token_ids, vec![7, 8]);
         assert_eq!(g.logprobs, vec![-0.5, -0.25]);
         assert_eq!(g.finish, Finish::Stop);
@@ -267,7 +362,7 @@ mod tests {
             "choices": [{"text": "hi", "finish_reason": "length",
                          "logprobs": {"tokens": ["token_id:7", "token_id:8"], "token_logprobs": [-0.5, -0.25]}}]
         });
-        let g = parse_vllm(&old).unwrap();
+        let g = parse_vllm(old.to_string().as_bytes()).unwrap();
         assert_eq!(g.token_ids, vec![7, 8]);
         assert_eq!(g.finish, Finish::Length);
         assert_eq!(g.cached_prompt_tokens, None);
@@ -275,7 +370,7 @@ mod tests {
             "choices": [{"text": "hi", "logprobs": {"tokens": ["h"], "token_logprobs": [-0.5]}}]
         });
         assert!(
-            parse_vllm(&text_only)
+            parse_vllm(text_only.to_string().as_bytes())
                 .unwrap_err()
                 .to_string()
                 .contains("token_id:")
@@ -284,7 +379,8 @@ mod tests {
 
     #[test]
     fn sglang_round_trip() {
-        let body = sglang_request(&[1, 2], &sampling());
+        let body: serde_json::Value =
+            serde_json::from_slice(&sglang_body(&[1, 2], &sampling())).unwrap();
         assert_eq!(body["input_ids"], serde_json::json!([1, 2]));
         assert_eq!(body["sampling_params"]["max_new_tokens"], 64);
         assert_eq!(body["return_logprob"], true);
@@ -293,13 +389,13 @@ mod tests {
             "meta_info": {"output_token_logprobs": [[-0.5, 7, null], [-0.25, 8, null]],
                           "finish_reason": {"type": "length", "length": 2}, "cached_tokens": 1}
         });
-        let g = parse_sglang(&resp).unwrap();
+        let g = parse_sglang(resp.to_string().as_bytes()).unwrap();
         assert_eq!((g.token_ids, g.logprobs), (vec![7, 8], vec![-0.5, -0.25]));
         assert_eq!(g.finish, Finish::Length);
         assert_eq!(g.cached_prompt_tokens, Some(1));
         let bad = serde_json::json!({"meta_info": {}});
         assert!(
-            parse_sglang(&bad)
+            parse_sglang(bad.to_string().as_bytes())
                 .unwrap_err()
                 .to_string()
                 .contains("return_logprob")

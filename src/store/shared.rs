@@ -226,7 +226,7 @@ pub(crate) const SELECT_BACKEND: &str = concat!(
     "SELECT ",
     backend_cols!(),
     ", (SELECT COUNT(*) FROM backend_assignments a WHERE a.backend_id = b.id) AS active, \
-     0 AS group_members FROM backends b WHERE b.id = $1"
+     CAST(0 AS BIGINT) AS group_members FROM backends b WHERE b.id = $1"
 );
 
 /// Registers or replaces a backend; a changed URL resets its health to unknown (up).
