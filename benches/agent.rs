@@ -91,7 +91,7 @@ fn policy() -> Policy {
 
 /// A unique task description per group, `words` long, from a fixed word list.
 fn prompt(group: usize, words: usize) -> String {
-    let mut x = group as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
+    let mut x = (group as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = format!("Task {group}: fix the failing test. Context:");
     for _ in 0..words {
         x ^= x << 13;
@@ -372,6 +372,11 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 #[tokio::main]
 async fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        // `cargo test --all-targets` runs benches as tests: building it is the check.
+        println!("agent benchmark: run it with `cargo bench --bench agent`");
+        return;
+    }
     let quick = std::env::var_os("BENCH_QUICK").is_some();
     let var = |name: &str, default: usize| {
         std::env::var(name)
