@@ -259,3 +259,132 @@ fn shorten(s: &str) -> String {
     }
     format!("{}…", &s[..end])
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::scripted::{Control, FaultMode, ScriptedConfig, ScriptedServer, demo};
+
+    async fn server() -> ScriptedServer {
+        let model = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
+        let cfg = ScriptedConfig::new(Arc::new(model), Default::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        ScriptedServer::spawn(listener, cfg).unwrap()
+    }
+
+    fn spec(url: String, kind: WireKind) -> BackendSpec {
+        BackendSpec {
+            id: "b".into(),
+            url,
+            kind,
+            model: "scripted".into(),
+            tokenizer: String::new(),
+            weight: 1.0,
+        }
+    }
+
+    fn client(retries: u32) -> InferenceClient {
+        InferenceClient::new(ClientSettings {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            retries,
+            backoff: Duration::from_millis(10),
+        })
+    }
+
+    #[tokio::test]
+    async fn failures_and_dropped_connections_are_retried_until_the_budget_is_spent() {
+        let s = server().await;
+        let never = CancellationToken::new();
+        for kind in [WireKind::Vllm, WireKind::Sglang] {
+            let b = spec(s.url(), kind);
+            // Two 500s, then an answer: the third attempt succeeds.
+            s.control(Control {
+                mode: FaultMode::Fail,
+                count: Some(2),
+            });
+            let (g, _) = client(2)
+                .generate(&b, &[1, 2, 3], &Sampling::default(), &never)
+                .await
+                .unwrap();
+            assert!(!g.token_ids.is_empty());
+            assert_eq!(g.token_ids.len(), g.logprobs.len());
+            // A connection closed mid-answer is retried too.
+            s.control(Control {
+                mode: FaultMode::Drop,
+                count: Some(1),
+            });
+            client(1)
+                .generate(&b, &[1, 2, 3], &Sampling::default(), &never)
+                .await
+                .unwrap();
+        }
+        // More failures than retries: the backend is reported unavailable.
+        s.control(Control {
+            mode: FaultMode::Fail,
+            count: Some(5),
+        });
+        let e = client(2)
+            .generate(
+                &spec(s.url(), WireKind::Vllm),
+                &[1],
+                &Sampling::default(),
+                &never,
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, InferenceError::Unavailable { attempts: 3, .. }),
+            "{e}"
+        );
+        assert_eq!(s.stats().faulted, 2 * 2 + 2 + 3);
+        s.stop().await;
+    }
+
+    #[tokio::test]
+    async fn bad_requests_are_not_retried_and_health_follows_the_server() {
+        let s = server().await;
+        let never = CancellationToken::new();
+        let b = spec(s.url(), WireKind::Vllm);
+        // Longer than the context: a 400, at once, with the server's words.
+        let long: Vec<u32> = vec![5; 40_000];
+        let e = client(3)
+            .generate(&b, &long, &Sampling::default(), &never)
+            .await
+            .unwrap_err();
+        match e {
+            InferenceError::Refused { status, body, .. } => {
+                assert_eq!(status, 400);
+                assert!(body.contains("maximum context length"), "{body}");
+            }
+            other => panic!("{other}"),
+        }
+        let c = client(0);
+        assert!(c.health(&b, Duration::from_secs(1)).await.is_ok());
+        s.control(Control {
+            mode: FaultMode::Down,
+            count: None,
+        });
+        let down = c.health(&b, Duration::from_secs(1)).await.unwrap_err();
+        assert!(down.contains("503"), "{down}");
+        // Cancelling gives up at once.
+        s.control(Control {
+            mode: FaultMode::Stall,
+            count: None,
+        });
+        let cancel = CancellationToken::new();
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            stop.cancel();
+        });
+        let e = c
+            .generate(&b, &[1], &Sampling::default(), &cancel)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, InferenceError::Cancelled), "{e}");
+        s.stop().await;
+    }
+}

@@ -651,3 +651,55 @@ async fn bad_agent_tasks_are_refused_and_unknown_models_fail_clearly() {
         "{error}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_probe_marks_backends_down_and_up() {
+    let stand = Stand::start(
+        &[WireKind::Vllm],
+        |s| s.pool.health_interval_ms = 100,
+        |_, _| {},
+    )
+    .await;
+    let server = stand.servers[0].as_ref().unwrap();
+    let healthy = |want: bool| {
+        let client = stand.env.client.clone();
+        async move {
+            for _ in 0..300 {
+                let list = client.backends().await.unwrap();
+                if list
+                    .iter()
+                    .all(|b| b.healthy == want && b.checked_at.is_some())
+                {
+                    return list;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("backends never became healthy = {want}");
+        }
+    };
+    healthy(true).await;
+    server.control(Control {
+        mode: FaultMode::Down,
+        count: None,
+    });
+    let down = healthy(false).await;
+    assert!(
+        down[0].last_error.as_deref().unwrap().contains("503"),
+        "{down:?}"
+    );
+    server.control(Control {
+        mode: FaultMode::Ok,
+        count: None,
+    });
+    healthy(true).await;
+    let text = reqwest::get(format!("{}/metrics", stand.env.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("rollout_backend_healthy{backend=\"demo-0\"}"),
+        "{text}"
+    );
+}
