@@ -217,11 +217,7 @@ pub async fn run(
         &ep.template_args,
     )
     .map_err(|e| setup(&e))?;
-    let prompt = model
-        .template
-        .render(&ep.messages, offered, true, &ep.template_args)
-        .map_err(|e| setup(&e))?;
-    let prompt_ids = model.tokenizer.encode(&prompt).map_err(|e| setup(&e))?;
+    let prompt_ids = initial_prompt(ep, &schemas).await?;
     let mut traj = Trajectory::new(prompt_ids, &ep.model_name, ep.messages.clone());
     let mut context = traj.prompt_ids.clone();
     // Messages whose tokens are in `context` (the drift check renders exactly these).
@@ -478,6 +474,30 @@ pub async fn run(
         Err(e) => tracing::warn!(error = %e, "drift check failed"),
     }
     Ok(traj)
+}
+
+/// The opening conversation rendered and tokenized, off the async threads: a long
+/// prompt (a repository's context) takes milliseconds to tokenize.
+async fn initial_prompt(ep: &Episode, schemas: &[Value]) -> Result<Vec<u32>, EpisodeError> {
+    let (model, messages, args) = (
+        ep.model.clone(),
+        ep.messages.clone(),
+        ep.template_args.clone(),
+    );
+    let schemas = schemas.to_vec();
+    tokio::task::spawn_blocking(move || {
+        let offered = (!schemas.is_empty()).then_some(&schemas[..]);
+        let text = model
+            .template
+            .render(&messages, offered, true, &args)
+            .map_err(|e| EpisodeError::Setup(e.to_string()))?;
+        model
+            .tokenizer
+            .encode(&text)
+            .map_err(|e| EpisodeError::Setup(e.to_string()))
+    })
+    .await
+    .map_err(|e| EpisodeError::Setup(format!("rendering the prompt failed: {e}")))?
 }
 
 /// How many leading messages of the conversation the trajectory's tokens cover: those

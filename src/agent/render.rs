@@ -8,8 +8,10 @@
 //! last assistant turn holds a sentinel, once without and once with the new messages
 //! and the generation prompt, and takes the difference after the sentinel's
 //! end-of-turn token. The cost is one render of a short conversation per observation,
-//! whatever the episode's length; and a template that renders earlier turns
-//! differently once messages follow them is detected rather than silently mis-tokenized.
+//! whatever the episode's length, and none for the usual single tool result when probes
+//! at construction show the template inserts a result's content unchanged; a template
+//! that renders earlier turns differently once messages follow them is detected rather
+//! than silently mis-tokenized.
 
 use serde_json::Value;
 
@@ -52,7 +54,18 @@ pub struct TurnGlue<'a> {
     sentinel_end: usize,
     /// Byte offset right after the end-of-turn token that follows the sentinel.
     turn_end: usize,
+    /// For the common case of one tool result: the text before and after its content,
+    /// when the template inserts the content unchanged (checked with probes at
+    /// construction), so a turn costs no render.
+    single_tool: Option<(String, String)>,
 }
+
+/// Contents that reveal a template that changes a tool result (trims it, escapes it,
+/// rewrites newlines or tabs) instead of inserting it as it is.
+const PROBES: [&str; 2] = [
+    "ROLLOUT_PROBE",
+    "  first\tline\r\n<tool_call>ü{{ x }}</tool_call> & 'q' \"d\"\n\n  last  ",
+];
 
 impl<'a> TurnGlue<'a> {
     /// Prepares for `template` with end-of-turn token `eos`, offering `tools`.
@@ -80,7 +93,7 @@ impl<'a> TurnGlue<'a> {
             Some(i) => sentinel_end + i + eos.len(),
             None => return Err(RenderError::NoEndOfTurn(eos.to_string())),
         };
-        Ok(TurnGlue {
+        let mut glue = TurnGlue {
             template,
             tools,
             extra,
@@ -88,7 +101,41 @@ impl<'a> TurnGlue<'a> {
             base_text,
             sentinel_end,
             turn_end,
-        })
+            single_tool: None,
+        };
+        glue.single_tool = glue.find_single_tool_frame();
+        Ok(glue)
+    }
+
+    /// The text around one tool result's content, if the template inserts every probe
+    /// content unchanged between the same two pieces of text.
+    fn find_single_tool_frame(&self) -> Option<(String, String)> {
+        let tool = |c: &str| [serde_json::json!({"role": "tool", "content": c})];
+        let first = self.render_after(&tool(PROBES[0])).ok()?;
+        let at = first.find(PROBES[0])?;
+        let (pre, post) = (&first[..at], &first[at + PROBES[0].len()..]);
+        PROBES[1..]
+            .iter()
+            .all(|p| {
+                self.render_after(&tool(p)).is_ok_and(|t| {
+                    t.len() == pre.len() + p.len() + post.len()
+                        && t.starts_with(pre)
+                        && t[pre.len()..].starts_with(p)
+                        && t.ends_with(post)
+                })
+            })
+            .then(|| (pre.to_string(), post.to_string()))
+    }
+
+    /// The full render's text after the model's end-of-turn token.
+    fn render_after(&self, messages: &[Value]) -> Result<String, RenderError> {
+        let mut all = self.base.clone();
+        all.extend_from_slice(messages);
+        let text = self.template.render(&all, self.tools, true, self.extra)?;
+        if !text.starts_with(&self.base_text[..self.turn_end]) {
+            return Err(RenderError::NotAppendOnly);
+        }
+        Ok(text[self.turn_end..].to_string())
     }
 
     /// The text after a model turn up to and including the next generation prompt, with
@@ -100,18 +147,25 @@ impl<'a> TurnGlue<'a> {
         messages: &[Value],
         ended_with_eos: bool,
     ) -> Result<String, RenderError> {
-        let mut all = self.base.clone();
-        all.extend_from_slice(messages);
-        let text = self.template.render(&all, self.tools, true, self.extra)?;
-        if !text.starts_with(&self.base_text[..self.turn_end]) {
-            return Err(RenderError::NotAppendOnly);
-        }
-        let from = if ended_with_eos {
-            self.turn_end
-        } else {
-            self.sentinel_end
+        let after = match (&self.single_tool, messages) {
+            (Some((pre, post)), [m]) if m["role"] == "tool" && m["content"].is_string() => {
+                let content = m["content"].as_str().unwrap_or_default();
+                let mut t = String::with_capacity(pre.len() + content.len() + post.len());
+                t.push_str(pre);
+                t.push_str(content);
+                t.push_str(post);
+                t
+            }
+            _ => self.render_after(messages)?,
         };
-        Ok(text[from..].to_string())
+        Ok(if ended_with_eos {
+            after
+        } else {
+            format!(
+                "{}{after}",
+                &self.base_text[self.sentinel_end..self.turn_end]
+            )
+        })
     }
 
     /// What the template writes after an assistant turn's end-of-turn token when the
@@ -163,6 +217,36 @@ mod tests {
         let after = t.render(&msgs, None::<&[Value]>, true, &extra).unwrap();
         let cut = before.len() - glue.tail().len();
         assert_eq!(after[cut..], glue.between_turns(&obs, true).unwrap());
+    }
+
+    #[test]
+    fn one_tool_result_is_framed_exactly_as_the_template_renders_it() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        let extra = serde_json::Map::new();
+        let glue = TurnGlue::new(&t, "<|im_end|>", None, &extra).unwrap();
+        assert!(glue.single_tool.is_some());
+        for content in ["ok", "", "  spaced\n\n", "<tool_response>ü\t"] {
+            let m = [serde_json::json!({"role": "tool", "content": content})];
+            for eos in [true, false] {
+                let fast = glue.between_turns(&m, eos).unwrap();
+                let mut slow = glue.render_after(&m).unwrap();
+                if !eos {
+                    slow.insert_str(0, "<|im_end|>");
+                }
+                assert_eq!(fast, slow, "{content:?}");
+            }
+        }
+        // A template that trims tool results does not get the shortcut.
+        let trimming = CHATML.replace(
+            "'\\n<tool_response>\\n' + message.content + '\\n</tool_response>'",
+            "'\\n<tool_response>\\n' + message.content.strip() + '\\n</tool_response>'",
+        );
+        assert_ne!(trimming, CHATML);
+        let t = ChatTemplate::new(&trimming, "", "<|im_end|>").unwrap();
+        let glue = TurnGlue::new(&t, "<|im_end|>", None, &extra).unwrap();
+        assert!(glue.single_tool.is_none());
+        let m = [serde_json::json!({"role": "tool", "content": "  x  "})];
+        assert!(glue.between_turns(&m, true).unwrap().contains("\nx\n"));
     }
 
     #[test]
