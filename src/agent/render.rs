@@ -261,6 +261,7 @@ mod tests {
             "<|start_header_id|>ipython<|end_header_id|>\n\n4<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
         );
         assert_eq!(glue.tail(), "");
+        assert!(glue.single_tool.is_some());
     }
 
     #[test]
