@@ -485,29 +485,42 @@ impl Worker {
             tokio::time::sleep(Duration::from_millis(s.stages.get(work.stage).timeout_ms));
         tokio::pin!(timeout);
         let period = Duration::from_millis((s.queue.ack_wait_ms / 3).max(100));
-        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        loop {
-            tokio::select! {
-                r = &mut hook => return StageEnd::Finished(r),
-                _ = &mut timeout => return StageEnd::TimedOut,
-                _ = ctx.cancel.cancelled() => return StageEnd::Cancelled,
-                _ = self.hand_back.cancelled() => return StageEnd::HandBack,
-                _ = progress.tick() => {
-                    if let Err(e) = msg.ack_with(AckKind::Progress).await {
-                        tracing::warn!(error = %e, "in-progress ack failed; the message may be redelivered");
-                    }
-                    let now = now_ms();
-                    match self.deps.store.extend_lease(work, held.attempt, now + s.queue.ack_wait_ms as i64).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            // The row moved without us: cancelled (broadcast missed) or
-                            // taken over after our lease lapsed. Either way, stop.
-                            tracing::info!("job no longer held by this worker; stopping the stage");
-                            return StageEnd::Cancelled;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "cannot renew the lease"),
-                    }
+        // The lease is renewed by a future polled beside the hook, not in a select arm:
+        // an arm's body would stop polling the hook while it awaits the database, and a
+        // hook holding a connection (or a lock others wait on with theirs) would then
+        // leave renewal waiting for a connection that only the paused hook can free.
+        let renewal = async {
+            let mut progress =
+                tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            loop {
+                progress.tick().await;
+                if let Err(e) = msg.ack_with(AckKind::Progress).await {
+                    tracing::warn!(error = %e, "in-progress ack failed; the message may be redelivered");
                 }
+                let until = now_ms() + s.queue.ack_wait_ms as i64;
+                match self
+                    .deps
+                    .store
+                    .extend_lease(work, held.attempt, until)
+                    .await
+                {
+                    Ok(true) => {}
+                    // The row moved without us: cancelled (broadcast missed) or taken
+                    // over after our lease lapsed. Either way, stop.
+                    Ok(false) => return,
+                    Err(e) => tracing::warn!(error = %e, "cannot renew the lease"),
+                }
+            }
+        };
+        tokio::pin!(renewal);
+        tokio::select! {
+            r = &mut hook => StageEnd::Finished(r),
+            _ = &mut timeout => StageEnd::TimedOut,
+            _ = ctx.cancel.cancelled() => StageEnd::Cancelled,
+            _ = self.hand_back.cancelled() => StageEnd::HandBack,
+            () = &mut renewal => {
+                tracing::info!("job no longer held by this worker; stopping the stage");
+                StageEnd::Cancelled
             }
         }
     }
