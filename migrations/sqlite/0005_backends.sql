@@ -26,6 +26,17 @@ CREATE TABLE backend_assignments (
     assigned_at INTEGER NOT NULL
 );
 
+-- Where each prompt group's last sample was placed: its prompt stays in that backend's
+-- prefix cache after the sample ends, so later samples of the group go there too.
+-- Rows of groups not seen for a while are pruned by the health prober.
+CREATE TABLE backend_group_homes (
+    group_key  TEXT PRIMARY KEY,
+    backend_id TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+
+CREATE INDEX backend_group_homes_updated ON backend_group_homes(updated_at);
+
 CREATE INDEX backend_assignments_backend ON backend_assignments(backend_id);
 CREATE INDEX backend_assignments_group ON backend_assignments(group_key);
 

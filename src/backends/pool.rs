@@ -3,8 +3,9 @@
 //! A job picks the healthy backend with the fewest active assignments (weighted by the
 //! backend's capacity), preferring the backend its prompt group already uses, so the G
 //! samples of one prompt share its prefix cache, unless that backend is over its fair
-//! share. Every later turn of the job goes to the same backend (the assignment is
-//! sticky). The counts are rows in the database, one per job in RUN, so any number of run
+//! share. The group's backend is remembered after its samples end, since the prompt stays
+//! in that backend's cache: a sample that starts after the others finished goes there
+//! too. Every later turn of the job goes to the same backend (the assignment is sticky). The counts are rows in the database, one per job in RUN, so any number of run
 //! workers agree on them, and they go back down when the job leaves RUN however it
 //! leaves (a trigger deletes the row on every transition out of RUN and on every
 //! terminal status). ProRL Agent's pool keeps a min-heap of counts that only ever grow,
@@ -51,6 +52,9 @@ pub struct Candidate {
     pub active: i64,
     /// Of those, jobs of the same prompt group as the job being placed.
     pub group_members: i64,
+    /// Whether the group's last sample was placed here: its prompt is in this backend's
+    /// cache even when none of its samples is running any more.
+    pub group_home: bool,
 }
 
 /// Why a backend was chosen.
@@ -107,9 +111,10 @@ pub fn within_fair_share(
 }
 
 /// Picks a backend among `candidates` (all healthy and serving the job's model): the
-/// one holding most of the job's prompt group if it is within its fair share, otherwise
-/// the one with the lowest load per unit of weight (ties to the earliest). `None` when
-/// there is no candidate.
+/// one running most of the job's prompt group — or, when none of the group runs, the one
+/// its last sample went to — if it is within its fair share; otherwise the one with the
+/// lowest load per unit of weight (ties to the earliest). `None` when there is no
+/// candidate.
 pub fn choose(candidates: &[Candidate], policy: &AffinityPolicy) -> Option<(usize, Reason)> {
     if candidates.is_empty() {
         return None;
@@ -119,10 +124,11 @@ pub fn choose(candidates: &[Candidate], policy: &AffinityPolicy) -> Option<(usiz
     let group_home = candidates
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.group_members > 0)
+        .filter(|(_, c)| c.group_members > 0 || c.group_home)
         .max_by(|(ia, a), (ib, b)| {
             a.group_members
                 .cmp(&b.group_members)
+                .then_with(|| a.group_home.cmp(&b.group_home))
                 // Among equals, the lower-loaded (then the earlier) one wins.
                 .then_with(|| load(b).total_cmp(&load(a)))
                 .then_with(|| ib.cmp(ia))
@@ -152,6 +158,10 @@ fn load_after(c: &Candidate) -> f64 {
     (c.active + 1) as f64 / c.weight
 }
 
+/// How long the pool remembers where a prompt group ran (ms): longer than a batch's
+/// samples take to start.
+const GROUP_HOME_TTL_MS: i64 = 6 * 3600 * 1000;
+
 /// Registers the configuration's `[[backends]]` (source `config`), leaving those added
 /// through the API alone. Every process calls it at start, so a worker started with a
 /// config file that names new backends makes them known at once.
@@ -168,8 +178,9 @@ pub async fn register_configured(
 }
 
 /// Probes every registered backend's `GET /health` every `pool.health_interval_ms`,
-/// records the verdicts (a backend marked down gets no new jobs until it answers again)
-/// and keeps the per-backend gauges current, until `shutdown`. Any number of processes
+/// records the verdicts (a backend marked down gets no new jobs until it answers again),
+/// keeps the per-backend gauges current and forgets the homes of groups not placed for
+/// hours, until `shutdown`. Any number of processes
 /// may run it: the verdicts they write agree.
 pub async fn run_health_prober(
     store: std::sync::Arc<dyn crate::store::Store>,
@@ -186,6 +197,13 @@ pub async fn run_health_prober(
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
+        }
+        // A group's home only matters while its samples are still being started.
+        if let Err(e) = store
+            .forget_group_homes(crate::now_ms() - GROUP_HOME_TTL_MS)
+            .await
+        {
+            tracing::warn!(error = %e, "cannot prune old group homes");
         }
         let backends = match store.backends().await {
             Ok(b) => b,
@@ -235,6 +253,7 @@ mod tests {
             weight,
             active,
             group_members: group,
+            group_home: false,
         }
     }
 
@@ -279,6 +298,22 @@ mod tests {
         assert_eq!(
             choose(&c, &AffinityPolicy::default()),
             Some((1, Reason::Group))
+        );
+    }
+
+    #[test]
+    fn a_group_returns_to_its_home_when_none_of_it_runs() {
+        let mut c = [cand("a", 1.0, 0, 0), cand("b", 1.0, 3, 0)];
+        c[1].group_home = true;
+        assert_eq!(
+            choose(&c, &AffinityPolicy::default()),
+            Some((1, Reason::Group))
+        );
+        // Running members outweigh a stale home.
+        c[0].group_members = 1;
+        assert_eq!(
+            choose(&c, &AffinityPolicy::default()),
+            Some((0, Reason::Group))
         );
     }
 

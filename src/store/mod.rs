@@ -376,6 +376,9 @@ pub trait Store: Send + Sync + 'static {
         req: &crate::backends::pool::AssignRequest,
         now: i64,
     ) -> StoreResult<Option<crate::backends::pool::Assignment>>;
+    /// Forgets where prompt groups last ran for groups not placed since `before`; returns
+    /// how many were forgotten.
+    async fn forget_group_homes(&self, before: i64) -> StoreResult<u64>;
     /// Deletes a job's assignment (jobs that are not rows of this database, such as a
     /// benchmark's, release their own).
     async fn release_backend(&self, job_id: &str) -> StoreResult<()>;

@@ -243,6 +243,7 @@ pub(crate) struct BackendRow {
     source: String,
     pub(crate) active: i64,
     pub(crate) group_members: i64,
+    pub(crate) group_home: i64,
 }
 
 impl BackendRow {

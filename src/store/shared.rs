@@ -218,7 +218,9 @@ pub(crate) const SELECT_BACKENDS: &str = concat!(
     ", (SELECT COUNT(*) FROM backend_assignments a WHERE a.backend_id = b.id \
      AND a.job_id <> $1) AS active, \
      (SELECT COUNT(*) FROM backend_assignments a WHERE a.backend_id = b.id \
-     AND a.job_id <> $1 AND a.group_key = $2) AS group_members \
+     AND a.job_id <> $1 AND a.group_key = $2) AS group_members, \
+     (SELECT COUNT(*) FROM backend_group_homes h WHERE h.group_key = $2 \
+     AND h.backend_id = b.id) AS group_home \
      FROM backends b ORDER BY b.id"
 );
 
@@ -226,7 +228,8 @@ pub(crate) const SELECT_BACKEND: &str = concat!(
     "SELECT ",
     backend_cols!(),
     ", (SELECT COUNT(*) FROM backend_assignments a WHERE a.backend_id = b.id) AS active, \
-     CAST(0 AS BIGINT) AS group_members FROM backends b WHERE b.id = $1"
+     CAST(0 AS BIGINT) AS group_members, CAST(0 AS BIGINT) AS group_home \
+     FROM backends b WHERE b.id = $1"
 );
 
 /// Registers or replaces a backend; a changed URL resets its health to unknown (up).
@@ -254,6 +257,12 @@ pub(crate) const PUT_ASSIGNMENT: &str = "INSERT INTO backend_assignments (job_id
      group_key, model, assigned_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id) DO UPDATE \
      SET backend_id = excluded.backend_id, group_key = excluded.group_key, \
      model = excluded.model, assigned_at = excluded.assigned_at";
+
+pub(crate) const PUT_GROUP_HOME: &str = "INSERT INTO backend_group_homes (group_key, \
+     backend_id, updated_at) VALUES ($1, $2, $3) ON CONFLICT (group_key) DO UPDATE \
+     SET backend_id = excluded.backend_id, updated_at = excluded.updated_at";
+
+pub(crate) const PRUNE_GROUP_HOMES: &str = "DELETE FROM backend_group_homes WHERE updated_at < $1";
 
 pub(crate) const DELETE_ASSIGNMENT: &str = "DELETE FROM backend_assignments WHERE job_id = $1";
 
@@ -1063,18 +1072,18 @@ macro_rules! impl_store {
                             .or_else(|| previous.as_ref().map(|p| p.1.clone()));
                         let mut usable = Vec::new();
                         for r in rows {
-                            let (active, group) = (r.active, r.group_members);
+                            let (active, group, home) = (r.active, r.group_members, r.group_home);
                             let b = r.into_state()?;
                             if b.healthy
                                 && !req.exclude.contains(&b.spec.id)
                                 && model.as_ref().is_none_or(|m| *m == b.spec.model)
                             {
-                                usable.push((b.spec, active, group));
+                                usable.push((b.spec, active, group, home > 0));
                             }
                         }
                         let prev_id = previous.map(|p| p.0);
                         if let Some(p) = &prev_id
-                            && let Some((spec, _, _)) = usable.iter().find(|u| &u.0.id == p)
+                            && let Some((spec, ..)) = usable.iter().find(|u| &u.0.id == p)
                         {
                             return Ok(Some(Assignment {
                                 backend: spec.clone(),
@@ -1084,11 +1093,12 @@ macro_rules! impl_store {
                         }
                         let candidates: Vec<Candidate> = usable
                             .iter()
-                            .map(|(spec, active, group)| Candidate {
+                            .map(|(spec, active, group, home)| Candidate {
                                 id: spec.id.clone(),
                                 weight: spec.weight,
                                 active: *active,
                                 group_members: *group,
+                                group_home: *home,
                             })
                             .collect();
                         let Some((i, reason)) = pool::choose(&candidates, &req.policy) else {
@@ -1107,11 +1117,32 @@ macro_rules! impl_store {
                             .bind(now)
                             .execute(&mut *conn)
                             .await?;
+                        if let Some(g) = &req.group_key {
+                            sqlx::query($crate::store::shared::PUT_GROUP_HOME)
+                                .bind(g)
+                                .bind(&spec.id)
+                                .bind(now)
+                                .execute(&mut *conn)
+                                .await?;
+                        }
                         Ok(Some(Assignment {
                             backend: spec,
                             reason,
                             previous: prev_id,
                         }))
+                    })
+                })
+                .await
+            }
+
+            async fn forget_group_homes(&self, before: i64) -> $crate::store::StoreResult<u64> {
+                self.write(move |conn: &mut $conn| {
+                    Box::pin(async move {
+                        let r = sqlx::query($crate::store::shared::PRUNE_GROUP_HOMES)
+                            .bind(before)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok(r.rows_affected())
                     })
                 })
                 .await

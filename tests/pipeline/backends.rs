@@ -295,4 +295,27 @@ async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() 
     assert_eq!(active(store).await[0], ("a".into(), 1));
     store.release_backend(&msg.job_id).await.unwrap();
     assert_eq!(active(store).await[0], ("a".into(), 0));
+
+    // A group's backend is remembered after its samples end: a late sample goes back
+    // to where the group's prompt is cached, though another backend is as idle.
+    store
+        .set_backend_health("b", true, None, now_ms())
+        .await
+        .unwrap();
+    let g3 = jobs_in_run(store, "pool", "g3", 2).await;
+    let early = store
+        .assign_backend(&ask(&g3[0].0.job_id, "pool/g3", Some("m"), &[]), now_ms())
+        .await
+        .unwrap()
+        .unwrap();
+    store.release_backend(&g3[0].0.job_id).await.unwrap();
+    let late = store
+        .assign_backend(&ask(&g3[1].0.job_id, "pool/g3", Some("m"), &[]), now_ms())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(late.backend.id, early.backend.id);
+    assert_eq!(late.reason, Reason::Group);
+    // Old homes are forgotten.
+    assert_eq!(store.forget_group_homes(now_ms() + 1).await.unwrap(), 3);
 }
