@@ -135,6 +135,16 @@ impl Stand {
         backend.rsplit('-').next().unwrap().parse().unwrap()
     }
 
+    /// Submits one task into `batch` and waits for its result.
+    async fn run_one(&self, task: Task, batch: &str) -> JobResult {
+        self.env.submit(&[task], batch).await;
+        let mut results = self
+            .env
+            .wait_results(batch, 1, Duration::from_secs(120))
+            .await;
+        results.remove(0)
+    }
+
     fn server(&self, backend: &str) -> &ScriptedServer {
         self.servers[Self::index(backend)]
             .as_ref()
@@ -437,19 +447,11 @@ async fn a_stalled_request_times_out_and_is_retried() {
         count: Some(1),
     });
     stand.env.workers_in_process(1);
-    stand
-        .env
-        .submit(
-            &[task("Quick fix, then finish.", "demo", json!({}))],
-            "stall",
-        )
+    let result = stand
+        .run_one(task("Quick fix, then finish.", "demo", json!({})), "stall")
         .await;
-    let results = stand
-        .env
-        .wait_results("stall", 1, Duration::from_secs(120))
-        .await;
-    assert_eq!(results[0].status, Status::Done, "{:?}", results[0]);
-    let run = run_output(&results[0]);
+    assert_eq!(result.status, Status::Done, "{result:?}");
+    let run = run_output(&result);
     assert!(run["backend_switches"].as_array().unwrap().is_empty());
     let stats = stand.servers[0].as_ref().unwrap().stats();
     assert_eq!(stats.faulted, 1, "{stats:?}");
@@ -632,19 +634,14 @@ async fn bad_agent_tasks_are_refused_and_unknown_models_fail_clearly() {
         );
     }
     // A model no backend serves: the job fails and says what to do.
-    stand
-        .env
-        .submit(
-            &[task("Quick fix, then finish.", "gpt-9", json!({}))],
+    let result = stand
+        .run_one(
+            task("Quick fix, then finish.", "gpt-9", json!({})),
             "nomodel",
         )
         .await;
-    let results = stand
-        .env
-        .wait_results("nomodel", 1, Duration::from_secs(60))
-        .await;
-    assert_eq!(results[0].status, Status::Failed);
-    let error = results[0].error.as_deref().unwrap();
+    assert_eq!(result.status, Status::Failed);
+    let error = result.error.as_deref().unwrap();
     assert!(
         error.contains("no inference backend is registered for model `gpt-9`")
             && error.contains("rollout backends add"),
