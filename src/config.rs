@@ -329,6 +329,17 @@ pub struct SandboxSettings {
     pub bwrap: PathBuf,
     /// The `apptainer` (or `singularity`) executable.
     pub apptainer: PathBuf,
+    /// The `slirp4netns` executable that connects `network: true` sandboxes to the
+    /// outside (they keep a network namespace of their own; see `network_deny`).
+    pub slirp4netns: PathBuf,
+    /// IPv4 networks (`a.b.c.d/n`) `network: true` sandboxes may not reach, beyond the
+    /// built-in private, link-local and reserved ranges and the host's own networks,
+    /// which are always denied: e.g. a cluster's services on public addresses.
+    pub network_deny: Vec<String>,
+    /// Whether the `local` backend (no isolation: the agent's commands run as the
+    /// worker's user on the host) may be used, as this node's default or by a task that
+    /// asks for it. Off, such tasks are refused at submit and at start.
+    pub allow_local: bool,
     /// When the worker runs as root, each `bwrap` sandbox runs as a user id of its own,
     /// picked from `unprivileged_uid_base` .. `+ unprivileged_uid_count`: the kernel
     /// exempts root from the process limit and counts that limit per host user, so only
@@ -363,6 +374,9 @@ impl Default for SandboxSettings {
             server_bin: PathBuf::new(),
             bwrap: PathBuf::from("bwrap"),
             apptainer: PathBuf::from("apptainer"),
+            slirp4netns: PathBuf::from("slirp4netns"),
+            network_deny: Vec::new(),
+            allow_local: false,
             unprivileged_uid_base: 1_000_000_000,
             unprivileged_uid_count: 1_000_000,
             unprivileged_gid: 65534,
@@ -604,6 +618,20 @@ impl Settings {
         }
         if crate::sandbox::BackendKind::parse(&self.sandbox.backend).is_none() {
             return bad("sandbox.backend", "must be bwrap, apptainer or local");
+        }
+        for (i, n) in self.sandbox.network_deny.iter().enumerate() {
+            if crate::sandbox::net::Ipv4Net::parse(n).is_none() {
+                return bad(
+                    &format!("sandbox.network_deny[{i}]"),
+                    "must be an IPv4 network such as 203.0.113.0/24",
+                );
+            }
+        }
+        if self.sandbox.backend == "local" && !self.sandbox.allow_local {
+            return bad(
+                "sandbox.backend",
+                "is `local`, which runs agents unsandboxed on the host; set sandbox.allow_local = true to mean it",
+            );
         }
         for (key, v) in [
             ("sandbox.ready_timeout_ms", self.sandbox.ready_timeout_ms),

@@ -8,7 +8,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rollout::sandbox::SandboxClient;
-use rollout::sandbox::server::{ServerOptions, serve};
+use rollout::sandbox::server::{Listen, ServerOptions, serve};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use std::time::Duration;
 #[command(
     name = "rollout-sandbox",
     version,
-    about = "The rollout sandbox server (bash, python, file and export tools over a Unix socket)"
+    about = "The rollout sandbox server (bash, python, exec, file and export tools over a Unix socket)"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -28,8 +28,16 @@ enum Command {
     /// Serve the tools on a Unix socket until SIGTERM.
     Serve {
         /// The socket to bind.
+        #[arg(
+            long,
+            required_unless_present = "listen_fd",
+            conflicts_with = "listen_fd"
+        )]
+        socket: Option<PathBuf>,
+        /// Serve on this already listening socket descriptor instead (the launcher bound
+        /// it where the sandbox cannot reach the socket file).
         #[arg(long)]
-        socket: PathBuf,
+        listen_fd: Option<i32>,
         /// The workspace (starting directory of the shell and the interpreter).
         #[arg(long)]
         workdir: PathBuf,
@@ -73,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Serve {
                 socket,
+                listen_fd,
                 workdir,
                 ctl_dir,
                 shell,
@@ -97,7 +106,11 @@ fn main() -> anyhow::Result<()> {
                 });
                 serve(
                     ServerOptions {
-                        socket,
+                        listen: match (listen_fd, socket) {
+                            (Some(fd), _) => Listen::Fd(fd),
+                            (None, Some(path)) => Listen::Path(path),
+                            (None, None) => anyhow::bail!("give --socket or --listen-fd"),
+                        },
                         workdir,
                         ctl_dir,
                         shell,

@@ -295,7 +295,8 @@ impl TaskKind for Agent {
                 return Err(bad(format!("limits.{name}"), "must be above 0"));
             }
         }
-        s.sandbox.validate("sandbox")?;
+        s.sandbox
+            .validate("sandbox", self.sandboxes.allow_local())?;
         s.check.validate("check")
     }
 
@@ -383,9 +384,9 @@ impl TaskKind for Agent {
             backend = %trajectory.backend,
             "episode ended"
         );
-        let export = sandboxed::finish(&self.sandboxes, job, client).await?;
+        let export = sandboxed::finish(&self.sandboxes, job, client).await;
         let mut out = serde_json::to_value(&trajectory).unwrap_or_default();
-        out["export"] = serde_json::to_value(export).unwrap_or_default();
+        sandboxed::record_export(&mut out, export);
         Ok(out)
     }
 

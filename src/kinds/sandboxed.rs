@@ -2,10 +2,15 @@
 //!
 //! INIT starts the job's sandbox on its node and checks its tools answer; RUN connects
 //! to it (or sends the job back to INIT when it is gone or half-used by an earlier
-//! attempt), works in it, exports the workspace's changes and stops it; EVAL applies the
-//! changes to a *fresh* sandbox from the same spec, so the agent cannot have tampered
-//! with the checks, and runs the task's check command. `shell` and `agent` differ only
-//! in what RUN does in between.
+//! attempt), works in it, exports the workspace's changes and stops it; EVAL starts a
+//! *fresh* sandbox from the same spec, runs its setup before any of the agent's code is
+//! there, has the sandbox server apply the changes and put back the task's protected
+//! files, and runs the task's check command as a process whose exit status comes from the
+//! kernel. `shell` and `agent` differ only in what RUN does in between.
+//!
+//! Whatever the agent did, a finished episode is scored: changes that cannot be exported
+//! (too large, the sandbox gone) or applied (`git apply` refuses them) give reward 0 with
+//! the reason in `details`, never a failed job without its trajectory.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::{EvalOutput, InitOutput, Route, SpecError, StageContext, StageError};
 use crate::model::{Job, Stage};
 use crate::sandbox::client::SandboxClient;
-use crate::sandbox::protocol::{ExportArgs, ExportResult};
+use crate::sandbox::protocol::{ApplyArgs, ErrorCode, ExecArgs, ExportArgs, ExportResult};
 use crate::sandbox::{NodeSandboxes, Purpose, SandboxError, SandboxSpec};
 
 /// The scoring command.
@@ -28,6 +33,15 @@ pub struct Check {
     /// Its timeout (ms).
     #[serde(default = "default_check_timeout")]
     pub timeout_ms: u64,
+    /// Workspace paths the agent's changes may not alter (globs: `*` within a path
+    /// segment, `**` across them), e.g. `["tests/**"]`: EVAL puts them back as they were
+    /// after setup, as SWE-bench restores its test files.
+    #[serde(default)]
+    pub protect: Vec<String>,
+    /// Files only the check sees (hidden tests): relative path → content, written into
+    /// EVAL's workspace after the agent's changes, replacing whatever is there.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
 }
 
 fn default_check_timeout() -> u64 {
@@ -42,6 +56,22 @@ impl Check {
                 path: format!("{prefix}.command"),
                 message: "must not be empty".into(),
             });
+        }
+        for path in self.files.keys() {
+            if !crate::sandbox::spec::is_relative_inside(path) {
+                return Err(SpecError {
+                    path: format!("{prefix}.files.{path}"),
+                    message: "file paths must be relative and stay inside the workspace (no `..`, no leading `/`)".into(),
+                });
+            }
+        }
+        for (i, p) in self.protect.iter().enumerate() {
+            if let Err(e) = crate::sandbox::server::export::check_pattern(p) {
+                return Err(SpecError {
+                    path: format!("{prefix}.protect[{i}]"),
+                    message: format!("not a valid glob: {e}"),
+                });
+            }
         }
         Ok(())
     }
@@ -72,7 +102,7 @@ pub async fn init(
     spec: &SandboxSpec,
 ) -> Result<InitOutput, StageError> {
     let sb = sandboxes
-        .start(&ctx.job.id, spec, Purpose::Run, None, ctx.job.attempts)
+        .start(&ctx.job.id, spec, Purpose::Run, ctx.job.attempts)
         .await
         .map_err(|e| stage_error("cannot start the sandbox", e))?;
     // The shell answered before the sandbox counted as started; check the interpreter
@@ -135,25 +165,58 @@ pub async fn lost(sandboxes: &NodeSandboxes, job: &Job, why: String) -> StageErr
     StageError::Restart(format!("{why}; starting again from INIT"))
 }
 
-/// RUN's end: exports the workspace's changes and stops the sandbox.
+/// RUN's end: exports the workspace's changes and stops the sandbox. An export that
+/// fails (too large, git refused, the sandbox gone) is the error's text: the episode
+/// is over and is kept, and EVAL scores it 0 with that reason.
 pub async fn finish(
     sandboxes: &NodeSandboxes,
     job: &Job,
     client: SandboxClient,
-) -> Result<ExportResult, StageError> {
-    let export = client
-        .export(&ExportArgs::default())
-        .await
-        .map_err(|e| stage_error("cannot export the workspace", e));
+) -> Result<ExportResult, String> {
+    let export = match client.export(&ExportArgs::default()).await {
+        Ok(Ok(e)) => Ok(e),
+        Ok(Err(e)) => Err(format!(
+            "cannot export the workspace's changes: {}",
+            e.message
+        )),
+        Err(e) => Err(format!("cannot export the workspace's changes: {e}")),
+    };
     drop(client);
     sandboxes
         .remove(&job.id, Purpose::Run, Some(run_generation(job)))
         .await;
+    if let Err(e) = &export {
+        tracing::warn!(job_id = %job.id, error = %e, "export failed; the episode is kept and will score 0");
+    }
     export
 }
 
-/// EVAL: applies RUN's exported changes to a fresh sandbox from `spec` (with `env`
-/// added) and turns the exit code of `check` into the reward.
+/// Puts RUN's export (or why there is none) into its output under `export` /
+/// `export_error`.
+pub fn record_export(out: &mut serde_json::Value, export: Result<ExportResult, String>) {
+    match export {
+        Ok(e) => out["export"] = serde_json::to_value(e).unwrap_or_default(),
+        Err(e) => {
+            out["export"] = serde_json::Value::Null;
+            out["export_error"] = e.into();
+        }
+    }
+}
+
+fn zero(reason: String, extra: serde_json::Value) -> EvalOutput {
+    let mut details = serde_json::json!({ "error": reason });
+    if let (Some(d), Some(x)) = (details.as_object_mut(), extra.as_object()) {
+        d.extend(x.clone());
+    }
+    EvalOutput {
+        reward: 0.0,
+        details,
+    }
+}
+
+/// EVAL: starts a fresh sandbox from `spec` (with `env` added) and runs its setup,
+/// applies RUN's exported changes in it (restoring protected files), and turns the
+/// kernel-reported exit status of `check` into the reward.
 pub async fn eval(
     sandboxes: &NodeSandboxes,
     ctx: &StageContext,
@@ -162,42 +225,73 @@ pub async fn eval(
     env: BTreeMap<String, String>,
 ) -> Result<EvalOutput, StageError> {
     let job_id = &ctx.job.id;
-    let changes: Option<ExportResult> = ctx
-        .job
-        .run_output
-        .as_ref()
-        .and_then(|o| serde_json::from_value(o["export"].clone()).ok());
+    let run = ctx.job.run_output.as_ref();
+    if let Some(e) = run.and_then(|o| o["export_error"].as_str()) {
+        return Ok(zero(e.to_string(), serde_json::json!({})));
+    }
+    let changes: Option<ExportResult> =
+        run.and_then(|o| serde_json::from_value(o["export"].clone()).ok());
     let mut spec = spec.clone();
     spec.env.extend(env);
     let sb = sandboxes
-        .start(
-            job_id,
-            &spec,
-            Purpose::Eval,
-            changes.as_ref(),
-            ctx.job.attempts,
-        )
+        .start(job_id, &spec, Purpose::Eval, ctx.job.attempts)
         .await
         .map_err(|e| stage_error("cannot start the evaluation sandbox", e))?;
-    let checked = sb
-        .client
-        .bash(
-            &check.command,
-            Some(Duration::from_millis(check.timeout_ms)),
-        )
-        .await;
+    let scored = score(&sb.client, check, changes).await;
     drop(sb);
     sandboxes
         .remove(job_id, Purpose::Eval, Some(ctx.job.attempts))
         .await;
-    let r = checked.map_err(|e| stage_error("the check command could not run", e))?;
+    scored
+}
+
+/// Applies `changes` and runs the check in a started EVAL sandbox.
+async fn score(
+    client: &SandboxClient,
+    check: &Check,
+    changes: Option<ExportResult>,
+) -> Result<EvalOutput, StageError> {
+    let args = ApplyArgs {
+        changes: changes.unwrap_or(ExportResult::Files { files: Vec::new() }),
+        protect: check.protect.clone(),
+        files: check.files.clone(),
+    };
+    let applied = match client.apply(&args).await {
+        Ok(Ok(r)) => serde_json::to_value(r).unwrap_or_default(),
+        Ok(Err(e)) if matches!(e.code, ErrorCode::ToolFailed | ErrorCode::TooLarge) => {
+            return Ok(zero(
+                format!("the agent's changes could not be applied: {}", e.message),
+                serde_json::json!({}),
+            ));
+        }
+        Ok(Err(e)) => {
+            return Err(stage_error(
+                "cannot apply the changes",
+                SandboxError::Tool(e),
+            ));
+        }
+        Err(e) => return Err(stage_error("cannot apply the changes", e)),
+    };
+    let r = client
+        .exec(
+            &ExecArgs {
+                command: check.command.clone(),
+                max_output_bytes: None,
+                shell_state: true,
+            },
+            Some(Duration::from_millis(check.timeout_ms)),
+        )
+        .await
+        .map_err(|e| stage_error("the check command could not run", e))?;
     let passed = r.exit_code == Some(0) && !r.timed_out;
     Ok(EvalOutput {
         reward: if passed { 1.0 } else { 0.0 },
         details: serde_json::json!({
             "exit_code": r.exit_code,
+            "signal": r.signal,
             "timed_out": r.timed_out,
             "output": r.output,
+            "applied": applied,
         }),
     })
 }

@@ -125,7 +125,8 @@ impl TaskKind for Shell {
 
     fn validate(&self, spec: &serde_json::Value) -> Result<(), SpecError> {
         let s: ShellSpec = SpecError::parse(spec)?;
-        s.sandbox.validate("sandbox")?;
+        s.sandbox
+            .validate("sandbox", self.sandboxes.allow_local())?;
         for (i, step) in s.steps.iter().enumerate() {
             check_step(i, step)?;
         }
@@ -169,8 +170,10 @@ impl TaskKind for Shell {
                 latency_us,
             });
         }
-        let export = sandboxed::finish(&self.sandboxes, &ctx.job, client).await?;
-        Ok(serde_json::json!({"steps": steps, "export": export}))
+        let export = sandboxed::finish(&self.sandboxes, &ctx.job, client).await;
+        let mut out = serde_json::json!({"steps": steps});
+        sandboxed::record_export(&mut out, export);
+        Ok(out)
     }
 
     async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {

@@ -97,7 +97,7 @@ impl ApptainerBackend {
             SERVER_PATH.into(),
         ];
         a.extend(super::serve_args(
-            Path::new("/run/rollout/sock"),
+            super::ServeOn::Socket(Path::new("/run/rollout/sock")),
             Path::new("/workspace"),
             Path::new("/run/rollout/ctl"),
         ));
@@ -125,7 +125,12 @@ impl SandboxBackend for ApptainerBackend {
         // Written before the instance exists, so a crash right after still leaves the
         // reaper a label that names it.
         label.write()?;
-        let out = tokio::process::Command::new(&self.program)
+        let mut start = tokio::process::Command::new(&self.program);
+        super::clean_env(
+            &mut start,
+            &["APPTAINER", "SINGULARITY", "HOME", "USER", "TMPDIR"],
+        );
+        let out = start
             .args(self.start_args(req, image))
             .kill_on_drop(true)
             .output()
@@ -147,18 +152,25 @@ impl SandboxBackend for ApptainerBackend {
         }
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(self.exec_args(req));
+        super::clean_env(
+            &mut cmd,
+            &["APPTAINER", "SINGULARITY", "HOME", "USER", "TMPDIR"],
+        );
         let limits = super::Limits {
             processes: 0,
             ..req.limits
         };
         let started = super::launch(
-            "apptainer",
-            cmd,
             req,
-            label.clone(),
-            Some(limits),
-            Vec::new(),
-            None,
+            super::Launch {
+                backend: "apptainer",
+                cmd,
+                label: label.clone(),
+                rlimits: Some(limits),
+                pass_fds: Vec::new(),
+                info_read: None,
+                net: None,
+            },
         )
         .await;
         if started.is_err() {

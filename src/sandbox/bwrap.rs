@@ -3,9 +3,10 @@
 //! The sandbox gets new user, PID, IPC, UTS, cgroup and (unless the task allows network)
 //! network namespaces; no capabilities; no further user namespaces. The host's system
 //! directories (`/usr` and its `/bin`, `/lib`… links) and a short list of `/etc` files
-//! programs need are bound read-only; the workspace (`/workspace`) and the socket
-//! directory (`/run/rollout`) are the only writable binds, beside a size-limited private
-//! tmpfs `/tmp`. Process, memory, file-size and CPU limits are rlimits set on `bwrap`
+//! programs need are bound read-only; the workspace (`/workspace`) is the only writable
+//! bind, beside size-limited private tmpfs mounts (`/tmp`, `/dev/shm`, the server's own
+//! directory). The server's listening socket is passed in as a descriptor, and bwrap
+//! starts with an empty environment, so nothing of the worker's is readable inside. Process, memory, file-size and CPU limits are rlimits set on `bwrap`
 //! before it starts and inherited by everything inside.
 //!
 //! The process limit (RLIMIT_NPROC) is counted by the kernel per *host* user, across
@@ -25,11 +26,13 @@ use std::path::{Path, PathBuf};
 pub const SERVER_PATH: &str = "/run/rollout-sandbox";
 /// The workspace inside the sandbox.
 pub const WORKSPACE: &str = "/workspace";
-/// The socket directory inside the sandbox.
-pub const RUN_DIR: &str = "/run/rollout";
+/// The persistent shell's program inside the sandbox (see [`shell_copy`]).
+pub const SHELL_PATH: &str = "/run/rollout-bash";
 /// The server's private directory inside the sandbox (a small tmpfs of its own, so an
 /// agent filling `/tmp` does not break the tools).
 pub const CTL_DIR: &str = "/run/rollout-ctl";
+/// Size of the server's private directory (command files, an index copy for exports).
+const CTL_BYTES: u64 = 64 << 20;
 
 /// `/etc` entries programs commonly need; secrets such as `shadow` are not among them.
 const ETC: &[&str] = &[
@@ -67,6 +70,8 @@ pub struct BwrapBackend {
     pub uid_range: (u32, u32),
     /// When the worker is root: the group sandboxes run as.
     pub gid: u32,
+    /// How `network: true` sandboxes get their own network.
+    pub net: super::net::NetSettings,
 }
 
 impl Default for BwrapBackend {
@@ -75,6 +80,7 @@ impl Default for BwrapBackend {
             program: PathBuf::from("bwrap"),
             uid_range: (1_000_000_000, 1_000_000),
             gid: 65534,
+            net: super::net::NetSettings::default(),
         }
     }
 }
@@ -97,17 +103,24 @@ impl BwrapBackend {
         }
     }
 
-    /// The full `bwrap` argument list for `req`. With `by_fd`, the workspace, socket
-    /// directory and server binary are bound from descriptors 4, 5 and 6 rather than by
-    /// path (fd 3 is always bwrap's `--info-fd`).
-    pub fn args(&self, req: &StartRequest, by_fd: bool) -> Vec<OsString> {
+    /// The full `bwrap` argument list for `req`. With `by_fd`, the workspace, server
+    /// binary and shell are bound from descriptors 5, 6 and 7 rather than by `paths`
+    /// (fd 3 is always bwrap's `--info-fd`, fd 4 the server's listening socket).
+    ///
+    /// A `network: true` sandbox keeps its own network namespace (slirp4netns connects it,
+    /// see [`super::net`]); `sync_fd` is then the descriptor bwrap holds for as long as
+    /// the sandbox lives, and `<dir>/resolv.conf` replaces the host's.
+    pub fn args(
+        &self,
+        req: &StartRequest,
+        by_fd: bool,
+        shell: &Path,
+        sync_fd: Option<i32>,
+    ) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push =
             |items: &[&std::ffi::OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
         push(&["--unshare-all".as_ref(), "--unshare-user".as_ref()]);
-        if req.network {
-            push(&["--share-net".as_ref()]);
-        }
         push(&[
             "--disable-userns".as_ref(),
             "--cap-drop".as_ref(),
@@ -137,52 +150,61 @@ impl BwrapBackend {
             let p = Path::new("/etc").join(name);
             push(&["--ro-bind-try".as_ref(), p.as_os_str(), p.as_os_str()]);
         }
+        if req.network {
+            let resolv = req.dir.join("resolv.conf");
+            push(&[
+                "--ro-bind".as_ref(),
+                resolv.as_os_str(),
+                "/etc/resolv.conf".as_ref(),
+            ]);
+        }
         for p in &req.ro_binds {
             push(&["--ro-bind-try".as_ref(), p.as_os_str(), p.as_os_str()]);
         }
-        let tmp_size = req.limits.tmp_bytes.to_string();
         push(&[
             "--proc".as_ref(),
             "/proc".as_ref(),
             "--dev".as_ref(),
             "/dev".as_ref(),
         ]);
-        if req.limits.tmp_bytes > 0 {
-            push(&["--size".as_ref(), tmp_size.as_ref()]);
+        // Every writable tmpfs has a size: unbounded, each would take up to half the
+        // machine's memory.
+        for (size, path) in [
+            (req.limits.shm_bytes, "/dev/shm"),
+            (req.limits.tmp_bytes, "/tmp"),
+            (CTL_BYTES, CTL_DIR),
+        ] {
+            let size = size.to_string();
+            if size != "0" {
+                push(&["--size".as_ref(), size.as_ref()]);
+            }
+            push(&["--tmpfs".as_ref(), path.as_ref()]);
         }
-        push(&[
-            "--tmpfs".as_ref(),
-            "/tmp".as_ref(),
-            "--size".as_ref(),
-            "67108864".as_ref(),
-            "--tmpfs".as_ref(),
-            CTL_DIR.as_ref(),
-        ]);
         if by_fd {
             // Descriptors the worker opened (see `start`): the sandbox's own user needs no
             // permission on the directories above them.
             push(&[
                 "--bind-fd".as_ref(),
-                "4".as_ref(),
-                WORKSPACE.as_ref(),
-                "--bind-fd".as_ref(),
                 "5".as_ref(),
-                RUN_DIR.as_ref(),
+                WORKSPACE.as_ref(),
                 "--ro-bind-fd".as_ref(),
                 "6".as_ref(),
                 SERVER_PATH.as_ref(),
+                "--ro-bind-fd".as_ref(),
+                "7".as_ref(),
+                SHELL_PATH.as_ref(),
             ]);
         } else {
             push(&[
                 "--bind".as_ref(),
                 req.workspace().as_os_str(),
                 WORKSPACE.as_ref(),
-                "--bind".as_ref(),
-                req.run_dir().as_os_str(),
-                RUN_DIR.as_ref(),
                 "--ro-bind".as_ref(),
                 req.server_bin.as_os_str(),
                 SERVER_PATH.as_ref(),
+                "--ro-bind".as_ref(),
+                shell.as_os_str(),
+                SHELL_PATH.as_ref(),
             ]);
         }
         push(&[
@@ -209,16 +231,52 @@ impl BwrapBackend {
         for (k, v) in &req.env {
             push(&["--setenv".as_ref(), k.as_ref(), v.as_ref()]);
         }
+        if let Some(fd) = sync_fd {
+            a.extend(["--sync-fd".into(), fd.to_string().into()]);
+        }
         // bwrap reports the namespace init's host pid on fd 3 (see `launch`).
         a.extend(["--info-fd".into(), "3".into()]);
         a.push(SERVER_PATH.into());
         a.extend(super::serve_args(
-            Path::new(RUN_DIR).join("sock").as_path(),
+            super::ServeOn::Fd(4),
             Path::new(WORKSPACE),
             Path::new(CTL_DIR),
         ));
+        a.extend(["--shell".into(), SHELL_PATH.into()]);
         a
     }
+}
+
+/// The node's copy of bash for the sandboxes' persistent shells: execute-only (mode
+/// 0111), so inside a sandbox it can be run but not read. The kernel marks a process
+/// whose program it may not read as undumpable, so the agent's processes can neither
+/// ptrace the shell nor read its memory, and cannot learn the token its end markers carry.
+pub fn shell_copy(root: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let source = ["/usr/bin/bash", "/bin/bash"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .ok_or_else(|| std::io::Error::other("bash is not installed in /usr/bin or /bin"))?;
+    let tools = root.join(".tools");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(&tools)?;
+    let copy = tools.join("bash");
+    let want = std::fs::metadata(source)?.len();
+    if let Ok(m) = std::fs::symlink_metadata(&copy)
+        && m.is_file()
+        && m.len() == want
+        && m.permissions().mode() & 0o7777 == 0o111
+    {
+        return Ok(copy);
+    }
+    let tmp = tools.join(format!("bash.{}", uuid::Uuid::new_v4().simple()));
+    std::fs::copy(source, &tmp)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o111))?;
+    std::fs::rename(&tmp, &copy)?;
+    Ok(copy)
 }
 
 #[async_trait::async_trait]
@@ -229,26 +287,55 @@ impl SandboxBackend for BwrapBackend {
 
     async fn start(&self, req: &StartRequest) -> Result<Sandbox, SandboxError> {
         std::fs::create_dir_all(req.workspace())?;
-        std::fs::create_dir_all(req.run_dir())?;
+        super::private_dir(&req.dir)?;
+        let root = req.dir.parent().unwrap_or(Path::new("/"));
+        let shell = shell_copy(root).map_err(|e| SandboxError::Start {
+            backend: "bwrap",
+            message: format!("cannot prepare the shell: {e}"),
+        })?;
         let mut cmd = tokio::process::Command::new(&self.program);
+        // bwrap's own process (the namespace's pid 1 among them) keeps the environment
+        // it was started with, readable inside; start it with nothing of the worker's.
+        cmd.env_clear();
         let mut label = req.label.clone();
         let mut limits = req.limits;
         let (info_read, info_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
-        let mut pass = vec![info_write];
+        let mut pass = vec![info_write, super::bind_socket(&req.socket())?];
         let me = nix::unistd::geteuid().as_raw();
+        let mut net = None;
+        let mut sync_fd = None;
+        if req.network {
+            std::fs::write(req.dir.join("resolv.conf"), super::net::resolv_conf())?;
+            let (exit_read, exit_write) =
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+            // Numbered after every other descriptor passed below.
+            sync_fd = Some(super::FIRST_PASSED_FD + if me == 0 { 5 } else { 2 });
+            net = Some((exit_read, exit_write));
+        }
         if me == 0 {
-            let uid = self.pick_uid(req.dir.parent().unwrap_or(Path::new("/")));
+            let uid = self.pick_uid(root);
             label.uid = Some(uid);
+            // The sandbox's directory becomes its user's (still 0700), so bwrap, running
+            // as that user, can pass through it to the workspace; no other user can.
+            std::os::unix::fs::lchown(&req.dir, Some(uid), Some(self.gid))?;
             chown_tree(&req.workspace(), uid, self.gid)?;
-            chown_tree(&req.run_dir(), uid, self.gid)?;
-            for p in [req.workspace(), req.run_dir(), req.server_bin.clone()] {
+            for p in [req.workspace(), req.server_bin.clone(), shell.clone()] {
                 pass.push(open_path(&p)?);
             }
-            cmd.args(self.args(req, true)).uid(uid).gid(self.gid);
+            cmd.args(self.args(req, true, &shell, sync_fd))
+                .uid(uid)
+                .gid(self.gid);
         } else {
-            cmd.args(self.args(req, false));
+            cmd.args(self.args(req, false, &shell, sync_fd));
         }
+        let net = net.map(|(exit_read, exit_write)| {
+            pass.push(exit_write);
+            super::NetPlan {
+                settings: self.net.clone(),
+                exit_read,
+            }
+        });
         if me != 0 && limits.processes > 0 {
             let running: u64 = super::label::process_table()
                 .iter()
@@ -258,13 +345,16 @@ impl SandboxBackend for BwrapBackend {
             limits.processes += running;
         }
         super::launch(
-            "bwrap",
-            cmd,
             req,
-            label,
-            Some(limits),
-            pass,
-            Some(info_read),
+            super::Launch {
+                backend: "bwrap",
+                cmd,
+                label,
+                rlimits: Some(limits),
+                pass_fds: pass,
+                info_read: Some(info_read),
+                net,
+            },
         )
         .await
     }

@@ -6,8 +6,9 @@
 
 use super::SandboxError;
 use crate::sandbox::protocol::{
-    self, BashArgs, BashResult, ExportArgs, ExportResult, FileArgs, FileResult, PROTOCOL_VERSION,
-    PingResult, PythonArgs, PythonResult, Request, Response, ToolError,
+    self, ApplyArgs, ApplyResult, BaselineResult, BashArgs, BashResult, ExecArgs, ExecResult,
+    ExportArgs, ExportResult, FileArgs, FileResult, PROTOCOL_VERSION, PingResult, PythonArgs,
+    PythonResult, Request, Response, ToolError,
 };
 use bytes::Bytes;
 use futures::stream::SplitSink;
@@ -45,8 +46,20 @@ impl Drop for SandboxClient {
 }
 
 impl SandboxClient {
-    /// Connects to the socket at `path`.
+    /// Connects to the socket at `path`. A symlink there is refused: the socket is the
+    /// server's own file, and a link would let whoever placed it redirect the client to
+    /// another sandbox.
     pub async fn connect(path: &Path) -> Result<Self, SandboxError> {
+        if let Ok(m) = std::fs::symlink_metadata(path)
+            && m.file_type().is_symlink()
+        {
+            return Err(SandboxError::Connect {
+                path: path.to_path_buf(),
+                source: std::io::Error::other(
+                    "it is a symbolic link, not the sandbox's socket; refusing to follow it",
+                ),
+            });
+        }
         let stream = UnixStream::connect(path)
             .await
             .map_err(|source| SandboxError::Connect {
@@ -173,11 +186,42 @@ impl SandboxClient {
             .await
     }
 
-    /// Exports the workspace's changes.
-    pub async fn export(&self, args: &ExportArgs) -> Result<ExportResult, SandboxError> {
-        self.typed("export", serde_json::to_value(args).expect("args"), None)
+    /// Runs one command as a process of its own; its status comes from the kernel.
+    pub async fn exec(
+        &self,
+        args: &ExecArgs,
+        timeout: Option<Duration>,
+    ) -> Result<ExecResult, SandboxError> {
+        self.typed("exec", serde_json::to_value(args).expect("args"), timeout)
             .await?
             .map_err(SandboxError::Tool)
+    }
+
+    /// Exports the workspace's changes; the inner `Err` is the tool's refusal (too large,
+    /// git failed).
+    pub async fn export(
+        &self,
+        args: &ExportArgs,
+    ) -> Result<Result<ExportResult, ToolError>, SandboxError> {
+        self.typed("export", serde_json::to_value(args).expect("args"), None)
+            .await
+    }
+
+    /// Makes the workspace as it is now the baseline of later exports and applies.
+    pub async fn baseline(&self) -> Result<BaselineResult, SandboxError> {
+        self.typed("baseline", serde_json::Value::Null, None)
+            .await?
+            .map_err(SandboxError::Tool)
+    }
+
+    /// Applies exported changes and restores what they may not change; the inner `Err`
+    /// says why they could not be applied.
+    pub async fn apply(
+        &self,
+        args: &ApplyArgs,
+    ) -> Result<Result<ApplyResult, ToolError>, SandboxError> {
+        self.typed("apply", serde_json::to_value(args).expect("args"), None)
+            .await
     }
 
     /// Asks whether the tools are up.

@@ -40,6 +40,12 @@ pub struct Label {
     /// Its start time, as for `pid_start`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_init_start: Option<u64>,
+    /// The sandbox's network helper (slirp4netns) on the host, when it has network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_helper: Option<i32>,
+    /// Its start time, as for `pid_start`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_helper_start: Option<u64>,
     /// The claim attempt of the stage that started it: a stale attempt of that stage
     /// removes only a sandbox of its own generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -62,11 +68,19 @@ impl Label {
             node: node.to_string(),
             backend,
             dir: dir.to_path_buf(),
-            socket: dir.join("run").join("sock"),
+            // Apptainer's server binds its socket in a directory bound into the
+            // instance; the others' sockets are bound by the launcher outside the
+            // sandbox's reach (see `crate::sandbox::bind_socket`).
+            socket: match backend {
+                BackendKind::Apptainer => dir.join("run").join("sock"),
+                _ => dir.join("sock"),
+            },
             pid: None,
             pid_start: None,
             ns_init: None,
             ns_init_start: None,
+            net_helper: None,
+            net_helper_start: None,
             generation: None,
             uid: None,
             instance: None,
@@ -105,13 +119,15 @@ impl Label {
         }
     }
 
-    /// Every sandbox directory under `root` (with or without a label yet).
+    /// Every sandbox directory under `root` (with or without a label yet); hidden
+    /// entries (the node's shared tool copies) are not sandboxes.
     pub fn dirs(root: &Path) -> Vec<PathBuf> {
         let Ok(entries) = std::fs::read_dir(root) else {
             return Vec::new();
         };
         let mut dirs: Vec<PathBuf> = entries
             .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
             .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
             .map(|e| e.path())
             .collect();
@@ -133,12 +149,22 @@ impl Label {
         (self.ns_init_start == Some(start)).then_some(pid)
     }
 
+    /// The network helper, if it is still the one this label recorded.
+    pub fn live_net_helper(&self) -> Option<i32> {
+        let pid = self.net_helper?;
+        let start = process_start(pid)?;
+        (self.net_helper_start == Some(start)).then_some(pid)
+    }
+
     /// Kills every process the label records, with their descendants.
     pub fn kill(&self) {
         if let Some(pid) = self.live_pid() {
             kill_tree(pid);
         }
         if let Some(pid) = self.live_ns_init() {
+            kill_tree(pid);
+        }
+        if let Some(pid) = self.live_net_helper() {
             kill_tree(pid);
         }
     }

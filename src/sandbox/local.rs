@@ -22,16 +22,29 @@ impl SandboxBackend for LocalBackend {
             "the local sandbox backend does not isolate: the agent's commands run as this worker's user"
         );
         std::fs::create_dir_all(req.workspace())?;
-        std::fs::create_dir_all(req.run_dir())?;
+        let listen = super::bind_socket(&req.socket())?;
         let mut cmd = tokio::process::Command::new(&req.server_bin);
         cmd.args(super::serve_args(
-            &req.socket(),
+            super::ServeOn::Fd(super::FIRST_PASSED_FD),
             &req.workspace(),
             &req.dir.join("ctl"),
         ))
-        .current_dir(req.workspace())
-        .envs(&req.env);
-        super::launch("local", cmd, req, req.label.clone(), None, Vec::new(), None).await
+        .current_dir(req.workspace());
+        super::clean_env(&mut cmd, &["HOME", "USER", "TMPDIR"]);
+        cmd.envs(&req.env);
+        super::launch(
+            req,
+            super::Launch {
+                backend: "local",
+                cmd,
+                label: req.label.clone(),
+                rlimits: None,
+                pass_fds: vec![listen],
+                info_read: None,
+                net: None,
+            },
+        )
+        .await
     }
 
     async fn stop(&self, label: &Label) -> Result<(), SandboxError> {

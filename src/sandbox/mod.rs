@@ -1,10 +1,12 @@
 //! Sandboxes: where an agent's tools run, and the server that runs them.
 //!
-//! A sandbox is a directory on the node (`<root>/<id>/`, holding the writable
-//! `workspace/`, the socket directory `run/` and a `label.json`) plus a process tree
+//! A sandbox is a directory on the node (`<root>/<id>/`, mode 0700, holding the writable
+//! `workspace/`, the server's socket `sock` and a `label.json`) plus a process tree
 //! started by a [`SandboxBackend`] whose first process is the sandbox server
 //! (`rollout-sandbox serve`, see [`server`]). Workers talk to it with a [`SandboxClient`]
-//! over the Unix socket in `run/`; the wire format is [`protocol`].
+//! over that Unix socket; the wire format is [`protocol`]. The launcher binds the socket
+//! and hands the server the listening descriptor, so the socket file sits where nothing
+//! inside the sandbox can replace it.
 //!
 //! Backends: [`local`] (a plain child process, no isolation, for development),
 //! [`bwrap`] (bubblewrap: rootless namespaces, the default on Linux) and [`apptainer`]
@@ -18,6 +20,7 @@ pub mod bwrap;
 pub mod client;
 pub mod label;
 pub mod local;
+pub mod net;
 pub mod node;
 pub mod protocol;
 pub mod server;
@@ -80,6 +83,8 @@ pub struct Limits {
     pub cpu_seconds: u64,
     /// Size of the private `/tmp` (tmpfs), in bytes.
     pub tmp_bytes: u64,
+    /// Size of the private `/dev/shm` (tmpfs), in bytes.
+    pub shm_bytes: u64,
 }
 
 impl Default for Limits {
@@ -90,6 +95,7 @@ impl Default for Limits {
             file_size_bytes: 1 << 30,
             cpu_seconds: 3600,
             tmp_bytes: 512 << 20,
+            shm_bytes: 64 << 20,
         }
     }
 }
@@ -126,14 +132,15 @@ impl StartRequest {
         self.dir.join("workspace")
     }
 
-    /// The socket directory on the host.
+    /// The socket directory on the host, for backends whose server binds its own socket
+    /// (Apptainer).
     pub fn run_dir(&self) -> PathBuf {
         self.dir.join("run")
     }
 
     /// The socket on the host.
     pub fn socket(&self) -> PathBuf {
-        self.run_dir().join("sock")
+        self.label.socket.clone()
     }
 }
 
@@ -267,6 +274,40 @@ pub fn check_socket_path(socket: &Path) -> Result<(), SandboxError> {
     Ok(())
 }
 
+/// Creates `dir` (and its parents) and makes it private to its owner (0700): a
+/// sandbox's files, setuid ones made inside included, are then out of reach of every
+/// other user of the host.
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
+/// Creates the directory that holds a node's sandboxes. Private (0700) to the worker;
+/// when the worker is root, sandboxes run as users of their own, who must pass through
+/// it to reach their own directories (each 0700 and theirs), so it is 0711: enterable,
+/// not listable.
+pub fn sandboxes_root(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(root)?;
+    let mode = if nix::unistd::geteuid().is_root() {
+        0o711
+    } else {
+        0o700
+    };
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(mode))
+}
+
+/// Binds the sandbox's socket at `path` (replacing a stale one) for the server to serve
+/// on: the launcher passes the listening descriptor into the sandbox, and the file stays
+/// in the sandbox directory, which nothing inside can write.
+pub fn bind_socket(path: &Path) -> Result<std::os::fd::OwnedFd, SandboxError> {
+    check_socket_path(path)?;
+    let _ = std::fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    Ok(listener.into())
+}
+
 /// Connects to a freshly started server and waits for its first ping; if `alive` says
 /// the sandbox process has died meanwhile, gives up at once with its words.
 pub(crate) async fn await_ready(
@@ -326,19 +367,46 @@ pub(crate) const FIRST_PASSED_FD: i32 = 3;
 /// At most this many descriptors are passed.
 const MAX_PASS_FDS: usize = 8;
 
+/// What `launch` needs to give a sandbox its own network (see [`net`]).
+pub(crate) struct NetPlan {
+    /// The node's network settings.
+    pub settings: net::NetSettings,
+    /// The read end of the pipe the sandbox holds the write end of.
+    pub exit_read: std::os::fd::OwnedFd,
+}
+
+/// How a backend wants its sandbox's root process started (see [`launch`]).
+pub(crate) struct Launch {
+    /// The backend's name, for messages.
+    pub backend: &'static str,
+    /// The root process.
+    pub cmd: tokio::process::Command,
+    /// The label to complete (process identity) and write.
+    pub label: Label,
+    /// Resource limits set on the process before it starts.
+    pub rlimits: Option<Limits>,
+    /// Descriptors the process finds at [`FIRST_PASSED_FD`] onwards.
+    pub pass_fds: Vec<std::os::fd::OwnedFd>,
+    /// The read end of bwrap's `--info-fd`.
+    pub info_read: Option<std::os::fd::OwnedFd>,
+    /// The network to connect, for `network: true` bwrap sandboxes.
+    pub net: Option<NetPlan>,
+}
+
 /// Starts `cmd` as the sandbox's root process in a session of its own (so a signal to
 /// the worker's process group does not reach it, and it outlives a crashed worker until
 /// the reaper removes it), writes the label, and waits for the server's first ping.
-async fn launch(
-    backend: &'static str,
-    mut cmd: tokio::process::Command,
-    req: &StartRequest,
-    mut label: Label,
-    rlimits: Option<Limits>,
-    pass_fds: Vec<std::os::fd::OwnedFd>,
-    info_read: Option<std::os::fd::OwnedFd>,
-) -> Result<Sandbox, SandboxError> {
+async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxError> {
     use std::os::fd::AsRawFd;
+    let Launch {
+        backend,
+        mut cmd,
+        mut label,
+        rlimits,
+        pass_fds,
+        info_read,
+        net,
+    } = launch;
     let started = Instant::now();
     if pass_fds.len() > MAX_PASS_FDS {
         return Err(SandboxError::Config("too many descriptors to pass".into()));
@@ -388,6 +456,34 @@ async fn launch(
         if let Some(pid) = read_child_pid(read, started + req.ready_timeout).await {
             label.ns_init = Some(pid);
             label.ns_init_start = label::process_start(pid);
+        }
+    }
+    if let Some(plan) = net {
+        let attached = match label.ns_init {
+            Some(ns) => {
+                net::attach(
+                    &plan.settings,
+                    ns,
+                    plan.exit_read,
+                    started + req.ready_timeout,
+                )
+                .await
+            }
+            None => Err(SandboxError::Start {
+                backend,
+                message: "bwrap did not report its namespace, so its network cannot be set up"
+                    .into(),
+            }),
+        };
+        match attached {
+            Ok(helper) => {
+                label.net_helper = Some(helper.pid);
+                label.net_helper_start = label::process_start(helper.pid);
+            }
+            Err(e) => {
+                label.kill();
+                return Err(e);
+            }
         }
     }
     label.write()?;
@@ -453,15 +549,39 @@ async fn read_child_pid(fd: std::os::fd::OwnedFd, deadline: Instant) -> Option<i
     v["child-pid"].as_i64().map(|p| p as i32)
 }
 
+/// Where `rollout-sandbox serve` takes connections.
+enum ServeOn<'a> {
+    /// Binds this path itself.
+    Socket(&'a Path),
+    /// Serves on this inherited listening descriptor.
+    Fd(i32),
+}
+
 /// The arguments of `rollout-sandbox serve` for a sandbox whose paths are as given.
-fn serve_args(socket: &Path, workdir: &Path, ctl_dir: &Path) -> Vec<std::ffi::OsString> {
-    vec![
-        "serve".into(),
-        "--socket".into(),
-        socket.into(),
+fn serve_args(on: ServeOn<'_>, workdir: &Path, ctl_dir: &Path) -> Vec<std::ffi::OsString> {
+    let mut a: Vec<std::ffi::OsString> = vec!["serve".into()];
+    match on {
+        ServeOn::Socket(p) => a.extend(["--socket".into(), p.into()]),
+        ServeOn::Fd(fd) => a.extend(["--listen-fd".into(), fd.to_string().into()]),
+    }
+    a.extend([
         "--workdir".into(),
         workdir.into(),
         "--ctl-dir".into(),
         ctl_dir.into(),
-    ]
+    ]);
+    a
+}
+
+/// The environment variables a launcher keeps when it starts a sandbox: nothing of the
+/// worker's own (its database URL, tokens, cloud credentials) reaches a sandbox, where
+/// any process could read it from `/proc/<pid>/environ`.
+pub(crate) fn clean_env(cmd: &mut tokio::process::Command, keep_prefixes: &[&str]) {
+    let kept: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os()
+        .filter(|(k, _)| {
+            let k = k.to_string_lossy();
+            ["PATH", "LANG"].contains(&k.as_ref()) || keep_prefixes.iter().any(|p| k.starts_with(p))
+        })
+        .collect();
+    cmd.env_clear().envs(kept);
 }

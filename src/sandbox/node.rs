@@ -11,8 +11,7 @@
 //! process that is gone. A lease only runs out when its node stops renewing it; the
 //! reconciler then sends the waiting job back to INIT.
 
-use super::protocol::ExportResult;
-use super::spec::{SandboxSpec, apply_changes};
+use super::spec::SandboxSpec;
 use super::{BackendKind, Backends, Label, Sandbox, SandboxClient, SandboxError, StartRequest};
 use crate::config::Settings;
 use crate::store::{SandboxRecord, Store};
@@ -60,6 +59,15 @@ impl NodeSandboxes {
                 program: s.bwrap.clone(),
                 uid_range: (s.unprivileged_uid_base, s.unprivileged_uid_count),
                 gid: s.unprivileged_gid,
+                net: super::net::NetSettings {
+                    slirp4netns: s.slirp4netns.clone(),
+                    deny: s
+                        .network_deny
+                        .iter()
+                        .filter_map(|n| super::net::Ipv4Net::parse(n))
+                        .collect(),
+                    ..Default::default()
+                },
             },
             apptainer: super::apptainer::ApptainerBackend {
                 program: s.apptainer.clone(),
@@ -94,8 +102,14 @@ impl NodeSandboxes {
         }
     }
 
-    /// Starts a sandbox for `job_id` from `spec` (plus RUN's `changes`, for EVAL),
-    /// replacing any earlier one of the same purpose, and runs the spec's setup commands.
+    /// Whether tasks may use the `local` backend (no isolation) on this node.
+    pub fn allow_local(&self) -> bool {
+        self.settings.allow_local
+    }
+
+    /// Starts a sandbox for `job_id` from `spec`, replacing any earlier one of the same
+    /// purpose, runs the spec's setup commands, and makes the state they leave the
+    /// baseline of later exports (what setup made is the task's, not the agent's).
     /// `generation` (the claim attempt of the stage that starts it) goes into the label,
     /// so that a stale attempt of a stage can only ever remove its own sandbox.
     pub async fn start(
@@ -103,13 +117,19 @@ impl NodeSandboxes {
         job_id: &str,
         spec: &SandboxSpec,
         purpose: Purpose,
-        changes: Option<&ExportResult>,
         generation: i64,
     ) -> Result<Sandbox, SandboxError> {
         let dir = self.dir(job_id, purpose);
         self.remove(job_id, purpose, None).await;
         let backend = spec.backend_or(self.default_backend);
+        if backend == BackendKind::Local && !self.settings.allow_local {
+            return Err(SandboxError::Config(
+                "the local sandbox backend runs the agent's commands unsandboxed on the host; this node refuses it (set sandbox.allow_local = true to allow it)".into(),
+            ));
+        }
         let workspace = dir.join("workspace");
+        super::sandboxes_root(&self.root)?;
+        super::private_dir(&dir)?;
         std::fs::create_dir_all(&workspace)?;
         // Label and record first, so however long preparing takes (a large clone), the
         // reaper knows the directory is wanted.
@@ -134,14 +154,7 @@ impl NodeSandboxes {
                 })?;
         }
         let mine = Some(generation);
-        let prepared = async {
-            spec.prepare(&workspace).await?;
-            if let Some(c) = changes {
-                apply_changes(&workspace, c).await?;
-            }
-            Ok::<(), String>(())
-        };
-        if let Err(message) = prepared.await {
+        if let Err(message) = spec.prepare(&workspace).await {
             self.remove(job_id, purpose, mine).await;
             return Err(SandboxError::Config(format!(
                 "cannot prepare the workspace: {message}"
@@ -200,6 +213,10 @@ impl NodeSandboxes {
                 self.remove(job_id, purpose, mine).await;
                 return Err(e);
             }
+        }
+        if let Err(e) = sandbox.client.baseline().await {
+            self.remove(job_id, purpose, mine).await;
+            return Err(e);
         }
         Ok(sandbox)
     }

@@ -33,7 +33,8 @@ pub struct Request {
     pub v: u32,
     /// Chosen by the client, echoed in the response; unique among its in-flight requests.
     pub id: u64,
-    /// Which tool: `bash`, `python`, `file`, `export` or `ping`.
+    /// Which tool: `bash`, `python`, `exec`, `file`, `export`, `baseline`, `apply` or
+    /// `ping`.
     pub tool: String,
     /// How long the tool may run, in milliseconds; each tool has a default. Escalation
     /// after a timeout (interrupt, kill, restart) adds a bounded grace on top.
@@ -111,6 +112,9 @@ pub enum ErrorCode {
     UnknownTool,
     /// The tool ran and refused, e.g. `str_replace` found no match or several.
     ToolFailed,
+    /// The answer would exceed the frame limit (or the call's own cap, e.g. an export
+    /// larger than `max_bytes`); nothing was truncated silently.
+    TooLarge,
     /// The sandbox server itself failed (could not start bash, I/O error).
     Internal,
 }
@@ -160,6 +164,47 @@ pub struct BashResult {
     /// A sentence for the agent when something unusual happened (timeout, new shell).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Time the command took inside the server, in microseconds.
+    pub elapsed_us: u64,
+}
+
+/// Arguments of the `exec` tool: one command as a process of its own, outside the
+/// persistent shell.
+///
+/// Why it exists: the persistent shell reports a command's status through a marker in
+/// its terminal output, which any process that learns the marker's token could print.
+/// `exec` takes the status from the kernel (`waitpid`), so nothing the command prints can
+/// change it. EVAL runs its check this way.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExecArgs {
+    /// The command, run by `bash -c` in the workspace with standard input closed.
+    pub command: String,
+    /// Output cap in bytes (head and tail kept); defaults to 32 KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<usize>,
+    /// Start from the persistent shell's exported variables and working directory (so a
+    /// setup command's `source venv/bin/activate` or `cd` carries over), instead of the
+    /// sandbox's initial environment and the workspace.
+    #[serde(default)]
+    pub shell_state: bool,
+}
+
+/// Result of the `exec` tool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExecResult {
+    /// stdout and stderr, interleaved as written, capped, lossily decoded as UTF-8.
+    pub output: String,
+    /// The exit status the kernel reported; absent when the process was killed by a
+    /// signal or did not end.
+    pub exit_code: Option<i32>,
+    /// The signal that ended the process, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Bytes dropped from the middle of the output by the cap.
+    pub omitted_bytes: u64,
+    /// Whether the command hit its timeout (its process group was then killed).
+    pub timed_out: bool,
     /// Time the command took inside the server, in microseconds.
     pub elapsed_us: u64,
 }
@@ -264,9 +309,66 @@ pub struct FileResult {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ExportArgs {
-    /// Commit to diff against; defaults to the `HEAD` the server saw when it started.
+    /// Commit (or tree) to diff against; defaults to the baseline: the state recorded by
+    /// the last `baseline` call, else the `HEAD` the server saw when it started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
+    /// The largest export in bytes (diff text, or file contents in all); a larger one is
+    /// an error rather than a silently truncated export. Defaults to
+    /// [`DEFAULT_MAX_EXPORT_BYTES`], and never exceeds [`MAX_EXPORT_BYTES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<usize>,
+}
+
+/// The default cap of an export.
+pub const DEFAULT_MAX_EXPORT_BYTES: usize = 4 << 20;
+/// The largest export any call may ask for: it must fit in one frame once encoded as
+/// JSON (text escapes and base64 grow it).
+pub const MAX_EXPORT_BYTES: usize = 8 << 20;
+
+/// Result of the `baseline` tool: the workspace state later exports are relative to.
+///
+/// Called once the task's setup commands have run, so what setup generated (a virtual
+/// environment, build output, an `.egg-info`) is not counted as the agent's change, and
+/// a fresh EVAL sandbox that ran the same setup accepts the export.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BaselineResult {
+    /// For a git workspace, the tree object of the working tree (untracked, not ignored
+    /// files included); absent for a plain directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<String>,
+    /// How many files a plain directory's snapshot holds; absent for git.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<usize>,
+}
+
+/// Arguments of the `apply` tool: EVAL's way of putting the agent's changes into a fresh
+/// sandbox, inside it, as its own user, and then putting the task's protected files back.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyArgs {
+    /// What RUN's `export` returned.
+    pub changes: ExportResult,
+    /// Workspace paths (globs: `*` within a path segment, `**` across segments, `?`)
+    /// whose content the changes may not alter: after applying, every changed path that
+    /// matches, or that replaced a directory holding a matching file, is restored from
+    /// the baseline (or removed, when the baseline did not have it).
+    #[serde(default)]
+    pub protect: Vec<String>,
+    /// Files written after applying, with exactly this content (the check's own files,
+    /// hidden tests say): relative path → UTF-8 text. Whatever the changes put at such a
+    /// path, or in the way of it (a symlink for a directory), is replaced.
+    #[serde(default)]
+    pub files: std::collections::BTreeMap<String, String>,
+}
+
+/// Result of the `apply` tool.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ApplyResult {
+    /// Paths the changes touched (relative to the workspace), sorted.
+    pub changed: Vec<String>,
+    /// Of those, the protected ones that were put back as they were.
+    pub restored: Vec<String>,
 }
 
 /// The workspace's changes since the sandbox started.

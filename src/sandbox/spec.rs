@@ -1,13 +1,11 @@
 //! What a task says about its sandbox, and how the workspace is made from it.
 //!
 //! The same spec builds the RUN sandbox in INIT and the fresh EVAL sandbox, which then
-//! also receives the changes RUN exported, so EVAL scores what the agent did in a
-//! sandbox the agent never touched.
+//! also receives the changes RUN exported (applied inside it by the sandbox server, after
+//! setup), so EVAL scores what the agent did in a sandbox the agent never touched.
 
-use super::protocol::ExportResult;
 use super::{BackendKind, Limits};
 use crate::kinds::SpecError;
-use base64::Engine;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Component, Path};
@@ -83,6 +81,9 @@ pub struct LimitOverrides {
     /// See [`Limits::tmp_bytes`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tmp_bytes: Option<u64>,
+    /// See [`Limits::shm_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_bytes: Option<u64>,
 }
 
 impl LimitOverrides {
@@ -94,13 +95,16 @@ impl LimitOverrides {
             file_size_bytes: self.file_size_bytes.unwrap_or(base.file_size_bytes),
             cpu_seconds: self.cpu_seconds.unwrap_or(base.cpu_seconds),
             tmp_bytes: self.tmp_bytes.unwrap_or(base.tmp_bytes),
+            shm_bytes: self.shm_bytes.unwrap_or(base.shm_bytes),
         }
     }
 }
 
 impl SandboxSpec {
     /// Checks what serde cannot; `prefix` is the spec's path in the task (for messages).
-    pub fn validate(&self, prefix: &str) -> Result<(), SpecError> {
+    /// `allow_local` is the node's `sandbox.allow_local`: without it a task may not ask
+    /// for the `local` backend, which would run the agent unsandboxed on the host.
+    pub fn validate(&self, prefix: &str, allow_local: bool) -> Result<(), SpecError> {
         let err = |path: &str, message: String| SpecError {
             path: format!("{prefix}.{path}"),
             message,
@@ -111,6 +115,12 @@ impl SandboxSpec {
             return Err(err(
                 "backend",
                 format!("unknown backend `{b}`: use bwrap, apptainer or local"),
+            ));
+        }
+        if self.backend.as_deref() == Some("local") && !allow_local {
+            return Err(err(
+                "backend",
+                "the local backend runs the agent's commands unsandboxed on the host and is refused here; use bwrap or apptainer (an operator may allow it with sandbox.allow_local = true)".into(),
             ));
         }
         if self.backend.as_deref() == Some("apptainer") && self.image.is_none() {
@@ -184,62 +194,8 @@ impl SandboxSpec {
     }
 }
 
-/// Applies what RUN exported to a freshly prepared `workspace`.
-pub async fn apply_changes(workspace: &Path, changes: &ExportResult) -> Result<(), String> {
-    match changes {
-        ExportResult::GitDiff { diff, .. } => {
-            if diff.trim().is_empty() {
-                return Ok(());
-            }
-            let patch = workspace.join(".rollout-changes.patch");
-            std::fs::write(&patch, diff).map_err(|e| format!("cannot write the patch: {e}"))?;
-            let applied = run_git(
-                Some(workspace),
-                &[
-                    "apply",
-                    "--binary",
-                    "--whitespace=nowarn",
-                    &patch.to_string_lossy(),
-                ],
-            )
-            .await;
-            let _ = std::fs::remove_file(&patch);
-            applied
-        }
-        ExportResult::Files { files } => {
-            for f in files {
-                if !is_relative_inside(&f.path) {
-                    return Err(format!("exported path `{}` leaves the workspace", f.path));
-                }
-                let p = workspace.join(&f.path);
-                if f.status == "deleted" {
-                    let _ = std::fs::remove_file(&p);
-                    continue;
-                }
-                let bytes = match (&f.text, &f.base64) {
-                    (Some(t), _) => t.clone().into_bytes(),
-                    (None, Some(b)) => base64::engine::general_purpose::STANDARD
-                        .decode(b)
-                        .map_err(|e| format!("bad base64 for {}: {e}", f.path))?,
-                    (None, None) => {
-                        return Err(format!(
-                            "{} was exported without content (too large)",
-                            f.path
-                        ));
-                    }
-                };
-                if let Some(parent) = p.parent() {
-                    std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
-                }
-                std::fs::write(&p, bytes)
-                    .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
-            }
-            Ok(())
-        }
-    }
-}
-
-fn is_relative_inside(path: &str) -> bool {
+/// Whether `path` is relative and stays inside the directory it is joined to.
+pub fn is_relative_inside(path: &str) -> bool {
     let p = Path::new(path);
     !path.is_empty()
         && p.components()
@@ -279,12 +235,12 @@ mod tests {
             "files": {"../escape": "x"}
         }))
         .unwrap();
-        let e = spec.validate("sandbox").unwrap_err();
+        let e = spec.validate("sandbox", false).unwrap_err();
         assert_eq!(e.path, "sandbox.files.../escape");
         let spec: SandboxSpec =
             serde_json::from_value(serde_json::json!({"backend": "docker"})).unwrap();
         assert!(
-            spec.validate("sandbox")
+            spec.validate("sandbox", false)
                 .unwrap_err()
                 .message
                 .contains("unknown backend")
@@ -293,7 +249,12 @@ mod tests {
             serde_json::json!({"files": {"a/b.py": ""}, "env": {"A_1": "x"}}),
         )
         .unwrap();
-        spec.validate("sandbox").unwrap();
+        spec.validate("sandbox", false).unwrap();
+        let local: SandboxSpec =
+            serde_json::from_value(serde_json::json!({"backend": "local"})).unwrap();
+        let e = local.validate("sandbox", false).unwrap_err();
+        assert_eq!(e.path, "sandbox.backend");
+        local.validate("sandbox", true).unwrap();
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Sandbox tests: the tools through a real sandbox server on the `local` and `bwrap`
 //! backends, the `apptainer` command lines against a stand-in executable, and the
-//! containment suite on `bwrap`.
+//! containment and hostile-agent suites on `bwrap`.
 
 mod apptainer;
 mod containment;
 mod helpers;
+mod hostile;
 mod tools;

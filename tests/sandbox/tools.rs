@@ -471,7 +471,11 @@ async fn export_git_diff_against_the_start(kind: BackendKind) {
     )
     .await;
     let ExportResult::GitDiff { diff, .. } =
-        t.sb.client.export(&ExportArgs::default()).await.unwrap()
+        t.sb.client
+            .export(&ExportArgs::default())
+            .await
+            .unwrap()
+            .unwrap()
     else {
         panic!("a repository exports a diff")
     };
@@ -498,7 +502,12 @@ async fn export_changed_files_of_a_plain_workspace(kind: BackendKind) {
         "echo new > edit.txt; rm gone.txt; mkdir d; printf '\\xff' > d/bin",
     )
     .await;
-    let ExportResult::Files { files } = t.sb.client.export(&ExportArgs::default()).await.unwrap()
+    let ExportResult::Files { files } =
+        t.sb.client
+            .export(&ExportArgs::default())
+            .await
+            .unwrap()
+            .unwrap()
     else {
         panic!("a plain workspace exports files")
     };

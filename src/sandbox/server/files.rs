@@ -14,6 +14,8 @@ use std::sync::Mutex;
 
 /// Lines shown around an edit in the confirmation snippet.
 const SNIPPET_CONTEXT: usize = 4;
+/// The largest file the tool reads or edits; bigger ones are for `bash` (`head`, `sed`).
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
 
 /// The tool's state: the undo history of each edited file.
 pub struct FileTool {
@@ -39,13 +41,12 @@ impl FileTool {
                 if p.is_dir() {
                     return Err(format!("{} is a directory; give a file path.", p.display()));
                 }
-                let before = std::fs::read(&p).ok();
+                let before = read_regular(&p).ok();
                 if let Some(parent) = p.parent() {
                     std::fs::create_dir_all(parent)
                         .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
                 }
-                std::fs::write(&p, file_text)
-                    .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+                write_regular(&p, file_text.as_bytes())?;
                 self.remember(&p, before);
                 format!("File created successfully at: {}", p.display())
             }
@@ -147,8 +148,7 @@ impl FileTool {
             )),
             1 => {
                 let updated = format!("{}{new}{}", &text[..at[0]], &text[at[0] + old.len()..]);
-                std::fs::write(path, &updated)
-                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                write_regular(path, updated.as_bytes())?;
                 self.remember(path, Some(text.clone().into_bytes()));
                 let line = line_of(&text, at[0]);
                 let shown = new.lines().count().max(1);
@@ -195,8 +195,7 @@ impl FileTool {
         for l in &lines[after..] {
             updated.push_str(l);
         }
-        std::fs::write(path, &updated)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        write_regular(path, updated.as_bytes())?;
         self.remember(path, Some(text.into_bytes()));
         let shown = new.lines().count().max(1);
         Ok(format!(
@@ -224,8 +223,7 @@ impl FileTool {
                 ))
             }
             Some(Some(content)) => {
-                std::fs::write(path, &content)
-                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                write_regular(path, &content)?;
                 Ok(format!(
                     "Last edit to {} undone. Its content is now:\n{}",
                     path.display(),
@@ -236,8 +234,68 @@ impl FileTool {
     }
 }
 
+/// Opens `path` without ever blocking (a FIFO with no writer, a device) and only if it
+/// is a regular file of a size the tool handles.
+fn open_regular(path: &Path, write: bool) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "{} is not a regular file (a pipe, socket or device); the file tool only handles regular files, use bash for the rest.",
+            path.display()
+        ));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "{} is {} bytes, more than the file tool handles ({MAX_FILE_BYTES}); use bash (head, tail, sed -n, grep) for it.",
+            path.display(),
+            meta.len()
+        ));
+    }
+    Ok(file)
+}
+
+/// The bytes of the regular file at `path` (see [`open_regular`]).
+fn read_regular(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut file = open_regular(path, false)?;
+    let mut bytes = Vec::new();
+    file.by_ref()
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(bytes)
+}
+
+/// Replaces the content of the regular file at `path`, or creates it; never opens
+/// anything else there (a FIFO would block the tool, a device would swallow the text).
+fn write_regular(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?,
+        _ => open_regular(path, true)?,
+    };
+    file.set_len(0)
+        .and_then(|_| file.write_all(bytes))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
 fn read_text(path: &Path) -> Result<String, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bytes = read_regular(path)?;
     String::from_utf8(bytes).map_err(|e| {
         format!(
             "{} is not UTF-8 text ({} bytes); use the bash tool to inspect it.",
@@ -352,6 +410,33 @@ mod tests {
         );
         let err = run(&t, serde_json::json!({"command": "str_replace", "path": "f", "old_str": "zz", "new_str": "c"})).unwrap_err();
         assert!(err.contains("did not appear verbatim"), "{err}");
+    }
+
+    #[test]
+    fn pipes_and_devices_are_refused_without_blocking() {
+        let (dir, t) = tool();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        for v in [
+            serde_json::json!({"command": "view", "path": "fifo"}),
+            serde_json::json!({"command": "create", "path": "fifo", "file_text": "x"}),
+            serde_json::json!({"command": "str_replace", "path": "fifo", "old_str": "a", "new_str": "b"}),
+            serde_json::json!({"command": "insert", "path": "fifo", "insert_line": 0, "new_str": "b"}),
+            serde_json::json!({"command": "view", "path": "/dev/zero"}),
+        ] {
+            let err = run(&t, v.clone()).unwrap_err();
+            assert!(
+                err.contains("not a regular file") || err.contains("cannot open"),
+                "{v}: {err}"
+            );
+        }
+        let big = dir.path().join("big");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_FILE_BYTES + 1)
+            .unwrap();
+        let err = run(&t, serde_json::json!({"command": "view", "path": "big"})).unwrap_err();
+        assert!(err.contains("more than the file tool handles"), "{err}");
     }
 
     #[test]

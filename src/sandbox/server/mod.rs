@@ -8,6 +8,7 @@
 //! runtime, no state beyond the tools') because one runs in every sandbox on a node.
 
 pub mod bash;
+pub mod exec;
 pub mod export;
 pub mod files;
 pub mod output;
@@ -15,8 +16,8 @@ pub mod python;
 pub mod stream;
 
 use crate::sandbox::protocol::{
-    self, BashArgs, ErrorCode, ExportArgs, FileArgs, PROTOCOL_VERSION, PingResult, PythonArgs,
-    Request, Response,
+    self, ApplyArgs, BashArgs, ErrorCode, ExecArgs, ExportArgs, FileArgs, MAX_FRAME_BYTES,
+    PROTOCOL_VERSION, PingResult, PythonArgs, Request, Response,
 };
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
@@ -31,14 +32,27 @@ use tokio_util::sync::CancellationToken;
 
 /// Default timeout of `bash` and `python` calls that set none.
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(180);
+/// The shell `exec` runs commands with.
+const EXEC_SHELL: &str = "bash";
 /// The longest timeout a request may ask for (one day).
 pub const MAX_TOOL_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// Where the server takes connections.
+#[derive(Debug, Clone)]
+pub enum Listen {
+    /// Bind this Unix socket path (a stale file there is replaced).
+    Path(PathBuf),
+    /// A listening Unix socket the launcher bound and passed as this descriptor. The
+    /// socket file then lives where the sandbox cannot reach it, so nothing inside can
+    /// replace it (with a symlink to another sandbox's socket, say).
+    Fd(i32),
+}
 
 /// Where and how to serve.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
-    /// The Unix socket to bind (a stale file there is replaced).
-    pub socket: PathBuf,
+    /// Where to take connections.
+    pub listen: Listen,
     /// The workspace: the shell's and interpreter's starting directory.
     pub workdir: PathBuf,
     /// A private directory for the server's own files (command files, export index).
@@ -53,6 +67,7 @@ pub struct ServerOptions {
 
 struct Tools {
     bash: bash::BashTool,
+    ctl_dir: PathBuf,
     python: python::PythonTool,
     files: files::FileTool,
     export: export::Exporter,
@@ -60,9 +75,45 @@ struct Tools {
     started: Instant,
 }
 
+/// Makes this process undumpable: processes of the same user (the agent's) can then
+/// neither ptrace it nor read its memory or environment through `/proc`, so they cannot
+/// learn the tools' marker tokens. Children get the flag back when they exec.
+pub fn make_undumpable() -> std::io::Result<()> {
+    // SAFETY: prctl with PR_SET_DUMPABLE takes plain integers.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn listener(listen: &Listen) -> std::io::Result<UnixListener> {
+    match listen {
+        Listen::Path(path) => {
+            let _ = std::fs::remove_file(path);
+            UnixListener::bind(path)
+        }
+        Listen::Fd(fd) => {
+            use std::os::fd::FromRawFd;
+            // SAFETY: the launcher passed this descriptor for exactly this use; nothing
+            // else in the process owns it.
+            let std = unsafe { std::os::unix::net::UnixListener::from_raw_fd(*fd) };
+            // Not inherited by the shell, the interpreter or anything they start.
+            nix::fcntl::fcntl(
+                &std,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            )
+            .map_err(std::io::Error::from)?;
+            std.set_nonblocking(true)?;
+            UnixListener::from_std(std)
+        }
+    }
+}
+
 /// Serves until `shutdown` fires, then kills the shell and the interpreter.
 pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io::Result<()> {
+    make_undumpable()?;
     std::fs::create_dir_all(&opts.ctl_dir)?;
+    let listener = listener(&opts.listen)?;
     let bash = bash::BashTool::start(bash::ShellOptions {
         program: opts.shell.clone(),
         workdir: opts.workdir.clone(),
@@ -73,18 +124,18 @@ pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io:
         program: opts.python.clone(),
         engine: opts.python_engine.clone(),
         workdir: opts.workdir.clone(),
+        ctl_dir: opts.ctl_dir.clone(),
     });
     let tools = Arc::new(Tools {
         bash,
+        ctl_dir: opts.ctl_dir.clone(),
         python,
         files: files::FileTool::new(opts.workdir.clone()),
         export: export::Exporter::start(opts.workdir.clone(), opts.ctl_dir.clone()).await,
         workdir: opts.workdir.clone(),
         started: Instant::now(),
     });
-    let _ = std::fs::remove_file(&opts.socket);
-    let listener = UnixListener::bind(&opts.socket)?;
-    tracing::info!(socket = %opts.socket.display(), "sandbox server ready");
+    tracing::info!(listen = ?opts.listen, "sandbox server ready");
     let drain = tools.clone();
     tokio::spawn(async move { drain.bash.drain_between_calls().await });
     let warm = tools.clone();
@@ -107,7 +158,9 @@ pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io:
             },
         }
     }
-    let _ = std::fs::remove_file(&opts.socket);
+    if let Listen::Path(path) = &opts.listen {
+        let _ = std::fs::remove_file(path);
+    }
     tools.bash.shutdown().await;
     tools.python.shutdown().await;
     Ok(())
@@ -118,7 +171,7 @@ async fn connection(stream: UnixStream, tools: Arc<Tools>, shutdown: Cancellatio
     let (tx, mut rx) = mpsc::channel::<Response>(64);
     let writer = tokio::spawn(async move {
         while let Some(resp) = rx.recv().await {
-            let body = serde_json::to_vec(&resp).expect("responses serialise");
+            let body = frame_of(&resp);
             if sink.send(Bytes::from(body)).await.is_err() {
                 break;
             }
@@ -160,7 +213,7 @@ async fn connection(stream: UnixStream, tools: Arc<Tools>, shutdown: Cancellatio
         let tools = tools.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
-            let resp = handle(&tools, request).await;
+            let resp = handle(tools, request).await;
             let _ = tx.send(resp).await;
         });
     }
@@ -179,7 +232,61 @@ fn args<T: DeserializeOwned>(id: u64, value: serde_json::Value) -> Result<T, Res
     })
 }
 
-async fn handle(tools: &Tools, req: Request) -> Response {
+/// The frame for `resp`; one that would exceed the frame limit becomes an error answer
+/// to the same request, so the client learns why instead of losing the connection.
+fn frame_of(resp: &Response) -> Vec<u8> {
+    let body = serde_json::to_vec(resp).expect("responses serialise");
+    if body.len() <= MAX_FRAME_BYTES {
+        return body;
+    }
+    let err = Response::err(
+        resp.id,
+        ErrorCode::TooLarge,
+        format!(
+            "the answer is {} bytes, over the {MAX_FRAME_BYTES}-byte frame limit; ask for less (a smaller output cap, a narrower view)",
+            body.len()
+        ),
+    );
+    serde_json::to_vec(&err).expect("responses serialise")
+}
+
+/// Asks the persistent shell for its exported variables and working directory. Only
+/// meaningful while nothing but trusted commands have run in it (EVAL after setup).
+async fn shell_state(tools: &Tools) -> std::io::Result<exec::Start> {
+    let env_file = tools.ctl_dir.join("shell-env");
+    let cwd_file = tools.ctl_dir.join("shell-cwd");
+    let cmd = format!(
+        "env -0 > '{}'; pwd > '{}'",
+        env_file.display(),
+        cwd_file.display()
+    );
+    let r = tools
+        .bash
+        .run(
+            &BashArgs {
+                command: cmd,
+                max_output_bytes: None,
+            },
+            Duration::from_secs(30),
+        )
+        .await?;
+    if r.exit_code != Some(0) {
+        return Err(std::io::Error::other(format!(
+            "cannot read the shell's state: {}",
+            r.output
+        )));
+    }
+    let env = exec::parse_env(&std::fs::read(&env_file)?);
+    let cwd = std::fs::read_to_string(&cwd_file)?.trim_end().to_string();
+    let _ = std::fs::remove_file(&env_file);
+    let _ = std::fs::remove_file(&cwd_file);
+    Ok(exec::Start {
+        cwd: PathBuf::from(cwd),
+        env: Some(env),
+    })
+}
+
+async fn handle(tools: Arc<Tools>, req: Request) -> Response {
     let id = req.id;
     if req.v != PROTOCOL_VERSION {
         return Response::err(
@@ -211,14 +318,55 @@ async fn handle(tools: &Tools, req: Request) -> Response {
             };
             tools.python.run(&a, timeout).await.map(|r| to_value(&r))
         }
+        "exec" => {
+            let a: ExecArgs = match args(id, req.args) {
+                Ok(a) => a,
+                Err(r) => return r,
+            };
+            let start = if a.shell_state {
+                match shell_state(&tools).await {
+                    Ok(s) => s,
+                    Err(e) => return Response::err(id, ErrorCode::Internal, e.to_string()),
+                }
+            } else {
+                exec::Start {
+                    cwd: tools.workdir.clone(),
+                    env: None,
+                }
+            };
+            exec::run(EXEC_SHELL, &a, &start, timeout)
+                .await
+                .map(|r| to_value(&r))
+        }
         "file" => {
             let a: FileArgs = match args(id, req.args) {
                 Ok(a) => a,
                 Err(r) => return r,
             };
-            return match tools.files.run(&a) {
+            // On a blocking thread: a slow disk or a huge directory must not stall the
+            // other calls on this single-threaded server.
+            let t = tools.clone();
+            let done = tokio::task::spawn_blocking(move || t.files.run(&a)).await;
+            return match done {
+                Ok(Ok(r)) => Response::ok(id, to_value(&r)),
+                Ok(Err(msg)) => Response::err(id, ErrorCode::ToolFailed, msg),
+                Err(e) => Response::err(id, ErrorCode::Internal, format!("file tool: {e}")),
+            };
+        }
+        "baseline" => {
+            return match tools.export.baseline().await {
                 Ok(r) => Response::ok(id, to_value(&r)),
-                Err(msg) => Response::err(id, ErrorCode::ToolFailed, msg),
+                Err(e) => Response::err(id, e.code, e.message),
+            };
+        }
+        "apply" => {
+            let a: ApplyArgs = match args(id, req.args) {
+                Ok(a) => a,
+                Err(r) => return r,
+            };
+            return match tools.export.apply(&a).await {
+                Ok(r) => Response::ok(id, to_value(&r)),
+                Err(e) => Response::err(id, e.code, e.message),
             };
         }
         "export" => {
@@ -232,7 +380,7 @@ async fn handle(tools: &Tools, req: Request) -> Response {
             };
             return match tools.export.run(&a).await {
                 Ok(r) => Response::ok(id, to_value(&r)),
-                Err(msg) => Response::err(id, ErrorCode::ToolFailed, msg),
+                Err(e) => Response::err(id, e.code, e.message),
             };
         }
         "ping" => Ok(to_value(&PingResult {
@@ -248,7 +396,7 @@ async fn handle(tools: &Tools, req: Request) -> Response {
                 id,
                 ErrorCode::UnknownTool,
                 format!(
-                    "no tool named `{other}`; the tools are bash, python, file, export and ping"
+                    "no tool named `{other}`; the tools are bash, python, exec, file, export, baseline, apply and ping"
                 ),
             );
         }

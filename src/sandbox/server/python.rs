@@ -36,8 +36,11 @@ pub struct PythonOptions {
     pub program: String,
     /// `auto` (IPython when importable), `ipython` or `cpython`.
     pub engine: String,
-    /// Working directory: the workspace.
+    /// The workspace: the cells' working directory, and first on their `sys.path`.
     pub workdir: PathBuf,
+    /// The server's private directory: where the interpreter starts, so nothing in the
+    /// workspace can shadow a module the driver imports.
+    pub ctl_dir: PathBuf,
 }
 
 /// The tool: an interpreter started on first use (or by [`PythonTool::warm_up`]).
@@ -208,11 +211,16 @@ impl Interp {
             nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(io::Error::from)?;
         let token = uuid::Uuid::new_v4().simple().to_string();
         let mut cmd = tokio::process::Command::new(&opts.program);
-        cmd.arg("-u")
+        // Isolated (-I): neither the working directory nor PYTHON* variables nor the
+        // user's site-packages reach the driver's own imports. It moves to the workspace
+        // once its modules are loaded. The marker token travels on the request pipe, not
+        // in the environment, which other processes of the user could read.
+        cmd.arg("-I")
+            .arg("-u")
             .arg("-c")
             .arg(DRIVER)
-            .current_dir(&opts.workdir)
-            .env("ROLLOUT_PY_TOKEN", &token)
+            .current_dir(&opts.ctl_dir)
+            .env("ROLLOUT_PY_WORKDIR", &opts.workdir)
             .env("ROLLOUT_PY_ENGINE", &opts.engine)
             .env("PYTHONUNBUFFERED", "1")
             .env("MPLBACKEND", "Agg")
@@ -236,10 +244,12 @@ impl Interp {
         // once must show as end of stream.
         let (child, pid) = super::spawn(cmd, &opts.program)?;
         drop(req_read);
+        let requests = nonblocking(req_write)?;
+        write_all(&requests, format!("{token}\n").as_bytes()).await?;
         let mut interp = Interp {
             child,
             pid,
-            requests: nonblocking(req_write)?,
+            requests,
             output: MarkedStream::new(out_read, &token, MAX_RESULT)?,
             seq: 0,
             engine: String::new(),

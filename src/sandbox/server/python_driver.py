@@ -1,5 +1,10 @@
 # The persistent interpreter behind the sandbox server's `python` tool.
 #
+# The driver runs isolated (python -I) from the server's private directory, so no file in
+# the workspace can shadow a module it imports; it makes itself undumpable (no ptrace, no
+# /proc/<pid>/mem for the agent's processes), then reads its marker token as the first
+# line of file descriptor 3, and only then moves to the workspace.
+#
 # Requests arrive on file descriptor 3, one JSON object per line: {"seq": n, "code": "..."}.
 # The cell's stdout and stderr (and its subprocesses') go to fd 1 and 2, which the server
 # reads. When a cell is done the driver flushes both and writes one end marker to fd 1:
@@ -18,8 +23,21 @@ import signal
 import sys
 import traceback
 
-TOKEN = os.environ.pop("ROLLOUT_PY_TOKEN")
+
+def undumpable():
+    try:
+        import ctypes
+
+        PR_SET_DUMPABLE = 4
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except Exception:
+        pass
+
+
+undumpable()
+TOKEN = ""  # read from fd 3 in main()
 ENGINE = os.environ.pop("ROLLOUT_PY_ENGINE", "auto")
+WORKDIR = os.environ.pop("ROLLOUT_PY_WORKDIR", None)
 
 
 def strip_driver_frames(tb):
@@ -125,7 +143,13 @@ def main():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.set_inheritable(3, False)
     requests = os.fdopen(3, "r", encoding="utf-8")
+    global TOKEN
+    TOKEN = requests.readline().strip()
     engine = make_engine()
+    if WORKDIR:
+        # Cells work in the workspace and import from it, as in a notebook there.
+        os.chdir(WORKDIR)
+        sys.path.insert(0, WORKDIR)
     send(0, {"engine": engine.name})
     while True:
         try:
