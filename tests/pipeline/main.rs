@@ -9,5 +9,6 @@ mod backends;
 mod faults;
 mod flow;
 mod helpers;
+mod hostile;
 mod results;
 mod shell;
