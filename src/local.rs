@@ -221,7 +221,8 @@ pub async fn up(
     );
     let mut summary = None;
     if let Some((batch, batch_id)) = opts.submit {
-        let client = crate::client::Client::new(&format!("http://{addr}"));
+        let client = crate::client::Client::new(&format!("http://{addr}"))
+            .with_token(Some(settings.gateway.token.clone()));
         let follow = async {
             let resp = client.submit(&batch, Some(&batch_id)).await?;
             eprintln!(
