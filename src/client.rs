@@ -1,5 +1,8 @@
 //! A small HTTP client for the gateway's API, used by `rollout submit`, `rollout status`,
 //! `rollout up --submit`, the tests and the benchmarks.
+//!
+//! A gateway with `gateway.token` set answers 401 to requests without it; give the
+//! client the token with [`Client::with_token`] and every request carries it.
 
 use std::time::Duration;
 
@@ -24,6 +27,20 @@ pub enum ClientError {
         /// The transport error.
         source: reqwest::Error,
     },
+    /// The gateway refused the request for want of the right token (HTTP 401).
+    #[error(
+        "the gateway at {url} answered 401 Unauthorized: {hint}; pass the gateway's token \
+         with --token, the ROLLOUT_GATEWAY_TOKEN variable or gateway.token in the settings",
+        hint = unauthorized_hint(.sent_token)
+    )]
+    Unauthorized {
+        /// The URL called.
+        url: String,
+        /// The gateway's own error message.
+        message: String,
+        /// Whether the request carried a token (a wrong one) or none.
+        sent_token: bool,
+    },
     /// The gateway answered with an error.
     #[error("gateway answered {status}: {body}")]
     Api {
@@ -37,11 +54,31 @@ pub enum ClientError {
     Decode(reqwest::Error),
 }
 
-/// Gateway client.
-#[derive(Debug, Clone)]
+/// The part of [`ClientError::Unauthorized`]'s message that depends on whether a token
+/// was sent.
+fn unauthorized_hint(sent_token: &bool) -> &'static str {
+    if *sent_token {
+        "the token sent is not the one it expects"
+    } else {
+        "it requires a token and none was sent"
+    }
+}
+
+/// Gateway client. `Debug` hides the token.
+#[derive(Clone)]
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Client {
@@ -55,22 +92,50 @@ impl Client {
         Self {
             base: base.trim_end_matches('/').to_string(),
             http,
+            token: None,
         }
     }
 
-    /// Sends `req`; a non-2xx answer becomes [`ClientError::Api`].
+    /// The same client sending `token` as `Authorization: Bearer <token>` with every
+    /// request, for a gateway with `gateway.token` set. `None` or an empty token sends
+    /// none, so an optional setting can be passed straight through.
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token.filter(|t| !t.is_empty());
+        self
+    }
+
+    /// Sends `req` with the token, if any; a 401 becomes [`ClientError::Unauthorized`]
+    /// and any other non-2xx answer [`ClientError::Api`].
     async fn checked(
         &self,
         req: reqwest::RequestBuilder,
         url: String,
     ) -> Result<reqwest::Response, ClientError> {
+        let req = match &self.token {
+            Some(token) => req.bearer_auth(token),
+            None => req,
+        };
         let resp = req
             .send()
             .await
-            .map_err(|source| ClientError::Unreachable { url, source })?;
+            .map_err(|source| ClientError::Unreachable {
+                url: url.clone(),
+                source,
+            })?;
         let status = resp.status();
         if !status.is_success() {
             let body = resp.text().await.unwrap_or_default();
+            if status == reqwest::StatusCode::UNAUTHORIZED {
+                let message = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v["error"].as_str().map(str::to_string))
+                    .unwrap_or(body);
+                return Err(ClientError::Unauthorized {
+                    url,
+                    message,
+                    sent_token: self.token.is_some(),
+                });
+            }
             return Err(ClientError::Api {
                 status: status.as_u16(),
                 body,

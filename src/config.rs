@@ -85,7 +85,12 @@ impl Default for Settings {
 }
 
 /// NATS settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+///
+/// At most one way of authenticating may be set: `user` with `password`, `token`, or
+/// `creds_file`. All empty means no credentials, which only a server without
+/// authorization accepts. `Debug` hides the password and the token so settings can be
+/// logged.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsSettings {
     /// Server URL, e.g. `nats://127.0.0.1:4222`.
@@ -93,6 +98,16 @@ pub struct NatsSettings {
     /// Prefix of every subject (`<prefix>.init`, …) and stream name. Two deployments (or
     /// two test runs) with different prefixes share a NATS server without interfering.
     pub prefix: String,
+    /// User name for a server with user/password authorization; needs `password`.
+    pub user: String,
+    /// Password of `user`.
+    pub password: String,
+    /// Token for a server with token authorization (`nats-server --auth TOKEN`).
+    pub token: String,
+    /// A `.creds` file (user JWT and NKey seed) for a server with decentralized
+    /// authorization; empty: none. Checked to exist at load time, so a wrong path fails
+    /// at start-up rather than at the first reconnect.
+    pub creds_file: PathBuf,
 }
 
 impl Default for NatsSettings {
@@ -100,12 +115,43 @@ impl Default for NatsSettings {
         Self {
             url: "nats://127.0.0.1:4222".into(),
             prefix: "rollout".into(),
+            user: String::new(),
+            password: String::new(),
+            token: String::new(),
+            creds_file: PathBuf::new(),
         }
     }
 }
 
-/// Database settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+impl std::fmt::Debug for NatsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsSettings")
+            .field("url", &crate::store::redact_url(&self.url))
+            .field("prefix", &self.prefix)
+            .field("user", &self.user)
+            .field("password", &Redacted(&self.password))
+            .field("token", &Redacted(&self.token))
+            .field("creds_file", &self.creds_file)
+            .finish()
+    }
+}
+
+/// Shows a secret as `""` when unset and `<redacted>` otherwise, so `Debug` output
+/// tells whether it is set without revealing it.
+struct Redacted<'a>(&'a str);
+
+impl std::fmt::Debug for Redacted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            f.write_str("\"\"")
+        } else {
+            f.write_str("<redacted>")
+        }
+    }
+}
+
+/// Database settings. `Debug` hides the password of a `postgres://` URL.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseSettings {
     /// `sqlite://PATH` (the default is a file under the state directory) or
@@ -124,12 +170,27 @@ impl Default for DatabaseSettings {
     }
 }
 
-/// HTTP gateway settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+impl std::fmt::Debug for DatabaseSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseSettings")
+            .field("url", &crate::store::redact_url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
+}
+
+/// HTTP gateway settings. `Debug` hides the token.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GatewaySettings {
     /// Listen address.
     pub listen: String,
+    /// Bearer token every request but `GET /healthz` and `GET /openapi.json` must carry
+    /// (`Authorization: Bearer <token>`); empty: no authentication. Required when
+    /// `listen` is not a loopback address, since anything that can reach the port could
+    /// otherwise submit and cancel jobs and change the backend pool. The CLI sends it
+    /// too.
+    pub token: String,
     /// Largest accepted request body in bytes; larger bodies get 413.
     pub max_body_bytes: usize,
     /// Most tasks accepted in one `POST /v1/jobs`.
@@ -142,12 +203,28 @@ impl Default for GatewaySettings {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:7878".into(),
+            token: String::new(),
             max_body_bytes: 16 * 1024 * 1024,
             max_tasks_per_request: 10_000,
             max_wait_ms: 60_000,
         }
     }
 }
+
+impl std::fmt::Debug for GatewaySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewaySettings")
+            .field("listen", &self.listen)
+            .field("token", &Redacted(&self.token))
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_tasks_per_request", &self.max_tasks_per_request)
+            .field("max_wait_ms", &self.max_wait_ms)
+            .finish()
+    }
+}
+
+/// The shortest accepted `gateway.token`: a shorter one is guessable.
+pub const MIN_GATEWAY_TOKEN_LEN: usize = 16;
 
 /// This machine's identity.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -589,10 +666,73 @@ impl Settings {
         if self.database.max_connections == 0 {
             return bad("database.max_connections", "must be at least 1");
         }
-        if self.gateway.listen.parse::<std::net::SocketAddr>().is_err() {
+        let n = &self.nats;
+        if n.user.is_empty() != n.password.is_empty() {
+            let key = if n.user.is_empty() {
+                "nats.user"
+            } else {
+                "nats.password"
+            };
+            return bad(
+                key,
+                "must be set together with the other of nats.user and nats.password (or \
+                 leave both empty)",
+            );
+        }
+        let methods = [
+            !n.user.is_empty(),
+            !n.token.is_empty(),
+            !n.creds_file.as_os_str().is_empty(),
+        ];
+        if methods.iter().filter(|set| **set).count() > 1 {
+            return bad(
+                "nats.token",
+                "and nats.user/nats.password and nats.creds_file are different ways to \
+                 authenticate: set only the one the NATS server expects",
+            );
+        }
+        if !n.creds_file.as_os_str().is_empty() && !n.creds_file.is_file() {
+            return bad(
+                "nats.creds_file",
+                &format!(
+                    "names `{}`, which is not a readable file: give the path of the .creds \
+                     file the NATS operator issued (or leave it empty)",
+                    n.creds_file.display()
+                ),
+            );
+        }
+        let Ok(listen) = self.gateway.listen.parse::<std::net::SocketAddr>() else {
             return bad(
                 "gateway.listen",
                 "must be an address with a port, e.g. 127.0.0.1:7878",
+            );
+        };
+        let token = &self.gateway.token;
+        if token.is_empty() && !listen.ip().is_loopback() {
+            return bad(
+                "gateway.token",
+                &format!(
+                    "is required when listening on a non-loopback address (gateway.listen is \
+                     {listen}): set it to a random string of at least \
+                     {MIN_GATEWAY_TOKEN_LEN} characters (e.g. from `openssl rand -hex 32`), \
+                     or listen on 127.0.0.1"
+                ),
+            );
+        }
+        if !token.is_empty() && token.chars().count() < MIN_GATEWAY_TOKEN_LEN {
+            return bad(
+                "gateway.token",
+                &format!(
+                    "is too short: use at least {MIN_GATEWAY_TOKEN_LEN} characters (e.g. \
+                     from `openssl rand -hex 32`)"
+                ),
+            );
+        }
+        if !token.chars().all(|c| c.is_ascii_graphic()) {
+            return bad(
+                "gateway.token",
+                "must be printable ASCII without spaces or control characters (it is sent \
+                 in an HTTP header): use e.g. `openssl rand -hex 32`",
             );
         }
         if !is_subject_token(&self.node.name) || self.node.name == "any" {
@@ -873,6 +1013,132 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("agent.parser"), "{e}");
+    }
+
+    #[test]
+    fn gateway_token_is_required_off_loopback() {
+        let token = "0123456789abcdef0123";
+        for listen in ["0.0.0.0:7878", "[::]:7878", "10.1.2.3:7878"] {
+            let e = Settings::load_from(None, env(&[("ROLLOUT__GATEWAY__LISTEN", listen)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("`gateway.token`"), "{listen}: {e}");
+            assert!(e.contains("non-loopback"), "{listen}: {e}");
+            let s = Settings::load_from(
+                None,
+                env(&[
+                    ("ROLLOUT__GATEWAY__LISTEN", listen),
+                    ("ROLLOUT__GATEWAY__TOKEN", token),
+                ]),
+            )
+            .unwrap();
+            assert_eq!(s.gateway.token, token);
+        }
+        for listen in ["127.0.0.1:7878", "127.0.0.2:0", "[::1]:7878"] {
+            Settings::load_from(None, env(&[("ROLLOUT__GATEWAY__LISTEN", listen)]))
+                .unwrap_or_else(|e| panic!("{listen}: {e}"));
+        }
+    }
+
+    #[test]
+    fn gateway_token_must_be_long_and_printable() {
+        for (bad, why) in [
+            ("short-token", "too short"),
+            ("0123456789 abcdef0123", "printable"),
+            ("0123456789\tabcdef0123", "printable"),
+            ("0123456789\u{7}abcdef0123", "printable"),
+            ("0123456789ébcdef0123", "printable"),
+        ] {
+            let e = Settings::load_from(None, env(&[("ROLLOUT__GATEWAY__TOKEN", bad)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("`gateway.token`"), "{bad:?}: {e}");
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn nats_credentials_are_one_complete_method() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = dir.path().join("user.creds");
+        std::fs::write(&creds, "not checked at load time").unwrap();
+        let creds = creds.to_str().unwrap();
+        let missing = dir.path().join("missing.creds");
+        let missing = missing.to_str().unwrap();
+        let rejected: [(&[(&str, &str)], &str); 6] = [
+            (&[("ROLLOUT__NATS__USER", "u")], "`nats.password`"),
+            (&[("ROLLOUT__NATS__PASSWORD", "p")], "`nats.user`"),
+            (
+                &[
+                    ("ROLLOUT__NATS__USER", "u"),
+                    ("ROLLOUT__NATS__PASSWORD", "p"),
+                    ("ROLLOUT__NATS__TOKEN", "t"),
+                ],
+                "`nats.token`",
+            ),
+            (
+                &[
+                    ("ROLLOUT__NATS__TOKEN", "t"),
+                    ("ROLLOUT__NATS__CREDS_FILE", creds),
+                ],
+                "`nats.token`",
+            ),
+            (
+                &[
+                    ("ROLLOUT__NATS__USER", "u"),
+                    ("ROLLOUT__NATS__PASSWORD", "p"),
+                    ("ROLLOUT__NATS__CREDS_FILE", creds),
+                ],
+                "`nats.token`",
+            ),
+            (
+                &[("ROLLOUT__NATS__CREDS_FILE", missing)],
+                "`nats.creds_file`",
+            ),
+        ];
+        for (vars, key) in rejected {
+            let e = Settings::load_from(None, env(vars))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{vars:?}: {e}");
+        }
+        let accepted: [&[(&str, &str)]; 3] = [
+            &[
+                ("ROLLOUT__NATS__USER", "u"),
+                ("ROLLOUT__NATS__PASSWORD", "p"),
+            ],
+            &[("ROLLOUT__NATS__TOKEN", "t")],
+            &[("ROLLOUT__NATS__CREDS_FILE", creds)],
+        ];
+        for vars in accepted {
+            Settings::load_from(None, env(vars)).unwrap_or_else(|e| panic!("{vars:?}: {e}"));
+        }
+    }
+
+    #[test]
+    fn debug_output_hides_secrets() {
+        let s = Settings::load_from(
+            None,
+            env(&[
+                ("ROLLOUT__GATEWAY__TOKEN", "gateway-secret-0123456789"),
+                ("ROLLOUT__NATS__USER", "worker"),
+                ("ROLLOUT__NATS__PASSWORD", "nats-password-secret"),
+            ]),
+        )
+        .unwrap();
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("gateway-secret"), "{shown}");
+        assert!(!shown.contains("nats-password-secret"), "{shown}");
+        assert!(shown.contains("worker"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+        let mut s = Settings::default();
+        s.nats.token = "nats-token-secret".into();
+        s.nats.url = "nats://u:url-secret@h:4222".into();
+        s.database.url = "postgres://rollout:db-secret@h/rollout".into();
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("nats-token-secret"), "{shown}");
+        assert!(!shown.contains("url-secret"), "{shown}");
+        assert!(!shown.contains("db-secret"), "{shown}");
     }
 
     #[test]

@@ -57,7 +57,11 @@ pub async fn connect(
     wait_for_nats: bool,
 ) -> Result<WorkerDeps, StartError> {
     let url = settings.database_url();
-    tracing::info!(database = %store::redact_url(&url), nats = %settings.nats.url, "connecting");
+    tracing::info!(
+        database = %store::redact_url(&url),
+        nats = %store::redact_url(&settings.nats.url),
+        "connecting"
+    );
     let store = store::connect(&url, settings.database.max_connections).await?;
     crate::backends::pool::register_configured(store.as_ref(), &settings).await?;
     let queue = Queue::connect(&settings, name, wait_for_nats).await?;
@@ -151,7 +155,10 @@ pub async fn run_workers(
 }
 
 /// Starts a private nats-server under the state directory if nothing answers at the
-/// configured URL, returning it (keep it alive) and updating `settings.nats.url`.
+/// configured URL, returning it (keep it alive) and updating `settings.nats`: its URL,
+/// and a fresh random token the server requires, so processes on the machine that are
+/// not part of this one (sandboxed agent code among them) cannot reach the queue. A
+/// server that already answers is used with the configured credentials.
 pub fn ensure_nats(settings: &mut Settings) -> Result<Option<NatsServer>, StartError> {
     let Some(addr) = crate::natsd::local_addr_of(&settings.nats.url) else {
         return Ok(None);
@@ -161,9 +168,14 @@ pub fn ensure_nats(settings: &mut Settings) -> Result<Option<NatsServer>, StartE
         return Ok(None);
     }
     let dir = settings.state_dir.join("nats");
-    let server = NatsServer::start(&dir, addr)?;
-    tracing::info!(url = %server.url(), pid = server.pid(), dir = %dir.display(), "started nats-server");
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let server = NatsServer::start_with_token(&dir, addr, &token)?;
+    tracing::info!(url = %server.url(), pid = server.pid(), dir = %dir.display(), "started nats-server (token required)");
     settings.nats.url = server.url();
+    settings.nats.user.clear();
+    settings.nats.password.clear();
+    settings.nats.creds_file = std::path::PathBuf::new();
+    settings.nats.token = token;
     Ok(Some(server))
 }
 
@@ -221,7 +233,8 @@ pub async fn up(
     );
     let mut summary = None;
     if let Some((batch, batch_id)) = opts.submit {
-        let client = crate::client::Client::new(&format!("http://{addr}"));
+        let client = crate::client::Client::new(&format!("http://{addr}"))
+            .with_token(Some(settings.gateway.token.clone()));
         let follow = async {
             let resp = client.submit(&batch, Some(&batch_id)).await?;
             eprintln!(

@@ -43,6 +43,9 @@ enum Command {
         /// Gateway URL (default: http:// + gateway.listen).
         #[arg(long, env = "ROLLOUT_GATEWAY")]
         gateway: Option<String>,
+        /// The gateway's token, when it has one (default: gateway.token).
+        #[arg(long, env = "ROLLOUT_GATEWAY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// Show job counts by status and stage.
     Status {
@@ -52,6 +55,9 @@ enum Command {
         /// Gateway URL (default: http:// + gateway.listen).
         #[arg(long, env = "ROLLOUT_GATEWAY")]
         gateway: Option<String>,
+        /// The gateway's token, when it has one (default: gateway.token).
+        #[arg(long, env = "ROLLOUT_GATEWAY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// List, register and remove inference backends (through the gateway).
     Backends {
@@ -60,6 +66,14 @@ enum Command {
         /// Gateway URL (default: http:// + gateway.listen).
         #[arg(long, env = "ROLLOUT_GATEWAY", global = true)]
         gateway: Option<String>,
+        /// The gateway's token, when it has one (default: gateway.token).
+        #[arg(
+            long,
+            env = "ROLLOUT_GATEWAY_TOKEN",
+            hide_env_values = true,
+            global = true
+        )]
+        token: Option<String>,
     },
     /// Everything on one machine: NATS (started if none answers), SQLite under the state
     /// directory, the gateway and workers of every stage. Ctrl-C stops it all.
@@ -121,8 +135,15 @@ fn load_tasks(path: &PathBuf) -> anyhow::Result<Vec<rollout::model::Task>> {
     Ok(tasks)
 }
 
-fn gateway_url(settings: &Settings, flag: Option<String>) -> String {
-    flag.unwrap_or_else(|| format!("http://{}", settings.gateway.listen))
+/// A client of the gateway named by `--gateway` (default: `gateway.listen`), sending the
+/// token from `--token` / `ROLLOUT_GATEWAY_TOKEN` or else `gateway.token`, so a machine
+/// that runs the gateway needs no extra flag.
+fn gateway_client(settings: &Settings, gateway: Option<String>, token: Option<String>) -> Client {
+    let url = gateway.unwrap_or_else(|| format!("http://{}", settings.gateway.listen));
+    let token = token
+        .filter(|t| !t.is_empty())
+        .or_else(|| Some(settings.gateway.token.clone()));
+    Client::new(&url).with_token(token)
 }
 
 #[tokio::main]
@@ -151,9 +172,10 @@ async fn main() -> anyhow::Result<()> {
             batch,
             wait,
             gateway,
+            token,
         } => {
             let tasks = load_tasks(&file)?;
-            let client = Client::new(&gateway_url(&settings, gateway));
+            let client = gateway_client(&settings, gateway, token);
             let mut batch_id = batch;
             let mut total = 0u64;
             let mut duplicates = 0u64;
@@ -175,8 +197,12 @@ async fn main() -> anyhow::Result<()> {
                 eprintln!("{summary}");
             }
         }
-        Command::Status { batch, gateway } => {
-            let client = Client::new(&gateway_url(&settings, gateway));
+        Command::Status {
+            batch,
+            gateway,
+            token,
+        } => {
+            let client = gateway_client(&settings, gateway, token);
             let view = client.status(batch.as_deref()).await?;
             println!("{:<10} {:<6} {:>8}", "STATUS", "STAGE", "JOBS");
             for c in &view.counts {
@@ -189,8 +215,12 @@ async fn main() -> anyhow::Result<()> {
                 );
             }
         }
-        Command::Backends { action, gateway } => {
-            let client = Client::new(&gateway_url(&settings, gateway));
+        Command::Backends {
+            action,
+            gateway,
+            token,
+        } => {
+            let client = gateway_client(&settings, gateway, token);
             match action {
                 BackendsAction::List => {
                     let list = client.backends().await?;

@@ -3,7 +3,9 @@
 //! `rollout up` uses this when nothing answers at the configured NATS URL, and the tests
 //! and benchmarks use it to get a private server on a free port. The server runs with
 //! JetStream, stores its data in the given directory, and is killed when the handle is
-//! dropped.
+//! dropped. [`NatsServer::start_with_token`] also makes it require a token, which is
+//! what `rollout up` does: otherwise any process on the machine, sandboxed agent code
+//! included, could connect to it and read or inject work.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -44,8 +46,34 @@ pub struct NatsServer {
 
 impl NatsServer {
     /// Starts `nats-server -js` on `addr` (port 0 picks a free port) with its store and
-    /// log under `dir`.
+    /// log under `dir`, accepting clients without credentials.
     pub fn start(dir: &Path, addr: SocketAddr) -> Result<NatsServer, NatsdError> {
+        Self::spawn(dir, addr, None)
+    }
+
+    /// Like [`NatsServer::start`], but clients must present `token` (letters, digits,
+    /// `-`, `_` and `.`; connect with `nats.token`). The token is passed in a
+    /// configuration file under `dir` that only the owner can read, not on the command
+    /// line, where every process on the machine could read it.
+    pub fn start_with_token(
+        dir: &Path,
+        addr: SocketAddr,
+        token: &str,
+    ) -> Result<NatsServer, NatsdError> {
+        if token.is_empty()
+            || !token
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(NatsdError::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the nats-server token must be letters, digits, `-`, `_` or `.`",
+            )));
+        }
+        Self::spawn(dir, addr, Some(token))
+    }
+
+    fn spawn(dir: &Path, addr: SocketAddr, token: Option<&str>) -> Result<NatsServer, NatsdError> {
         let addr = if addr.port() == 0 {
             let l = TcpListener::bind(addr)?;
             l.local_addr()?
@@ -55,7 +83,11 @@ impl NatsServer {
         std::fs::create_dir_all(dir)?;
         let log = dir.join("nats-server.log");
         let store = dir.join("jetstream");
-        let child = Command::new("nats-server")
+        let mut cmd = Command::new("nats-server");
+        if let Some(token) = token {
+            cmd.arg("-c").arg(write_auth_config(dir, token)?);
+        }
+        let child = cmd
             .arg("-js")
             .arg("-a")
             .arg(addr.ip().to_string())
@@ -103,6 +135,26 @@ impl Drop for NatsServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Writes a configuration file requiring `token`, readable by the owner only, and
+/// returns its path. An older file is replaced, never rewritten in place, so it cannot
+/// keep wider permissions.
+fn write_auth_config(dir: &Path, token: &str) -> std::io::Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("nats-server.conf");
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    writeln!(file, "authorization {{\n  token: \"{token}\"\n}}")?;
+    Ok(path)
 }
 
 /// Whether something accepts TCP connections at `addr`.

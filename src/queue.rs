@@ -43,6 +43,29 @@ pub enum QueueError {
         /// The client's error.
         detail: String,
     },
+    /// The server refused the connection's credentials, or their absence.
+    #[error(
+        "NATS at {url} refused the connection: {detail} (give the credentials the server \
+         expects: nats.user and nats.password, nats.token or nats.creds_file, e.g. \
+         ROLLOUT__NATS__TOKEN)"
+    )]
+    Unauthorized {
+        /// The URL tried, without any password in it.
+        url: String,
+        /// The client's error.
+        detail: String,
+    },
+    /// The `.creds` file named by `nats.creds_file` could not be read or parsed.
+    #[error(
+        "cannot use the NATS credentials file {path} (nats.creds_file): {detail}; give the \
+         path of the .creds file the NATS operator issued"
+    )]
+    CredsFile {
+        /// The file.
+        path: String,
+        /// What was wrong with it.
+        detail: String,
+    },
     /// A JetStream request failed.
     #[error("JetStream {what} failed: {detail}")]
     JetStream {
@@ -146,10 +169,13 @@ impl std::fmt::Debug for Queue {
 }
 
 impl Queue {
-    /// Connects to the server in `settings` and provisions the streams. `name` labels
-    /// the connection in the server's monitoring. With `wait_for_server`, keeps retrying
-    /// until the server answers (workers started before NATS); otherwise fails at once
-    /// with an error saying what to check.
+    /// Connects to the server in `settings` with its credentials (`nats.user` and
+    /// `nats.password`, `nats.token` or `nats.creds_file`, whichever is set) and
+    /// provisions the streams. Every process connects through here, so a server with
+    /// authorization needs only the settings. `name` labels the connection in the
+    /// server's monitoring. With `wait_for_server`, keeps retrying until the server
+    /// answers (workers started before NATS); otherwise fails at once with an error
+    /// saying what to check.
     pub async fn connect(
         settings: &Settings,
         name: &str,
@@ -172,12 +198,33 @@ impl Queue {
         if wait_for_server {
             opts = opts.retry_on_initial_connect();
         }
+        let nats = &settings.nats;
+        if !nats.user.is_empty() {
+            opts = opts.user_and_password(nats.user.clone(), nats.password.clone());
+        } else if !nats.token.is_empty() {
+            opts = opts.token(nats.token.clone());
+        } else if !nats.creds_file.as_os_str().is_empty() {
+            opts = opts.credentials_file(&nats.creds_file).await.map_err(|e| {
+                QueueError::CredsFile {
+                    path: nats.creds_file.display().to_string(),
+                    detail: e.to_string(),
+                }
+            })?;
+        }
+        let shown_url = crate::store::redact_url(&url);
         let client = opts
             .connect(url.as_str())
             .await
-            .map_err(|e| QueueError::Connect {
-                url: url.clone(),
-                detail: e.to_string(),
+            .map_err(|e| match e.kind() {
+                async_nats::ConnectErrorKind::AuthorizationViolation
+                | async_nats::ConnectErrorKind::Authentication => QueueError::Unauthorized {
+                    url: shown_url.clone(),
+                    detail: e.to_string(),
+                },
+                _ => QueueError::Connect {
+                    url: shown_url.clone(),
+                    detail: e.to_string(),
+                },
             })?;
         let js = jetstream::new(client.clone());
         let queue = Queue {
@@ -202,7 +249,7 @@ impl Queue {
                 Err(e) if wait_for_server => {
                     tries += 1;
                     if tries % 10 == 1 {
-                        tracing::warn!(error = %e, url = %url, "NATS not ready; retrying every second");
+                        tracing::warn!(error = %e, url = %shown_url, "NATS not ready; retrying every second");
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }

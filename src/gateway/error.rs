@@ -43,6 +43,12 @@ impl ApiError {
         }
     }
 
+    /// 401: the request lacks the gateway's token or carries a wrong one. The response
+    /// also carries `WWW-Authenticate: Bearer`, as HTTP requires of a 401.
+    pub fn unauthorized(error: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, error, None)
+    }
+
     /// 404.
     pub fn not_found(what: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, what, None)
@@ -67,6 +73,13 @@ impl From<crate::store::StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
+        let mut resp = (self.status, Json(self.body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        resp
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! Stateless: everything lives in the database and the queue, so any number of gateways
 //! can run behind a balancer. The OpenAPI document at `GET /openapi.json` is generated
-//! from the handlers' annotations, so it cannot drift from the code.
+//! from the handlers' annotations, so it cannot drift from the code. With
+//! `gateway.token` set, every other endpoint but `GET /healthz` requires the token (see
+//! [`auth`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +12,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use futures::StreamExt;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -27,6 +29,7 @@ use crate::model::{BatchCounters, Stage, Status, WorkMessage};
 use crate::queue::Queue;
 use crate::store::{StatusCount, Store, Submitted};
 
+pub mod auth;
 pub mod backends;
 pub mod error;
 pub mod jobs;
@@ -71,9 +74,12 @@ pub struct AppState {
 )]
 struct ApiDoc;
 
-/// Builds the router and the OpenAPI document.
+/// Builds the router and the OpenAPI document, behind the bearer-token check when
+/// `gateway.token` is set.
 pub fn router(state: AppState) -> Router {
     let max_body = state.settings.gateway.max_body_bytes;
+    let auth_state = state.clone();
+    let token_required = !state.settings.gateway.token.is_empty();
     let (router, api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(jobs::submit, jobs::list_jobs))
         .routes(routes!(jobs::get_job))
@@ -87,6 +93,10 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(metrics_text))
         .with_state(state)
         .split_for_parts();
+    let mut api = api;
+    if token_required {
+        auth::document(&mut api);
+    }
     let api = Arc::new(api);
     router
         .route(
@@ -107,6 +117,11 @@ pub fn router(state: AppState) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(max_body))
+        // Outermost, so a request without the token reaches nothing else.
+        .layer(axum::middleware::from_fn_with_state(
+            auth_state,
+            auth::require_token,
+        ))
 }
 
 /// Publishes the INIT hand-off of submitted jobs that are still waiting for INIT (new
@@ -199,7 +214,7 @@ async fn status(
 pub struct DependencyHealth {
     /// Whether it answered.
     pub ok: bool,
-    /// Why not.
+    /// Why not; left out for callers without the token when the gateway has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -215,14 +230,17 @@ pub struct Health {
     pub database: DependencyHealth,
 }
 
-/// Health: whether NATS and the database answer. 503 when either does not.
+/// Health: whether NATS and the database answer. 503 when either does not. Needs no
+/// token, so load balancers can probe it; when the gateway has a token, the reasons a
+/// dependency is down (which may name hosts) are shown only to callers that send it.
 #[utoipa::path(
     get,
     path = "/healthz",
     tag = "service",
     responses((status = 200, body = Health), (status = 503, body = Health))
 )]
-async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+async fn healthz(State(state): State<AppState>, headers: HeaderMap) -> (StatusCode, Json<Health>) {
+    let show_errors = auth::check(&headers, &state.settings.gateway.token).is_ok();
     let (nats, db) = tokio::join!(state.queue.ping(), async {
         tokio::time::timeout(Duration::from_secs(2), state.store.ping())
             .await
@@ -231,7 +249,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
     });
     let dep = |r: Result<(), String>| DependencyHealth {
         ok: r.is_ok(),
-        error: r.err(),
+        error: r.err().filter(|_| show_errors),
     };
     let nats = dep(nats.map_err(|e| e.to_string()));
     let database = dep(db);

@@ -120,7 +120,7 @@ impl TestEnv {
             shutdown.clone(),
         ));
         TestEnv {
-            client: Client::new(&base),
+            client: Client::new(&base).with_token(Some(settings.gateway.token.clone())),
             base,
 
             deps,

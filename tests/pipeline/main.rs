@@ -5,6 +5,7 @@
 
 mod agent;
 mod api;
+mod auth;
 mod backends;
 mod faults;
 mod flow;
