@@ -413,6 +413,11 @@ pub struct SandboxSettings {
     /// built-in private, link-local and reserved ranges and the host's own networks,
     /// which are always denied: e.g. a cluster's services on public addresses.
     pub network_deny: Vec<String>,
+    /// cgroup v2 only: the cgroup (a directory under /sys/fs/cgroup) in which each
+    /// sandbox gets a cgroup of its own, e.g. a subtree delegated to the worker's user.
+    /// Empty: the worker's own cgroup. Without cgroups, memory and process limits are
+    /// per process and per user only, which the worker reports at start.
+    pub cgroup_parent: Option<PathBuf>,
     /// Whether the `local` backend (no isolation: the agent's commands run as the
     /// worker's user on the host) may be used, as this node's default or by a task that
     /// asks for it. Off, such tasks are refused at submit and at start.
@@ -453,6 +458,7 @@ impl Default for SandboxSettings {
             apptainer: PathBuf::from("apptainer"),
             slirp4netns: PathBuf::from("slirp4netns"),
             network_deny: Vec::new(),
+            cgroup_parent: None,
             allow_local: false,
             unprivileged_uid_base: 1_000_000_000,
             unprivileged_uid_count: 1_000_000,

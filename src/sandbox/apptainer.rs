@@ -170,6 +170,8 @@ impl SandboxBackend for ApptainerBackend {
                 pass_fds: Vec::new(),
                 info_read: None,
                 net: None,
+                cgroup_procs: Vec::new(),
+                become_user: None,
             },
         )
         .await;

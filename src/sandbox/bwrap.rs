@@ -72,6 +72,8 @@ pub struct BwrapBackend {
     pub gid: u32,
     /// How `network: true` sandboxes get their own network.
     pub net: super::net::NetSettings,
+    /// Whether (and where) sandboxes get cgroups of their own.
+    pub cgroups: super::cgroup::Cgroups,
 }
 
 impl Default for BwrapBackend {
@@ -81,6 +83,7 @@ impl Default for BwrapBackend {
             uid_range: (1_000_000_000, 1_000_000),
             gid: 65534,
             net: super::net::NetSettings::default(),
+            cgroups: super::cgroup::Cgroups::probe(None),
         }
     }
 }
@@ -323,9 +326,7 @@ impl SandboxBackend for BwrapBackend {
             for p in [req.workspace(), req.server_bin.clone(), shell.clone()] {
                 pass.push(open_path(&p)?);
             }
-            cmd.args(self.args(req, true, &shell, sync_fd))
-                .uid(uid)
-                .gid(self.gid);
+            cmd.args(self.args(req, true, &shell, sync_fd));
         } else {
             cmd.args(self.args(req, false, &shell, sync_fd));
         }
@@ -336,6 +337,19 @@ impl SandboxBackend for BwrapBackend {
                 exit_read,
             }
         });
+        let name = req
+            .dir
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let cgroup = self.cgroups.create(&name, &req.limits)?;
+        if let Some(cg) = &cgroup {
+            label.cgroups = cg.dirs.clone();
+            // The cgroup holds the sandbox's memory as a whole; a per-process address
+            // space limit on top only breaks runtimes that reserve address space.
+            limits.memory_bytes = 0;
+        }
         if me != 0 && limits.processes > 0 {
             let running: u64 = super::label::process_table()
                 .iter()
@@ -344,6 +358,7 @@ impl SandboxBackend for BwrapBackend {
                 .sum();
             limits.processes += running;
         }
+        let become_user = label.uid.map(|u| (u, self.gid));
         super::launch(
             req,
             super::Launch {
@@ -354,6 +369,8 @@ impl SandboxBackend for BwrapBackend {
                 pass_fds: pass,
                 info_read: Some(info_read),
                 net,
+                cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
+                become_user,
             },
         )
         .await

@@ -46,6 +46,9 @@ pub struct Label {
     /// Its start time, as for `pid_start`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_helper_start: Option<u64>,
+    /// The sandbox's cgroup directories, when it has any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<PathBuf>,
     /// The claim attempt of the stage that started it: a stale attempt of that stage
     /// removes only a sandbox of its own generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -81,6 +84,7 @@ impl Label {
             ns_init_start: None,
             net_helper: None,
             net_helper_start: None,
+            cgroups: Vec::new(),
             generation: None,
             uid: None,
             instance: None,
@@ -167,6 +171,9 @@ impl Label {
         if let Some(pid) = self.live_net_helper() {
             kill_tree(pid);
         }
+        // Whatever escaped the process tree (a double fork into another session) is
+        // still in the cgroup.
+        super::cgroup::kill_and_remove(&self.cgroups);
     }
 }
 

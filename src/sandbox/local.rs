@@ -42,6 +42,8 @@ impl SandboxBackend for LocalBackend {
                 pass_fds: vec![listen],
                 info_read: None,
                 net: None,
+                cgroup_procs: Vec::new(),
+                become_user: None,
             },
         )
         .await

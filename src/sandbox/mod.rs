@@ -17,6 +17,7 @@
 
 pub mod apptainer;
 pub mod bwrap;
+pub mod cgroup;
 pub mod client;
 pub mod label;
 pub mod local;
@@ -391,6 +392,12 @@ pub(crate) struct Launch {
     pub info_read: Option<std::os::fd::OwnedFd>,
     /// The network to connect, for `network: true` bwrap sandboxes.
     pub net: Option<NetPlan>,
+    /// `cgroup.procs` files the process joins before it execs.
+    pub cgroup_procs: Vec<std::ffi::CString>,
+    /// The user and group the process becomes after joining its cgroups (a root worker's
+    /// per-sandbox user); set here rather than with `Command::uid`, which would switch
+    /// before the join, when the cgroup is no longer writable.
+    pub become_user: Option<(u32, u32)>,
 }
 
 /// Starts `cmd` as the sandbox's root process in a session of its own (so a signal to
@@ -406,6 +413,8 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         pass_fds,
         info_read,
         net,
+        cgroup_procs,
+        become_user,
     } = launch;
     let started = Instant::now();
     if pass_fds.len() > MAX_PASS_FDS {
@@ -421,10 +430,12 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
     cmd.stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    // SAFETY: setsid and setrlimit are async-signal-safe.
+    // SAFETY: setsid, open/write/close, setrlimit, fcntl, dup2 and the set*id calls are
+    // async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
+            cgroup::SandboxCgroup::join_from_child(&cgroup_procs)?;
             if let Some(l) = &rlimits {
                 apply_rlimits(l)?;
             }
@@ -442,12 +453,22 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            if let Some((uid, gid)) = become_user
+                && (libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(gid, gid, gid) != 0
+                    || libc::setresuid(uid, uid, uid) != 0)
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(|e| SandboxError::Start {
-        backend,
-        message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
+    let mut child = cmd.spawn().map_err(|e| {
+        cgroup::kill_and_remove(&label.cgroups);
+        SandboxError::Start {
+            backend,
+            message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
+        }
     })?;
     label.set_process(child.id().map(|p| p as i32).unwrap_or(-1));
     drop(pass_fds);
@@ -522,9 +543,7 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
             ready_after,
         }),
         Err(e) => {
-            if let Some(pid) = label.live_pid() {
-                label::kill_tree(pid);
-            }
+            label.kill();
             Err(e)
         }
     }

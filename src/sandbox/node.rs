@@ -68,6 +68,7 @@ impl NodeSandboxes {
                         .collect(),
                     ..Default::default()
                 },
+                cgroups: super::cgroup::Cgroups::probe(s.cgroup_parent.as_deref()),
             },
             apptainer: super::apptainer::ApptainerBackend {
                 program: s.apptainer.clone(),

@@ -349,3 +349,68 @@ async fn sandbox_directories_are_private() {
     }
     t.stop().await;
 }
+
+#[tokio::test]
+async fn memory_is_limited_per_sandbox_not_per_process() {
+    let cgroups = rollout::sandbox::cgroup::Cgroups::probe(None);
+    if !cgroups.enforced() {
+        eprintln!("skipped: this machine gives the worker no cgroups ({cgroups:?})");
+        return;
+    }
+    let (root, mut req) = request(BackendKind::Bwrap, &[]);
+    req.limits.memory_bytes = 256 << 20;
+    let t = start_with(root, req).await;
+    assert!(!t.sb.label.cgroups.is_empty(), "the sandbox has a cgroup");
+    // Three processes of 150 MB each: fine under a per-process limit, not together.
+    let r = sh(
+        &t,
+        "for i in 1 2 3; do python3 -c \"x = b'x' * (150 << 20); import time; time.sleep(3)\" & done; wait; echo done",
+    )
+    .await;
+    assert!(r.output.contains("done"), "{r:?}");
+    let peak =
+        t.sb.label
+            .cgroups
+            .iter()
+            .find_map(|d| {
+                ["memory.peak", "memory.max_usage_in_bytes"]
+                    .iter()
+                    .find_map(|f| std::fs::read_to_string(d.join(f)).ok())
+            })
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .expect("the memory cgroup reports its peak");
+    assert!(peak <= 256 << 20, "the sandbox held {peak} bytes");
+    host_is_fine(&t).await;
+    let dirs = t.sb.label.cgroups.clone();
+    t.stop().await;
+    assert!(dirs.iter().all(|d| !d.exists()), "stop removes the cgroups");
+}
+
+#[tokio::test]
+async fn one_sandboxs_fork_bomb_does_not_starve_another() {
+    let (root, mut req) = request(BackendKind::Bwrap, &[]);
+    req.limits.processes = 64;
+    let bomb = start_with(root, req).await;
+    let other = start(BackendKind::Bwrap, &[]).await;
+    let fork = bomb.sb.client.bash(
+        "f() { f | f & }; f 2>/dev/null; sleep 3; echo survived",
+        Some(Duration::from_secs(30)),
+    );
+    let run = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        sh(
+            &other,
+            "for i in $(seq 50); do /bin/true || exit 1; done; echo ran",
+        )
+        .await
+    };
+    let (_, r) = tokio::join!(fork, run);
+    assert!(r.output.contains("ran"), "{r:?}");
+    bomb.stop().await;
+    other.stop().await;
+}
+
+async fn host_is_fine(t: &TestSandbox) {
+    let r = sh(t, "echo alive").await;
+    assert_eq!(r.output, "alive\n");
+}
