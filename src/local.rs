@@ -66,6 +66,7 @@ pub async fn connect(
     crate::backends::pool::register_configured(store.as_ref(), &settings).await?;
     let queue = Queue::connect(&settings, name, wait_for_nats).await?;
     let sandboxes = Arc::new(crate::sandbox::NodeSandboxes::new(&settings, store.clone()));
+    sandboxes.log_report();
     let kinds = Registry::builtin(sandboxes.clone(), store.clone(), settings.clone());
     Ok(WorkerDeps {
         store,
@@ -102,6 +103,7 @@ pub async fn run_gateway(
         ));
     }
     let state = AppState {
+        sandbox: deps.sandboxes.report(),
         store: deps.store,
         queue: deps.queue,
         kinds: deps.kinds,

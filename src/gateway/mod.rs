@@ -56,6 +56,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Metrics renderer.
     pub metrics: PrometheusHandle,
+    /// What this host's sandboxes are held to (reported by `GET /healthz`).
+    pub sandbox: crate::sandbox::SandboxReport,
 }
 
 #[derive(OpenApi)]
@@ -228,6 +230,10 @@ pub struct Health {
     pub nats: DependencyHealth,
     /// The database.
     pub database: DependencyHealth,
+    /// The sandbox limits this host enforces, and the ones it cannot (each with why),
+    /// as probed by this process; every worker also logs its own at start.
+    #[schema(value_type = Object)]
+    pub sandbox: serde_json::Value,
 }
 
 /// Health: whether NATS and the database answer. 503 when either does not. Needs no
@@ -264,6 +270,7 @@ async fn healthz(State(state): State<AppState>, headers: HeaderMap) -> (StatusCo
             status: if ok { "ok" } else { "degraded" }.into(),
             nats,
             database,
+            sandbox: serde_json::to_value(&state.sandbox).unwrap_or_default(),
         }),
     )
 }

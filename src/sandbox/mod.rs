@@ -29,7 +29,7 @@ pub mod spec;
 
 pub use client::SandboxClient;
 pub use label::Label;
-pub use node::{NodeSandboxes, Purpose};
+pub use node::{LimitReport, NodeSandboxes, Purpose, SandboxReport};
 pub use spec::SandboxSpec;
 
 use serde::{Deserialize, Serialize};

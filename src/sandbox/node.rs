@@ -38,6 +38,33 @@ pub struct Reaped {
     pub renewed: u64,
 }
 
+/// One limit of a node's sandboxes: held or not, and how or why not.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct LimitReport {
+    /// Whether it holds.
+    pub enforced: bool,
+    /// How it is held, or why it cannot be here and what it falls back to.
+    pub detail: String,
+}
+
+/// What a node's sandboxes are held to, for the start-up log and `GET /healthz`: an
+/// operator must be able to see a limit that this machine cannot enforce.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct SandboxReport {
+    /// The node's default backend.
+    pub backend: String,
+    /// Outbound-only networking for `network: true` sandboxes.
+    pub network: LimitReport,
+    /// Memory per sandbox.
+    pub memory: LimitReport,
+    /// Processes per sandbox.
+    pub processes: LimitReport,
+    /// Disk used by a sandbox's workspace.
+    pub workspace_disk: LimitReport,
+    /// Whether the unsandboxed `local` backend is refused.
+    pub local_backend: LimitReport,
+}
+
 /// The sandboxes of this node.
 pub struct NodeSandboxes {
     backends: Backends,
@@ -100,6 +127,80 @@ impl NodeSandboxes {
         match purpose {
             Purpose::Run => self.root.join(job_id),
             Purpose::Eval => self.root.join(format!("{job_id}-eval")),
+        }
+    }
+
+    /// What this node's sandboxes are held to, and what it cannot enforce here (see
+    /// [`SandboxReport`]).
+    pub fn report(&self) -> SandboxReport {
+        let root = nix::unistd::geteuid().is_root();
+        let bw = &self.backends.bwrap;
+        let net = super::net::probe(&bw.net);
+        let cg = &bw.cgroups;
+        let how = match cg {
+            super::cgroup::Cgroups::V2 { parent } => {
+                format!("cgroup v2 under {}", parent.display())
+            }
+            super::cgroup::Cgroups::V1 { .. } => "cgroup v1 (memory, pids)".into(),
+            super::cgroup::Cgroups::Unavailable { why } => why.clone(),
+        };
+        let limit = |enforced: bool, detail: String| LimitReport { enforced, detail };
+        SandboxReport {
+            backend: self.default_backend.as_str().to_string(),
+            network: limit(
+                net.is_ok(),
+                net.err().unwrap_or_else(|| {
+                    "network: true sandboxes get a namespace of their own (slirp4netns), outbound only".into()
+                }),
+            ),
+            memory: limit(
+                cg.enforced(),
+                if cg.enforced() {
+                    format!("limits.memory_bytes holds for each sandbox as a whole ({how})")
+                } else {
+                    format!("not per sandbox: limits.memory_bytes is an address-space limit per process ({how})")
+                },
+            ),
+            processes: limit(
+                cg.enforced() || root,
+                if cg.enforced() {
+                    format!("limits.processes holds for each sandbox ({how})")
+                } else if root {
+                    "limits.processes holds for each sandbox (a host user per sandbox)".into()
+                } else {
+                    format!("not per sandbox: the worker's sandboxes share one process budget ({how})")
+                },
+            ),
+            workspace_disk: limit(
+                false,
+                "not enforced: the workspace is a directory on the node's filesystem; single files are capped by limits.file_size_bytes, /tmp and /dev/shm by their tmpfs sizes".into(),
+            ),
+            local_backend: limit(
+                !self.settings.allow_local,
+                if self.settings.allow_local {
+                    "allowed (sandbox.allow_local): tasks may run unsandboxed on the host".into()
+                } else {
+                    "refused".into()
+                },
+            ),
+        }
+    }
+
+    /// Logs [`NodeSandboxes::report`], a warning for each limit not enforced.
+    pub fn log_report(&self) {
+        let r = self.report();
+        for (name, l) in [
+            ("network", &r.network),
+            ("memory", &r.memory),
+            ("processes", &r.processes),
+            ("workspace_disk", &r.workspace_disk),
+            ("local_backend", &r.local_backend),
+        ] {
+            if l.enforced {
+                tracing::info!(limit = name, detail = %l.detail, "sandbox limit");
+            } else {
+                tracing::warn!(limit = name, detail = %l.detail, "sandbox limit NOT enforced on this node");
+            }
         }
     }
 

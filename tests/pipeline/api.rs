@@ -254,6 +254,16 @@ async fn health_metrics_and_openapi() {
     assert_eq!(h["status"], "ok");
     assert_eq!(h["nats"]["ok"], true);
     assert_eq!(h["database"]["ok"], true);
+    // What the host's sandboxes are held to, and what they are not, with the reason.
+    let sb = &h["sandbox"];
+    assert_eq!(sb["local_backend"]["enforced"], true, "{sb:#}");
+    assert_eq!(sb["workspace_disk"]["enforced"], false, "{sb:#}");
+    for limit in ["network", "memory", "processes", "workspace_disk"] {
+        assert!(
+            sb[limit]["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{limit}: {sb:#}"
+        );
+    }
 
     let text = reqwest::get(format!("{}/metrics", env.base))
         .await
