@@ -468,13 +468,35 @@ async fn main() {
         drop(sb.client);
         backends.stop(&req.dir).await.unwrap();
     }
-    let (ready, floor) = (stats(ready), stats(floor));
+    // The same with `network: true`: slirp4netns and the deny routes on top.
+    let mut ready_net = Vec::new();
+    for _ in 0..starts {
+        let mut req = request(root.path(), BackendKind::Bwrap, &[]);
+        req.network = true;
+        let t = Instant::now();
+        let sb = backends
+            .get(BackendKind::Bwrap)
+            .start(&req)
+            .await
+            .expect("networked bwrap sandbox");
+        ready_net.push(t.elapsed());
+        drop(sb.client);
+        backends.stop(&req.dir).await.unwrap();
+    }
+    let (ready, floor, ready_net) = (stats(ready), stats(floor), stats(ready_net));
     println!(
         "| bwrap sandbox start → tools ready ({starts} starts) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap |",
         us(ready.p50),
         us(ready.p99),
         us(floor.p50),
         us(ready.p50.saturating_sub(floor.p50))
+    );
+    println!(
+        "| bwrap sandbox with `network: true` start → tools ready ({starts} starts) | p50 {}, p99 {} | the same without network p50 {} | +{} for its own network |",
+        us(ready_net.p50),
+        us(ready_net.p99),
+        us(ready.p50),
+        us(ready_net.p50.saturating_sub(ready.p50))
     );
     println!(
         "| sandbox server RSS after the runs above | {} (CPython engine sandbox), {} (IPython) | — | — |",

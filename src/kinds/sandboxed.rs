@@ -203,14 +203,11 @@ pub fn record_export(out: &mut serde_json::Value, export: Result<ExportResult, S
     }
 }
 
-fn zero(reason: String, extra: serde_json::Value) -> EvalOutput {
-    let mut details = serde_json::json!({ "error": reason });
-    if let (Some(d), Some(x)) = (details.as_object_mut(), extra.as_object()) {
-        d.extend(x.clone());
-    }
+/// Reward 0 for an episode whose changes could not be scored, with the reason.
+fn zero(reason: String) -> EvalOutput {
     EvalOutput {
         reward: 0.0,
-        details,
+        details: serde_json::json!({ "error": reason }),
     }
 }
 
@@ -227,7 +224,7 @@ pub async fn eval(
     let job_id = &ctx.job.id;
     let run = ctx.job.run_output.as_ref();
     if let Some(e) = run.and_then(|o| o["export_error"].as_str()) {
-        return Ok(zero(e.to_string(), serde_json::json!({})));
+        return Ok(zero(e.to_string()));
     }
     let changes: Option<ExportResult> =
         run.and_then(|o| serde_json::from_value(o["export"].clone()).ok());
@@ -259,10 +256,10 @@ async fn score(
     let applied = match client.apply(&args).await {
         Ok(Ok(r)) => serde_json::to_value(r).unwrap_or_default(),
         Ok(Err(e)) if matches!(e.code, ErrorCode::ToolFailed | ErrorCode::TooLarge) => {
-            return Ok(zero(
-                format!("the agent's changes could not be applied: {}", e.message),
-                serde_json::json!({}),
-            ));
+            return Ok(zero(format!(
+                "the agent's changes could not be applied: {}",
+                e.message
+            )));
         }
         Ok(Err(e)) => {
             return Err(stage_error(

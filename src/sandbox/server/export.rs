@@ -85,19 +85,26 @@ impl Exporter {
         self.baseline.lock().expect("baseline lock").clone()
     }
 
-    /// Writes the working tree (tracked and untracked, not ignored) as a tree object,
-    /// through a private copy of the index; returns its id.
-    async fn write_tree(&self) -> Result<String, ToolError> {
-        let index = self.ctl_dir.join("export-index");
+    /// Stages the whole working tree (tracked and untracked, not ignored) in a private
+    /// copy of the index, so the agent's own staging is left alone, and runs `git args`
+    /// against that index; returns its output.
+    async fn staged(&self, args: &[&str]) -> Result<Vec<u8>, ToolError> {
+        let index = self
+            .ctl_dir
+            .join(format!("index-{}", uuid::Uuid::new_v4().simple()));
         let env = self.private_index(&index).await?;
         let env = [("GIT_INDEX_FILE", env.as_os_str())];
-        git(&self.workdir, &env, &["add", "-A"])
-            .await
-            .map_err(failed)?;
-        let tree = git(&self.workdir, &env, &["write-tree"])
-            .await
-            .map_err(failed)?;
+        let out = match git(&self.workdir, &env, &["add", "-A"]).await {
+            Ok(_) => git(&self.workdir, &env, args).await,
+            Err(e) => Err(e),
+        };
         let _ = std::fs::remove_file(&index);
+        out.map_err(failed)
+    }
+
+    /// Writes the working tree as a tree object; returns its id.
+    async fn write_tree(&self) -> Result<String, ToolError> {
+        let tree = self.staged(&["write-tree"]).await?;
         Ok(String::from_utf8_lossy(&tree).trim().to_string())
     }
 
@@ -155,20 +162,9 @@ impl Exporter {
         match (self.current(), &args.base) {
             (Baseline::Git(head), base) => {
                 let base = base.clone().unwrap_or(head);
-                let index = self.ctl_dir.join("export-index");
-                let env = self.private_index(&index).await?;
-                let env = [("GIT_INDEX_FILE", env.as_os_str())];
-                git(&self.workdir, &env, &["add", "-A"])
-                    .await
-                    .map_err(failed)?;
-                let diff = git(
-                    &self.workdir,
-                    &env,
-                    &["diff", "--cached", "--binary", &base],
-                )
-                .await
-                .map_err(failed)?;
-                let _ = std::fs::remove_file(&index);
+                let diff = self
+                    .staged(&["diff", "--cached", "--binary", &base])
+                    .await?;
                 if diff.len() > max {
                     return Err(too_large(format!(
                         "the workspace's changes are a {} byte diff, over the export limit of {max} bytes",
@@ -283,27 +279,16 @@ impl Exporter {
         let _ = std::fs::remove_file(&patch);
         applied.map_err(|e| failed(format!("the changes do not apply: {e}")))?;
         // What changed, against the baseline, as git sees the working tree now.
-        let index = self.ctl_dir.join("apply-index");
-        let env = self.private_index(&index).await?;
-        let env = [("GIT_INDEX_FILE", env.as_os_str())];
-        git(&self.workdir, &env, &["add", "-A"])
-            .await
-            .map_err(failed)?;
-        let names = git(
-            &self.workdir,
-            &env,
-            &[
+        let names = self
+            .staged(&[
                 "diff",
                 "--cached",
                 "--name-only",
                 "-z",
                 "--no-renames",
                 base,
-            ],
-        )
-        .await
-        .map_err(failed)?;
-        let _ = std::fs::remove_file(&index);
+            ])
+            .await?;
         result.changed = split_z(&names);
         let in_base: BTreeSet<String> = split_z(
             &git(
