@@ -57,14 +57,7 @@ impl Check {
                 message: "must not be empty".into(),
             });
         }
-        for path in self.files.keys() {
-            if !crate::sandbox::spec::is_relative_inside(path) {
-                return Err(SpecError {
-                    path: format!("{prefix}.files.{path}"),
-                    message: "file paths must be relative and stay inside the workspace (no `..`, no leading `/`)".into(),
-                });
-            }
-        }
+        crate::sandbox::spec::check_file_paths(&format!("{prefix}.files"), self.files.keys())?;
         for (i, p) in self.protect.iter().enumerate() {
             if let Err(e) = crate::sandbox::server::export::check_pattern(p) {
                 return Err(SpecError {

@@ -17,6 +17,10 @@ use super::{BackendKind, Label, Sandbox, SandboxBackend, SandboxError, StartRequ
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+/// The worker's environment variables `apptainer` keeps (its own configuration, and the
+/// user's home and temporary directory); nothing else of the worker's reaches it.
+const KEEP_ENV: &[&str] = &["APPTAINER", "SINGULARITY", "HOME", "USER", "TMPDIR"];
+
 /// Where the server binary appears inside the instance.
 pub const SERVER_PATH: &str = "/run/rollout-sandbox";
 
@@ -126,10 +130,7 @@ impl SandboxBackend for ApptainerBackend {
         // reaper a label that names it.
         label.write()?;
         let mut start = tokio::process::Command::new(&self.program);
-        super::clean_env(
-            &mut start,
-            &["APPTAINER", "SINGULARITY", "HOME", "USER", "TMPDIR"],
-        );
+        super::clean_env(&mut start, KEEP_ENV);
         let out = start
             .args(self.start_args(req, image))
             .kill_on_drop(true)
@@ -152,10 +153,7 @@ impl SandboxBackend for ApptainerBackend {
         }
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(self.exec_args(req));
-        super::clean_env(
-            &mut cmd,
-            &["APPTAINER", "SINGULARITY", "HOME", "USER", "TMPDIR"],
-        );
+        super::clean_env(&mut cmd, KEEP_ENV);
         let limits = super::Limits {
             processes: 0,
             ..req.limits

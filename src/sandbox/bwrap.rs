@@ -6,8 +6,10 @@
 //! programs need are bound read-only; the workspace (`/workspace`) is the only writable
 //! bind, beside size-limited private tmpfs mounts (`/tmp`, `/dev/shm`, the server's own
 //! directory). The server's listening socket is passed in as a descriptor, and bwrap
-//! starts with an empty environment, so nothing of the worker's is readable inside. Process, memory, file-size and CPU limits are rlimits set on `bwrap`
-//! before it starts and inherited by everything inside.
+//! starts with an empty environment, so nothing of the worker's is readable inside.
+//! Memory and processes are limited per sandbox by a cgroup where the worker may make
+//! one (see [`super::cgroup`]); process, memory, file-size and CPU rlimits are set on
+//! `bwrap` before it starts and inherited by everything inside.
 //!
 //! The process limit (RLIMIT_NPROC) is counted by the kernel per *host* user, across
 //! user namespaces, and real root is exempt from it. So when the worker runs as root,

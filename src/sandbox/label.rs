@@ -141,23 +141,17 @@ impl Label {
 
     /// The root process, if it is still the one this label recorded.
     pub fn live_pid(&self) -> Option<i32> {
-        let pid = self.pid?;
-        let start = process_start(pid)?;
-        (self.pid_start == Some(start)).then_some(pid)
+        still_running(self.pid, self.pid_start)
     }
 
     /// The namespace init, if it is still the one this label recorded.
     pub fn live_ns_init(&self) -> Option<i32> {
-        let pid = self.ns_init?;
-        let start = process_start(pid)?;
-        (self.ns_init_start == Some(start)).then_some(pid)
+        still_running(self.ns_init, self.ns_init_start)
     }
 
     /// The network helper, if it is still the one this label recorded.
     pub fn live_net_helper(&self) -> Option<i32> {
-        let pid = self.net_helper?;
-        let start = process_start(pid)?;
-        (self.net_helper_start == Some(start)).then_some(pid)
+        still_running(self.net_helper, self.net_helper_start)
     }
 
     /// Kills every process the label records, with their descendants.
@@ -192,6 +186,13 @@ impl Label {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+}
+
+/// `pid`, if a process with that pid and that start time still exists (a reused pid is
+/// another process).
+fn still_running(pid: Option<i32>, start: Option<u64>) -> Option<i32> {
+    let pid = pid?;
+    (start.is_some() && process_start(pid) == start).then_some(pid)
 }
 
 /// Whether `pid` has exited and waits only to be reaped.

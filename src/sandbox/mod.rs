@@ -279,9 +279,13 @@ pub fn check_socket_path(socket: &Path) -> Result<(), SandboxError> {
 /// sandbox's files, setuid ones made inside included, are then out of reach of every
 /// other user of the host.
 pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    dir_with_mode(dir, 0o700)
+}
+
+fn dir_with_mode(dir: &Path, mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
 }
 
 /// Creates the directory that holds a node's sandboxes. Private (0700) to the worker;
@@ -289,14 +293,12 @@ pub fn private_dir(dir: &Path) -> std::io::Result<()> {
 /// it to reach their own directories (each 0700 and theirs), so it is 0711: enterable,
 /// not listable.
 pub fn sandboxes_root(root: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(root)?;
     let mode = if nix::unistd::geteuid().is_root() {
         0o711
     } else {
         0o700
     };
-    std::fs::set_permissions(root, std::fs::Permissions::from_mode(mode))
+    dir_with_mode(root, mode)
 }
 
 /// Binds the sandbox's socket at `path` (replacing a stale one) for the server to serve

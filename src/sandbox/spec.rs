@@ -129,14 +129,7 @@ impl SandboxSpec {
                 "the apptainer backend needs an image (a .sif file or URI)".into(),
             ));
         }
-        for path in self.files.keys() {
-            if !is_relative_inside(path) {
-                return Err(err(
-                    &format!("files.{path}"),
-                    "file paths must be relative and stay inside the workspace (no `..`, no leading `/`)".into(),
-                ));
-            }
-        }
+        check_file_paths(&format!("{prefix}.files"), self.files.keys())?;
         for key in self.env.keys() {
             let ok = !key.is_empty()
                 && !key.starts_with(|c: char| c.is_ascii_digit())
@@ -194,8 +187,25 @@ impl SandboxSpec {
     }
 }
 
+/// Checks that every path in `paths` is relative and stays inside the workspace;
+/// `prefix` is their map's path in the task (for messages).
+pub fn check_file_paths<'a>(
+    prefix: &str,
+    paths: impl IntoIterator<Item = &'a String>,
+) -> Result<(), SpecError> {
+    for path in paths {
+        if !is_relative_inside(path) {
+            return Err(SpecError {
+                path: format!("{prefix}.{path}"),
+                message: "file paths must be relative and stay inside the workspace (no `..`, no leading `/`)".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Whether `path` is relative and stays inside the directory it is joined to.
-pub fn is_relative_inside(path: &str) -> bool {
+pub(crate) fn is_relative_inside(path: &str) -> bool {
     let p = Path::new(path);
     !path.is_empty()
         && p.components()

@@ -22,7 +22,7 @@ use crate::sandbox::protocol::{
 };
 use base64::Engine;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -416,12 +416,8 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
 
 /// `rel` under `root`, refusing paths that leave it.
 fn inside(root: &Path, rel: &str) -> Result<PathBuf, ToolError> {
-    let p = Path::new(rel);
-    let ok = !rel.is_empty()
-        && p.components()
-            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
-    if ok {
-        Ok(root.join(p))
+    if crate::sandbox::spec::is_relative_inside(rel) {
+        Ok(root.join(rel))
     } else {
         Err(failed(format!("path `{rel}` leaves the workspace")))
     }
