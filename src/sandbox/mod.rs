@@ -24,6 +24,7 @@ pub mod local;
 pub mod net;
 pub mod node;
 pub mod protocol;
+pub mod quota;
 pub mod server;
 pub mod spec;
 
@@ -86,6 +87,9 @@ pub struct Limits {
     pub tmp_bytes: u64,
     /// Size of the private `/dev/shm` (tmpfs), in bytes.
     pub shm_bytes: u64,
+    /// Size of the workspace's own filesystem, in bytes, where the node can give it one
+    /// (a root worker with loop devices, see [`quota`]); elsewhere reported as not held.
+    pub workspace_bytes: u64,
 }
 
 impl Default for Limits {
@@ -97,6 +101,7 @@ impl Default for Limits {
             cpu_seconds: 3600,
             tmp_bytes: 512 << 20,
             shm_bytes: 64 << 20,
+            workspace_bytes: 10 << 30,
         }
     }
 }
@@ -249,12 +254,16 @@ impl Backends {
     }
 
     /// Stops the sandbox in `dir` through its label, with whichever backend started it,
-    /// waits until its root process is gone, and removes the directory.
+    /// waits until its root process is gone, unmounts its workspace and removes the
+    /// directory.
     pub async fn stop(&self, dir: &Path) -> Result<(), SandboxError> {
         if let Some(label) = Label::read(dir)? {
             self.get(label.backend).stop(&label).await?;
             label.wait_gone(Duration::from_secs(5)).await;
         }
+        // A mounted workspace (the disk quota) must be detached first, or removing the
+        // directory would stop at it.
+        quota::unmount_under(dir)?;
         match std::fs::remove_dir_all(dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

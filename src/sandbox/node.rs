@@ -74,6 +74,7 @@ pub struct NodeSandboxes {
     server_bin: PathBuf,
     store: Arc<dyn Store>,
     node: String,
+    quota: super::quota::WorkspaceQuota,
 }
 
 impl NodeSandboxes {
@@ -109,6 +110,7 @@ impl NodeSandboxes {
             server_bin: settings.sandbox_server_bin(),
             store,
             node: settings.node.name.clone(),
+            quota: super::quota::WorkspaceQuota::probe(),
         }
     }
 
@@ -171,10 +173,20 @@ impl NodeSandboxes {
                     format!("not per sandbox: the worker's sandboxes share one process budget ({how})")
                 },
             ),
-            workspace_disk: limit(
-                false,
-                "not enforced: the workspace is a directory on the node's filesystem; single files are capped by limits.file_size_bytes, /tmp and /dev/shm by their tmpfs sizes".into(),
-            ),
+            workspace_disk: match &self.quota {
+                _ if self.settings.limits.workspace_bytes == 0 => limit(
+                    false,
+                    "not enforced: limits.workspace_bytes is 0; single files are capped by limits.file_size_bytes, /tmp and /dev/shm by their tmpfs sizes".into(),
+                ),
+                super::quota::WorkspaceQuota::Loop { .. } => limit(
+                    true,
+                    "limits.workspace_bytes holds for each workspace (a loop-mounted ext4 image, nosuid, nodev)".into(),
+                ),
+                super::quota::WorkspaceQuota::Unavailable { why } => limit(
+                    false,
+                    format!("not enforced: {why}; the workspace is a directory on the node's filesystem, single files are capped by limits.file_size_bytes, /tmp and /dev/shm by their tmpfs sizes"),
+                ),
+            },
             local_backend: limit(
                 !self.settings.allow_local,
                 if self.settings.allow_local {
@@ -256,6 +268,15 @@ impl NodeSandboxes {
                 })?;
         }
         let mine = Some(generation);
+        let limits = spec.limits.apply(self.settings.limits);
+        if let Err(e) = self
+            .quota
+            .mount(&dir, &workspace, limits.workspace_bytes)
+            .await
+        {
+            self.remove(job_id, purpose, mine).await;
+            return Err(e);
+        }
         if let Err(message) = spec.prepare(&workspace).await {
             self.remove(job_id, purpose, mine).await;
             return Err(SandboxError::Config(format!(
@@ -270,7 +291,7 @@ impl NodeSandboxes {
             server_bin: self.server_bin.clone(),
             network: spec.network,
             env: spec.env.clone(),
-            limits: spec.limits.apply(self.settings.limits),
+            limits,
             image: spec.image.clone(),
             fakeroot: spec.fakeroot,
             ro_binds,

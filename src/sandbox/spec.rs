@@ -84,6 +84,9 @@ pub struct LimitOverrides {
     /// See [`Limits::shm_bytes`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shm_bytes: Option<u64>,
+    /// See [`Limits::workspace_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_bytes: Option<u64>,
 }
 
 impl LimitOverrides {
@@ -96,6 +99,7 @@ impl LimitOverrides {
             cpu_seconds: self.cpu_seconds.unwrap_or(base.cpu_seconds),
             tmp_bytes: self.tmp_bytes.unwrap_or(base.tmp_bytes),
             shm_bytes: self.shm_bytes.unwrap_or(base.shm_bytes),
+            workspace_bytes: self.workspace_bytes.unwrap_or(base.workspace_bytes),
         }
     }
 }

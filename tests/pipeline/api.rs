@@ -257,7 +257,11 @@ async fn health_metrics_and_openapi() {
     // What the host's sandboxes are held to, and what they are not, with the reason.
     let sb = &h["sandbox"];
     assert_eq!(sb["local_backend"]["enforced"], true, "{sb:#}");
-    assert_eq!(sb["workspace_disk"]["enforced"], false, "{sb:#}");
+    assert_eq!(
+        sb["workspace_disk"]["enforced"],
+        rollout::sandbox::quota::WorkspaceQuota::probe().enforced(),
+        "{sb:#}"
+    );
     for limit in ["network", "memory", "processes", "workspace_disk"] {
         assert!(
             sb[limit]["detail"].as_str().is_some_and(|d| !d.is_empty()),

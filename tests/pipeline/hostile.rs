@@ -244,3 +244,64 @@ async fn the_local_backend_is_refused_unless_allowed() {
         .await
         .expect("allowed by the operator");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workspace_cannot_fill_the_nodes_disk() {
+    let quota = rollout::sandbox::quota::WorkspaceQuota::probe();
+    if !quota.enforced() {
+        // Where the node cannot hold a quota, it says so rather than pretending.
+        let env = TestEnv::start(|_| {}).await;
+        let health: serde_json::Value = reqwest::get(format!("{}/healthz", env.base))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let report = &health["sandbox"]["workspace_disk"];
+        assert_eq!(report["enforced"], false, "{health:#}");
+        return;
+    }
+    // 200 MB into a 64 MiB workspace; the filesystem is nosuid and nodev.
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(1);
+    let mut task = shell(serde_json::json!({
+        "sandbox": {"limits": {"workspace_bytes": 64 << 20}},
+        "steps": [bash(
+            "dd if=/dev/zero of=fill bs=1M count=200 2>&1; echo du=$(du -sm fill | cut -f1); \
+             grep ' /workspace ' /proc/self/mountinfo"
+        )],
+        "check": {"command": "true"},
+    }));
+    task.client_id = Some("quota-0".into());
+    env.submit(&[task], "quota").await;
+    let id = env.wait_results("quota", 1, Duration::from_secs(120)).await[0]
+        .job_id
+        .clone();
+    let r = env.client.job(&id).await.unwrap().result.unwrap();
+    assert_eq!(r.status, Status::Done, "{r:?}");
+    let out = r.output["run"]["steps"][0].to_string();
+    assert!(out.contains("No space left on device"), "{out}");
+    let du: u64 = out
+        .split("du=")
+        .nth(1)
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no du in {out}"));
+    assert!(du <= 64, "{du} MB written into a 64 MiB workspace");
+    assert!(out.contains("nosuid") && out.contains("nodev"), "{out}");
+    // Once the job has ended its sandboxes go, and their filesystems with them.
+    let root = env.deps.settings.sandbox_root();
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(root.to_str().unwrap()))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !mounted().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(mounted(), Vec::<String>::new());
+}
