@@ -311,6 +311,12 @@ impl SandboxBackend for BwrapBackend {
         let mut net = None;
         let mut sync_fd = None;
         if req.network {
+            // Refuse at once, with the reason, rather than after starting bwrap; never
+            // fall back to the host's network.
+            super::net::probe(&self.net).map_err(|message| SandboxError::Start {
+                backend: "bwrap",
+                message,
+            })?;
             std::fs::write(req.dir.join("resolv.conf"), super::net::resolv_conf())?;
             let (exit_read, exit_write) =
                 nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;

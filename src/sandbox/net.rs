@@ -368,6 +368,19 @@ pub fn probe(settings: &NetSettings) -> Result<(), String> {
             settings.ip.display()
         ));
     }
+    // slirp4netns opens the TUN device inside the sandbox's namespaces, as the worker's
+    // user: a device only root may open (mode 0600, as some hosts and containers have
+    // it) leaves an unprivileged worker without a way to connect a sandbox.
+    let tun = Path::new("/dev/net/tun");
+    if let Err(e) = nix::unistd::access(
+        tun,
+        nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK,
+    ) {
+        return Err(format!(
+            "{} cannot be opened by this worker's user ({e}); it is mode 0666 on most distributions, so ask the administrator to make it so (or run the worker as root); tasks with network: true will fail to start",
+            tun.display()
+        ));
+    }
     Ok(())
 }
 

@@ -5,9 +5,13 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The server binary cargo built for this test run.
+/// The server binary cargo built for this test run, or a copy named by
+/// `ROLLOUT_TEST_SANDBOX_BIN` (the unprivileged re-run of the hostile suite uses one
+/// that user can read).
 pub fn server_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_rollout-sandbox"))
+    std::env::var_os("ROLLOUT_TEST_SANDBOX_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_rollout-sandbox")))
 }
 
 /// A running sandbox and the directory that holds it.

@@ -26,10 +26,26 @@ fn host_addrs() -> Vec<Ipv4Addr> {
         .collect()
 }
 
-async fn networked() -> TestSandbox {
+/// A `network: true` sandbox, where this worker can connect one. Where it cannot (no
+/// slirp4netns, or a TUN device only root may open, as for an unprivileged worker on some
+/// hosts), checks that the start is refused with the reason, never run on the host's
+/// network, and gives `None`.
+async fn networked() -> Option<TestSandbox> {
     let (root, mut req) = request(BackendKind::Bwrap, &[]);
     req.network = true;
-    start_with(root, req).await
+    let settings = rollout::sandbox::net::NetSettings::default();
+    if let Err(why) = rollout::sandbox::net::probe(&settings) {
+        let err = rollout::sandbox::Backends::default()
+            .get(BackendKind::Bwrap)
+            .start(&req)
+            .await
+            .err()
+            .expect("a network: true sandbox does not start without its own network");
+        assert!(err.to_string().contains(&why), "{err}");
+        eprintln!("network: true refused here, as it must be: {why}");
+        return None;
+    }
+    Some(start_with(root, req).await)
 }
 
 #[tokio::test]
@@ -43,7 +59,7 @@ async fn a_networked_sandbox_cannot_reach_the_hosts_services() {
         lo.local_addr().unwrap().port(),
         any.local_addr().unwrap().port(),
     );
-    let t = networked().await;
+    let Some(t) = networked().await else { return };
     let mut targets = vec![
         (IpAddr::from([127, 0, 0, 1]), lo_port),
         // The host's loopback seen through the user-mode network's gateway.
@@ -112,7 +128,7 @@ def route(ip):
 
 #[tokio::test]
 async fn a_networked_sandboxs_helper_dies_with_it() {
-    let t = networked().await;
+    let Some(t) = networked().await else { return };
     let helper = t.sb.label.live_net_helper().expect("slirp4netns recorded");
     t.stop().await;
     assert!(
@@ -127,9 +143,12 @@ async fn the_workers_environment_is_not_readable_inside() {
     // Cargo runs this test with CARGO_* variables; none may show in any process inside.
     assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")));
     for network in [false, true] {
-        let (root, mut req) = request(BackendKind::Bwrap, &[]);
-        req.network = network;
-        let t = start_with(root, req).await;
+        let t = if network {
+            let Some(t) = networked().await else { continue };
+            t
+        } else {
+            start(BackendKind::Bwrap, &[]).await
+        };
         t.sb.client.python("1", None).await.unwrap();
         let r = sh(
             &t,
@@ -413,4 +432,102 @@ async fn one_sandboxs_fork_bomb_does_not_starve_another() {
 async fn host_is_fine(t: &TestSandbox) {
     let r = sh(t, "echo alive").await;
     assert_eq!(r.output, "alive\n");
+}
+
+/// Set in the unprivileged re-run of this suite, so that it does not start another.
+const UNPRIVILEGED_RUN: &str = "ROLLOUT_TEST_UNPRIVILEGED";
+
+/// The whole suite again as an unprivileged user, which is how workers run on a shared
+/// cluster: when this run is root and the machine lets an unprivileged user make the
+/// namespaces bwrap needs, this test binary and the sandbox server are copied where
+/// `nobody` can run them and the `hostile::` tests are run as `nobody`. (A run that is not
+/// root already is that run.) What cannot hold without root (per-sandbox cgroups, the
+/// workspace quota) is reported as not enforced, never silently missing.
+///
+/// Where the host's TUN device is root's only (mode 0600), the first run checks that
+/// `network: true` is refused with the reason; a second run then gives `nobody` a TUN
+/// device it may open, in a mount namespace of its own (nothing on the host changes),
+/// so the unprivileged network path is attacked as well.
+#[test]
+fn the_suite_holds_for_an_unprivileged_worker() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os(UNPRIVILEGED_RUN).is_some() || !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let nobody = nix::unistd::User::from_name("nobody")
+        .unwrap()
+        .expect("a `nobody` user");
+    let (uid, gid) = (nobody.uid.as_raw(), nobody.gid.as_raw());
+    let can_unshare = std::process::Command::new("bwrap")
+        .args([
+            "--unshare-all",
+            "--unshare-user",
+            "--ro-bind",
+            "/",
+            "/",
+            "true",
+        ])
+        .uid(uid)
+        .gid(gid)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !can_unshare {
+        eprintln!("skipped: an unprivileged user cannot create user namespaces here");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("rsb-nobody")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let me = dir.path().join("suite");
+    let server = dir.path().join("rollout-sandbox");
+    std::fs::copy(std::env::current_exe().unwrap(), &me).unwrap();
+    std::fs::copy(crate::helpers::server_bin(), &server).unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(uid), Some(gid)).unwrap();
+    let tun_is_roots =
+        std::fs::metadata("/dev/net/tun").is_ok_and(|m| m.permissions().mode() & 0o006 != 0o006);
+    let as_nobody = format!("setpriv --reuid={uid} --regid={gid} --clear-groups");
+    let mut runs = vec![("as the host has it", as_nobody.clone())];
+    if tun_is_roots {
+        runs.push((
+            "with a TUN device nobody may open",
+            format!(
+                "d=$(mktemp -d) && mount -t tmpfs tmpfs \"$d\" && mknod -m 666 \"$d/tun\" c 10 200 \
+                 && mount --bind \"$d/tun\" /dev/net/tun && exec {as_nobody}"
+            ),
+        ));
+    }
+    for (what, prefix) in runs {
+        let out = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(format!("{prefix} \"$@\""))
+            .arg("sh")
+            .arg(&me)
+            .args(["hostile::", "--test-threads", "2"])
+            .env(UNPRIVILEGED_RUN, "1")
+            .env("ROLLOUT_TEST_SANDBOX_BIN", &server)
+            .env("HOME", &home)
+            .env("TMPDIR", &home)
+            .current_dir(&home)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "as nobody, {what}:\n{said}");
+        // The attacks did run (not zero tests by a filter gone wrong).
+        assert!(
+            said.contains(
+                "test hostile::a_networked_sandbox_cannot_reach_the_hosts_services ... ok"
+            ),
+            "{said}"
+        );
+        eprintln!("as nobody, {what}:\n{said}");
+    }
 }
