@@ -406,6 +406,9 @@ pub struct SandboxSettings {
     pub bwrap: PathBuf,
     /// The `apptainer` (or `singularity`) executable.
     pub apptainer: PathBuf,
+    /// Whether `network: true` tasks may run on the `apptainer` backend, where they share
+    /// the host's network (its loopback services included). Off, they are refused.
+    pub apptainer_host_network: bool,
     /// The `slirp4netns` executable that connects `network: true` sandboxes to the
     /// outside (they keep a network namespace of their own; see `network_deny`).
     pub slirp4netns: PathBuf,
@@ -456,6 +459,7 @@ impl Default for SandboxSettings {
             server_bin: PathBuf::new(),
             bwrap: PathBuf::from("bwrap"),
             apptainer: PathBuf::from("apptainer"),
+            apptainer_host_network: false,
             slirp4netns: PathBuf::from("slirp4netns"),
             network_deny: Vec::new(),
             cgroup_parent: None,

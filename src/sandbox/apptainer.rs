@@ -4,7 +4,8 @@
 //! A sandbox is an instance named `rollout-<job id>` (the label), started with
 //! `apptainer instance start --containall --writable-tmpfs` (the image stays read-only;
 //! writes outside the binds go to a throw-away overlay), `--net --network none` unless the
-//! task allows network, optionally `--fakeroot`, and three binds: the workspace at
+//! task allows network (the host's network then, so refused unless
+//! `sandbox.apptainer_host_network` accepts it), optionally `--fakeroot`, and three binds: the workspace at
 //! `/workspace`, the socket directory at `/run/rollout`, and the `rollout-sandbox` binary
 //! at `/run/rollout-sandbox` (read-only). The server then runs through
 //! `apptainer exec instance://<name> …`, and `apptainer instance stop <name>` ends it all.
@@ -29,12 +30,18 @@ pub const SERVER_PATH: &str = "/run/rollout-sandbox";
 pub struct ApptainerBackend {
     /// The `apptainer` (or `singularity`) executable.
     pub program: PathBuf,
+    /// Whether a `network: true` sandbox may share the host's network. Apptainer gives
+    /// an instance a network of its own only through its setuid helper and a CNI
+    /// configuration; without those, network means the host's, loopback services (the
+    /// gateway, NATS) included, so it is refused unless the operator accepts that.
+    pub host_network: bool,
 }
 
 impl Default for ApptainerBackend {
     fn default() -> Self {
         ApptainerBackend {
             program: PathBuf::from("apptainer"),
+            host_network: false,
         }
     }
 }
@@ -121,6 +128,11 @@ impl SandboxBackend for ApptainerBackend {
                 "the apptainer backend needs an image: set `sandbox.image` in the task (a .sif file or a docker:// URI)".into(),
             )
         })?;
+        if req.network && !self.host_network {
+            return Err(SandboxError::Config(
+                "an apptainer sandbox with network: true would share the host's network, its loopback services included; run such tasks on the bwrap backend (a network of their own), or set sandbox.apptainer_host_network = true to accept it".into(),
+            ));
+        }
         std::fs::create_dir_all(req.workspace())?;
         std::fs::create_dir_all(req.run_dir())?;
         let mut label = req.label.clone();

@@ -100,6 +100,7 @@ impl NodeSandboxes {
             },
             apptainer: super::apptainer::ApptainerBackend {
                 program: s.apptainer.clone(),
+                host_network: s.apptainer_host_network,
             },
         };
         NodeSandboxes {

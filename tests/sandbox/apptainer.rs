@@ -41,6 +41,7 @@ async fn instance_lifecycle_uses_the_documented_command_lines() {
     req.env.insert("TASK_FLAVOUR".into(), "sour".into());
     let backend = ApptainerBackend {
         program: program.clone(),
+        ..Default::default()
     };
     let sb = backend.start(&req).await.expect("start");
     let name = instance_name(&req.dir);
@@ -102,6 +103,7 @@ async fn instance_lifecycle_uses_the_documented_command_lines() {
     let backends = Backends {
         apptainer: ApptainerBackend {
             program: program.clone(),
+            ..Default::default()
         },
         ..Backends::default()
     };
@@ -129,6 +131,22 @@ async fn network_is_only_shared_when_the_task_allows_it() {
         "{args:?}"
     );
     assert!(!args.iter().any(|a| a == "--fakeroot"));
+    // That is the host's network, so only an operator who accepts it gets it.
+    let program = stand_in(root.path());
+    req.image = Some("img.sif".into());
+    let err = ApptainerBackend {
+        program: program.clone(),
+        ..Default::default()
+    }
+    .start(&req)
+    .await
+    .err()
+    .expect("refused");
+    assert!(
+        matches!(&err, SandboxError::Config(m) if m.contains("apptainer_host_network")),
+        "{err}"
+    );
+    assert!(calls(&program).is_empty(), "nothing was started");
     drop(root);
 }
 
@@ -136,7 +154,10 @@ async fn network_is_only_shared_when_the_task_allows_it() {
 async fn a_missing_image_is_a_clear_error() {
     let (root, mut req) = request(BackendKind::Apptainer, &[]);
     let program = stand_in(root.path());
-    let backend = ApptainerBackend { program };
+    let backend = ApptainerBackend {
+        program,
+        ..Default::default()
+    };
     let err = backend
         .start(&req)
         .await
