@@ -15,6 +15,8 @@
 //!   benchmarks and the demo.
 //! - [`config`]: the typed settings tree (file, then `ROLLOUT__SECTION__KEY` environment).
 //! - [`model`]: jobs, stages, statuses, tasks and results — the domain types.
+//! - [`nul`]: the NUL character, refused in input and replaced in output, so SQLite and
+//!   Postgres deployments store the same things.
 //! - [`store`]: durable job state behind one trait, with SQLite and Postgres backends.
 //! - [`queue`]: JetStream streams, consumers, subjects and publishing.
 //! - [`kinds`]: the task-kind interface (a hook per stage) and the `synthetic`, `shell`
@@ -40,6 +42,7 @@ pub mod local;
 pub mod metrics;
 pub mod model;
 pub mod natsd;
+pub mod nul;
 pub mod queue;
 pub mod reconciler;
 pub mod sandbox;

@@ -37,7 +37,7 @@ use crate::config::Settings;
 use crate::model::{Outcome, Status, WorkMessage};
 use crate::now_ms;
 use crate::queue::{Queue, QueueError};
-use crate::store::{FinishIf, Store, StoreError};
+use crate::store::{AbandonedRun, FinishIf, StaleJob, Store, StoreError};
 
 /// A failed sweep (retried at the next interval).
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +67,8 @@ pub struct Sweep {
     pub restarted: usize,
     /// Results published.
     pub results_published: usize,
+    /// Jobs that could not be repaired this time (each logged with its id).
+    pub errors: usize,
 }
 
 /// Runs sweeps every `reconciler.interval_ms`, and handles max-deliveries advisories,
@@ -95,6 +97,7 @@ pub async fn run(
                 failed = s.failed,
                 restarted = s.restarted,
                 results_published = s.results_published,
+                errors = s.errors,
                 "reconciler repaired hand-offs"
             ),
             Ok(_) => {}
@@ -103,7 +106,10 @@ pub async fn run(
     }
 }
 
-/// One sweep.
+/// One sweep. Each job is repaired on its own: one that cannot be (a row the database
+/// rejects, a publish that fails) is logged with its id and counted in
+/// [`Sweep::errors`], and the sweep goes on to the others. Only a failure to list the
+/// work at all ends a sweep early.
 pub async fn sweep(
     store: &dyn Store,
     queue: &Queue,
@@ -117,81 +123,34 @@ pub async fn sweep(
         .await?
     {
         let id = job.msg.job_id.clone();
-        match job.status {
-            Status::Queued => {
-                if store.touch(&job.msg, now).await? {
-                    queue.publish_work(&job.msg, job.route.as_deref()).await?;
-                    store
-                        .record_event(&id, "republished", Some(job.msg.stage), None, None, now)
-                        .await?;
-                    out.republished += 1;
-                }
-            }
-            _ if job.attempts >= 3 * settings.queue.delivery_limit => {
-                let outcome = Outcome {
-                    status: Status::Failed,
-                    reward: None,
-                    error: Some(format!(
-                        "{} stage stuck: started {} times, and its last worker stopped renewing \
-                         its lease; giving up",
-                        job.msg.stage, job.attempts
-                    )),
-                    eval_output: None,
-                    run_output: None,
-                };
-                let cond = FinishIf::Unleased(job.msg.clone());
-                if let Some(result) = store.finish(&cond, &id, &outcome, now).await? {
-                    crate::worker::publish_result(queue, store, &result).await;
-                    out.failed += 1;
-                }
-            }
-            _ => {
-                if let Some(next) = store.requeue(&job.msg, now).await? {
-                    queue.publish_work(&next, job.route.as_deref()).await?;
-                    store
-                        .record_event(
-                            &id,
-                            "requeued",
-                            Some(next.stage),
-                            None,
-                            Some("lease lapsed"),
-                            now,
-                        )
-                        .await?;
-                    out.requeued += 1;
-                }
-            }
-        }
+        let (what, done, counter) = match job.status {
+            Status::Queued => (
+                "re-publish",
+                republish(store, queue, &job, now).await,
+                &mut out.republished,
+            ),
+            _ if job.attempts >= 3 * settings.queue.delivery_limit => (
+                "fail",
+                fail_stuck(store, queue, &job, now).await,
+                &mut out.failed,
+            ),
+            _ => (
+                "requeue",
+                requeue(store, queue, &job, now).await,
+                &mut out.requeued,
+            ),
+        };
+        count(&id, what, done, counter, &mut out.errors);
     }
     for run in store.abandoned_runs(now, r.batch_limit).await? {
         let id = run.msg.job_id.clone();
         let max = settings.sandbox.max_restarts;
         if run.restarts >= max {
-            let outcome = Outcome {
-                status: Status::Failed,
-                reward: None,
-                error: Some(format!(
-                    "node {} stopped renewing the lease of the job's sandbox (the node is gone) \
-                     and the job was already sent back to INIT {max} times; giving up",
-                    run.node
-                )),
-                eval_output: None,
-                run_output: None,
-            };
-            let cond = FinishIf::Unleased(run.msg.clone());
-            if let Some(result) = store.finish(&cond, &id, &outcome, now).await? {
-                crate::worker::publish_result(queue, store, &result).await;
-                store.delete_sandbox(&id).await?;
-                out.failed += 1;
-            }
-        } else if let Some(next) = store.restart_queued(&run.msg, max, now).await? {
-            store.delete_sandbox(&id).await?;
-            queue.publish_work(&next, None).await?;
-            let why = format!("the sandbox's node {} is gone", run.node);
-            store
-                .record_event(&id, "restarted", Some(next.stage), None, Some(&why), now)
-                .await?;
-            out.restarted += 1;
+            let done = fail_abandoned(store, queue, &run, max, now).await;
+            count(&id, "fail", done, &mut out.failed, &mut out.errors);
+        } else {
+            let done = restart_abandoned(store, queue, &run, max, now).await;
+            count(&id, "restart", done, &mut out.restarted, &mut out.errors);
         }
     }
     // Results are normally marked within milliseconds; give in-flight publishes time.
@@ -200,15 +159,176 @@ pub async fn sweep(
         .await?
     {
         // One result that cannot be published must not hold up the others.
-        match queue.publish_result(&res).await {
-            Ok(()) => {
-                store.mark_published(&[res.seq], now_ms()).await?;
-                out.results_published += 1;
-            }
-            Err(e) => tracing::warn!(job_id = %res.job_id, error = %e, "cannot publish result"),
+        let done = async {
+            queue.publish_result(&res).await?;
+            store.mark_published(&[res.seq], now_ms()).await?;
+            Ok(true)
         }
+        .await;
+        count(
+            &res.job_id,
+            "publish the result of",
+            done,
+            &mut out.results_published,
+            &mut out.errors,
+        );
     }
     Ok(out)
+}
+
+/// Adds one job's repair to its counter, or logs why it failed and counts the error.
+fn count(
+    id: &str,
+    what: &str,
+    done: Result<bool, ReconcileError>,
+    counter: &mut usize,
+    errors: &mut usize,
+) {
+    match done {
+        Ok(true) => *counter += 1,
+        Ok(false) => {}
+        Err(e) => {
+            *errors += 1;
+            tracing::warn!(job_id = %id, error = %e, "reconciler cannot {what} this job; going on with the others");
+        }
+    }
+}
+
+/// Re-publishes a queued job's hand-off (deduplicated by the server if it still exists).
+async fn republish(
+    store: &dyn Store,
+    queue: &Queue,
+    job: &StaleJob,
+    now: i64,
+) -> Result<bool, ReconcileError> {
+    if !store.touch(&job.msg, now).await? {
+        return Ok(false);
+    }
+    queue.publish_work(&job.msg, job.route.as_deref()).await?;
+    record(
+        store,
+        &job.msg.job_id,
+        "republished",
+        Some(job.msg.stage),
+        None,
+        now,
+    )
+    .await;
+    Ok(true)
+}
+
+/// Fails a job whose stage was started too often by workers that then died.
+async fn fail_stuck(
+    store: &dyn Store,
+    queue: &Queue,
+    job: &StaleJob,
+    now: i64,
+) -> Result<bool, ReconcileError> {
+    let outcome = Outcome {
+        status: Status::Failed,
+        reward: None,
+        error: Some(format!(
+            "{} stage stuck: started {} times, and its last worker stopped renewing \
+             its lease; giving up",
+            job.msg.stage, job.attempts
+        )),
+        eval_output: None,
+        run_output: None,
+    };
+    let cond = FinishIf::Unleased(job.msg.clone());
+    let Some(result) = store.finish(&cond, &job.msg.job_id, &outcome, now).await? else {
+        return Ok(false);
+    };
+    crate::worker::publish_result(queue, store, &result).await;
+    Ok(true)
+}
+
+/// Queues again a running job whose lease lapsed with no redelivery taking over.
+async fn requeue(
+    store: &dyn Store,
+    queue: &Queue,
+    job: &StaleJob,
+    now: i64,
+) -> Result<bool, ReconcileError> {
+    let Some(next) = store.requeue(&job.msg, now).await? else {
+        return Ok(false);
+    };
+    queue.publish_work(&next, job.route.as_deref()).await?;
+    record(
+        store,
+        &job.msg.job_id,
+        "requeued",
+        Some(next.stage),
+        Some("lease lapsed"),
+        now,
+    )
+    .await;
+    Ok(true)
+}
+
+/// Fails a job whose sandbox's node is gone, once it was sent back to INIT `max` times.
+async fn fail_abandoned(
+    store: &dyn Store,
+    queue: &Queue,
+    run: &AbandonedRun,
+    max: i64,
+    now: i64,
+) -> Result<bool, ReconcileError> {
+    let outcome = Outcome {
+        status: Status::Failed,
+        reward: None,
+        error: Some(format!(
+            "node {} stopped renewing the lease of the job's sandbox (the node is gone) \
+             and the job was already sent back to INIT {max} times; giving up",
+            run.node
+        )),
+        eval_output: None,
+        run_output: None,
+    };
+    let id = &run.msg.job_id;
+    let cond = FinishIf::Unleased(run.msg.clone());
+    let Some(result) = store.finish(&cond, id, &outcome, now).await? else {
+        return Ok(false);
+    };
+    crate::worker::publish_result(queue, store, &result).await;
+    store.delete_sandbox(id).await?;
+    Ok(true)
+}
+
+/// Sends a job whose sandbox's node is gone back to INIT for a sandbox elsewhere.
+async fn restart_abandoned(
+    store: &dyn Store,
+    queue: &Queue,
+    run: &AbandonedRun,
+    max: i64,
+    now: i64,
+) -> Result<bool, ReconcileError> {
+    let id = &run.msg.job_id;
+    let Some(next) = store.restart_queued(&run.msg, max, now).await? else {
+        return Ok(false);
+    };
+    store.delete_sandbox(id).await?;
+    queue.publish_work(&next, None).await?;
+    let why = format!("the sandbox's node {} is gone", run.node);
+    record(store, id, "restarted", Some(next.stage), Some(&why), now).await;
+    Ok(true)
+}
+
+/// Logs a repair in the job's event log; bookkeeping only, so a failure is a warning.
+async fn record(
+    store: &dyn Store,
+    id: &str,
+    event: &str,
+    stage: Option<crate::model::Stage>,
+    detail: Option<&str>,
+    now: i64,
+) {
+    if let Err(e) = store
+        .record_event(id, event, stage, None, detail, now)
+        .await
+    {
+        tracing::warn!(job_id = %id, error = %e, "cannot log the {event} event");
+    }
 }
 
 /// The fields of a max-deliveries advisory that matter here.

@@ -570,6 +570,15 @@ impl Worker {
                 tracing::info!("stage output discarded: the job moved on while it ran");
                 ack(msg, AckKind::Ack).await;
             }
+            Err(e) if e.is_rejected() => {
+                // Retrying the same output would be refused again: end the job with the
+                // reason instead.
+                let reason = format!(
+                    "the {} stage's output could not be recorded: {e}",
+                    work.stage
+                );
+                self.end_job(msg, held, Status::Failed, reason).await;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot record the stage output; will retry");
                 self.release_and_nak(msg, held).await;
@@ -639,6 +648,8 @@ impl Worker {
     }
 
     /// Writes the terminal state and result, publishes the result, acks.
+    /// (A store refuses no end: one the database rejects is recorded as a failure with
+    /// the reason, see `Store::finish`.)
     async fn finish(&self, msg: &jetstream::Message, held: &Held, outcome: &Outcome) {
         let cond = held.cond();
         match self

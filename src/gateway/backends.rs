@@ -7,12 +7,13 @@
 
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
 
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
+use super::params::IdPath;
 use crate::backends::{BackendSpec, BackendState};
 use crate::now_ms;
 
@@ -45,7 +46,7 @@ pub async fn list_backends(
 )]
 pub async fn get_backend(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
 ) -> Result<Json<BackendState>, ApiError> {
     state
         .store
@@ -107,7 +108,7 @@ pub async fn add_backend(
 )]
 pub async fn remove_backend(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
 ) -> Result<StatusCode, ApiError> {
     if state.store.delete_backend(&id).await? {
         tracing::info!(backend = %id, "backend removed");

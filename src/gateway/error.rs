@@ -65,7 +65,17 @@ impl ApiError {
 }
 
 impl From<crate::store::StoreError> for ApiError {
+    /// A database that cannot be reached is a 503 (retry); one that refuses the
+    /// statement, or a row that cannot be read, is a 500: retrying would not help.
     fn from(e: crate::store::StoreError) -> Self {
+        if e.is_rejected() {
+            tracing::error!(error = %e, "the database refused a request's statement");
+            return Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{e}; retrying will not help, please report this"),
+                None,
+            );
+        }
         tracing::warn!(error = %e, "database error in request");
         ApiError::unavailable(e)
     }

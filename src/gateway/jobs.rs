@@ -1,17 +1,15 @@
 //! `/v1/jobs`: submit, inspect, list and cancel jobs.
 
-use std::collections::HashMap;
-
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ApiErrorBody};
-use super::params::Params;
+use super::params::{IdPath, Params, QueryMap};
 use super::{AppState, publish_submitted};
 use crate::model::{Job, JobResult, Outcome, Status, Task, is_subject_token};
 use crate::now_ms;
@@ -151,6 +149,13 @@ fn parse_submit(state: &AppState, body: &[u8]) -> Result<(String, Vec<NewJob>), 
                 ));
             }
         }
+        let value = serde_json::to_value(&task).expect("task serialises");
+        if let Some(path) = crate::nul::find_in_json(&value) {
+            return Err(ApiError::bad_field(
+                at(&path),
+                "contains a NUL character (\\u0000), which the database cannot store; remove it, or encode the data (e.g. base64)",
+            ));
+        }
         if !(task.metadata.is_null() || task.metadata.is_object()) {
             return Err(ApiError::bad_field(
                 at("metadata"),
@@ -170,7 +175,7 @@ fn parse_submit(state: &AppState, body: &[u8]) -> Result<(String, Vec<NewJob>), 
             kind: task.kind.clone(),
             client_id: task.client_id.clone(),
             group_id: task.group_id.clone(),
-            task: serde_json::to_value(&task).expect("task serialises"),
+            task: value,
         });
     }
     Ok((batch_id, jobs))
@@ -210,7 +215,22 @@ pub async fn submit(
         ApiError::new(status, msg, None)
     })?;
     let (batch_id, jobs) = parse_submit(&state, &body)?;
-    let submitted = state.store.submit(&batch_id, &jobs, now_ms()).await?;
+    // Submits take their rows in one order, so they should not deadlock; should the
+    // database still abort one for colliding with another, it is run again here rather
+    // than handed to the caller as a 503.
+    let submitted = {
+        use backon::Retryable;
+        (|| state.store.submit(&batch_id, &jobs, now_ms()))
+            .retry(
+                backon::ExponentialBuilder::default()
+                    .with_min_delay(std::time::Duration::from_millis(10))
+                    .with_max_times(5)
+                    .with_jitter(),
+            )
+            .when(crate::store::StoreError::is_conflict)
+            .notify(|e, after| tracing::info!(error = %e, ?after, "submit collided with another; retrying"))
+            .await?
+    };
     metrics::counter!(crate::metrics::JOBS_SUBMITTED)
         .increment(submitted.iter().filter(|s| !s.duplicate).count() as u64);
     publish_submitted(&state, &submitted).await.map_err(|e| {
@@ -242,7 +262,7 @@ pub async fn submit(
 )]
 pub async fn get_job(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
 ) -> Result<Json<JobView>, ApiError> {
     let job = state
         .store
@@ -271,7 +291,7 @@ pub async fn get_job(
 )]
 pub async fn list_jobs(
     State(state): State<AppState>,
-    Query(q): Query<HashMap<String, String>>,
+    QueryMap(q): QueryMap,
 ) -> Result<Json<JobPage>, ApiError> {
     let p = Params::new(q, &["batch", "status", "limit", "cursor"])?;
     let status = match p.string("status") {
@@ -317,7 +337,7 @@ pub async fn list_jobs(
 )]
 pub async fn cancel_job(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    IdPath(id): IdPath,
 ) -> Result<Json<CancelResponse>, ApiError> {
     let outcome = Outcome {
         status: Status::Cancelled,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use futures::StreamExt;
@@ -37,7 +37,7 @@ mod params;
 pub mod results;
 
 use error::{ApiError, ApiErrorBody};
-use params::Params;
+use params::{Params, QueryMap};
 
 /// Shared state of all handlers.
 #[derive(Clone)]
@@ -193,7 +193,7 @@ pub struct StatusView {
 )]
 async fn status(
     State(state): State<AppState>,
-    Query(q): Query<std::collections::HashMap<String, String>>,
+    QueryMap(q): QueryMap,
 ) -> Result<Json<StatusView>, ApiError> {
     let p = Params::new(q, &["batch"])?;
     let batch_id = p.string("batch");

@@ -26,6 +26,9 @@ impl Params {
                 ),
             ));
         }
+        for (k, v) in &map {
+            check_text(k, v)?;
+        }
         Ok(Self { map })
     }
 
@@ -56,5 +59,57 @@ impl Params {
             ));
         }
         Ok(v)
+    }
+}
+
+/// Refuses a text parameter the database could not take or that no id can be: empty,
+/// over 256 bytes, or holding a control character (NUL among them, which Postgres cannot
+/// store; see [`crate::nul`]). A 400 naming `name`, on every database alike.
+pub fn check_text(name: &str, v: &str) -> Result<(), ApiError> {
+    if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
+        return Err(ApiError::bad_field(
+            name,
+            format!("`{name}` must be 1-256 characters, none of them control characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// The `{id}` of a path (a job or backend id), checked with [`check_text`]; also turns
+/// a path that is not UTF-8 into the API's JSON 400 instead of axum's plain text.
+pub struct IdPath(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(id) =
+            axum::extract::Path::<String>::from_request_parts(parts, state)
+                .await
+                .map_err(|e| ApiError::bad_field("id", format!("invalid `id`: {e}")))?;
+        check_text("id", &id)?;
+        Ok(IdPath(id))
+    }
+}
+
+/// The query string as a map, for [`Params::new`]; a query that cannot be decoded (not
+/// UTF-8 after percent-decoding, say) is the API's JSON 400, not axum's plain text.
+pub struct QueryMap(pub HashMap<String, String>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for QueryMap {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let axum::extract::Query(map) =
+            axum::extract::Query::<HashMap<String, String>>::from_request_parts(parts, state)
+                .await
+                .map_err(|e| ApiError::bad_field("query", format!("invalid query string: {e}")))?;
+        Ok(QueryMap(map))
     }
 }

@@ -6,12 +6,12 @@
 //! waiting readers through a subscription to `rollout.done.>`; readers also re-check the
 //! database every half second, so a missed wake-up costs at most that.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
@@ -20,7 +20,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
-use super::params::Params;
+use super::params::{Params, QueryMap};
 use crate::model::JobResult;
 
 /// Response of `GET /v1/results`.
@@ -103,7 +103,7 @@ impl Wakeup {
 )]
 pub async fn results(
     State(state): State<AppState>,
-    Query(q): Query<HashMap<String, String>>,
+    QueryMap(q): QueryMap,
 ) -> Result<Json<ResultPage>, ApiError> {
     let p = Params::new(q, &["batch", "after", "wait_ms", "limit"])?;
     let batch = p.string("batch");
@@ -148,7 +148,7 @@ pub async fn results(
 pub async fn results_stream(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    QueryMap(q): QueryMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let p = Params::new(q, &["batch", "after"])?;
     let batch = p.string("batch");

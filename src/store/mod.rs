@@ -55,6 +55,28 @@ pub enum StoreError {
     UnsupportedUrl(String),
 }
 
+impl StoreError {
+    /// Whether the database refused the statement itself (a value it cannot store, a
+    /// constraint), as opposed to not being reachable: the same statement will be
+    /// refused again, so retrying it is pointless.
+    pub fn is_rejected(&self) -> bool {
+        matches!(self, StoreError::Database(sqlx::Error::Database(_)))
+            || matches!(self, StoreError::Corrupt(_))
+    }
+
+    /// Whether the database aborted the transaction because it collided with another
+    /// (Postgres's deadlock or serialization failure): the same transaction may
+    /// succeed when run again.
+    pub fn is_conflict(&self) -> bool {
+        match self {
+            StoreError::Database(sqlx::Error::Database(e)) => {
+                matches!(e.code().as_deref(), Some("40P01") | Some("40001"))
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Shorthand for store results.
 pub type StoreResult<T> = Result<T, StoreError>;
 
@@ -268,6 +290,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<bool>;
     /// Ends the job with `outcome` if `cond` holds, writing its result and updating the
     /// batch and group counters in the same transaction. `None` if the condition failed.
+    /// An end the database refuses (for what the job's data holds) is recorded instead as
+    /// a failure whose error gives the reason, without the output, so that no job is
+    /// retried for ever; only a database that cannot be reached is an error.
     async fn finish(
         &self,
         cond: &FinishIf,

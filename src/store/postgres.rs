@@ -44,6 +44,20 @@ impl PostgresStore {
          ON CONFLICT (job_id) DO NOTHING \
          RETURNING seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at";
 
+    /// [`Self::FINISH`]'s last resort, for an end the database refused: the job fails with
+    /// `$4` as its error and an empty output, reading nothing of the job's own data.
+    const FINISH_BARE: &'static str = "INSERT INTO results (job_id, batch_id, group_id, client_id, \
+         status, reward, error, output, created_at) \
+         SELECT id, batch_id, group_id, client_id, 'failed', NULL, $4, \
+         '{\"init\":null,\"run\":null,\"eval\":null,\"metadata\":null}', $5 \
+         FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
+         AND ($2::text IS NULL OR (stage = $2 AND epoch = $3)) \
+         AND ($6::bigint IS NULL OR attempts = $6) \
+         AND ($7::bigint IS NULL OR status = 'queued' OR lease_until < $7) \
+         FOR UPDATE \
+         ON CONFLICT (job_id) DO NOTHING \
+         RETURNING seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at";
+
     /// Connects to the database at `url`.
     pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
         let pool = PgPoolOptions::new()

@@ -26,11 +26,18 @@ macro_rules! result_cols {
     };
 }
 
+/// Creates the batch row if it is new, without locking an existing one: a submit into a
+/// live batch must not hold its row (which every result of the batch updates) while it
+/// inserts its jobs.
 pub(crate) const INSERT_BATCH: &str = "INSERT INTO batches (id, created_at, submitted) \
-     VALUES ($1, $2, $3) ON CONFLICT (id) DO UPDATE SET submitted = batches.submitted + excluded.submitted";
+     VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING";
+
+/// Counts a submit's new jobs into its batch: the last statement of a submit, so the
+/// row is held only until the commit right after.
+pub(crate) const COUNT_BATCH: &str = "UPDATE batches SET submitted = submitted + $2 WHERE id = $1";
 
 pub(crate) const INSERT_GROUP: &str = "INSERT INTO prompt_groups (batch_id, id, created_at, submitted) \
-     VALUES ($1, $2, $3, 1) ON CONFLICT (batch_id, id) DO UPDATE SET submitted = prompt_groups.submitted + 1";
+     VALUES ($1, $2, $3, $4) ON CONFLICT (batch_id, id) DO UPDATE SET submitted = prompt_groups.submitted + excluded.submitted";
 
 pub(crate) const INSERT_JOB: &str = "INSERT INTO jobs (id, batch_id, group_id, client_id, kind, task, \
      status, stage, epoch, attempts, created_at, updated_at, init_queued_at) \
@@ -323,17 +330,23 @@ macro_rules! impl_store {
                 self.write_atomic(move |conn: &mut $conn| {
                     Box::pin(async move {
                         use $crate::store::shared as q;
-                        // Counted up front so the batch row exists before the jobs
-                        // reference it; corrected below for tasks that were duplicates.
                         sqlx::query(q::INSERT_BATCH)
                             .bind(&batch_id)
                             .bind(now)
-                            .bind(jobs.len() as i64)
                             .execute(&mut *conn)
                             .await?;
-                        let mut out = Vec::with_capacity(jobs.len());
-                        let mut duplicates = 0i64;
-                        for job in &jobs {
+                        // Rows are taken in one order whatever the request's (jobs by
+                        // client id, then groups by id, then the batch), so submits
+                        // that overlap never wait on each other in a cycle (a deadlock
+                        // on Postgres); answers keep the request's order.
+                        let mut order: Vec<usize> = (0..jobs.len()).collect();
+                        order.sort_by(|&a, &b| jobs[a].client_id.cmp(&jobs[b].client_id));
+                        let mut out: Vec<Option<$crate::store::Submitted>> =
+                            vec![None; jobs.len()];
+                        let mut inserted_count = 0i64;
+                        let mut groups = std::collections::BTreeMap::<&str, i64>::new();
+                        for i in order {
+                            let job = &jobs[i];
                             let task = job.task.to_string();
                             let inserted: Option<(String,)> = sqlx::query_as(q::INSERT_JOB)
                                 .bind(&job.id)
@@ -345,48 +358,52 @@ macro_rules! impl_store {
                                 .bind(now)
                                 .fetch_optional(&mut *conn)
                                 .await?;
-                            if inserted.is_some() {
+                            out[i] = Some(if inserted.is_some() {
+                                inserted_count += 1;
                                 if let Some(group) = &job.group_id {
-                                    sqlx::query(q::INSERT_GROUP)
-                                        .bind(&batch_id)
-                                        .bind(group)
-                                        .bind(now)
-                                        .execute(&mut *conn)
-                                        .await?;
+                                    *groups.entry(group.as_str()).or_default() += 1;
                                 }
-                                out.push($crate::store::Submitted {
+                                $crate::store::Submitted {
                                     id: job.id.clone(),
                                     client_id: job.client_id.clone(),
                                     status: $crate::model::Status::Queued,
                                     stage: $crate::model::Stage::Init,
                                     epoch: 0,
                                     duplicate: false,
-                                });
+                                }
                             } else {
-                                duplicates += 1;
                                 let (id, status, stage, epoch): (String, String, String, i64) =
                                     sqlx::query_as(q::SELECT_BY_CLIENT)
                                         .bind(&job.client_id)
                                         .fetch_one(&mut *conn)
                                         .await?;
-                                out.push($crate::store::Submitted {
+                                $crate::store::Submitted {
                                     id,
                                     client_id: job.client_id.clone(),
                                     status: $crate::store::rows::parse_status(&status)?,
                                     stage: $crate::store::rows::parse_stage(&stage)?,
                                     epoch,
                                     duplicate: true,
-                                });
-                            }
+                                }
+                            });
                         }
-                        if duplicates > 0 {
-                            sqlx::query(q::INSERT_BATCH)
+                        for (group, n) in groups {
+                            sqlx::query(q::INSERT_GROUP)
                                 .bind(&batch_id)
+                                .bind(group)
                                 .bind(now)
-                                .bind(-duplicates)
+                                .bind(n)
                                 .execute(&mut *conn)
                                 .await?;
                         }
+                        if inserted_count > 0 {
+                            sqlx::query(q::COUNT_BATCH)
+                                .bind(&batch_id)
+                                .bind(inserted_count)
+                                .execute(&mut *conn)
+                                .await?;
+                        }
+                        let out: Vec<$crate::store::Submitted> = out.into_iter().flatten().collect();
                         Ok(out)
                     })
                 })
@@ -496,7 +513,7 @@ macro_rules! impl_store {
                     return Ok(None);
                 };
                 let msg = msg.clone();
-                let output = output.to_string();
+                let output = $crate::nul::scrub_json(output.to_string());
                 let route = route.map(str::to_string);
                 self.write(move |conn: &mut $conn| {
                     Box::pin(async move {
@@ -559,30 +576,73 @@ macro_rules! impl_store {
                     FinishIf::Live => (None, None, None, None),
                 };
                 let job_id = job_id.to_string();
-                let outcome = outcome.clone();
+                let (outcome_status, original_error) = (outcome.status, outcome.error.clone());
+                let mut outcome = outcome.clone();
+                if let Some(e) = &mut outcome.error {
+                    *e = $crate::nul::scrub(e).into_owned();
+                }
                 let reward = if outcome.status == $crate::model::Status::Done {
                     outcome.reward
                 } else {
                     None
                 };
-                let eval_output = outcome.eval_output.as_ref().map(|v| v.to_string());
-                let run_output = outcome.run_output.as_ref().map(|v| v.to_string());
+                let eval_output = outcome
+                    .eval_output
+                    .as_ref()
+                    .map(|v| $crate::nul::scrub_json(v.to_string()));
+                let run_output = outcome
+                    .run_output
+                    .as_ref()
+                    .map(|v| $crate::nul::scrub_json(v.to_string()));
+                let stage = stage.map(str::to_string);
+                let (bare_id, bare_stage) = (job_id.clone(), stage.clone());
+                let first = self
+                    .write(move |conn: &mut $conn| {
+                        Box::pin(async move {
+                            Self::order_results(&mut *conn).await?;
+                            let row: Option<$crate::store::rows::ResultRow> =
+                                sqlx::query_as(Self::FINISH)
+                                    .bind(&job_id)
+                                    .bind(&stage)
+                                    .bind(epoch)
+                                    .bind(outcome.status.as_str())
+                                    .bind(&outcome.error)
+                                    .bind(now)
+                                    .bind(reward)
+                                    .bind(&eval_output)
+                                    .bind(attempt)
+                                    .bind(unleased_at)
+                                    .bind(&run_output)
+                                    .fetch_optional(&mut *conn)
+                                    .await?;
+                            row.map(|r| r.into_result()).transpose()
+                        })
+                    })
+                    .await;
+                let rejected = match first {
+                    Err(e) if e.is_rejected() => e,
+                    other => return other,
+                };
+                // The database refuses this end (what the job's row or output holds), and
+                // would on every retry: end the job anyway, failed, with the reason and
+                // without the output, rather than leave it to be retried for ever.
+                tracing::error!(job_id = %bare_id, error = %rejected, "cannot record the job's end with its output; recording the failure alone");
+                let error = format!(
+                    "{}the job's end ({outcome_status}) could not be recorded with its output, which was dropped: {rejected}",
+                    original_error.map(|e| format!("{e}; ")).unwrap_or_default()
+                );
                 self.write(move |conn: &mut $conn| {
                     Box::pin(async move {
                         Self::order_results(&mut *conn).await?;
                         let row: Option<$crate::store::rows::ResultRow> =
-                            sqlx::query_as(Self::FINISH)
-                                .bind(&job_id)
-                                .bind(stage)
+                            sqlx::query_as(Self::FINISH_BARE)
+                                .bind(&bare_id)
+                                .bind(&bare_stage)
                                 .bind(epoch)
-                                .bind(outcome.status.as_str())
-                                .bind(&outcome.error)
+                                .bind(&error)
                                 .bind(now)
-                                .bind(reward)
-                                .bind(&eval_output)
                                 .bind(attempt)
                                 .bind(unleased_at)
-                                .bind(&run_output)
                                 .fetch_optional(&mut *conn)
                                 .await?;
                         row.map(|r| r.into_result()).transpose()
@@ -1186,7 +1246,7 @@ macro_rules! impl_store {
                 let job_id = job_id.to_string();
                 let event = event.to_string();
                 let node = node.map(str::to_string);
-                let detail = detail.map(str::to_string);
+                let detail = detail.map(|d| $crate::nul::scrub(d).into_owned());
                 self.write(move |conn: &mut $conn| {
                     Box::pin(async move {
                         sqlx::query($crate::store::shared::INSERT_EVENT)

@@ -17,6 +17,7 @@
 //! throughput grows with load while an op alone still commits at once. Callers see
 //! exactly the semantics of one transaction per op: a reply means the op is durable.
 
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -89,6 +90,19 @@ impl SqliteStore {
          ON CONFLICT (job_id) DO NOTHING \
          RETURNING seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at";
 
+    /// [`Self::FINISH`]'s last resort, for an end the database refused: the job fails with
+    /// `$4` as its error and an empty output, reading nothing of the job's own data.
+    const FINISH_BARE: &'static str = "INSERT INTO results (job_id, batch_id, group_id, client_id, \
+         status, reward, error, output, created_at) \
+         SELECT id, batch_id, group_id, client_id, 'failed', NULL, $4, \
+         '{\"init\":null,\"run\":null,\"eval\":null,\"metadata\":null}', $5 \
+         FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
+         AND ($2 IS NULL OR (stage = $2 AND epoch = $3)) \
+         AND ($6 IS NULL OR attempts = $6) \
+         AND ($7 IS NULL OR status = 'queued' OR lease_until < $7) \
+         ON CONFLICT (job_id) DO NOTHING \
+         RETURNING seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at";
+
     /// Opens (creating if missing, with its directory) the database at `url`.
     pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
         let opts = SqliteConnectOptions::from_str(url)?
@@ -102,6 +116,9 @@ impl SqliteStore {
         {
             std::fs::create_dir_all(dir).map_err(sqlx::Error::Io)?;
         }
+        // Switching a fresh file to WAL takes an exclusive lock that SQLite does not wait
+        // for, so processes opening it together take turns.
+        let lock = setup_lock(&opts).await?;
         let writer = opts.connect().await?;
         // A local file connection cannot break the way a network one can, so the ping
         // sqlx runs on every acquire by default (which costs more than a typical
@@ -111,6 +128,7 @@ impl SqliteStore {
             .test_before_acquire(false)
             .connect_with(opts.clone())
             .await?;
+        drop(lock);
         let (ops, rx) = mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(run_writer(writer, rx));
         Ok(Self {
@@ -121,7 +139,12 @@ impl SqliteStore {
         })
     }
 
+    /// Applies the migrations under the setup lock (see [`setup_lock`]): sqlx does not
+    /// lock SQLite migrations, so processes started together on a fresh database (a
+    /// Slurm array, `docker compose up`) would each apply the first migration and all
+    /// but one would fail.
     async fn run_migrations(&self) -> StoreResult<()> {
+        let _lock = setup_lock(&self.opts).await?;
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .connect_with(self.opts.clone())
@@ -313,3 +336,66 @@ async fn run_writer(mut conn: SqliteConnection, mut rx: mpsc::Receiver<Op>) {
 }
 
 impl_store!(SqliteStore, SqliteConnection);
+
+/// An exclusive lock on `<database>.setup-lock`, held while a process opens the
+/// database and while it migrates it, so processes starting together on one file take
+/// turns; `None` for an in-memory database. The lock file stays (an empty file).
+async fn setup_lock(
+    opts: &SqliteConnectOptions,
+) -> StoreResult<Option<nix::fcntl::Flock<std::fs::File>>> {
+    let file = opts.get_filename();
+    if file.as_os_str().is_empty() || file == Path::new(":memory:") {
+        return Ok(None);
+    }
+    let mut path = file.as_os_str().to_os_string();
+    path.push(".setup-lock");
+    let path = std::path::PathBuf::from(path);
+    let lock = tokio::task::spawn_blocking(move || lock_file(&path))
+        .await
+        .map_err(|e| StoreError::Batch(format!("the database setup lock's task failed: {e}")))?
+        .map_err(sqlx::Error::Io)?;
+    Ok(Some(lock))
+}
+
+/// Opens (creating) `path` and takes an exclusive `flock` on it, waiting for any holder;
+/// released when the returned value is dropped (or the process dies).
+fn lock_file(path: &Path) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| std::io::Error::other(format!("cannot lock {}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+
+    /// Six processes' worth of stores opening one fresh database at once, five times:
+    /// every one migrates (without the lock, most trials lost some to `table … already
+    /// exists`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn stores_started_together_on_a_fresh_database_all_migrate() {
+        for trial in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("sqlite://{}", dir.path().join("r.db").display());
+            let starts: Vec<_> = (0..6)
+                .map(|_| {
+                    let url = url.clone();
+                    tokio::spawn(async move {
+                        let store = SqliteStore::connect(&url, 2).await?;
+                        store.migrate().await
+                    })
+                })
+                .collect();
+            for s in starts {
+                s.await
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("trial {trial}: {e}"));
+            }
+        }
+    }
+}

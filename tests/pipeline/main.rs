@@ -11,5 +11,6 @@ mod faults;
 mod flow;
 mod helpers;
 mod hostile;
+mod poison;
 mod results;
 mod shell;
