@@ -197,6 +197,10 @@ pub struct GatewaySettings {
     pub max_tasks_per_request: usize,
     /// Longest `wait_ms` a long-poll may ask for.
     pub max_wait_ms: u64,
+    /// Largest page of results in bytes (their stored output and error): a page ends
+    /// before the result that would take it over this, whatever `limit` asked for, but
+    /// always holds at least one result. Bounds the gateway's memory and the response.
+    pub max_page_bytes: u64,
 }
 
 impl Default for GatewaySettings {
@@ -207,6 +211,7 @@ impl Default for GatewaySettings {
             max_body_bytes: 16 * 1024 * 1024,
             max_tasks_per_request: 10_000,
             max_wait_ms: 60_000,
+            max_page_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -219,6 +224,7 @@ impl std::fmt::Debug for GatewaySettings {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_tasks_per_request", &self.max_tasks_per_request)
             .field("max_wait_ms", &self.max_wait_ms)
+            .field("max_page_bytes", &self.max_page_bytes)
             .finish()
     }
 }
@@ -374,6 +380,13 @@ pub struct ReconcilerSettings {
     /// A queued job with no change for this long has its stage message re-published (ms).
     /// Re-publishing is harmless: duplicates are dropped on pickup.
     pub stale_after_ms: u64,
+    /// A queued job's hand-off this old (ms) whose job has not changed since is published
+    /// again, once: it may have been lost with the process that wrote the job (a gateway
+    /// that died between commit and publish). Harmless when it was not lost: the server
+    /// drops the copy as a duplicate, since this is well inside
+    /// `queue.duplicate_window_ms` (hand-offs older than half of it are left to
+    /// `stale_after_ms`). 0 turns this check off.
+    pub republish_after_ms: u64,
     /// Most jobs re-published per sweep.
     pub batch_limit: i64,
 }
@@ -384,6 +397,7 @@ impl Default for ReconcilerSettings {
             enabled: true,
             interval_ms: 5_000,
             stale_after_ms: 300_000,
+            republish_after_ms: 10_000,
             batch_limit: 1000,
         }
     }

@@ -5,6 +5,10 @@
 //! job is queued but no message exists. Redelivered messages repair most of these; the
 //! reconciler catches the rest:
 //!
+//! - a **queued** job whose hand-off is `republish_after_ms` old (10 s by default) and
+//!   that has not changed since has it published once more, in case the process that
+//!   wrote the job died before publishing (a copy of a message that exists is dropped by
+//!   the server, as this is well inside its duplicate window);
 //! - a **queued** job with no change for `stale_after_ms` has its hand-off re-published
 //!   with the same `Nats-Msg-Id` (deduplicated by the server within its duplicate window;
 //!   after it, a second copy reaches a worker, which waits while the stage is held by the
@@ -67,6 +71,9 @@ pub struct Sweep {
     pub restarted: usize,
     /// Results published.
     pub results_published: usize,
+    /// Fresh hand-offs published again in case they were lost (see
+    /// `reconciler.republish_after_ms`).
+    pub handoffs_checked: usize,
     /// Jobs that could not be repaired this time (each logged with its id).
     pub errors: usize,
 }
@@ -97,6 +104,7 @@ pub async fn run(
                 failed = s.failed,
                 restarted = s.restarted,
                 results_published = s.results_published,
+                handoffs_checked = s.handoffs_checked,
                 errors = s.errors,
                 "reconciler repaired hand-offs"
             ),
@@ -126,7 +134,7 @@ pub async fn sweep(
         let (what, done, counter) = match job.status {
             Status::Queued => (
                 "re-publish",
-                republish(store, queue, &job, now).await,
+                republish(store, queue, &job, now, true).await,
                 &mut out.republished,
             ),
             _ if job.attempts >= 3 * settings.queue.delivery_limit => (
@@ -141,6 +149,27 @@ pub async fn sweep(
             ),
         };
         count(&id, what, done, counter, &mut out.errors);
+    }
+    // Hand-offs overdue by a short margin, while the server would still drop a copy of
+    // one that exists: checked once each, with no event (most are only waiting for a
+    // free worker).
+    let window = settings.queue.duplicate_window_ms as i64 / 2;
+    let after = r.republish_after_ms as i64;
+    if after > 0 && after < window {
+        for job in store
+            .overdue_handoffs(now - after, now - window, r.batch_limit)
+            .await?
+        {
+            let id = job.msg.job_id.clone();
+            let done = republish(store, queue, &job, now, false).await;
+            count(
+                &id,
+                "re-publish",
+                done,
+                &mut out.handoffs_checked,
+                &mut out.errors,
+            );
+        }
     }
     for run in store.abandoned_runs(now, r.batch_limit).await? {
         let id = run.msg.job_id.clone();
@@ -194,26 +223,30 @@ fn count(
     }
 }
 
-/// Re-publishes a queued job's hand-off (deduplicated by the server if it still exists).
+/// Re-publishes a queued job's hand-off (deduplicated by the server if it still exists),
+/// noting it in the job's events when `log` says so.
 async fn republish(
     store: &dyn Store,
     queue: &Queue,
     job: &StaleJob,
     now: i64,
+    log: bool,
 ) -> Result<bool, ReconcileError> {
     if !store.touch(&job.msg, now).await? {
         return Ok(false);
     }
     queue.publish_work(&job.msg, job.route.as_deref()).await?;
-    record(
-        store,
-        &job.msg.job_id,
-        "republished",
-        Some(job.msg.stage),
-        None,
-        now,
-    )
-    .await;
+    if log {
+        record(
+            store,
+            &job.msg.job_id,
+            "republished",
+            Some(job.msg.stage),
+            None,
+            now,
+        )
+        .await;
+    }
     Ok(true)
 }
 

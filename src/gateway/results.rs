@@ -42,7 +42,8 @@ pub struct ResultsQuery {
     after: Option<i64>,
     /// If nothing is available yet, wait up to this long for a result (ms, default 0).
     wait_ms: Option<u64>,
-    /// Page size (default 100, at most 1000).
+    /// Page size (default 100, at most 1000). A page also ends before it would exceed
+    /// `gateway.max_page_bytes` (16 MiB by default), but holds at least one result.
     limit: Option<i64>,
 }
 
@@ -58,6 +59,11 @@ pub struct StreamQuery {
 }
 
 const RECHECK: Duration = Duration::from_millis(500);
+
+/// The byte budget of one read of results (`gateway.max_page_bytes`).
+fn page_bytes(state: &AppState) -> i64 {
+    i64::try_from(state.settings.gateway.max_page_bytes).unwrap_or(i64::MAX)
+}
 
 /// A reader's own view of the result signal. Each request holds one, marks the signal
 /// seen before each database read, and so sleeps until a result newer than that read is
@@ -117,7 +123,7 @@ pub async fn results(
         wakeup.mark_seen();
         let results = state
             .store
-            .results_after(batch.as_deref(), after, limit)
+            .results_after(batch.as_deref(), after, limit, page_bytes(&state))
             .await?;
         if !results.is_empty()
             || tokio::time::Instant::now() >= deadline
@@ -195,7 +201,7 @@ pub async fn results_stream(
             match c
                 .state
                 .store
-                .results_after(c.batch.as_deref(), c.after, 100)
+                .results_after(c.batch.as_deref(), c.after, 100, page_bytes(&c.state))
                 .await
             {
                 Ok(rows) if !rows.is_empty() => c.buffer.extend(rows),

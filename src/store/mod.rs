@@ -300,12 +300,14 @@ pub trait Store: Send + Sync + 'static {
         outcome: &Outcome,
         now: i64,
     ) -> StoreResult<Option<JobResult>>;
-    /// Results with `seq > after`, in `seq` order.
+    /// Results with `seq > after`, in `seq` order: at most `limit`, and no more than fit
+    /// in `max_bytes` of stored output and error (but at least one, however large).
     async fn results_after(
         &self,
         batch: Option<&str>,
         after: i64,
         limit: i64,
+        max_bytes: i64,
     ) -> StoreResult<Vec<JobResult>>;
     /// The result of one job.
     async fn result(&self, job_id: &str) -> StoreResult<Option<JobResult>>;
@@ -318,6 +320,15 @@ pub trait Store: Send + Sync + 'static {
     /// Live jobs with no change since `before` (queued) or whose lease ended before it
     /// (running), oldest first.
     async fn stale_jobs(&self, before: i64, limit: i64) -> StoreResult<Vec<StaleJob>>;
+    /// Queued jobs handed off between `since` and `before` and not touched since, oldest
+    /// first: hand-offs whose message may have been lost with the process that wrote
+    /// them (see the reconciler), each listed once.
+    async fn overdue_handoffs(
+        &self,
+        before: i64,
+        since: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<StaleJob>>;
     /// Marks a queued job as just re-published, so the next sweep skips it.
     async fn touch(&self, msg: &WorkMessage, now: i64) -> StoreResult<bool>;
     /// Puts a running job whose lease lapsed back in the queue under a new stage entry

@@ -229,6 +229,22 @@ pub(crate) struct StaleRow {
     pub(crate) attempts: i64,
 }
 
+impl StaleRow {
+    /// The job's current stage entry, as the reconciler needs it.
+    pub(crate) fn into_stale(self) -> StoreResult<super::StaleJob> {
+        Ok(super::StaleJob {
+            msg: crate::model::WorkMessage {
+                stage: parse_stage(&self.stage)?,
+                job_id: self.id,
+                epoch: self.epoch,
+            },
+            route: self.route,
+            status: parse_status(&self.status)?,
+            attempts: self.attempts,
+        })
+    }
+}
+
 #[derive(sqlx::FromRow)]
 pub(crate) struct BackendRow {
     id: String,

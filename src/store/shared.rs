@@ -156,17 +156,32 @@ pub(crate) const SANDBOXES_OF_NODE: &str = concat!(
 pub(crate) const RENEW_SANDBOXES: &str =
     "UPDATE sandboxes SET lease_until = $2 WHERE node = $1 AND lease_until < $2";
 
-pub(crate) const RESULTS_AFTER: &str = concat!(
-    "SELECT ",
-    result_cols!(),
-    " FROM results WHERE seq > $1 ORDER BY seq LIMIT CAST($2 AS INTEGER)"
-);
+/// A page of results after `$1`: at most `$2` rows, ending before the row that would
+/// take the page's stored bytes (output and error) over `$3`, but never empty when a
+/// row exists. The running total is taken over the `$2` rows only, never over the
+/// whole table after the cursor.
+macro_rules! results_page {
+    ($filter:literal) => {
+        concat!(
+            "SELECT ",
+            result_cols!(),
+            " FROM (SELECT ",
+            result_cols!(),
+            ", SUM(LENGTH(output) + COALESCE(LENGTH(error), 0)) OVER (ORDER BY seq) \
+             - LENGTH(output) - COALESCE(LENGTH(error), 0) AS bytes_before \
+             FROM (SELECT ",
+            result_cols!(),
+            " FROM results WHERE seq > $1",
+            $filter,
+            " ORDER BY seq LIMIT CAST($2 AS INTEGER)) AS first_rows) AS page \
+             WHERE bytes_before < $3 ORDER BY seq"
+        )
+    };
+}
 
-pub(crate) const RESULTS_AFTER_IN_BATCH: &str = concat!(
-    "SELECT ",
-    result_cols!(),
-    " FROM results WHERE batch_id = $3 AND seq > $1 ORDER BY seq LIMIT CAST($2 AS INTEGER)"
-);
+pub(crate) const RESULTS_AFTER: &str = results_page!("");
+
+pub(crate) const RESULTS_AFTER_IN_BATCH: &str = results_page!(" AND batch_id = $4");
 
 pub(crate) const RESULT_OF_JOB: &str =
     concat!("SELECT ", result_cols!(), " FROM results WHERE job_id = $1");
@@ -180,6 +195,14 @@ pub(crate) const UNPUBLISHED: &str = concat!(
 pub(crate) const SELECT_STALE: &str = "SELECT id, stage, epoch, route, status, attempts FROM jobs \
      WHERE (status = 'queued' AND updated_at < $1) OR (status = 'running' AND lease_until < $1) \
      ORDER BY updated_at LIMIT CAST($2 AS INTEGER)";
+
+/// Queued jobs whose hand-off is between `$2` and `$1` old and untouched since (so each
+/// is checked once per hand-off): `updated_at` still equals the stage's queued time.
+pub(crate) const SELECT_OVERDUE: &str = "SELECT id, stage, epoch, route, status, attempts FROM jobs \
+     WHERE status = 'queued' AND updated_at < $1 AND updated_at >= $2 \
+     AND updated_at = CASE stage WHEN 'init' THEN init_queued_at WHEN 'run' THEN run_queued_at \
+     ELSE eval_queued_at END \
+     ORDER BY updated_at LIMIT CAST($3 AS INTEGER)";
 
 pub(crate) const TOUCH: &str =
     "UPDATE jobs SET updated_at = $3 WHERE id = $1 AND epoch = $2 AND status = 'queued'";
@@ -656,6 +679,7 @@ macro_rules! impl_store {
                 batch: Option<&str>,
                 after: i64,
                 limit: i64,
+                max_bytes: i64,
             ) -> $crate::store::StoreResult<Vec<$crate::model::JobResult>> {
                 use $crate::store::shared as q;
                 let rows: Vec<$crate::store::rows::ResultRow> = match batch {
@@ -663,6 +687,7 @@ macro_rules! impl_store {
                         sqlx::query_as(q::RESULTS_AFTER_IN_BATCH)
                             .bind(after)
                             .bind(limit)
+                            .bind(max_bytes)
                             .bind(b)
                             .fetch_all(&self.pool)
                             .await?
@@ -671,6 +696,7 @@ macro_rules! impl_store {
                         sqlx::query_as(q::RESULTS_AFTER)
                             .bind(after)
                             .bind(limit)
+                            .bind(max_bytes)
                             .fetch_all(&self.pool)
                             .await?
                     }
@@ -726,20 +752,23 @@ macro_rules! impl_store {
                         .bind(limit)
                         .fetch_all(&self.pool)
                         .await?;
-                rows.into_iter()
-                    .map(|r| {
-                        Ok($crate::store::StaleJob {
-                            msg: $crate::model::WorkMessage {
-                                stage: $crate::store::rows::parse_stage(&r.stage)?,
-                                job_id: r.id,
-                                epoch: r.epoch,
-                            },
-                            route: r.route,
-                            status: $crate::store::rows::parse_status(&r.status)?,
-                            attempts: r.attempts,
-                        })
-                    })
-                    .collect()
+                rows.into_iter().map(|r| r.into_stale()).collect()
+            }
+
+            async fn overdue_handoffs(
+                &self,
+                before: i64,
+                since: i64,
+                limit: i64,
+            ) -> $crate::store::StoreResult<Vec<$crate::store::StaleJob>> {
+                let rows: Vec<$crate::store::rows::StaleRow> =
+                    sqlx::query_as($crate::store::shared::SELECT_OVERDUE)
+                        .bind(before)
+                        .bind(since)
+                        .bind(limit)
+                        .fetch_all(&self.pool)
+                        .await?;
+                rows.into_iter().map(|r| r.into_stale()).collect()
             }
 
             async fn touch(

@@ -90,6 +90,43 @@ async fn node_bound_jobs_run_on_their_node_and_outputs_reach_the_result() {
     assert_eq!(job.route.as_deref(), Some("test-node"));
 }
 
+/// A hand-off lost by a gateway that died between its commit and its publish is
+/// repaired within seconds (`reconciler.republish_after_ms`), not after the stale
+/// threshold of minutes; a hand-off that was not lost is not run twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_hand_off_is_repaired_within_seconds() {
+    let env = TestEnv::start(|s| {
+        s.reconciler.stale_after_ms = 600_000;
+        s.reconciler.republish_after_ms = 1_000;
+    })
+    .await;
+    env.workers_in_process(1);
+    let lost = rollout::store::NewJob {
+        id: uuid::Uuid::now_v7().to_string(),
+        kind: "synthetic".into(),
+        client_id: None,
+        group_id: None,
+        task: serde_json::to_value(synthetic(serde_json::json!({}))).unwrap(),
+    };
+    env.deps
+        .store
+        .submit("lost", std::slice::from_ref(&lost), rollout::now_ms())
+        .await
+        .unwrap();
+    // And jobs submitted normally, some still queued when their check comes.
+    let tasks: Vec<_> = (0..20)
+        .map(|_| synthetic(serde_json::json!({"run_ms": 300})))
+        .collect();
+    env.submit(&tasks, "kept").await;
+    let results = env.wait_results("lost", 1, Duration::from_secs(60)).await;
+    assert_eq!(results[0].status, Status::Done);
+    let kept = env.wait_results("kept", 20, Duration::from_secs(60)).await;
+    for r in &kept {
+        let job = env.client.job(&r.job_id).await.unwrap().job;
+        assert_eq!(job.attempts, 3, "each stage claimed once: {job:?}");
+    }
+}
+
 /// A hand-off lost between the database and NATS (a gateway that died after writing the
 /// job but before publishing it) is repaired by the reconciler, and every result ends up
 /// marked published.

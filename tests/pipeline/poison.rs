@@ -218,7 +218,7 @@ async fn a_row_that_cannot_be_ended_does_not_stop_the_reconciler() {
         let results = env
             .deps
             .store
-            .results_after(Some("poison"), 0, 10)
+            .results_after(Some("poison"), 0, 10, i64::MAX)
             .await
             .unwrap();
         if let Some(r) = results.first() {

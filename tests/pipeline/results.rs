@@ -162,3 +162,57 @@ async fn sse_stream_resumes_after_reconnect_without_loss_or_repeat() {
     want.sort();
     assert_eq!(job_ids, want);
 }
+
+/// Pages stop at `gateway.max_page_bytes` as well as at `limit` (a page of huge results
+/// cannot fill the gateway's memory), always hold at least one result, and chain by
+/// cursor to every result exactly once; the stream reads in the same bounded pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_stop_at_a_byte_budget() {
+    let env = TestEnv::start(|s| s.gateway.max_page_bytes = 100_000).await;
+    env.workers_in_process(1);
+    // Each result carries its task's ~60 KB of metadata: two fit a page, three do not.
+    let big = "x".repeat(60_000);
+    let tasks: Vec<_> = (0..5)
+        .map(|i| {
+            let mut t = synthetic(serde_json::json!({"seed": i}));
+            t.metadata = serde_json::json!({"blob": big});
+            t
+        })
+        .collect();
+    env.submit(&tasks, "big").await;
+    // Everything ended before the first page is read.
+    for _ in 0..300 {
+        let s = env.client.status(Some("big")).await.unwrap();
+        if s.batch.is_some_and(|b| b.finished == 5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut after = 0;
+    let mut seen = Vec::new();
+    loop {
+        let page = env.client.results(Some("big"), after, 0).await.unwrap();
+        if page.results.is_empty() {
+            break;
+        }
+        assert!(
+            page.results.len() <= 2,
+            "{} results in one page",
+            page.results.len()
+        );
+        seen.extend(page.results.iter().map(|r| r.seq));
+        after = page.next_cursor;
+    }
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    // One result over the budget on its own still comes, alone.
+    let env = TestEnv::start(|s| s.gateway.max_page_bytes = 1_000).await;
+    env.workers_in_process(1);
+    let mut t = synthetic(serde_json::json!({}));
+    t.metadata = serde_json::json!({"blob": big});
+    env.submit(&[t.clone(), t], "one").await;
+    let all = env.wait_results("one", 2, Duration::from_secs(60)).await;
+    assert_eq!(all.len(), 2);
+    let page = env.client.results(Some("one"), 0, 0).await.unwrap();
+    assert_eq!(page.results.len(), 1);
+}
