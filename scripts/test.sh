@@ -2,10 +2,22 @@
 # The whole test suite: unit tests, then the integration tests against a real
 # nats-server (started by the tests on free ports) and SQLite, then the integration
 # tests again against Postgres when a server answers on 127.0.0.1:5432 (or wherever
-# ROLLOUT_TEST_DATABASE_URL points). Installs nats-server first if it is missing.
+# ROLLOUT_TEST_DATABASE_URL points). Installs what it needs first if it is missing
+# (scripts/setup.sh, and schemathesis).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
+# The API is checked against its own OpenAPI document by schemathesis (tests/pipeline/openapi.rs).
+if ! command -v schemathesis >/dev/null 2>&1; then
+  echo "== installing schemathesis (Python) for the API document test" >&2
+  python3 -m pip install --quiet --disable-pip-version-check schemathesis >&2 || \
+    python3 -m pip install --quiet --user --disable-pip-version-check schemathesis >&2
+  hash -r
+  if ! command -v schemathesis >/dev/null 2>&1; then
+    # A --user install lands in a scripts directory that may not be on PATH yet.
+    export PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts", "posix_user"))'):$PATH"
+  fi
+fi
 
 echo "== unit and integration tests (SQLite)" >&2
 env -u ROLLOUT_TEST_DATABASE_URL cargo test --all-targets

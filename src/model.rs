@@ -123,22 +123,28 @@ impl std::fmt::Display for Status {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Task {
-    /// The task kind, e.g. `"synthetic"`; selects the code that runs each stage.
+    /// The task kind, e.g. `"synthetic"`; selects the code that runs each stage. (The
+    /// served document lists the kinds this service knows.)
     pub kind: String,
     /// Optional caller-chosen id that makes the submit idempotent: submitting a task whose
     /// `client_id` already exists returns the existing job instead of creating another.
+    /// 1-256 characters, no control characters.
     #[serde(default)]
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
     pub client_id: Option<String>,
     /// Optional prompt group (the G samples of one prompt); counters are kept per group.
+    /// 1-256 characters, no control characters.
     #[serde(default)]
+    #[schema(pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]{1,256}$")]
     pub group_id: Option<String>,
     /// Kind-specific parameters, validated by the kind at submit time.
     #[serde(default)]
     #[schema(value_type = Object)]
     pub spec: serde_json::Value,
-    /// Free-form caller metadata, returned untouched with the result.
+    /// Free-form caller metadata (an object, or null for none), returned untouched with
+    /// the result.
     #[serde(default)]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub metadata: serde_json::Value,
 }
 
@@ -213,10 +219,10 @@ pub struct Job {
     /// may take the stage over after that.
     pub lease_until: Option<i64>,
     /// Output of INIT, handed to RUN and EVAL.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub init_output: Option<serde_json::Value>,
     /// Output of RUN, handed to EVAL.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     pub run_output: Option<serde_json::Value>,
     /// Error text of a failed, timed-out or cancelled job.
     pub error: Option<String>,

@@ -54,20 +54,25 @@ impl std::fmt::Display for WireKind {
 #[serde(deny_unknown_fields)]
 pub struct BackendSpec {
     /// A name unique in the pool (letters, digits, `-`, `_`, `.`).
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,128}$")]
     pub id: String,
     /// Base URL, e.g. `http://10.0.0.5:8000`.
+    #[schema(pattern = "^https?://[^\\u0000]*$")]
     pub url: String,
     /// The wire format.
     pub kind: WireKind,
     /// The model it serves; for vLLM also the `model` field of requests. Jobs only move
     /// between backends of the same model.
+    #[schema(pattern = "^[^\\u0000]*\\S[^\\u0000]*$")]
     pub model: String,
     /// The model's directory holding `tokenizer.json` and `tokenizer_config.json` (or the
     /// path of `tokenizer.json`, with `tokenizer_config.json` beside it), as seen by the
     /// RUN workers.
+    #[schema(pattern = "^[^\\u0000]*\\S[^\\u0000]*$")]
     pub tokenizer: String,
     /// Relative capacity: a backend of weight 2 gets twice the jobs of one of weight 1.
     #[serde(default = "default_weight")]
+    #[schema(exclusive_minimum = 0.0, default = 1.0)]
     pub weight: f64,
 }
 
@@ -87,6 +92,15 @@ impl BackendSpec {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         {
             return bad("id", "must be 1-128 letters, digits, `-`, `_` or `.`");
+        }
+        for (field, v) in [
+            ("url", &self.url),
+            ("model", &self.model),
+            ("tokenizer", &self.tokenizer),
+        ] {
+            if v.contains('\0') {
+                return bad(field, "must not contain NUL");
+            }
         }
         if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
             return bad("url", "must be an http:// or https:// URL");

@@ -38,8 +38,9 @@ pub async fn list_backends(
     get,
     path = "/v1/backends/{id}",
     tag = "backends",
-    params(("id" = String, Path, description = "Backend id")),
+    params(("id" = String, Path, description = "Backend id", pattern = "^[^\\u0000]{1,256}$")),
     responses(
+        (status = 400, description = "Invalid input; `field` names the problem", body = ApiErrorBody),
         (status = 200, body = BackendState),
         (status = 404, body = ApiErrorBody),
     )
@@ -100,8 +101,9 @@ pub async fn add_backend(
     delete,
     path = "/v1/backends/{id}",
     tag = "backends",
-    params(("id" = String, Path, description = "Backend id")),
+    params(("id" = String, Path, description = "Backend id", pattern = "^[^\\u0000]{1,256}$")),
     responses(
+        (status = 400, description = "Invalid input; `field` names the problem", body = ApiErrorBody),
         (status = 204, description = "Removed"),
         (status = 404, body = ApiErrorBody),
     )

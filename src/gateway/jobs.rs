@@ -1,5 +1,7 @@
 //! `/v1/jobs`: submit, inspect, list and cancel jobs.
 
+use std::collections::HashMap;
+
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -19,11 +21,14 @@ use crate::store::{FinishIf, JobEvent, JobQuery, NewJob, Submitted};
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
-    /// The tasks to run; each becomes one job.
+    /// The tasks to run; each becomes one job. (The served document states the most one
+    /// request may carry, `gateway.max_tasks_per_request`.)
+    #[schema(min_items = 1)]
     pub tasks: Vec<Task>,
     /// Batch to add the jobs to (created if new). Letters, digits, `-`, `_`. A fresh id is
     /// generated when absent.
     #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub batch_id: Option<String>,
 }
 
@@ -57,17 +62,44 @@ pub struct JobPage {
 }
 
 /// Query of `GET /v1/jobs`.
-#[derive(Debug, Deserialize, IntoParams)]
-#[allow(dead_code)] // documents the parameters; parsed by hand for precise errors
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Only jobs of this batch.
-    batch: Option<String>,
+    #[param(pattern = "^[^\\u0000]{1,256}$")]
+    pub batch: Option<String>,
     /// Only jobs with this status.
-    status: Option<Status>,
-    /// Page size (default 100, at most 1000).
-    limit: Option<i64>,
+    pub status: Option<Status>,
+    /// Page size (default 100, at most 1000; 0 means 1).
+    #[param(minimum = 0, maximum = 1000)]
+    pub limit: Option<i64>,
     /// `next_cursor` of the previous page.
-    cursor: Option<String>,
+    #[param(pattern = "^[^\\u0000]{1,256}$")]
+    pub cursor: Option<String>,
+}
+
+impl ListQuery {
+    /// Reads the query string, naming the parameter that is wrong.
+    fn parse(q: HashMap<String, String>) -> Result<Self, ApiError> {
+        let p = Params::new(q, &["batch", "status", "limit", "cursor"])?;
+        let status = match p.string("status") {
+            None => None,
+            Some(s) => Some(Status::parse(&s).ok_or_else(|| {
+                ApiError::bad_field(
+                    "status",
+                    format!(
+                        "unknown status `{s}`; expected queued, running, done, failed, cancelled or timed_out"
+                    ),
+                )
+            })?),
+        };
+        Ok(Self {
+            batch: p.string("batch"),
+            status,
+            limit: Some(p.bounded("limit", 100, 1000)?),
+            cursor: p.string("cursor"),
+        })
+    }
 }
 
 /// Response of `POST /v1/jobs/{id}/cancel`.
@@ -139,7 +171,9 @@ fn parse_submit(state: &AppState, body: &[u8]) -> Result<(String, Vec<NewJob>), 
         };
         for (name, v) in [("client_id", &task.client_id), ("group_id", &task.group_id)] {
             if let Some(v) = v
-                && (v.is_empty() || v.len() > MAX_ID_LEN || v.chars().any(char::is_control))
+                && (v.is_empty()
+                    || v.chars().count() > MAX_ID_LEN
+                    || v.chars().any(char::is_control))
             {
                 return Err(ApiError::bad_field(
                     at(name),
@@ -254,8 +288,9 @@ pub async fn submit(
     get,
     path = "/v1/jobs/{id}",
     tag = "jobs",
-    params(("id" = String, Path, description = "Job id")),
+    params(("id" = String, Path, description = "Job id", pattern = "^[^\\u0000]{1,256}$")),
     responses(
+        (status = 400, description = "Invalid input; `field` names the problem", body = ApiErrorBody),
         (status = 200, body = JobView),
         (status = 404, body = ApiErrorBody),
     )
@@ -293,23 +328,12 @@ pub async fn list_jobs(
     State(state): State<AppState>,
     QueryMap(q): QueryMap,
 ) -> Result<Json<JobPage>, ApiError> {
-    let p = Params::new(q, &["batch", "status", "limit", "cursor"])?;
-    let status = match p.string("status") {
-        None => None,
-        Some(s) => Some(Status::parse(&s).ok_or_else(|| {
-            ApiError::bad_field(
-                "status",
-                format!(
-                    "unknown status `{s}`; expected queued, running, done, failed, cancelled or timed_out"
-                ),
-            )
-        })?),
-    };
-    let limit = p.bounded("limit", 100, 1000)?.max(1);
+    let q = ListQuery::parse(q)?;
+    let limit = q.limit.unwrap_or(100).max(1);
     let query = JobQuery {
-        batch: p.string("batch"),
-        status,
-        cursor: p.string("cursor"),
+        batch: q.batch,
+        status: q.status,
+        cursor: q.cursor,
         limit,
     };
     let jobs = state.store.list_jobs(&query).await?;
@@ -328,8 +352,9 @@ pub async fn list_jobs(
     post,
     path = "/v1/jobs/{id}/cancel",
     tag = "jobs",
-    params(("id" = String, Path, description = "Job id")),
+    params(("id" = String, Path, description = "Job id", pattern = "^[^\\u0000]{1,256}$")),
     responses(
+        (status = 400, description = "Invalid input; `field` names the problem", body = ApiErrorBody),
         (status = 200, body = CancelResponse),
         (status = 404, body = ApiErrorBody),
         (status = 409, description = "The job already ended", body = ApiErrorBody),

@@ -81,6 +81,7 @@ struct ApiDoc;
 pub fn router(state: AppState) -> Router {
     let max_body = state.settings.gateway.max_body_bytes;
     let auth_state = state.clone();
+    let (kinds, settings) = (state.kinds.clone(), state.settings.clone());
     let token_required = !state.settings.gateway.token.is_empty();
     let (router, api) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(jobs::submit, jobs::list_jobs))
@@ -99,7 +100,7 @@ pub fn router(state: AppState) -> Router {
     if token_required {
         auth::document(&mut api);
     }
-    let api = Arc::new(api);
+    let api = Arc::new(served_document(&api, &kinds, &settings));
     router
         .route(
             "/openapi.json",
@@ -124,6 +125,75 @@ pub fn router(state: AppState) -> Router {
             auth_state,
             auth::require_token,
         ))
+}
+
+/// The OpenAPI document as this gateway serves it: the types' document with what only
+/// the running service knows filled in (the task kinds it runs, how many tasks a submit
+/// may carry, the longest long-poll wait), so that a request the document allows is one
+/// this gateway accepts.
+fn served_document(
+    api: &utoipa::openapi::OpenApi,
+    kinds: &Registry,
+    settings: &Settings,
+) -> serde_json::Value {
+    let mut doc = serde_json::to_value(api).expect("the OpenAPI document serialises");
+    // A response that flattens a request type (`allOf` of its reference and its own
+    // fields) is served as one object: the request type refuses unknown fields
+    // (`additionalProperties: false`), which the response must not inherit.
+    let schemas = doc["components"]["schemas"].clone();
+    if let Some(all) = doc["components"]["schemas"].as_object_mut() {
+        for schema in all.values_mut() {
+            if let Some(merged) = merge_all_of(schema, &schemas) {
+                *schema = merged;
+            }
+        }
+    }
+    if let Some(kind) = doc.pointer_mut("/components/schemas/Task/properties/kind") {
+        kind["enum"] = serde_json::json!(kinds.names());
+    }
+    if let Some(tasks) = doc.pointer_mut("/components/schemas/SubmitRequest/properties/tasks") {
+        tasks["maxItems"] = serde_json::json!(settings.gateway.max_tasks_per_request);
+    }
+    if let Some(params) = doc
+        .pointer_mut("/paths/~1v1~1results/get/parameters")
+        .and_then(|p| p.as_array_mut())
+    {
+        for p in params.iter_mut().filter(|p| p["name"] == "wait_ms") {
+            p["schema"]["maximum"] = serde_json::json!(settings.gateway.max_wait_ms);
+        }
+    }
+    doc
+}
+
+/// `schema`'s `allOf` parts (references resolved in `schemas`) as one object schema, or
+/// `None` when it has none or a part is not a plain object.
+fn merge_all_of(
+    schema: &serde_json::Value,
+    schemas: &serde_json::Value,
+) -> Option<serde_json::Value> {
+    let parts = schema["allOf"].as_array()?;
+    let mut properties = serde_json::Map::new();
+    let mut required = Vec::new();
+    for part in parts {
+        let part = match part["$ref"].as_str() {
+            Some(r) => &schemas[r.rsplit('/').next()?],
+            None => part,
+        };
+        if part["type"] != "object" {
+            return None;
+        }
+        properties.extend(part["properties"].as_object()?.clone());
+        required.extend(part["required"].as_array().cloned().unwrap_or_default());
+    }
+    let mut merged = serde_json::json!({
+        "type": "object",
+        "required": required,
+        "properties": properties,
+    });
+    if let Some(d) = schema.get("description") {
+        merged["description"] = d.clone();
+    }
+    Some(merged)
 }
 
 /// Publishes the INIT hand-off of submitted jobs that are still waiting for INIT (new
@@ -188,8 +258,12 @@ pub struct StatusView {
     get,
     path = "/v1/status",
     tag = "service",
-    params(("batch" = Option<String>, Query, description = "Only this batch")),
-    responses((status = 200, body = StatusView), (status = 404, body = ApiErrorBody))
+    params(("batch" = Option<String>, Query, description = "Only this batch", pattern = "^[^\\u0000]{1,256}$")),
+    responses(
+        (status = 200, body = StatusView),
+        (status = 400, description = "Invalid input; `field` names the problem", body = ApiErrorBody),
+        (status = 404, body = ApiErrorBody),
+    )
 )]
 async fn status(
     State(state): State<AppState>,

@@ -62,14 +62,15 @@ impl Params {
     }
 }
 
-/// Refuses a text parameter the database could not take or that no id can be: empty,
-/// over 256 bytes, or holding a control character (NUL among them, which Postgres cannot
-/// store; see [`crate::nul`]). A 400 naming `name`, on every database alike.
+/// Refuses a text parameter no id can be or the database could not take: empty, over
+/// 256 characters, or holding NUL (which Postgres cannot store; see [`crate::nul`]). A
+/// 400 naming `name`, on every database alike. The OpenAPI document states the same as
+/// the pattern `^[^\u0000]{1,256}$`.
 pub fn check_text(name: &str, v: &str) -> Result<(), ApiError> {
-    if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
+    if v.is_empty() || v.chars().count() > 256 || v.contains('\0') {
         return Err(ApiError::bad_field(
             name,
-            format!("`{name}` must be 1-256 characters, none of them control characters"),
+            format!("`{name}` must be 1-256 characters, none of them NUL"),
         ));
     }
     Ok(())

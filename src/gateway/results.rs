@@ -6,7 +6,7 @@
 //! waiting readers through a subscription to `rollout.done.>`; readers also re-check the
 //! database every half second, so a missed wake-up costs at most that.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -34,28 +34,59 @@ pub struct ResultPage {
 
 /// Query of `GET /v1/results`.
 #[derive(Debug, Deserialize, IntoParams)]
-#[allow(dead_code)] // documents the parameters; parsed by hand for precise errors
+#[into_params(parameter_in = Query)]
 pub struct ResultsQuery {
     /// Only results of this batch.
-    batch: Option<String>,
+    #[param(pattern = "^[^\\u0000]{1,256}$")]
+    pub batch: Option<String>,
     /// Return results with `seq` greater than this (default 0: from the start).
-    after: Option<i64>,
-    /// If nothing is available yet, wait up to this long for a result (ms, default 0).
-    wait_ms: Option<u64>,
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+    /// If nothing is available yet, wait up to this long for a result (ms, default 0; at
+    /// most `gateway.max_wait_ms`, which the served document states as the maximum).
+    #[param(minimum = 0, maximum = 60000)]
+    pub wait_ms: Option<i64>,
     /// Page size (default 100, at most 1000). A page also ends before it would exceed
     /// `gateway.max_page_bytes` (16 MiB by default), but holds at least one result.
-    limit: Option<i64>,
+    #[param(minimum = 0, maximum = 1000)]
+    pub limit: Option<i64>,
+}
+
+impl ResultsQuery {
+    /// Reads the query string, naming the parameter that is wrong.
+    fn parse(q: HashMap<String, String>, max_wait_ms: u64) -> Result<Self, ApiError> {
+        let p = Params::new(q, &["batch", "after", "wait_ms", "limit"])?;
+        Ok(Self {
+            batch: p.string("batch"),
+            after: Some(p.bounded("after", 0, i64::MAX)?),
+            wait_ms: Some(p.bounded("wait_ms", 0, max_wait_ms as i64)?),
+            limit: Some(p.bounded("limit", 100, 1000)?),
+        })
+    }
 }
 
 /// Query of `GET /v1/results/stream`.
 #[derive(Debug, Deserialize, IntoParams)]
-#[allow(dead_code)]
+#[into_params(parameter_in = Query)]
 pub struct StreamQuery {
     /// Only results of this batch.
-    batch: Option<String>,
+    #[param(pattern = "^[^\\u0000]{1,256}$")]
+    pub batch: Option<String>,
     /// Start after this `seq`; the `Last-Event-ID` header, sent by reconnecting
     /// EventSource clients, wins over it.
-    after: Option<i64>,
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+}
+
+impl StreamQuery {
+    /// Reads the query string, naming the parameter that is wrong.
+    fn parse(q: HashMap<String, String>) -> Result<Self, ApiError> {
+        let p = Params::new(q, &["batch", "after"])?;
+        Ok(Self {
+            batch: p.string("batch"),
+            after: Some(p.bounded("after", 0, i64::MAX)?),
+        })
+    }
 }
 
 const RECHECK: Duration = Duration::from_millis(500);
@@ -111,12 +142,10 @@ pub async fn results(
     State(state): State<AppState>,
     QueryMap(q): QueryMap,
 ) -> Result<Json<ResultPage>, ApiError> {
-    let p = Params::new(q, &["batch", "after", "wait_ms", "limit"])?;
-    let batch = p.string("batch");
-    let after = p.bounded("after", 0, i64::MAX)?;
-    let max_wait = state.settings.gateway.max_wait_ms as i64;
-    let wait_ms = p.bounded("wait_ms", 0, max_wait)?;
-    let limit = p.bounded("limit", 100, 1000)?.max(1);
+    let q = ResultsQuery::parse(q, state.settings.gateway.max_wait_ms)?;
+    let (batch, after) = (q.batch, q.after.unwrap_or(0));
+    let wait_ms = q.wait_ms.unwrap_or(0);
+    let limit = q.limit.unwrap_or(100).max(1);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
     let mut wakeup = Wakeup::new(&state);
     loop {
@@ -156,9 +185,9 @@ pub async fn results_stream(
     headers: HeaderMap,
     QueryMap(q): QueryMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let p = Params::new(q, &["batch", "after"])?;
-    let batch = p.string("batch");
-    let mut after = p.bounded("after", 0, i64::MAX)?;
+    let q = StreamQuery::parse(q)?;
+    let batch = q.batch;
+    let mut after = q.after.unwrap_or(0);
     if let Some(v) = headers.get("last-event-id") {
         after = v
             .to_str()

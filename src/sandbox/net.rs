@@ -161,6 +161,28 @@ pub fn resolv_conf() -> String {
     format!("nameserver {DNS_ADDR}\noptions edns0\n")
 }
 
+/// Waits until the user namespace of process `pid` has its uid and gid maps.
+async fn wait_for_id_maps(pid: i32, deadline: Instant) -> Result<(), String> {
+    let mapped =
+        |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).map(|s| !s.trim().is_empty());
+    let mut wait = Duration::from_micros(100);
+    loop {
+        match (mapped("uid_map"), mapped("gid_map")) {
+            (Ok(true), Ok(true)) => return Ok(()),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(format!("the sandbox's process {pid} is gone: {e}"));
+            }
+            _ if Instant::now() >= deadline => {
+                return Err("the sandbox's user namespace got no id maps in time".into());
+            }
+            _ => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
 /// Connects the network namespace of `ns_pid` (the sandbox's init, on the host) to the
 /// outside and adds the deny routes. `exit_fd` is the read end of a pipe whose write end
 /// the sandbox holds: slirp4netns exits when the sandbox is gone.
@@ -177,6 +199,9 @@ pub async fn attach(
     let (ready_read, ready_write) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
     let owner = owning_userns(ns_pid).map_err(fail)?;
+    // slirp4netns becomes root of that user namespace (setegid(0)), which fails until
+    // bwrap has written its id maps, and bwrap may report the pid before it has.
+    wait_for_id_maps(ns_pid, deadline).await.map_err(fail)?;
     let mut cmd = tokio::process::Command::new(&settings.slirp4netns);
     // The network namespace belongs to bwrap's outer user namespace, not to the one its
     // processes end up in (`--disable-userns` nests another): join that owner.

@@ -11,6 +11,7 @@ mod faults;
 mod flow;
 mod helpers;
 mod hostile;
+mod openapi;
 mod poison;
 mod results;
 mod shell;

@@ -67,6 +67,19 @@ async fn nul_in_a_task_is_refused_with_the_field_named() {
     }
     let s = env.client.status(None).await.unwrap();
     assert_eq!(s.counts.iter().map(|c| c.count).sum::<i64>(), 0);
+    // The same for a backend's fields.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/backends", env.base))
+        .json(
+            &serde_json::json!({"id": "b", "url": "http://x", "kind": "vllm",
+                                  "model": "m\u{0}", "tokenizer": "/t"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["field"], "model", "{body}");
 }
 
 /// NUL bytes an agent prints end up in the stored output as U+FFFD, and the job ends.
