@@ -247,3 +247,103 @@ async fn a_row_that_cannot_be_ended_does_not_stop_the_reconciler() {
         "{error}"
     );
 }
+
+/// A submit into a live batch never holds up results (Postgres; SQLite has one writer,
+/// which takes each submit as one short write). Made deterministic by holding the
+/// submit's last row: another transaction has inserted that `client_id` and not
+/// committed, so the submit waits there, at its end. Meanwhile a job of the same batch
+/// and one of another batch end; neither may wait for the submit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_in_progress_does_not_hold_up_results() {
+    use sqlx::Connection;
+    let env = TestEnv::start(|_| {}).await;
+    let url = env.deps.settings.database.url.clone();
+    if !url.starts_with("postgres") {
+        eprintln!("Postgres only: SQLite's single writer takes a submit as one write");
+        return;
+    }
+    let store = env.deps.store.clone();
+    let job = |batch: &str| rollout::store::NewJob {
+        id: uuid::Uuid::now_v7().to_string(),
+        kind: "synthetic".into(),
+        client_id: Some(format!("{batch}-{}", uuid::Uuid::now_v7().simple())),
+        group_id: None,
+        task: serde_json::to_value(synthetic(serde_json::json!({}))).unwrap(),
+    };
+    let (a1, b1) = (job("a"), job("b"));
+    store
+        .submit("live", std::slice::from_ref(&a1), 1)
+        .await
+        .unwrap();
+    store
+        .submit("other", std::slice::from_ref(&b1), 1)
+        .await
+        .unwrap();
+    // The blocker: an uncommitted insert of the client id the submit takes last.
+    let last = "zzzz-last".to_string();
+    let mut blocker = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut blocker).await.unwrap();
+    sqlx::query(
+        "INSERT INTO jobs (id, batch_id, client_id, kind, task, status, stage, epoch, attempts, \
+         created_at, updated_at) VALUES ($1, 'live', $2, 'synthetic', '{}', 'queued', 'init', 0, 0, 1, 1)",
+    )
+    .bind(uuid::Uuid::now_v7().to_string())
+    .bind(&last)
+    .execute(&mut blocker)
+    .await
+    .unwrap();
+    let mut big: Vec<_> = (0..500).map(|_| job("live")).collect();
+    let mut held = job("live");
+    held.client_id = Some(last);
+    big.push(held);
+    let submit = {
+        let store = store.clone();
+        tokio::spawn(async move { store.submit("live", &big, 2).await })
+    };
+    // Wait until the submit is waiting on the blocker.
+    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut waiting = false;
+    for _ in 0..200 {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut watcher)
+        .await
+        .unwrap();
+        if n > 0 {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(waiting, "the submit never reached its held row");
+    let outcome = rollout::model::Outcome {
+        status: Status::Done,
+        reward: Some(1.0),
+        error: None,
+        eval_output: None,
+        run_output: None,
+    };
+    for (what, id) in [("its own batch", &a1.id), ("another batch", &b1.id)] {
+        let ended = tokio::time::timeout(
+            Duration::from_secs(30),
+            store.finish(&rollout::store::FinishIf::Live, id, &outcome, 3),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("a result of {what} waited for the submit"))
+        .unwrap();
+        assert!(ended.is_some(), "{what}");
+    }
+    sqlx::query("ROLLBACK").execute(&mut blocker).await.unwrap();
+    let submitted = submit.await.unwrap().unwrap();
+    assert_eq!(submitted.len(), 501);
+    let live = env
+        .client
+        .status(Some("live"))
+        .await
+        .unwrap()
+        .batch
+        .unwrap();
+    assert_eq!((live.submitted, live.finished), (502, 1), "{live:?}");
+}
