@@ -257,19 +257,31 @@ async fn fail_stuck(
     job: &StaleJob,
     now: i64,
 ) -> Result<bool, ReconcileError> {
+    let error = format!(
+        "{} stage stuck: started {} times, and its last worker stopped renewing \
+         its lease; giving up",
+        job.msg.stage, job.attempts
+    );
+    fail_unleased(store, queue, &job.msg, error, now).await
+}
+
+/// Fails the stage entry `msg` if nobody holds it, and publishes the result.
+async fn fail_unleased(
+    store: &dyn Store,
+    queue: &Queue,
+    msg: &WorkMessage,
+    error: String,
+    now: i64,
+) -> Result<bool, ReconcileError> {
     let outcome = Outcome {
         status: Status::Failed,
         reward: None,
-        error: Some(format!(
-            "{} stage stuck: started {} times, and its last worker stopped renewing \
-             its lease; giving up",
-            job.msg.stage, job.attempts
-        )),
+        error: Some(error),
         eval_output: None,
         run_output: None,
     };
-    let cond = FinishIf::Unleased(job.msg.clone());
-    let Some(result) = store.finish(&cond, &job.msg.job_id, &outcome, now).await? else {
+    let cond = FinishIf::Unleased(msg.clone());
+    let Some(result) = store.finish(&cond, &msg.job_id, &outcome, now).await? else {
         return Ok(false);
     };
     crate::worker::publish_result(queue, store, &result).await;
@@ -307,24 +319,15 @@ async fn fail_abandoned(
     max: i64,
     now: i64,
 ) -> Result<bool, ReconcileError> {
-    let outcome = Outcome {
-        status: Status::Failed,
-        reward: None,
-        error: Some(format!(
-            "node {} stopped renewing the lease of the job's sandbox (the node is gone) \
-             and the job was already sent back to INIT {max} times; giving up",
-            run.node
-        )),
-        eval_output: None,
-        run_output: None,
-    };
-    let id = &run.msg.job_id;
-    let cond = FinishIf::Unleased(run.msg.clone());
-    let Some(result) = store.finish(&cond, id, &outcome, now).await? else {
+    let error = format!(
+        "node {} stopped renewing the lease of the job's sandbox (the node is gone) \
+         and the job was already sent back to INIT {max} times; giving up",
+        run.node
+    );
+    if !fail_unleased(store, queue, &run.msg, error, now).await? {
         return Ok(false);
-    };
-    crate::worker::publish_result(queue, store, &result).await;
-    store.delete_sandbox(id).await?;
+    }
+    store.delete_sandbox(&run.msg.job_id).await?;
     Ok(true)
 }
 

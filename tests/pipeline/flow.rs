@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rollout::model::{Stage, Status, Task};
 
-use crate::helpers::{TestEnv, count_status, synthetic};
+use crate::helpers::{TestEnv, count_status, synthetic, unpublished_synthetic};
 
 /// 500 synthetic jobs through 2 worker processes per stage: every one done exactly once —
 /// in the jobs table, the results table and the results stream.
@@ -101,13 +101,7 @@ async fn a_lost_hand_off_is_repaired_within_seconds() {
     })
     .await;
     env.workers_in_process(1);
-    let lost = rollout::store::NewJob {
-        id: uuid::Uuid::now_v7().to_string(),
-        kind: "synthetic".into(),
-        client_id: None,
-        group_id: None,
-        task: serde_json::to_value(synthetic(serde_json::json!({}))).unwrap(),
-    };
+    let lost = unpublished_synthetic(None);
     env.deps
         .store
         .submit("lost", std::slice::from_ref(&lost), rollout::now_ms())
@@ -135,13 +129,7 @@ async fn the_reconciler_repairs_a_lost_hand_off() {
     let env = TestEnv::start(|s| s.reconciler.stale_after_ms = 1_000).await;
     env.workers_in_process(1);
     // Written, never published.
-    let job = rollout::store::NewJob {
-        id: uuid::Uuid::now_v7().to_string(),
-        kind: "synthetic".into(),
-        client_id: None,
-        group_id: None,
-        task: serde_json::to_value(synthetic(serde_json::json!({}))).unwrap(),
-    };
+    let job = unpublished_synthetic(None);
     env.deps
         .store
         .submit("lost", std::slice::from_ref(&job), rollout::now_ms())

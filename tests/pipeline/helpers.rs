@@ -298,6 +298,18 @@ pub fn synthetic(spec: serde_json::Value) -> Task {
     Task::new("synthetic", spec)
 }
 
+/// A synthetic job to write with the store directly, so that it is never published: a
+/// hand-off lost as one would be by a process that died between commit and publish.
+pub fn unpublished_synthetic(client_id: Option<String>) -> rollout::store::NewJob {
+    rollout::store::NewJob {
+        id: uuid::Uuid::now_v7().to_string(),
+        kind: "synthetic".into(),
+        client_id,
+        group_id: None,
+        task: serde_json::to_value(synthetic(serde_json::json!({}))).unwrap(),
+    }
+}
+
 /// Asserts every result's status.
 pub fn count_status(results: &[JobResult], status: Status) -> usize {
     results.iter().filter(|r| r.status == status).count()

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rollout::model::{Status, Task};
 
-use crate::helpers::{TestEnv, synthetic};
+use crate::helpers::{TestEnv, synthetic, unpublished_synthetic};
 
 async fn get(env: &TestEnv, path: &str) -> (u16, serde_json::Value) {
     let resp = reqwest::Client::new()
@@ -195,14 +195,7 @@ async fn overlapping_submits_do_not_deadlock() {
 async fn a_row_that_cannot_be_ended_does_not_stop_the_reconciler() {
     let env = TestEnv::start(|s| s.reconciler.stale_after_ms = 1_000).await;
     // Both written, never published: the poison is then only the reconciler's to find.
-    let new_job = || rollout::store::NewJob {
-        id: uuid::Uuid::now_v7().to_string(),
-        kind: "synthetic".into(),
-        client_id: None,
-        group_id: None,
-        task: serde_json::to_value(synthetic(serde_json::json!({}))).unwrap(),
-    };
-    let (poison, orphan) = (new_job(), new_job());
+    let (poison, orphan) = (unpublished_synthetic(None), unpublished_synthetic(None));
     for (batch, job) in [("poison", &poison), ("orphan", &orphan)] {
         env.deps
             .store
@@ -263,12 +256,8 @@ async fn a_submit_in_progress_does_not_hold_up_results() {
         return;
     }
     let store = env.deps.store.clone();
-    let job = |batch: &str| rollout::store::NewJob {
-        id: uuid::Uuid::now_v7().to_string(),
-        kind: "synthetic".into(),
-        client_id: Some(format!("{batch}-{}", uuid::Uuid::now_v7().simple())),
-        group_id: None,
-        task: serde_json::to_value(synthetic(serde_json::json!({}))).unwrap(),
+    let job = |batch: &str| {
+        unpublished_synthetic(Some(format!("{batch}-{}", uuid::Uuid::now_v7().simple())))
     };
     let (a1, b1) = (job("a"), job("b"));
     store
