@@ -41,15 +41,48 @@ pub struct ParsedTurn {
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
-/// Parses Hermes-style `<tool_call>` blocks.
+const THINK_OPEN: &str = "<think>";
+const THINK_CLOSE: &str = "</think>";
+
+/// Where the model's reasoning is in `text`, as vLLM's reasoning parsers find it:
+/// everything up to the first `</think>` (the opening tag may be in the prompt, as
+/// reasoning models' templates put it there), or, with no `</think>`, everything from
+/// an unclosed `<think>` on. Tool calls are never taken from it.
+fn reasoning_span(text: &str) -> Option<(usize, usize)> {
+    if let Some(close) = text.find(THINK_CLOSE) {
+        return Some((0, close + THINK_CLOSE.len()));
+    }
+    text.find(THINK_OPEN).map(|open| (open, text.len()))
+}
+
+/// Parses Hermes-style `<tool_call>` blocks outside the model's reasoning (see
+/// [`reasoning_span`]): a call the model only thought about is not run. The content
+/// keeps the reasoning as written.
 pub fn parse_hermes(text: &str) -> ParsedTurn {
     let mut turn = ParsedTurn::default();
     let mut content = String::new();
+    let (before, reasoning, after) = match reasoning_span(text) {
+        Some((a, b)) => (&text[..a], &text[a..b], &text[b..]),
+        None => (text, "", ""),
+    };
+    for (i, part) in [before, reasoning, after].into_iter().enumerate() {
+        if i == 1 {
+            content.push_str(part);
+        } else {
+            hermes_blocks(part, &mut turn, &mut content);
+        }
+    }
+    turn.content = content.trim().to_string();
+    turn
+}
+
+/// The `<tool_call>` blocks of `text` into `turn`, the text around them into `content`.
+fn hermes_blocks(text: &str, turn: &mut ParsedTurn, content: &mut String) {
     let mut rest = text;
     while let Some(start) = rest.find(OPEN) {
         content.push_str(&rest[..start]);
         let after = &rest[start + OPEN.len()..];
-        match after.find(CLOSE) {
+        match block_end(after) {
             Some(end) => {
                 turn.calls.push(hermes_call(&after[..end]));
                 rest = &after[end + CLOSE.len()..];
@@ -64,8 +97,26 @@ pub fn parse_hermes(text: &str) -> ParsedTurn {
         }
     }
     content.push_str(rest);
-    turn.content = content.trim().to_string();
-    turn
+}
+
+/// Where the `</tool_call>` that closes a block starting at `body` is. A JSON object
+/// that parses is skipped whole, so a `</tool_call>` inside one of its strings does not
+/// end the block; otherwise the first `</tool_call>` does.
+fn block_end(body: &str) -> Option<usize> {
+    let lead = body.len() - body.trim_start().len();
+    if body[lead..].starts_with('{') {
+        let mut values =
+            serde_json::Deserializer::from_str(&body[lead..]).into_iter::<serde::de::IgnoredAny>();
+        if let Some(Ok(_)) = values.next() {
+            let json_end = lead + values.byte_offset();
+            let tail = &body[json_end..];
+            let gap = tail.len() - tail.trim_start().len();
+            if tail[gap..].starts_with(CLOSE) {
+                return Some(json_end + gap);
+            }
+        }
+    }
+    body.find(CLOSE)
 }
 
 fn hermes_call(body: &str) -> Result<ToolCall, CallError> {
@@ -85,12 +136,18 @@ fn hermes_call(body: &str) -> Result<ToolCall, CallError> {
         .to_string();
     let arguments = match &value["arguments"] {
         serde_json::Value::Object(_) => value["arguments"].clone(),
-        serde_json::Value::Null => serde_json::json!({}),
         // Some models send the arguments as a JSON string, as OpenAI's API does.
         serde_json::Value::String(s) => match serde_json::from_str::<serde_json::Value>(s) {
             Ok(v @ serde_json::Value::Object(_)) => v,
             _ => return Err(err("\"arguments\" must be a JSON object".into())),
         },
+        // A call with its arguments under another key (`parameters`, say) or none is
+        // not run with nothing: the model is told, as vLLM's parser would fail it.
+        serde_json::Value::Null => {
+            return Err(err(
+                "the tool call has no \"arguments\" object; write {\"name\": <tool name>, \"arguments\": {...}} (use {} for none)".into(),
+            ));
+        }
         _ => return Err(err("\"arguments\" must be a JSON object".into())),
     };
     Ok(ToolCall { name, arguments })
@@ -213,6 +270,50 @@ mod tests {
         );
         assert_eq!(t.content, "thinking...");
         assert_eq!(parse_hermes("just an answer").calls, vec![]);
+    }
+
+    #[test]
+    fn calls_in_reasoning_are_not_run() {
+        let call = "<tool_call>{\"name\": \"bash\", \"arguments\": {\"command\": \"rm -rf /\"}}</tool_call>";
+        // Closed reasoning, opened in the text or in the prompt: only the call after it.
+        for text in [
+            format!(
+                "<think>maybe {call}</think>\nDone. {}",
+                call.replace("rm -rf /", "ls")
+            ),
+            format!(
+                "maybe {call}</think>\nDone. {}",
+                call.replace("rm -rf /", "ls")
+            ),
+        ] {
+            let t = parse_hermes(&text);
+            assert_eq!(t.calls.len(), 1, "{text}");
+            assert_eq!(t.calls[0].as_ref().unwrap().arguments["command"], "ls");
+            assert!(
+                t.content.contains("rm -rf /"),
+                "the text is kept as written"
+            );
+        }
+        // Unclosed reasoning: nothing after `<think>` is run.
+        let t = parse_hermes(&format!("<think>still thinking {call}"));
+        assert!(t.calls.is_empty());
+    }
+
+    #[test]
+    fn a_call_needs_its_arguments_and_strings_may_hold_the_closing_tag() {
+        let t = parse_hermes(
+            "<tool_call>{\"name\": \"bash\", \"parameters\": {\"command\": \"ls\"}}</tool_call>",
+        );
+        let e = t.calls[0].as_ref().unwrap_err();
+        assert!(e.message.contains("\"arguments\""), "{e:?}");
+        let t = parse_hermes(
+            "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"echo '</tool_call>'\"}}\n</tool_call> after",
+        );
+        assert_eq!(
+            t.calls[0].as_ref().unwrap().arguments["command"],
+            "echo '</tool_call>'"
+        );
+        assert_eq!(t.content, "after");
     }
 
     #[test]
