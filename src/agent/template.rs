@@ -155,70 +155,211 @@ fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
 }
 
-/// `json.dumps(value, ensure_ascii=False, indent=indent)` as transformers' `tojson` does.
+/// `tojson` as transformers defines it: `json.dumps(value, ensure_ascii=False,
+/// indent=indent, separators=separators, sort_keys=sort_keys)`; `ensure_ascii` may be
+/// passed too. Written by [`python_json_with`], so floats come out as Python writes them.
 fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let separators: Option<Value> = kwargs.get("separators")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
+    let bad = |m: &str| Error::new(ErrorKind::InvalidOperation, m.to_string());
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() || v.is_undefined() => None,
+        Some(v) => match (v.as_i64(), v.as_str()) {
+            (Some(n), _) => Some(" ".repeat(n.max(0) as usize)),
+            (None, Some(s)) => Some(s.to_string()),
+            _ => return Err(bad("tojson: indent must be an integer or a string")),
+        },
+    };
+    let mut opts = DumpOptions {
+        item_sep: if indent.is_some() { "," } else { ", " }.to_string(),
+        key_sep: ": ".to_string(),
+        indent,
+        sort_keys: sort_keys.unwrap_or(false),
+        ensure_ascii: ensure_ascii.unwrap_or(false),
+    };
+    if let Some(sep) = separators.filter(|v| !v.is_none() && !v.is_undefined()) {
+        let pair: Vec<String> = sep
+            .try_iter()
+            .map_err(|_| bad("tojson: separators must be a pair of strings"))?
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| bad("tojson: separators must be a pair of strings"))?;
+        let [item, key]: [String; 2] = pair
+            .try_into()
+            .map_err(|_| bad("tojson: separators must be a pair of strings"))?;
+        (opts.item_sep, opts.key_sep) = (item, key);
+    }
     let json = serde_json::to_value(value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    Ok(Value::from(python_json(&json, indent)))
+    Ok(Value::from(python_json_with(&json, &opts)))
 }
 
-/// JSON text the way Python's `json.dumps` writes it: `", "` and `": "` separators, or
-/// with `indent`, one item per line and `","` / `": "`; non-ASCII kept as is.
+/// How [`python_json_with`] writes, as `json.dumps`'s arguments of the same names.
+#[derive(Debug, Clone)]
+pub struct DumpOptions {
+    /// Indentation per level; `None` writes everything on one line.
+    pub indent: Option<String>,
+    /// Between items (`", "`, or `","` with an indent).
+    pub item_sep: String,
+    /// Between a key and its value (`": "`).
+    pub key_sep: String,
+    /// Object keys sorted.
+    pub sort_keys: bool,
+    /// Everything outside ASCII written as `\uXXXX` escapes.
+    pub ensure_ascii: bool,
+}
+
+/// JSON text the way Python's `json.dumps(value, ensure_ascii=False, indent=indent)`
+/// writes it.
 pub fn python_json(value: &serde_json::Value, indent: Option<usize>) -> String {
-    let mut out = Vec::new();
-    let result = match indent {
-        Some(n) => {
-            let pad = vec![b' '; n];
-            let mut ser = serde_json::Serializer::with_formatter(
-                &mut out,
-                serde_json::ser::PrettyFormatter::with_indent(&pad),
-            );
-            value.serialize(&mut ser)
-        }
-        None => {
-            let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonFormatter);
-            value.serialize(&mut ser)
-        }
-    };
-    result.expect("a JSON value serialises");
-    String::from_utf8(out).expect("serde_json writes UTF-8")
+    python_json_with(
+        value,
+        &DumpOptions {
+            item_sep: if indent.is_some() { "," } else { ", " }.to_string(),
+            key_sep: ": ".to_string(),
+            indent: indent.map(|n| " ".repeat(n)),
+            sort_keys: false,
+            ensure_ascii: false,
+        },
+    )
 }
 
-/// serde_json's compact format with Python's default separators.
-struct PythonFormatter;
+/// JSON text the way Python's `json.dumps` writes it with `opts`: its separators and
+/// indentation, its escapes, and its floats (`repr`: the shortest digits that read back,
+/// in exponent form below 1e-4 and from 1e16 on, e.g. `1e-07`, `1e+16`, `2.5`).
+pub fn python_json_with(value: &serde_json::Value, opts: &DumpOptions) -> String {
+    let mut out = String::new();
+    dump(value, opts, 0, &mut out);
+    out
+}
 
-impl serde_json::ser::Formatter for PythonFormatter {
-    fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
+fn dump(value: &serde_json::Value, opts: &DumpOptions, level: usize, out: &mut String) {
+    use serde_json::Value as J;
+    match value {
+        J::Null => out.push_str("null"),
+        J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        J::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => out.push_str(&i.to_string()),
+            (_, Some(u), _) => out.push_str(&u.to_string()),
+            (_, _, Some(f)) => out.push_str(&python_float(f)),
+            _ => out.push_str(&n.to_string()),
+        },
+        J::String(s) => dump_str(s, opts.ensure_ascii, out),
+        J::Array(items) if items.is_empty() => out.push_str("[]"),
+        J::Object(map) if map.is_empty() => out.push_str("{}"),
+        J::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                separate(i, opts, level + 1, out);
+                dump(item, opts, level + 1, out);
+            }
+            newline(opts, level, out);
+            out.push(']');
+        }
+        J::Object(map) => {
+            out.push('{');
+            let mut entries: Vec<_> = map.iter().collect();
+            if opts.sort_keys {
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                separate(i, opts, level + 1, out);
+                dump_str(k, opts.ensure_ascii, out);
+                out.push_str(&opts.key_sep);
+                dump(v, opts, level + 1, out);
+            }
+            newline(opts, level, out);
+            out.push('}');
         }
     }
+}
 
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
+/// Before the `i`-th item of a container whose items are at `level`.
+fn separate(i: usize, opts: &DumpOptions, level: usize, out: &mut String) {
+    if i > 0 {
+        out.push_str(&opts.item_sep);
+    }
+    newline(opts, level, out);
+}
+
+fn newline(opts: &DumpOptions, level: usize, out: &mut String) {
+    if let Some(indent) = &opts.indent {
+        out.push('\n');
+        for _ in 0..level {
+            out.push_str(indent);
         }
     }
+}
 
-    fn begin_object_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-    ) -> std::io::Result<()> {
-        writer.write_all(b": ")
+/// A string as `json.dumps` quotes it.
+fn dump_str(s: &str, ensure_ascii: bool, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c if ensure_ascii && !c.is_ascii() => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// `repr(f)` for a float, as Python writes it.
+pub fn python_float(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    // Rust's `{:e}` gives the shortest digits that read back, as Python's repr uses.
+    let sci = format!("{f:e}");
+    let (mantissa, exp) = sci.split_once('e').expect("`{:e}` writes an exponent");
+    let exp: i32 = exp.parse().expect("`{:e}` writes an integer exponent");
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    if (-4..16).contains(&exp) {
+        let point = exp + 1;
+        let text = if point <= 0 {
+            format!("0.{}{digits}", "0".repeat((-point) as usize))
+        } else if point as usize >= digits.len() {
+            format!("{digits}{}.0", "0".repeat(point as usize - digits.len()))
+        } else {
+            let (int, frac) = digits.split_at(point as usize);
+            format!("{int}.{frac}")
+        };
+        format!("{sign}{text}")
+    } else {
+        let (first, rest) = digits.split_at(1);
+        let mantissa = if rest.is_empty() {
+            first.to_string()
+        } else {
+            format!("{first}.{rest}")
+        };
+        format!(
+            "{sign}{mantissa}e{}{:02}",
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
     }
 }
 
@@ -320,6 +461,55 @@ mod tests {
         assert_eq!(
             python_json(&serde_json::json!({"a": [1]}), Some(2)),
             "{\n  \"a\": [\n    1\n  ]\n}"
+        );
+    }
+
+    #[test]
+    fn floats_and_options_as_python_writes_them() {
+        // Each pair: a float and Python's `json.dumps` of it.
+        for (f, py) in [
+            (1e-7, "1e-07"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (2.5, "2.5"),
+            (100.0, "100.0"),
+            (1e16, "1e+16"),
+            (1.5e300, "1.5e+300"),
+            (123456789012345.6, "123456789012345.6"),
+            (-0.0, "-0.0"),
+            (0.1, "0.1"),
+            (-3.25e-10, "-3.25e-10"),
+        ] {
+            assert_eq!(python_float(f), py, "{f}");
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(r#"{"b": "é☃😀", "a": [1.10, 1e-7]}"#).unwrap();
+        let opts = DumpOptions {
+            indent: None,
+            item_sep: ",".into(),
+            key_sep: ":".into(),
+            sort_keys: true,
+            ensure_ascii: true,
+        };
+        // json.dumps(v, separators=(",", ":"), sort_keys=True)
+        assert_eq!(
+            python_json_with(&v, &opts),
+            r#"{"a":[1.1,1e-07],"b":"\u00e9\u2603\ud83d\ude00"}"#
+        );
+        let env = {
+            let mut env = minijinja::Environment::new();
+            env.add_filter("tojson", tojson);
+            env
+        };
+        let out = env
+            .render_str(
+                "{{ v | tojson(separators=(',', ':'), sort_keys=true) }}|{{ v | tojson(ensure_ascii=true) }}|{{ [] | tojson(indent=2) }}",
+                minijinja::context! { v => Value::from(Serde(v.clone())) },
+            )
+            .unwrap();
+        assert_eq!(
+            out,
+            r#"{"a":[1.1,1e-07],"b":"é☃😀"}|{"b": "\u00e9\u2603\ud83d\ude00", "a": [1.1, 1e-07]}|[]"#
         );
     }
 
@@ -445,7 +635,8 @@ mod snapshots {
             {"role": "system", "content": "You fix bugs. Be brief."},
             {"role": "user", "content": "  Which files are here?  "},
             {"role": "assistant", "content": "Let me look.", "tool_calls": [
-                {"type": "function", "function": {"name": "bash", "arguments": {"command": "ls", "timeout": 5}}}
+                // Floats as a model writes them render as Python's json.dumps writes them.
+                {"type": "function", "function": {"name": "bash", "arguments": {"command": "ls", "timeout": 5, "ratio": 1e-7, "scale": 2.50, "big": 1e16}}}
             ]},
             {"role": "tool", "content": "stats.py\ntest_stats.py"},
             {"role": "assistant", "content": "Two files: stats.py and test_stats.py — ünïcode ok."},
