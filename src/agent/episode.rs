@@ -211,7 +211,7 @@ pub async fn run(
     let offered = (!schemas.is_empty()).then_some(&schemas[..]);
     let setup = |e: &dyn std::fmt::Display| EpisodeError::Setup(e.to_string());
     let glue = TurnGlue::new(
-        &model.template,
+        model.template_for(offered.is_some()),
         &model.eos_token,
         offered,
         &ep.template_args,
@@ -488,7 +488,7 @@ async fn initial_prompt(ep: &Episode, schemas: &[Value]) -> Result<Vec<u32>, Epi
     tokio::task::spawn_blocking(move || {
         let offered = (!schemas.is_empty()).then_some(&schemas[..]);
         let text = model
-            .template
+            .template_for(offered.is_some())
             .render(&messages, offered, true, &args)
             .map_err(|e| EpisodeError::Setup(e.to_string()))?;
         model
@@ -525,7 +525,7 @@ async fn drift_check(
         let offered = (!schemas.is_empty()).then_some(&schemas[..]);
         let open = messages.last().is_some_and(|m| m["role"] != "assistant");
         let text = model
-            .template
+            .template_for(offered.is_some())
             .render(&messages, offered, open, &args)
             .map_err(|e| e.to_string())?;
         let again = model.tokenizer.encode(&text).map_err(|e| e.to_string())?;

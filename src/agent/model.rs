@@ -47,8 +47,11 @@ pub enum ModelError {
 pub struct ModelFiles {
     /// The tokenizer.
     pub tokenizer: Tokenizer,
-    /// The chat template.
+    /// The chat template (`default`, when the model names several).
     pub template: ChatTemplate,
+    /// The template named `tool_use`, when the model names one: transformers renders
+    /// with it whenever tools are given.
+    pub tool_use: Option<ChatTemplate>,
     /// The token that ends an assistant turn (`eos_token`), as text.
     pub eos_token: String,
     /// Its ID.
@@ -78,12 +81,24 @@ impl ModelFiles {
             path: cfg_path.clone(),
             source,
         })?;
-        let config: serde_json::Value =
+        let mut config: serde_json::Value =
             serde_json::from_str(&cfg_text).map_err(|source| ModelError::Json {
                 path: cfg_path,
                 source,
             })?;
+        if let Some(templates) = template_files(&dir)? {
+            config["chat_template"] = templates;
+        }
         Self::from_parts(Tokenizer::from_json(&tok_text)?, &config)
+    }
+
+    /// The template transformers would render with: `tool_use` when tools are given and
+    /// the model has one, else the default.
+    pub fn template_for(&self, with_tools: bool) -> &ChatTemplate {
+        match &self.tool_use {
+            Some(t) if with_tools => t,
+            _ => &self.template,
+        }
     }
 
     /// Builds from a loaded tokenizer and a parsed `tokenizer_config.json`.
@@ -92,6 +107,12 @@ impl ModelFiles {
         config: &serde_json::Value,
     ) -> Result<Self, ModelError> {
         let template = ChatTemplate::from_tokenizer_config(config, None)?;
+        let tool_use = match &config["chat_template"] {
+            serde_json::Value::Array(list) if list.iter().any(|t| t["name"] == "tool_use") => Some(
+                ChatTemplate::from_tokenizer_config(config, Some("tool_use"))?,
+            ),
+            _ => None,
+        };
         let eos_token = match &config["eos_token"] {
             serde_json::Value::String(s) => s.clone(),
             v => v["content"].as_str().unwrap_or_default().to_string(),
@@ -102,10 +123,41 @@ impl ModelFiles {
         Ok(ModelFiles {
             tokenizer,
             template,
+            tool_use,
             eos_token,
             eos_id,
         })
     }
+}
+
+/// The templates of transformers 5's layout, which wins over `tokenizer_config.json`'s
+/// `chat_template` as it does in transformers: `chat_template.jinja` (the default) and
+/// `additional_chat_templates/<name>.jinja`, as a named list. `None` without the file.
+fn template_files(dir: &Path) -> Result<Option<serde_json::Value>, ModelError> {
+    let read = |path: PathBuf| {
+        std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path, source })
+    };
+    let main = dir.join("chat_template.jinja");
+    if !main.is_file() {
+        return Ok(None);
+    }
+    let mut list = vec![serde_json::json!({"name": "default", "template": read(main)?})];
+    if let Ok(entries) = std::fs::read_dir(dir.join("additional_chat_templates")) {
+        let mut extra: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "jinja"))
+            .collect();
+        extra.sort();
+        for path in extra {
+            let name = path
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            list.push(serde_json::json!({"name": name, "template": read(path)?}));
+        }
+    }
+    Ok(Some(serde_json::Value::Array(list)))
 }
 
 /// Model directories loaded once per process and shared by every job that uses them:

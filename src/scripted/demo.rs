@@ -77,3 +77,57 @@ pub fn write_model_dir(dir: &Path, template: &str, extra: &[&str]) -> Result<(),
     std::fs::write(&cfg_path, cfg).map_err(|e| io(&cfg_path, e))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(m: &ModelFiles, tools: bool) -> String {
+        let msgs = [serde_json::json!({"role": "user", "content": "hi"})];
+        let tool = [serde_json::json!({"type": "function", "function": {"name": "bash"}})];
+        m.template_for(tools)
+            .render(&msgs, tools.then_some(&tool[..]), true, &Default::default())
+            .unwrap()
+    }
+
+    /// Templates are chosen as transformers chooses them: `chat_template.jinja` (and
+    /// `additional_chat_templates/`) over the config's, and `tool_use` when tools are
+    /// given.
+    #[test]
+    fn templates_are_chosen_as_transformers_chooses_them() {
+        let dir = tempfile::tempdir().unwrap();
+        write_model_dir(dir.path(), "CONFIG {{ messages[0].content }}", &[]).unwrap();
+        let m = ModelFiles::load(dir.path()).unwrap();
+        assert_eq!(render(&m, true), "CONFIG hi");
+        // A named list in the config: `tool_use` with tools, `default` without.
+        let cfg_path = dir.path().join("tokenizer_config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+        cfg["chat_template"] = serde_json::json!([
+            {"name": "default", "template": "PLAIN {{ messages[0].content }}"},
+            {"name": "tool_use", "template": "TOOLS {{ tools | length }} {{ messages[0].content }}"},
+        ]);
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        let m = ModelFiles::load(dir.path()).unwrap();
+        assert_eq!(render(&m, false), "PLAIN hi");
+        assert_eq!(render(&m, true), "TOOLS 1 hi");
+        // transformers 5's files win over the config's list.
+        std::fs::write(
+            dir.path().join("chat_template.jinja"),
+            "FILE {{ messages[0].content }}",
+        )
+        .unwrap();
+        let m = ModelFiles::load(dir.path()).unwrap();
+        assert_eq!(render(&m, true), "FILE hi");
+        let extra = dir.path().join("additional_chat_templates");
+        std::fs::create_dir(&extra).unwrap();
+        std::fs::write(
+            extra.join("tool_use.jinja"),
+            "FILE-TOOLS {{ messages[0].content }}",
+        )
+        .unwrap();
+        let m = ModelFiles::load(dir.path()).unwrap();
+        assert_eq!(render(&m, false), "FILE hi");
+        assert_eq!(render(&m, true), "FILE-TOOLS hi");
+    }
+}
