@@ -25,7 +25,7 @@ pub struct Sampling {
     /// Nucleus sampling mass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f64>,
-    /// Top-k cut-off.
+    /// Top-k cut-off; -1 or 0: none (sent to SGLang as -1, which it requires).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<i64>,
     /// Most new tokens.
@@ -34,7 +34,7 @@ pub struct Sampling {
     /// Stop strings.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,
-    /// Sampling seed.
+    /// Sampling seed; at most `i64::MAX`, as both servers require (checked at submit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
 }
@@ -243,7 +243,8 @@ pub fn sglang_body(prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
         sampling_params: Params {
             temperature: s.temperature,
             top_p: s.top_p,
-            top_k: s.top_k,
+            // SGLang refuses 0, which vLLM takes as "no cut-off": its -1 says the same.
+            top_k: s.top_k.map(|k| if k == 0 { -1 } else { k }),
             max_new_tokens: s.max_tokens,
             sampling_seed: s.seed,
             stop: &s.stop,
@@ -375,6 +376,16 @@ mod tests {
                 .to_string()
                 .contains("token_id:")
         );
+    }
+
+    #[test]
+    fn sglang_gets_minus_one_for_no_top_k() {
+        let s = Sampling {
+            top_k: Some(0),
+            ..sampling()
+        };
+        let body: serde_json::Value = serde_json::from_slice(&sglang_body(&[1], &s)).unwrap();
+        assert_eq!(body["sampling_params"]["top_k"], -1);
     }
 
     #[test]

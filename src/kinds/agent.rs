@@ -276,6 +276,19 @@ impl TaskKind for Agent {
         {
             return Err(bad("parser", "must be `hermes` or `bash_block`"));
         }
+        // What vLLM and SGLang both accept, refused here rather than by every request.
+        if s.sampling.seed.is_some_and(|v| v > i64::MAX as u64) {
+            return Err(bad(
+                "sampling.seed",
+                "must fit in a signed 64-bit integer (vLLM and SGLang refuse larger seeds)",
+            ));
+        }
+        if s.sampling.top_k.is_some_and(|k| k < -1) {
+            return Err(bad(
+                "sampling.top_k",
+                "must be -1 or 0 (no cut-off) or a positive number",
+            ));
+        }
         if s.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
             return Err(bad("model", "must not be empty when given"));
         }

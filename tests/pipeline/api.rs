@@ -84,6 +84,21 @@ async fn bad_input_gets_a_4xx_naming_the_field_and_writes_nothing() {
             400,
             Some("tasks[1].group_id"),
         ),
+        // Sampling values the inference servers would refuse on every request.
+        (
+            format!(
+                r#"{{"tasks":[{ok},{{"kind":"agent","spec":{{"messages":[{{"role":"user","content":"x"}}],"check":{{"command":"true"}},"sampling":{{"seed":18446744073709551615}}}}}}]}}"#
+            ),
+            400,
+            Some("tasks[1].spec.sampling.seed"),
+        ),
+        (
+            format!(
+                r#"{{"tasks":[{ok},{{"kind":"agent","spec":{{"messages":[{{"role":"user","content":"x"}}],"check":{{"command":"true"}},"sampling":{{"top_k":-5}}}}}}]}}"#
+            ),
+            400,
+            Some("tasks[1].spec.sampling.top_k"),
+        ),
         (
             format!(r#"{{"tasks":[{ok}],"batch_id":"has.dot"}}"#),
             400,
