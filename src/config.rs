@@ -514,6 +514,10 @@ pub struct PoolSettings {
     pub retries: u32,
     /// The first retry's delay (ms); it doubles with each retry.
     pub backoff_ms: u64,
+    /// How long a backend may pause (abort generations or answer 503, as a server does
+    /// while its weights are updated) before the job moves to another backend (ms). A
+    /// pause is waited out without using up `retries`.
+    pub max_pause_ms: u64,
 }
 
 impl Default for PoolSettings {
@@ -527,6 +531,7 @@ impl Default for PoolSettings {
             request_timeout_ms: 600_000,
             retries: 3,
             backoff_ms: 200,
+            max_pause_ms: 300_000,
         }
     }
 }
@@ -547,6 +552,7 @@ impl PoolSettings {
             request_timeout: Duration::from_millis(self.request_timeout_ms),
             retries: self.retries,
             backoff: Duration::from_millis(self.backoff_ms),
+            max_pause: Duration::from_millis(self.max_pause_ms),
         }
     }
 }

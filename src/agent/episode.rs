@@ -558,6 +558,7 @@ fn finish_name(f: Finish) -> &'static str {
     match f {
         Finish::Stop => "stop",
         Finish::Length => "length",
+        Finish::Aborted => "aborted",
         Finish::Other => "other",
     }
 }

@@ -5,7 +5,10 @@
 //! and 5xx answers are retried with exponential backoff, because a backend under load
 //! or restarting answers so briefly and a lost turn costs a whole episode. Other errors
 //! (4xx, an answer without token IDs) are not retried: the same request would fail the
-//! same way. Cancelling drops the request future, which closes its connection, so the
+//! same way. A server that pauses (a weight update: it aborts generations in flight and
+//! answers 503 meanwhile) is waited out for up to `max_pause`, retrying without using up
+//! the retries or counting as a backend error; an aborted generation is never taken for
+//! a turn. Cancelling drops the request future, which closes its connection, so the
 //! server sees the client go away and can abort the generation.
 
 use std::time::{Duration, Instant};
@@ -27,6 +30,11 @@ pub struct ClientSettings {
     pub retries: u32,
     /// The first backoff; it doubles with each retry.
     pub backoff: Duration,
+    /// How long a backend may keep pausing (aborting generations, answering 503, as a
+    /// server does while its weights are updated) before the job moves elsewhere. A
+    /// pause is waited out and retried without using up `retries` and without counting
+    /// as a backend error.
+    pub max_pause: Duration,
 }
 
 impl Default for ClientSettings {
@@ -36,6 +44,7 @@ impl Default for ClientSettings {
             request_timeout: Duration::from_secs(600),
             retries: 3,
             backoff: Duration::from_millis(200),
+            max_pause: Duration::from_secs(300),
         }
     }
 }
@@ -87,9 +96,16 @@ pub struct InferenceClient {
 
 /// One attempt's failure, and whether another attempt may help.
 enum Attempt {
+    /// A fault of the backend: retried up to `retries` times.
     Retry(String),
+    /// The backend paused (aborted the generation, or 503): waited out up to
+    /// `max_pause`, not counted as a fault.
+    Paused(String),
     Fatal(InferenceError),
 }
+
+/// The longest wait between two tries of a paused backend.
+const PAUSE_POLL_MAX: Duration = Duration::from_secs(2);
 
 impl InferenceClient {
     /// A client with `settings`.
@@ -131,37 +147,53 @@ impl InferenceClient {
         };
         let body = bytes::Bytes::from(body);
         let attempts = self.settings.retries + 1;
-        let mut last = String::new();
+        let mut last;
         let mut waited = Duration::ZERO;
-        for attempt in 1..=attempts {
-            if attempt > 1 {
-                let backoff = self.settings.backoff * 2u32.saturating_pow(attempt - 2);
-                tracing::debug!(backend = %backend.id, attempt, ?backoff, error = %last, "retrying generation");
-                tokio::select! {
-                    _ = cancel.cancelled() => return Err(InferenceError::Cancelled),
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                waited += backoff;
-            }
+        let (mut faults, mut tries) = (0u32, 0u32);
+        let mut paused = Duration::ZERO;
+        let mut pause_wait = self.settings.backoff;
+        loop {
+            tries += 1;
             let once = self.attempt(backend, &url, body.clone(), &mut waited);
             let outcome = tokio::select! {
                 // Dropping the request future closes its connection.
                 _ = cancel.cancelled() => return Err(InferenceError::Cancelled),
                 r = once => r,
             };
-            match outcome {
+            let delay = match outcome {
                 Ok(g) => return Ok((g, waited)),
                 Err(Attempt::Fatal(e)) => return Err(e),
                 Err(Attempt::Retry(e)) => {
                     metrics::counter!(crate::metrics::BACKEND_ERRORS, "backend" => backend.id.clone())
                         .increment(1);
                     last = e;
+                    faults += 1;
+                    if faults >= attempts {
+                        break;
+                    }
+                    self.settings.backoff * 2u32.saturating_pow(faults - 1)
                 }
+                Err(Attempt::Paused(e)) => {
+                    last = e;
+                    if paused >= self.settings.max_pause {
+                        break;
+                    }
+                    let d = pause_wait;
+                    pause_wait = (pause_wait * 2).min(PAUSE_POLL_MAX);
+                    paused += d;
+                    d
+                }
+            };
+            tracing::debug!(backend = %backend.id, tries, ?delay, error = %last, "retrying generation");
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(InferenceError::Cancelled),
+                _ = tokio::time::sleep(delay) => {}
             }
+            waited += delay;
         }
         Err(InferenceError::Unavailable {
             backend: backend.id.clone(),
-            attempts,
+            attempts: tries,
             last,
         })
     }
@@ -194,6 +226,13 @@ impl InferenceClient {
         let bytes = bytes.map_err(|e| Attempt::Retry(describe(&e)))?;
         metrics::histogram!(crate::metrics::BACKEND_LATENCY, "backend" => backend.id.clone())
             .record(t0.elapsed().as_secs_f64());
+        if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            // A server paused for a weight update (or draining) says 503: wait it out.
+            return Err(Attempt::Paused(format!(
+                "HTTP {status}: {}",
+                shorten(&String::from_utf8_lossy(&bytes))
+            )));
+        }
         if status.is_server_error() {
             return Err(Attempt::Retry(format!(
                 "HTTP {status}: {}",
@@ -211,12 +250,16 @@ impl InferenceClient {
             WireKind::Vllm => wire::parse_vllm(&bytes),
             WireKind::Sglang => wire::parse_sglang(&bytes),
         };
-        parsed.map_err(|source| {
-            Attempt::Fatal(InferenceError::Wire {
+        match parsed {
+            Ok(g) if g.finish == wire::Finish::Aborted => Err(Attempt::Paused(
+                "the server aborted the generation (paused, e.g. for a weight update)".into(),
+            )),
+            Ok(g) => Ok(g),
+            Err(source) => Err(Attempt::Fatal(InferenceError::Wire {
                 backend: backend.id.clone(),
                 source,
-            })
-        })
+            })),
+        }
     }
 
     /// Probes `backend`'s `GET /health`; the error says why it is not healthy.
@@ -291,7 +334,52 @@ mod tests {
             request_timeout: Duration::from_secs(5),
             retries,
             backoff: Duration::from_millis(10),
+            max_pause: Duration::from_secs(30),
         })
+    }
+
+    /// Aborted generations and 503s (a server pausing for a weight update) are waited
+    /// out and retried without using up the retries, never returned as a turn; a pause
+    /// longer than `max_pause` makes the backend unavailable.
+    #[tokio::test]
+    async fn pauses_and_aborts_are_waited_out_not_taken_as_turns() {
+        let s = server().await;
+        let never = CancellationToken::new();
+        for kind in [WireKind::Vllm, WireKind::Sglang] {
+            let b = spec(s.url(), kind);
+            for mode in [FaultMode::Abort, FaultMode::Paused] {
+                s.control(Control {
+                    mode,
+                    count: Some(3),
+                });
+                // No retries at all: the pauses must not count as faults.
+                let (g, _) = client(0)
+                    .generate(&b, &[1, 2, 3], &Sampling::default(), &never)
+                    .await
+                    .unwrap();
+                assert_ne!(g.finish, wire::Finish::Aborted);
+                assert!(!g.token_ids.is_empty());
+            }
+        }
+        s.control(Control {
+            mode: FaultMode::Paused,
+            count: None,
+        });
+        let short = InferenceClient::new(ClientSettings {
+            max_pause: Duration::from_millis(50),
+            ..client(0).settings().clone()
+        });
+        let e = short
+            .generate(
+                &spec(s.url(), WireKind::Vllm),
+                &[1],
+                &Sampling::default(),
+                &never,
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, InferenceError::Unavailable { .. }), "{e}");
+        s.stop().await;
     }
 
     #[tokio::test]

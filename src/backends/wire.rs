@@ -47,7 +47,11 @@ pub enum Finish {
     Stop,
     /// `max_tokens`, or the context length.
     Length,
-    /// Anything else the server said (aborted, …).
+    /// The server aborted the generation (vLLM `finish_reason: "abort"`, SGLang
+    /// `{"type": "abort"}`), e.g. to pause for a weight update: not a complete turn. The
+    /// client retries it; it never reaches a trajectory.
+    Aborted,
+    /// Anything else the server said.
     Other,
 }
 
@@ -80,6 +84,7 @@ fn finish_of(reason: Option<&str>) -> Finish {
     match reason {
         Some("stop") | Some("eos") => Finish::Stop,
         Some("length") => Finish::Length,
+        Some("abort") => Finish::Aborted,
         _ => Finish::Other,
     }
 }

@@ -101,6 +101,12 @@ pub enum FaultMode {
     Drop,
     /// Answer everything, `/health` included, with HTTP 503.
     Down,
+    /// Answer generation requests with HTTP 503 (as a server paused for a weight update
+    /// does), `/health` still answering.
+    Paused,
+    /// Abort the generation part-way, as vLLM (`finish_reason: "abort"`) and SGLang
+    /// (`{"type": "abort"}`) answer a request they drop (a weight update, a pause).
+    Abort,
 }
 
 /// `POST /control` body: play `mode` for the next `count` generation requests (all of
@@ -363,8 +369,21 @@ struct Answer {
 /// Plays faults, then the script, with the simulated timing. `Err` is the response to
 /// send instead.
 async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
+    let mut abort = false;
     match s.take_fault() {
         FaultMode::Ok => {}
+        FaultMode::Abort => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            abort = true;
+        }
+        FaultMode::Paused => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            return Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({"object": "error", "message": "the server is paused", "code": 503})),
+            )
+                .into_response());
+        }
         FaultMode::Fail => {
             s.faulted.fetch_add(1, Ordering::Relaxed);
             return Err((
@@ -440,6 +459,11 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
     if ids.len() > max_tokens {
         ids.truncate(max_tokens);
         finish = "length";
+        matched = None;
+    }
+    if abort {
+        ids.truncate(ids.len() / 2);
+        finish = "abort";
         matched = None;
     }
     let logprobs: Vec<f32> = ids
@@ -684,6 +708,8 @@ async fn generate_answer(s: &Shared, body: serde_json::Value) -> Response {
     let with_lp = body["return_logprob"].as_bool() == Some(true);
     let finish = if a.finish == "length" {
         serde_json::json!({"type": "length", "length": a.ids.len()})
+    } else if a.finish == "abort" {
+        serde_json::json!({"type": "abort", "message": "Abort before prefill"})
     } else {
         serde_json::json!({"type": "stop", "matched": a.matched})
     };
