@@ -209,6 +209,7 @@ async fn run_scheme(
     for i in 0..shape.backends {
         let mut cfg = ScriptedConfig::new(model.clone(), p.clone());
         cfg.seed = i as u64;
+        cfg.model_name = "demo".into();
         cfg.cache_blocks = shape.cache_blocks;
         cfg.keep_requests = 0;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -460,7 +461,8 @@ async fn main() {
     let overhead = turns_of(&single);
     let loaded = turns_of(&outcomes[0].1);
     // Baseline: one bare request to a fresh server with a prompt of the same size.
-    let cfg = ScriptedConfig::new(model.clone(), p.clone());
+    let mut cfg = ScriptedConfig::new(model.clone(), p.clone());
+    cfg.model_name = "demo".into();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server = ScriptedServer::spawn(listener, cfg).unwrap();
     let spec = BackendSpec {

@@ -262,13 +262,41 @@ impl InferenceClient {
         }
     }
 
-    /// Probes `backend`'s `GET /health`; the error says why it is not healthy.
+    /// Probes `backend` with `GET /v1/models`, which both vLLM and SGLang answer
+    /// without running the model (SGLang's `/health` runs a generation, slow under
+    /// load); the error says why it is not usable. A vLLM that does not serve the
+    /// backend's `model` under that name would answer every request 404, so that is
+    /// reported here, with the flag that fixes it, rather than failing jobs.
     pub async fn health(&self, backend: &BackendSpec, timeout: Duration) -> Result<(), String> {
-        let url = format!("{}/health", backend.url.trim_end_matches('/'));
-        match self.http.get(&url).timeout(timeout).send().await {
-            Ok(r) if r.status().is_success() => Ok(()),
-            Ok(r) => Err(format!("GET /health answered {}", r.status())),
-            Err(e) => Err(describe(&e)),
+        let url = format!("{}/v1/models", backend.url.trim_end_matches('/'));
+        let resp = self
+            .http
+            .get(&url)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| describe(&e))?;
+        if !resp.status().is_success() {
+            return Err(format!("GET /v1/models answered {}", resp.status()));
+        }
+        if backend.kind != WireKind::Vllm {
+            return Ok(());
+        }
+        let list: serde_json::Value = resp
+            .json()
+            .await
+            .map_err(|e| format!("GET /v1/models: {}", describe(&e)))?;
+        let served: Vec<&str> = list["data"]
+            .as_array()
+            .map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect())
+            .unwrap_or_default();
+        if served.contains(&backend.model.as_str()) {
+            Ok(())
+        } else {
+            Err(format!(
+                "it serves {served:?}, not `{}`, and would refuse every request (404): start vLLM with --served-model-name {}",
+                backend.model, backend.model
+            ))
         }
     }
 }
@@ -457,6 +485,25 @@ mod tests {
         });
         let down = c.health(&b, Duration::from_secs(1)).await.unwrap_err();
         assert!(down.contains("503"), "{down}");
+        s.control(Control {
+            mode: FaultMode::Ok,
+            count: None,
+        });
+        // A vLLM serving another name is not usable, and the probe says how to fix it.
+        let other = BackendSpec {
+            model: "policy-v2".into(),
+            ..b.clone()
+        };
+        let wrong = c.health(&other, Duration::from_secs(1)).await.unwrap_err();
+        assert!(wrong.contains("--served-model-name policy-v2"), "{wrong}");
+        let e = client(3)
+            .generate(&other, &[1], &Sampling::default(), &never)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, InferenceError::Refused { status: 404, .. }),
+            "the stand-in refuses an unknown model as vLLM does: {e}"
+        );
         // Cancelling gives up at once.
         s.control(Control {
             mode: FaultMode::Stall,

@@ -43,8 +43,12 @@ use policy::{Policy, stable_hash};
 /// How the server behaves.
 #[derive(Debug)]
 pub struct ScriptedConfig {
-    /// The model name it answers to (vLLM's `model` field; not checked).
+    /// The model name it serves (vLLM's `--served-model-name`): a vLLM request whose
+    /// `model` is neither this nor one of `aliases` gets vLLM's 404, as from the real
+    /// server. (SGLang's `/generate` names no model.)
     pub model_name: String,
+    /// More names it serves (vLLM takes several after `--served-model-name`).
+    pub aliases: Vec<String>,
     /// The tokenizer and template.
     pub model: Arc<ModelFiles>,
     /// The script.
@@ -73,6 +77,7 @@ impl ScriptedConfig {
     pub fn new(model: Arc<ModelFiles>, policy: Policy) -> Self {
         ScriptedConfig {
             model_name: "scripted".into(),
+            aliases: Vec::new(),
             model,
             policy,
             seed: 0,
@@ -312,12 +317,18 @@ async fn health(State(s): State<Arc<Shared>>) -> StatusCode {
     }
 }
 
-async fn models(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({
-        "object": "list",
-        "data": [{"id": s.cfg.model_name, "object": "model", "owned_by": "rollout-scripted-llm",
-                  "max_model_len": s.cfg.max_model_len}],
-    }))
+async fn models(State(s): State<Arc<Shared>>) -> Response {
+    if s.is_down() {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    let data: Vec<serde_json::Value> = std::iter::once(&s.cfg.model_name)
+        .chain(&s.cfg.aliases)
+        .map(|name| {
+            serde_json::json!({"id": name, "object": "model", "owned_by": "rollout-scripted-llm",
+                               "max_model_len": s.cfg.max_model_len})
+        })
+        .collect();
+    Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
 
 async fn control(State(s): State<Arc<Shared>>, Json(c): Json<Control>) -> StatusCode {
@@ -587,6 +598,21 @@ async fn completions(
 
 async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
     let t0 = Instant::now();
+    // vLLM serves only the names it was started with.
+    let asked = body["model"].as_str().unwrap_or_default();
+    if asked != s.cfg.model_name && !s.cfg.aliases.iter().any(|a| a == asked) {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({
+                "object": "error",
+                "message": format!("The model `{asked}` does not exist."),
+                "type": "NotFoundError",
+                "param": null,
+                "code": 404,
+            })),
+        )
+            .into_response();
+    }
     let prompt = match &body["prompt"] {
         serde_json::Value::String(text) => match s.cfg.model.tokenizer.encode(text) {
             Ok(ids) => ids,

@@ -106,6 +106,9 @@ impl Stand {
         for (i, kind) in kinds.iter().enumerate() {
             let mut cfg = ScriptedConfig::new(model.clone(), p.clone());
             cfg.seed = i as u64;
+            // One server behind both pool models, as vLLM serves several names.
+            cfg.model_name = "demo".into();
+            cfg.aliases = vec!["think".into()];
             server(i, &mut cfg);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let s = ScriptedServer::spawn(listener, cfg).unwrap();
