@@ -3,21 +3,14 @@
 
 use rollout::model::Status;
 
-use crate::helpers::{TestEnv, synthetic};
+use crate::helpers::{TestEnv, json_answer, synthetic};
 
 async fn post_raw(env: &TestEnv, body: impl Into<reqwest::Body>) -> (u16, serde_json::Value) {
-    let resp = reqwest::Client::new()
+    let req = reqwest::Client::new()
         .post(format!("{}/v1/jobs", env.base))
         .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    let json = serde_json::from_str(&text)
-        .unwrap_or_else(|_| panic!("error body is not JSON ({status}): {text}"));
-    (status, json)
+        .body(body);
+    json_answer(req, "POST /v1/jobs").await
 }
 
 async fn total_jobs(env: &TestEnv) -> i64 {

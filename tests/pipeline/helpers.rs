@@ -293,6 +293,17 @@ impl Drop for TestEnv {
     }
 }
 
+/// Sends `req` and returns the status and the JSON body (panics, naming `what`, when
+/// the body is not JSON: the API answers JSON to everything, errors included).
+pub async fn json_answer(req: reqwest::RequestBuilder, what: &str) -> (u16, serde_json::Value) {
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    let json = serde_json::from_str(&text)
+        .unwrap_or_else(|_| panic!("{what}: the answer is not JSON ({status}): {text}"));
+    (status, json)
+}
+
 /// A synthetic task from its spec.
 pub fn synthetic(spec: serde_json::Value) -> Task {
     Task::new("synthetic", spec)

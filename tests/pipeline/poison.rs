@@ -5,19 +5,14 @@ use std::time::Duration;
 
 use rollout::model::{Status, Task};
 
-use crate::helpers::{TestEnv, synthetic, unpublished_synthetic};
+use crate::helpers::{TestEnv, json_answer, synthetic, unpublished_synthetic};
 
 async fn get(env: &TestEnv, path: &str) -> (u16, serde_json::Value) {
-    let resp = reqwest::Client::new()
-        .get(format!("{}{path}", env.base))
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    let json = serde_json::from_str(&text)
-        .unwrap_or_else(|_| panic!("{path}: the answer is not JSON ({status}): {text}"));
-    (status, json)
+    json_answer(
+        reqwest::Client::new().get(format!("{}{path}", env.base)),
+        path,
+    )
+    .await
 }
 
 /// Runs one SQL statement on the test's own database, whichever it is.
