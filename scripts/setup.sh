@@ -31,12 +31,6 @@ for tool in bwrap:bubblewrap git:git /usr/bin/python3:python3 slirp4netns:slirp4
     apt_install "$pkg" || true
   fi
 done
-# The chat-template tests compare rollout's renderer with Python's Jinja2.
-if ! /usr/bin/env python3 -c 'import jinja2' 2>/dev/null; then
-  echo "setup: installing jinja2 (Python) for the chat-template tests" >&2
-  python3 -m pip install --quiet --disable-pip-version-check jinja2 >&2 || \
-    python3 -m pip install --quiet --user --disable-pip-version-check jinja2 >&2 || true
-fi
 if ! have bwrap; then
   echo "setup: bubblewrap is missing and could not be installed; install it (apt-get install bubblewrap) or set sandbox.backend = \"local\" (no isolation)" >&2
   exit 1

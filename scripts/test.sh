@@ -3,7 +3,7 @@
 # nats-server (started by the tests on free ports) and SQLite, then the integration
 # tests again against Postgres when a server answers on 127.0.0.1:5432 (or wherever
 # ROLLOUT_TEST_DATABASE_URL points). Installs what it needs first if it is missing
-# (scripts/setup.sh, and schemathesis).
+# (scripts/setup.sh, schemathesis, and transformers with jinja2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
@@ -17,6 +17,14 @@ if ! command -v schemathesis >/dev/null 2>&1; then
     # A --user install lands in a scripts directory that may not be on PATH yet.
     export PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts", "posix_user"))'):$PATH"
   fi
+fi
+
+# The chat-template tests compare rollout's renderer with transformers' own (tests/templates.rs).
+if ! python3 -c 'import jinja2, transformers.utils.chat_template_utils' >/dev/null 2>&1; then
+  echo "== installing transformers and jinja2 (Python) for the chat-template conformance tests" >&2
+  python3 -m pip install --quiet --disable-pip-version-check transformers jinja2 >&2 || \
+    python3 -m pip install --quiet --user --disable-pip-version-check transformers jinja2 >&2 || \
+    python3 -m pip install --quiet --user --break-system-packages --disable-pip-version-check transformers jinja2 >&2
 fi
 
 echo "== unit and integration tests (SQLite)" >&2

@@ -194,6 +194,16 @@ pub enum EpisodeError {
         /// The episode so far.
         partial: Box<Trajectory>,
     },
+    /// The chat template failed on the conversation mid-episode (it refused an
+    /// observation's content, say). Probes when the episode starts make this rare; the
+    /// turns already generated are kept.
+    #[error("{message}")]
+    Template {
+        /// What happened.
+        message: String,
+        /// The episode so far.
+        partial: Box<Trajectory>,
+    },
     /// The job is no longer wanted (cancelled, or taken over by another worker).
     #[error("the job is no longer wanted")]
     Cancelled,
@@ -433,13 +443,23 @@ pub async fn run(
             end_turn(&mut traj, turn, t_turn);
             break FinishReason::MaxTurns;
         }
-        let between = glue
+        let obs_ids = match glue
             .between_turns(&observations, ended_with_eos)
-            .map_err(|e| EpisodeError::Setup(e.to_string()))?;
-        let obs_ids = model
-            .tokenizer
-            .encode(&between)
-            .map_err(|e| EpisodeError::Setup(e.to_string()))?;
+            .map_err(|e| e.to_string())
+            .and_then(|text| model.tokenizer.encode(&text).map_err(|e| e.to_string()))
+        {
+            Ok(ids) => ids,
+            Err(e) => {
+                end_turn(&mut traj, turn, t_turn);
+                return Err(EpisodeError::Template {
+                    message: format!(
+                        "the chat template failed on the observation of turn {}: {e}",
+                        turn_index + 1
+                    ),
+                    partial: Box::new(finish_partial(traj, llm)),
+                });
+            }
+        };
         if context.len() + obs_ids.len() >= ep.limits.max_tokens {
             end_turn(&mut traj, turn, t_turn);
             break FinishReason::ContextLength;

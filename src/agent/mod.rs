@@ -2,6 +2,7 @@
 //! model was trained on.
 //!
 //! - [`template`]: chat templates rendered as transformers renders them.
+//! - [`iteration`]: Jinja2's refusal to loop over null, which minijinja lacks.
 //! - [`tokenizer`]: `tokenizer.json` loading, and small BPE tokenizers trained for tests.
 //! - [`model`]: a model directory (tokenizer and chat template) loaded together.
 //! - [`parse`]: tool-call parsers (Hermes `<tool_call>` blocks, one bash block per turn).
@@ -11,6 +12,7 @@
 //! - [`episode`]: the multi-turn loop itself.
 
 pub mod episode;
+pub mod iteration;
 pub mod model;
 pub mod parse;
 pub mod render;

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::render::{RenderError, TurnGlue};
 use super::template::{ChatTemplate, TemplateError};
 use super::tokenizer::{Tokenizer, TokenizerError};
 
@@ -35,6 +36,14 @@ pub enum ModelError {
     /// The chat template would not load.
     #[error(transparent)]
     Template(#[from] TemplateError),
+    /// The chat template cannot carry a multi-turn episode.
+    #[error("the chat template of {path} cannot run agent episodes: {source}")]
+    Turns {
+        /// The model directory.
+        path: PathBuf,
+        /// Why.
+        source: RenderError,
+    },
     /// The end-of-turn token is not in the vocabulary.
     #[error(
         "the end-of-turn token `{0}` (eos_token in tokenizer_config.json) is not one token of tokenizer.json"
@@ -99,6 +108,27 @@ impl ModelFiles {
             Some(t) if with_tools => t,
             _ => &self.template,
         }
+    }
+
+    /// Checks that the model's templates (with tools and without) can carry a
+    /// multi-turn episode, as [`TurnGlue`] needs: a model that cannot is refused when it
+    /// is loaded for episodes, with the reason, rather than after its first generation.
+    /// Task-specific template arguments (`enable_thinking`) are checked again when each
+    /// episode starts.
+    pub fn check_turns(&self) -> Result<(), RenderError> {
+        let extra = serde_json::Map::new();
+        let schemas: Vec<serde_json::Value> = super::tools::TOOL_NAMES
+            .iter()
+            .filter_map(|t| super::tools::schema(t))
+            .collect();
+        TurnGlue::new(self.template_for(false), &self.eos_token, None, &extra)?;
+        TurnGlue::new(
+            self.template_for(true),
+            &self.eos_token,
+            Some(&schemas),
+            &extra,
+        )?;
+        Ok(())
     }
 
     /// Builds from a loaded tokenizer and a parsed `tokenizer_config.json`.
@@ -173,20 +203,28 @@ impl ModelCache {
         Self::default()
     }
 
-    /// The model at `path`, loaded off the async threads the first time it is asked for.
-    /// Concurrent first requests for one path wait for a single load.
+    /// The model at `path`, loaded off the async threads the first time it is asked for
+    /// and checked for multi-turn use ([`ModelFiles::check_turns`]). Concurrent first
+    /// requests for one path wait for a single load.
     pub async fn get(&self, path: &Path) -> Result<std::sync::Arc<ModelFiles>, ModelError> {
         let mut loaded = self.loaded.lock().await;
         if let Some(m) = loaded.get(path) {
             return Ok(m.clone());
         }
         let owned = path.to_path_buf();
-        let files = tokio::task::spawn_blocking(move || ModelFiles::load(&owned))
-            .await
-            .map_err(|e| ModelError::Io {
-                path: path.to_path_buf(),
-                source: std::io::Error::other(e.to_string()),
-            })??;
+        let files = tokio::task::spawn_blocking(move || {
+            let files = ModelFiles::load(&owned)?;
+            files.check_turns().map_err(|source| ModelError::Turns {
+                path: owned.clone(),
+                source,
+            })?;
+            Ok::<_, ModelError>(files)
+        })
+        .await
+        .map_err(|e| ModelError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e.to_string()),
+        })??;
         let files = std::sync::Arc::new(files);
         loaded.insert(path.to_path_buf(), files.clone());
         Ok(files)

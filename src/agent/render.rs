@@ -5,13 +5,21 @@
 //! what the template writes *after* the model's end-of-turn token and up to the next
 //! assistant turn's opening (ChatML's `"\n<|im_start|>user\n<tool_response>…"`). To find
 //! that text for any template, [`TurnGlue`] renders a small fixed conversation whose
-//! last assistant turn holds a sentinel, once without and once with the new messages
-//! and the generation prompt, and takes the difference after the sentinel's
-//! end-of-turn token. The cost is one render of a short conversation per observation,
-//! whatever the episode's length, and none for the usual single tool result when probes
-//! at construction show the template inserts a result's content unchanged; a template
-//! that renders earlier turns differently once messages follow them is detected rather
-//! than silently mis-tokenized.
+//! last assistant turn holds a sentinel, followed by the new messages and the
+//! generation prompt, and takes the text after the end-of-turn token that follows the
+//! sentinel. The cost is one render of a short conversation per observation, whatever
+//! the episode's length, and none for the usual single tool result when probes at
+//! construction show the template inserts a result's content unchanged.
+//!
+//! Only what follows the model's turn is taken from the render, never what precedes
+//! it: real templates render earlier turns differently once messages follow them
+//! (Qwen3 writes an empty think block only into the *last* assistant turn, and drops
+//! reasoning from turns before the last user query), and the model must go on from the
+//! tokens it actually saw. Whether a trainer re-rendering the finished conversation
+//! gets those same tokens is the drift check's verdict, not a reason to stop. The
+//! glue is probed with every kind of message an episode appends (one tool result,
+//! several, which some templates merge into one turn, and a user message) when it is
+//! built, so a template that cannot be glued is refused before a token is generated.
 
 use serde_json::Value;
 
@@ -27,33 +35,51 @@ pub enum RenderError {
     /// The template failed or refused the conversation.
     #[error(transparent)]
     Template(#[from] TemplateError),
+    /// The template does not write an assistant message's content, so the model's turns
+    /// cannot be found in its renders.
+    #[error(
+        "the chat template does not write an assistant message's content as given ({0}); \
+         multi-turn episodes need a template that renders the model's turns"
+    )]
+    NoContent(&'static str),
     /// The template does not end an assistant turn with the end-of-turn token, so the
     /// model's turns cannot be told from what follows them.
     #[error(
-        "the chat template does not end an assistant turn with the end-of-turn token `{0}`; \
-         multi-turn episodes need one (set eos_token in tokenizer_config.json to the token that ends an assistant turn)"
+        "the chat template does not end an assistant turn with the end-of-turn token `{eos}` \
+         when {when} follows it; multi-turn episodes need one (set eos_token in \
+         tokenizer_config.json to the token that ends an assistant turn)"
     )]
-    NoEndOfTurn(String),
-    /// Rendering more messages changed the text of earlier ones.
+    NoEndOfTurn {
+        /// The token.
+        eos: String,
+        /// What followed the turn in the render that lacked it.
+        when: &'static str,
+    },
+    /// The template writes something else between the model's text and its end-of-turn
+    /// token depending on what follows, so a turn cut before that token cannot be closed
+    /// the way a re-render would close it.
     #[error(
-        "the chat template renders an assistant turn differently once messages follow it, \
-         so observations cannot be appended token by token"
+        "the chat template closes an assistant turn with {0:?} when {1} follows it but with \
+         {2:?} otherwise; a turn cut before its end-of-turn token cannot be closed consistently"
     )]
-    NotAppendOnly,
+    UnstableClose(String, &'static str, String),
 }
 
 /// What the template writes between turns; built once per episode.
 #[derive(Debug)]
 pub struct TurnGlue<'a> {
     template: &'a ChatTemplate,
+    eos: String,
     tools: Option<&'a [Value]>,
     extra: &'a serde_json::Map<String, Value>,
     base: Vec<Value>,
-    base_text: String,
-    /// Byte offset in `base_text` right after the sentinel (the model's text).
-    sentinel_end: usize,
-    /// Byte offset right after the end-of-turn token that follows the sentinel.
-    turn_end: usize,
+    /// What the template writes after the model's text up to and including the
+    /// end-of-turn token once messages follow the turn (ChatML: `<|im_end|>`); a turn
+    /// that a stop string or the length limit cut gets it before the glue.
+    close: String,
+    /// What the template writes after the end-of-turn token when the conversation ends
+    /// with the assistant turn (ChatML: `"\n"`).
+    tail: String,
     /// For the common case of one tool result: the text before and after its content,
     /// when the template inserts the content unchanged (checked with probes at
     /// construction), so a turn costs no render.
@@ -61,14 +87,17 @@ pub struct TurnGlue<'a> {
 }
 
 /// Contents that reveal a template that changes a tool result (trims it, escapes it,
-/// rewrites newlines or tabs) instead of inserting it as it is.
+/// rewrites newlines or tabs) instead of inserting it as it is. The second one also
+/// holds the sentinel, as a hostile tool output might.
 const PROBES: [&str; 2] = [
     "ROLLOUT_PROBE",
-    "  first\tline\r\n<tool_call>ü{{ x }}</tool_call> & 'q' \"d\"\n\n  last  ",
+    "  first\tline\r\n<tool_call>ü{{ x }}</tool_call> & 'q' \"d\"\n\nROLLOUT_TURN_SENTINEL  last  ",
 ];
 
 impl<'a> TurnGlue<'a> {
-    /// Prepares for `template` with end-of-turn token `eos`, offering `tools`.
+    /// Prepares for `template` with end-of-turn token `eos`, offering `tools`, and
+    /// checks that every kind of message an episode appends can be glued: a failure
+    /// here costs no generation.
     pub fn new(
         template: &'a ChatTemplate,
         eos: &str,
@@ -79,69 +108,110 @@ impl<'a> TurnGlue<'a> {
             serde_json::json!({"role": "user", "content": "Begin."}),
             serde_json::json!({"role": "assistant", "content": SENTINEL}),
         ];
-        let base_text = template.render(&base, tools, false, extra)?;
-        let sentinel_end = base_text
-            .rfind(SENTINEL)
-            .map(|i| i + SENTINEL.len())
-            .ok_or(RenderError::NotAppendOnly)?;
-        let eos_at = if eos.is_empty() {
-            None
-        } else {
-            base_text[sentinel_end..].find(eos)
-        };
-        let turn_end = match eos_at {
-            Some(i) => sentinel_end + i + eos.len(),
-            None => return Err(RenderError::NoEndOfTurn(eos.to_string())),
-        };
+        if eos.is_empty() {
+            return Err(RenderError::NoEndOfTurn {
+                eos: String::new(),
+                when: "anything",
+            });
+        }
         let mut glue = TurnGlue {
             template,
+            eos: eos.to_string(),
             tools,
             extra,
             base,
-            base_text,
-            sentinel_end,
-            turn_end,
+            close: String::new(),
+            tail: String::new(),
             single_tool: None,
         };
-        glue.single_tool = glue.find_single_tool_frame();
+        // The conversation ending with the turn: what a re-render adds after our last
+        // token. A template may leave the end-of-turn token out there (it is the
+        // model's to write); then it adds nothing.
+        let alone = template.render(&glue.base, tools, false, extra)?;
+        let after = sentinel_end(&alone).ok_or(RenderError::NoContent("alone"))?;
+        glue.tail = alone[after..]
+            .find(eos)
+            .map(|i| alone[after + i + eos.len()..].to_string())
+            .unwrap_or_default();
+        // Followed by each kind of message an episode appends.
+        let user = [serde_json::json!({"role": "user", "content": "Go on."})];
+        let tool = |c: &str| serde_json::json!({"role": "tool", "content": c});
+        let two_tools = [tool("a"), tool("b")];
+        // Tool results come even when no tools are offered: a call the model makes
+        // anyway gets an error observation.
+        let kinds: [(&'static str, &[Value]); 2] =
+            [("a user message", &user), ("two tool results", &two_tools)];
+        let mut first_close: Option<(String, &'static str)> = None;
+        for (when, messages) in kinds {
+            let (close, _) = glue.split_after(messages, when)?;
+            match &first_close {
+                None => first_close = Some((close, when)),
+                Some((c, w)) if *c != close => {
+                    return Err(RenderError::UnstableClose(c.clone(), w, close));
+                }
+                Some(_) => {}
+            }
+        }
+        glue.close = first_close.map(|(c, _)| c).unwrap_or_default();
+        glue.single_tool = glue.find_single_tool_frame()?;
         Ok(glue)
     }
 
     /// The text around one tool result's content, if the template inserts every probe
-    /// content unchanged between the same two pieces of text.
-    fn find_single_tool_frame(&self) -> Option<(String, String)> {
+    /// content unchanged between the same two pieces of text; `None` if it changes them
+    /// (each observation is then rendered).
+    fn find_single_tool_frame(&self) -> Result<Option<(String, String)>, RenderError> {
         let tool = |c: &str| [serde_json::json!({"role": "tool", "content": c})];
-        let first = self.render_after(&tool(PROBES[0])).ok()?;
-        let at = first.find(PROBES[0])?;
+        let first = self.render_after(&tool(PROBES[0]), "a tool result")?;
+        let Some(at) = first.find(PROBES[0]) else {
+            return Ok(None);
+        };
         let (pre, post) = (&first[..at], &first[at + PROBES[0].len()..]);
-        PROBES[1..]
-            .iter()
-            .all(|p| {
-                self.render_after(&tool(p)).is_ok_and(|t| {
-                    t.len() == pre.len() + p.len() + post.len()
-                        && t.starts_with(pre)
-                        && t[pre.len()..].starts_with(p)
-                        && t.ends_with(post)
-                })
-            })
-            .then(|| (pre.to_string(), post.to_string()))
+        for p in &PROBES[1..] {
+            let t = self.render_after(&tool(p), "a tool result")?;
+            let same = t.len() == pre.len() + p.len() + post.len()
+                && t.starts_with(pre)
+                && t[pre.len()..].starts_with(p)
+                && t.ends_with(post);
+            if !same {
+                return Ok(None);
+            }
+        }
+        Ok(Some((pre.to_string(), post.to_string())))
     }
 
-    /// The full render's text after the model's end-of-turn token.
-    fn render_after(&self, messages: &[Value]) -> Result<String, RenderError> {
+    /// Renders the base conversation followed by `messages` and the generation prompt,
+    /// and splits the text after the model's part of the turn into what closes the turn
+    /// (up to and including the end-of-turn token) and what follows it.
+    fn split_after(
+        &self,
+        messages: &[Value],
+        when: &'static str,
+    ) -> Result<(String, String), RenderError> {
         let mut all = self.base.clone();
         all.extend_from_slice(messages);
         let text = self.template.render(&all, self.tools, true, self.extra)?;
-        if !text.starts_with(&self.base_text[..self.turn_end]) {
-            return Err(RenderError::NotAppendOnly);
-        }
-        Ok(text[self.turn_end..].to_string())
+        let after = sentinel_end(&text).ok_or(RenderError::NoContent(when))?;
+        let rest = &text[after..];
+        let at = rest
+            .find(&self.eos)
+            .ok_or_else(|| RenderError::NoEndOfTurn {
+                eos: self.eos.clone(),
+                when,
+            })?;
+        let end = at + self.eos.len();
+        Ok((rest[..end].to_string(), rest[end..].to_string()))
+    }
+
+    /// The full render's text after the model's end-of-turn token.
+    fn render_after(&self, messages: &[Value], when: &'static str) -> Result<String, RenderError> {
+        Ok(self.split_after(messages, when)?.1)
     }
 
     /// The text after a model turn up to and including the next generation prompt, with
     /// `messages` (tool results, a user message) in between. When the model's turn did
     /// not end with the end-of-turn token (a stop string ended it) the text starts with
-    /// that token.
+    /// what closes a turn.
     pub fn between_turns(
         &self,
         messages: &[Value],
@@ -156,23 +226,27 @@ impl<'a> TurnGlue<'a> {
                 t.push_str(post);
                 t
             }
-            _ => self.render_after(messages)?,
+            _ => self.render_after(messages, "the observation")?,
         };
         Ok(if ended_with_eos {
             after
         } else {
-            format!(
-                "{}{after}",
-                &self.base_text[self.sentinel_end..self.turn_end]
-            )
+            format!("{}{after}", self.close)
         })
     }
 
     /// What the template writes after an assistant turn's end-of-turn token when the
     /// conversation ends there (ChatML's `"\n"`); no model emits it.
     pub fn tail(&self) -> &str {
-        &self.base_text[self.turn_end..]
+        &self.tail
     }
+}
+
+/// Where the sentinel's text ends in `text`: its first occurrence, which is the base
+/// conversation's assistant turn (anything after it, a tool output repeating the
+/// sentinel included, comes later).
+fn sentinel_end(text: &str) -> Option<usize> {
+    text.find(SENTINEL).map(|i| i + SENTINEL.len())
 }
 
 #[cfg(test)]
@@ -229,7 +303,7 @@ mod tests {
             let m = [serde_json::json!({"role": "tool", "content": content})];
             for eos in [true, false] {
                 let fast = glue.between_turns(&m, eos).unwrap();
-                let mut slow = glue.render_after(&m).unwrap();
+                let mut slow = glue.render_after(&m, "test").unwrap();
                 if !eos {
                     slow.insert_str(0, "<|im_end|>");
                 }
@@ -274,6 +348,155 @@ mod tests {
         .unwrap();
         let extra = serde_json::Map::new();
         let e = TurnGlue::new(&t, "</s>", None, &extra).unwrap_err();
-        assert!(matches!(e, RenderError::NoEndOfTurn(_)), "{e}");
+        assert!(matches!(e, RenderError::NoEndOfTurn { .. }), "{e}");
+    }
+    const QWEN3: &str = include_str!("../../tests/fixtures/templates/qwen3_like.jinja");
+
+    fn tool_schema() -> Vec<Value> {
+        vec![serde_json::json!({"type": "function", "function": {"name": "bash"}})]
+    }
+
+    /// A template that renders the last assistant turn differently from the same turn
+    /// once messages follow it (an empty think block only when it is last) is glued by
+    /// what follows the turn, as a real conversation renders it.
+    #[test]
+    fn qwen3_style_templates_are_glued_after_the_turn() {
+        let t = ChatTemplate::new(QWEN3, "", "<|im_end|>").unwrap();
+        let tools = tool_schema();
+        for thinking in [None, Some(false)] {
+            let mut extra = serde_json::Map::new();
+            if let Some(on) = thinking {
+                extra.insert("enable_thinking".into(), on.into());
+            }
+            let opening = if thinking == Some(false) {
+                "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+            } else {
+                "<|im_start|>assistant\n"
+            };
+            let glue = TurnGlue::new(&t, "<|im_end|>", Some(&tools), &extra).unwrap();
+            let obs = [
+                serde_json::json!({"role": "tool", "content": "a.py"}),
+                serde_json::json!({"role": "tool", "content": "b.py"}),
+            ];
+            // Consecutive results are one user turn.
+            assert_eq!(
+                glue.between_turns(&obs, true).unwrap(),
+                format!(
+                    "\n<|im_start|>user\n<tool_response>\na.py\n</tool_response>\n<tool_response>\nb.py\n</tool_response><|im_end|>\n{opening}"
+                )
+            );
+            assert_eq!(glue.tail(), "\n");
+            assert!(glue.single_tool.is_some());
+            // What a real conversation's render adds after the model's end-of-turn
+            // token, although the turn before it renders differently there.
+            let model_turn = serde_json::json!({"role": "assistant", "content": "<think>\nLook first.\n</think>\n\nLooking."});
+            let mut msgs = vec![
+                serde_json::json!({"role": "user", "content": "List files."}),
+                model_turn,
+            ];
+            msgs.extend(obs.iter().cloned());
+            let full = t.render(&msgs, Some(&tools), true, &extra).unwrap();
+            let cut = full.find("Looking.<|im_end|>").unwrap() + "Looking.<|im_end|>".len();
+            assert_eq!(full[cut..], glue.between_turns(&obs, true).unwrap());
+        }
+    }
+
+    /// A model that opens its think block in the generation prompt (thinking-only
+    /// models) gets the opening in the glue, and a turn cut before its end-of-turn
+    /// token is closed as the template closes turns.
+    #[test]
+    fn the_generation_prompt_may_open_the_think_block() {
+        let opened = QWEN3.replace(
+            "{{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking",
+            "{{- '<|im_start|>assistant\\n<think>\\n' }}\n    {%- if enable_thinking",
+        );
+        assert_ne!(opened, QWEN3);
+        let t = ChatTemplate::new(&opened, "", "<|im_end|>").unwrap();
+        let extra = serde_json::Map::new();
+        let glue = TurnGlue::new(&t, "<|im_end|>", None, &extra).unwrap();
+        let user = [serde_json::json!({"role": "user", "content": "Go on."})];
+        assert_eq!(
+            glue.between_turns(&user, false).unwrap(),
+            "<|im_end|>\n<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n<think>\n"
+        );
+    }
+
+    /// A template that leaves the end-of-turn token out of a conversation's final
+    /// assistant turn (the model writes it) is glued; a re-render adds nothing after it.
+    #[test]
+    fn a_final_turn_without_the_end_of_turn_token_is_glued() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% if not (loop.last and m.role == 'assistant') %}</s>{% endif %}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}",
+            "",
+            "</s>",
+        )
+        .unwrap();
+        let extra = serde_json::Map::new();
+        let glue = TurnGlue::new(&t, "</s>", None, &extra).unwrap();
+        assert_eq!(glue.tail(), "");
+        let obs = [serde_json::json!({"role": "tool", "content": "4"})];
+        assert_eq!(
+            glue.between_turns(&obs, true).unwrap(),
+            "[tool]4</s>[assistant]"
+        );
+    }
+
+    /// Templates that cannot be glued are refused when the glue is built, saying why.
+    #[test]
+    fn templates_that_cannot_be_glued_are_refused_up_front() {
+        let extra = serde_json::Map::new();
+        // The assistant's content is not written.
+        let t = ChatTemplate::new(
+            "{% for m in messages %}[{{ m.role }}]</s>{% endfor %}",
+            "",
+            "</s>",
+        )
+        .unwrap();
+        let e = TurnGlue::new(&t, "</s>", None, &extra).unwrap_err();
+        assert!(matches!(e, RenderError::NoContent(_)), "{e}");
+        // Tool results are refused by the template.
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}[{{ m.role }}]{{ m.content }}</s>{% endfor %}",
+            "",
+            "</s>",
+        )
+        .unwrap();
+        let e = TurnGlue::new(&t, "</s>", None, &extra).unwrap_err();
+        assert!(e.to_string().contains("no tools here"), "{e}");
+        // The end-of-turn token comes only when nothing follows.
+        let t = ChatTemplate::new(
+            "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% if loop.last %}</s>{% endif %}{% endfor %}",
+            "",
+            "</s>",
+        )
+        .unwrap();
+        let e = TurnGlue::new(&t, "</s>", None, &extra).unwrap_err();
+        assert!(e.to_string().contains("a user message follows it"), "{e}");
+    }
+
+    /// Tool output that repeats the sentinel or the end-of-turn token does not move
+    /// where the glue is cut.
+    #[test]
+    fn tool_output_cannot_move_the_cut() {
+        let t = ChatTemplate::new(QWEN3, "", "<|im_end|>").unwrap();
+        let extra = serde_json::Map::new();
+        let glue = TurnGlue::new(&t, "<|im_end|>", None, &extra).unwrap();
+        let hostile = format!("{SENTINEL}<|im_end|>x");
+        let obs = [
+            serde_json::json!({"role": "tool", "content": hostile}),
+            serde_json::json!({"role": "tool", "content": "y"}),
+        ];
+        assert_eq!(
+            glue.between_turns(&obs, true).unwrap(),
+            format!(
+                "\n<|im_start|>user\n<tool_response>\n{hostile}\n</tool_response>\n<tool_response>\ny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+            )
+        );
+        assert_eq!(
+            glue.between_turns(&obs[..1], true).unwrap(),
+            format!(
+                "\n<|im_start|>user\n<tool_response>\n{hostile}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+            )
+        );
     }
 }

@@ -381,7 +381,10 @@ impl TaskKind for Agent {
                 drop(client);
                 return Err(sandboxed::lost(&self.sandboxes, job, message).await);
             }
-            Err(EpisodeError::Backend { message, partial }) => {
+            Err(
+                EpisodeError::Backend { message, partial }
+                | EpisodeError::Template { message, partial },
+            ) => {
                 // The worker's cleanup stops the sandbox.
                 drop(client);
                 return Err(StageError::FailedWith {

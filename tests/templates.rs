@@ -1,0 +1,387 @@
+//! Chat-template conformance: rollout's renderer against transformers' own
+//! `apply_chat_template` (tests/fixtures/templates/render_with_transformers.py, run with
+//! the transformers that scripts/test.sh installs), byte for byte.
+//!
+//! The templates are the project's test templates, each reproducing a behaviour of a
+//! widely used model's template that a token-in, token-out agent loop trips over: the
+//! ChatML / Hermes family, a reasoning-dropping one (DeepSeek-R1 style), Llama 3.1's
+//! ipython turns, a Qwen3-style one (think blocks only in the last turn, reasoning
+//! dropped before the last user query, merged tool turns), a named template list, and
+//! small templates for Jinja2's edge cases. Each is written into a model directory that
+//! both sides load as they load a real model's, so transformers also chooses the
+//! template and passes the special tokens itself. The conversations carry tools,
+//! consecutive tool messages, reasoning (inline, and in each field name transformers
+//! accepts), `enable_thinking` on, off and unset, non-ASCII text and float arguments. A
+//! case agrees when both render the same bytes, or both refuse it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use rollout::agent::model::ModelFiles;
+use rollout::scripted::demo;
+use serde_json::{Value, json};
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/templates/");
+
+/// One render to compare.
+struct Case {
+    label: String,
+    dir: PathBuf,
+    messages: Vec<Value>,
+    tools: Option<Vec<Value>>,
+    add_generation_prompt: bool,
+    extra: serde_json::Map<String, Value>,
+}
+
+/// What transformers made of each case: the text, or the template's error.
+fn transformers(cases: &[Case]) -> Vec<Result<String, String>> {
+    let input: Vec<Value> = cases
+        .iter()
+        .map(|c| {
+            json!({
+                "model_dir": c.dir, "messages": c.messages, "tools": c.tools,
+                "add_generation_prompt": c.add_generation_prompt, "extra": c.extra,
+            })
+        })
+        .collect();
+    let mut child = std::process::Command::new("python3")
+        .arg(format!("{FIXTURES}render_with_transformers.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs (scripts/test.sh installs transformers)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(serde_json::to_string(&input).unwrap().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the transformers reference failed (scripts/test.sh installs transformers): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    results
+        .into_iter()
+        .map(|r| match r["text"].as_str() {
+            Some(t) => Ok(t.to_string()),
+            None => Err(r["error"].as_str().unwrap_or_default().to_string()),
+        })
+        .collect()
+}
+
+/// What rollout makes of a case, loading the directory as a RUN worker does.
+fn rollout(case: &Case) -> Result<String, String> {
+    let model = ModelFiles::load(&case.dir).map_err(|e| e.to_string())?;
+    model
+        .template_for(case.tools.is_some())
+        .render(
+            &case.messages,
+            case.tools.as_deref(),
+            case.add_generation_prompt,
+            &case.extra,
+        )
+        .map_err(|e| e.to_string())
+}
+
+/// Renders every case both ways; panics listing each disagreement.
+fn check(cases: &[Case]) {
+    let theirs = transformers(cases);
+    let mut bad = Vec::new();
+    for (case, want) in cases.iter().zip(theirs) {
+        let got = rollout(case);
+        let agree = match (&got, &want) {
+            (Ok(a), Ok(b)) => a == b,
+            (Err(_), Err(_)) => true,
+            _ => false,
+        };
+        if !agree {
+            bad.push(format!(
+                "{}:\n  rollout:      {got:?}\n  transformers: {want:?}",
+                case.label
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {} cases disagree:\n{}",
+        bad.len(),
+        cases.len(),
+        bad.join("\n")
+    );
+}
+
+/// Writes a model directory around `template` (a config string, or a named list).
+fn model_dir(root: &Path, name: &str, template: Value, tweak: impl FnOnce(&mut Value)) -> PathBuf {
+    let dir = root.join(name);
+    demo::write_model_dir(&dir, "", &[]).unwrap();
+    let mut cfg = demo::tokenizer_config("");
+    cfg["chat_template"] = template;
+    tweak(&mut cfg);
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+fn fixture(name: &str) -> Value {
+    Value::String(std::fs::read_to_string(format!("{FIXTURES}{name}")).unwrap())
+}
+
+/// Tools as trainers send them (OpenAI's function format), key order and all.
+fn tools() -> Vec<Value> {
+    vec![
+        json!({"type": "function", "function": {
+            "name": "bash",
+            "description": "Run a command in the sandbox's shell & return <stdout>.",
+            "parameters": {"type": "object", "properties": {
+                "command": {"type": "string", "description": "The command."},
+                "timeout": {"type": "number", "description": "Seconds, e.g. 0.5."}
+            }, "required": ["command"]}
+        }}),
+        json!({"type": "function", "function": {
+            "name": "finish", "description": "End the task with an answer — réponse finale.",
+            "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}}
+        }}),
+    ]
+}
+
+fn call(name: &str, args: Value) -> Value {
+    json!({"type": "function", "function": {"name": name, "arguments": args}})
+}
+
+/// Conversations that exercise what episodes produce and trainers send.
+fn conversations() -> Vec<(&'static str, Vec<Value>)> {
+    let floats = json!({"command": "python3 -c 'print(1)'", "timeout": 1e-7, "scale": 2.50, "big": 1e16, "small": 1e-05, "neg": -0.0, "n": 12345678901234567_u64});
+    let agent = vec![
+        json!({"role": "system", "content": "You fix bugs. Be brief."}),
+        json!({"role": "user", "content": "  Which files are here? Ünïcödé — 日本語  "}),
+        json!({"role": "assistant", "content": "<think>\nList first.\n</think>\n\nLet me look.", "tool_calls": [call("bash", json!({"command": "ls"})), call("bash", floats)]}),
+        json!({"role": "tool", "content": "stats.py\ntest_stats.py"}),
+        json!({"role": "tool", "content": "  1\n"}),
+        json!({"role": "assistant", "content": "", "tool_calls": [call("bash", json!({"command": "pytest -q"}))]}),
+        json!({"role": "tool", "content": "<tool_response>tricky</tool_response>"}),
+        json!({"role": "assistant", "content": "Two files — ünïcode ok.", "reasoning_content": "\nThe tests pass.\n"}),
+        json!({"role": "user", "content": "Run the tests again."}),
+        json!({"role": "assistant", "content": "<think>\nAgain.\n</think>\n\n", "tool_calls": [call("bash", json!({"command": "pytest"}))]}),
+        json!({"role": "tool", "content": "ok"}),
+    ];
+    let mut ending = agent.clone();
+    ending.push(json!({"role": "assistant", "content": "All green.", "reasoning": "They pass."}));
+    vec![
+        ("agent", agent),
+        ("ends-with-assistant", ending),
+        (
+            "thinking-field",
+            vec![
+                json!({"role": "user", "content": "2+2?"}),
+                json!({"role": "assistant", "content": "4", "thinking": "Add them."}),
+            ],
+        ),
+        (
+            "empty-think",
+            vec![
+                json!({"role": "user", "content": "hi"}),
+                json!({"role": "assistant", "content": "<think>\n\n</think>\n\nHello.", "tool_calls": null}),
+            ],
+        ),
+        (
+            "tool-response-as-user",
+            vec![
+                json!({"role": "user", "content": "Look."}),
+                json!({"role": "assistant", "content": "<think>\nok\n</think>\n\nx"}),
+                json!({"role": "user", "content": "<tool_response>\nout\n</tool_response>"}),
+            ],
+        ),
+        (
+            "user-only",
+            vec![json!({"role": "user", "content": "Hello"})],
+        ),
+    ]
+}
+
+/// Every fixture template × conversation × tools or not × generation prompt or not ×
+/// `enable_thinking` unset, true or false.
+#[test]
+fn fixture_templates_render_as_transformers_renders_them() {
+    let root = tempfile::tempdir().unwrap();
+    let llama_tools: Vec<Value> = tools().iter().map(|t| t["function"].clone()).collect();
+    let dirs = [
+        (
+            "chatml_tools",
+            model_dir(root.path(), "chatml", fixture("chatml_tools.jinja"), |_| {}),
+            tools(),
+        ),
+        (
+            "chatml_think",
+            model_dir(root.path(), "think", fixture("chatml_think.jinja"), |_| {}),
+            tools(),
+        ),
+        (
+            "qwen3_like",
+            model_dir(root.path(), "qwen3", fixture("qwen3_like.jinja"), |_| {}),
+            tools(),
+        ),
+        (
+            "llama3_tools",
+            model_dir(root.path(), "llama3", fixture("llama3_tools.jinja"), |c| {
+                c["bos_token"] = "<|begin_of_text|>".into();
+            }),
+            llama_tools,
+        ),
+    ];
+    let mut cases = Vec::new();
+    for (name, dir, tools) in &dirs {
+        for (conv, messages) in conversations() {
+            for with_tools in [false, true] {
+                for open in [false, true] {
+                    for thinking in [None, Some(true), Some(false)] {
+                        let mut extra = serde_json::Map::new();
+                        if let Some(on) = thinking {
+                            extra.insert("enable_thinking".into(), on.into());
+                        }
+                        // Llama 3.1 dates its system prompt; pin the date.
+                        extra.insert("date_string".into(), "26 Jul 2024".into());
+                        cases.push(Case {
+                            label: format!(
+                                "{name}/{conv}/tools={with_tools}/gen={open}/thinking={thinking:?}"
+                            ),
+                            dir: dir.clone(),
+                            messages: messages.clone(),
+                            tools: with_tools.then(|| tools.clone()),
+                            add_generation_prompt: open,
+                            extra,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    check(&cases);
+}
+
+/// A named template list and transformers 5's file layout: the template transformers
+/// picks (`tool_use` when tools are given) is the one rendered.
+#[test]
+fn template_choice_is_transformers_choice() {
+    let root = tempfile::tempdir().unwrap();
+    let list = json!([
+        {"name": "default", "template": "DEFAULT{% for m in messages %}|{{ m.role }}:{{ m.content }}{% endfor %}{{ eos_token }}"},
+        {"name": "tool_use", "template": "TOOLS{{ tools | tojson }}{% for m in messages %}|{{ m.content }}{% endfor %}"},
+        {"name": "rag", "template": "RAG"},
+    ]);
+    let named = model_dir(root.path(), "named", list, |_| {});
+    let files = model_dir(root.path(), "files", json!("CONFIG"), |_| {});
+    std::fs::write(
+        files.join("chat_template.jinja"),
+        "FILE{{ messages | length }}",
+    )
+    .unwrap();
+    std::fs::create_dir(files.join("additional_chat_templates")).unwrap();
+    std::fs::write(
+        files.join("additional_chat_templates/tool_use.jinja"),
+        "FILE-TOOLS{{ tools | length }}",
+    )
+    .unwrap();
+    let messages = vec![json!({"role": "user", "content": "hi"})];
+    let mut cases = Vec::new();
+    for dir in [named, files] {
+        for with_tools in [false, true] {
+            cases.push(Case {
+                label: format!("{}/tools={with_tools}", dir.display()),
+                dir: dir.clone(),
+                messages: messages.clone(),
+                tools: with_tools.then(tools),
+                add_generation_prompt: true,
+                extra: Default::default(),
+            });
+        }
+    }
+    check(&cases);
+}
+
+/// Jinja2's edge cases as transformers meets them: iterating a null raises (a field a
+/// trainer sends as `null`), iterating an undefined value does not, `None` prints as
+/// `None`, `documents` is there and null, reasoning fields are aliased.
+#[test]
+fn jinja2_edge_cases_agree() {
+    let root = tempfile::tempdir().unwrap();
+    let templates = [
+        (
+            "iterate-null",
+            "{% for c in messages[0].tool_calls %}[{{ c }}]{% endfor %}.",
+        ),
+        (
+            "iterate-undefined",
+            "{% for c in messages[0].missing %}[{{ c }}]{% endfor %}.",
+        ),
+        ("iterate-null-literal", "{% for c in none %}x{% endfor %}."),
+        (
+            "iterate-nested-null",
+            "{% for t in messages[0].meta.tags %}x{% endfor %}.",
+        ),
+        (
+            "iterate-null-filtered",
+            "{% for c in messages[0].tool_calls if c %}x{% endfor %}.",
+        ),
+        (
+            "iterate-null-recursive",
+            "{% for c in messages[0].tool_calls recursive %}x{% endfor %}.",
+        ),
+        (
+            "iterate-or-default",
+            "{% for c in messages[0].tool_calls or [] %}x{% endfor %}.",
+        ),
+        (
+            "print-null",
+            "{{ messages[0].tool_calls }}|{{ none }}|{{ messages[0].missing }}",
+        ),
+        ("null-length", "{{ messages[0].tool_calls | length }}"),
+        ("in-null", "{{ 'a' in messages[0].tool_calls }}"),
+        (
+            "documents",
+            "{{ documents is none }}|{{ documents is defined }}",
+        ),
+        (
+            "special-tokens",
+            "{{ bos_token is defined }}|{{ eos_token }}|{{ pad_token is defined }}",
+        ),
+        (
+            "reasoning-aliases",
+            "{% for m in messages %}{{ m.reasoning_content }}/{{ m.thinking }}/{{ m.reasoning }};{% endfor %}",
+        ),
+        (
+            "reasoning-key-order",
+            "{% for m in messages %}{{ m | tojson }};{% endfor %}",
+        ),
+        (
+            "raise",
+            "{% if messages | length > 1 %}{{ raise_exception('one message only') }}{% endif %}ok",
+        ),
+        (
+            "string-in-for",
+            "{% for ch in 'ab' %}[{{ ch }}]{% endfor %}{% raw %}{% for x in none %}{% endraw %}",
+        ),
+    ];
+    let messages = [
+        json!({"role": "user", "content": "hi", "tool_calls": null, "meta": {"tags": null}}),
+        json!({"role": "assistant", "content": "yo", "reasoning": "r1"}),
+        json!({"role": "assistant", "content": "yo", "thinking": "t2", "reasoning_content": null}),
+    ];
+    let mut cases = Vec::new();
+    for (name, source) in templates {
+        let dir = model_dir(root.path(), name, json!(source), |_| {});
+        for n in [1, 3] {
+            cases.push(Case {
+                label: format!("{name}/{n} messages"),
+                dir: dir.clone(),
+                messages: messages[..n].to_vec(),
+                tools: None,
+                add_generation_prompt: false,
+                extra: Default::default(),
+            });
+        }
+    }
+    check(&cases);
+}
