@@ -7,9 +7,10 @@
 //! that text for any template, [`TurnGlue`] renders a small fixed conversation whose
 //! last assistant turn holds a sentinel, followed by the new messages and the
 //! generation prompt, and takes the text after the end-of-turn token that follows the
-//! sentinel. The cost is one render of a short conversation per observation, whatever
-//! the episode's length, and none for the usual single tool result when probes at
-//! construction show the template inserts a result's content unchanged.
+//! sentinel. The cost is one render of a short conversation per observation (tens of
+//! microseconds), whatever the episode's length. Every observation is rendered, even
+//! the single tool result a template seems to insert unchanged: a template may branch
+//! on what a result says (refuse it, trim it), and probes cannot prove it never does.
 //!
 //! Only what follows the model's turn is taken from the render, never what precedes
 //! it: real templates render earlier turns differently once messages follow them
@@ -80,19 +81,7 @@ pub struct TurnGlue<'a> {
     /// What the template writes after the end-of-turn token when the conversation ends
     /// with the assistant turn (ChatML: `"\n"`).
     tail: String,
-    /// For the common case of one tool result: the text before and after its content,
-    /// when the template inserts the content unchanged (checked with probes at
-    /// construction), so a turn costs no render.
-    single_tool: Option<(String, String)>,
 }
-
-/// Contents that reveal a template that changes a tool result (trims it, escapes it,
-/// rewrites newlines or tabs) instead of inserting it as it is. The second one also
-/// holds the sentinel, as a hostile tool output might.
-const PROBES: [&str; 2] = [
-    "ROLLOUT_PROBE",
-    "  first\tline\r\n<tool_call>ü{{ x }}</tool_call> & 'q' \"d\"\n\nROLLOUT_TURN_SENTINEL  last  ",
-];
 
 impl<'a> TurnGlue<'a> {
     /// Prepares for `template` with end-of-turn token `eos`, offering `tools`, and
@@ -122,7 +111,6 @@ impl<'a> TurnGlue<'a> {
             base,
             close: String::new(),
             tail: String::new(),
-            single_tool: None,
         };
         // The conversation ending with the turn: what a re-render adds after our last
         // token. A template may leave the end-of-turn token out there (it is the
@@ -133,14 +121,18 @@ impl<'a> TurnGlue<'a> {
             .find(eos)
             .map(|i| alone[after + i + eos.len()..].to_string())
             .unwrap_or_default();
-        // Followed by each kind of message an episode appends.
+        // Followed by each kind of message an episode appends. Tool results come even
+        // when no tools are offered: a call the model makes anyway gets an error
+        // observation.
         let user = [serde_json::json!({"role": "user", "content": "Go on."})];
         let tool = |c: &str| serde_json::json!({"role": "tool", "content": c});
+        let one_tool = [tool("a")];
         let two_tools = [tool("a"), tool("b")];
-        // Tool results come even when no tools are offered: a call the model makes
-        // anyway gets an error observation.
-        let kinds: [(&'static str, &[Value]); 2] =
-            [("a user message", &user), ("two tool results", &two_tools)];
+        let kinds: [(&'static str, &[Value]); 3] = [
+            ("a user message", &user),
+            ("a tool result", &one_tool),
+            ("two tool results", &two_tools),
+        ];
         let mut first_close: Option<(String, &'static str)> = None;
         for (when, messages) in kinds {
             let (close, _) = glue.split_after(messages, when)?;
@@ -153,31 +145,7 @@ impl<'a> TurnGlue<'a> {
             }
         }
         glue.close = first_close.map(|(c, _)| c).unwrap_or_default();
-        glue.single_tool = glue.find_single_tool_frame()?;
         Ok(glue)
-    }
-
-    /// The text around one tool result's content, if the template inserts every probe
-    /// content unchanged between the same two pieces of text; `None` if it changes them
-    /// (each observation is then rendered).
-    fn find_single_tool_frame(&self) -> Result<Option<(String, String)>, RenderError> {
-        let tool = |c: &str| [serde_json::json!({"role": "tool", "content": c})];
-        let first = self.render_after(&tool(PROBES[0]), "a tool result")?;
-        let Some(at) = first.find(PROBES[0]) else {
-            return Ok(None);
-        };
-        let (pre, post) = (&first[..at], &first[at + PROBES[0].len()..]);
-        for p in &PROBES[1..] {
-            let t = self.render_after(&tool(p), "a tool result")?;
-            let same = t.len() == pre.len() + p.len() + post.len()
-                && t.starts_with(pre)
-                && t[pre.len()..].starts_with(p)
-                && t.ends_with(post);
-            if !same {
-                return Ok(None);
-            }
-        }
-        Ok(Some((pre.to_string(), post.to_string())))
     }
 
     /// Renders the base conversation followed by `messages` and the generation prompt,
@@ -217,17 +185,7 @@ impl<'a> TurnGlue<'a> {
         messages: &[Value],
         ended_with_eos: bool,
     ) -> Result<String, RenderError> {
-        let after = match (&self.single_tool, messages) {
-            (Some((pre, post)), [m]) if m["role"] == "tool" && m["content"].is_string() => {
-                let content = m["content"].as_str().unwrap_or_default();
-                let mut t = String::with_capacity(pre.len() + content.len() + post.len());
-                t.push_str(pre);
-                t.push_str(content);
-                t.push_str(post);
-                t
-            }
-            _ => self.render_after(messages, "the observation")?,
-        };
+        let after = self.render_after(messages, "the observation")?;
         Ok(if ended_with_eos {
             after
         } else {
@@ -293,34 +251,28 @@ mod tests {
         assert_eq!(after[cut..], glue.between_turns(&obs, true).unwrap());
     }
 
+    /// A template that changes what a tool result says (here: trims it) gets the
+    /// changed text, as a full render has it.
     #[test]
-    fn one_tool_result_is_framed_exactly_as_the_template_renders_it() {
-        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
-        let extra = serde_json::Map::new();
-        let glue = TurnGlue::new(&t, "<|im_end|>", None, &extra).unwrap();
-        assert!(glue.single_tool.is_some());
-        for content in ["ok", "", "  spaced\n\n", "<tool_response>ü\t"] {
-            let m = [serde_json::json!({"role": "tool", "content": content})];
-            for eos in [true, false] {
-                let fast = glue.between_turns(&m, eos).unwrap();
-                let mut slow = glue.render_after(&m, "test").unwrap();
-                if !eos {
-                    slow.insert_str(0, "<|im_end|>");
-                }
-                assert_eq!(fast, slow, "{content:?}");
-            }
-        }
-        // A template that trims tool results does not get the shortcut.
+    fn tool_results_are_rendered_as_the_template_writes_them() {
         let trimming = CHATML.replace(
             "'\\n<tool_response>\\n' + message.content + '\\n</tool_response>'",
             "'\\n<tool_response>\\n' + message.content.strip() + '\\n</tool_response>'",
         );
         assert_ne!(trimming, CHATML);
         let t = ChatTemplate::new(&trimming, "", "<|im_end|>").unwrap();
+        let extra = serde_json::Map::new();
         let glue = TurnGlue::new(&t, "<|im_end|>", None, &extra).unwrap();
-        assert!(glue.single_tool.is_none());
         let m = [serde_json::json!({"role": "tool", "content": "  x  "})];
-        assert!(glue.between_turns(&m, true).unwrap().contains("\nx\n"));
+        assert_eq!(
+            glue.between_turns(&m, true).unwrap(),
+            "\n<|im_start|>user\n<tool_response>\nx\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert!(
+            glue.between_turns(&m, false)
+                .unwrap()
+                .starts_with("<|im_end|>\n<|im_start|>user")
+        );
     }
 
     #[test]
@@ -335,7 +287,6 @@ mod tests {
             "<|start_header_id|>ipython<|end_header_id|>\n\n4<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
         );
         assert_eq!(glue.tail(), "");
-        assert!(glue.single_tool.is_some());
     }
 
     #[test]
@@ -386,7 +337,6 @@ mod tests {
                 )
             );
             assert_eq!(glue.tail(), "\n");
-            assert!(glue.single_tool.is_some());
             // What a real conversation's render adds after the model's end-of-turn
             // token, although the turn before it renders differently there.
             let model_turn = serde_json::json!({"role": "assistant", "content": "<think>\nLook first.\n</think>\n\nLooking."});

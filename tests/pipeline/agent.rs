@@ -46,6 +46,17 @@ fn policy() -> Policy {
                 format!("<think>\nThe file list comes first.\n</think>\n{}", call("bash", json!({"command": "ls calc"}))),
                 call("finish", json!({"answer": "done"})),
             ]}]},
+            // Qwen3's own form: reasoning, a blank line, then the calls; two calls in
+            // the first turn give two tool results, which the template merges.
+            {"match": "Reason like Qwen3", "variants": [{"turns": [
+                format!("<think>\nThe file comes first.\n</think>\n\n{}\n{}", call("bash", json!({"command": "cat calc/add.py"})), call("bash", json!({"command": "ls calc"}))),
+                format!("<think>\nIt subtracts; it must add.\n</think>\n\n{}", call("file", json!({"command": "str_replace", "path": "calc/add.py", "old_str": "a - b", "new_str": "a + b"}))),
+                format!("<think>\nFixed.\n</think>\n\n{}", call("finish", json!({"answer": "5"}))),
+            ]}]},
+            {"match": "Trip the template", "variants": [{"turns": [
+                call("bash", json!({"command": "echo FORBIDDEN"})),
+                call("finish", json!({"answer": "never"})),
+            ]}]},
             {"match": "Write an essay", "variants": [{"turns": [
                 "The quick brown fox jumps over the lazy dog. ".repeat(8),
             ]}]},
@@ -80,7 +91,8 @@ struct Stand {
 impl Stand {
     /// Starts the deployment (with `tweak`), writes the model directories, starts one
     /// stand-in server per entry of `kinds` (adjusted by `server`) and registers each as
-    /// a backend of model `demo` (and `think` for the drifting template).
+    /// a backend of model `demo` (and `think` for the drifting template, `qwen3` for a
+    /// Qwen3-style template, `picky` for one that refuses some tool output).
     async fn start(
         kinds: &[WireKind],
         tweak: impl FnOnce(&mut rollout::config::Settings),
@@ -101,6 +113,18 @@ impl Stand {
         let think_dir = env.dir.path().join("model-think");
         let think = include_str!("../fixtures/templates/chatml_think.jinja");
         demo::write_model_dir(&think_dir, think, &extra).unwrap();
+        let qwen3_dir = env.dir.path().join("model-qwen3");
+        let qwen3 = include_str!("../fixtures/templates/qwen3_like.jinja");
+        demo::write_model_dir(&qwen3_dir, qwen3, &extra).unwrap();
+        // Fails on an observation that says FORBIDDEN, which no probe does: the glue is
+        // built, and breaks mid-episode.
+        let picky_dir = env.dir.path().join("model-picky");
+        let picky = qwen3.replace(
+            "{%- elif m.role == 'tool' %}",
+            "{%- elif m.role == 'tool' %}{% if 'FORBIDDEN' in text %}{{ raise_exception('this template refuses FORBIDDEN') }}{% endif %}",
+        );
+        assert_ne!(picky, qwen3);
+        demo::write_model_dir(&picky_dir, &picky, &extra).unwrap();
         let model = Arc::new(ModelFiles::load(&dir).unwrap());
         let mut servers = Vec::new();
         for (i, kind) in kinds.iter().enumerate() {
@@ -108,11 +132,16 @@ impl Stand {
             cfg.seed = i as u64;
             // One server behind both pool models, as vLLM serves several names.
             cfg.model_name = "demo".into();
-            cfg.aliases = vec!["think".into()];
+            cfg.aliases = vec!["think".into(), "qwen3".into(), "picky".into()];
             server(i, &mut cfg);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let s = ScriptedServer::spawn(listener, cfg).unwrap();
-            for (model_name, tok) in [("demo", &dir), ("think", &think_dir)] {
+            for (model_name, tok) in [
+                ("demo", &dir),
+                ("think", &think_dir),
+                ("qwen3", &qwen3_dir),
+                ("picky", &picky_dir),
+            ] {
                 let spec = BackendSpec {
                     id: format!("{model_name}-{i}"),
                     url: s.url(),
@@ -361,6 +390,105 @@ async fn the_drift_verdict_tells_templates_that_rewrite_history() {
                 && l.contains("drift=\"true\"")),
         "{text}"
     );
+}
+
+/// A Qwen3-style template (the last assistant turn rendered with a think block, the
+/// same turn without one once messages follow, consecutive tool results merged) runs
+/// multi-turn episodes token-exact over both wire formats. Turns in the model's own
+/// form re-render to the same tokens; turns in another form, or thinking switched off
+/// (the empty think block the generation prompt adds is dropped from earlier turns on
+/// a re-render), are reported as drift where it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen3_style_templates_run_multi_turn_episodes() {
+    let stand = Stand::start(&[WireKind::Vllm, WireKind::Sglang], |_| {}, |_, _| {}).await;
+    stand.env.workers_in_process(1);
+    let off = json!({"template_args": {"enable_thinking": false}});
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let mut t = task("Reason like Qwen3 and fix calc/add.py.", "qwen3", json!({}));
+        t.client_id = Some(format!("canonical-{i}"));
+        tasks.push(t);
+    }
+    let mut t = task("Reason like Qwen3 and fix calc/add.py.", "qwen3", off);
+    t.client_id = Some("thinking-off".into());
+    tasks.push(t);
+    let mut t = task("Think first, then look.", "qwen3", json!({}));
+    t.client_id = Some("other-form".into());
+    tasks.push(t);
+    stand.env.submit(&tasks, "qwen3").await;
+    let results = stand
+        .env
+        .wait_results("qwen3", tasks.len(), Duration::from_secs(300))
+        .await;
+    let mut formats = std::collections::BTreeSet::new();
+    for r in &results {
+        assert_eq!(r.status, Status::Done, "{r:?}");
+        let run = run_output(r);
+        assert_eq!(run["finish_reason"], "finished", "{run}");
+        assert_token_exact(&stand, run);
+        formats.insert(Stand::index(run["backend"].as_str().unwrap()));
+        let client = r.client_id.as_deref().unwrap();
+        let drift = &run["drift"];
+        let prompt_len = run["prompt_ids"].as_array().unwrap().len();
+        let turn_start =
+            |t: usize| prompt_len + run["turns"][t]["model_range"][0].as_u64().unwrap() as usize;
+        if client.starts_with("canonical") {
+            assert_eq!(r.reward, Some(1.0), "{r:?}");
+            // Two calls, two results, one merged user turn between the model's turns.
+            let turns = run["turns"].as_array().unwrap();
+            assert_eq!(turns.len(), 3);
+            assert_eq!(turns[0]["tools"].as_array().unwrap().len(), 2);
+            let obs = [
+                turns[0]["observation_range"][0].as_u64().unwrap() as usize,
+                turns[0]["observation_range"][1].as_u64().unwrap() as usize,
+            ];
+            let text = stand
+                .model
+                .tokenizer
+                .decode(&ids(&run["response_ids"])[obs[0]..obs[1]])
+                .unwrap();
+            assert_eq!(text.matches("<|im_start|>user").count(), 1, "{text:?}");
+            assert_eq!(text.matches("<tool_response>").count(), 2, "{text:?}");
+            assert_eq!(drift["identical"], true, "{drift}");
+        } else if client == "thinking-off" {
+            assert_eq!(drift["identical"], false, "{drift}");
+            // The first turn's opening (prompt, mask 0) is where a re-render differs.
+            let first = drift["first_difference"].as_u64().unwrap() as usize;
+            assert!(first <= turn_start(0), "{first} after {}", turn_start(0));
+            assert!(first >= prompt_len - 8, "{first} vs prompt {prompt_len}");
+        } else {
+            // `</think>` followed by one newline where the template writes two.
+            assert_eq!(drift["identical"], false, "{drift}");
+            let first = drift["first_difference"].as_u64().unwrap() as usize;
+            assert!(
+                (turn_start(0)..turn_start(1)).contains(&first),
+                "{first} outside turn 0"
+            );
+        }
+    }
+    assert_eq!(formats.len(), 2, "both wire formats served");
+}
+
+/// A template that fails on one observation mid-episode (after its glue was built)
+/// fails the job with the partial trajectory, not with nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_failing_mid_episode_keeps_the_partial_trajectory() {
+    let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, _| {}).await;
+    stand.env.workers_in_process(1);
+    let r = stand
+        .run_one(task("Trip the template.", "picky", json!({})), "picky")
+        .await;
+    assert_eq!(r.status, Status::Failed, "{r:?}");
+    let error = r.error.as_deref().unwrap();
+    assert!(
+        error.contains("turn 1") && error.contains("this template refuses FORBIDDEN"),
+        "{error}"
+    );
+    let run = run_output(&r);
+    let turns = run["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 1, "{run}");
+    assert_eq!(turns[0]["tools"][0]["observation"], "FORBIDDEN\n");
+    assert_token_exact(&stand, run);
 }
 
 /// Waits until `pred` holds of a server's counters (panics after 30 s).
