@@ -162,6 +162,7 @@ impl Generator for Routed {
         Ok(Generated {
             generation,
             backend: b.id.clone(),
+            logprobs_mode: b.logprobs(),
             backend_wait: wait,
         })
     }
@@ -225,6 +226,7 @@ async fn run_scheme(
             model: "demo".into(),
             tokenizer: model_dir.display().to_string(),
             weight: 1.0,
+            ..Default::default()
         });
         servers.push(s);
     }
@@ -472,6 +474,7 @@ async fn main() {
         model: "demo".into(),
         tokenizer: model_dir.display().to_string(),
         weight: 1.0,
+        ..Default::default()
     };
     let client = InferenceClient::new(ClientSettings::default());
     let typical = outcomes[0].1.trajectories[0].turns[1].prompt_tokens;

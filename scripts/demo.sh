@@ -30,7 +30,8 @@ for i in 0 1; do
   out="$state/scripted-$i.out"
   : >"$out"
   "$bin/rollout-scripted-llm" serve --listen 127.0.0.1:0 --model "$state/demo-model" \
-    --policy examples/agent-policy.json --seed "$i" --token-us 200 >"$out" 2>"$state/scripted-$i.log" &
+    --policy examples/agent-policy.json --seed "$i" --token-us 200 \
+    --enable-prompt-tokens-details --enable-deterministic-inference >"$out" 2>"$state/scripted-$i.log" &
   pids+=("$!")
   for _ in $(seq 100); do
     grep -q '^listening on ' "$out" && break

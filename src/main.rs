@@ -119,6 +119,18 @@ enum BackendsAction {
         /// Relative capacity.
         #[arg(long, default_value_t = 1.0)]
         weight: f64,
+        /// The name the server serves the model under, when it is not --model (vLLM's
+        /// --served-model-name).
+        #[arg(long)]
+        served_model_name: Option<String>,
+        /// The environment variable holding the server's --api-key (sent as a Bearer
+        /// token); a variable, so the key stays out of shell history.
+        #[arg(long)]
+        api_key_env: Option<String>,
+        /// `raw` (vLLM's default) or `processed` (SGLang, or vLLM with --logprobs-mode
+        /// processed_logprobs).
+        #[arg(long)]
+        logprobs_mode: Option<String>,
     },
     /// Unregister a backend.
     Remove {
@@ -248,9 +260,26 @@ async fn main() -> anyhow::Result<()> {
                     model,
                     tokenizer,
                     weight,
+                    served_model_name,
+                    api_key_env,
+                    logprobs_mode,
                 } => {
                     let kind = rollout::backends::WireKind::parse(&kind)
                         .with_context(|| format!("--kind `{kind}`: use vllm or sglang"))?;
+                    let logprobs_mode = logprobs_mode
+                        .map(|m| {
+                            rollout::backends::LogprobsMode::parse(&m).with_context(|| {
+                                format!("--logprobs-mode `{m}`: use raw or processed")
+                            })
+                        })
+                        .transpose()?;
+                    let api_key = api_key_env
+                        .map(|var| {
+                            std::env::var(&var)
+                                .map(rollout::backends::ApiKey)
+                                .with_context(|| format!("--api-key-env: ${var} is not set"))
+                        })
+                        .transpose()?;
                     let spec = rollout::backends::BackendSpec {
                         id,
                         url,
@@ -258,6 +287,9 @@ async fn main() -> anyhow::Result<()> {
                         model,
                         tokenizer,
                         weight,
+                        served_model_name,
+                        api_key,
+                        logprobs_mode,
                     };
                     let b = client.add_backend(&spec).await?;
                     eprintln!(

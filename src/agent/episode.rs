@@ -31,6 +31,7 @@ use super::parse::{self, CallError, ParsedTurn};
 use super::render::TurnGlue;
 use super::tools::{self, FINISH, ToolRunner};
 use super::trajectory::{self, BackendSwitch, FinishReason, ToolRecord, Trajectory, Turn};
+use crate::backends::LogprobsMode;
 use crate::backends::wire::{Finish, Generation, Sampling};
 use crate::metrics::{DRIFT_CHECKS, EPISODES, TURN_OVERHEAD};
 use crate::sandbox::SandboxError;
@@ -114,6 +115,8 @@ pub struct Generated {
     pub generation: Generation,
     /// The backend's id.
     pub backend: String,
+    /// Which logprobs the backend returns.
+    pub logprobs_mode: LogprobsMode,
     /// Time spent waiting for backends (requests in flight and backoff between
     /// retries), as opposed to building requests and reading answers.
     pub backend_wait: Duration,
@@ -249,6 +252,11 @@ pub async fn run(
         // A task's own `max_tokens` can only lower the per-turn limit.
         let asked = sampling.max_tokens.map_or(usize::MAX, |m| m as usize);
         sampling.max_tokens = Some(ep.limits.max_new_tokens.min(asked).min(room) as u64);
+        for &id in &model.stop_ids {
+            if !sampling.stop_token_ids.contains(&id) {
+                sampling.stop_token_ids.push(id);
+            }
+        }
 
         // The turn: generation, with the status read alongside and the deadline above.
         let t_llm = Instant::now();
@@ -274,6 +282,7 @@ pub async fn run(
         let Generated {
             generation: g,
             backend,
+            logprobs_mode,
             backend_wait,
         } = match generated {
             Ok(g) => g,
@@ -289,7 +298,13 @@ pub async fn run(
         traj.push_model(&g.token_ids, &g.logprobs);
         context.extend_from_slice(&g.token_ids);
         traj.backend = backend.clone();
-        let ended_with_eos = g.token_ids.last() == Some(&model.eos_id);
+        // Any of the model's stop tokens ends a turn (Llama's `<|eom_id|>` after a tool
+        // call as well as its `<|eot_id|>`); without one, a stop string or the length
+        // limit cut it, and the template's closing text goes before the observation.
+        let ended_with_eos = g
+            .token_ids
+            .last()
+            .is_some_and(|t| model.stop_ids.contains(t));
         last_ended = ended_with_eos;
         let body = if ended_with_eos {
             &g.token_ids[..g.token_ids.len() - 1]
@@ -311,7 +326,9 @@ pub async fn run(
             overhead_us: 0,
             cached_prompt_tokens: g.cached_prompt_tokens,
             prompt_tokens: context.len() - g.token_ids.len(),
+            logprobs_mode,
         };
+        traj.note_logprobs_mode(logprobs_mode);
         traj.messages.push(assistant_message(&parsed));
         if !ended_with_eos && g.finish == Finish::Length {
             let why = if context.len() >= ep.limits.max_tokens {
@@ -650,6 +667,7 @@ mod tests {
             self.sent.push(ids.clone());
             let logprobs = (0..ids.len()).map(|i| -(i as f32 + 1.0) / 10.0).collect();
             Ok(Generated {
+                logprobs_mode: LogprobsMode::Raw,
                 generation: Generation {
                     token_ids: ids,
                     logprobs,

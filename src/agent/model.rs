@@ -65,11 +65,17 @@ pub struct ModelFiles {
     pub eos_token: String,
     /// Its ID.
     pub eos_id: u32,
+    /// Every token that ends the model's turns: `eos_id` first, then the other
+    /// end-of-sequence tokens of `generation_config.json` (Llama 3.1's `<|eom_id|>`
+    /// after a tool call, `<|end_of_text|>`). Sent as `stop_token_ids`; a turn that ends
+    /// on any of them is a complete turn.
+    pub stop_ids: Vec<u32>,
 }
 
 impl ModelFiles {
     /// Loads `path`: a directory holding `tokenizer.json` and `tokenizer_config.json`, or
-    /// the `tokenizer.json` file itself with the config beside it.
+    /// the `tokenizer.json` file itself with the config beside it, and
+    /// `generation_config.json` when there is one (its stop tokens).
     pub fn load(path: &Path) -> Result<Self, ModelError> {
         let dir = if path.is_dir() {
             path.to_path_buf()
@@ -98,7 +104,31 @@ impl ModelFiles {
         if let Some(templates) = template_files(&dir)? {
             config["chat_template"] = templates;
         }
-        Self::from_parts(Tokenizer::from_json(&tok_text)?, &config)
+        let mut files = Self::from_parts(Tokenizer::from_json(&tok_text)?, &config)?;
+        let gen_path = dir.join("generation_config.json");
+        if gen_path.is_file() {
+            let text = std::fs::read_to_string(&gen_path).map_err(|source| ModelError::Io {
+                path: gen_path.clone(),
+                source,
+            })?;
+            let gen_config: serde_json::Value =
+                serde_json::from_str(&text).map_err(|source| ModelError::Json {
+                    path: gen_path,
+                    source,
+                })?;
+            let ids = match &gen_config["eos_token_id"] {
+                serde_json::Value::Array(list) => list.iter().filter_map(|v| v.as_u64()).collect(),
+                v => v.as_u64().into_iter().collect::<Vec<_>>(),
+            };
+            for id in ids {
+                if let Ok(id) = u32::try_from(id)
+                    && !files.stop_ids.contains(&id)
+                {
+                    files.stop_ids.push(id);
+                }
+            }
+        }
+        Ok(files)
     }
 
     /// The template transformers would render with: `tool_use` when tools are given and
@@ -156,6 +186,7 @@ impl ModelFiles {
             tool_use,
             eos_token,
             eos_id,
+            stop_ids: vec![eos_id],
         })
     }
 }

@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::parse::{CallError, ToolCall};
+use crate::backends::LogprobsMode;
 
 /// Why an episode ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -92,6 +93,9 @@ pub struct Turn {
     pub cached_prompt_tokens: Option<u64>,
     /// Prompt length of this turn's request.
     pub prompt_tokens: usize,
+    /// Which logprobs the backend returned for this turn (`raw`: before temperature
+    /// and top-k/top-p; `processed`: after them).
+    pub logprobs_mode: LogprobsMode,
 }
 
 /// A move of the job to another backend in the middle of an episode.
@@ -146,6 +150,11 @@ pub struct Trajectory {
     pub model: String,
     /// Moves to other backends.
     pub backend_switches: Vec<BackendSwitch>,
+    /// Which logprobs `logprobs` holds: `raw` or `processed` when every turn's came
+    /// from backends of that kind, `mixed` when an episode moved between backends that
+    /// differ (each turn says which), absent before the first turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs_mode: Option<String>,
     /// The re-tokenization check (absent on a partial trajectory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<Drift>,
@@ -167,9 +176,19 @@ impl Trajectory {
             backend: String::new(),
             model: model.to_string(),
             backend_switches: Vec::new(),
+            logprobs_mode: None,
             drift: None,
             messages,
         }
+    }
+
+    /// Records that a turn's logprobs are of `mode`.
+    pub fn note_logprobs_mode(&mut self, mode: LogprobsMode) {
+        self.logprobs_mode = match self.logprobs_mode.take() {
+            None => Some(mode.as_str().to_string()),
+            Some(m) if m == mode.as_str() => Some(m),
+            Some(_) => Some("mixed".to_string()),
+        };
     }
 
     /// Total tokens: prompt and response.

@@ -138,7 +138,7 @@ impl InferenceClient {
         let (url, body) = match backend.kind {
             WireKind::Vllm => (
                 format!("{}/v1/completions", backend.url.trim_end_matches('/')),
-                wire::vllm_body(&backend.model, prompt_ids, sampling),
+                wire::vllm_body(backend.served_name(), prompt_ids, sampling),
             ),
             WireKind::Sglang => (
                 format!("{}/generate", backend.url.trim_end_matches('/')),
@@ -208,10 +208,14 @@ impl InferenceClient {
         let t0 = Instant::now();
         metrics::counter!(crate::metrics::BACKEND_REQUESTS, "backend" => backend.id.clone())
             .increment(1);
-        let resp = self
+        let mut request = self
             .http
             .post(url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        if let Some(key) = &backend.api_key {
+            request = request.bearer_auth(&key.0);
+        }
+        let resp = request
             .timeout(self.settings.request_timeout)
             .body(body)
             .send()
@@ -265,17 +269,27 @@ impl InferenceClient {
     /// Probes `backend` with `GET /v1/models`, which both vLLM and SGLang answer
     /// without running the model (SGLang's `/health` runs a generation, slow under
     /// load); the error says why it is not usable. A vLLM that does not serve the
-    /// backend's `model` under that name would answer every request 404, so that is
-    /// reported here, with the flag that fixes it, rather than failing jobs.
+    /// model under the name requests use ([`BackendSpec::served_name`]) would answer
+    /// every request 404, so that is reported here, with what fixes it, rather than
+    /// failing jobs; so is a key the server refuses.
     pub async fn health(&self, backend: &BackendSpec, timeout: Duration) -> Result<(), String> {
         let url = format!("{}/v1/models", backend.url.trim_end_matches('/'));
-        let resp = self
-            .http
-            .get(&url)
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(|e| describe(&e))?;
+        let mut request = self.http.get(&url).timeout(timeout);
+        if let Some(key) = &backend.api_key {
+            request = request.bearer_auth(&key.0);
+        }
+        let resp = request.send().await.map_err(|e| describe(&e))?;
+        if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
+            return Err(format!(
+                "GET /v1/models answered {}: the server wants an API key; register the backend with api_key set to its --api-key{}",
+                resp.status(),
+                if backend.api_key.is_some() {
+                    " (the one registered is refused)"
+                } else {
+                    ""
+                }
+            ));
+        }
         if !resp.status().is_success() {
             return Err(format!("GET /v1/models answered {}", resp.status()));
         }
@@ -290,12 +304,12 @@ impl InferenceClient {
             .as_array()
             .map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect())
             .unwrap_or_default();
-        if served.contains(&backend.model.as_str()) {
+        let name = backend.served_name();
+        if served.contains(&name) {
             Ok(())
         } else {
             Err(format!(
-                "it serves {served:?}, not `{}`, and would refuse every request (404): start vLLM with --served-model-name {}",
-                backend.model, backend.model
+                "it serves {served:?}, not `{name}`, and would refuse every request (404): start vLLM with --served-model-name {name}, or register the backend with served_model_name set to the name it serves"
             ))
         }
     }
@@ -339,10 +353,136 @@ mod tests {
     use crate::scripted::{Control, FaultMode, ScriptedConfig, ScriptedServer, demo};
 
     async fn server() -> ScriptedServer {
+        server_with(|_| {}).await
+    }
+
+    async fn server_with(tweak: impl FnOnce(&mut ScriptedConfig)) -> ScriptedServer {
         let model = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
-        let cfg = ScriptedConfig::new(Arc::new(model), Default::default());
+        let mut cfg = ScriptedConfig::new(Arc::new(model), Default::default());
+        tweak(&mut cfg);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         ScriptedServer::spawn(listener, cfg).unwrap()
+    }
+
+    /// What real servers want and refuse, against the stand-in that plays them: the API
+    /// key, the served model name, stop tokens, cached-token counts and seeds only with
+    /// their flags, a slow `/health`, SGLang's `top_k` and error shape.
+    #[tokio::test]
+    async fn the_client_meets_what_real_servers_want() {
+        let never = CancellationToken::new();
+        let c = client(0);
+        let t = Duration::from_secs(1);
+        let s = server_with(|cfg| {
+            cfg.api_key = Some("s3cret".into());
+            cfg.health_delay_ms = 3_000;
+        })
+        .await;
+        // No key: the probe says what to register; generation is refused, not retried.
+        let mut b = spec(s.url(), WireKind::Vllm);
+        let e = c.health(&b, t).await.unwrap_err();
+        assert!(e.contains("401") && e.contains("api_key"), "{e}");
+        let e = client(3)
+            .generate(&b, &[1, 2], &Sampling::default(), &never)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, InferenceError::Refused { status: 401, .. }),
+            "{e}"
+        );
+        b.api_key = Some(crate::backends::ApiKey("wrong".into()));
+        let e = c.health(&b, t).await.unwrap_err();
+        assert!(e.contains("is refused"), "{e}");
+        // With the key, and a /health that takes 3 s: the probe does not wait for it.
+        for kind in [WireKind::Vllm, WireKind::Sglang] {
+            let mut b = spec(s.url(), kind);
+            b.api_key = Some(crate::backends::ApiKey("s3cret".into()));
+            c.health(&b, t).await.unwrap();
+            c.generate(&b, &[1, 2], &Sampling::default(), &never)
+                .await
+                .unwrap();
+        }
+        s.stop().await;
+
+        // The pool's model name differs from the name vLLM serves.
+        let s = server_with(|cfg| {
+            cfg.policy = crate::scripted::policy::Policy::from_json(
+                r#"{"fallback": [{"turns": ["Looking.\n<tool_call>\n{}\n</tool_call>"]}]}"#,
+            )
+            .unwrap();
+        })
+        .await;
+        let b = BackendSpec {
+            model: "policy".into(),
+            served_model_name: Some("scripted".into()),
+            ..spec(s.url(), WireKind::Vllm)
+        };
+        c.health(&b, t).await.unwrap();
+        c.generate(&b, &[1, 2], &Sampling::default(), &never)
+            .await
+            .unwrap();
+        let wrong = BackendSpec {
+            served_model_name: Some("policy-v2".into()),
+            ..b.clone()
+        };
+        let e = c.health(&wrong, t).await.unwrap_err();
+        assert!(e.contains("served_model_name"), "{e}");
+
+        // Stop tokens end the turn on them, kept; cached tokens only with the flag.
+        let files = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
+        let call = files.tokenizer.token_id("<tool_call>").unwrap();
+        let stops = Sampling {
+            stop_token_ids: vec![call],
+            ..Sampling::default()
+        };
+        for kind in [WireKind::Vllm, WireKind::Sglang] {
+            let b = spec(s.url(), kind);
+            let (g, _) = c.generate(&b, &[1, 2], &stops, &never).await.unwrap();
+            assert_eq!(g.token_ids.last(), Some(&call), "{kind}");
+            assert_eq!(g.finish, wire::Finish::Stop);
+            let cached = g.cached_prompt_tokens;
+            match kind {
+                WireKind::Vllm => assert_eq!(cached, None, "no --enable-prompt-tokens-details"),
+                WireKind::Sglang => assert!(cached.is_some()),
+            }
+        }
+        // SGLang: top_k 0 is refused in its error shape (the client sends -1), and a
+        // seed is ignored without --enable-deterministic-inference.
+        let raw = reqwest::Client::new()
+            .post(format!("{}/generate", s.url()))
+            .json(&serde_json::json!({"input_ids": [1, 2], "sampling_params": {"top_k": 0}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(raw.status(), 400);
+        let body: serde_json::Value = raw.json().await.unwrap();
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("top_k"),
+            "{body}"
+        );
+        let b = spec(s.url(), WireKind::Sglang);
+        let seeded = Sampling {
+            top_k: Some(0),
+            seed: Some(7),
+            ..Sampling::default()
+        };
+        c.generate(&b, &[1, 2], &seeded, &never).await.unwrap();
+        assert_ne!(s.served().last().unwrap().key, 7);
+        s.stop().await;
+        let s = server_with(|cfg| {
+            cfg.deterministic = true;
+            cfg.prompt_tokens_details = true;
+        })
+        .await;
+        c.generate(&spec(s.url(), WireKind::Sglang), &[1, 2], &seeded, &never)
+            .await
+            .unwrap();
+        assert_eq!(s.served().last().unwrap().key, 7);
+        let (g, _) = c
+            .generate(&spec(s.url(), WireKind::Vllm), &[1, 2], &seeded, &never)
+            .await
+            .unwrap();
+        assert!(g.cached_prompt_tokens.is_some());
+        s.stop().await;
     }
 
     fn spec(url: String, kind: WireKind) -> BackendSpec {
@@ -353,6 +493,7 @@ mod tests {
             model: "scripted".into(),
             tokenizer: String::new(),
             weight: 1.0,
+            ..Default::default()
         }
     }
 

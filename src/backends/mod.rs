@@ -49,6 +49,53 @@ impl std::fmt::Display for WireKind {
     }
 }
 
+/// A server's API key (`--api-key`), sent as `Authorization: Bearer <key>`. It never
+/// appears in logs or `Debug` output, and the API never returns it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(transparent)]
+#[schema(value_type = String, pattern = "^[!-~]{1,512}$")]
+pub struct ApiKey(pub String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// What a server's logprobs are the logprobs of. A trainer computing importance ratios
+/// or KL against its own forward pass must compare like with like, so every turn of a
+/// trajectory records which one produced its numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LogprobsMode {
+    /// The model's own distribution, before temperature and top-k/top-p: vLLM's
+    /// default (`--logprobs-mode raw_logprobs`).
+    Raw,
+    /// The distribution actually sampled from, after temperature (and, for vLLM,
+    /// the other logit processing): SGLang's, and vLLM's with `--logprobs-mode
+    /// processed_logprobs`.
+    Processed,
+}
+
+impl LogprobsMode {
+    /// The name used in the API, the database and trajectories.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogprobsMode::Raw => "raw",
+            LogprobsMode::Processed => "processed",
+        }
+    }
+
+    /// Parses `raw` or `processed`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "raw" => Some(LogprobsMode::Raw),
+            "processed" => Some(LogprobsMode::Processed),
+            _ => None,
+        }
+    }
+}
+
 /// A backend as registered: where it is and what it serves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -74,13 +121,59 @@ pub struct BackendSpec {
     #[serde(default = "default_weight")]
     #[schema(exclusive_minimum = 0.0, default = 1.0)]
     pub weight: f64,
+    /// The name the server serves the model under, when it is not `model` (vLLM's
+    /// `--served-model-name`): sent as each request's `model`, and looked for in the
+    /// server's `GET /v1/models`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[^\\u0000]*\\S[^\\u0000]*$")]
+    pub served_model_name: Option<String>,
+    /// The server's API key, when it was started with `--api-key`. Write-only: the API
+    /// answers with `api_key_set` instead. It is kept in the `backends` table, which
+    /// dashboards should not show.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<ApiKey>,
+    /// Which logprobs the server returns; by default `raw` for vLLM and `processed` for
+    /// SGLang, their defaults. Set `processed` for a vLLM started with
+    /// `--logprobs-mode processed_logprobs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs_mode: Option<LogprobsMode>,
 }
 
 fn default_weight() -> f64 {
     1.0
 }
 
+impl Default for BackendSpec {
+    /// An empty spec of weight 1, for building one field by field.
+    fn default() -> Self {
+        BackendSpec {
+            id: String::new(),
+            url: String::new(),
+            kind: WireKind::Vllm,
+            model: String::new(),
+            tokenizer: String::new(),
+            weight: 1.0,
+            served_model_name: None,
+            api_key: None,
+            logprobs_mode: None,
+        }
+    }
+}
+
 impl BackendSpec {
+    /// The name requests ask the server for: `served_model_name`, else `model`.
+    pub fn served_name(&self) -> &str {
+        self.served_model_name.as_deref().unwrap_or(&self.model)
+    }
+
+    /// The logprobs the server returns: as registered, else the server kind's default.
+    pub fn logprobs(&self) -> LogprobsMode {
+        self.logprobs_mode.unwrap_or(match self.kind {
+            WireKind::Vllm => LogprobsMode::Raw,
+            WireKind::Sglang => LogprobsMode::Processed,
+        })
+    }
+
     /// Checks the fields a user wrote; the error names the field.
     pub fn validate(&self) -> Result<(), (String, String)> {
         let bad = |f: &str, m: &str| Err((f.to_string(), m.to_string()));
@@ -117,6 +210,22 @@ impl BackendSpec {
         if !(self.weight.is_finite() && self.weight > 0.0) {
             return bad("weight", "must be a number above 0");
         }
+        if let Some(name) = &self.served_model_name
+            && (name.trim().is_empty() || name.contains('\0'))
+        {
+            return bad(
+                "served_model_name",
+                "must be the name the server serves (--served-model-name), not empty, without NUL",
+            );
+        }
+        if let Some(ApiKey(key)) = &self.api_key
+            && (key.is_empty() || key.len() > 512 || !key.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return bad(
+                "api_key",
+                "must be 1-512 printable ASCII characters without spaces (what the server's --api-key was)",
+            );
+        }
         Ok(())
     }
 }
@@ -138,4 +247,16 @@ pub struct BackendState {
     pub last_error: Option<String>,
     /// `config` (from the config file; re-registered at every start) or `api`.
     pub source: String,
+    /// Whether an API key is registered (the key itself is never returned).
+    #[serde(default)]
+    pub api_key_set: bool,
+}
+
+impl BackendState {
+    /// The state as the API shows it: without the API key.
+    pub fn redacted(mut self) -> Self {
+        self.api_key_set = self.spec.api_key.is_some();
+        self.spec.api_key = None;
+        self
+    }
 }

@@ -207,6 +207,7 @@ impl Generator for BackendSession {
                     return Ok(Generated {
                         generation,
                         backend: self.current.id.clone(),
+                        logprobs_mode: self.current.logprobs(),
                         backend_wait: waited + wait,
                     });
                 }

@@ -35,8 +35,14 @@ pub struct Sampling {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,
     /// Sampling seed; at most `i64::MAX`, as both servers require (checked at submit).
+    /// SGLang ignores it unless started with `--enable-deterministic-inference`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// Tokens that end generation (kept in the output). The RUN worker adds the model's
+    /// end-of-turn token and its other stop tokens (`generation_config.json`), so a
+    /// turn ends where the template ends turns whatever the server's defaults.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop_token_ids: Vec<u32>,
 }
 
 /// Why generation ended.
@@ -234,6 +240,8 @@ pub fn sglang_body(prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
         sampling_seed: Option<u64>,
         #[serde(skip_serializing_if = "<[String]>::is_empty")]
         stop: &'a [String],
+        #[serde(skip_serializing_if = "<[u32]>::is_empty")]
+        stop_token_ids: &'a [u32],
         skip_special_tokens: bool,
     }
     #[derive(Serialize)]
@@ -253,6 +261,7 @@ pub fn sglang_body(prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
             max_new_tokens: s.max_tokens,
             sampling_seed: s.seed,
             stop: &s.stop,
+            stop_token_ids: &s.stop_token_ids,
             skip_special_tokens: false,
         },
         return_logprob: true,
@@ -337,6 +346,7 @@ mod tests {
             max_tokens: Some(64),
             stop: vec!["</tool_call>".into()],
             seed: Some(3),
+            stop_token_ids: vec![7, 9],
         }
     }
 
@@ -350,6 +360,13 @@ mod tests {
         assert_eq!(body["top_k"], 20);
         assert_eq!(body["stop"], serde_json::json!(["</tool_call>"]));
         assert_eq!(body["seed"], 3);
+        assert_eq!(body["stop_token_ids"], serde_json::json!([7, 9]));
+        let sglang: serde_json::Value =
+            serde_json::from_slice(&sglang_body(&[1, 2, 3], &sampling())).unwrap();
+        assert_eq!(
+            sglang["sampling_params"]["stop_token_ids"],
+            serde_json::json!([7, 9])
+        );
     }
 
     #[test]

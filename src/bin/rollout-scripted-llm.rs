@@ -68,6 +68,19 @@ enum Command {
         /// Answer like a vLLM without `return_token_ids` (IDs only as `token_id:<id>`).
         #[arg(long)]
         legacy_vllm: bool,
+        /// Report cached prompt tokens in vLLM answers, as vLLM does with this flag.
+        #[arg(long)]
+        enable_prompt_tokens_details: bool,
+        /// Honour SGLang's `sampling_seed`, as SGLang does with this flag.
+        #[arg(long)]
+        enable_deterministic_inference: bool,
+        /// Want `Authorization: Bearer <key>`, as both servers do with `--api-key`; read
+        /// from this environment variable.
+        #[arg(long)]
+        api_key_env: Option<String>,
+        /// How long `GET /health` takes, in milliseconds (SGLang's runs a generation).
+        #[arg(long, default_value_t = 0)]
+        health_delay_ms: u64,
     },
     /// Write the demo model directory (tokenizer trained on the spot, ChatML template).
     WriteModel {
@@ -133,6 +146,10 @@ async fn main() -> anyhow::Result<()> {
             cache_blocks,
             max_model_len,
             legacy_vllm,
+            enable_prompt_tokens_details,
+            enable_deterministic_inference,
+            api_key_env,
+            health_delay_ms,
         } => {
             let files = ModelFiles::load(&model).with_context(|| {
                 format!(
@@ -149,6 +166,14 @@ async fn main() -> anyhow::Result<()> {
             cfg.cache_blocks = cache_blocks;
             cfg.max_model_len = max_model_len;
             cfg.legacy_vllm = legacy_vllm;
+            cfg.prompt_tokens_details = enable_prompt_tokens_details;
+            cfg.deterministic = enable_deterministic_inference;
+            cfg.health_delay_ms = health_delay_ms;
+            cfg.api_key = api_key_env
+                .map(|var| {
+                    std::env::var(&var).with_context(|| format!("--api-key-env: ${var} is not set"))
+                })
+                .transpose()?;
             let listener = tokio::net::TcpListener::bind(&listen)
                 .await
                 .with_context(|| format!("cannot listen on {listen}"))?;

@@ -2,8 +2,11 @@
 //!
 //! Backends from the configuration file are registered at every start; these endpoints
 //! add the ones a deployment brings up later (a new vLLM replica on a fresh node) and
-//! remove the ones it takes down. A registered backend counts as healthy until the
-//! health probe says otherwise.
+//! remove the ones it takes down. A backend registered here is probed at once (`GET
+//! /v1/models`), so the answer already says whether it is reachable and serves the
+//! model under the name requests will use; after that the health prober keeps the
+//! verdict current. API keys are never returned (`api_key_set` says whether one is
+//! registered).
 
 use axum::Json;
 use axum::body::Bytes;
@@ -30,7 +33,8 @@ use crate::now_ms;
 pub async fn list_backends(
     State(state): State<AppState>,
 ) -> Result<Json<Vec<BackendState>>, ApiError> {
-    Ok(Json(state.store.backends().await?))
+    let all = state.store.backends().await?;
+    Ok(Json(all.into_iter().map(BackendState::redacted).collect()))
 }
 
 /// One backend.
@@ -53,12 +57,15 @@ pub async fn get_backend(
         .store
         .backend(&id)
         .await?
-        .map(Json)
+        .map(|b| Json(b.redacted()))
         .ok_or_else(|| ApiError::not_found(format!("no backend with id `{id}`")))
 }
 
-/// Registers a backend, or replaces the one with the same id (a backend whose URL is
-/// unchanged keeps its health).
+/// Registers a backend, or replaces the one with the same id, and probes it once: the
+/// answer's `healthy` and `last_error` say whether it answers and serves the model
+/// under the name requests use (a vLLM started without the matching
+/// `--served-model-name` would refuse every request). A backend that is down when
+/// registered stays registered; the health prober marks it up when it answers.
 #[utoipa::path(
     post,
     path = "/v1/backends",
@@ -89,10 +96,26 @@ pub async fn add_backend(
     })?;
     state.store.upsert_backend(&spec, "api", now_ms()).await?;
     tracing::info!(backend = %spec.id, url = %spec.url, model = %spec.model, "backend registered");
+    let client =
+        crate::backends::client::InferenceClient::new(state.settings.pool.client_settings());
+    let timeout = std::time::Duration::from_millis(state.settings.pool.health_timeout_ms);
+    let verdict = client.health(&spec, timeout).await;
+    if let Err(e) = &verdict {
+        tracing::warn!(backend = %spec.id, error = %e, "the backend just registered is not usable yet");
+    }
+    state
+        .store
+        .set_backend_health(
+            &spec.id,
+            verdict.is_ok(),
+            verdict.err().as_deref(),
+            now_ms(),
+        )
+        .await?;
     let registered = state.store.backend(&spec.id).await?.ok_or_else(|| {
         ApiError::unavailable("the backend vanished right after it was registered")
     })?;
-    Ok((StatusCode::CREATED, Json(registered)))
+    Ok((StatusCode::CREATED, Json(registered.redacted())))
 }
 
 /// Unregisters a backend. Jobs running on it finish their current request there and

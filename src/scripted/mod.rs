@@ -69,6 +69,19 @@ pub struct ScriptedConfig {
     pub legacy_vllm: bool,
     /// How many served requests `GET /requests` keeps.
     pub keep_requests: usize,
+    /// The key of `--api-key`: every endpoint but `/health` (and the stand-in's own
+    /// `/control`, `/stats`, `/requests`) then wants `Authorization: Bearer <key>` and
+    /// answers 401 without it, as both servers do.
+    pub api_key: Option<String>,
+    /// vLLM's `--enable-prompt-tokens-details`: without it vLLM reports no cached-token
+    /// count (`usage.prompt_tokens_details` is null). SGLang always reports it.
+    pub prompt_tokens_details: bool,
+    /// SGLang's `--enable-deterministic-inference`: without it SGLang ignores
+    /// `sampling_seed`. (vLLM honours `seed` either way.)
+    pub deterministic: bool,
+    /// How long `GET /health` takes (ms): SGLang's runs a one-token generation, a
+    /// second or more under load.
+    pub health_delay_ms: u64,
 }
 
 impl ScriptedConfig {
@@ -88,6 +101,10 @@ impl ScriptedConfig {
             max_model_len: 32_768,
             legacy_vllm: false,
             keep_requests: 10_000,
+            api_key: None,
+            prompt_tokens_details: false,
+            deterministic: false,
+            health_delay_ms: 0,
         }
     }
 }
@@ -298,18 +315,49 @@ impl Shared {
 }
 
 fn router(shared: Arc<Shared>) -> Router {
-    Router::new()
+    let served = Router::new()
         .route("/v1/completions", post(completions))
         .route("/generate", post(generate))
-        .route("/health", get(health))
         .route("/v1/models", get(models))
+        .route_layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            require_key,
+        ));
+    Router::new()
+        .merge(served)
+        .route("/health", get(health))
         .route("/control", post(control))
         .route("/stats", get(stats))
         .route("/requests", get(requests))
         .with_state(shared)
 }
 
+/// `--api-key`: a request without the key gets 401, as from either server.
+async fn require_key(
+    State(s): State<Arc<Shared>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(key) = &s.cfg.api_key {
+        let given = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if given != Some(format!("Bearer {key}").as_str()) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(serde_json::json!({"error": "Unauthorized"})),
+            )
+                .into_response();
+        }
+    }
+    next.run(request).await
+}
+
 async fn health(State(s): State<Arc<Shared>>) -> StatusCode {
+    if s.cfg.health_delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(s.cfg.health_delay_ms)).await;
+    }
     if s.is_down() {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
@@ -345,16 +393,23 @@ async fn requests(State(s): State<Arc<Shared>>) -> Json<Vec<Served>> {
     Json(s.served.lock().expect("lock").iter().cloned().collect())
 }
 
-/// A 4xx answer in the shape both servers use for bad requests.
-fn bad_request(message: String) -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        Json(serde_json::json!({
+/// A 400 answer in the shape the server of `format` uses: vLLM's OpenAI-style error
+/// object, SGLang's `{"error": {"message": …}}`.
+fn bad_request_in(format: &str, message: String) -> Response {
+    let body = if format == "sglang" {
+        serde_json::json!({"error": {"message": message}})
+    } else {
+        serde_json::json!({
             "object": "error", "message": message, "type": "BadRequestError",
             "param": null, "code": 400,
-        })),
-    )
-        .into_response()
+        })
+    };
+    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+}
+
+/// A 400 answer in vLLM's shape.
+fn bad_request(message: String) -> Response {
+    bad_request_in("vllm", message)
 }
 
 /// What a request asks for, from either format.
@@ -362,7 +417,35 @@ struct Ask {
     prompt: Vec<u32>,
     max_tokens: Option<usize>,
     stop: Vec<String>,
+    stop_token_ids: Vec<u32>,
     seed: Option<u64>,
+}
+
+/// The refusal the real server of `format` gives sampling parameters it refuses: a
+/// seed outside int64 (both), `top_k` below -1 (both) or 0 (SGLang; vLLM takes 0 as
+/// "no cut-off"). `None` when they are fine.
+fn refuse_sampling(
+    format: &str,
+    top_k: &serde_json::Value,
+    seed: &serde_json::Value,
+) -> Option<Response> {
+    if let Some(k) = top_k.as_i64()
+        && (k < -1 || (k == 0 && format == "sglang"))
+    {
+        let why = if format == "sglang" {
+            format!("top_k must be -1 (disable) or at least 1, got {k}.")
+        } else {
+            format!("top_k must be 0 or -1 (disable), or at least 1, got {k}.")
+        };
+        return Some(bad_request_in(format, why));
+    }
+    if !seed.is_null() && seed.as_i64().is_none() {
+        return Some(bad_request_in(
+            format,
+            format!("seed must be an integer in [-2**63, 2**63 - 1], got {seed}."),
+        ));
+    }
+    None
 }
 
 /// What the script answers.
@@ -428,6 +511,25 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
     let max_tokens = ask
         .max_tokens
         .unwrap_or(cfg.max_model_len.saturating_sub(ask.prompt.len()));
+    if format == "sglang" && ask.prompt.len() + max_tokens > cfg.max_model_len {
+        // SGLang's own words (tokenizer_manager's length check).
+        let message = if ask.prompt.len() >= cfg.max_model_len {
+            format!(
+                "The input ({} tokens) is longer than the model's context length ({} tokens).",
+                ask.prompt.len(),
+                cfg.max_model_len
+            )
+        } else {
+            format!(
+                "Requested token count exceeds the model's maximum context length of {} tokens. You requested a total of {} tokens: {} tokens from the input messages and {} tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
+                cfg.max_model_len,
+                ask.prompt.len() + max_tokens,
+                ask.prompt.len(),
+                max_tokens
+            )
+        };
+        return Err(bad_request_in(format, message));
+    }
     if ask.prompt.len() + max_tokens > cfg.max_model_len {
         return Err(bad_request(format!(
             "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
@@ -440,7 +542,7 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
     let vocab = &cfg.model.tokenizer;
     let prompt_text = vocab
         .decode(&ask.prompt)
-        .map_err(|e| bad_request(format!("prompt: {e}")))?;
+        .map_err(|e| bad_request_in(format, format!("prompt: {e}")))?;
     let key = ask
         .seed
         .unwrap_or_else(|| stable_hash(&[cfg.seed, s.counter.fetch_add(1, Ordering::Relaxed)]));
@@ -461,8 +563,13 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
     }
     let mut ids = vocab
         .encode(&text)
-        .map_err(|e| bad_request(format!("script: {e}")))?;
-    if !by_string {
+        .map_err(|e| bad_request_in(format, format!("script: {e}")))?;
+    // A stop token the request names ends the turn on it (kept, as both servers keep
+    // it); otherwise the model's end-of-sequence token does, whether asked for or not.
+    if let Some(at) = ids.iter().position(|id| ask.stop_token_ids.contains(id)) {
+        ids.truncate(at + 1);
+        matched = Some(ids[at].into());
+    } else if !by_string {
         ids.push(cfg.model.eos_id);
         matched = Some(cfg.model.eos_id.into());
     }
@@ -575,6 +682,16 @@ fn stop_list(v: &serde_json::Value) -> Vec<String> {
     }
 }
 
+fn token_list(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64().and_then(|i| u32::try_from(i).ok()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn ids_of(v: &serde_json::Value, field: &str) -> Result<Vec<u32>, String> {
     v.as_array()
         .and_then(|a| {
@@ -623,9 +740,13 @@ async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
             Err(m) => return bad_request(m),
         },
     };
+    if let Some(r) = refuse_sampling("vllm", &body["top_k"], &body["seed"]) {
+        return r;
+    }
     let ask = Ask {
         max_tokens: body["max_tokens"].as_u64().map(|n| n as usize),
         stop: stop_list(&body["stop"]),
+        stop_token_ids: token_list(&body["stop_token_ids"]),
         seed: body["seed"].as_u64(),
         prompt,
     };
@@ -700,7 +821,11 @@ async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
             "prompt_tokens": prompt_len,
             "total_tokens": prompt_len + a.ids.len(),
             "completion_tokens": a.ids.len(),
-            "prompt_tokens_details": {"cached_tokens": a.cached},
+            "prompt_tokens_details": if s.cfg.prompt_tokens_details {
+                serde_json::json!({"cached_tokens": a.cached})
+            } else {
+                serde_json::Value::Null
+            },
         },
     }))
     .into_response()
@@ -717,13 +842,18 @@ async fn generate_answer(s: &Shared, body: serde_json::Value) -> Response {
     let t0 = Instant::now();
     let prompt = match ids_of(&body["input_ids"], "input_ids") {
         Ok(ids) => ids,
-        Err(m) => return bad_request(m),
+        Err(m) => return bad_request_in("sglang", m),
     };
     let sp = &body["sampling_params"];
+    if let Some(r) = refuse_sampling("sglang", &sp["top_k"], &sp["sampling_seed"]) {
+        return r;
+    }
     let ask = Ask {
         max_tokens: sp["max_new_tokens"].as_u64().map(|n| n as usize),
         stop: stop_list(&sp["stop"]),
-        seed: sp["sampling_seed"].as_u64(),
+        stop_token_ids: token_list(&sp["stop_token_ids"]),
+        // Without --enable-deterministic-inference SGLang samples as it likes.
+        seed: sp["sampling_seed"].as_u64().filter(|_| s.cfg.deterministic),
         prompt,
     };
     let prompt_len = ask.prompt.len();

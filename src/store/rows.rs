@@ -257,6 +257,9 @@ pub(crate) struct BackendRow {
     checked_at: Option<i64>,
     last_error: Option<String>,
     source: String,
+    served_model_name: Option<String>,
+    api_key: Option<String>,
+    logprobs_mode: Option<String>,
     pub(crate) active: i64,
     pub(crate) group_members: i64,
     pub(crate) group_home: i64,
@@ -267,6 +270,12 @@ impl BackendRow {
         let kind = crate::backends::WireKind::parse(&self.kind).ok_or_else(|| {
             StoreError::Corrupt(format!("backend {} has kind `{}`", self.id, self.kind))
         })?;
+        let logprobs_mode = match self.logprobs_mode.as_deref() {
+            None => None,
+            Some(m) => Some(crate::backends::LogprobsMode::parse(m).ok_or_else(|| {
+                StoreError::Corrupt(format!("backend {} has logprobs_mode `{m}`", self.id))
+            })?),
+        };
         Ok(crate::backends::BackendState {
             spec: crate::backends::BackendSpec {
                 id: self.id,
@@ -275,12 +284,16 @@ impl BackendRow {
                 model: self.model,
                 tokenizer: self.tokenizer,
                 weight: self.weight,
+                served_model_name: self.served_model_name,
+                api_key: self.api_key.map(crate::backends::ApiKey),
+                logprobs_mode,
             },
             healthy: self.healthy != 0,
             active: self.active,
             checked_at: self.checked_at,
             last_error: self.last_error,
             source: self.source,
+            api_key_set: false,
         })
     }
 }

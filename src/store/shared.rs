@@ -236,7 +236,7 @@ pub(crate) const INSERT_EVENT: &str = "INSERT INTO job_events (job_id, at, event
 macro_rules! backend_cols {
     () => {
         "b.id, b.url, b.kind, b.model, b.tokenizer, b.weight, b.healthy, b.checked_at, \
-         b.last_error, b.source"
+         b.last_error, b.source, b.served_model_name, b.api_key, b.logprobs_mode"
     };
 }
 
@@ -264,14 +264,17 @@ pub(crate) const SELECT_BACKEND: &str = concat!(
 
 /// Registers or replaces a backend; a changed URL resets its health to unknown (up).
 pub(crate) const UPSERT_BACKEND: &str = "INSERT INTO backends (id, url, kind, model, tokenizer, \
-     weight, healthy, checked_at, last_error, source, created_at, updated_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, 1, NULL, NULL, $7, $8, $8) ON CONFLICT (id) DO UPDATE SET \
+     weight, healthy, checked_at, last_error, source, created_at, updated_at, \
+     served_model_name, api_key, logprobs_mode) \
+     VALUES ($1, $2, $3, $4, $5, $6, 1, NULL, NULL, $7, $8, $8, $9, $10, $11) \
+     ON CONFLICT (id) DO UPDATE SET \
      healthy = CASE WHEN backends.url = excluded.url THEN backends.healthy ELSE 1 END, \
      checked_at = CASE WHEN backends.url = excluded.url THEN backends.checked_at ELSE NULL END, \
      last_error = CASE WHEN backends.url = excluded.url THEN backends.last_error ELSE NULL END, \
      url = excluded.url, kind = excluded.kind, model = excluded.model, \
      tokenizer = excluded.tokenizer, weight = excluded.weight, source = excluded.source, \
-     updated_at = excluded.updated_at";
+     served_model_name = excluded.served_model_name, api_key = excluded.api_key, \
+     logprobs_mode = excluded.logprobs_mode, updated_at = excluded.updated_at";
 
 pub(crate) const DELETE_BACKEND: &str = "DELETE FROM backends WHERE id = $1";
 
@@ -1057,6 +1060,9 @@ macro_rules! impl_store {
                             .bind(b.weight)
                             .bind(&source)
                             .bind(now)
+                            .bind(&b.served_model_name)
+                            .bind(b.api_key.as_ref().map(|k| k.0.clone()))
+                            .bind(b.logprobs_mode.map(|m| m.as_str()))
                             .execute(&mut *conn)
                             .await?;
                         Ok(())

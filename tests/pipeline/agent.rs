@@ -53,6 +53,12 @@ fn policy() -> Policy {
                 format!("<think>\nIt subtracts; it must add.\n</think>\n\n{}", call("file", json!({"command": "str_replace", "path": "calc/add.py", "old_str": "a - b", "new_str": "a + b"}))),
                 format!("<think>\nFixed.\n</think>\n\n{}", call("finish", json!({"answer": "5"}))),
             ]}]},
+            // Ends its first turn on another of the model's stop tokens, as Llama 3.1
+            // ends a tool-call turn on <|eom_id|> rather than <|eot_id|>.
+            {"match": "Stop on another token", "variants": [{"turns": [
+                format!("{}<|endoftext|>", call("bash", json!({"command": "ls calc"}))),
+                call("finish", json!({"answer": "done"})),
+            ]}]},
             {"match": "Trip the template", "variants": [{"turns": [
                 call("bash", json!({"command": "echo FORBIDDEN"})),
                 call("finish", json!({"answer": "never"})),
@@ -125,6 +131,19 @@ impl Stand {
         );
         assert_ne!(picky, qwen3);
         demo::write_model_dir(&picky_dir, &picky, &extra).unwrap();
+        // Stops on <|endoftext|> as well as its end-of-turn token (generation_config.json).
+        let eom_dir = env.dir.path().join("model-eom");
+        demo::write_model_dir(&eom_dir, demo::CHATML_TEMPLATE, &extra).unwrap();
+        let vocab = ModelFiles::load(&eom_dir).unwrap();
+        let stops = [
+            vocab.eos_id,
+            vocab.tokenizer.token_id("<|endoftext|>").unwrap(),
+        ];
+        std::fs::write(
+            eom_dir.join("generation_config.json"),
+            json!({"eos_token_id": stops}).to_string(),
+        )
+        .unwrap();
         let model = Arc::new(ModelFiles::load(&dir).unwrap());
         let mut servers = Vec::new();
         for (i, kind) in kinds.iter().enumerate() {
@@ -132,7 +151,7 @@ impl Stand {
             cfg.seed = i as u64;
             // One server behind both pool models, as vLLM serves several names.
             cfg.model_name = "demo".into();
-            cfg.aliases = vec!["think".into(), "qwen3".into(), "picky".into()];
+            cfg.aliases = vec!["think".into(), "qwen3".into(), "picky".into(), "eom".into()];
             server(i, &mut cfg);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let s = ScriptedServer::spawn(listener, cfg).unwrap();
@@ -141,6 +160,7 @@ impl Stand {
                 ("think", &think_dir),
                 ("qwen3", &qwen3_dir),
                 ("picky", &picky_dir),
+                ("eom", &eom_dir),
             ] {
                 let spec = BackendSpec {
                     id: format!("{model_name}-{i}"),
@@ -149,6 +169,7 @@ impl Stand {
                     model: model_name.into(),
                     tokenizer: tok.display().to_string(),
                     weight: 1.0,
+                    ..Default::default()
                 };
                 env.client.add_backend(&spec).await.unwrap();
             }
@@ -467,6 +488,62 @@ async fn qwen3_style_templates_run_multi_turn_episodes() {
         }
     }
     assert_eq!(formats.len(), 2, "both wire formats served");
+}
+
+/// A turn that ends on another of the model's stop tokens (listed in its
+/// `generation_config.json`, sent as `stop_token_ids`) is a complete turn: the
+/// observation follows it directly, with no end-of-turn token inserted. Each turn and
+/// the trajectory say which logprobs they hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_ending_on_another_stop_token_is_complete() {
+    let stand = Stand::start(&[WireKind::Vllm, WireKind::Sglang], |_| {}, |_, _| {}).await;
+    stand.env.workers_in_process(1);
+    let endoftext = stand.model.tokenizer.token_id("<|endoftext|>").unwrap();
+    let tasks: Vec<Task> = (0..4)
+        .map(|i| {
+            let mut t = task("Stop on another token, then finish.", "eom", json!({}));
+            t.client_id = Some(format!("eom-{i}"));
+            t
+        })
+        .collect();
+    stand.env.submit(&tasks, "eom").await;
+    let results = stand
+        .env
+        .wait_results("eom", tasks.len(), Duration::from_secs(120))
+        .await;
+    let mut modes = std::collections::BTreeSet::new();
+    for r in &results {
+        assert_eq!(r.status, Status::Done, "{r:?}");
+        let run = run_output(r);
+        assert_eq!(run["finish_reason"], "finished", "{run}");
+        assert_token_exact(&stand, run);
+        let response = ids(&run["response_ids"]);
+        let turn0 = &run["turns"][0];
+        let end = turn0["model_range"][1].as_u64().unwrap() as usize;
+        assert_eq!(
+            response[end - 1],
+            endoftext,
+            "the turn ends on the stop token"
+        );
+        assert_eq!(turn0["generation_finish"], "stop");
+        let obs_end = turn0["observation_range"][1].as_u64().unwrap() as usize;
+        let obs = stand
+            .model
+            .tokenizer
+            .decode(&response[end..obs_end])
+            .unwrap();
+        assert!(obs.starts_with("\n<|im_start|>user"), "{obs:?}");
+        let mode = run["logprobs_mode"].as_str().unwrap().to_string();
+        let backend = run["backend"].as_str().unwrap();
+        let want = match stand.kinds[Stand::index(backend)] {
+            WireKind::Vllm => "raw",
+            WireKind::Sglang => "processed",
+        };
+        assert_eq!(mode, want, "{backend}");
+        assert_eq!(turn0["logprobs_mode"], want);
+        modes.insert(mode);
+    }
+    assert_eq!(modes.len(), 2, "both kinds served: {modes:?}");
 }
 
 /// A template that fails on one observation mid-episode (after its glue was built)

@@ -3,9 +3,10 @@
 //! models' backends, and deleted by the database whenever a job leaves RUN.
 
 use rollout::backends::pool::{AffinityPolicy, AssignRequest, Reason};
-use rollout::backends::{BackendSpec, WireKind};
+use rollout::backends::{ApiKey, BackendSpec, WireKind};
 use rollout::model::{Outcome, Stage, Status, WorkMessage};
 use rollout::now_ms;
+use rollout::scripted::{ScriptedConfig, ScriptedServer, demo};
 use rollout::store::{Claim, FinishIf, NewJob, Store};
 
 use crate::helpers::TestEnv;
@@ -18,6 +19,7 @@ fn spec(id: &str, model: &str) -> BackendSpec {
         model: model.into(),
         tokenizer: "/models/m".into(),
         weight: 1.0,
+        ..Default::default()
     }
 }
 
@@ -35,8 +37,49 @@ async fn backends_are_registered_listed_and_removed_over_http() {
     let env = TestEnv::start(|s| s.reconciler.enabled = false).await;
     let http = reqwest::Client::new();
     let url = format!("{}/v1/backends", env.base);
+    // Registration probes the backend at once: one that answers nothing is recorded
+    // as down with the reason (and stays registered).
     let b = env.client.add_backend(&spec("gpu0", "m")).await.unwrap();
-    assert_eq!((b.source.as_str(), b.healthy, b.active), ("api", true, 0));
+    assert_eq!((b.source.as_str(), b.healthy, b.active), ("api", false, 0));
+    assert!(
+        b.last_error.as_deref().unwrap().contains("cannot connect"),
+        "{b:?}"
+    );
+    // A vLLM behind a key that serves the model under another name: the answer says
+    // what is wrong until the backend is registered with both.
+    let model = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
+    let mut cfg = ScriptedConfig::new(std::sync::Arc::new(model), Default::default());
+    cfg.model_name = "Qwen/Qwen3-8B".into();
+    cfg.api_key = Some("k3y".into());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = ScriptedServer::spawn(listener, cfg).unwrap();
+    let mut live = BackendSpec {
+        url: server.url(),
+        ..spec("live", "qwen3")
+    };
+    let b = env.client.add_backend(&live).await.unwrap();
+    assert!(
+        !b.healthy && b.last_error.as_deref().unwrap().contains("api_key"),
+        "{b:?}"
+    );
+    live.api_key = Some(ApiKey("k3y".into()));
+    let b = env.client.add_backend(&live).await.unwrap();
+    let why = b.last_error.clone().unwrap();
+    assert!(
+        !b.healthy && why.contains("--served-model-name qwen3"),
+        "{why}"
+    );
+    live.served_model_name = Some("Qwen/Qwen3-8B".into());
+    let b = env.client.add_backend(&live).await.unwrap();
+    assert!(b.healthy && b.last_error.is_none(), "{b:?}");
+    // The key is never shown.
+    assert!(b.api_key_set && b.spec.api_key.is_none(), "{b:?}");
+    let (_, listed) = send(http.get(&url)).await;
+    assert!(!listed.to_string().contains("k3y"), "{listed}");
+    assert_eq!(listed[1]["api_key_set"], true, "{listed}");
+    assert_eq!(listed[1]["served_model_name"], "Qwen/Qwen3-8B", "{listed}");
+    env.client.remove_backend("live").await.unwrap();
+    server.stop().await;
     let (status, one) = send(http.get(format!("{url}/gpu0"))).await;
     assert_eq!(status, 200);
     assert_eq!(one["model"], "m");
@@ -62,6 +105,18 @@ async fn backends_are_registered_listed_and_removed_over_http() {
         (
             serde_json::json!({"id": "x", "url": "http://h", "kind": "vllm", "model": "m", "tokenizer": "t", "gpus": 8}),
             "gpus",
+        ),
+        (
+            serde_json::json!({"id": "x", "url": "http://h", "kind": "vllm", "model": "m", "tokenizer": "t", "api_key": "a b"}),
+            "api_key",
+        ),
+        (
+            serde_json::json!({"id": "x", "url": "http://h", "kind": "vllm", "model": "m", "tokenizer": "t", "served_model_name": " "}),
+            "served_model_name",
+        ),
+        (
+            serde_json::json!({"id": "x", "url": "http://h", "kind": "vllm", "model": "m", "tokenizer": "t", "logprobs_mode": "scaled"}),
+            "logprobs_mode",
         ),
     ] {
         let (status, err) = send(http.post(&url).json(&body)).await;
