@@ -232,6 +232,13 @@ pub async fn run(
     .map_err(|e| setup(&e))?;
     let prompt_ids = initial_prompt(ep, &schemas).await?;
     let mut traj = Trajectory::new(prompt_ids, &ep.model_name, ep.messages.clone());
+    // Every turn stops on the model's stop tokens as well as the task's.
+    let mut base_sampling = ep.sampling.clone();
+    for &id in &model.stop_ids {
+        if !base_sampling.stop_token_ids.contains(&id) {
+            base_sampling.stop_token_ids.push(id);
+        }
+    }
     let mut context = traj.prompt_ids.clone();
     // Messages whose tokens are in `context` (the drift check renders exactly these).
     let mut rendered = traj.messages.len();
@@ -248,15 +255,10 @@ pub async fn run(
         }
         let turn_index = traj.turns.len();
         let t_turn = Instant::now();
-        let mut sampling = ep.sampling.clone();
+        let mut sampling = base_sampling.clone();
         // A task's own `max_tokens` can only lower the per-turn limit.
         let asked = sampling.max_tokens.map_or(usize::MAX, |m| m as usize);
         sampling.max_tokens = Some(ep.limits.max_new_tokens.min(asked).min(room) as u64);
-        for &id in &model.stop_ids {
-            if !sampling.stop_token_ids.contains(&id) {
-                sampling.stop_token_ids.push(id);
-            }
-        }
 
         // The turn: generation, with the status read alongside and the deadline above.
         let t_llm = Instant::now();

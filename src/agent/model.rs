@@ -92,30 +92,14 @@ impl ModelFiles {
             path: tok_path.clone(),
             source,
         })?;
-        let cfg_text = std::fs::read_to_string(&cfg_path).map_err(|source| ModelError::Io {
-            path: cfg_path.clone(),
-            source,
-        })?;
-        let mut config: serde_json::Value =
-            serde_json::from_str(&cfg_text).map_err(|source| ModelError::Json {
-                path: cfg_path,
-                source,
-            })?;
+        let mut config = read_json(&cfg_path)?;
         if let Some(templates) = template_files(&dir)? {
             config["chat_template"] = templates;
         }
         let mut files = Self::from_parts(Tokenizer::from_json(&tok_text)?, &config)?;
         let gen_path = dir.join("generation_config.json");
         if gen_path.is_file() {
-            let text = std::fs::read_to_string(&gen_path).map_err(|source| ModelError::Io {
-                path: gen_path.clone(),
-                source,
-            })?;
-            let gen_config: serde_json::Value =
-                serde_json::from_str(&text).map_err(|source| ModelError::Json {
-                    path: gen_path,
-                    source,
-                })?;
+            let gen_config = read_json(&gen_path)?;
             let ids = match &gen_config["eos_token_id"] {
                 serde_json::Value::Array(list) => list.iter().filter_map(|v| v.as_u64()).collect(),
                 v => v.as_u64().into_iter().collect::<Vec<_>>(),
@@ -189,6 +173,18 @@ impl ModelFiles {
             stop_ids: vec![eos_id],
         })
     }
+}
+
+/// A JSON file of the model directory.
+fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| ModelError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// The templates of transformers 5's layout, which wins over `tokenizer_config.json`'s

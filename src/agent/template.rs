@@ -233,12 +233,7 @@ fn length(v: &Value) -> Result<usize, Error> {
     if v.is_undefined() {
         return Ok(0);
     }
-    v.len().ok_or_else(|| {
-        Error::new(
-            ErrorKind::InvalidOperation,
-            format!("object of type {} has no len()", v.kind()),
-        )
-    })
+    minijinja::filters::length(v)
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {

@@ -208,14 +208,8 @@ impl InferenceClient {
         let t0 = Instant::now();
         metrics::counter!(crate::metrics::BACKEND_REQUESTS, "backend" => backend.id.clone())
             .increment(1);
-        let mut request = self
-            .http
-            .post(url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json");
-        if let Some(key) = &backend.api_key {
-            request = request.bearer_auth(&key.0);
-        }
-        let resp = request
+        let resp = authorized(self.http.post(url), backend)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
             .timeout(self.settings.request_timeout)
             .body(body)
             .send()
@@ -274,11 +268,11 @@ impl InferenceClient {
     /// failing jobs; so is a key the server refuses.
     pub async fn health(&self, backend: &BackendSpec, timeout: Duration) -> Result<(), String> {
         let url = format!("{}/v1/models", backend.url.trim_end_matches('/'));
-        let mut request = self.http.get(&url).timeout(timeout);
-        if let Some(key) = &backend.api_key {
-            request = request.bearer_auth(&key.0);
-        }
-        let resp = request.send().await.map_err(|e| describe(&e))?;
+        let resp = authorized(self.http.get(&url), backend)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| describe(&e))?;
         if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
             return Err(format!(
                 "GET /v1/models answered {}: the server wants an API key; register the backend with api_key set to its --api-key{}",
@@ -312,6 +306,14 @@ impl InferenceClient {
                 "it serves {served:?}, not `{name}`, and would refuse every request (404): start vLLM with --served-model-name {name}, or register the backend with served_model_name set to the name it serves"
             ))
         }
+    }
+}
+
+/// `request` with the backend's API key as a Bearer token, when it has one.
+fn authorized(request: reqwest::RequestBuilder, backend: &BackendSpec) -> reqwest::RequestBuilder {
+    match &backend.api_key {
+        Some(key) => request.bearer_auth(&key.0),
+        None => request,
     }
 }
 
