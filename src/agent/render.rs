@@ -7,10 +7,13 @@
 //! that text for any template, [`TurnGlue`] renders a small fixed conversation whose
 //! last assistant turn holds a sentinel, followed by the new messages and the
 //! generation prompt, and takes the text after the end-of-turn token that follows the
-//! sentinel. The cost is one render of a short conversation per observation (tens of
-//! microseconds), whatever the episode's length. Every observation is rendered, even
-//! the single tool result a template seems to insert unchanged: a template may branch
-//! on what a result says (refuse it, trim it), and probes cannot prove it never does.
+//! sentinel. The cost is one render of a short conversation per observation (about
+//! 15 µs with a tools prompt), whatever the episode's length: the fixed conversation,
+//! the tool schemas and the template switches are converted into the renderer's values
+//! once per episode, so only the new messages are converted each time. Every
+//! observation is rendered, even the single tool result a template seems to insert
+//! unchanged: a template may branch on what a result says (refuse it, trim it), and
+//! probes cannot prove it never does.
 //!
 //! Only what follows the model's turn is taken from the render, never what precedes
 //! it: real templates render earlier turns differently once messages follow them
@@ -24,7 +27,7 @@
 
 use serde_json::Value;
 
-use super::template::{ChatTemplate, TemplateError};
+use super::template::{ChatTemplate, PreparedMessage, RenderContext, TemplateError};
 
 /// Text no model writes, marking where the model's part of an assistant turn ends.
 const SENTINEL: &str = "ROLLOUT_TURN_SENTINEL";
@@ -71,9 +74,10 @@ pub enum RenderError {
 pub struct TurnGlue<'a> {
     template: &'a ChatTemplate,
     eos: String,
-    tools: Option<&'a [Value]>,
-    extra: &'a serde_json::Map<String, Value>,
-    base: Vec<Value>,
+    /// The tools and switches, converted once for every render of the episode.
+    context: RenderContext,
+    /// The fixed conversation the glue is cut from, converted once.
+    base: Vec<PreparedMessage>,
     /// What the template writes after the model's text up to and including the
     /// end-of-turn token once messages follow the turn (ChatML: `<|im_end|>`); a turn
     /// that a stop string or the length limit cut gets it before the glue.
@@ -93,21 +97,23 @@ impl<'a> TurnGlue<'a> {
         tools: Option<&'a [Value]>,
         extra: &'a serde_json::Map<String, Value>,
     ) -> Result<Self, RenderError> {
-        let base = vec![
-            serde_json::json!({"role": "user", "content": "Begin."}),
-            serde_json::json!({"role": "assistant", "content": SENTINEL}),
-        ];
         if eos.is_empty() {
             return Err(RenderError::NoEndOfTurn {
                 eos: String::new(),
                 when: "anything",
             });
         }
+        let base = [
+            serde_json::json!({"role": "user", "content": "Begin."}),
+            serde_json::json!({"role": "assistant", "content": SENTINEL}),
+        ]
+        .iter()
+        .map(PreparedMessage::new)
+        .collect::<Result<Vec<_>, _>>()?;
         let mut glue = TurnGlue {
             template,
             eos: eos.to_string(),
-            tools,
-            extra,
+            context: template.context(tools, extra)?,
             base,
             close: String::new(),
             tail: String::new(),
@@ -115,7 +121,7 @@ impl<'a> TurnGlue<'a> {
         // The conversation ending with the turn: what a re-render adds after our last
         // token. A template may leave the end-of-turn token out there (it is the
         // model's to write); then it adds nothing.
-        let alone = template.render(&glue.base, tools, false, extra)?;
+        let alone = template.render_prepared(&glue.context, &glue.base, false)?;
         let after = sentinel_end(&alone).ok_or(RenderError::NoContent("alone"))?;
         glue.tail = alone[after..]
             .find(eos)
@@ -157,8 +163,10 @@ impl<'a> TurnGlue<'a> {
         when: &'static str,
     ) -> Result<(String, String), RenderError> {
         let mut all = self.base.clone();
-        all.extend_from_slice(messages);
-        let text = self.template.render(&all, self.tools, true, self.extra)?;
+        for m in messages {
+            all.push(PreparedMessage::new(m)?);
+        }
+        let text = self.template.render_prepared(&self.context, &all, true)?;
         let after = sentinel_end(&text).ok_or(RenderError::NoContent(when))?;
         let rest = &text[after..];
         let at = rest

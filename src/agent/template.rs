@@ -44,6 +44,10 @@ const SPECIAL_TOKENS: [&str; 7] = [
     "mask_token",
 ];
 
+/// The template variables every render sets itself; transformers refuses them as extra
+/// template arguments ("got multiple values for keyword argument"), and so do task specs.
+pub const RESERVED_ARGS: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
+
 /// The message fields transformers reads reasoning from, in its order of preference;
 /// it copies the first one set into `reasoning_content` and `thinking`.
 const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
@@ -146,45 +150,93 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String, TemplateError> {
-        let mut ctx = serde_json::Map::new();
-        for (k, v) in extra {
-            ctx.insert(k.clone(), v.clone());
-        }
+        let context = self.context(tools, extra)?;
+        let messages = messages
+            .iter()
+            .map(PreparedMessage::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        self.render_prepared(&context, &messages, add_generation_prompt)
+    }
+
+    /// What every render of one conversation shares (the tools, the template switches
+    /// in `extra`, the special tokens and `documents`), converted into the renderer's
+    /// values once. Rendering a short conversation once per observation would otherwise
+    /// convert the tool schemas every time, which costs more than the render itself.
+    pub fn context<T: Serialize>(
+        &self,
+        tools: Option<&[T]>,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<RenderContext, TemplateError> {
+        let mut ctx = extra.clone();
+        ctx.insert("documents".into(), serde_json::Value::Null);
         // Through one JSON value, keeping the callers' key order (serde_json is built
         // with `preserve_order`), which tool schemas must keep.
-        let json = |v: Result<serde_json::Value, serde_json::Error>| {
-            v.map_err(|e| TemplateError::Render(format!("cannot serialise the input: {e}")))
-        };
-        let messages = match json(serde_json::to_value(messages))? {
-            serde_json::Value::Array(list) => {
-                serde_json::Value::Array(list.into_iter().map(normalise_message).collect())
-            }
-            other => other,
-        };
-        ctx.insert("messages".into(), messages);
-        ctx.insert("documents".into(), serde_json::Value::Null);
         let tools = match tools {
-            Some(t) => json(serde_json::to_value(t))?,
+            Some(t) => serialise(t)?,
             None => serde_json::Value::Null,
         };
         ctx.insert("tools".into(), tools);
-        ctx.insert(
-            "add_generation_prompt".into(),
-            serde_json::Value::Bool(add_generation_prompt),
-        );
         for (name, token) in &self.special {
             // Arguments given by the caller win over special tokens, as in transformers.
             if !extra.contains_key(*name) {
                 ctx.insert((*name).into(), token.clone().into());
             }
         }
+        Ok(RenderContext(Value::from(Serde(
+            serde_json::Value::Object(ctx),
+        ))))
+    }
+
+    /// Renders `messages` in `context` (see [`ChatTemplate::context`]), optionally
+    /// opening the assistant's turn; the same text as [`ChatTemplate::render`] with the
+    /// tools and switches the context was made from.
+    pub fn render_prepared(
+        &self,
+        context: &RenderContext,
+        messages: &[PreparedMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
+        let list: Vec<Value> = messages.iter().map(|m| m.0.clone()).collect();
+        let own = minijinja::context! {
+            messages => Value::from(list),
+            add_generation_prompt => add_generation_prompt,
+        };
+        // The later map wins: `messages` and `add_generation_prompt` override switches
+        // of the same name, as transformers' own arguments do.
+        let ctx = minijinja::value::merge_maps([context.0.clone(), own]);
         let tmpl = self
             .env
             .get_template(NAME)
             .map_err(|e| TemplateError::Syntax(describe(&e)))?;
-        tmpl.render(Value::from(Serde(serde_json::Value::Object(ctx))))
+        tmpl.render(ctx)
             .map_err(|e| TemplateError::Render(describe(&e)))
     }
+}
+
+/// The template inputs shared by every render of one conversation; made by
+/// [`ChatTemplate::context`]. Cloning it is cheap.
+#[derive(Debug, Clone)]
+pub struct RenderContext(Value);
+
+/// One message normalised as transformers hands it to a template and converted into
+/// the renderer's values, so a message rendered many times (the turn glue's fixed
+/// conversation) is converted once. Cloning it is cheap.
+#[derive(Debug, Clone)]
+pub struct PreparedMessage(Value);
+
+impl PreparedMessage {
+    /// Normalises `message` (an OpenAI-style object) as [`ChatTemplate::render`]
+    /// describes and converts it.
+    pub fn new<M: Serialize>(message: &M) -> Result<Self, TemplateError> {
+        let json = normalise_message(serialise(message)?);
+        Ok(PreparedMessage(Value::from(Serde(json))))
+    }
+}
+
+/// `value` as JSON, keeping its key order.
+fn serialise<T: Serialize + ?Sized>(value: &T) -> Result<serde_json::Value, TemplateError> {
+    serde_json::to_value(value)
+        .map_err(|e| TemplateError::Render(format!("cannot serialise the input: {e}")))
 }
 
 /// One message as transformers hands it to the template: without null fields, and
@@ -713,6 +765,30 @@ mod snapshots {
             .render::<_, serde_json::Value>(msgs, None, true, &extra)
             .unwrap();
         insta::assert_snapshot!(out);
+    }
+
+    /// One context serves many renders: each equals a render made from scratch, and a
+    /// caller's switch of the same name does not displace `add_generation_prompt`.
+    #[test]
+    fn a_context_is_reused_across_renders() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        let tools = tools();
+        let mut extra = serde_json::Map::new();
+        extra.insert("enable_thinking".into(), false.into());
+        extra.insert("add_generation_prompt".into(), false.into());
+        let ctx = t.context(Some(&tools[..]), &extra).unwrap();
+        let msgs = conversation();
+        for n in 1..=msgs.len() {
+            let prepared: Vec<PreparedMessage> = msgs[..n]
+                .iter()
+                .map(|m| PreparedMessage::new(m).unwrap())
+                .collect();
+            let fresh = t
+                .render(&msgs[..n], Some(&tools[..]), true, &extra)
+                .unwrap();
+            assert_eq!(t.render_prepared(&ctx, &prepared, true).unwrap(), fresh);
+            assert!(fresh.contains("<|im_start|>assistant\n<think>"), "{fresh}");
+        }
     }
 
     #[test]

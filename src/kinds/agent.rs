@@ -289,6 +289,16 @@ impl TaskKind for Agent {
                 "must be -1 or 0 (no cut-off) or a positive number",
             ));
         }
+        if let Some(name) = crate::agent::template::RESERVED_ARGS
+            .iter()
+            .find(|n| s.template_args.contains_key(**n))
+        {
+            return Err(bad(
+                format!("template_args.{name}"),
+                "is set by the service for every render (transformers refuses it as a \
+                 template argument too); remove it",
+            ));
+        }
         if s.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
             return Err(bad("model", "must not be empty when given"));
         }

@@ -92,6 +92,14 @@ async fn bad_input_gets_a_4xx_naming_the_field_and_writes_nothing() {
             400,
             Some("tasks[1].spec.sampling.top_k"),
         ),
+        // A template variable the service sets itself (transformers refuses it too).
+        (
+            format!(
+                r#"{{"tasks":[{ok},{{"kind":"agent","spec":{{"messages":[{{"role":"user","content":"x"}}],"check":{{"command":"true"}},"template_args":{{"enable_thinking":false,"tools":[]}}}}}}]}}"#
+            ),
+            400,
+            Some("tasks[1].spec.template_args.tools"),
+        ),
         (
             format!(r#"{{"tasks":[{ok}],"batch_id":"has.dot"}}"#),
             400,
