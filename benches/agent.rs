@@ -29,18 +29,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rollout::agent::episode::{
-    self, AlwaysWanted, Episode, GenerateError, Generated, Generator, Limits, Parser,
-};
+use rollout::agent::episode::{self, AlwaysWanted, Episode, EpisodeLimits, Parser};
 use rollout::agent::model::ModelFiles;
 use rollout::agent::template::python_json;
 use rollout::agent::tools::ToolRunner;
 use rollout::agent::trajectory::{BackendSwitch, Trajectory};
 use rollout::backends::client::{ClientSettings, InferenceClient};
-use rollout::backends::pool::AffinityPolicy;
+use rollout::backends::generate::{GenerateError, Generated, Generator};
 use rollout::backends::session::{BackendSession, SessionJob};
 use rollout::backends::wire::Sampling;
-use rollout::backends::{BackendSpec, WireKind};
+use rollout::domain::backend::{BackendSpec, WireKind};
+use rollout::domain::placement::AffinityPolicy;
 use rollout::sandbox::SandboxError;
 use rollout::sandbox::protocol::Response;
 use rollout::scripted::policy::Policy;
@@ -267,7 +266,7 @@ async fn run_scheme(
                     tools: vec!["bash".into(), "finish".into()],
                     parser: Parser::Hermes,
                     sampling: Sampling::default(),
-                    limits: Limits {
+                    limits: EpisodeLimits {
                         max_turns: 8,
                         max_tokens: 32_768,
                         max_new_tokens: 1024,

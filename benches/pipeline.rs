@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use rollout::client::Client;
 use rollout::config::Settings;
+use rollout::domain::{Stage, Task};
 use rollout::kinds::{StageContext, TaskKind, synthetic::Synthetic};
-use rollout::model::{Stage, Task};
 use rollout::natsd::NatsServer;
 use tokio_util::sync::CancellationToken;
 
@@ -45,19 +45,19 @@ async fn start(tweak: impl FnOnce(&mut Settings)) -> Env {
     s.node.name = "bench".into();
     s.reconciler.enabled = false;
     tweak(&mut s);
-    let deps = rollout::local::connect(Arc::new(s), "bench", false)
+    let deps = rollout::wiring::connect(Arc::new(s), "bench", false)
         .await
         .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let client = Client::new(&format!("http://{}", listener.local_addr().unwrap()));
     let shutdown = CancellationToken::new();
-    tokio::spawn(rollout::local::run_gateway(
+    tokio::spawn(rollout::wiring::run_gateway(
         deps.clone(),
         listener,
         shutdown.clone(),
     ));
     for stage in Stage::ALL {
-        tokio::spawn(rollout::local::run_workers(
+        tokio::spawn(rollout::wiring::run_workers(
             deps.clone(),
             stage,
             1,
@@ -311,15 +311,15 @@ async fn pipelined_vs_coupled(quick: bool) -> String {
     )
 }
 
-fn fake_job(spec: &serde_json::Value) -> rollout::model::Job {
-    rollout::model::Job {
+fn fake_job(spec: &serde_json::Value) -> rollout::domain::Job {
+    rollout::domain::Job {
         id: "coupled".into(),
         batch_id: "coupled".into(),
         group_id: None,
         client_id: None,
         kind: "synthetic".into(),
         task: serde_json::json!({"kind": "synthetic", "spec": spec}),
-        status: rollout::model::Status::Running,
+        status: rollout::domain::Status::Running,
         stage: Stage::Init,
         epoch: 0,
         attempts: 1,

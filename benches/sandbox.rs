@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use rollout::sandbox::{BackendKind, Backends, Label, Limits, Sandbox, StartRequest};
+use rollout::sandbox::{Backends, Label, RuntimeKind, Sandbox, SandboxLimits, StartRequest};
 
 fn quick() -> bool {
     std::env::var_os("BENCH_QUICK").is_some()
@@ -56,7 +56,7 @@ fn us(d: Duration) -> String {
     }
 }
 
-fn request(root: &Path, kind: BackendKind, env: &[(&str, &str)]) -> StartRequest {
+fn request(root: &Path, kind: RuntimeKind, env: &[(&str, &str)]) -> StartRequest {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let dir = root.join(&id[..12]);
     std::fs::create_dir_all(dir.join("workspace")).unwrap();
@@ -69,7 +69,7 @@ fn request(root: &Path, kind: BackendKind, env: &[(&str, &str)]) -> StartRequest
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        limits: Limits::default(),
+        limits: SandboxLimits::default(),
         image: None,
         fakeroot: false,
         ro_binds: Vec::new(),
@@ -77,7 +77,7 @@ fn request(root: &Path, kind: BackendKind, env: &[(&str, &str)]) -> StartRequest
     }
 }
 
-async fn start(root: &Path, kind: BackendKind, env: &[(&str, &str)]) -> Sandbox {
+async fn start(root: &Path, kind: RuntimeKind, env: &[(&str, &str)]) -> Sandbox {
     Backends::default()
         .get(kind)
         .start(&request(root, kind, env))
@@ -401,7 +401,7 @@ async fn main() {
     // 1. bash.
     let local = start(
         root.path(),
-        BackendKind::Local,
+        RuntimeKind::Local,
         &[("ROLLOUT_SANDBOX_PYTHON_ENGINE", "cpython")],
     )
     .await;
@@ -414,7 +414,7 @@ async fn main() {
     let plain = python_row(&local, n, "cpython").await;
     let ipy_sb = start(
         root.path(),
-        BackendKind::Local,
+        RuntimeKind::Local,
         &[("ROLLOUT_SANDBOX_PYTHON_ENGINE", "ipython")],
     )
     .await;
@@ -459,10 +459,10 @@ async fn main() {
     let backends = Backends::default();
     for _ in 0..starts {
         floor.push(bwrap_true());
-        let req = request(root.path(), BackendKind::Bwrap, &[]);
+        let req = request(root.path(), RuntimeKind::Bwrap, &[]);
         let t = Instant::now();
         let sb = backends
-            .get(BackendKind::Bwrap)
+            .get(RuntimeKind::Bwrap)
             .start(&req)
             .await
             .expect("bwrap sandbox");
@@ -473,11 +473,11 @@ async fn main() {
     // The same with `network: true`: slirp4netns and the deny routes on top.
     let mut ready_net = Vec::new();
     for _ in 0..starts {
-        let mut req = request(root.path(), BackendKind::Bwrap, &[]);
+        let mut req = request(root.path(), RuntimeKind::Bwrap, &[]);
         req.network = true;
         let t = Instant::now();
         let sb = backends
-            .get(BackendKind::Bwrap)
+            .get(RuntimeKind::Bwrap)
             .start(&req)
             .await
             .expect("networked bwrap sandbox");
@@ -490,18 +490,18 @@ async fn main() {
     let quota = rollout::sandbox::quota::WorkspaceQuota::probe();
     let mut ready_quota = Vec::new();
     for _ in 0..(if quota.enforced() { starts } else { 0 }) {
-        let req = request(root.path(), BackendKind::Bwrap, &[]);
+        let req = request(root.path(), RuntimeKind::Bwrap, &[]);
         let t = Instant::now();
         quota
             .mount(
                 &req.dir,
                 &req.workspace(),
-                Limits::default().workspace_bytes,
+                SandboxLimits::default().workspace_bytes,
             )
             .await
             .expect("workspace filesystem");
         let sb = backends
-            .get(BackendKind::Bwrap)
+            .get(RuntimeKind::Bwrap)
             .start(&req)
             .await
             .expect("bwrap sandbox with a quota");

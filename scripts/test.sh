@@ -3,7 +3,8 @@
 # nats-server (started by the tests on free ports) and SQLite, then the integration
 # tests again against Postgres when a server answers on 127.0.0.1:5432 (or wherever
 # ROLLOUT_TEST_DATABASE_URL points). Installs what it needs first if it is missing
-# (scripts/setup.sh, schemathesis, and transformers with jinja2).
+# (scripts/setup.sh, schemathesis, and transformers with jinja2). Formatting and
+# clippy's lints are checked first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
@@ -26,6 +27,17 @@ if ! python3 -c 'import jinja2, transformers.utils.chat_template_utils' >/dev/nu
     python3 -m pip install --quiet --user --disable-pip-version-check transformers jinja2 >&2 || \
     python3 -m pip install --quiet --user --break-system-packages --disable-pip-version-check transformers jinja2 >&2
 fi
+
+# Formatting and lints are part of the suite: a change that breaks them fails here.
+for component in rustfmt clippy; do
+  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    echo "== installing the $component toolchain component" >&2
+    rustup component add "$component" >&2
+  fi
+done
+echo "== formatting (cargo fmt --check) and lints (cargo clippy -D warnings)" >&2
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
 
 echo "== unit and integration tests (SQLite)" >&2
 env -u ROLLOUT_TEST_DATABASE_URL cargo test --all-targets

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+use crate::domain::Task;
 use crate::gateway::StatusView;
 use crate::gateway::jobs::{CancelResponse, JobView, SubmitResponse};
 use crate::gateway::results::ResultPage;
-use crate::model::Task;
 
 /// A failed API call.
 #[derive(Debug, thiserror::Error)]
@@ -187,7 +187,7 @@ impl Client {
         &self,
         batch: &str,
         n: usize,
-    ) -> Result<Vec<crate::model::JobResult>, ClientError> {
+    ) -> Result<Vec<crate::domain::JobResult>, ClientError> {
         let mut out = Vec::with_capacity(n);
         let mut after = 0;
         while out.len() < n {
@@ -199,7 +199,7 @@ impl Client {
     }
 
     /// `GET /v1/backends`.
-    pub async fn backends(&self) -> Result<Vec<crate::backends::BackendState>, ClientError> {
+    pub async fn backends(&self) -> Result<Vec<crate::domain::backend::BackendState>, ClientError> {
         let url = format!("{}/v1/backends", self.base);
         self.send(self.http.get(&url), url).await
     }
@@ -207,8 +207,8 @@ impl Client {
     /// `POST /v1/backends`.
     pub async fn add_backend(
         &self,
-        spec: &crate::backends::BackendSpec,
-    ) -> Result<crate::backends::BackendState, ClientError> {
+        spec: &crate::domain::backend::BackendSpec,
+    ) -> Result<crate::domain::backend::BackendState, ClientError> {
         let url = format!("{}/v1/backends", self.base);
         self.send(self.http.post(&url).json(spec), url).await
     }
@@ -295,7 +295,7 @@ impl Client {
         batch: &str,
         expected: u64,
     ) -> Result<BatchSummary, ClientError> {
-        use crate::model::Status;
+        use crate::domain::Status;
         use std::io::IsTerminal;
         let start = std::time::Instant::now();
         let bar = if std::io::stderr().is_terminal() {

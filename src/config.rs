@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Stage, is_subject_token};
+use crate::domain::{Stage, is_subject_token};
 
 /// A configuration problem a user can fix: names the key and what was expected.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +53,7 @@ pub struct Settings {
     pub sandbox: SandboxSettings,
     /// Inference backends registered from this file (`[[backends]]`); more can be added
     /// through the API.
-    pub backends: Vec<crate::backends::BackendSpec>,
+    pub backends: Vec<crate::domain::backend::BackendSpec>,
     /// How jobs use the backend pool.
     pub pool: PoolSettings,
     /// Defaults of the `agent` task kind.
@@ -126,7 +126,7 @@ impl Default for NatsSettings {
 impl std::fmt::Debug for NatsSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NatsSettings")
-            .field("url", &crate::store::redact_url(&self.url))
+            .field("url", &redact_url(&self.url))
             .field("prefix", &self.prefix)
             .field("user", &self.user)
             .field("password", &Redacted(&self.password))
@@ -173,7 +173,7 @@ impl Default for DatabaseSettings {
 impl std::fmt::Debug for DatabaseSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatabaseSettings")
-            .field("url", &crate::store::redact_url(&self.url))
+            .field("url", &redact_url(&self.url))
             .field("max_connections", &self.max_connections)
             .finish()
     }
@@ -452,7 +452,7 @@ pub struct SandboxSettings {
     /// environment outside /usr, a dataset).
     pub ro_binds: Vec<PathBuf>,
     /// Default resource limits; a task may lower or raise them.
-    pub limits: crate::sandbox::Limits,
+    pub limits: crate::domain::sandbox::SandboxLimits,
     /// How long a sandbox may take to answer its first ping (ms).
     pub ready_timeout_ms: u64,
     /// How long a node vouches for its sandboxes between renewals (ms); the reaper
@@ -482,7 +482,7 @@ impl Default for SandboxSettings {
             unprivileged_uid_count: 1_000_000,
             unprivileged_gid: 65534,
             ro_binds: Vec::new(),
-            limits: crate::sandbox::Limits::default(),
+            limits: crate::domain::sandbox::SandboxLimits::default(),
             ready_timeout_ms: 30_000,
             lease_ms: 60_000,
             reaper_interval_ms: 500,
@@ -538,21 +538,10 @@ impl Default for PoolSettings {
 
 impl PoolSettings {
     /// The group-affinity policy.
-    pub fn policy(&self) -> crate::backends::pool::AffinityPolicy {
-        crate::backends::pool::AffinityPolicy {
+    pub fn policy(&self) -> crate::domain::placement::AffinityPolicy {
+        crate::domain::placement::AffinityPolicy {
             slack: self.affinity_slack,
             margin: self.affinity_margin,
-        }
-    }
-
-    /// The inference client's timeouts and retries.
-    pub fn client_settings(&self) -> crate::backends::client::ClientSettings {
-        crate::backends::client::ClientSettings {
-            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
-            request_timeout: Duration::from_millis(self.request_timeout_ms),
-            retries: self.retries,
-            backoff: Duration::from_millis(self.backoff_ms),
-            max_pause: Duration::from_millis(self.max_pause_ms),
         }
     }
 }
@@ -786,11 +775,11 @@ impl Settings {
                 return bad(&format!("stages.{stage}.timeout_ms"), "must be at least 1");
             }
         }
-        if crate::sandbox::BackendKind::parse(&self.sandbox.backend).is_none() {
+        if crate::domain::sandbox::RuntimeKind::parse(&self.sandbox.backend).is_none() {
             return bad("sandbox.backend", "must be bwrap, apptainer or local");
         }
         for (i, n) in self.sandbox.network_deny.iter().enumerate() {
-            if crate::sandbox::net::Ipv4Net::parse(n).is_none() {
+            if crate::domain::sandbox::Ipv4Net::parse(n).is_none() {
                 return bad(
                     &format!("sandbox.network_deny[{i}]"),
                     "must be an IPv4 network such as 203.0.113.0/24",
@@ -878,7 +867,7 @@ impl Settings {
                 return bad(key, "must be at least 1");
             }
         }
-        if crate::agent::episode::Parser::from_name(&a.parser).is_none() {
+        if crate::domain::parser::Parser::from_name(&a.parser).is_none() {
             return bad("agent.parser", "must be hermes or bash_block");
         }
         Ok(())
@@ -932,9 +921,33 @@ impl Settings {
     }
 }
 
+/// Hides the password of a URL (a database's, NATS's) for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.find(':') {
+                Some(c) => format!("{}://{}:***{}", &url[..s], &creds[..c], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h/db"),
+            "postgres://u:***@h/db"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
@@ -1027,7 +1040,7 @@ mod tests {
         std::fs::write(&path, one).unwrap();
         let s = Settings::load_from(Some(&path), env(&[])).unwrap();
         assert_eq!(s.backends.len(), 1);
-        assert_eq!(s.backends[0].kind, crate::backends::WireKind::Sglang);
+        assert_eq!(s.backends[0].kind, crate::domain::backend::WireKind::Sglang);
         assert_eq!(s.backends[0].weight, 1.0);
         std::fs::write(&path, format!("{one}{}", one.replace("h:8000", "h:8001"))).unwrap();
         let e = Settings::load_from(Some(&path), env(&[]))

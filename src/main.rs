@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rollout::client::{Client, read_tasks_jsonl};
 use rollout::config::Settings;
-use rollout::local::{self, UpOptions};
+use rollout::wiring::{self, UpOptions};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -139,7 +139,7 @@ enum BackendsAction {
     },
 }
 
-fn load_tasks(path: &PathBuf) -> anyhow::Result<Vec<rollout::model::Task>> {
+fn load_tasks(path: &PathBuf) -> anyhow::Result<Vec<rollout::domain::Task>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let tasks = read_tasks_jsonl(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
@@ -167,17 +167,20 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve => {
             let shutdown = rollout::shutdown::on_signals();
             let settings = Arc::new(settings);
-            let deps = local::connect(settings.clone(), "rollout-gateway", true).await?;
-            let listener = local::bind(&settings.gateway.listen).await?;
-            local::run_gateway(deps.clone(), listener, shutdown).await?;
+            let deps = wiring::connect(settings.clone(), "rollout-gateway", true).await?;
+            let listener = wiring::bind(&settings.gateway.listen).await?;
+            wiring::run_gateway(deps.clone(), listener, shutdown).await?;
             let _ = deps.queue.client().drain().await;
         }
         Command::Migrate => {
             let url = settings.database_url();
             rollout::store::connect(&url, 1)
                 .await
-                .with_context(|| format!("migrating {}", rollout::store::redact_url(&url)))?;
-            eprintln!("migrations applied to {}", rollout::store::redact_url(&url));
+                .with_context(|| format!("migrating {}", rollout::config::redact_url(&url)))?;
+            eprintln!(
+                "migrations applied to {}",
+                rollout::config::redact_url(&url)
+            );
         }
         Command::Submit {
             file,
@@ -264,11 +267,11 @@ async fn main() -> anyhow::Result<()> {
                     api_key_env,
                     logprobs_mode,
                 } => {
-                    let kind = rollout::backends::WireKind::parse(&kind)
+                    let kind = rollout::domain::backend::WireKind::parse(&kind)
                         .with_context(|| format!("--kind `{kind}`: use vllm or sglang"))?;
                     let logprobs_mode = logprobs_mode
                         .map(|m| {
-                            rollout::backends::LogprobsMode::parse(&m).with_context(|| {
+                            rollout::domain::backend::LogprobsMode::parse(&m).with_context(|| {
                                 format!("--logprobs-mode `{m}`: use raw or processed")
                             })
                         })
@@ -276,11 +279,11 @@ async fn main() -> anyhow::Result<()> {
                     let api_key = api_key_env
                         .map(|var| {
                             std::env::var(&var)
-                                .map(rollout::backends::ApiKey)
+                                .map(rollout::domain::backend::ApiKey)
                                 .with_context(|| format!("--api-key-env: ${var} is not set"))
                         })
                         .transpose()?;
-                    let spec = rollout::backends::BackendSpec {
+                    let spec = rollout::domain::backend::BackendSpec {
                         id,
                         url,
                         kind,
@@ -326,7 +329,7 @@ async fn main() -> anyhow::Result<()> {
                 submit,
                 exit_when_done,
             };
-            let summary = local::up(settings, opts, shutdown).await?;
+            let summary = wiring::up(settings, opts, shutdown).await?;
             if let Some(s) = summary
                 && s.results > 0
                 && s.done == 0

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use futures::future::try_join_all;
 
 use crate::config::Settings;
-use crate::model::{JobResult, Stage, WorkMessage};
+use crate::domain::{JobResult, Stage, WorkMessage};
 
 /// A queue failure. All are transient from the job's point of view.
 #[derive(Debug, thiserror::Error)]
@@ -211,7 +211,7 @@ impl Queue {
                 }
             })?;
         }
-        let shown_url = crate::store::redact_url(&url);
+        let shown_url = crate::config::redact_url(&url);
         let client = opts
             .connect(url.as_str())
             .await
@@ -451,7 +451,7 @@ impl Queue {
             "message": msg,
             "attempts": attempts,
             "error": error,
-            "at": crate::now_ms(),
+            "at": crate::domain::now_ms(),
         });
         let ack = self
             .js

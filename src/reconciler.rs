@@ -38,8 +38,8 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::model::{Outcome, Status, WorkMessage};
-use crate::now_ms;
+use crate::domain::now_ms;
+use crate::domain::{Outcome, Status, WorkMessage};
 use crate::queue::{Queue, QueueError};
 use crate::store::{AbandonedRun, FinishIf, StaleJob, Store, StoreError};
 
@@ -55,7 +55,7 @@ pub enum ReconcileError {
     Store(#[from] StoreError),
     /// Dead-lettering.
     #[error(transparent)]
-    DeadLetter(#[from] crate::worker::DeadLetterError),
+    DeadLetter(#[from] crate::ending::DeadLetterError),
 }
 
 /// What one sweep did.
@@ -284,7 +284,7 @@ async fn fail_unleased(
     let Some(result) = store.finish(&cond, &msg.job_id, &outcome, now).await? else {
         return Ok(false);
     };
-    crate::worker::publish_result(queue, store, &result).await;
+    crate::ending::publish_result(queue, store, &result).await;
     Ok(true)
 }
 
@@ -355,7 +355,7 @@ async fn record(
     store: &dyn Store,
     id: &str,
     event: &str,
-    stage: Option<crate::model::Stage>,
+    stage: Option<crate::domain::Stage>,
     detail: Option<&str>,
     now: i64,
 ) {
@@ -431,7 +431,7 @@ async fn handle_max_deliveries(
     // Never ends a stage someone holds a live lease on: then this message was a
     // duplicate copy, and the holder's own message carries the job on.
     let cond = FinishIf::Unleased(work);
-    crate::worker::dead_letter(queue, store, &cond, adv.deliveries, &error, None).await?;
+    crate::ending::dead_letter(queue, store, &cond, adv.deliveries, &error, None).await?;
     stream
         .delete_message(adv.stream_seq)
         .await

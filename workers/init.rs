@@ -4,8 +4,8 @@
 //! stages back after `stages.grace_ms`; no job is lost.
 
 use clap::Parser;
-use rollout::local::{WorkerArgs, worker_process};
-use rollout::model::Stage;
+use rollout::domain::Stage;
+use rollout::wiring::{WorkerArgs, worker_process};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -23,30 +23,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::model::ModelFiles;
 use super::parse::{self, CallError, ParsedTurn};
 use super::render::TurnGlue;
 use super::tools::{self, FINISH, ToolRunner};
-use super::trajectory::{self, BackendSwitch, FinishReason, ToolRecord, Trajectory, Turn};
-use crate::backends::LogprobsMode;
-use crate::backends::wire::{Finish, Generation, Sampling};
+use super::trajectory::{self, FinishReason, ToolRecord, Trajectory, Turn};
+use crate::backends::generate::{GenerateError, Generated, Generator};
+use crate::backends::wire::{Finish, Sampling};
 use crate::metrics::{DRIFT_CHECKS, EPISODES, TURN_OVERHEAD};
 use crate::sandbox::SandboxError;
 
-/// How a turn's text becomes tool calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Parser {
-    /// `<tool_call>{"name": …, "arguments": {…}}</tool_call>` blocks (Hermes, Qwen).
-    #[default]
-    Hermes,
-    /// One fenced bash block per turn, run by the `bash` tool.
-    BashBlock,
-}
+pub use crate::domain::parser::Parser;
 
+/// What each parser does: the functions in [`parse`].
 impl Parser {
     /// Parses `text`.
     pub fn parse(self, text: &str) -> ParsedTurn {
@@ -55,20 +46,11 @@ impl Parser {
             Parser::BashBlock => parse::parse_bash_block(text),
         }
     }
-
-    /// Parses `hermes` or `bash_block`.
-    pub fn from_name(s: &str) -> Option<Self> {
-        match s {
-            "hermes" => Some(Parser::Hermes),
-            "bash_block" => Some(Parser::BashBlock),
-            _ => None,
-        }
-    }
 }
 
 /// An episode's limits.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Limits {
+pub struct EpisodeLimits {
     /// Model turns at most.
     pub max_turns: usize,
     /// Tokens at most in prompt and response together (the context length).
@@ -100,59 +82,12 @@ pub struct Episode {
     /// Sampling parameters; each turn's `max_tokens` is the smallest of this one, the
     /// per-turn limit and the room left in the context.
     pub sampling: Sampling,
-    /// Limits.
-    pub limits: Limits,
+    /// EpisodeLimits.
+    pub limits: EpisodeLimits,
     /// Extra variables for the chat template (`enable_thinking`, …).
     pub template_args: serde_json::Map<String, Value>,
     /// When the episode must end (it ends with [`FinishReason::Timeout`]).
     pub deadline: tokio::time::Instant,
-}
-
-/// One generated turn, and the backend that produced it.
-#[derive(Debug, Clone)]
-pub struct Generated {
-    /// The tokens, logprobs and finish reason.
-    pub generation: Generation,
-    /// The backend's id.
-    pub backend: String,
-    /// Which logprobs the backend returns.
-    pub logprobs_mode: LogprobsMode,
-    /// Time spent waiting for backends (requests in flight and backoff between
-    /// retries), as opposed to building requests and reading answers.
-    pub backend_wait: Duration,
-}
-
-/// Why no backend produced a turn.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum GenerateError {
-    /// The backend refused the request because prompt and `max_tokens` exceed its
-    /// context length.
-    #[error("the backend's context is full: {0}")]
-    ContextFull(String),
-    /// No backend could answer (all down, or none registered for the model).
-    #[error("{0}")]
-    Unavailable(String),
-    /// The backend refused the request or answered without token IDs; another attempt
-    /// would fail the same way.
-    #[error("{0}")]
-    Refused(String),
-}
-
-/// Where turns are generated: the job's backend (switching when it dies), or a stand-in
-/// in unit tests.
-#[async_trait]
-pub trait Generator: Send {
-    /// Generates the next turn from `prompt_ids`. `turn` is the 0-based turn index.
-    async fn generate(
-        &mut self,
-        prompt_ids: &[u32],
-        sampling: &Sampling,
-        turn: usize,
-    ) -> Result<Generated, GenerateError>;
-
-    /// The moves to other backends made so far (taken: a second call returns none).
-    fn take_switches(&mut self) -> Vec<BackendSwitch>;
 }
 
 /// Whether the job is still wanted; read at every turn boundary.
@@ -631,6 +566,9 @@ pub fn mask_matches_turns(traj: &Trajectory) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backends::generate::BackendSwitch;
+    use crate::backends::wire::Generation;
+    use crate::domain::backend::LogprobsMode;
     use crate::sandbox::protocol::Response;
     use crate::scripted::demo;
 
@@ -725,7 +663,7 @@ mod tests {
             tools: vec!["bash".into(), "finish".into()],
             parser: Parser::Hermes,
             sampling: Sampling::default(),
-            limits: Limits {
+            limits: EpisodeLimits {
                 max_turns: 8,
                 max_tokens,
                 max_new_tokens: 256,

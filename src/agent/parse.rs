@@ -56,7 +56,7 @@ fn reasoning_span(text: &str) -> Option<(usize, usize)> {
 }
 
 /// Parses Hermes-style `<tool_call>` blocks outside the model's reasoning (see
-/// [`reasoning_span`]): a call the model only thought about is not run. The content
+/// `reasoning_span`): a call the model only thought about is not run. The content
 /// keeps the reasoning as written.
 pub fn parse_hermes(text: &str) -> ParsedTurn {
     let mut turn = ParsedTurn::default();

@@ -510,7 +510,7 @@ fn strftime_now(format: String) -> String {
     strftime(&format, secs)
 }
 
-/// Formats `unix_secs` (UTC) with the directives of [`strftime_now`].
+/// Formats `unix_secs` (UTC) with the directives of `strftime_now`.
 pub fn strftime(format: &str, unix_secs: i64) -> String {
     const MONTHS: [&str; 12] = [
         "January",

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::parse::{CallError, ToolCall};
-use crate::backends::LogprobsMode;
+use crate::domain::backend::LogprobsMode;
 
 /// Why an episode ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -98,18 +98,7 @@ pub struct Turn {
     pub logprobs_mode: LogprobsMode,
 }
 
-/// A move of the job to another backend in the middle of an episode.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BackendSwitch {
-    /// The turn (0-based) being generated when it happened.
-    pub turn: usize,
-    /// The backend given up on.
-    pub from: String,
-    /// The backend the episode continued on.
-    pub to: String,
-    /// Why.
-    pub reason: String,
-}
+pub use crate::backends::generate::BackendSwitch;
 
 /// Whether re-tokenizing the finished conversation's text would give the same tokens.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

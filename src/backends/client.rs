@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::BackendSpec;
-use super::WireKind;
 use super::wire::{self, Generation, Sampling};
+use crate::domain::backend::BackendSpec;
+use crate::domain::backend::WireKind;
 
 /// Timeouts and retry policy.
 #[derive(Debug, Clone)]
@@ -45,6 +45,19 @@ impl Default for ClientSettings {
             retries: 3,
             backoff: Duration::from_millis(200),
             max_pause: Duration::from_secs(300),
+        }
+    }
+}
+
+impl From<&crate::config::PoolSettings> for ClientSettings {
+    /// The `pool` section's timeouts and retries.
+    fn from(pool: &crate::config::PoolSettings) -> Self {
+        ClientSettings {
+            connect_timeout: Duration::from_millis(pool.connect_timeout_ms),
+            request_timeout: Duration::from_millis(pool.request_timeout_ms),
+            retries: pool.retries,
+            backoff: Duration::from_millis(pool.backoff_ms),
+            max_pause: Duration::from_millis(pool.max_pause_ms),
         }
     }
 }
@@ -391,13 +404,13 @@ mod tests {
             matches!(e, InferenceError::Refused { status: 401, .. }),
             "{e}"
         );
-        b.api_key = Some(crate::backends::ApiKey("wrong".into()));
+        b.api_key = Some(crate::domain::backend::ApiKey("wrong".into()));
         let e = c.health(&b, t).await.unwrap_err();
         assert!(e.contains("is refused"), "{e}");
         // With the key, and a /health that takes 3 s: the probe does not wait for it.
         for kind in [WireKind::Vllm, WireKind::Sglang] {
             let mut b = spec(s.url(), kind);
-            b.api_key = Some(crate::backends::ApiKey("s3cret".into()));
+            b.api_key = Some(crate::domain::backend::ApiKey("s3cret".into()));
             c.health(&b, t).await.unwrap();
             c.generate(&b, &[1, 2], &Sampling::default(), &never)
                 .await

@@ -14,14 +14,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use super::BackendSpec;
 use super::client::{InferenceClient, InferenceError};
-use super::pool::{AffinityPolicy, AssignRequest};
+use super::generate::{BackendSwitch, GenerateError, Generated, Generator};
 use super::wire::Sampling;
-use crate::agent::episode::{GenerateError, Generated, Generator};
-use crate::agent::trajectory::BackendSwitch;
-use crate::model::Stage;
-use crate::now_ms;
+use crate::domain::Stage;
+use crate::domain::backend::BackendSpec;
+use crate::domain::now_ms;
+use crate::domain::placement::{AffinityPolicy, AssignRequest};
 use crate::store::Store;
 
 /// Why a session could not start.

@@ -17,8 +17,8 @@ use axum::http::StatusCode;
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
 use super::params::IdPath;
-use crate::backends::{BackendSpec, BackendState};
-use crate::now_ms;
+use crate::domain::backend::{BackendSpec, BackendState};
+use crate::domain::now_ms;
 
 /// Every registered backend with its health and active jobs.
 #[utoipa::path(
@@ -96,8 +96,7 @@ pub async fn add_backend(
     })?;
     state.store.upsert_backend(&spec, "api", now_ms()).await?;
     tracing::info!(backend = %spec.id, url = %spec.url, model = %spec.model, "backend registered");
-    let client =
-        crate::backends::client::InferenceClient::new(state.settings.pool.client_settings());
+    let client = crate::backends::client::InferenceClient::new((&state.settings.pool).into());
     let timeout = std::time::Duration::from_millis(state.settings.pool.health_timeout_ms);
     let verdict = client.health(&spec, timeout).await;
     if let Err(e) = &verdict {

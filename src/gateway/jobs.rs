@@ -13,8 +13,8 @@ use utoipa::{IntoParams, ToSchema};
 use super::error::{ApiError, ApiErrorBody};
 use super::params::{IdPath, Params, QueryMap};
 use super::{AppState, publish_submitted};
-use crate::model::{Job, JobResult, Outcome, Status, Task, is_subject_token};
-use crate::now_ms;
+use crate::domain::now_ms;
+use crate::domain::{Job, JobResult, Outcome, Status, Task, is_subject_token};
 use crate::store::{FinishIf, JobEvent, JobQuery, NewJob, Submitted};
 
 /// Body of `POST /v1/jobs`.
@@ -382,7 +382,7 @@ pub async fn cancel_job(
             if let Err(e) = state.queue.publish_cancel(&id).await {
                 tracing::warn!(job_id = %id, error = %e, "cancel broadcast failed; the worker will notice at its next lease renewal");
             }
-            crate::worker::publish_result(&state.queue, state.store.as_ref(), &result).await;
+            crate::ending::publish_result(&state.queue, state.store.as_ref(), &result).await;
             Ok(Json(CancelResponse {
                 id,
                 status: Status::Cancelled,

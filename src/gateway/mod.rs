@@ -24,8 +24,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::config::Settings;
+use crate::domain::{BatchCounters, Stage, Status, WorkMessage};
 use crate::kinds::Registry;
-use crate::model::{BatchCounters, Stage, Status, WorkMessage};
 use crate::queue::Queue;
 use crate::store::{StatusCount, Store, Submitted};
 

@@ -21,7 +21,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
 use super::params::{Params, QueryMap};
-use crate::model::JobResult;
+use crate::domain::JobResult;
 
 /// Response of `GET /v1/results`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -34,14 +34,14 @@ use serde::{Deserialize, Serialize};
 
 use super::sandboxed::{self, Check};
 use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
-use crate::agent::episode::{self, Episode, EpisodeError, Limits, Parser, TurnGuard};
+use crate::agent::episode::{self, Episode, EpisodeError, EpisodeLimits, Parser, TurnGuard};
 use crate::agent::model::ModelCache;
 use crate::agent::tools::TOOL_NAMES;
 use crate::backends::client::InferenceClient;
 use crate::backends::session::{BackendSession, SessionError, SessionJob};
 use crate::backends::wire::Sampling;
 use crate::config::Settings;
-use crate::model::{Job, Stage, Status};
+use crate::domain::{Job, Stage, Status};
 use crate::sandbox::{NodeSandboxes, SandboxSpec};
 use crate::store::Store;
 
@@ -116,7 +116,7 @@ impl Agent {
         store: Arc<dyn Store>,
         settings: Arc<Settings>,
     ) -> Self {
-        let client = InferenceClient::new(settings.pool.client_settings());
+        let client = InferenceClient::new((&settings.pool).into());
         Agent {
             sandboxes,
             store,
@@ -129,10 +129,10 @@ impl Agent {
     /// The limits of `spec`, defaults filled in; the deadline is also kept inside the
     /// RUN stage's timeout, so a long episode ends as `timeout` (and is scored) rather
     /// than being cut off by the stage timeout (and failed).
-    fn limits(&self, spec: &AgentSpec) -> (Limits, Duration) {
+    fn limits(&self, spec: &AgentSpec) -> (EpisodeLimits, Duration) {
         let d = &self.settings.agent;
         let l = &spec.limits;
-        let limits = Limits {
+        let limits = EpisodeLimits {
             max_turns: l.max_turns.unwrap_or(d.max_turns),
             max_tokens: l.max_tokens.unwrap_or(d.max_tokens),
             max_new_tokens: l.max_new_tokens.unwrap_or(d.max_new_tokens),

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::model::Job;
+use crate::domain::Job;
+pub use crate::domain::SpecError;
 
 pub mod agent;
 pub mod sandboxed;
@@ -52,31 +53,6 @@ pub enum StageError {
     /// `sandbox.max_restarts` times, then fails with this message.
     #[error("{0}")]
     Restart(String),
-}
-
-/// A problem in a task's `spec`, found at submit time.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{path}: {message}")]
-pub struct SpecError {
-    /// Path of the offending field inside `spec`, e.g. `run_ms` (empty for the whole spec).
-    pub path: String,
-    /// What is wrong and what is expected.
-    pub message: String,
-}
-
-impl SpecError {
-    /// Parses `spec` into `T`, reporting the path of the first bad field.
-    pub fn parse<T: serde::de::DeserializeOwned>(spec: &serde_json::Value) -> Result<T, SpecError> {
-        let spec = if spec.is_null() {
-            serde_json::Value::Object(Default::default())
-        } else {
-            spec.clone()
-        };
-        serde_path_to_error::deserialize(spec).map_err(|e| SpecError {
-            path: e.path().to_string().trim_start_matches('.').to_string(),
-            message: e.inner().to_string(),
-        })
-    }
 }
 
 /// Where a job's RUN stage must happen.

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{EvalOutput, InitOutput, Route, SpecError, StageContext, StageError};
-use crate::model::{Job, Stage};
+use crate::domain::{Job, Stage};
 use crate::sandbox::client::SandboxClient;
 use crate::sandbox::protocol::{ApplyArgs, ErrorCode, ExecArgs, ExportArgs, ExportResult};
 use crate::sandbox::{NodeSandboxes, Purpose, SandboxError, SandboxSpec};

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::sandboxed::{self, Check};
 use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
-use crate::model::Job;
+use crate::domain::Job;
 use crate::sandbox::protocol::{BashArgs, ExportArgs, FileArgs, PythonArgs, Response};
 use crate::sandbox::{NodeSandboxes, SandboxError, SandboxSpec};
 

@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use super::{EvalOutput, InitOutput, Route, SpecError, StageContext, StageError, TaskKind};
-use crate::model::Stage;
+use crate::domain::Stage;
 
 /// The `synthetic` kind.
 #[derive(Debug, Clone, Copy, Default)]

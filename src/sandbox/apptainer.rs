@@ -14,7 +14,7 @@
 //! older than the host (see `docs/apptainer.md`). The process limit is not applied here:
 //! without a user namespace of its own it would count every process of the user.
 
-use super::{BackendKind, Label, Sandbox, SandboxBackend, SandboxError, StartRequest};
+use super::{Label, RuntimeKind, Sandbox, SandboxError, SandboxRuntime, StartRequest};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -117,9 +117,9 @@ impl ApptainerBackend {
 }
 
 #[async_trait::async_trait]
-impl SandboxBackend for ApptainerBackend {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Apptainer
+impl SandboxRuntime for ApptainerBackend {
+    fn kind(&self) -> RuntimeKind {
+        RuntimeKind::Apptainer
     }
 
     async fn start(&self, req: &StartRequest) -> Result<Sandbox, SandboxError> {
@@ -166,7 +166,7 @@ impl SandboxBackend for ApptainerBackend {
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(self.exec_args(req));
         super::clean_env(&mut cmd, KEEP_ENV);
-        let limits = super::Limits {
+        let limits = super::SandboxLimits {
             processes: 0,
             ..req.limits
         };

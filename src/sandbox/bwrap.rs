@@ -20,7 +20,7 @@
 //! is set to what that user runs already plus `limits.processes`: a cap on the fork
 //! bomb, though not a separate budget per sandbox.
 
-use super::{BackendKind, Label, Sandbox, SandboxBackend, SandboxError, StartRequest};
+use super::{Label, RuntimeKind, Sandbox, SandboxError, SandboxRuntime, StartRequest};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -285,9 +285,9 @@ pub fn shell_copy(root: &Path) -> std::io::Result<PathBuf> {
 }
 
 #[async_trait::async_trait]
-impl SandboxBackend for BwrapBackend {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Bwrap
+impl SandboxRuntime for BwrapBackend {
+    fn kind(&self) -> RuntimeKind {
+        RuntimeKind::Bwrap
     }
 
     async fn start(&self, req: &StartRequest) -> Result<Sandbox, SandboxError> {

@@ -10,7 +10,7 @@
 //! handled. Where neither works, [`Cgroups::probe`] says why, and the worker says so at
 //! start and in `GET /healthz` rather than silently keeping the weaker limits.
 
-use super::{Limits, SandboxError};
+use super::{SandboxError, SandboxLimits};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
@@ -119,7 +119,7 @@ impl Cgroups {
     pub fn create(
         &self,
         name: &str,
-        limits: &Limits,
+        limits: &SandboxLimits,
     ) -> Result<Option<SandboxCgroup>, SandboxError> {
         let leaf = format!("rollout-{name}");
         let mk = |dir: &Path| -> Result<PathBuf, SandboxError> {

@@ -4,9 +4,9 @@
 //! the identity of its root process: the pid *and* that process's start time from
 //! `/proc/<pid>/stat`, so a pid reused by an unrelated process after a reboot or a long
 //! uptime is never mistaken for the sandbox and never killed. Apptainer sandboxes also
-//! carry their instance name. The reaper and [`crate::sandbox::stop`] act on labels only.
+//! carry their instance name. The reaper and [`crate::sandbox::Backends::stop`] act on labels only.
 
-use super::{BackendKind, SandboxError};
+use super::{RuntimeKind, SandboxError};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,7 +22,7 @@ pub struct Label {
     /// The node it runs on.
     pub node: String,
     /// The backend that started it.
-    pub backend: BackendKind,
+    pub backend: RuntimeKind,
     /// The sandbox directory on the host.
     pub dir: PathBuf,
     /// The socket on the host.
@@ -65,7 +65,7 @@ pub struct Label {
 
 impl Label {
     /// A label for a sandbox not started yet.
-    pub fn new(job_id: &str, node: &str, backend: BackendKind, dir: &Path) -> Self {
+    pub fn new(job_id: &str, node: &str, backend: RuntimeKind, dir: &Path) -> Self {
         Label {
             job_id: job_id.to_string(),
             node: node.to_string(),
@@ -75,7 +75,7 @@ impl Label {
             // instance; the others' sockets are bound by the launcher outside the
             // sandbox's reach (see `crate::sandbox::bind_socket`).
             socket: match backend {
-                BackendKind::Apptainer => dir.join("run").join("sock"),
+                RuntimeKind::Apptainer => dir.join("run").join("sock"),
                 _ => dir.join("sock"),
             },
             pid: None,
@@ -88,7 +88,7 @@ impl Label {
             generation: None,
             uid: None,
             instance: None,
-            created_ms: crate::now_ms(),
+            created_ms: crate::domain::now_ms(),
         }
     }
 
@@ -297,7 +297,7 @@ mod tests {
     #[test]
     fn labels_round_trip_and_know_their_process() {
         let dir = tempfile::tempdir().unwrap();
-        let mut label = Label::new("job-1", "node-a", BackendKind::Local, dir.path());
+        let mut label = Label::new("job-1", "node-a", RuntimeKind::Local, dir.path());
         label.set_process(std::process::id() as i32);
         label.write().unwrap();
         let back = Label::read(dir.path()).unwrap().unwrap();

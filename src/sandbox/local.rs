@@ -4,16 +4,16 @@
 //! view of the machine, so every start logs a warning. It is the backend to use on a
 //! laptop without bubblewrap, and the reference the other backends are tested against.
 
-use super::{BackendKind, Label, Sandbox, SandboxBackend, SandboxError, StartRequest};
+use super::{Label, RuntimeKind, Sandbox, SandboxError, SandboxRuntime, StartRequest};
 
 /// See the module documentation.
 #[derive(Debug, Default)]
 pub struct LocalBackend;
 
 #[async_trait::async_trait]
-impl SandboxBackend for LocalBackend {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Local
+impl SandboxRuntime for LocalBackend {
+    fn kind(&self) -> RuntimeKind {
+        RuntimeKind::Local
     }
 
     async fn start(&self, req: &StartRequest) -> Result<Sandbox, SandboxError> {

@@ -2,7 +2,7 @@
 //!
 //! A sandbox is a directory on the node (`<root>/<id>/`, mode 0700, holding the writable
 //! `workspace/`, the server's socket `sock` and a `label.json`) plus a process tree
-//! started by a [`SandboxBackend`] whose first process is the sandbox server
+//! started by a [`SandboxRuntime`] whose first process is the sandbox server
 //! (`rollout-sandbox serve`, see [`server`]). Workers talk to it with a [`SandboxClient`]
 //! over that Unix socket; the wire format is [`protocol`]. The launcher binds the socket
 //! and hands the server the listening descriptor, so the socket file sits where nothing
@@ -12,7 +12,7 @@
 //! [`bwrap`] (bubblewrap: rootless namespaces, the default on Linux) and [`apptainer`]
 //! (Apptainer/Singularity instances from `.sif` images, for HPC clusters). Every sandbox is
 //! found again through its label — the job id, node, backend and process identity written
-//! at start — never by process name, which is how [`stop`] and the reaper remove one after
+//! at start — never by process name, which is how [`Backends::stop`] and the reaper remove one after
 //! a worker crash.
 
 pub mod apptainer;
@@ -33,78 +33,11 @@ pub use label::Label;
 pub use node::{LimitReport, NodeSandboxes, Purpose, SandboxReport};
 pub use spec::SandboxSpec;
 
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Which backend runs a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
-#[serde(rename_all = "snake_case")]
-pub enum BackendKind {
-    /// A plain child process in a directory: no isolation.
-    Local,
-    /// bubblewrap.
-    Bwrap,
-    /// Apptainer / Singularity.
-    Apptainer,
-}
-
-impl BackendKind {
-    /// Parses a configuration or task value.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "local" => Some(BackendKind::Local),
-            "bwrap" => Some(BackendKind::Bwrap),
-            "apptainer" => Some(BackendKind::Apptainer),
-            _ => None,
-        }
-    }
-
-    /// The name used in configuration and labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendKind::Local => "local",
-            BackendKind::Bwrap => "bwrap",
-            BackendKind::Apptainer => "apptainer",
-        }
-    }
-}
-
-/// Resource limits applied to everything in a sandbox. `0` leaves a limit unset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Limits {
-    /// Maximum processes (RLIMIT_NPROC, counted in the sandbox's own user namespace).
-    pub processes: u64,
-    /// Address space per process in bytes (RLIMIT_AS).
-    pub memory_bytes: u64,
-    /// Largest file a process may write, in bytes (RLIMIT_FSIZE).
-    pub file_size_bytes: u64,
-    /// CPU seconds per process (RLIMIT_CPU).
-    pub cpu_seconds: u64,
-    /// Size of the private `/tmp` (tmpfs), in bytes.
-    pub tmp_bytes: u64,
-    /// Size of the private `/dev/shm` (tmpfs), in bytes.
-    pub shm_bytes: u64,
-    /// Size of the workspace's own filesystem, in bytes, where the node can give it one
-    /// (a root worker with loop devices, see [`quota`]); elsewhere reported as not held.
-    pub workspace_bytes: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            processes: 256,
-            memory_bytes: 8 << 30,
-            file_size_bytes: 1 << 30,
-            cpu_seconds: 3600,
-            tmp_bytes: 512 << 20,
-            shm_bytes: 64 << 20,
-            workspace_bytes: 10 << 30,
-        }
-    }
-}
+pub use crate::domain::sandbox::{RuntimeKind, SandboxLimits};
 
 /// Everything needed to start one sandbox.
 #[derive(Debug, Clone)]
@@ -120,7 +53,7 @@ pub struct StartRequest {
     /// Extra environment for the shell and the interpreter.
     pub env: BTreeMap<String, String>,
     /// Resource limits.
-    pub limits: Limits,
+    pub limits: SandboxLimits,
     /// Apptainer image (`.sif` file or URI).
     pub image: Option<String>,
     /// Apptainer `--fakeroot`.
@@ -218,9 +151,9 @@ impl protocol::ToolError {
 
 /// A way of running sandboxes.
 #[async_trait::async_trait]
-pub trait SandboxBackend: Send + Sync {
+pub trait SandboxRuntime: Send + Sync {
     /// Which backend this is.
-    fn kind(&self) -> BackendKind;
+    fn kind(&self) -> RuntimeKind;
 
     /// Starts the sandbox described by `req`, writes its label and waits until the
     /// server answers a ping.
@@ -245,11 +178,11 @@ pub struct Backends {
 
 impl Backends {
     /// The backend for `kind`.
-    pub fn get(&self, kind: BackendKind) -> &dyn SandboxBackend {
+    pub fn get(&self, kind: RuntimeKind) -> &dyn SandboxRuntime {
         match kind {
-            BackendKind::Local => &self.local,
-            BackendKind::Bwrap => &self.bwrap,
-            BackendKind::Apptainer => &self.apptainer,
+            RuntimeKind::Local => &self.local,
+            RuntimeKind::Bwrap => &self.bwrap,
+            RuntimeKind::Apptainer => &self.apptainer,
         }
     }
 
@@ -352,7 +285,7 @@ pub(crate) async fn await_ready(
 
 /// Applies `limits` to the calling process; runs between fork and exec, so the limits
 /// are inherited by everything the sandbox starts.
-fn apply_rlimits(limits: &Limits) -> std::io::Result<()> {
+fn apply_rlimits(limits: &SandboxLimits) -> std::io::Result<()> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     // Never above the hard limit the worker itself runs under: raising it needs
     // privileges, and the tighter limit is the one that holds anyway.
@@ -396,7 +329,7 @@ pub(crate) struct Launch {
     /// The label to complete (process identity) and write.
     pub label: Label,
     /// Resource limits set on the process before it starts.
-    pub rlimits: Option<Limits>,
+    pub rlimits: Option<SandboxLimits>,
     /// Descriptors the process finds at [`FIRST_PASSED_FD`] onwards.
     pub pass_fds: Vec<std::os::fd::OwnedFd>,
     /// The read end of bwrap's `--info-fd`.

@@ -22,6 +22,7 @@
 //! sandbox's label so a stop kills it too.
 
 use super::SandboxError;
+use crate::domain::sandbox::Ipv4Net;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -51,49 +52,6 @@ const ALWAYS_DENIED: &[(Ipv4Addr, u8)] = &[
     (Ipv4Addr::new(224, 0, 0, 0), 4),
     (Ipv4Addr::new(240, 0, 0, 0), 4),
 ];
-
-/// An IPv4 network, `addr/prefix`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Ipv4Net {
-    /// The network's first address (host bits cleared).
-    pub addr: Ipv4Addr,
-    /// The prefix length, 0..=32.
-    pub prefix: u8,
-}
-
-impl Ipv4Net {
-    /// `addr/prefix` with the host bits cleared.
-    pub fn new(addr: Ipv4Addr, prefix: u8) -> Self {
-        let prefix = prefix.min(32);
-        let mask = if prefix == 0 {
-            0
-        } else {
-            u32::MAX << (32 - prefix)
-        };
-        Ipv4Net {
-            addr: Ipv4Addr::from(u32::from(addr) & mask),
-            prefix,
-        }
-    }
-
-    /// Parses `a.b.c.d/n` (or a bare address, a /32).
-    pub fn parse(s: &str) -> Option<Self> {
-        let (a, p) = s.split_once('/').unwrap_or((s, "32"));
-        let prefix: u8 = p.parse().ok().filter(|p| *p <= 32)?;
-        Some(Ipv4Net::new(a.parse().ok()?, prefix))
-    }
-
-    /// Whether `other` lies wholly inside this network.
-    pub fn contains(&self, other: &Ipv4Net) -> bool {
-        other.prefix >= self.prefix && Ipv4Net::new(other.addr, self.prefix).addr == self.addr
-    }
-}
-
-impl std::fmt::Display for Ipv4Net {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
 
 /// How this node gives sandboxes their network.
 #[derive(Debug, Clone)]

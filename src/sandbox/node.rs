@@ -12,7 +12,7 @@
 //! reconciler then sends the waiting job back to INIT.
 
 use super::spec::SandboxSpec;
-use super::{BackendKind, Backends, Label, Sandbox, SandboxClient, SandboxError, StartRequest};
+use super::{Backends, Label, RuntimeKind, Sandbox, SandboxClient, SandboxError, StartRequest};
 use crate::config::Settings;
 use crate::store::{SandboxRecord, Store};
 use std::path::{Path, PathBuf};
@@ -68,7 +68,7 @@ pub struct SandboxReport {
 /// The sandboxes of this node.
 pub struct NodeSandboxes {
     backends: Backends,
-    default_backend: BackendKind,
+    default_backend: RuntimeKind,
     settings: crate::config::SandboxSettings,
     root: PathBuf,
     server_bin: PathBuf,
@@ -92,7 +92,7 @@ impl NodeSandboxes {
                     deny: s
                         .network_deny
                         .iter()
-                        .filter_map(|n| super::net::Ipv4Net::parse(n))
+                        .filter_map(|n| crate::domain::sandbox::Ipv4Net::parse(n))
                         .collect(),
                     ..Default::default()
                 },
@@ -105,7 +105,7 @@ impl NodeSandboxes {
         };
         NodeSandboxes {
             backends,
-            default_backend: BackendKind::parse(&s.backend).unwrap_or(BackendKind::Bwrap),
+            default_backend: RuntimeKind::parse(&s.backend).unwrap_or(RuntimeKind::Bwrap),
             settings: s.clone(),
             root: settings.sandbox_root(),
             server_bin: settings.sandbox_server_bin(),
@@ -237,7 +237,7 @@ impl NodeSandboxes {
         let dir = self.dir(job_id, purpose);
         self.remove(job_id, purpose, None).await;
         let backend = spec.backend_or(self.default_backend);
-        if backend == BackendKind::Local && !self.settings.allow_local {
+        if backend == RuntimeKind::Local && !self.settings.allow_local {
             return Err(SandboxError::Config(
                 "the local sandbox backend runs the agent's commands unsandboxed on the host; this node refuses it (set sandbox.allow_local = true to allow it)".into(),
             ));
@@ -252,7 +252,7 @@ impl NodeSandboxes {
         label.generation = Some(generation);
         label.write()?;
         if purpose == Purpose::Run {
-            let now = crate::now_ms();
+            let now = crate::domain::now_ms();
             self.store
                 .put_sandbox(&SandboxRecord {
                     job_id: job_id.to_string(),
@@ -403,7 +403,7 @@ impl NodeSandboxes {
     /// One reaper pass. With `at_start` (a worker starting after a crash, say) it also
     /// removes sandboxes whose root process is gone.
     pub async fn reap(&self, at_start: bool) -> Result<Reaped, crate::store::StoreError> {
-        let now = crate::now_ms();
+        let now = crate::domain::now_ms();
         // Renew first: this node is alive and looks after its sandboxes, so none of them
         // is removed for a lease that lapsed while the database was unreachable.
         let mut reaped = Reaped {
@@ -478,7 +478,7 @@ impl NodeSandboxes {
         if at_start && started && !alive {
             return Ok(Some("its processes are gone"));
         }
-        let young = crate::now_ms() - label.created_ms < 10_000;
+        let young = crate::domain::now_ms() - label.created_ms < 10_000;
         if !is_eval
             && !recorded.contains(&label.job_id)
             && !young

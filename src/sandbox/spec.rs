@@ -4,8 +4,8 @@
 //! also receives the changes RUN exported (applied inside it by the sandbox server, after
 //! setup), so EVAL scores what the agent did in a sandbox the agent never touched.
 
-use super::{BackendKind, Limits};
-use crate::kinds::SpecError;
+use super::{RuntimeKind, SandboxLimits};
+use crate::domain::SpecError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Component, Path};
@@ -39,7 +39,7 @@ pub struct SandboxSpec {
     /// Environment for the shell and the interpreter.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Limits that differ from the node's defaults.
+    /// SandboxLimits that differ from the node's defaults.
     #[serde(default)]
     pub limits: LimitOverrides,
     /// Apptainer `--fakeroot`.
@@ -66,33 +66,33 @@ pub struct RepoSpec {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitOverrides {
-    /// See [`Limits::processes`].
+    /// See [`SandboxLimits::processes`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub processes: Option<u64>,
-    /// See [`Limits::memory_bytes`].
+    /// See [`SandboxLimits::memory_bytes`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
-    /// See [`Limits::file_size_bytes`].
+    /// See [`SandboxLimits::file_size_bytes`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file_size_bytes: Option<u64>,
-    /// See [`Limits::cpu_seconds`].
+    /// See [`SandboxLimits::cpu_seconds`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_seconds: Option<u64>,
-    /// See [`Limits::tmp_bytes`].
+    /// See [`SandboxLimits::tmp_bytes`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tmp_bytes: Option<u64>,
-    /// See [`Limits::shm_bytes`].
+    /// See [`SandboxLimits::shm_bytes`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shm_bytes: Option<u64>,
-    /// See [`Limits::workspace_bytes`].
+    /// See [`SandboxLimits::workspace_bytes`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace_bytes: Option<u64>,
 }
 
 impl LimitOverrides {
     /// `base` with these overrides applied.
-    pub fn apply(&self, base: Limits) -> Limits {
-        Limits {
+    pub fn apply(&self, base: SandboxLimits) -> SandboxLimits {
+        SandboxLimits {
             processes: self.processes.unwrap_or(base.processes),
             memory_bytes: self.memory_bytes.unwrap_or(base.memory_bytes),
             file_size_bytes: self.file_size_bytes.unwrap_or(base.file_size_bytes),
@@ -114,7 +114,7 @@ impl SandboxSpec {
             message,
         };
         if let Some(b) = &self.backend
-            && BackendKind::parse(b).is_none()
+            && RuntimeKind::parse(b).is_none()
         {
             return Err(err(
                 "backend",
@@ -155,10 +155,10 @@ impl SandboxSpec {
     }
 
     /// The backend to use: the task's, else the node's default.
-    pub fn backend_or(&self, default: BackendKind) -> BackendKind {
+    pub fn backend_or(&self, default: RuntimeKind) -> RuntimeKind {
         self.backend
             .as_deref()
-            .and_then(BackendKind::parse)
+            .and_then(RuntimeKind::parse)
             .unwrap_or(default)
     }
 
@@ -277,8 +277,8 @@ mod tests {
             processes: Some(8),
             ..Default::default()
         };
-        let l = o.apply(Limits::default());
+        let l = o.apply(SandboxLimits::default());
         assert_eq!(l.processes, 8);
-        assert_eq!(l.tmp_bytes, Limits::default().tmp_bytes);
+        assert_eq!(l.tmp_bytes, SandboxLimits::default().tmp_bytes);
     }
 }

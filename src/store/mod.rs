@@ -9,7 +9,7 @@
 //! [`sqlite::SqliteStore`] (the embedded default: WAL, a long busy timeout and `BEGIN
 //! IMMEDIATE` for writing transactions) and [`postgres::PostgresStore`] (for many nodes)
 //! share their SQL text, which is written in the dialect both accept (`$N` parameters,
-//! `RETURNING`, `ON CONFLICT`), through the [`impl_store!`](crate::store::impl_store)
+//! `RETURNING`, `ON CONFLICT`), through the `impl_store!`
 //! macro; each backend supplies only how it opens a writing transaction and how it orders
 //! result sequence numbers.
 
@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::model::{
+use crate::domain::{
     BatchCounters, GroupCounters, Job, JobResult, Outcome, Stage, Status, WorkMessage,
 };
 
@@ -382,7 +382,7 @@ pub trait Store: Send + Sync + 'static {
     /// that id; a backend whose URL is unchanged keeps its health.
     async fn upsert_backend(
         &self,
-        spec: &crate::backends::BackendSpec,
+        spec: &crate::domain::backend::BackendSpec,
         source: &str,
         now: i64,
     ) -> StoreResult<()>;
@@ -390,9 +390,9 @@ pub trait Store: Send + Sync + 'static {
     /// until they end or move: their next failed request moves them elsewhere.
     async fn delete_backend(&self, id: &str) -> StoreResult<bool>;
     /// Every backend with its active count, by id.
-    async fn backends(&self) -> StoreResult<Vec<crate::backends::BackendState>>;
+    async fn backends(&self) -> StoreResult<Vec<crate::domain::backend::BackendState>>;
     /// One backend.
-    async fn backend(&self, id: &str) -> StoreResult<Option<crate::backends::BackendState>>;
+    async fn backend(&self, id: &str) -> StoreResult<Option<crate::domain::backend::BackendState>>;
     /// Records a health verdict; returns the previous one (`None`: unknown backend), so
     /// callers can log changes.
     async fn set_backend_health(
@@ -404,14 +404,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Option<bool>>;
     /// Gives the job a backend in one transaction: the one it has when that is healthy,
     /// not excluded and of the wanted model (sticky), else one chosen by
-    /// [`crate::backends::pool::choose`] from the healthy ones, recorded as its
+    /// [`crate::domain::placement::choose`] from the healthy ones, recorded as its
     /// assignment. `None` (and no assignment) when no backend qualifies. Assignments are
     /// deleted by the database when the job leaves RUN or ends.
     async fn assign_backend(
         &self,
-        req: &crate::backends::pool::AssignRequest,
+        req: &crate::domain::placement::AssignRequest,
         now: i64,
-    ) -> StoreResult<Option<crate::backends::pool::Assignment>>;
+    ) -> StoreResult<Option<crate::domain::placement::Assignment>>;
     /// Forgets where prompt groups last ran for groups not placed since `before`; returns
     /// how many were forgotten.
     async fn forget_group_homes(&self, before: i64) -> StoreResult<u64>;
@@ -440,37 +440,8 @@ pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Arc<dyn Sto
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Arc::new(postgres::PostgresStore::connect(url, max_connections).await?)
     } else {
-        return Err(StoreError::UnsupportedUrl(redact_url(url)));
+        return Err(StoreError::UnsupportedUrl(crate::config::redact_url(url)));
     };
     store.migrate().await?;
     Ok(store)
-}
-
-/// Hides the password of a database URL for logs and errors.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.find(':') {
-                Some(c) => format!("{}://{}:***{}", &url[..s], &creds[..c], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact_url("postgres://u:secret@h/db"),
-            "postgres://u:***@h/db"
-        );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
-    }
 }

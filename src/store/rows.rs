@@ -3,7 +3,7 @@
 //! Columns use only types both databases decode the same way (TEXT, 64-bit integers,
 //! doubles), so one `FromRow` derive serves SQLite and Postgres.
 
-use crate::model::{
+use crate::domain::{
     BatchCounters, GroupCounters, Job, JobResult, Stage, StageTimes, Status, Timings,
 };
 
@@ -233,7 +233,7 @@ impl StaleRow {
     /// The job's current stage entry, as the reconciler needs it.
     pub(crate) fn into_stale(self) -> StoreResult<super::StaleJob> {
         Ok(super::StaleJob {
-            msg: crate::model::WorkMessage {
+            msg: crate::domain::WorkMessage {
                 stage: parse_stage(&self.stage)?,
                 job_id: self.id,
                 epoch: self.epoch,
@@ -266,18 +266,19 @@ pub(crate) struct BackendRow {
 }
 
 impl BackendRow {
-    pub(crate) fn into_state(self) -> StoreResult<crate::backends::BackendState> {
-        let kind = crate::backends::WireKind::parse(&self.kind).ok_or_else(|| {
+    pub(crate) fn into_state(self) -> StoreResult<crate::domain::backend::BackendState> {
+        let kind = crate::domain::backend::WireKind::parse(&self.kind).ok_or_else(|| {
             StoreError::Corrupt(format!("backend {} has kind `{}`", self.id, self.kind))
         })?;
-        let logprobs_mode = match self.logprobs_mode.as_deref() {
-            None => None,
-            Some(m) => Some(crate::backends::LogprobsMode::parse(m).ok_or_else(|| {
-                StoreError::Corrupt(format!("backend {} has logprobs_mode `{m}`", self.id))
-            })?),
-        };
-        Ok(crate::backends::BackendState {
-            spec: crate::backends::BackendSpec {
+        let logprobs_mode =
+            match self.logprobs_mode.as_deref() {
+                None => None,
+                Some(m) => Some(crate::domain::backend::LogprobsMode::parse(m).ok_or_else(
+                    || StoreError::Corrupt(format!("backend {} has logprobs_mode `{m}`", self.id)),
+                )?),
+            };
+        Ok(crate::domain::backend::BackendState {
+            spec: crate::domain::backend::BackendSpec {
                 id: self.id,
                 url: self.url,
                 kind,
@@ -285,7 +286,7 @@ impl BackendRow {
                 tokenizer: self.tokenizer,
                 weight: self.weight,
                 served_model_name: self.served_model_name,
-                api_key: self.api_key.map(crate::backends::ApiKey),
+                api_key: self.api_key.map(crate::domain::backend::ApiKey),
                 logprobs_mode,
             },
             healthy: self.healthy != 0,

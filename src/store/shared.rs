@@ -309,7 +309,7 @@ macro_rules! impl_store {
             async fn update_stage_entry(
                 &self,
                 sql: &'static str,
-                msg: &$crate::model::WorkMessage,
+                msg: &$crate::domain::WorkMessage,
                 attempt: i64,
                 value: i64,
                 extra: Option<i64>,
@@ -392,8 +392,8 @@ macro_rules! impl_store {
                                 $crate::store::Submitted {
                                     id: job.id.clone(),
                                     client_id: job.client_id.clone(),
-                                    status: $crate::model::Status::Queued,
-                                    stage: $crate::model::Stage::Init,
+                                    status: $crate::domain::Status::Queued,
+                                    stage: $crate::domain::Stage::Init,
                                     epoch: 0,
                                     duplicate: false,
                                 }
@@ -439,7 +439,7 @@ macro_rules! impl_store {
             async fn job(
                 &self,
                 id: &str,
-            ) -> $crate::store::StoreResult<Option<$crate::model::Job>> {
+            ) -> $crate::store::StoreResult<Option<$crate::domain::Job>> {
                 let row: Option<$crate::store::rows::JobRow> =
                     sqlx::query_as($crate::store::shared::SELECT_JOB)
                         .bind(id)
@@ -451,7 +451,7 @@ macro_rules! impl_store {
             async fn list_jobs(
                 &self,
                 query: &$crate::store::JobQuery,
-            ) -> $crate::store::StoreResult<Vec<$crate::model::Job>> {
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::Job>> {
                 let rows: Vec<$crate::store::rows::JobRow> =
                     sqlx::query_as($crate::store::shared::LIST_JOBS)
                         .bind(&query.batch)
@@ -465,7 +465,7 @@ macro_rules! impl_store {
 
             async fn claim(
                 &self,
-                msg: &$crate::model::WorkMessage,
+                msg: &$crate::domain::WorkMessage,
                 node: &str,
                 lease_until: i64,
                 now: i64,
@@ -498,7 +498,7 @@ macro_rules! impl_store {
                         };
                         let job = row.into_job()?;
                         let lease = job.lease_until;
-                        if job.status == $crate::model::Status::Running
+                        if job.status == $crate::domain::Status::Running
                             && job.stage == msg.stage
                             && job.epoch == msg.epoch
                         {
@@ -513,7 +513,7 @@ macro_rules! impl_store {
 
             async fn extend_lease(
                 &self,
-                msg: &$crate::model::WorkMessage,
+                msg: &$crate::domain::WorkMessage,
                 attempt: i64,
                 lease_until: i64,
             ) -> $crate::store::StoreResult<bool> {
@@ -529,12 +529,12 @@ macro_rules! impl_store {
 
             async fn advance(
                 &self,
-                msg: &$crate::model::WorkMessage,
+                msg: &$crate::domain::WorkMessage,
                 attempt: i64,
                 output: &serde_json::Value,
                 route: Option<&str>,
                 now: i64,
-            ) -> $crate::store::StoreResult<Option<$crate::model::WorkMessage>> {
+            ) -> $crate::store::StoreResult<Option<$crate::domain::WorkMessage>> {
                 let Some(next) = msg.stage.next() else {
                     return Ok(None);
                 };
@@ -554,7 +554,7 @@ macro_rules! impl_store {
                             .bind(attempt)
                             .fetch_optional(&mut *conn)
                             .await?;
-                        Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
+                        Ok(row.map(|(epoch,)| $crate::domain::WorkMessage {
                             job_id: msg.job_id.clone(),
                             stage: next,
                             epoch,
@@ -566,7 +566,7 @@ macro_rules! impl_store {
 
             async fn release(
                 &self,
-                msg: &$crate::model::WorkMessage,
+                msg: &$crate::domain::WorkMessage,
                 attempt: i64,
                 hand_back: bool,
                 now: i64,
@@ -585,9 +585,9 @@ macro_rules! impl_store {
                 &self,
                 cond: &$crate::store::FinishIf,
                 job_id: &str,
-                outcome: &$crate::model::Outcome,
+                outcome: &$crate::domain::Outcome,
                 now: i64,
-            ) -> $crate::store::StoreResult<Option<$crate::model::JobResult>> {
+            ) -> $crate::store::StoreResult<Option<$crate::domain::JobResult>> {
                 use $crate::store::FinishIf;
                 let (stage, epoch, attempt, unleased_at) = match cond {
                     FinishIf::Claimed { msg, attempt } => (
@@ -607,7 +607,7 @@ macro_rules! impl_store {
                 if let Some(e) = &mut outcome.error {
                     *e = $crate::nul::scrub(e).into_owned();
                 }
-                let reward = if outcome.status == $crate::model::Status::Done {
+                let reward = if outcome.status == $crate::domain::Status::Done {
                     outcome.reward
                 } else {
                     None
@@ -683,7 +683,7 @@ macro_rules! impl_store {
                 after: i64,
                 limit: i64,
                 max_bytes: i64,
-            ) -> $crate::store::StoreResult<Vec<$crate::model::JobResult>> {
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::JobResult>> {
                 use $crate::store::shared as q;
                 let rows: Vec<$crate::store::rows::ResultRow> = match batch {
                     Some(b) => {
@@ -710,7 +710,7 @@ macro_rules! impl_store {
             async fn result(
                 &self,
                 job_id: &str,
-            ) -> $crate::store::StoreResult<Option<$crate::model::JobResult>> {
+            ) -> $crate::store::StoreResult<Option<$crate::domain::JobResult>> {
                 let row: Option<$crate::store::rows::ResultRow> =
                     sqlx::query_as($crate::store::shared::RESULT_OF_JOB)
                         .bind(job_id)
@@ -734,7 +734,7 @@ macro_rules! impl_store {
                 &self,
                 before: i64,
                 limit: i64,
-            ) -> $crate::store::StoreResult<Vec<$crate::model::JobResult>> {
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::JobResult>> {
                 let rows: Vec<$crate::store::rows::ResultRow> =
                     sqlx::query_as($crate::store::shared::UNPUBLISHED)
                         .bind(before)
@@ -776,7 +776,7 @@ macro_rules! impl_store {
 
             async fn touch(
                 &self,
-                msg: &$crate::model::WorkMessage,
+                msg: &$crate::domain::WorkMessage,
                 now: i64,
             ) -> $crate::store::StoreResult<bool> {
                 let msg = msg.clone();
@@ -796,9 +796,9 @@ macro_rules! impl_store {
 
             async fn requeue(
                 &self,
-                msg: &$crate::model::WorkMessage,
+                msg: &$crate::domain::WorkMessage,
                 now: i64,
-            ) -> $crate::store::StoreResult<Option<$crate::model::WorkMessage>> {
+            ) -> $crate::store::StoreResult<Option<$crate::domain::WorkMessage>> {
                 let msg = msg.clone();
                 self.write(move |conn: &mut $conn| {
                     Box::pin(async move {
@@ -808,7 +808,7 @@ macro_rules! impl_store {
                             .bind(now)
                             .fetch_optional(&mut *conn)
                             .await?;
-                        Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
+                        Ok(row.map(|(epoch,)| $crate::domain::WorkMessage {
                             job_id: msg.job_id.clone(),
                             stage: msg.stage,
                             epoch,
@@ -846,7 +846,7 @@ macro_rules! impl_store {
             async fn batch(
                 &self,
                 id: &str,
-            ) -> $crate::store::StoreResult<Option<$crate::model::BatchCounters>> {
+            ) -> $crate::store::StoreResult<Option<$crate::domain::BatchCounters>> {
                 let row: Option<$crate::store::rows::BatchRow> =
                     sqlx::query_as($crate::store::shared::SELECT_BATCH)
                         .bind(id)
@@ -859,7 +859,7 @@ macro_rules! impl_store {
                 &self,
                 batch_id: &str,
                 id: &str,
-            ) -> $crate::store::StoreResult<Option<$crate::model::GroupCounters>> {
+            ) -> $crate::store::StoreResult<Option<$crate::domain::GroupCounters>> {
                 let row: Option<$crate::store::rows::GroupRow> =
                     sqlx::query_as($crate::store::shared::SELECT_GROUP)
                         .bind(batch_id)
@@ -871,12 +871,12 @@ macro_rules! impl_store {
 
             async fn restart(
                 &self,
-                msg: &$crate::model::WorkMessage,
+                msg: &$crate::domain::WorkMessage,
                 attempt: i64,
                 max_restarts: i64,
                 counted: bool,
                 now: i64,
-            ) -> $crate::store::StoreResult<Option<$crate::model::WorkMessage>> {
+            ) -> $crate::store::StoreResult<Option<$crate::domain::WorkMessage>> {
                 let msg = msg.clone();
                 self.write(move |conn: &mut $conn| {
                     Box::pin(async move {
@@ -890,9 +890,9 @@ macro_rules! impl_store {
                             .bind(i64::from(counted))
                             .fetch_optional(&mut *conn)
                             .await?;
-                        Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
+                        Ok(row.map(|(epoch,)| $crate::domain::WorkMessage {
                             job_id: msg.job_id.clone(),
-                            stage: $crate::model::Stage::Init,
+                            stage: $crate::domain::Stage::Init,
                             epoch,
                         }))
                     })
@@ -915,9 +915,9 @@ macro_rules! impl_store {
                     .into_iter()
                     .map(
                         |(job_id, epoch, restarts, node)| $crate::store::AbandonedRun {
-                            msg: $crate::model::WorkMessage {
+                            msg: $crate::domain::WorkMessage {
                                 job_id,
-                                stage: $crate::model::Stage::Run,
+                                stage: $crate::domain::Stage::Run,
                                 epoch,
                             },
                             restarts,
@@ -929,10 +929,10 @@ macro_rules! impl_store {
 
             async fn restart_queued(
                 &self,
-                msg: &$crate::model::WorkMessage,
+                msg: &$crate::domain::WorkMessage,
                 max_restarts: i64,
                 now: i64,
-            ) -> $crate::store::StoreResult<Option<$crate::model::WorkMessage>> {
+            ) -> $crate::store::StoreResult<Option<$crate::domain::WorkMessage>> {
                 let msg = msg.clone();
                 self.write(move |conn: &mut $conn| {
                     Box::pin(async move {
@@ -944,9 +944,9 @@ macro_rules! impl_store {
                                 .bind(max_restarts)
                                 .fetch_optional(&mut *conn)
                                 .await?;
-                        Ok(row.map(|(epoch,)| $crate::model::WorkMessage {
+                        Ok(row.map(|(epoch,)| $crate::domain::WorkMessage {
                             job_id: msg.job_id.clone(),
-                            stage: $crate::model::Stage::Init,
+                            stage: $crate::domain::Stage::Init,
                             epoch,
                         }))
                     })
@@ -1043,7 +1043,7 @@ macro_rules! impl_store {
 
             async fn upsert_backend(
                 &self,
-                spec: &$crate::backends::BackendSpec,
+                spec: &$crate::domain::backend::BackendSpec,
                 source: &str,
                 now: i64,
             ) -> $crate::store::StoreResult<()> {
@@ -1087,7 +1087,7 @@ macro_rules! impl_store {
 
             async fn backends(
                 &self,
-            ) -> $crate::store::StoreResult<Vec<$crate::backends::BackendState>> {
+            ) -> $crate::store::StoreResult<Vec<$crate::domain::backend::BackendState>> {
                 let rows: Vec<$crate::store::rows::BackendRow> =
                     sqlx::query_as($crate::store::shared::SELECT_BACKENDS)
                         .bind("")
@@ -1100,7 +1100,7 @@ macro_rules! impl_store {
             async fn backend(
                 &self,
                 id: &str,
-            ) -> $crate::store::StoreResult<Option<$crate::backends::BackendState>> {
+            ) -> $crate::store::StoreResult<Option<$crate::domain::backend::BackendState>> {
                 let row: Option<$crate::store::rows::BackendRow> =
                     sqlx::query_as($crate::store::shared::SELECT_BACKEND)
                         .bind(id)
@@ -1142,13 +1142,13 @@ macro_rules! impl_store {
 
             async fn assign_backend(
                 &self,
-                req: &$crate::backends::pool::AssignRequest,
+                req: &$crate::domain::placement::AssignRequest,
                 now: i64,
-            ) -> $crate::store::StoreResult<Option<$crate::backends::pool::Assignment>> {
+            ) -> $crate::store::StoreResult<Option<$crate::domain::placement::Assignment>> {
                 let req = req.clone();
                 self.write_atomic(move |conn: &mut $conn| {
                     Box::pin(async move {
-                        use $crate::backends::pool::{self, Assignment, Candidate, Reason};
+                        use $crate::domain::placement::{self as pool, Assignment, Candidate, Reason};
                         Self::lock_pool(&mut *conn).await?;
                         let previous: Option<(String, String)> =
                             sqlx::query_as($crate::store::shared::SELECT_ASSIGNMENT)
@@ -1273,7 +1273,7 @@ macro_rules! impl_store {
                 &self,
                 job_id: &str,
                 event: &str,
-                stage: Option<$crate::model::Stage>,
+                stage: Option<$crate::domain::Stage>,
                 node: Option<&str>,
                 detail: Option<&str>,
                 now: i64,

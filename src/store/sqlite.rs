@@ -237,7 +237,7 @@ impl SqliteStore {
                                 "UPDATE results SET published_at = $1 WHERE published_at IS NULL \
                                  AND seq IN (SELECT value FROM json_each($2))",
                             )
-                            .bind(crate::now_ms())
+                            .bind(crate::domain::now_ms())
                             .bind(serde_json::to_string(&seqs).expect("numbers serialise"))
                             .execute(&mut *conn)
                             .await?;

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use rollout::agent::model::ModelFiles;
 use rollout::agent::template::python_json;
-use rollout::backends::{BackendSpec, WireKind};
-use rollout::model::{JobResult, Status, Task};
+use rollout::domain::backend::{BackendSpec, WireKind};
+use rollout::domain::{JobResult, Status, Task};
 use rollout::scripted::policy::Policy;
 use rollout::scripted::{Control, FaultMode, ScriptedConfig, ScriptedServer, demo};
 use serde_json::{Value, json};

@@ -1,7 +1,7 @@
 //! The HTTP API's contract: idempotent submit, bad input, listing, health, metrics and
 //! the OpenAPI document.
 
-use rollout::model::Status;
+use rollout::domain::Status;
 
 use crate::helpers::{TestEnv, json_answer, synthetic};
 

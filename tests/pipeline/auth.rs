@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rollout::client::{Client, ClientError};
 use rollout::config::Settings;
-use rollout::model::Status;
+use rollout::domain::Status;
 use rollout::natsd::NatsServer;
 use rollout::queue::{Queue, QueueError};
 
@@ -232,7 +232,7 @@ async fn up_protects_the_nats_server_it_starts() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = queue_settings("nats://127.0.0.1:0");
     s.state_dir = dir.path().to_path_buf();
-    let server = rollout::local::ensure_nats(&mut s)
+    let server = rollout::wiring::ensure_nats(&mut s)
         .unwrap()
         .expect("a server was started");
     assert_eq!(s.nats.url, server.url());

@@ -2,10 +2,10 @@
 //! sticky per job, shared by a prompt group, away from unhealthy, excluded or other
 //! models' backends, and deleted by the database whenever a job leaves RUN.
 
-use rollout::backends::pool::{AffinityPolicy, AssignRequest, Reason};
-use rollout::backends::{ApiKey, BackendSpec, WireKind};
-use rollout::model::{Outcome, Stage, Status, WorkMessage};
-use rollout::now_ms;
+use rollout::domain::backend::{ApiKey, BackendSpec, WireKind};
+use rollout::domain::now_ms;
+use rollout::domain::placement::{AffinityPolicy, AssignRequest, Reason};
+use rollout::domain::{Outcome, Stage, Status, WorkMessage};
 use rollout::scripted::{ScriptedConfig, ScriptedServer, demo};
 use rollout::store::{Claim, FinishIf, NewJob, Store};
 

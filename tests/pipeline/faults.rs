@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use rollout::model::{Stage, Status};
+use rollout::domain::{Stage, Status};
 
 use crate::helpers::{TestEnv, synthetic};
 
-fn running_in(stage: Stage) -> impl Fn(&rollout::model::Job) -> bool {
+fn running_in(stage: Stage) -> impl Fn(&rollout::domain::Job) -> bool {
     move |j| j.status == Status::Running && j.stage == stage
 }
 
@@ -144,7 +144,7 @@ async fn a_missed_cancel_broadcast_is_caught_at_lease_renewal() {
     env.wait_job(&ids[0], "running in INIT", running_in(Stage::Init))
         .await;
     // Cancel in the database only, as if the broadcast had been lost.
-    let outcome = rollout::model::Outcome {
+    let outcome = rollout::domain::Outcome {
         status: Status::Cancelled,
         reward: None,
         error: Some("cancelled by request".into()),
@@ -157,7 +157,7 @@ async fn a_missed_cancel_broadcast_is_caught_at_lease_renewal() {
             &rollout::store::FinishIf::Live,
             &ids[0],
             &outcome,
-            rollout::now_ms(),
+            rollout::domain::now_ms(),
         )
         .await
         .unwrap()
@@ -387,7 +387,7 @@ async fn a_duplicate_copy_of_a_running_stage_does_not_fail_the_job() {
     let job = env
         .wait_job(&ids[0], "running in RUN", running_in(Stage::Run))
         .await;
-    let copy = rollout::model::WorkMessage {
+    let copy = rollout::domain::WorkMessage {
         job_id: ids[0].clone(),
         stage: Stage::Run,
         epoch: job.epoch,

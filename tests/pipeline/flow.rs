@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use rollout::model::{Stage, Status, Task};
+use rollout::domain::{Stage, Status, Task};
 
 use crate::helpers::{TestEnv, count_status, synthetic, unpublished_synthetic};
 
@@ -104,7 +104,11 @@ async fn a_lost_hand_off_is_repaired_within_seconds() {
     let lost = unpublished_synthetic(None);
     env.deps
         .store
-        .submit("lost", std::slice::from_ref(&lost), rollout::now_ms())
+        .submit(
+            "lost",
+            std::slice::from_ref(&lost),
+            rollout::domain::now_ms(),
+        )
         .await
         .unwrap();
     // And jobs submitted normally, some still queued when their check comes.
@@ -132,7 +136,11 @@ async fn the_reconciler_repairs_a_lost_hand_off() {
     let job = unpublished_synthetic(None);
     env.deps
         .store
-        .submit("lost", std::slice::from_ref(&job), rollout::now_ms())
+        .submit(
+            "lost",
+            std::slice::from_ref(&job),
+            rollout::domain::now_ms(),
+        )
         .await
         .unwrap();
     let results = env.wait_results("lost", 1, Duration::from_secs(30)).await;

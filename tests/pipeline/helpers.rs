@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rollout::client::Client;
 use rollout::config::Settings;
-use rollout::model::{Job, JobResult, Stage, Status, Task};
+use rollout::domain::{Job, JobResult, Stage, Status, Task};
 use rollout::natsd::NatsServer;
 use rollout::worker::WorkerDeps;
 use tokio_util::sync::CancellationToken;
@@ -108,13 +108,13 @@ impl TestEnv {
             toml::to_string(&settings).expect("settings to TOML"),
         )
         .expect("write config");
-        let deps = rollout::local::connect(Arc::new(settings.clone()), "test", false)
+        let deps = rollout::wiring::connect(Arc::new(settings.clone()), "test", false)
             .await
             .expect("connect");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = CancellationToken::new();
-        tokio::spawn(rollout::local::run_gateway(
+        tokio::spawn(rollout::wiring::run_gateway(
             deps.clone(),
             listener,
             shutdown.clone(),
@@ -142,7 +142,7 @@ impl TestEnv {
 
     /// Starts `count` in-process workers of one stage, stopped by `stop`.
     pub fn stage_workers_with(&self, stage: Stage, count: usize, stop: CancellationToken) {
-        tokio::spawn(rollout::local::run_workers(
+        tokio::spawn(rollout::wiring::run_workers(
             self.deps.clone(),
             stage,
             count,

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rollout::model::{JobResult, Status, Task};
+use rollout::domain::{JobResult, Status, Task};
 
 use crate::helpers::TestEnv;
 

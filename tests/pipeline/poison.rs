@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rollout::model::{Status, Task};
+use rollout::domain::{Status, Task};
 
 use crate::helpers::{TestEnv, json_answer, synthetic, unpublished_synthetic};
 
@@ -194,7 +194,7 @@ async fn a_row_that_cannot_be_ended_does_not_stop_the_reconciler() {
     for (batch, job) in [("poison", &poison), ("orphan", &orphan)] {
         env.deps
             .store
-            .submit(batch, std::slice::from_ref(job), rollout::now_ms())
+            .submit(batch, std::slice::from_ref(job), rollout::domain::now_ms())
             .await
             .unwrap();
     }
@@ -302,7 +302,7 @@ async fn a_submit_in_progress_does_not_hold_up_results() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(waiting, "the submit never reached its held row");
-    let outcome = rollout::model::Outcome {
+    let outcome = rollout::domain::Outcome {
         status: Status::Done,
         reward: Some(1.0),
         error: None,

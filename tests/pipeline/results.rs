@@ -91,7 +91,7 @@ async fn read_sse(
     base: &str,
     last_id: Option<i64>,
     count: usize,
-) -> Vec<(i64, rollout::model::JobResult)> {
+) -> Vec<(i64, rollout::domain::JobResult)> {
     let mut req = reqwest::Client::new().get(format!("{base}/v1/results/stream?batch=sse"));
     if let Some(id) = last_id {
         req = req.header("Last-Event-ID", id.to_string());
@@ -130,7 +130,7 @@ async fn read_sse(
                 }
             }
             if kind.as_deref() == Some("result") {
-                let r: rollout::model::JobResult = serde_json::from_str(&data).unwrap();
+                let r: rollout::domain::JobResult = serde_json::from_str(&data).unwrap();
                 assert_eq!(Some(r.seq), id, "event id is the result's seq");
                 out.push((r.seq, r));
                 if out.len() == count {

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use rollout::model::{Stage, Status, Task};
+use rollout::domain::{Stage, Status, Task};
 use rollout::sandbox::Label;
 
 use crate::helpers::TestEnv;
@@ -245,7 +245,7 @@ async fn a_cancelled_job_waiting_for_run_loses_its_sandbox_to_the_reaper() {
 
 /// Runs one job until it waits for RUN, kills its sandbox (as a node restart would), then
 /// lets RUN start, and returns its result and job row.
-async fn lose_the_sandbox(max_restarts: i64) -> (rollout::model::JobResult, rollout::model::Job) {
+async fn lose_the_sandbox(max_restarts: i64) -> (rollout::domain::JobResult, rollout::domain::Job) {
     let env = TestEnv::start(|s| s.sandbox.max_restarts = max_restarts).await;
     env.stage_workers_in_process(Stage::Init, 1);
     env.stage_workers_in_process(Stage::Eval, 1);

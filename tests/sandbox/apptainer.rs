@@ -4,7 +4,7 @@
 
 use crate::helpers::{TestSandbox, request};
 use rollout::sandbox::apptainer::{ApptainerBackend, instance_name};
-use rollout::sandbox::{BackendKind, Backends, SandboxBackend, SandboxError};
+use rollout::sandbox::{Backends, RuntimeKind, SandboxError, SandboxRuntime};
 use std::path::{Path, PathBuf};
 
 /// Copies the stand-in into a directory of its own and returns its path.
@@ -30,7 +30,7 @@ fn calls(program: &Path) -> Vec<Vec<String>> {
 
 #[tokio::test]
 async fn instance_lifecycle_uses_the_documented_command_lines() {
-    let (root, mut req) = request(BackendKind::Apptainer, &[("task.txt", "hello\n")]);
+    let (root, mut req) = request(RuntimeKind::Apptainer, &[("task.txt", "hello\n")]);
     // Outside the sandbox's root, which stopping the sandbox removes.
     let tools = tempfile::tempdir().unwrap();
     let program = stand_in(tools.path());
@@ -123,7 +123,7 @@ async fn instance_lifecycle_uses_the_documented_command_lines() {
 
 #[tokio::test]
 async fn network_is_only_shared_when_the_task_allows_it() {
-    let (root, mut req) = request(BackendKind::Apptainer, &[]);
+    let (root, mut req) = request(RuntimeKind::Apptainer, &[]);
     req.network = true;
     let args = ApptainerBackend::default().start_args(&req, "img.sif");
     assert!(
@@ -152,7 +152,7 @@ async fn network_is_only_shared_when_the_task_allows_it() {
 
 #[tokio::test]
 async fn a_missing_image_is_a_clear_error() {
-    let (root, mut req) = request(BackendKind::Apptainer, &[]);
+    let (root, mut req) = request(RuntimeKind::Apptainer, &[]);
     let program = stand_in(root.path());
     let backend = ApptainerBackend {
         program,

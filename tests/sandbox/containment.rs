@@ -2,7 +2,7 @@
 //! to the agent, and the host and this test process are unharmed.
 
 use crate::helpers::{TestSandbox, request, start, start_with};
-use rollout::sandbox::BackendKind;
+use rollout::sandbox::RuntimeKind;
 use std::time::Duration;
 
 /// The host can still start processes and the sandbox is still usable.
@@ -23,7 +23,7 @@ async fn host_and_sandbox_fine(t: &TestSandbox) {
 
 #[tokio::test]
 async fn host_files_outside_the_binds_are_invisible() {
-    let (root, req) = request(BackendKind::Bwrap, &[]);
+    let (root, req) = request(RuntimeKind::Bwrap, &[]);
     let secret = root.path().join("secret.txt");
     std::fs::write(&secret, "TOP-SECRET-VALUE").unwrap();
     let in_tmp = std::env::temp_dir().join(format!("rollout-secret-{}", std::process::id()));
@@ -62,7 +62,7 @@ async fn the_hosts_loopback_is_unreachable() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
-    let t = start(BackendKind::Bwrap, &[]).await;
+    let t = start(RuntimeKind::Bwrap, &[]).await;
     let r =
         t.sb.client
             .bash(
@@ -97,7 +97,7 @@ async fn the_hosts_loopback_is_unreachable() {
 
 #[tokio::test]
 async fn nothing_outside_the_workspace_is_writable() {
-    let (root, req) = request(BackendKind::Bwrap, &[]);
+    let (root, req) = request(RuntimeKind::Bwrap, &[]);
     let host_file = root.path().join("host.txt");
     std::fs::write(&host_file, "original").unwrap();
     let t = start_with(root, req).await;
@@ -135,7 +135,7 @@ async fn nothing_outside_the_workspace_is_writable() {
 
 #[tokio::test]
 async fn a_fork_bomb_hits_the_process_limit() {
-    let (root, mut req) = request(BackendKind::Bwrap, &[]);
+    let (root, mut req) = request(RuntimeKind::Bwrap, &[]);
     req.limits.processes = 64;
     let t = start_with(root, req).await;
     let r =
@@ -165,7 +165,7 @@ async fn a_fork_bomb_hits_the_process_limit() {
 
 #[tokio::test]
 async fn a_gigabyte_of_output_is_capped() {
-    let t = start(BackendKind::Bwrap, &[]).await;
+    let t = start(RuntimeKind::Bwrap, &[]).await;
     let r =
         t.sb.client
             .bash(
@@ -191,7 +191,7 @@ async fn a_gigabyte_of_output_is_capped() {
 
 #[tokio::test]
 async fn a_sleeping_command_is_interrupted() {
-    let t = start(BackendKind::Bwrap, &[]).await;
+    let t = start(RuntimeKind::Bwrap, &[]).await;
     let r =
         t.sb.client
             .bash("sleep 100000", Some(Duration::from_millis(500)))
@@ -204,7 +204,7 @@ async fn a_sleeping_command_is_interrupted() {
 
 #[tokio::test]
 async fn filling_tmp_and_oversized_files_fail_cleanly() {
-    let (root, mut req) = request(BackendKind::Bwrap, &[]);
+    let (root, mut req) = request(RuntimeKind::Bwrap, &[]);
     req.limits.tmp_bytes = 16 << 20;
     req.limits.file_size_bytes = 8 << 20;
     let t = start_with(root, req).await;
@@ -235,7 +235,7 @@ async fn filling_tmp_and_oversized_files_fail_cleanly() {
 
 #[tokio::test]
 async fn the_label_finds_the_namespace_even_after_bwrap_itself_died() {
-    let t = start(BackendKind::Bwrap, &[]).await;
+    let t = start(RuntimeKind::Bwrap, &[]).await;
     let init =
         t.sb.label
             .ns_init

@@ -1,6 +1,6 @@
 //! Starting a sandbox for a test: its own temporary root, its own label.
 
-use rollout::sandbox::{self, BackendKind, Backends, Label, Limits, Sandbox, StartRequest};
+use rollout::sandbox::{self, Backends, Label, RuntimeKind, Sandbox, SandboxLimits, StartRequest};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -53,7 +53,7 @@ impl Drop for TestSandbox {
 }
 
 /// A start request for `kind` in a fresh temporary root, with `files` in the workspace.
-pub fn request(kind: BackendKind, files: &[(&str, &str)]) -> (tempfile::TempDir, StartRequest) {
+pub fn request(kind: RuntimeKind, files: &[(&str, &str)]) -> (tempfile::TempDir, StartRequest) {
     let root = tempfile::Builder::new()
         .prefix("rsb")
         .tempdir()
@@ -73,7 +73,7 @@ pub fn request(kind: BackendKind, files: &[(&str, &str)]) -> (tempfile::TempDir,
         server_bin: server_bin(),
         network: false,
         env: BTreeMap::new(),
-        limits: Limits::default(),
+        limits: SandboxLimits::default(),
         image: None,
         fakeroot: false,
         ro_binds: Vec::new(),
@@ -100,25 +100,25 @@ pub async fn start_with(root: tempfile::TempDir, req: StartRequest) -> TestSandb
 }
 
 /// Starts a `kind` sandbox with `files` in its workspace.
-pub async fn start(kind: BackendKind, files: &[(&str, &str)]) -> TestSandbox {
+pub async fn start(kind: RuntimeKind, files: &[(&str, &str)]) -> TestSandbox {
     let (root, req) = request(kind, files);
     start_with(root, req).await
 }
 
-/// Generates one test per backend for each listed `async fn name(kind: BackendKind)`.
+/// Generates one test per backend for each listed `async fn name(kind: RuntimeKind)`.
 #[macro_export]
 macro_rules! on_backends {
     ($($name:ident),* $(,)?) => {
         mod local {
             $(#[tokio::test]
             async fn $name() {
-                super::$name(rollout::sandbox::BackendKind::Local).await
+                super::$name(rollout::sandbox::RuntimeKind::Local).await
             })*
         }
         mod bwrap {
             $(#[tokio::test]
             async fn $name() {
-                super::$name(rollout::sandbox::BackendKind::Bwrap).await
+                super::$name(rollout::sandbox::RuntimeKind::Bwrap).await
             })*
         }
     };

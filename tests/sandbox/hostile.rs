@@ -5,7 +5,7 @@
 //! attacks, which need EVAL, are in the pipeline suite (`tests/pipeline/hostile.rs`).
 
 use crate::helpers::{TestSandbox, request, start, start_with};
-use rollout::sandbox::BackendKind;
+use rollout::sandbox::RuntimeKind;
 use rollout::sandbox::protocol::{ErrorCode, ExecArgs, FileArgs};
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::time::Duration;
@@ -31,12 +31,12 @@ fn host_addrs() -> Vec<Ipv4Addr> {
 /// hosts), checks that the start is refused with the reason, never run on the host's
 /// network, and gives `None`.
 async fn networked() -> Option<TestSandbox> {
-    let (root, mut req) = request(BackendKind::Bwrap, &[]);
+    let (root, mut req) = request(RuntimeKind::Bwrap, &[]);
     req.network = true;
     let settings = rollout::sandbox::net::NetSettings::default();
     if let Err(why) = rollout::sandbox::net::probe(&settings) {
         let err = rollout::sandbox::Backends::default()
-            .get(BackendKind::Bwrap)
+            .get(RuntimeKind::Bwrap)
             .start(&req)
             .await
             .err()
@@ -147,7 +147,7 @@ async fn the_workers_environment_is_not_readable_inside() {
             let Some(t) = networked().await else { continue };
             t
         } else {
-            start(BackendKind::Bwrap, &[]).await
+            start(RuntimeKind::Bwrap, &[]).await
         };
         t.sb.client.python("1", None).await.unwrap();
         let r = sh(
@@ -164,7 +164,7 @@ async fn the_workers_environment_is_not_readable_inside() {
 
 #[tokio::test]
 async fn the_tools_processes_cannot_be_read_or_traced() {
-    let t = start(BackendKind::Bwrap, &[]).await;
+    let t = start(RuntimeKind::Bwrap, &[]).await;
     t.sb.client.python("1", None).await.unwrap();
     // The server, the persistent shell (this command's parent) and the interpreter.
     let r = sh(
@@ -208,7 +208,7 @@ EOF"#,
 async fn workspace_modules_do_not_shadow_the_interpreters_own() {
     let poison = "raise SystemExit('shadowed')\n";
     let t = start(
-        BackendKind::Bwrap,
+        RuntimeKind::Bwrap,
         &[
             ("ast.py", poison),
             ("json.py", poison),
@@ -237,7 +237,7 @@ async fn workspace_modules_do_not_shadow_the_interpreters_own() {
 
 #[tokio::test]
 async fn a_fifo_or_device_does_not_stall_the_file_tool() {
-    let t = start(BackendKind::Bwrap, &[]).await;
+    let t = start(RuntimeKind::Bwrap, &[]).await;
     sh(&t, "mkfifo pipe").await;
     for path in ["pipe", "/dev/zero", "/dev/stdin"] {
         let r = tokio::time::timeout(
@@ -276,7 +276,7 @@ async fn a_fifo_or_device_does_not_stall_the_file_tool() {
 
 #[tokio::test]
 async fn an_oversized_answer_is_an_error_not_a_lost_connection() {
-    let t = start(BackendKind::Bwrap, &[]).await;
+    let t = start(RuntimeKind::Bwrap, &[]).await;
     sh(&t, "head -c 20000000 /dev/urandom | base64 -w0 > big.txt").await;
     let r =
         t.sb.client
@@ -302,7 +302,7 @@ async fn an_oversized_answer_is_an_error_not_a_lost_connection() {
 
 #[tokio::test]
 async fn exec_status_cannot_be_forged_by_output() {
-    let t = start(BackendKind::Bwrap, &[]).await;
+    let t = start(RuntimeKind::Bwrap, &[]).await;
     let r =
         t.sb.client
             .exec(
@@ -321,7 +321,7 @@ async fn exec_status_cannot_be_forged_by_output() {
 
 #[tokio::test]
 async fn dev_shm_is_bounded() {
-    let t = start(BackendKind::Bwrap, &[]).await;
+    let t = start(RuntimeKind::Bwrap, &[]).await;
     let r = sh(&t, "dd if=/dev/zero of=/dev/shm/fill bs=1M count=1024 2>&1").await;
     assert_ne!(r.exit_code, Some(0), "{r:?}");
     assert!(r.output.contains("No space left"), "{r:?}");
@@ -330,7 +330,7 @@ async fn dev_shm_is_bounded() {
 
 #[tokio::test]
 async fn the_socket_is_out_of_the_sandboxs_reach() {
-    let t = start(BackendKind::Bwrap, &[]).await;
+    let t = start(RuntimeKind::Bwrap, &[]).await;
     let sock = t.sb.label.socket.clone();
     assert!(!sock.starts_with(t.workspace()));
     let r = sh(&t, "ls -la /run; find / -xdev -type s 2>/dev/null | head").await;
@@ -349,7 +349,7 @@ async fn the_socket_is_out_of_the_sandboxs_reach() {
 #[tokio::test]
 async fn sandbox_directories_are_private() {
     use std::os::unix::fs::PermissionsExt;
-    let t = start(BackendKind::Bwrap, &[]).await;
+    let t = start(RuntimeKind::Bwrap, &[]).await;
     sh(&t, "cp /usr/bin/id suid && chmod 4755 suid").await;
     let mode = std::fs::metadata(&t.sb.label.dir)
         .unwrap()
@@ -376,7 +376,7 @@ async fn memory_is_limited_per_sandbox_not_per_process() {
         eprintln!("skipped: this machine gives the worker no cgroups ({cgroups:?})");
         return;
     }
-    let (root, mut req) = request(BackendKind::Bwrap, &[]);
+    let (root, mut req) = request(RuntimeKind::Bwrap, &[]);
     req.limits.memory_bytes = 256 << 20;
     let t = start_with(root, req).await;
     assert!(!t.sb.label.cgroups.is_empty(), "the sandbox has a cgroup");
@@ -407,10 +407,10 @@ async fn memory_is_limited_per_sandbox_not_per_process() {
 
 #[tokio::test]
 async fn one_sandboxs_fork_bomb_does_not_starve_another() {
-    let (root, mut req) = request(BackendKind::Bwrap, &[]);
+    let (root, mut req) = request(RuntimeKind::Bwrap, &[]);
     req.limits.processes = 64;
     let bomb = start_with(root, req).await;
-    let other = start(BackendKind::Bwrap, &[]).await;
+    let other = start(RuntimeKind::Bwrap, &[]).await;
     let fork = bomb.sb.client.bash(
         "f() { f | f & }; f 2>/dev/null; sleep 3; echo survived",
         Some(Duration::from_secs(30)),

@@ -2,7 +2,7 @@
 
 use crate::helpers::{TestSandbox, start};
 use crate::on_backends;
-use rollout::sandbox::BackendKind;
+use rollout::sandbox::RuntimeKind;
 use rollout::sandbox::protocol::{ErrorCode, Escalation, ExportArgs, ExportResult, FileArgs};
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ async fn bash(t: &TestSandbox, cmd: &str) -> rollout::sandbox::protocol::BashRes
     t.sb.client.bash(cmd, None).await.expect("bash call")
 }
 
-async fn bash_keeps_state_between_calls(kind: BackendKind) {
+async fn bash_keeps_state_between_calls(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     let r = bash(
         &t,
@@ -66,7 +66,7 @@ async fn bash_keeps_state_between_calls(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn bash_timeout_interrupts_the_foreground_job(kind: BackendKind) {
+async fn bash_timeout_interrupts_the_foreground_job(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     bash(&t, "KEEP=kept").await;
     let r =
@@ -88,7 +88,7 @@ async fn bash_timeout_interrupts_the_foreground_job(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn bash_timeout_kills_what_ignores_sigint(kind: BackendKind) {
+async fn bash_timeout_kills_what_ignores_sigint(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     bash(&t, "KEEP=kept").await;
     let r =
@@ -103,7 +103,7 @@ async fn bash_timeout_kills_what_ignores_sigint(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn bash_timeout_replaces_a_wedged_shell(kind: BackendKind) {
+async fn bash_timeout_replaces_a_wedged_shell(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     bash(&t, "KEEP=kept").await;
     // A builtin loop in the shell itself, with SIGINT ignored by the shell: only a new
@@ -127,7 +127,7 @@ async fn bash_timeout_replaces_a_wedged_shell(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn bash_exit_starts_a_new_shell(kind: BackendKind) {
+async fn bash_exit_starts_a_new_shell(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     let r = bash(&t, "echo bye; exit 3").await;
     assert!(r.shell_restarted, "{r:?}");
@@ -144,7 +144,7 @@ async fn bash_exit_starts_a_new_shell(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn bash_output_is_capped_head_and_tail(kind: BackendKind) {
+async fn bash_output_is_capped_head_and_tail(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     let args = serde_json::json!({
         "command": "echo START; head -c 2000000 /dev/zero | tr '\\0' x; echo; echo END",
@@ -166,7 +166,7 @@ async fn bash_output_is_capped_head_and_tail(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn bash_binary_output_keeps_the_protocol_intact(kind: BackendKind) {
+async fn bash_binary_output_keeps_the_protocol_intact(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     let r = bash(
         &t,
@@ -184,7 +184,7 @@ async fn bash_binary_output_keeps_the_protocol_intact(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn bash_programs_waiting_for_input_do_not_hang(kind: BackendKind) {
+async fn bash_programs_waiting_for_input_do_not_hang(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     for cmd in [
         "read -r line; echo got $line",
@@ -206,7 +206,7 @@ async fn bash_programs_waiting_for_input_do_not_hang(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn python_keeps_state_and_returns_values(kind: BackendKind) {
+async fn python_keeps_state_and_returns_values(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     let r =
         t.sb.client
@@ -234,7 +234,7 @@ async fn python_keeps_state_and_returns_values(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn python_exceptions_come_back_as_tracebacks(kind: BackendKind) {
+async fn python_exceptions_come_back_as_tracebacks(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     let r =
         t.sb.client
@@ -273,7 +273,7 @@ async fn python_exceptions_come_back_as_tracebacks(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn python_timeout_interrupts_the_cell(kind: BackendKind) {
+async fn python_timeout_interrupts_the_cell(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     t.sb.client.python("keep = 'kept'", None).await.unwrap();
     let r =
@@ -290,7 +290,7 @@ async fn python_timeout_interrupts_the_cell(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn python_uninterruptible_cell_restarts_the_interpreter(kind: BackendKind) {
+async fn python_uninterruptible_cell_restarts_the_interpreter(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     t.sb.client.python("keep = 1", None).await.unwrap();
     let r = t
@@ -314,7 +314,7 @@ async fn python_uninterruptible_cell_restarts_the_interpreter(kind: BackendKind)
     t.stop().await;
 }
 
-async fn python_crash_restarts_the_interpreter(kind: BackendKind) {
+async fn python_crash_restarts_the_interpreter(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     t.sb.client.python("keep = 1", None).await.unwrap();
     let r =
@@ -338,7 +338,7 @@ async fn python_crash_restarts_the_interpreter(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn file_edits_and_undo_through_the_socket(kind: BackendKind) {
+async fn file_edits_and_undo_through_the_socket(kind: RuntimeKind) {
     let t = start(
         kind,
         &[(
@@ -410,7 +410,7 @@ async fn file_edits_and_undo_through_the_socket(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn requests_run_concurrently(kind: BackendKind) {
+async fn requests_run_concurrently(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     let c = &t.sb.client;
     // The bash call cannot finish until the other calls have run: it waits for a file
@@ -439,7 +439,7 @@ async fn requests_run_concurrently(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn export_git_diff_against_the_start(kind: BackendKind) {
+async fn export_git_diff_against_the_start(kind: RuntimeKind) {
     // The repository is made on the host before the sandbox starts, as INIT does.
     let (root, req) = crate::helpers::request(kind, &[("a.txt", "one\n"), ("b.bin", "x")]);
     let ws = req.workspace();
@@ -491,7 +491,7 @@ async fn export_git_diff_against_the_start(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn export_changed_files_of_a_plain_workspace(kind: BackendKind) {
+async fn export_changed_files_of_a_plain_workspace(kind: RuntimeKind) {
     let t = start(
         kind,
         &[("keep.txt", "same"), ("edit.txt", "old"), ("gone.txt", "x")],
@@ -529,7 +529,7 @@ async fn export_changed_files_of_a_plain_workspace(kind: BackendKind) {
     t.stop().await;
 }
 
-async fn bash_exit_with_a_background_job_holding_the_terminal(kind: BackendKind) {
+async fn bash_exit_with_a_background_job_holding_the_terminal(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     bash(&t, "sleep 300 &").await;
     // The background job keeps the terminal open, so only the shell's own exit tells.
@@ -549,14 +549,14 @@ async fn bash_exit_with_a_background_job_holding_the_terminal(kind: BackendKind)
     t.stop().await;
 }
 
-async fn bash_prompt_changes_do_not_leak_into_output(kind: BackendKind) {
+async fn bash_prompt_changes_do_not_leak_into_output(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     bash(&t, "PS1='(venv) $ '; PROMPT_COMMAND='echo prompt'").await;
     assert_eq!(bash(&t, "echo clean").await.output, "clean\n");
     t.stop().await;
 }
 
-async fn bash_background_jobs_keep_running_between_calls(kind: BackendKind) {
+async fn bash_background_jobs_keep_running_between_calls(kind: RuntimeKind) {
     let t = start(kind, &[]).await;
     // Far more output than a terminal buffers, printed while no bash call is running.
     bash(&t, "(seq 1 300000; touch finished) &").await;

@@ -13,9 +13,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
+use crate::domain::Stage;
 use crate::gateway::{self, AppState};
 use crate::kinds::Registry;
-use crate::model::Stage;
 use crate::natsd::{NatsServer, NatsdError};
 use crate::queue::{Queue, QueueError};
 use crate::store::{self, StoreError};
@@ -58,8 +58,8 @@ pub async fn connect(
 ) -> Result<WorkerDeps, StartError> {
     let url = settings.database_url();
     tracing::info!(
-        database = %store::redact_url(&url),
-        nats = %store::redact_url(&settings.nats.url),
+        database = %crate::config::redact_url(&url),
+        nats = %crate::config::redact_url(&settings.nats.url),
         "connecting"
     );
     let store = store::connect(&url, settings.database.max_connections).await?;
@@ -187,7 +187,7 @@ pub struct UpOptions {
     /// Workers of each stage.
     pub workers: usize,
     /// Tasks to submit once everything runs, with the batch to put them in.
-    pub submit: Option<(Vec<crate::model::Task>, String)>,
+    pub submit: Option<(Vec<crate::domain::Task>, String)>,
     /// Stop once the submitted batch has all its results.
     pub exit_when_done: bool,
 }
@@ -231,7 +231,7 @@ pub async fn up(
          node `{}`, database {}. Press Ctrl-C to stop.",
         opts.workers,
         settings.node.name,
-        store::redact_url(&settings.database_url())
+        crate::config::redact_url(&settings.database_url())
     );
     let mut summary = None;
     if let Some((batch, batch_id)) = opts.submit {

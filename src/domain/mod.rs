@@ -4,9 +4,20 @@
 //! service turns each task into a *job* that moves through the [`Stage`]s INIT → RUN →
 //! EVAL and ends in exactly one terminal [`Status`], at which point a *result* is written
 //! and published.
+//!
+//! The bottom layer: nothing here uses another module of the crate. Besides the job
+//! types: [`backend`] (inference servers as registered), [`placement`] (which backend a
+//! job goes to, a pure decision), [`sandbox`] (runtimes, limits, networks) and
+//! [`parser`] (tool-call syntaxes), each shared by the configuration, the store and the
+//! components that act on them.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+
+pub mod backend;
+pub mod parser;
+pub mod placement;
+pub mod sandbox;
 
 /// One of the three pipeline stages a job passes through, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -350,6 +361,43 @@ pub fn is_subject_token(s: &str) -> bool {
         && s.len() <= 128
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Current wall-clock time in milliseconds since the Unix epoch.
+///
+/// All timestamps in the database are epoch milliseconds computed here rather than by the
+/// database, so SQLite and Postgres rows are directly comparable and tests can reason
+/// about them without dialect-specific time functions.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A problem in a task's `spec`, found at submit time.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct SpecError {
+    /// Path of the offending field inside `spec`, e.g. `run_ms` (empty for the whole spec).
+    pub path: String,
+    /// What is wrong and what is expected.
+    pub message: String,
+}
+
+impl SpecError {
+    /// Parses `spec` into `T`, reporting the path of the first bad field.
+    pub fn parse<T: serde::de::DeserializeOwned>(spec: &serde_json::Value) -> Result<T, SpecError> {
+        let spec = if spec.is_null() {
+            serde_json::Value::Object(Default::default())
+        } else {
+            spec.clone()
+        };
+        serde_path_to_error::deserialize(spec).map_err(|e| SpecError {
+            path: e.path().to_string().trim_start_matches('.').to_string(),
+            message: e.inner().to_string(),
+        })
+    }
 }
 
 #[cfg(test)]

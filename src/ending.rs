@@ -1,0 +1,93 @@
+//! Ending jobs from outside their stage's happy path: giving up on a message (the
+//! dead-letter copy, the failure, the result), and publishing a result once it is
+//! durable. Shared by the workers, the reconciler and the gateway's cancel.
+
+use crate::domain::{JobResult, Outcome, Status, now_ms};
+use crate::queue::{Queue, QueueError};
+use crate::store::{FinishIf, Store};
+
+/// A failure to dead-letter a job (retry later).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeadLetterError {
+    /// Publishing the copy to the dead-letter subject failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// Recording the failure failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// Gives up on a stage message: keeps a copy on the dead-letter subject, then fails the
+/// job (if it is still in that stage entry) and publishes its result. Idempotent: the
+/// copy is deduplicated and the failure is a compare-and-set. The caller then removes
+/// the original message (ack, or delete from the stream).
+pub async fn dead_letter(
+    queue: &Queue,
+    store: &dyn Store,
+    cond: &FinishIf,
+    attempts: i64,
+    error: &str,
+    node: Option<&str>,
+) -> Result<(), DeadLetterError> {
+    let work = match cond {
+        FinishIf::Claimed { msg, .. } => msg,
+        FinishIf::Unleased(msg) => {
+            // A message nobody holds: give up only if its stage entry is still live and
+            // unleased. Otherwise it is a duplicate copy (its job moved on, ended, or is
+            // held by a worker with its own message) and the caller just removes it.
+            let now = now_ms();
+            let live = store.job(&msg.job_id).await?.is_some_and(|j| {
+                !j.status.is_terminal()
+                    && (j.stage, j.epoch) == (msg.stage, msg.epoch)
+                    && !(j.status == Status::Running && j.lease_until.is_some_and(|l| l >= now))
+            });
+            if !live {
+                return Ok(());
+            }
+            msg
+        }
+        FinishIf::Live => unreachable!("dead-lettering names a stage entry"),
+    };
+    // Copy first: removing the message from the work-queue stream loses it.
+    queue.publish_dead(work, attempts, error).await?;
+    let outcome = Outcome {
+        status: Status::Failed,
+        reward: None,
+        error: Some(error.to_string()),
+        eval_output: None,
+        run_output: None,
+    };
+    if let Some(result) = store.finish(cond, &work.job_id, &outcome, now_ms()).await? {
+        tracing::warn!(job_id = %work.job_id, error, "job failed and its message dead-lettered");
+        metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "failed").increment(1);
+        publish_result(queue, store, &result).await;
+        // Bookkeeping only: the job's end and its result are already durable.
+        if let Err(e) = store
+            .record_event(
+                &work.job_id,
+                "dead_lettered",
+                Some(work.stage),
+                node,
+                Some(error),
+                now_ms(),
+            )
+            .await
+        {
+            tracing::warn!(job_id = %work.job_id, error = %e, "cannot log the dead-letter event");
+        }
+    }
+    Ok(())
+}
+
+/// Publishes a result and marks it published; on failure the reconciler retries later.
+pub async fn publish_result(queue: &Queue, store: &dyn Store, result: &JobResult) {
+    match queue.publish_result(result).await {
+        Ok(()) => {
+            if let Err(e) = store.mark_published(&[result.seq], now_ms()).await {
+                tracing::warn!(error = %e, "result published but not marked; it may be re-published (deduplicated)");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "result not published yet; the reconciler will retry"),
+    }
+}

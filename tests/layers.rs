@@ -1,0 +1,258 @@
+//! The crate's modules form layers that point one way: a module may use the modules of
+//! the layers below its own, never those beside or above it.
+//!
+//! ```text
+//! wiring                         the `up` / `serve` processes: builds everything below
+//! client                         the gateway's HTTP client
+//! worker, reconciler, gateway    the services
+//! kinds, scripted                task kinds; the stand-in inference server
+//! agent                          the multi-turn episode
+//! ending, sandbox, backends      finishing jobs; sandboxes; inference servers
+//! store, queue, telemetry        the database; JetStream; logging
+//! config                         settings (plain data)
+//! domain, nul, natsd, shutdown, metrics
+//! ```
+//!
+//! Every `crate::…` path in `src/` (in `use` items, code, and macro arguments) is checked
+//! against the table below; test code (`#[cfg(test)]`) may reach anywhere, since the
+//! stand-in server a test drives sits above what it tests. A new top-level module must
+//! be given a layer here.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use syn::visit::Visit;
+
+/// Lowest first. Modules in one layer do not use each other.
+const LAYERS: &[&[&str]] = &[
+    &["domain", "nul", "natsd", "shutdown", "metrics"],
+    &["config"],
+    &["store", "queue", "telemetry"],
+    &["ending", "sandbox", "backends"],
+    &["agent"],
+    &["kinds", "scripted"],
+    &["worker", "reconciler", "gateway"],
+    &["client"],
+    &["wiring"],
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.contains(&module))
+}
+
+/// The top-level module a file of `src/` belongs to (`None` for `lib.rs` and the
+/// binaries, which sit above everything).
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).ok()?;
+    let first = rel.components().next()?.as_os_str().to_str()?;
+    match first {
+        "lib.rs" | "main.rs" | "bin" => None,
+        f => Some(f.trim_end_matches(".rs").to_string()),
+    }
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Collects the first segment after `crate::` of every path outside test code.
+#[derive(Default)]
+struct Uses {
+    modules: BTreeSet<String>,
+}
+
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        (a.path().is_ident("cfg")
+            && a.parse_args::<syn::Meta>()
+                .is_ok_and(|m| m.path().is_ident("test")))
+            || a.path().is_ident("test")
+            || a.path().segments.last().is_some_and(|s| s.ident == "test")
+    })
+}
+
+fn item_attrs(item: &syn::Item) -> &[syn::Attribute] {
+    use syn::Item::*;
+    match item {
+        Const(i) => &i.attrs,
+        Enum(i) => &i.attrs,
+        ExternCrate(i) => &i.attrs,
+        Fn(i) => &i.attrs,
+        ForeignMod(i) => &i.attrs,
+        Impl(i) => &i.attrs,
+        Macro(i) => &i.attrs,
+        Mod(i) => &i.attrs,
+        Static(i) => &i.attrs,
+        Struct(i) => &i.attrs,
+        Trait(i) => &i.attrs,
+        TraitAlias(i) => &i.attrs,
+        Type(i) => &i.attrs,
+        Union(i) => &i.attrs,
+        Use(i) => &i.attrs,
+        _ => &[],
+    }
+}
+
+impl Uses {
+    fn note(&mut self, first: &syn::Ident, second: Option<&syn::Ident>) {
+        if first == "crate"
+            && let Some(s) = second
+        {
+            self.modules.insert(s.to_string());
+        }
+    }
+
+    /// `crate :: name` inside a macro's tokens (`tracing::info!`, `json!`, …).
+    fn scan_tokens(&mut self, tokens: proc_macro2::TokenStream) {
+        let tokens: Vec<proc_macro2::TokenTree> = tokens.into_iter().collect();
+        for (i, t) in tokens.iter().enumerate() {
+            match t {
+                proc_macro2::TokenTree::Group(g) => self.scan_tokens(g.stream()),
+                proc_macro2::TokenTree::Ident(id) if id == "crate" => {
+                    if let (
+                        Some(proc_macro2::TokenTree::Punct(a)),
+                        Some(proc_macro2::TokenTree::Punct(b)),
+                        Some(proc_macro2::TokenTree::Ident(name)),
+                    ) = (tokens.get(i + 1), tokens.get(i + 2), tokens.get(i + 3))
+                        && a.as_char() == ':'
+                        && b.as_char() == ':'
+                    {
+                        self.modules.insert(name.to_string());
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Uses {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if !is_test_only(item_attrs(item)) {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if !is_test_only(&f.attrs) {
+            syn::visit::visit_impl_item_fn(self, f);
+        }
+    }
+
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        fn walk(uses: &mut Uses, tree: &syn::UseTree, root: bool) {
+            match tree {
+                syn::UseTree::Path(p) if root && p.ident == "crate" => match &*p.tree {
+                    syn::UseTree::Path(q) => uses.note(&p.ident, Some(&q.ident)),
+                    syn::UseTree::Name(n) => uses.note(&p.ident, Some(&n.ident)),
+                    syn::UseTree::Rename(r) => uses.note(&p.ident, Some(&r.ident)),
+                    syn::UseTree::Group(g) => {
+                        for t in &g.items {
+                            walk(
+                                uses,
+                                &syn::UseTree::Path(syn::UsePath {
+                                    ident: p.ident.clone(),
+                                    colon2_token: Default::default(),
+                                    tree: Box::new(t.clone()),
+                                }),
+                                true,
+                            );
+                        }
+                    }
+                    syn::UseTree::Glob(_) => {}
+                },
+                syn::UseTree::Group(g) if root => {
+                    for t in &g.items {
+                        walk(uses, t, true);
+                    }
+                }
+                _ => {}
+            }
+        }
+        walk(self, &u.tree, true);
+    }
+
+    fn visit_path(&mut self, p: &'ast syn::Path) {
+        let mut segs = p.segments.iter();
+        if let Some(first) = segs.next() {
+            self.note(&first.ident, segs.next().map(|s| &s.ident));
+        }
+        syn::visit::visit_path(self, p);
+    }
+
+    fn visit_macro(&mut self, m: &'ast syn::Macro) {
+        self.scan_tokens(m.tokens.clone());
+        syn::visit::visit_macro(self, m);
+    }
+}
+
+#[test]
+fn lower_layers_never_use_higher_ones() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut problems = Vec::new();
+    for file in &files {
+        let Some(module) = module_of(&src, file) else {
+            continue;
+        };
+        let shown = file.strip_prefix(&src).unwrap().display().to_string();
+        let Some(own) = layer_of(&module) else {
+            problems.push(format!(
+                "src/{shown}: module `{module}` has no layer in tests/layers.rs"
+            ));
+            continue;
+        };
+        let text = std::fs::read_to_string(file).unwrap();
+        let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("src/{shown}: {e}"));
+        let mut uses = Uses::default();
+        uses.visit_file(&ast);
+        for used in &uses.modules {
+            if *used == module {
+                continue;
+            }
+            match layer_of(used) {
+                Some(l) if l < own => {}
+                Some(l) => problems.push(format!(
+                    "src/{shown}: `{module}` (layer {own}) uses `crate::{used}` (layer {l})"
+                )),
+                None => problems.push(format!(
+                    "src/{shown}: `{module}` uses `crate::{used}`, which is not a module with \
+                     a layer (root items belong in a module)"
+                )),
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "layering violations:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The checker sees what it is meant to: paths in code and in macros, but not in tests.
+#[test]
+fn the_checker_finds_uses_in_code_and_macros_but_not_in_tests() {
+    let ast = syn::parse_file(
+        r#"
+        use crate::{a::X, b};
+        fn f() { crate::c::g(); tracing::info!(x = %crate::d::Y); let _: crate::e::T; }
+        #[cfg(test)] mod tests { use crate::z::W; }
+        "#,
+    )
+    .unwrap();
+    let mut uses = Uses::default();
+    uses.visit_file(&ast);
+    assert_eq!(
+        uses.modules.into_iter().collect::<Vec<_>>(),
+        ["a", "b", "c", "d", "e"]
+    );
+}
