@@ -172,12 +172,17 @@ impl Label {
 }
 
 impl Label {
-    /// Waits up to `limit` until the root process has exited (or is only a zombie
-    /// awaiting its parent), so a stop is complete when it returns.
+    /// Waits up to `limit` until the root process, the namespace's init and the network
+    /// helper have exited (or are only zombies awaiting their parent), so a stop is
+    /// complete when it returns: a killed process lives on until the kernel delivers
+    /// the signal, and a helper still running after a stop would hold the sandbox's
+    /// network open.
     pub async fn wait_gone(&self, limit: Duration) {
         let deadline = std::time::Instant::now() + limit;
-        while self.live_pid().is_some_and(|pid| !is_zombie(pid))
-            || self.live_ns_init().is_some_and(|pid| !is_zombie(pid))
+        let running = |pid: Option<i32>| pid.is_some_and(|pid| !is_zombie(pid));
+        while running(self.live_pid())
+            || running(self.live_ns_init())
+            || running(self.live_net_helper())
         {
             if std::time::Instant::now() >= deadline {
                 tracing::warn!(job_id = %self.job_id, pid = ?self.pid, "sandbox process still running after stop");

@@ -187,7 +187,7 @@ impl Backends {
     }
 
     /// Stops the sandbox in `dir` through its label, with whichever backend started it,
-    /// waits until its root process is gone, unmounts its workspace and removes the
+    /// waits until its processes (the network helper too) are gone, unmounts its workspace and removes the
     /// directory.
     pub async fn stop(&self, dir: &Path) -> Result<(), SandboxError> {
         if let Some(label) = Label::read(dir)? {
