@@ -187,8 +187,8 @@ impl Backends {
     }
 
     /// Stops the sandbox in `dir` through its label, with whichever backend started it,
-    /// waits until its processes (the network helper too) are gone, unmounts its workspace and removes the
-    /// directory.
+    /// waits until its processes (the network helper too) are gone, unmounts its
+    /// workspace and removes the directory.
     pub async fn stop(&self, dir: &Path) -> Result<(), SandboxError> {
         if let Some(label) = Label::read(dir)? {
             self.get(label.backend).stop(&label).await?;
