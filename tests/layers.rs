@@ -73,7 +73,7 @@ fn is_test_only(attrs: &[syn::Attribute]) -> bool {
         (a.path().is_ident("cfg")
             && a.parse_args::<syn::Meta>()
                 .is_ok_and(|m| m.path().is_ident("test")))
-            || a.path().is_ident("test")
+            // `#[test]`, `#[tokio::test]`.
             || a.path().segments.last().is_some_and(|s| s.ident == "test")
     })
 }
@@ -147,36 +147,28 @@ impl<'ast> Visit<'ast> for Uses {
     }
 
     fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
-        fn walk(uses: &mut Uses, tree: &syn::UseTree, root: bool) {
+        /// Notes the name that follows `crate::` in each branch of a `use` tree.
+        fn walk(uses: &mut Uses, tree: &syn::UseTree, after_crate: bool) {
             match tree {
-                syn::UseTree::Path(p) if root && p.ident == "crate" => match &*p.tree {
-                    syn::UseTree::Path(q) => uses.note(&p.ident, Some(&q.ident)),
-                    syn::UseTree::Name(n) => uses.note(&p.ident, Some(&n.ident)),
-                    syn::UseTree::Rename(r) => uses.note(&p.ident, Some(&r.ident)),
-                    syn::UseTree::Group(g) => {
-                        for t in &g.items {
-                            walk(
-                                uses,
-                                &syn::UseTree::Path(syn::UsePath {
-                                    ident: p.ident.clone(),
-                                    colon2_token: Default::default(),
-                                    tree: Box::new(t.clone()),
-                                }),
-                                true,
-                            );
-                        }
-                    }
-                    syn::UseTree::Glob(_) => {}
-                },
-                syn::UseTree::Group(g) if root => {
+                syn::UseTree::Path(p) if after_crate => {
+                    uses.modules.insert(p.ident.to_string());
+                }
+                syn::UseTree::Path(p) if p.ident == "crate" => walk(uses, &p.tree, true),
+                syn::UseTree::Name(n) if after_crate => {
+                    uses.modules.insert(n.ident.to_string());
+                }
+                syn::UseTree::Rename(r) if after_crate => {
+                    uses.modules.insert(r.ident.to_string());
+                }
+                syn::UseTree::Group(g) => {
                     for t in &g.items {
-                        walk(uses, t, true);
+                        walk(uses, t, after_crate);
                     }
                 }
                 _ => {}
             }
         }
-        walk(self, &u.tree, true);
+        walk(self, &u.tree, false);
     }
 
     fn visit_path(&mut self, p: &'ast syn::Path) {

@@ -82,7 +82,7 @@ pub struct Episode {
     /// Sampling parameters; each turn's `max_tokens` is the smallest of this one, the
     /// per-turn limit and the room left in the context.
     pub sampling: Sampling,
-    /// EpisodeLimits.
+    /// How long and how large the episode may get.
     pub limits: EpisodeLimits,
     /// Extra variables for the chat template (`enable_thinking`, …).
     pub template_args: serde_json::Map<String, Value>,

@@ -39,7 +39,7 @@ pub struct SandboxSpec {
     /// Environment for the shell and the interpreter.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// SandboxLimits that differ from the node's defaults.
+    /// Limits that differ from the node's defaults.
     #[serde(default)]
     pub limits: LimitOverrides,
     /// Apptainer `--fakeroot`.
