@@ -51,13 +51,7 @@ pub async fn dead_letter(
     };
     // Copy first: removing the message from the work-queue stream loses it.
     queue.publish_dead(work, attempts, error).await?;
-    let outcome = Outcome {
-        status: Status::Failed,
-        reward: None,
-        error: Some(error.to_string()),
-        eval_output: None,
-        run_output: None,
-    };
+    let outcome = Outcome::failed(error);
     if let Some(result) = store.finish(cond, &work.job_id, &outcome, now_ms()).await? {
         tracing::warn!(job_id = %work.job_id, error, "job failed and its message dead-lettered");
         metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "failed").increment(1);

@@ -24,8 +24,8 @@
 //! - [`ending`]: dead-lettering a job and publishing results, for every component;
 //!   [`sandbox`]: sandboxes (local, bubblewrap, Apptainer) and the tool server inside
 //!   them; [`backends`]: inference servers: wire formats, the pooled client, the pool.
-//! - [`store`]: durable job state behind one trait, with SQLite and Postgres
-//!   implementations; [`queue`]: JetStream streams, consumers, subjects and publishing;
+//! - [`store`]: durable job state, one trait per concern (jobs, recovery, results,
+//!   sandboxes, backends) over one generic SQLite/Postgres implementation; [`queue`]: JetStream streams, consumers, subjects and publishing;
 //!   [`telemetry`]: logging.
 //! - [`config`]: the typed settings tree (file, then `ROLLOUT__SECTION__KEY`
 //!   environment), plain data.

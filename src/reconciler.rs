@@ -273,13 +273,7 @@ async fn fail_unleased(
     error: String,
     now: i64,
 ) -> Result<bool, ReconcileError> {
-    let outcome = Outcome {
-        status: Status::Failed,
-        reward: None,
-        error: Some(error),
-        eval_output: None,
-        run_output: None,
-    };
+    let outcome = Outcome::failed(error);
     let cond = FinishIf::Unleased(msg.clone());
     let Some(result) = store.finish(&cond, &msg.job_id, &outcome, now).await? else {
         return Ok(false);

@@ -416,13 +416,8 @@ impl Worker {
             StageEnd::Finished(Err(StageError::FailedWith { message, output })) => {
                 tracing::info!(error = %message, "stage failed with partial output");
                 kind.cleanup(&ctx.job).await;
-                let outcome = Outcome {
-                    status: Status::Failed,
-                    reward: None,
-                    error: Some(message),
-                    eval_output: None,
-                    run_output: (held.work.stage == Stage::Run).then_some(output),
-                };
+                let outcome = Outcome::failed(message)
+                    .with_run_output((held.work.stage == Stage::Run).then_some(output));
                 self.finish(&msg, &held, &outcome).await;
             }
             StageEnd::Finished(Err(StageError::Transient(e))) => {
@@ -532,13 +527,7 @@ impl Worker {
         let work = &held.work;
         let (output, route) = match out {
             HookOutput::Eval(e) => {
-                let outcome = Outcome {
-                    status: Status::Done,
-                    reward: Some(e.reward),
-                    error: None,
-                    eval_output: Some(e.details),
-                    run_output: None,
-                };
+                let outcome = Outcome::done(e.reward, e.details);
                 self.finish(msg, held, &outcome).await;
                 return;
             }
@@ -638,13 +627,7 @@ impl Worker {
 
     /// Ends the job with a non-`done` terminal status.
     async fn end_job(&self, msg: &jetstream::Message, held: &Held, status: Status, error: String) {
-        let outcome = Outcome {
-            status,
-            reward: None,
-            error: Some(error),
-            eval_output: None,
-            run_output: None,
-        };
+        let outcome = Outcome::ended(status, error);
         self.finish(msg, held, &outcome).await;
     }
 

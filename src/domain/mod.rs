@@ -286,6 +286,48 @@ pub struct Outcome {
     pub run_output: Option<serde_json::Value>,
 }
 
+impl Outcome {
+    /// EVAL scored the job: `done` with its reward and EVAL's details.
+    pub fn done(reward: f64, eval_output: serde_json::Value) -> Self {
+        Self {
+            status: Status::Done,
+            reward: Some(reward),
+            error: None,
+            eval_output: Some(eval_output),
+            run_output: None,
+        }
+    }
+
+    /// The job ends without a reward, as `status` (`failed`, `timed_out` or
+    /// `cancelled`), for the reason `error`.
+    pub fn ended(status: Status, error: impl Into<String>) -> Self {
+        Self {
+            status,
+            reward: None,
+            error: Some(error.into()),
+            eval_output: None,
+            run_output: None,
+        }
+    }
+
+    /// The job failed for the reason `error`.
+    pub fn failed(error: impl Into<String>) -> Self {
+        Self::ended(Status::Failed, error)
+    }
+
+    /// The job was cancelled for the reason `error`.
+    pub fn cancelled(error: impl Into<String>) -> Self {
+        Self::ended(Status::Cancelled, error)
+    }
+
+    /// Keeps `run_output` (what RUN produced before the end) as the result's `run`
+    /// output instead of what the job row holds.
+    pub fn with_run_output(mut self, run_output: Option<serde_json::Value>) -> Self {
+        self.run_output = run_output;
+        self
+    }
+}
+
 /// A result as stored and delivered to trainers: one per job, written when the job ends.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct JobResult {

@@ -364,13 +364,7 @@ pub async fn cancel_job(
     State(state): State<AppState>,
     IdPath(id): IdPath,
 ) -> Result<Json<CancelResponse>, ApiError> {
-    let outcome = Outcome {
-        status: Status::Cancelled,
-        reward: None,
-        error: Some("cancelled by request".into()),
-        eval_output: None,
-        run_output: None,
-    };
+    let outcome = Outcome::cancelled("cancelled by request");
     match state
         .store
         .finish(&FinishIf::Live, &id, &outcome, now_ms())

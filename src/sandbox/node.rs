@@ -257,7 +257,7 @@ impl NodeSandboxes {
                 .put_sandbox(&SandboxRecord {
                     job_id: job_id.to_string(),
                     node: self.node.clone(),
-                    backend: backend.as_str().to_string(),
+                    runtime: backend.as_str().to_string(),
                     dir: dir.display().to_string(),
                     socket: label.socket.display().to_string(),
                     lease_until: now + self.settings.lease_ms as i64,
@@ -409,7 +409,7 @@ impl NodeSandboxes {
         let mut reaped = Reaped {
             renewed: self
                 .store
-                .renew_sandboxes(&self.node, now + self.settings.lease_ms as i64, now)
+                .renew_sandboxes(&self.node, now + self.settings.lease_ms as i64)
                 .await?,
             ..Reaped::default()
         };

@@ -1,4 +1,4 @@
-//! The SQLite backend: the embedded default for one machine.
+//! SQLite's [`Dialect`]: the embedded default for one machine.
 //!
 //! WAL lets readers run beside the one writer; `synchronous = NORMAL` is durable across
 //! process crashes (only an OS crash can lose the last commits); a 30 s busy timeout
@@ -23,13 +23,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{ConnectOptions, SqlitePool};
+use sqlx::{ConnectOptions, Sqlite, SqlitePool};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{StoreError, StoreResult, impl_store};
+use super::dialect::Dialect;
+use super::query::query;
+use super::{StoreError, StoreResult, sql};
 
 /// Most ops committed together.
 const MAX_BATCH: usize = 512;
@@ -58,9 +61,9 @@ struct PendingMarks {
     flush_queued: bool,
 }
 
-/// A [`Store`](super::Store) over a SQLite file.
+/// A SQLite file: readers on a pool, writes through the group-commit writer.
 #[derive(Debug, Clone)]
-pub struct SqliteStore {
+pub(crate) struct SqliteDb {
     /// Readers.
     pool: SqlitePool,
     /// The writer task's queue.
@@ -70,41 +73,11 @@ pub struct SqliteStore {
     marks: Arc<Mutex<PendingMarks>>,
 }
 
-impl SqliteStore {
+impl SqliteDb {
     const MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
-    /// Ends a live job (`$2`/`$3` restrict it to one stage entry, `$9` to one claim of it,
-    /// `$10` to an entry nobody holds a lease on at that time; NULL means no restriction)
-    /// by inserting its result; a trigger applies the terminal status and the counters.
-    /// The result's output gathers what the stages left on the job row, with RUN's
-    /// partial output `$11` (when given) in place of the row's.
-    const FINISH: &'static str = "INSERT INTO results (job_id, batch_id, group_id, client_id, \
-         status, reward, error, output, created_at) \
-         SELECT id, batch_id, group_id, client_id, $4, $7, $5, \
-         json_object('init', json(init_output), 'run', json(COALESCE($11, run_output)), 'eval', json($8), \
-                     'metadata', json_extract(task, '$.metadata')), $6 \
-         FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
-         AND ($2 IS NULL OR (stage = $2 AND epoch = $3)) \
-         AND ($9 IS NULL OR attempts = $9) \
-         AND ($10 IS NULL OR status = 'queued' OR lease_until < $10) \
-         ON CONFLICT (job_id) DO NOTHING \
-         RETURNING seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at";
-
-    /// [`Self::FINISH`]'s last resort, for an end the database refused: the job fails with
-    /// `$4` as its error and an empty output, reading nothing of the job's own data.
-    const FINISH_BARE: &'static str = "INSERT INTO results (job_id, batch_id, group_id, client_id, \
-         status, reward, error, output, created_at) \
-         SELECT id, batch_id, group_id, client_id, 'failed', NULL, $4, \
-         '{\"init\":null,\"run\":null,\"eval\":null,\"metadata\":null}', $5 \
-         FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
-         AND ($2 IS NULL OR (stage = $2 AND epoch = $3)) \
-         AND ($6 IS NULL OR attempts = $6) \
-         AND ($7 IS NULL OR status = 'queued' OR lease_until < $7) \
-         ON CONFLICT (job_id) DO NOTHING \
-         RETURNING seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at";
-
     /// Opens (creating if missing, with its directory) the database at `url`.
-    pub async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
+    pub(crate) async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
         let opts = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
@@ -154,30 +127,8 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// Queues a single-statement `op` for the writer and waits until its batch is
-    /// committed.
-    async fn write<T, F>(&self, op: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, StoreResult<T>>
-            + Send
-            + 'static,
-    {
-        self.queue(false, op).await
-    }
-
-    /// Queues a multi-statement `op`, which runs under a savepoint so that it applies all
-    /// or nothing, and waits until its batch is committed.
-    async fn write_atomic<T, F>(&self, op: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, StoreResult<T>>
-            + Send
-            + 'static,
-    {
-        self.queue(true, op).await
-    }
-
+    /// Queues `op` for the writer (under a savepoint of its own when `atomic`) and
+    /// waits until its batch is committed.
     async fn queue<T, F>(&self, atomic: bool, op: F) -> StoreResult<T>
     where
         T: Send + 'static,
@@ -209,13 +160,50 @@ impl SqliteStore {
             .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
+}
+
+impl Dialect for SqliteDb {
+    type Conn = SqliteConnection;
+    type Reader = PoolConnection<Sqlite>;
+
+    const FINISH: &'static str = sql::FINISH_SQLITE;
+    const FINISH_BARE: &'static str = sql::FINISH_BARE_SQLITE;
+
+    async fn migrate(&self) -> StoreResult<()> {
+        self.run_migrations().await
+    }
+
+    async fn reader(&self) -> StoreResult<PoolConnection<Sqlite>> {
+        Ok(self.pool.acquire().await?)
+    }
+
+    async fn write<T, F>(&self, atomic: bool, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, StoreResult<T>>
+            + Send
+            + 'static,
+    {
+        self.queue(atomic, op).await
+    }
+
+    /// SQLite has one writer at a time, so AUTOINCREMENT values are already handed out
+    /// in commit order.
+    async fn order_results(_conn: &mut SqliteConnection) -> StoreResult<()> {
+        Ok(())
+    }
+
+    /// The single writer already runs one assignment at a time.
+    async fn lock_pool(_conn: &mut SqliteConnection) -> StoreResult<()> {
+        Ok(())
+    }
 
     /// Adds `seqs` to the pending marks and makes sure one flush op is queued; the op
     /// takes every mark pending when the writer reaches it and sets them in one
     /// statement. Returns at once: a mark lost to a crash only makes the reconciler
     /// publish that result again (deduplicated by the server within its duplicate
     /// window; a trainer may see it twice after that, with the same `seq`).
-    async fn mark_published_seqs(&self, seqs: &[i64], _now: i64) -> StoreResult<()> {
+    async fn mark_published(&self, seqs: &[i64], _now: i64) -> StoreResult<()> {
         let queue_flush = {
             let mut m = self.marks.lock().expect("marks lock");
             m.seqs.extend_from_slice(seqs);
@@ -226,21 +214,19 @@ impl SqliteStore {
             tokio::spawn(async move {
                 let marks = store.marks.clone();
                 let r = store
-                    .write(move |conn: &mut SqliteConnection| {
+                    .queue(false, move |conn: &mut SqliteConnection| {
                         Box::pin(async move {
                             let seqs = {
                                 let mut m = marks.lock().expect("marks lock");
                                 m.flush_queued = false;
                                 std::mem::take(&mut m.seqs)
                             };
-                            sqlx::query(
-                                "UPDATE results SET published_at = $1 WHERE published_at IS NULL \
-                                 AND seq IN (SELECT value FROM json_each($2))",
-                            )
-                            .bind(crate::domain::now_ms())
-                            .bind(serde_json::to_string(&seqs).expect("numbers serialise"))
-                            .execute(&mut *conn)
-                            .await?;
+                            let seqs = serde_json::to_string(&seqs).expect("numbers serialise");
+                            query(sql::MARK_PUBLISHED_SQLITE)
+                                .bind(crate::domain::now_ms())
+                                .bind(&seqs)
+                                .execute(conn)
+                                .await?;
                             Ok(())
                         })
                     })
@@ -255,21 +241,11 @@ impl SqliteStore {
         }
         Ok(())
     }
-
-    /// SQLite has one writer at a time, so AUTOINCREMENT values are already handed out
-    /// in commit order.
-    async fn order_results(_conn: &mut SqliteConnection) -> StoreResult<()> {
-        Ok(())
-    }
-
-    /// The single writer already runs one assignment at a time.
-    async fn lock_pool(_conn: &mut SqliteConnection) -> StoreResult<()> {
-        Ok(())
-    }
 }
 
-async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), String> {
-    sqlx::query(sql)
+/// Runs one of the writer's own statements (`BEGIN`, `SAVEPOINT`, `COMMIT`, …).
+async fn exec(conn: &mut SqliteConnection, statement: &'static str) -> Result<(), String> {
+    sqlx::query(statement)
         .execute(&mut *conn)
         .await
         .map(|_| ())
@@ -335,8 +311,6 @@ async fn run_writer(mut conn: SqliteConnection, mut rx: mpsc::Receiver<Op>) {
     }
 }
 
-impl_store!(SqliteStore, SqliteConnection);
-
 /// An exclusive lock on `<database>.setup-lock`, held while a process opens the
 /// database and while it migrates it, so processes starting together on one file take
 /// turns; `None` for an in-memory database. The lock file stays (an empty file).
@@ -372,7 +346,6 @@ fn lock_file(path: &Path) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Store;
 
     /// Six processes' worth of stores opening one fresh database at once, five times:
     /// every one migrates (without the lock, most trials lost some to `table … already
@@ -386,8 +359,8 @@ mod tests {
                 .map(|_| {
                     let url = url.clone();
                     tokio::spawn(async move {
-                        let store = SqliteStore::connect(&url, 2).await?;
-                        store.migrate().await
+                        let db = SqliteDb::connect(&url, 2).await?;
+                        db.migrate().await
                     })
                 })
                 .collect();

@@ -5,7 +5,7 @@
 use rollout::domain::backend::{ApiKey, BackendSpec, WireKind};
 use rollout::domain::now_ms;
 use rollout::domain::placement::{AffinityPolicy, AssignRequest, Reason};
-use rollout::domain::{Outcome, Stage, Status, WorkMessage};
+use rollout::domain::{Outcome, Stage, WorkMessage};
 use rollout::scripted::{ScriptedConfig, ScriptedServer, demo};
 use rollout::store::{Claim, FinishIf, NewJob, Store};
 
@@ -302,13 +302,7 @@ async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() 
         .unwrap()
         .unwrap();
     let (msg, attempt) = &g1[1];
-    let failed = Outcome {
-        status: Status::Failed,
-        reward: None,
-        error: Some("x".into()),
-        eval_output: None,
-        run_output: None,
-    };
+    let failed = Outcome::failed("x");
     let cond = FinishIf::Claimed {
         msg: msg.clone(),
         attempt: *attempt,
@@ -319,13 +313,7 @@ async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() 
         .unwrap()
         .unwrap();
     let (msg, _) = &g2[0];
-    let cancelled = Outcome {
-        status: Status::Cancelled,
-        reward: None,
-        error: Some("cancelled".into()),
-        eval_output: None,
-        run_output: None,
-    };
+    let cancelled = Outcome::cancelled("cancelled");
     store
         .finish(&FinishIf::Live, &msg.job_id, &cancelled, now_ms())
         .await

@@ -144,13 +144,7 @@ async fn a_missed_cancel_broadcast_is_caught_at_lease_renewal() {
     env.wait_job(&ids[0], "running in INIT", running_in(Stage::Init))
         .await;
     // Cancel in the database only, as if the broadcast had been lost.
-    let outcome = rollout::domain::Outcome {
-        status: Status::Cancelled,
-        reward: None,
-        error: Some("cancelled by request".into()),
-        eval_output: None,
-        run_output: None,
-    };
+    let outcome = rollout::domain::Outcome::cancelled("cancelled by request");
     env.deps
         .store
         .finish(

@@ -24,7 +24,8 @@ pub struct TestEnv {
     pub dir: tempfile::TempDir,
     config_path: std::path::PathBuf,
     children: Vec<Child>,
-    pg_drop: Option<(String, String)>,
+    /// Dropped after the processes that use it are gone (fields drop after `drop`).
+    _db: TestDb,
     _nats: Option<NatsServer>,
 }
 
@@ -37,29 +38,67 @@ pub fn init_logging() {
     }
 }
 
-async fn database_url(dir: &std::path::Path) -> (String, Option<(String, String)>) {
-    match std::env::var("ROLLOUT_TEST_DATABASE_URL") {
-        Ok(admin) if !admin.is_empty() => {
-            use sqlx::Connection;
-            let name = format!("rollout_test_{}", uuid::Uuid::now_v7().simple());
-            let mut conn = sqlx::PgConnection::connect(&admin)
-                .await
-                .expect("connect to ROLLOUT_TEST_DATABASE_URL");
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                .execute(&mut conn)
-                .await
-                .expect("create test database");
-            let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-            let (base, query) = match admin.split_once('?') {
-                Some((_, q)) => (base.split('?').next().unwrap_or(base), format!("?{q}")),
-                None => (base, String::new()),
-            };
-            (format!("{base}/{name}{query}"), Some((admin.clone(), name)))
+/// A fresh database for one test: SQLite in `dir`, or a new Postgres database on the
+/// server `ROLLOUT_TEST_DATABASE_URL` names, dropped with this value.
+pub struct TestDb {
+    /// The database's URL.
+    pub url: String,
+    pg_drop: Option<(String, String)>,
+}
+
+impl TestDb {
+    pub async fn new(dir: &std::path::Path) -> TestDb {
+        match std::env::var("ROLLOUT_TEST_DATABASE_URL") {
+            Ok(admin) if !admin.is_empty() => {
+                use sqlx::Connection;
+                let name = format!("rollout_test_{}", uuid::Uuid::now_v7().simple());
+                let mut conn = sqlx::PgConnection::connect(&admin)
+                    .await
+                    .expect("connect to ROLLOUT_TEST_DATABASE_URL");
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&mut conn)
+                    .await
+                    .expect("create test database");
+                let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+                let (base, query) = match admin.split_once('?') {
+                    Some((_, q)) => (base.split('?').next().unwrap_or(base), format!("?{q}")),
+                    None => (base, String::new()),
+                };
+                TestDb {
+                    url: format!("{base}/{name}{query}"),
+                    pg_drop: Some((admin.clone(), name)),
+                }
+            }
+            _ => TestDb {
+                url: format!("sqlite://{}", dir.join("rollout.db").display()),
+                pg_drop: None,
+            },
         }
-        _ => (
-            format!("sqlite://{}", dir.join("rollout.db").display()),
-            None,
-        ),
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some((admin, name)) = self.pg_drop.take() {
+            // Best effort, on a thread of its own: Drop cannot await.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    use sqlx::Connection;
+                    if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
+                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                        )))
+                        .execute(&mut c)
+                        .await;
+                    }
+                });
+            })
+            .join();
+        }
     }
 }
 
@@ -79,7 +118,8 @@ impl TestEnv {
                 (Some(server), url)
             }
         };
-        let (db_url, pg_drop) = database_url(dir.path()).await;
+        let db = TestDb::new(dir.path()).await;
+        let db_url = db.url.clone();
         let mut settings = Settings::default();
         settings.nats.url = nats_url;
         settings.nats.prefix = format!("t{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
@@ -128,7 +168,7 @@ impl TestEnv {
             dir,
             config_path,
             children: Vec::new(),
-            pg_drop,
+            _db: db,
             _nats: nats,
         }
     }
@@ -269,26 +309,6 @@ impl Drop for TestEnv {
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
-        }
-        if let Some((admin, name)) = self.pg_drop.take() {
-            // Best effort, on a thread of its own: Drop cannot await.
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async {
-                    use sqlx::Connection;
-                    if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
-                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                        )))
-                        .execute(&mut c)
-                        .await;
-                    }
-                });
-            })
-            .join();
         }
     }
 }

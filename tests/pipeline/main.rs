@@ -15,3 +15,4 @@ mod openapi;
 mod poison;
 mod results;
 mod shell;
+mod store;

@@ -302,13 +302,7 @@ async fn a_submit_in_progress_does_not_hold_up_results() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(waiting, "the submit never reached its held row");
-    let outcome = rollout::domain::Outcome {
-        status: Status::Done,
-        reward: Some(1.0),
-        error: None,
-        eval_output: None,
-        run_output: None,
-    };
+    let outcome = rollout::domain::Outcome::done(1.0, serde_json::Value::Null);
     for (what, id) in [("its own batch", &a1.id), ("another batch", &b1.id)] {
         let ended = tokio::time::timeout(
             Duration::from_secs(30),

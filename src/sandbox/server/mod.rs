@@ -2,7 +2,7 @@
 //!
 //! It starts the persistent shell, binds the Unix socket (so a socket that exists means a
 //! shell that answers), warms up the Python interpreter in the background, and serves
-//! [`protocol`](crate::sandbox::protocol) requests: each request runs in its own task, so
+//! [`protocol`] requests: each request runs in its own task, so
 //! a long `bash` call does not hold up a `file` view or a `ping`. The shell and the
 //! interpreter each serialise their own calls. It is built to stay small (a single-threaded
 //! runtime, no state beyond the tools') because one runs in every sandbox on a node.

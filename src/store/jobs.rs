@@ -1,0 +1,692 @@
+//! Jobs: submitting them, reading them, and moving them through their stages.
+//!
+//! Every transition is a compare-and-set on the job row (`WHERE id = $1 AND stage = $2
+//! AND epoch = $3 …`), and a claimed stage entry's statements also match `attempts`,
+//! the claim's token: a worker whose lease lapsed and was taken over can no longer
+//! renew, release, advance or end the new claim.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::dialect::{Dialect, SqlStore};
+use super::query::query;
+use super::rows::{
+    BatchRow, CountRow, EventRow, GroupRow, JobRow, ResultRow, parse_stage, parse_status,
+};
+use super::{StoreResult, sql};
+use crate::domain::{
+    BatchCounters, GroupCounters, Job, JobResult, Outcome, Stage, Status, WorkMessage,
+};
+use crate::nul;
+
+/// A job to insert at submit time (already validated).
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// Fresh job id.
+    pub id: String,
+    /// Task kind.
+    pub kind: String,
+    /// Caller's idempotency key.
+    pub client_id: Option<String>,
+    /// Prompt group.
+    pub group_id: Option<String>,
+    /// The task JSON as submitted.
+    pub task: serde_json::Value,
+}
+
+/// What submit did with one task.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Submitted {
+    /// The job's id (the existing one for a repeated `client_id`).
+    pub id: String,
+    /// The caller's key, echoed.
+    pub client_id: Option<String>,
+    /// The job's status now.
+    pub status: Status,
+    /// Its current stage.
+    pub stage: Stage,
+    /// Its stage-entry counter (needed to re-publish its message).
+    #[serde(skip)]
+    pub epoch: i64,
+    /// True when the `client_id` already existed and no new job was created.
+    pub duplicate: bool,
+}
+
+/// Result of trying to start a stage.
+#[derive(Debug, Clone)]
+pub enum Claim {
+    /// The job is now `running` in this stage under a fresh lease; go ahead.
+    Started(Box<Job>),
+    /// The message is stale: the job has moved on or ended. Carries the job as it is.
+    Stale(Box<Job>),
+    /// Another delivery holds a live lease on this stage until the given time (epoch ms).
+    Busy(i64),
+    /// No such job.
+    Missing,
+}
+
+/// Which jobs a terminal transition may apply to.
+#[derive(Debug, Clone)]
+pub enum FinishIf {
+    /// Only if the job is still in this stage entry under this claim (`attempt` is the
+    /// job's `attempts` right after the claim): the worker holding the stage ends it.
+    Claimed {
+        /// The stage entry.
+        msg: WorkMessage,
+        /// The claim's token.
+        attempt: i64,
+    },
+    /// Only if the job is still in this stage entry and nobody holds a live lease on it:
+    /// giving up on a message nobody is working on.
+    Unleased(WorkMessage),
+    /// Whenever the job is live (used by cancel).
+    Live,
+}
+
+/// Filter and page of `GET /v1/jobs`.
+#[derive(Debug, Clone, Default)]
+pub struct JobQuery {
+    /// Only this batch.
+    pub batch: Option<String>,
+    /// Only this status.
+    pub status: Option<Status>,
+    /// Return ids greater than this (the previous page's last id).
+    pub cursor: Option<String>,
+    /// Page size.
+    pub limit: i64,
+}
+
+/// One line of `rollout status`: how many jobs have this status in this stage.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StatusCount {
+    /// Status.
+    pub status: Status,
+    /// Stage.
+    pub stage: Stage,
+    /// Number of jobs.
+    pub count: i64,
+}
+
+/// One entry of a job's event log.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JobEvent {
+    /// When (epoch ms).
+    pub at: i64,
+    /// A status name for transitions, or a named event such as `republished`.
+    pub event: String,
+    /// Stage at the time.
+    pub stage: Option<String>,
+    /// Stage-entry counter at the time.
+    pub epoch: Option<i64>,
+    /// Attempt counter at the time.
+    pub attempt: Option<i64>,
+    /// Node involved.
+    pub node: Option<String>,
+    /// Error text or other detail.
+    pub detail: Option<String>,
+}
+
+/// Jobs, their stage transitions, their ends and their counters.
+#[async_trait]
+pub trait JobStore: Send + Sync {
+    /// Inserts jobs in one transaction, creating the batch and groups as needed. A task
+    /// whose `client_id` exists already returns that job with `duplicate = true`.
+    async fn submit(
+        &self,
+        batch_id: &str,
+        jobs: &[NewJob],
+        now: i64,
+    ) -> StoreResult<Vec<Submitted>>;
+    /// One job.
+    async fn job(&self, id: &str) -> StoreResult<Option<Job>>;
+    /// A page of jobs in id (= creation) order.
+    async fn list_jobs(&self, q: &JobQuery) -> StoreResult<Vec<Job>>;
+    /// Starts the stage named by `msg` on `node` with a lease until `lease_until`.
+    async fn claim(
+        &self,
+        msg: &WorkMessage,
+        node: &str,
+        lease_until: i64,
+        now: i64,
+    ) -> StoreResult<Claim>;
+    /// Extends the lease of the claim `attempt` of a running stage until `lease_until`;
+    /// false when the job is no longer running under that claim (cancelled, or taken
+    /// over), which tells the worker to stop.
+    async fn extend_lease(
+        &self,
+        msg: &WorkMessage,
+        attempt: i64,
+        lease_until: i64,
+    ) -> StoreResult<bool>;
+    /// Records the output of the claim `attempt` of a stage and queues the job for the next
+    /// stage; returns the next stage's message, or `None` if the compare-and-set failed
+    /// (the job moved on or was taken over).
+    async fn advance(
+        &self,
+        msg: &WorkMessage,
+        attempt: i64,
+        output: &serde_json::Value,
+        route: Option<&str>,
+        now: i64,
+    ) -> StoreResult<Option<WorkMessage>>;
+    /// Hands the claim `attempt` of a running stage back to the queue: after a transient
+    /// fault (the start counts towards the delivery limit) or, with `hand_back`, because
+    /// the worker is shutting down (it does not).
+    async fn release(
+        &self,
+        msg: &WorkMessage,
+        attempt: i64,
+        hand_back: bool,
+        now: i64,
+    ) -> StoreResult<bool>;
+    /// Sends the claim `attempt` of a running stage back to INIT under a new stage entry,
+    /// because the node-local state it needed is gone; `None` if the claim no longer
+    /// holds or the job was sent back `max_restarts` times already. An uncounted restart
+    /// (a graceful hand-back) leaves the job's `restarts` as it is.
+    async fn restart(
+        &self,
+        msg: &WorkMessage,
+        attempt: i64,
+        max_restarts: i64,
+        counted: bool,
+        now: i64,
+    ) -> StoreResult<Option<WorkMessage>>;
+    /// Ends the job with `outcome` if `cond` holds, writing its result and updating the
+    /// batch and group counters in the same transaction. `None` if the condition failed.
+    /// An end the database refuses (for what the job's data holds) is recorded instead as
+    /// a failure whose error gives the reason, without the output, so that no job is
+    /// retried for ever; only a database that cannot be reached is an error.
+    async fn finish(
+        &self,
+        cond: &FinishIf,
+        job_id: &str,
+        outcome: &Outcome,
+        now: i64,
+    ) -> StoreResult<Option<JobResult>>;
+    /// Job counts by status and stage.
+    async fn counts(&self, batch: Option<&str>) -> StoreResult<Vec<StatusCount>>;
+    /// A batch's counters.
+    async fn batch(&self, id: &str) -> StoreResult<Option<BatchCounters>>;
+    /// A prompt group's counters.
+    async fn group(&self, batch_id: &str, id: &str) -> StoreResult<Option<GroupCounters>>;
+    /// A job's event log, oldest first.
+    async fn events(&self, job_id: &str) -> StoreResult<Vec<JobEvent>>;
+    /// Appends a named event (one that is not a status change) to a job's log.
+    async fn record_event(
+        &self,
+        job_id: &str,
+        event: &str,
+        stage: Option<Stage>,
+        node: Option<&str>,
+        detail: Option<&str>,
+        now: i64,
+    ) -> StoreResult<()>;
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// Runs `sql`, an update of the claimed stage entry named by `msg` and the claim's
+    /// `attempt` (`$1`-`$3` = job, stage, epoch, `$5` = attempt) with one more value
+    /// (`$4`) and optionally another (`$6`); true if it applied.
+    async fn update_stage_entry(
+        &self,
+        sql: &'static str,
+        msg: &WorkMessage,
+        attempt: i64,
+        value: i64,
+        extra: Option<i64>,
+    ) -> StoreResult<bool> {
+        let msg = msg.clone();
+        self.write(move |conn: &mut D::Conn| {
+            Box::pin(async move {
+                let mut q = query(sql)
+                    .bind(&msg.job_id)
+                    .bind(msg.stage.as_str())
+                    .bind(msg.epoch)
+                    .bind(value)
+                    .bind(attempt);
+                if let Some(extra) = extra {
+                    q = q.bind(extra);
+                }
+                Ok(q.execute(conn).await? == 1)
+            })
+        })
+        .await
+    }
+}
+
+/// Which stage entry (and claim) a job's end is restricted to; `None` fields do not
+/// restrict (see `sql::FINISH_SQLITE`).
+#[derive(Debug, Clone)]
+struct EndOf {
+    job_id: String,
+    stage: Option<&'static str>,
+    epoch: Option<i64>,
+    attempt: Option<i64>,
+    unleased_at: Option<i64>,
+}
+
+#[async_trait]
+impl<D: Dialect> JobStore for SqlStore<D> {
+    async fn submit(
+        &self,
+        batch_id: &str,
+        jobs: &[NewJob],
+        now: i64,
+    ) -> StoreResult<Vec<Submitted>> {
+        let batch_id = batch_id.to_string();
+        let jobs = jobs.to_vec();
+        self.write_atomic(move |conn: &mut D::Conn| {
+            Box::pin(async move {
+                query(sql::INSERT_BATCH)
+                    .bind(&batch_id)
+                    .bind(now)
+                    .execute(conn)
+                    .await?;
+                // Rows are taken in one order whatever the request's (jobs by client id,
+                // then groups by id, then the batch), so submits that overlap never wait
+                // on each other in a cycle (a deadlock on Postgres); answers keep the
+                // request's order.
+                let mut order: Vec<usize> = (0..jobs.len()).collect();
+                order.sort_by(|&a, &b| jobs[a].client_id.cmp(&jobs[b].client_id));
+                let mut out: Vec<Option<Submitted>> = vec![None; jobs.len()];
+                let mut inserted_count = 0i64;
+                let mut groups = BTreeMap::<&str, i64>::new();
+                for i in order {
+                    let job = &jobs[i];
+                    let task = job.task.to_string();
+                    let inserted: Option<(String,)> = query(sql::INSERT_JOB)
+                        .bind(&job.id)
+                        .bind(&batch_id)
+                        .bind(&job.group_id)
+                        .bind(&job.client_id)
+                        .bind(&job.kind)
+                        .bind(&task)
+                        .bind(now)
+                        .fetch_optional(conn)
+                        .await?;
+                    out[i] = Some(if inserted.is_some() {
+                        inserted_count += 1;
+                        if let Some(group) = &job.group_id {
+                            *groups.entry(group.as_str()).or_default() += 1;
+                        }
+                        Submitted {
+                            id: job.id.clone(),
+                            client_id: job.client_id.clone(),
+                            status: Status::Queued,
+                            stage: Stage::Init,
+                            epoch: 0,
+                            duplicate: false,
+                        }
+                    } else {
+                        let (id, status, stage, epoch): (String, String, String, i64) =
+                            query(sql::SELECT_BY_CLIENT)
+                                .bind(&job.client_id)
+                                .fetch_optional(conn)
+                                .await?
+                                .ok_or(sqlx::Error::RowNotFound)?;
+                        Submitted {
+                            id,
+                            client_id: job.client_id.clone(),
+                            status: parse_status(&status)?,
+                            stage: parse_stage(&stage)?,
+                            epoch,
+                            duplicate: true,
+                        }
+                    });
+                }
+                for (group, n) in groups {
+                    query(sql::INSERT_GROUP)
+                        .bind(&batch_id)
+                        .bind(group)
+                        .bind(now)
+                        .bind(n)
+                        .execute(conn)
+                        .await?;
+                }
+                if inserted_count > 0 {
+                    query(sql::COUNT_BATCH)
+                        .bind(&batch_id)
+                        .bind(inserted_count)
+                        .execute(conn)
+                        .await?;
+                }
+                Ok(out.into_iter().flatten().collect())
+            })
+        })
+        .await
+    }
+
+    async fn job(&self, id: &str) -> StoreResult<Option<Job>> {
+        let mut conn = self.reader().await?;
+        let row: Option<JobRow> = query(sql::SELECT_JOB)
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.map(JobRow::into_job).transpose()
+    }
+
+    async fn list_jobs(&self, q: &JobQuery) -> StoreResult<Vec<Job>> {
+        let mut conn = self.reader().await?;
+        let rows: Vec<JobRow> = query(sql::LIST_JOBS)
+            .bind(&q.batch)
+            .bind(q.status.map(|s| s.as_str()))
+            .bind(q.cursor.as_deref().unwrap_or(""))
+            .bind(q.limit)
+            .fetch_all(&mut *conn)
+            .await?;
+        rows.into_iter().map(JobRow::into_job).collect()
+    }
+
+    async fn claim(
+        &self,
+        msg: &WorkMessage,
+        node: &str,
+        lease_until: i64,
+        now: i64,
+    ) -> StoreResult<Claim> {
+        let msg = msg.clone();
+        let node = node.to_string();
+        self.write(move |conn: &mut D::Conn| {
+            Box::pin(async move {
+                let row: Option<JobRow> = query(sql::CLAIM)
+                    .bind(&msg.job_id)
+                    .bind(msg.stage.as_str())
+                    .bind(msg.epoch)
+                    .bind(&node)
+                    .bind(lease_until)
+                    .bind(now)
+                    .fetch_optional(conn)
+                    .await?;
+                if let Some(row) = row {
+                    return Ok(Claim::Started(Box::new(row.into_job()?)));
+                }
+                let row: Option<JobRow> = query(sql::SELECT_JOB)
+                    .bind(&msg.job_id)
+                    .fetch_optional(conn)
+                    .await?;
+                let Some(row) = row else {
+                    return Ok(Claim::Missing);
+                };
+                let job = row.into_job()?;
+                if job.status == Status::Running && job.stage == msg.stage && job.epoch == msg.epoch
+                {
+                    // Someone holds a live lease; this claim lost the race.
+                    return Ok(Claim::Busy(job.lease_until.unwrap_or(now).max(now)));
+                }
+                Ok(Claim::Stale(Box::new(job)))
+            })
+        })
+        .await
+    }
+
+    async fn extend_lease(
+        &self,
+        msg: &WorkMessage,
+        attempt: i64,
+        lease_until: i64,
+    ) -> StoreResult<bool> {
+        self.update_stage_entry(sql::EXTEND_LEASE, msg, attempt, lease_until, None)
+            .await
+    }
+
+    async fn advance(
+        &self,
+        msg: &WorkMessage,
+        attempt: i64,
+        output: &serde_json::Value,
+        route: Option<&str>,
+        now: i64,
+    ) -> StoreResult<Option<WorkMessage>> {
+        let Some(next) = msg.stage.next() else {
+            return Ok(None);
+        };
+        let msg = msg.clone();
+        let output = nul::scrub_json(output.to_string());
+        let route = route.map(str::to_string);
+        self.write(move |conn: &mut D::Conn| {
+            Box::pin(async move {
+                let row: Option<(i64,)> = query(sql::ADVANCE)
+                    .bind(&msg.job_id)
+                    .bind(msg.stage.as_str())
+                    .bind(msg.epoch)
+                    .bind(next.as_str())
+                    .bind(now)
+                    .bind(&route)
+                    .bind(&output)
+                    .bind(attempt)
+                    .fetch_optional(conn)
+                    .await?;
+                Ok(row.map(|(epoch,)| WorkMessage {
+                    job_id: msg.job_id.clone(),
+                    stage: next,
+                    epoch,
+                }))
+            })
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        msg: &WorkMessage,
+        attempt: i64,
+        hand_back: bool,
+        now: i64,
+    ) -> StoreResult<bool> {
+        self.update_stage_entry(sql::RELEASE, msg, attempt, now, Some(i64::from(hand_back)))
+            .await
+    }
+
+    async fn restart(
+        &self,
+        msg: &WorkMessage,
+        attempt: i64,
+        max_restarts: i64,
+        counted: bool,
+        now: i64,
+    ) -> StoreResult<Option<WorkMessage>> {
+        let msg = msg.clone();
+        self.write(move |conn: &mut D::Conn| {
+            Box::pin(async move {
+                let row: Option<(i64,)> = query(sql::RESTART)
+                    .bind(&msg.job_id)
+                    .bind(msg.stage.as_str())
+                    .bind(msg.epoch)
+                    .bind(now)
+                    .bind(attempt)
+                    .bind(max_restarts)
+                    .bind(i64::from(counted))
+                    .fetch_optional(conn)
+                    .await?;
+                Ok(row.map(|(epoch,)| WorkMessage {
+                    job_id: msg.job_id.clone(),
+                    stage: Stage::Init,
+                    epoch,
+                }))
+            })
+        })
+        .await
+    }
+
+    async fn finish(
+        &self,
+        cond: &FinishIf,
+        job_id: &str,
+        outcome: &Outcome,
+        now: i64,
+    ) -> StoreResult<Option<JobResult>> {
+        let (stage, epoch, attempt, unleased_at) = match cond {
+            FinishIf::Claimed { msg, attempt } => (
+                Some(msg.stage.as_str()),
+                Some(msg.epoch),
+                Some(*attempt),
+                None,
+            ),
+            FinishIf::Unleased(msg) => (Some(msg.stage.as_str()), Some(msg.epoch), None, Some(now)),
+            FinishIf::Live => (None, None, None, None),
+        };
+        let end = EndOf {
+            job_id: job_id.to_string(),
+            stage,
+            epoch,
+            attempt,
+            unleased_at,
+        };
+        let status = outcome.status;
+        let error = outcome.error.as_deref().map(|e| nul::scrub(e).into_owned());
+        let reward = if status == Status::Done {
+            outcome.reward
+        } else {
+            None
+        };
+        let eval_output = outcome
+            .eval_output
+            .as_ref()
+            .map(|v| nul::scrub_json(v.to_string()));
+        let run_output = outcome
+            .run_output
+            .as_ref()
+            .map(|v| nul::scrub_json(v.to_string()));
+        let first_end = end.clone();
+        let first = self
+            .write(move |conn: &mut D::Conn| {
+                Box::pin(async move {
+                    let end = first_end;
+                    D::order_results(conn).await?;
+                    let row: Option<ResultRow> = query(D::FINISH)
+                        .bind(&end.job_id)
+                        .bind(end.stage)
+                        .bind(end.epoch)
+                        .bind(status.as_str())
+                        .bind(&error)
+                        .bind(now)
+                        .bind(reward)
+                        .bind(&eval_output)
+                        .bind(end.attempt)
+                        .bind(end.unleased_at)
+                        .bind(&run_output)
+                        .fetch_optional(conn)
+                        .await?;
+                    row.map(ResultRow::into_result).transpose()
+                })
+            })
+            .await;
+        let rejected = match first {
+            Err(e) if e.is_rejected() => e,
+            other => return other,
+        };
+        // The database refuses this end (what the job's row or output holds), and would
+        // on every retry: end the job anyway, failed, with the reason and without the
+        // output, rather than leave it to be retried for ever.
+        tracing::error!(job_id = %end.job_id, error = %rejected, "cannot record the job's end with its output; recording the failure alone");
+        let error = format!(
+            "{}the job's end ({status}) could not be recorded with its output, which was dropped: {rejected}",
+            outcome
+                .error
+                .as_ref()
+                .map(|e| format!("{e}; "))
+                .unwrap_or_default()
+        );
+        let error = nul::scrub(&error).into_owned();
+        self.write(move |conn: &mut D::Conn| {
+            Box::pin(async move {
+                D::order_results(conn).await?;
+                let row: Option<ResultRow> = query(D::FINISH_BARE)
+                    .bind(&end.job_id)
+                    .bind(end.stage)
+                    .bind(end.epoch)
+                    .bind(&error)
+                    .bind(now)
+                    .bind(end.attempt)
+                    .bind(end.unleased_at)
+                    .fetch_optional(conn)
+                    .await?;
+                row.map(ResultRow::into_result).transpose()
+            })
+        })
+        .await
+    }
+
+    async fn counts(&self, batch: Option<&str>) -> StoreResult<Vec<StatusCount>> {
+        let mut conn = self.reader().await?;
+        let rows: Vec<CountRow> = match batch {
+            Some(b) => {
+                query(sql::COUNTS_IN_BATCH)
+                    .bind(b)
+                    .fetch_all(&mut *conn)
+                    .await?
+            }
+            None => query(sql::COUNTS).fetch_all(&mut *conn).await?,
+        };
+        rows.into_iter()
+            .map(|r| {
+                Ok(StatusCount {
+                    status: parse_status(&r.status)?,
+                    stage: parse_stage(&r.stage)?,
+                    count: r.n,
+                })
+            })
+            .collect()
+    }
+
+    async fn batch(&self, id: &str) -> StoreResult<Option<BatchCounters>> {
+        let mut conn = self.reader().await?;
+        let row: Option<BatchRow> = query(sql::SELECT_BATCH)
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(row.map(Into::into))
+    }
+
+    async fn group(&self, batch_id: &str, id: &str) -> StoreResult<Option<GroupCounters>> {
+        let mut conn = self.reader().await?;
+        let row: Option<GroupRow> = query(sql::SELECT_GROUP)
+            .bind(batch_id)
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(row.map(Into::into))
+    }
+
+    async fn events(&self, job_id: &str) -> StoreResult<Vec<JobEvent>> {
+        let mut conn = self.reader().await?;
+        let rows: Vec<EventRow> = query(sql::SELECT_EVENTS)
+            .bind(job_id)
+            .fetch_all(&mut *conn)
+            .await?;
+        Ok(rows.into_iter().map(Into::into).collect())
+    }
+
+    async fn record_event(
+        &self,
+        job_id: &str,
+        event: &str,
+        stage: Option<Stage>,
+        node: Option<&str>,
+        detail: Option<&str>,
+        now: i64,
+    ) -> StoreResult<()> {
+        let job_id = job_id.to_string();
+        let event = event.to_string();
+        let node = node.map(str::to_string);
+        let detail = detail.map(|d| nul::scrub(d).into_owned());
+        self.write(move |conn: &mut D::Conn| {
+            Box::pin(async move {
+                query(sql::INSERT_EVENT)
+                    .bind(&job_id)
+                    .bind(now)
+                    .bind(&event)
+                    .bind(stage.map(|s| s.as_str()))
+                    .bind(&node)
+                    .bind(&detail)
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+}

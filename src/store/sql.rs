@@ -1,0 +1,377 @@
+//! Every statement the store runs, as text.
+//!
+//! Statements are written once in the dialect SQLite and Postgres share (`$N`
+//! parameters, `RETURNING`, `ON CONFLICT`); the few that cannot be (a job's end builds
+//! JSON, marking results published takes a list) come in one variant per database,
+//! named for it. Keeping the SQL here, apart from the Rust that binds it, lets a reader
+//! see every query the service runs on one page.
+
+macro_rules! job_cols {
+    () => {
+        "id, batch_id, group_id, client_id, kind, task, status, stage, epoch, attempts, node, \
+         route, lease_until, init_output, run_output, error, created_at, updated_at, \
+         finished_at, init_queued_at, init_started_at, init_finished_at, run_queued_at, \
+         run_started_at, run_finished_at, eval_queued_at, eval_started_at, eval_finished_at, \
+         stage_attempts, restarts"
+    };
+}
+
+macro_rules! result_cols {
+    () => {
+        "seq, job_id, batch_id, group_id, client_id, status, reward, error, output, created_at"
+    };
+}
+
+/// Creates the batch row if it is new, without locking an existing one: a submit into a
+/// live batch must not hold its row (which every result of the batch updates) while it
+/// inserts its jobs.
+pub(super) const INSERT_BATCH: &str = "INSERT INTO batches (id, created_at, submitted) \
+     VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING";
+
+/// Counts a submit's new jobs into its batch: the last statement of a submit, so the
+/// row is held only until the commit right after.
+pub(super) const COUNT_BATCH: &str = "UPDATE batches SET submitted = submitted + $2 WHERE id = $1";
+
+pub(super) const INSERT_GROUP: &str = "INSERT INTO prompt_groups (batch_id, id, created_at, submitted) \
+     VALUES ($1, $2, $3, $4) ON CONFLICT (batch_id, id) DO UPDATE SET submitted = prompt_groups.submitted + excluded.submitted";
+
+pub(super) const INSERT_JOB: &str = "INSERT INTO jobs (id, batch_id, group_id, client_id, kind, task, \
+     status, stage, epoch, attempts, created_at, updated_at, init_queued_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, 'queued', 'init', 0, 0, $7, $7, $7) \
+     ON CONFLICT (client_id) DO NOTHING RETURNING id";
+
+pub(super) const SELECT_BY_CLIENT: &str =
+    "SELECT id, status, stage, epoch FROM jobs WHERE client_id = $1";
+
+pub(super) const SELECT_JOB: &str = concat!("SELECT ", job_cols!(), " FROM jobs WHERE id = $1");
+
+pub(super) const LIST_JOBS: &str = concat!(
+    "SELECT ",
+    job_cols!(),
+    " FROM jobs WHERE ($1 IS NULL OR batch_id = $1) AND ($2 IS NULL OR status = $2) \
+     AND id > $3 ORDER BY id LIMIT CAST($4 AS INTEGER)"
+);
+
+/// Starts a stage: only from `queued`, or from `running` whose lease has ended (the
+/// previous holder died). Sets the stage's start time to this start.
+pub(super) const CLAIM: &str = concat!(
+    "UPDATE jobs SET status = 'running', attempts = attempts + 1, \
+     stage_attempts = stage_attempts + 1, node = $4, lease_until = $5, \
+     updated_at = $6, \
+     init_started_at = CASE WHEN stage = 'init' THEN $6 ELSE init_started_at END, \
+     run_started_at = CASE WHEN stage = 'run' THEN $6 ELSE run_started_at END, \
+     eval_started_at = CASE WHEN stage = 'eval' THEN $6 ELSE eval_started_at END \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 \
+     AND (status = 'queued' OR (status = 'running' AND lease_until < $6)) RETURNING ",
+    job_cols!()
+);
+
+// Statements of a claimed stage entry also match `attempts`: the claim's token. A worker
+// whose lease lapsed and was taken over cannot renew, release or advance the new claim.
+
+pub(super) const EXTEND_LEASE: &str = "UPDATE jobs SET lease_until = $4 \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5";
+
+/// Finishes the current stage and queues the next one in a single compare-and-set.
+pub(super) const ADVANCE: &str = "UPDATE jobs SET status = 'queued', stage = $4, epoch = epoch + 1, \
+     stage_attempts = 0, \
+     lease_until = NULL, updated_at = $5, route = COALESCE($6, route), \
+     init_output = CASE WHEN stage = 'init' THEN $7 ELSE init_output END, \
+     run_output = CASE WHEN stage = 'run' THEN $7 ELSE run_output END, \
+     init_finished_at = CASE WHEN stage = 'init' THEN $5 ELSE init_finished_at END, \
+     run_finished_at = CASE WHEN stage = 'run' THEN $5 ELSE run_finished_at END, \
+     run_queued_at = CASE WHEN $4 = 'run' THEN $5 ELSE run_queued_at END, \
+     eval_queued_at = CASE WHEN $4 = 'eval' THEN $5 ELSE eval_queued_at END \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $8 \
+     RETURNING epoch";
+
+/// Hands a claimed stage back; `$6` = 1 takes the start back too (a graceful hand-back is
+/// not a failed attempt), 0 keeps it (a transient fault is).
+pub(super) const RELEASE: &str = "UPDATE jobs SET status = 'queued', lease_until = NULL, \
+     updated_at = $4, stage_attempts = stage_attempts - $6 \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5";
+
+/// Sends a running stage back to INIT (its node-local state is gone) under a new stage
+/// entry, unless the job has been sent back `$6` times already; `$7` (0 or 1) says
+/// whether this one counts.
+pub(super) const RESTART: &str = "UPDATE jobs SET status = 'queued', stage = 'init', \
+     epoch = epoch + 1, stage_attempts = 0, restarts = restarts + $7, lease_until = NULL, \
+     route = NULL, init_output = NULL, run_output = NULL, updated_at = $4, init_queued_at = $4 \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5 \
+     AND restarts < $6 RETURNING epoch";
+
+/// RUN jobs still waiting for a sandbox whose node stopped renewing its lease.
+pub(super) const ABANDONED_RUNS: &str = "SELECT j.id, j.epoch, j.restarts, s.node FROM sandboxes s \
+     JOIN jobs j ON j.id = s.job_id WHERE s.lease_until < $1 AND j.stage = 'run' \
+     AND j.status = 'queued' ORDER BY s.lease_until LIMIT CAST($2 AS INTEGER)";
+
+/// Sends a job queued for RUN back to INIT (its node is gone), like `RESTART` does for a
+/// running one.
+pub(super) const RESTART_QUEUED: &str = "UPDATE jobs SET status = 'queued', stage = 'init', \
+     epoch = epoch + 1, stage_attempts = 0, restarts = restarts + 1, lease_until = NULL, \
+     route = NULL, init_output = NULL, run_output = NULL, updated_at = $3, init_queued_at = $3 \
+     WHERE id = $1 AND stage = 'run' AND epoch = $2 AND status = 'queued' AND restarts < $4 \
+     RETURNING epoch";
+
+macro_rules! sandbox_cols {
+    () => {
+        "job_id, node, backend, dir, socket, lease_until, created_at"
+    };
+}
+
+pub(super) const PUT_SANDBOX: &str = concat!(
+    "INSERT INTO sandboxes (",
+    sandbox_cols!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id) DO UPDATE SET \
+     node = excluded.node, backend = excluded.backend, dir = excluded.dir, \
+     socket = excluded.socket, lease_until = excluded.lease_until, created_at = excluded.created_at"
+);
+
+pub(super) const SELECT_SANDBOX: &str = concat!(
+    "SELECT ",
+    sandbox_cols!(),
+    " FROM sandboxes WHERE job_id = $1"
+);
+
+pub(super) const DELETE_SANDBOX: &str = "DELETE FROM sandboxes WHERE job_id = $1";
+
+/// A node's sandboxes that must go: their job ended or is unknown.
+pub(super) const SANDBOXES_TO_REAP: &str = "SELECT s.job_id, s.node, s.backend, s.dir, s.socket, \
+     s.lease_until, s.created_at FROM sandboxes s LEFT JOIN jobs j ON j.id = s.job_id \
+     WHERE s.node = $1 AND (j.id IS NULL OR j.status IN ('done', 'failed', 'cancelled', 'timed_out')) \
+     ORDER BY s.job_id";
+
+pub(super) const SANDBOXES_OF_NODE: &str = concat!(
+    "SELECT ",
+    sandbox_cols!(),
+    " FROM sandboxes WHERE node = $1 ORDER BY job_id"
+);
+
+/// Renews the leases of all of a node's sandboxes (the node is alive to say so), never
+/// moving one backwards.
+pub(super) const RENEW_SANDBOXES: &str =
+    "UPDATE sandboxes SET lease_until = $2 WHERE node = $1 AND lease_until < $2";
+
+/// A page of results after `$1`: at most `$2` rows, ending before the row that would
+/// take the page's stored bytes (output and error) over `$3`, but never empty when a
+/// row exists. The running total is taken over the `$2` rows only, never over the
+/// whole table after the cursor.
+macro_rules! results_page {
+    ($filter:literal) => {
+        concat!(
+            "SELECT ",
+            result_cols!(),
+            " FROM (SELECT ",
+            result_cols!(),
+            ", SUM(LENGTH(output) + COALESCE(LENGTH(error), 0)) OVER (ORDER BY seq) \
+             - LENGTH(output) - COALESCE(LENGTH(error), 0) AS bytes_before \
+             FROM (SELECT ",
+            result_cols!(),
+            " FROM results WHERE seq > $1",
+            $filter,
+            " ORDER BY seq LIMIT CAST($2 AS INTEGER)) AS first_rows) AS page \
+             WHERE bytes_before < $3 ORDER BY seq"
+        )
+    };
+}
+
+pub(super) const RESULTS_AFTER: &str = results_page!("");
+
+pub(super) const RESULTS_AFTER_IN_BATCH: &str = results_page!(" AND batch_id = $4");
+
+pub(super) const RESULT_OF_JOB: &str =
+    concat!("SELECT ", result_cols!(), " FROM results WHERE job_id = $1");
+
+pub(super) const UNPUBLISHED: &str = concat!(
+    "SELECT ",
+    result_cols!(),
+    " FROM results WHERE published_at IS NULL AND created_at < $1 ORDER BY seq LIMIT CAST($2 AS INTEGER)"
+);
+
+pub(super) const SELECT_STALE: &str = "SELECT id, stage, epoch, route, status, attempts FROM jobs \
+     WHERE (status = 'queued' AND updated_at < $1) OR (status = 'running' AND lease_until < $1) \
+     ORDER BY updated_at LIMIT CAST($2 AS INTEGER)";
+
+/// Queued jobs whose hand-off is between `$2` and `$1` old and untouched since (so each
+/// is checked once per hand-off): `updated_at` still equals the stage's queued time.
+pub(super) const SELECT_OVERDUE: &str = "SELECT id, stage, epoch, route, status, attempts FROM jobs \
+     WHERE status = 'queued' AND updated_at < $1 AND updated_at >= $2 \
+     AND updated_at = CASE stage WHEN 'init' THEN init_queued_at WHEN 'run' THEN run_queued_at \
+     ELSE eval_queued_at END \
+     ORDER BY updated_at LIMIT CAST($3 AS INTEGER)";
+
+pub(super) const TOUCH: &str =
+    "UPDATE jobs SET updated_at = $3 WHERE id = $1 AND epoch = $2 AND status = 'queued'";
+
+/// A new stage entry for a job whose lease lapsed: new epoch, queued again.
+pub(super) const REQUEUE: &str = "UPDATE jobs SET status = 'queued', epoch = epoch + 1, \
+     lease_until = NULL, updated_at = $3, \
+     init_queued_at = CASE WHEN stage = 'init' THEN $3 ELSE init_queued_at END, \
+     run_queued_at = CASE WHEN stage = 'run' THEN $3 ELSE run_queued_at END, \
+     eval_queued_at = CASE WHEN stage = 'eval' THEN $3 ELSE eval_queued_at END \
+     WHERE id = $1 AND epoch = $2 AND status = 'running' AND lease_until < $3 RETURNING epoch";
+
+pub(super) const COUNTS: &str =
+    "SELECT status, stage, COUNT(*) AS n FROM jobs GROUP BY status, stage ORDER BY status, stage";
+
+pub(super) const COUNTS_IN_BATCH: &str = "SELECT status, stage, COUNT(*) AS n FROM jobs \
+     WHERE batch_id = $1 GROUP BY status, stage ORDER BY status, stage";
+
+pub(super) const SELECT_BATCH: &str =
+    "SELECT id, submitted, finished, done, failed, cancelled, timed_out FROM batches WHERE id = $1";
+
+pub(super) const SELECT_GROUP: &str = "SELECT id, batch_id, submitted, finished, rewarded, reward_sum, \
+     reward_min, reward_max FROM prompt_groups WHERE batch_id = $1 AND id = $2";
+
+pub(super) const SELECT_EVENTS: &str = "SELECT at, event, stage, epoch, attempt, node, detail \
+     FROM job_events WHERE job_id = $1 ORDER BY id";
+
+pub(super) const INSERT_EVENT: &str = "INSERT INTO job_events (job_id, at, event, stage, node, detail) \
+     VALUES ($1, $2, $3, $4, $5, $6)";
+
+macro_rules! backend_cols {
+    () => {
+        "b.id, b.url, b.kind, b.model, b.tokenizer, b.weight, b.healthy, b.checked_at, \
+         b.last_error, b.source, b.served_model_name, b.api_key, b.logprobs_mode"
+    };
+}
+
+/// Every backend with its active count (`$1` = a job not to count, `$2` = a group whose
+/// members to count separately).
+pub(super) const SELECT_BACKENDS: &str = concat!(
+    "SELECT ",
+    backend_cols!(),
+    ", (SELECT COUNT(*) FROM backend_assignments a WHERE a.backend_id = b.id \
+     AND a.job_id <> $1) AS active, \
+     (SELECT COUNT(*) FROM backend_assignments a WHERE a.backend_id = b.id \
+     AND a.job_id <> $1 AND a.group_key = $2) AS group_members, \
+     (SELECT COUNT(*) FROM backend_group_homes h WHERE h.group_key = $2 \
+     AND h.backend_id = b.id) AS group_home \
+     FROM backends b ORDER BY b.id"
+);
+
+pub(super) const SELECT_BACKEND: &str = concat!(
+    "SELECT ",
+    backend_cols!(),
+    ", (SELECT COUNT(*) FROM backend_assignments a WHERE a.backend_id = b.id) AS active, \
+     CAST(0 AS BIGINT) AS group_members, CAST(0 AS BIGINT) AS group_home \
+     FROM backends b WHERE b.id = $1"
+);
+
+/// Registers or replaces a backend; a changed URL resets its health to unknown (up).
+pub(super) const UPSERT_BACKEND: &str = "INSERT INTO backends (id, url, kind, model, tokenizer, \
+     weight, healthy, checked_at, last_error, source, created_at, updated_at, \
+     served_model_name, api_key, logprobs_mode) \
+     VALUES ($1, $2, $3, $4, $5, $6, 1, NULL, NULL, $7, $8, $8, $9, $10, $11) \
+     ON CONFLICT (id) DO UPDATE SET \
+     healthy = CASE WHEN backends.url = excluded.url THEN backends.healthy ELSE 1 END, \
+     checked_at = CASE WHEN backends.url = excluded.url THEN backends.checked_at ELSE NULL END, \
+     last_error = CASE WHEN backends.url = excluded.url THEN backends.last_error ELSE NULL END, \
+     url = excluded.url, kind = excluded.kind, model = excluded.model, \
+     tokenizer = excluded.tokenizer, weight = excluded.weight, source = excluded.source, \
+     served_model_name = excluded.served_model_name, api_key = excluded.api_key, \
+     logprobs_mode = excluded.logprobs_mode, updated_at = excluded.updated_at";
+
+pub(super) const DELETE_BACKEND: &str = "DELETE FROM backends WHERE id = $1";
+
+pub(super) const BACKEND_HEALTH: &str = "SELECT healthy FROM backends WHERE id = $1";
+
+pub(super) const SET_BACKEND_HEALTH: &str = "UPDATE backends SET healthy = $2, last_error = $3, \
+     checked_at = $4 WHERE id = $1";
+
+pub(super) const SELECT_ASSIGNMENT: &str =
+    "SELECT backend_id, model FROM backend_assignments WHERE job_id = $1";
+
+pub(super) const PUT_ASSIGNMENT: &str = "INSERT INTO backend_assignments (job_id, backend_id, \
+     group_key, model, assigned_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id) DO UPDATE \
+     SET backend_id = excluded.backend_id, group_key = excluded.group_key, \
+     model = excluded.model, assigned_at = excluded.assigned_at";
+
+pub(super) const PUT_GROUP_HOME: &str = "INSERT INTO backend_group_homes (group_key, \
+     backend_id, updated_at) VALUES ($1, $2, $3) ON CONFLICT (group_key) DO UPDATE \
+     SET backend_id = excluded.backend_id, updated_at = excluded.updated_at";
+
+pub(super) const PRUNE_GROUP_HOMES: &str = "DELETE FROM backend_group_homes WHERE updated_at < $1";
+
+pub(super) const DELETE_ASSIGNMENT: &str = "DELETE FROM backend_assignments WHERE job_id = $1";
+
+/// SQLite: ends a live job (`$2`/`$3` restrict it to one stage entry, `$9` to one claim
+/// of it, `$10` to an entry nobody holds a lease on at that time; NULL means no
+/// restriction) by inserting its result; a trigger applies the terminal status and the
+/// counters. The result's output gathers what the stages left on the job row, with
+/// RUN's partial output `$11` (when given) in place of the row's.
+pub(super) const FINISH_SQLITE: &str = concat!(
+    "INSERT INTO results (job_id, batch_id, group_id, client_id, \
+     status, reward, error, output, created_at) \
+     SELECT id, batch_id, group_id, client_id, $4, $7, $5, \
+     json_object('init', json(init_output), 'run', json(COALESCE($11, run_output)), 'eval', json($8), \
+                 'metadata', json_extract(task, '$.metadata')), $6 \
+     FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
+     AND ($2 IS NULL OR (stage = $2 AND epoch = $3)) \
+     AND ($9 IS NULL OR attempts = $9) \
+     AND ($10 IS NULL OR status = 'queued' OR lease_until < $10) \
+     ON CONFLICT (job_id) DO NOTHING RETURNING ",
+    result_cols!()
+);
+
+/// Postgres: [`FINISH_SQLITE`] in Postgres's JSON functions and casts. `FOR UPDATE`
+/// makes a concurrent end of the same job wait and then re-check the job's state, so
+/// exactly one end applies.
+pub(super) const FINISH_POSTGRES: &str = concat!(
+    "INSERT INTO results (job_id, batch_id, group_id, client_id, \
+     status, reward, error, output, created_at) \
+     SELECT id, batch_id, group_id, client_id, $4, $7, $5, \
+     json_build_object('init', init_output::json, 'run', COALESCE($11::text, run_output)::json, 'eval', $8::json, \
+                       'metadata', task::json -> 'metadata')::text, $6 \
+     FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
+     AND ($2::text IS NULL OR (stage = $2 AND epoch = $3)) \
+     AND ($9::bigint IS NULL OR attempts = $9) \
+     AND ($10::bigint IS NULL OR status = 'queued' OR lease_until < $10) \
+     FOR UPDATE \
+     ON CONFLICT (job_id) DO NOTHING RETURNING ",
+    result_cols!()
+);
+
+/// The last resort of a job's end the database refused: the job fails with `$4` as its
+/// error and an empty output, reading nothing of the job's own data. `$2`/`$3`, `$6`
+/// and `$7` restrict it as `$2`/`$3`, `$9` and `$10` do [`FINISH_SQLITE`]. The macro
+/// takes the parameter casts Postgres needs and its row lock (see [`FINISH_POSTGRES`]),
+/// both empty for SQLite.
+macro_rules! finish_bare {
+    ($text:literal, $bigint:literal, $lock:literal) => {
+        concat!(
+            "INSERT INTO results (job_id, batch_id, group_id, client_id, \
+             status, reward, error, output, created_at) \
+             SELECT id, batch_id, group_id, client_id, 'failed', NULL, $4, \
+             '{\"init\":null,\"run\":null,\"eval\":null,\"metadata\":null}', $5 \
+             FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
+             AND ($2",
+            $text,
+            " IS NULL OR (stage = $2 AND epoch = $3)) AND ($6",
+            $bigint,
+            " IS NULL OR attempts = $6) AND ($7",
+            $bigint,
+            " IS NULL OR status = 'queued' OR lease_until < $7)",
+            $lock,
+            " ON CONFLICT (job_id) DO NOTHING RETURNING ",
+            result_cols!()
+        )
+    };
+}
+
+/// SQLite's [`finish_bare!`].
+pub(super) const FINISH_BARE_SQLITE: &str = finish_bare!("", "", "");
+
+/// Postgres's [`finish_bare!`].
+pub(super) const FINISH_BARE_POSTGRES: &str = finish_bare!("::text", "::bigint", " FOR UPDATE");
+
+/// SQLite: marks the results whose `seq` is in the JSON array `$2` as published at `$1`.
+pub(super) const MARK_PUBLISHED_SQLITE: &str = "UPDATE results SET published_at = $1 \
+     WHERE published_at IS NULL AND seq IN (SELECT value FROM json_each($2))";
+
+/// Postgres: marks the results whose `seq` is in the array `$2` as published at `$1`.
+pub(super) const MARK_PUBLISHED_POSTGRES: &str =
+    "UPDATE results SET published_at = $1 WHERE seq = ANY($2) AND published_at IS NULL";
+
+/// Takes a transaction-scoped advisory lock (Postgres); the key is `$1`.
+pub(super) const ADVISORY_XACT_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";

@@ -1,0 +1,339 @@
+//! The store's contract, checked on the database the run uses (SQLite, or Postgres when
+//! `ROLLOUT_TEST_DATABASE_URL` is set): what every worker, gateway and reconciler relies
+//! on when it claims, renews, advances, hands back and ends a job. Time is the `now`
+//! each call is given, so nothing here waits on a clock.
+
+use std::sync::Arc;
+
+use rollout::domain::{Outcome, Stage, Status, WorkMessage};
+use rollout::store::{Claim, FinishIf, NewJob, Store};
+use serde_json::json;
+
+use crate::helpers::{TestDb, synthetic};
+
+/// A fresh migrated store and the directory (and database) that hold it.
+struct Fixture {
+    store: Arc<dyn Store>,
+    _db: TestDb,
+    _dir: tempfile::TempDir,
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let db = TestDb::new(dir.path()).await;
+    let store = rollout::store::connect(&db.url, 4).await.unwrap();
+    Fixture {
+        store,
+        _db: db,
+        _dir: dir,
+    }
+}
+
+fn new_job(client_id: Option<&str>, group: Option<&str>) -> NewJob {
+    NewJob {
+        id: uuid::Uuid::now_v7().to_string(),
+        kind: "synthetic".into(),
+        client_id: client_id.map(str::to_string),
+        group_id: group.map(str::to_string),
+        task: serde_json::to_value(synthetic(json!({}))).unwrap(),
+    }
+}
+
+/// Submits one job and returns its INIT message.
+async fn submit_one(store: &dyn Store, batch: &str) -> WorkMessage {
+    let s = store
+        .submit(batch, &[new_job(None, Some("g"))], 1_000)
+        .await
+        .unwrap();
+    WorkMessage {
+        job_id: s[0].id.clone(),
+        stage: Stage::Init,
+        epoch: 0,
+    }
+}
+
+/// Claims `msg` at `now` with a lease of 1 s and returns the claim's token.
+async fn claim(store: &dyn Store, msg: &WorkMessage, node: &str, now: i64) -> i64 {
+    match store.claim(msg, node, now + 1_000, now).await.unwrap() {
+        Claim::Started(job) => job.attempts,
+        other => panic!("claim of {msg:?} at {now}: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_stage_entry_is_claimed_once_until_its_lease_lapses() {
+    let f = fixture().await;
+    let store = f.store.as_ref();
+    let msg = submit_one(store, "b").await;
+    let first = claim(store, &msg, "n1", 2_000).await;
+    assert_eq!(first, 1);
+    let job = store.job(&msg.job_id).await.unwrap().unwrap();
+    assert_eq!(
+        (job.status, job.node.as_deref(), job.lease_until),
+        (Status::Running, Some("n1"), Some(3_000))
+    );
+
+    // A second delivery while the lease is live is told how long to wait.
+    match store.claim(&msg, "n2", 3_500, 2_500).await.unwrap() {
+        Claim::Busy(until) => assert_eq!(until, 3_000),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    // A message from another stage entry is stale; an unknown job is missing.
+    let old = WorkMessage {
+        epoch: 7,
+        ..msg.clone()
+    };
+    assert!(matches!(
+        store.claim(&old, "n2", 3_500, 2_500).await.unwrap(),
+        Claim::Stale(_)
+    ));
+    let unknown = WorkMessage {
+        job_id: "no-such-job".into(),
+        ..msg.clone()
+    };
+    assert!(matches!(
+        store.claim(&unknown, "n2", 3_500, 2_500).await.unwrap(),
+        Claim::Missing
+    ));
+
+    // Once the lease lapsed, another node takes the stage over under a new token.
+    let second = claim(store, &msg, "n2", 3_001).await;
+    assert_eq!(second, 2);
+}
+
+#[tokio::test]
+async fn only_the_current_claim_renews_advances_releases_or_ends() {
+    let f = fixture().await;
+    let store = f.store.as_ref();
+    let msg = submit_one(store, "b").await;
+    let stale = claim(store, &msg, "n1", 2_000).await;
+    assert!(store.extend_lease(&msg, stale, 2_900).await.unwrap());
+    assert!(
+        !store.extend_lease(&msg, stale + 1, 9_000).await.unwrap(),
+        "a token never handed out renews nothing"
+    );
+
+    // n1 stops renewing; n2 takes over after the lease it last set.
+    let current = claim(store, &msg, "n2", 2_901).await;
+    assert_ne!(stale, current);
+
+    // Everything n1 still tries with its old token is refused, and changes nothing.
+    assert!(!store.extend_lease(&msg, stale, 99_000).await.unwrap());
+    assert_eq!(
+        store
+            .advance(&msg, stale, &json!({"by": "n1"}), None, 3_000)
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(!store.release(&msg, stale, false, 3_000).await.unwrap());
+    assert_eq!(
+        store.restart(&msg, stale, 5, true, 3_000).await.unwrap(),
+        None
+    );
+    let claimed_by_n1 = FinishIf::Claimed {
+        msg: msg.clone(),
+        attempt: stale,
+    };
+    let end = Outcome::failed("n1 gave up");
+    assert!(
+        store
+            .finish(&claimed_by_n1, &msg.job_id, &end, 3_000)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let job = store.job(&msg.job_id).await.unwrap().unwrap();
+    assert_eq!(
+        (job.status, job.stage, job.node.as_deref(), job.lease_until),
+        (Status::Running, Stage::Init, Some("n2"), Some(3_901))
+    );
+
+    // The current holder's token works.
+    assert!(store.extend_lease(&msg, current, 4_500).await.unwrap());
+    let next = store
+        .advance(&msg, current, &json!({"by": "n2"}), Some("n2"), 3_100)
+        .await
+        .unwrap()
+        .expect("the current claim advances");
+    assert_eq!((next.stage, next.epoch), (Stage::Run, 1));
+    let job = store.job(&msg.job_id).await.unwrap().unwrap();
+    assert_eq!(job.init_output, Some(json!({"by": "n2"})));
+    assert_eq!(
+        (job.status, job.route.as_deref()),
+        (Status::Queued, Some("n2"))
+    );
+    // The INIT entry is now history: its message is stale.
+    assert!(matches!(
+        store.claim(&msg, "n3", 9_000, 4_000).await.unwrap(),
+        Claim::Stale(_)
+    ));
+}
+
+#[tokio::test]
+async fn a_hand_back_does_not_count_as_an_attempt_and_a_fault_does() {
+    let f = fixture().await;
+    let store = f.store.as_ref();
+    let msg = submit_one(store, "b").await;
+    let t = claim(store, &msg, "n1", 2_000).await;
+    assert!(store.release(&msg, t, true, 2_100).await.unwrap());
+    let job = store.job(&msg.job_id).await.unwrap().unwrap();
+    assert_eq!((job.status, job.stage_attempts), (Status::Queued, 0));
+    let t = claim(store, &msg, "n1", 2_200).await;
+    assert!(store.release(&msg, t, false, 2_300).await.unwrap());
+    let job = store.job(&msg.job_id).await.unwrap().unwrap();
+    assert_eq!(
+        (job.status, job.stage_attempts, job.attempts),
+        (Status::Queued, 1, 2)
+    );
+}
+
+#[tokio::test]
+async fn restarts_go_back_to_init_until_the_limit() {
+    let f = fixture().await;
+    let store = f.store.as_ref();
+    let init = submit_one(store, "b").await;
+    let t = claim(store, &init, "n1", 2_000).await;
+    let run = store
+        .advance(&init, t, &json!({}), Some("n1"), 2_100)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = claim(store, &run, "n1", 2_200).await;
+    // An uncounted restart (a graceful hand-back) leaves the count alone.
+    let back = store
+        .restart(&run, t, 1, false, 2_300)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((back.stage, back.epoch), (Stage::Init, 2));
+    let job = store.job(&init.job_id).await.unwrap().unwrap();
+    assert_eq!((job.restarts, job.init_output, job.route), (0, None, None));
+
+    let t = claim(store, &back, "n1", 2_400).await;
+    let run = store
+        .advance(&back, t, &json!({}), None, 2_500)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = claim(store, &run, "n1", 2_600).await;
+    let back = store
+        .restart(&run, t, 1, true, 2_700)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = claim(store, &back, "n1", 2_800).await;
+    let run = store
+        .advance(&back, t, &json!({}), None, 2_900)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = claim(store, &run, "n1", 3_000).await;
+    assert_eq!(
+        store.restart(&run, t, 1, true, 3_100).await.unwrap(),
+        None,
+        "a second counted restart is over the limit of one"
+    );
+}
+
+#[tokio::test]
+async fn a_job_ends_once_with_one_result_and_counts_once() {
+    let f = fixture().await;
+    let store = f.store.as_ref();
+    let msg = submit_one(store, "b").await;
+    let t = claim(store, &msg, "n1", 2_000).await;
+    let cond = FinishIf::Claimed {
+        msg: msg.clone(),
+        attempt: t,
+    };
+    let done = Outcome::done(0.5, json!({"why": "tests passed"}));
+    let result = store
+        .finish(&cond, &msg.job_id, &done, 2_500)
+        .await
+        .unwrap()
+        .expect("the holder ends the job");
+    assert_eq!((result.status, result.reward), (Status::Done, Some(0.5)));
+    assert_eq!(result.output["eval"], json!({"why": "tests passed"}));
+    assert!(result.seq > 0);
+
+    // No second end applies, whoever tries and however.
+    for cond in [cond, FinishIf::Live, FinishIf::Unleased(msg.clone())] {
+        let again = store
+            .finish(&cond, &msg.job_id, &Outcome::cancelled("late"), 2_600)
+            .await
+            .unwrap();
+        assert!(again.is_none(), "{cond:?} ended the job a second time");
+    }
+    let batch = store.batch("b").await.unwrap().unwrap();
+    assert_eq!(
+        (batch.submitted, batch.finished, batch.done, batch.cancelled),
+        (1, 1, 1, 0)
+    );
+    let group = store.group("b", "g").await.unwrap().unwrap();
+    assert_eq!(
+        (group.finished, group.rewarded, group.reward_sum),
+        (1, 1, 0.5)
+    );
+    let stored = store.result(&msg.job_id).await.unwrap().unwrap();
+    assert_eq!((stored.seq, stored.status), (result.seq, Status::Done));
+    let page = store
+        .results_after(Some("b"), 0, 10, 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        vec![result.seq]
+    );
+    let job = store.job(&msg.job_id).await.unwrap().unwrap();
+    assert_eq!((job.status, job.finished_at), (Status::Done, Some(2_500)));
+}
+
+#[tokio::test]
+async fn giving_up_on_a_message_waits_for_its_lease() {
+    let f = fixture().await;
+    let store = f.store.as_ref();
+    let msg = submit_one(store, "b").await;
+    claim(store, &msg, "n1", 2_000).await;
+    let cond = FinishIf::Unleased(msg.clone());
+    let end = Outcome::failed("out of deliveries");
+    assert!(
+        store
+            .finish(&cond, &msg.job_id, &end, 2_999)
+            .await
+            .unwrap()
+            .is_none(),
+        "a live lease protects the stage"
+    );
+    let result = store.finish(&cond, &msg.job_id, &end, 3_001).await.unwrap();
+    assert_eq!(result.map(|r| r.status), Some(Status::Failed));
+}
+
+#[tokio::test]
+async fn a_repeated_client_id_returns_the_first_job() {
+    let f = fixture().await;
+    let store = f.store.as_ref();
+    let first = store
+        .submit(
+            "b",
+            &[new_job(Some("k1"), None), new_job(Some("k2"), None)],
+            1_000,
+        )
+        .await
+        .unwrap();
+    assert!(first.iter().all(|s| !s.duplicate));
+    let again = store
+        .submit(
+            "b",
+            &[new_job(Some("k3"), None), new_job(Some("k1"), None)],
+            1_100,
+        )
+        .await
+        .unwrap();
+    assert_eq!((again[0].duplicate, again[1].duplicate), (false, true));
+    assert_eq!(
+        again[1].id, first[0].id,
+        "the answer keeps the request's order"
+    );
+    let batch = store.batch("b").await.unwrap().unwrap();
+    assert_eq!(batch.submitted, 3);
+}
