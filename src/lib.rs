@@ -25,15 +25,17 @@
 //!   [`sandbox`]: sandboxes (local, bubblewrap, Apptainer) and the tool server inside
 //!   them; [`backends`]: inference servers: wire formats, the pooled client, the pool.
 //! - [`store`]: durable job state, one trait per concern (jobs, recovery, results,
-//!   sandboxes, backends) over one generic SQLite/Postgres implementation; [`queue`]: JetStream streams, consumers, subjects and publishing;
-//!   [`telemetry`]: logging.
+//!   sandboxes, backends) over one generic SQLite/Postgres implementation;
+//!   [`queue`]: JetStream streams, consumers, subjects and publishing; [`telemetry`]:
+//!   logging.
 //! - [`config`]: the typed settings tree (file, then `ROLLOUT__SECTION__KEY`
 //!   environment), plain data.
 //! - [`domain`]: the words everything shares: jobs, stages, statuses, tasks, results,
 //!   backend and sandbox descriptions, placement; [`nul`]: the NUL character, refused in
 //!   input and replaced in output, so SQLite and Postgres deployments store the same
 //!   things; [`natsd`]: starting a local `nats-server` child; [`metrics`]: Prometheus
-//!   metric names; [`shutdown`]: signals.
+//!   metric names; [`shutdown`]: signals; [`retry`]: every retry schedule, one
+//!   policy per concern; [`supervise`]: background tasks that never die silently.
 
 #![warn(missing_docs)]
 
@@ -50,10 +52,12 @@ pub mod natsd;
 pub mod nul;
 pub mod queue;
 pub mod reconciler;
+pub mod retry;
 pub mod sandbox;
 pub mod scripted;
 pub mod shutdown;
 pub mod store;
+pub mod supervise;
 pub mod telemetry;
 pub mod wiring;
 pub mod worker;

@@ -165,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
     rollout::telemetry::init(&settings.log);
     match cli.command {
         Command::Serve => {
-            let shutdown = rollout::shutdown::on_signals();
+            let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
             let settings = Arc::new(settings);
             let deps = wiring::connect(settings.clone(), "rollout-gateway", true).await?;
             let listener = wiring::bind(&settings.gateway.listen).await?;
@@ -323,7 +323,7 @@ async fn main() -> anyhow::Result<()> {
                 let id = batch.unwrap_or_else(|| format!("up-{}", uuid::Uuid::now_v7().simple()));
                 Some((tasks, id))
             };
-            let shutdown = rollout::shutdown::on_signals();
+            let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
             let opts = UpOptions {
                 workers,
                 submit,

@@ -243,15 +243,16 @@ impl Queue {
         // A worker started before the server (a Slurm job on a fresh allocation) keeps
         // trying; everything else reports the problem at once.
         let mut tries = 0u32;
+        let mut delays = crate::retry::reconnect();
         loop {
             match queue.provision().await {
                 Ok(()) => return Ok(queue),
                 Err(e) if wait_for_server => {
                     tries += 1;
                     if tries % 10 == 1 {
-                        tracing::warn!(error = %e, url = %shown_url, "NATS not ready; retrying every second");
+                        tracing::warn!(error = %e, url = %shown_url, "NATS not ready; retrying");
                     }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(5))).await;
                 }
                 Err(e) => return Err(e),
             }

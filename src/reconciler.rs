@@ -86,11 +86,13 @@ pub async fn run(
     settings: Arc<Settings>,
     shutdown: CancellationToken,
 ) {
-    tokio::spawn(watch_max_deliveries(
-        store.clone(),
-        queue.clone(),
-        shutdown.clone(),
-    ));
+    // Its failure is logged and shuts the process down (see `supervise`); the sweeps
+    // stop with it.
+    let _advisories = crate::supervise::spawn_essential(
+        "max-deliveries watcher",
+        &shutdown,
+        watch_max_deliveries(store.clone(), queue.clone(), shutdown.clone()),
+    );
     let mut tick = tokio::time::interval(Duration::from_millis(settings.reconciler.interval_ms));
     loop {
         tokio::select! {
@@ -371,13 +373,15 @@ struct MaxDeliveries {
 async fn watch_max_deliveries(store: Arc<dyn Store>, queue: Queue, shutdown: CancellationToken) {
     let stream_name = queue.subjects().stream("WORK");
     let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream_name}.*");
+    let mut delays = crate::retry::reconnect();
     let mut sub = loop {
         match queue.client().subscribe(subject.clone()).await {
             Ok(s) => break s,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot subscribe to max-deliveries advisories; retrying");
+                let wait = delays.next().unwrap_or(Duration::from_secs(5));
+                tracing::warn!(error = %e, ?wait, "cannot subscribe to max-deliveries advisories; retrying");
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.cancelled() => return,
                 }
             }

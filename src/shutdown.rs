@@ -6,8 +6,10 @@
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-/// A token cancelled on the first SIGINT or SIGTERM. A second signal exits at once.
-pub fn on_signals() -> CancellationToken {
+/// A token cancelled on the first SIGINT or SIGTERM. A second signal calls
+/// `on_second_signal` (a binary passes `|| std::process::exit(130)`: the library itself
+/// never ends the process).
+pub fn on_signals(on_second_signal: impl FnOnce() + Send + 'static) -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     tokio::spawn(async move {
@@ -23,7 +25,7 @@ pub fn on_signals() -> CancellationToken {
             _ = int.recv() => {},
         }
         tracing::warn!("second signal; exiting now");
-        std::process::exit(130);
+        on_second_signal();
     });
     token
 }

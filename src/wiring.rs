@@ -19,6 +19,7 @@ use crate::kinds::Registry;
 use crate::natsd::{NatsServer, NatsdError};
 use crate::queue::{Queue, QueueError};
 use crate::store::{self, StoreError};
+use crate::supervise::{Essential, TaskFailed, spawn_essential};
 use crate::worker::{Worker, WorkerDeps, WorkerError};
 
 /// A failure to start.
@@ -40,6 +41,9 @@ pub enum StartError {
     /// A worker.
     #[error(transparent)]
     Worker(#[from] WorkerError),
+    /// A background task (reconciler, prober, reaper, a watcher) stopped early.
+    #[error(transparent)]
+    Task(#[from] TaskFailed),
     /// Binding the listen address, or another I/O problem.
     #[error("{context}: {source}")]
     Io {
@@ -63,7 +67,7 @@ pub async fn connect(
         "connecting"
     );
     let store = store::connect(&url, settings.database.max_connections).await?;
-    crate::backends::pool::register_configured(store.as_ref(), &settings).await?;
+    crate::backends::pool::register_configured(store.as_ref(), &settings.backends).await?;
     let queue = Queue::connect(&settings, name, wait_for_nats).await?;
     let sandboxes = Arc::new(crate::sandbox::NodeSandboxes::new(&settings, store.clone()));
     sandboxes.log_report();
@@ -84,22 +88,30 @@ pub async fn run_gateway(
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
     let (tx, rx) = tokio::sync::watch::channel(0u64);
-    tokio::spawn(gateway::watch_results(
-        deps.queue.clone(),
-        tx,
-        shutdown.clone(),
-    ));
+    let mut essentials = vec![spawn_essential(
+        "result watcher",
+        &shutdown,
+        gateway::watch_results(deps.queue.clone(), tx, shutdown.clone()),
+    )];
     if deps.settings.reconciler.enabled {
-        tokio::spawn(crate::backends::pool::run_health_prober(
-            deps.store.clone(),
-            deps.settings.clone(),
-            shutdown.clone(),
+        essentials.push(spawn_essential(
+            "backend health prober",
+            &shutdown,
+            crate::backends::pool::run_health_prober(
+                deps.store.clone(),
+                deps.settings.pool.clone(),
+                shutdown.clone(),
+            ),
         ));
-        tokio::spawn(crate::reconciler::run(
-            deps.store.clone(),
-            deps.queue.clone(),
-            deps.settings.clone(),
-            shutdown.clone(),
+        essentials.push(spawn_essential(
+            "reconciler",
+            &shutdown,
+            crate::reconciler::run(
+                deps.store.clone(),
+                deps.queue.clone(),
+                deps.settings.clone(),
+                shutdown.clone(),
+            ),
         ));
     }
     let state = AppState {
@@ -114,12 +126,27 @@ pub async fn run_gateway(
     };
     let addr = listener.local_addr().ok();
     tracing::info!(?addr, "gateway listening");
-    gateway::serve(listener, gateway::router(state), shutdown)
-        .await
-        .map_err(|source| StartError::Io {
-            context: "gateway failed".into(),
-            source,
-        })
+    let served = gateway::serve(listener, gateway::router(state), shutdown.clone()).await;
+    shutdown.cancel();
+    served.map_err(|source| StartError::Io {
+        context: "gateway failed".into(),
+        source,
+    })?;
+    finish_all(essentials).await
+}
+
+/// Waits for every essential task (they end at shutdown); the first that stopped early
+/// is the error.
+async fn finish_all(essentials: Vec<Essential>) -> Result<(), StartError> {
+    let mut first = Ok(());
+    for task in essentials {
+        if let Err(e) = task.finish().await
+            && first.is_ok()
+        {
+            first = Err(StartError::Task(e));
+        }
+    }
+    first
 }
 
 /// Binds the gateway's listen address with an error that says what to do.
@@ -146,14 +173,24 @@ pub async fn run_workers(
         let worker = Worker::new(stage, deps.clone());
         set.spawn(worker.run(shutdown.clone()));
     }
+    let mut panicked = None;
     while let Some(r) = set.join_next().await {
         match r {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e.into()),
-            Err(e) => tracing::error!(error = %e, "worker task panicked"),
+            Err(e) => {
+                // The others drain and stop too: a process with a dead worker would
+                // look alive while taking less work than it was sized for.
+                tracing::error!(error = %e, "worker task panicked; shutting the process down");
+                shutdown.cancel();
+                panicked.get_or_insert(TaskFailed {
+                    task: "worker",
+                    how: format!("panicked: {e}"),
+                });
+            }
         }
     }
-    Ok(())
+    panicked.map_or(Ok(()), |e| Err(e.into()))
 }
 
 /// Starts a private nats-server under the state directory if nothing answers at the
@@ -217,7 +254,11 @@ pub async fn up(
     })?;
     let mut tasks = JoinSet::new();
     tasks.spawn(run_gateway(deps.clone(), listener, shutdown.clone()));
-    tokio::spawn(deps.sandboxes.clone().run_reaper(shutdown.clone()));
+    let reaper = spawn_essential(
+        "sandbox reaper",
+        &shutdown,
+        deps.sandboxes.clone().run_reaper(shutdown.clone()),
+    );
     for stage in Stage::ALL {
         tasks.spawn(run_workers(
             deps.clone(),
@@ -272,9 +313,13 @@ pub async fn up(
                 shutdown.cancel();
                 return Err(e);
             }
-            Err(e) => tracing::error!(error = %e, "task panicked"),
+            Err(e) => {
+                tracing::error!(error = %e, "task panicked");
+                shutdown.cancel();
+            }
         }
     }
+    reaper.finish().await?;
     Ok(summary)
 }
 
@@ -295,13 +340,18 @@ pub struct WorkerArgs {
     pub metrics_listen: Option<String>,
 }
 
-/// The whole life of a worker binary: settings, connections, work until SIGTERM/SIGINT,
-/// drain. Job concurrency comes from `stages.<stage>.concurrency`.
-pub async fn worker_process(stage: Stage, args: WorkerArgs) -> Result<(), StartError> {
+/// The whole life of a worker binary: settings, connections, work until `shutdown`
+/// (the binary's SIGTERM/SIGINT), drain. Job concurrency comes from
+/// `stages.<stage>.concurrency`.
+pub async fn worker_process(
+    stage: Stage,
+    args: WorkerArgs,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
     let settings = Settings::load(args.config.as_deref())?;
     crate::telemetry::init(&settings.log);
-    let shutdown = crate::shutdown::on_signals();
     let handle = crate::metrics::install();
+    let mut essentials = Vec::new();
     if let Some(addr) = &args.metrics_listen {
         let listener = bind(addr).await?;
         let app = axum::Router::new().route(
@@ -312,18 +362,27 @@ pub async fn worker_process(stage: Stage, args: WorkerArgs) -> Result<(), StartE
             }),
         );
         let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
+        essentials.push(spawn_essential("metrics server", &shutdown, async move {
+            if let Err(e) = axum::serve(listener, app)
                 .with_graceful_shutdown(stop.cancelled_owned())
-                .await;
-        });
+                .await
+            {
+                tracing::error!(error = %e, "the metrics server failed");
+            }
+        }));
     }
     let deps = connect(Arc::new(settings), &format!("rollout-{stage}-worker"), true).await?;
     // Every worker looks after the sandboxes of its node (EVAL's fresh ones included).
-    tokio::spawn(deps.sandboxes.clone().run_reaper(shutdown.clone()));
-    run_workers(deps.clone(), stage, 1, shutdown).await?;
+    essentials.push(spawn_essential(
+        "sandbox reaper",
+        &shutdown,
+        deps.sandboxes.clone().run_reaper(shutdown.clone()),
+    ));
+    let worked = run_workers(deps.clone(), stage, 1, shutdown.clone()).await;
+    shutdown.cancel();
     if let Err(e) = deps.queue.client().drain().await {
         tracing::warn!(error = %e, "NATS drain failed");
     }
-    Ok(())
+    worked?;
+    finish_all(essentials).await
 }

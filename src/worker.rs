@@ -45,6 +45,7 @@ use crate::ending::{dead_letter, publish_result};
 use crate::kinds::{EvalOutput, InitOutput, Registry, Route, StageContext, StageError};
 use crate::queue::{ANY_ROUTE, Queue, QueueError};
 use crate::store::{Claim, FinishIf, Store};
+use crate::supervise::spawn_essential;
 
 /// Why a worker stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +54,9 @@ pub enum WorkerError {
     /// The queue could not be set up.
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// One of the worker's own tasks (the puller, the cancel listener) stopped early.
+    #[error(transparent)]
+    Task(#[from] crate::supervise::TaskFailed),
 }
 
 /// What a worker needs; cheap to clone.
@@ -143,15 +147,24 @@ impl Worker {
 
         // Subscribed before the first pull, so no job runs while cancels go unheard.
         let cancels = self.deps.queue.subscribe_cancel().await?;
-        let cancel_listener = tokio::spawn(self.clone().listen_for_cancels(Some(cancels)));
-        let puller = tokio::spawn(self.clone().pull(
-            consumers,
-            slots.clone(),
-            tracker.clone(),
-            shutdown.clone(),
-        ));
+        // Cancels matter until the last job has stopped, so the listener runs past
+        // shutdown, until `listening` ends it; the puller stops at shutdown. Either one
+        // failing earlier shuts the worker down and is its error.
+        let listening = CancellationToken::new();
+        let cancel_listener = spawn_essential(
+            "cancel listener",
+            &shutdown,
+            self.clone()
+                .listen_for_cancels(Some(cancels), listening.clone()),
+        );
+        let puller = spawn_essential(
+            "puller",
+            &shutdown,
+            self.clone()
+                .pull(consumers, slots.clone(), tracker.clone(), shutdown.clone()),
+        );
         shutdown.cancelled().await;
-        let _ = puller.await;
+        let pulled = puller.finish().await;
         tracker.close();
         let grace = Duration::from_millis(settings.stages.grace_ms);
         let in_flight = tracker.len();
@@ -170,29 +183,51 @@ impl Worker {
             self.hand_back.cancel();
             tracker.wait().await;
         }
-        cancel_listener.abort();
+        listening.cancel();
+        let listened = cancel_listener.finish().await;
         tracing::info!(stage = %self.stage, "worker stopped");
+        pulled?;
+        listened?;
         Ok(())
     }
 
-    /// Relays cancel broadcasts to the running jobs' tokens. Runs until aborted at the very
-    /// end of [`Worker::run`], so stages finishing during the grace period still hear
-    /// cancels.
-    async fn listen_for_cancels(self: Arc<Self>, mut first: Option<async_nats::Subscriber>) {
+    /// Relays cancel broadcasts to the running jobs' tokens. Runs until `done`, at the
+    /// very end of [`Worker::run`], so stages finishing during the grace period still
+    /// hear cancels.
+    async fn listen_for_cancels(
+        self: Arc<Self>,
+        mut first: Option<async_nats::Subscriber>,
+        done: CancellationToken,
+    ) {
+        let mut delays = crate::retry::reconnect();
         loop {
             let next = match first.take() {
                 Some(s) => Ok(s),
-                None => self.deps.queue.subscribe_cancel().await,
+                None => tokio::select! {
+                    s = self.deps.queue.subscribe_cancel() => s,
+                    _ = done.cancelled() => return,
+                },
             };
             let mut sub = match next {
                 Ok(s) => s,
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot subscribe to cancels; retrying");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
+                    let wait = delays.next().unwrap_or(Duration::from_secs(5));
+                    tracing::warn!(error = %e, ?wait, "cannot subscribe to cancels; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => continue,
+                        _ = done.cancelled() => return,
+                    }
                 }
             };
-            while let Some(m) = sub.next().await {
+            delays = crate::retry::reconnect();
+            loop {
+                let m = tokio::select! {
+                    m = sub.next() => match m {
+                        Some(m) => m,
+                        None => break,
+                    },
+                    _ = done.cancelled() => return,
+                };
                 let id = String::from_utf8_lossy(&m.payload).to_string();
                 if let Some(t) = self.running.lock().expect("lock").get(&id) {
                     tracing::info!(job_id = %id, "cancel received");
@@ -218,6 +253,7 @@ impl Worker {
         shutdown: CancellationToken,
     ) {
         let mut failures = 0u32;
+        let mut delays = crate::retry::pull_errors();
         let mut primary = 0usize;
         let long_poll = if consumers.len() > 1 {
             Duration::from_millis(250)
@@ -266,13 +302,16 @@ impl Worker {
                 .await;
             let mut batch = match batch {
                 Ok(b) => {
-                    failures = 0;
+                    if failures > 0 {
+                        failures = 0;
+                        delays = crate::retry::pull_errors();
+                    }
                     b
                 }
                 Err(e) => {
                     failures += 1;
-                    tracing::warn!(error = %e, failures, "pull request failed; retrying");
-                    let backoff = Duration::from_millis(100 * 2u64.pow(failures.min(6)));
+                    let backoff = delays.next().unwrap_or(Duration::from_millis(6_400));
+                    tracing::warn!(error = %e, failures, ?backoff, "pull request failed; retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => continue,
                         _ = shutdown.cancelled() => break,
@@ -736,9 +775,11 @@ impl Worker {
 
     fn nak_delay(&self, delivered: i64) -> Duration {
         let q = &self.deps.settings.queue;
-        let exp = (delivered.max(1) - 1).min(20) as u32;
-        let ms = q.nak_delay_ms.saturating_mul(2u64.saturating_pow(exp));
-        Duration::from_millis(ms.min(q.nak_delay_max_ms))
+        crate::retry::nak_delay(
+            Duration::from_millis(q.nak_delay_ms),
+            Duration::from_millis(q.nak_delay_max_ms),
+            delivered,
+        )
     }
 }
 

@@ -25,7 +25,15 @@ use syn::visit::Visit;
 
 /// Lowest first. Modules in one layer do not use each other.
 const LAYERS: &[&[&str]] = &[
-    &["domain", "nul", "natsd", "shutdown", "metrics"],
+    &[
+        "domain",
+        "nul",
+        "natsd",
+        "shutdown",
+        "metrics",
+        "retry",
+        "supervise",
+    ],
     &["config"],
     &["store", "queue", "telemetry"],
     &["ending", "sandbox", "backends"],

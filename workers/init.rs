@@ -9,6 +9,8 @@ use rollout::wiring::{WorkerArgs, worker_process};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    worker_process(Stage::Init, WorkerArgs::parse()).await?;
+    // A second signal ends the process at once, without draining.
+    let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
+    worker_process(Stage::Init, WorkerArgs::parse(), shutdown).await?;
     Ok(())
 }

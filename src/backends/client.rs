@@ -117,9 +117,6 @@ enum Attempt {
     Fatal(InferenceError),
 }
 
-/// The longest wait between two tries of a paused backend.
-const PAUSE_POLL_MAX: Duration = Duration::from_secs(2);
-
 impl InferenceClient {
     /// A client with `settings`.
     pub fn new(settings: ClientSettings) -> Self {
@@ -159,12 +156,13 @@ impl InferenceClient {
             ),
         };
         let body = bytes::Bytes::from(body);
-        let attempts = self.settings.retries + 1;
         let mut last;
         let mut waited = Duration::ZERO;
-        let (mut faults, mut tries) = (0u32, 0u32);
-        let mut paused = Duration::ZERO;
-        let mut pause_wait = self.settings.backoff;
+        let mut tries = 0u32;
+        let mut fault_delays =
+            crate::retry::inference_faults(self.settings.backoff, self.settings.retries);
+        let mut pause_delays =
+            crate::retry::inference_paused(self.settings.backoff, self.settings.max_pause);
         loop {
             tries += 1;
             let once = self.attempt(backend, &url, body.clone(), &mut waited);
@@ -180,21 +178,17 @@ impl InferenceClient {
                     metrics::counter!(crate::metrics::BACKEND_ERRORS, "backend" => backend.id.clone())
                         .increment(1);
                     last = e;
-                    faults += 1;
-                    if faults >= attempts {
-                        break;
+                    match fault_delays.next() {
+                        Some(d) => d,
+                        None => break,
                     }
-                    self.settings.backoff * 2u32.saturating_pow(faults - 1)
                 }
                 Err(Attempt::Paused(e)) => {
                     last = e;
-                    if paused >= self.settings.max_pause {
-                        break;
+                    match pause_delays.next() {
+                        Some(d) => d,
+                        None => break,
                     }
-                    let d = pause_wait;
-                    pause_wait = (pause_wait * 2).min(PAUSE_POLL_MAX);
-                    paused += d;
-                    d
                 }
             };
             tracing::debug!(backend = %backend.id, tries, ?delay, error = %last, "retrying generation");

@@ -26,10 +26,10 @@ const GROUP_HOME_TTL_MS: i64 = 6 * 3600 * 1000;
 /// through the API alone. Every process calls it at start, so a worker started with a
 /// config file that names new backends makes them known at once.
 pub async fn register_configured(
-    store: &dyn crate::store::Store,
-    settings: &crate::config::Settings,
+    store: &dyn crate::store::BackendStore,
+    backends: &[crate::domain::backend::BackendSpec],
 ) -> Result<(), crate::store::StoreError> {
-    for spec in &settings.backends {
+    for spec in backends {
         store
             .upsert_backend(spec, "config", crate::domain::now_ms())
             .await?;
@@ -37,20 +37,20 @@ pub async fn register_configured(
     Ok(())
 }
 
-/// Probes every registered backend's `GET /health` every `pool.health_interval_ms`,
+/// Probes every registered backend's `GET /health` every `health_interval_ms`,
 /// records the verdicts (a backend marked down gets no new jobs until it answers again),
 /// keeps the per-backend gauges current and forgets the homes of groups not placed for
 /// hours, until `shutdown`. Any number of processes
 /// may run it: the verdicts they write agree.
 pub async fn run_health_prober(
-    store: std::sync::Arc<dyn crate::store::Store>,
-    settings: std::sync::Arc<crate::config::Settings>,
+    store: std::sync::Arc<dyn crate::store::BackendStore>,
+    settings: crate::config::PoolSettings,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
-    let client = super::client::InferenceClient::new((&settings.pool).into());
-    let timeout = std::time::Duration::from_millis(settings.pool.health_timeout_ms);
+    let client = super::client::InferenceClient::new((&settings).into());
+    let timeout = std::time::Duration::from_millis(settings.health_timeout_ms);
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(
-        settings.pool.health_interval_ms,
+        settings.health_interval_ms,
     ));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

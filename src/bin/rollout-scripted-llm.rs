@@ -181,7 +181,9 @@ async fn main() -> anyhow::Result<()> {
             // One line on stdout, for scripts that started it on port 0.
             println!("listening on {}", server.url());
             tracing::info!(url = %server.url(), "rollout-scripted-llm serving (a scripted stand-in, not a model)");
-            rollout::shutdown::on_signals().cancelled().await;
+            rollout::shutdown::on_signals(|| std::process::exit(130))
+                .cancelled()
+                .await;
             server.stop().await;
         }
     }

@@ -1,7 +1,5 @@
 //! `/v1/jobs`: submit, inspect, list and cancel jobs.
 
-use std::collections::HashMap;
-
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -11,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ApiErrorBody};
-use super::params::{IdPath, Params, QueryMap};
+use super::params::{ApiQuery, CheckQuery, IdPath, check_opt_text, check_range};
 use super::{AppState, publish_submitted};
 use crate::domain::now_ms;
 use crate::domain::{Job, JobResult, Outcome, Status, Task, is_subject_token};
@@ -64,6 +62,7 @@ pub struct JobPage {
 /// Query of `GET /v1/jobs`.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only jobs of this batch.
     #[param(pattern = "^[^\\u0000]{1,256}$")]
@@ -78,27 +77,11 @@ pub struct ListQuery {
     pub cursor: Option<String>,
 }
 
-impl ListQuery {
-    /// Reads the query string, naming the parameter that is wrong.
-    fn parse(q: HashMap<String, String>) -> Result<Self, ApiError> {
-        let p = Params::new(q, &["batch", "status", "limit", "cursor"])?;
-        let status = match p.string("status") {
-            None => None,
-            Some(s) => Some(Status::parse(&s).ok_or_else(|| {
-                ApiError::bad_field(
-                    "status",
-                    format!(
-                        "unknown status `{s}`; expected queued, running, done, failed, cancelled or timed_out"
-                    ),
-                )
-            })?),
-        };
-        Ok(Self {
-            batch: p.string("batch"),
-            status,
-            limit: Some(p.bounded("limit", 100, 1000)?),
-            cursor: p.string("cursor"),
-        })
+impl CheckQuery for ListQuery {
+    fn check(&self) -> Result<(), ApiError> {
+        check_opt_text("batch", self.batch.as_deref())?;
+        check_opt_text("cursor", self.cursor.as_deref())?;
+        check_range("limit", self.limit, 1000)
     }
 }
 
@@ -255,12 +238,7 @@ pub async fn submit(
     let submitted = {
         use backon::Retryable;
         (|| state.store.submit(&batch_id, &jobs, now_ms()))
-            .retry(
-                backon::ExponentialBuilder::default()
-                    .with_min_delay(std::time::Duration::from_millis(10))
-                    .with_max_times(5)
-                    .with_jitter(),
-            )
+            .retry(crate::retry::submit_conflicts())
             .when(crate::store::StoreError::is_conflict)
             .notify(|e, after| tracing::info!(error = %e, ?after, "submit collided with another; retrying"))
             .await?
@@ -326,9 +304,8 @@ pub async fn get_job(
 )]
 pub async fn list_jobs(
     State(state): State<AppState>,
-    QueryMap(q): QueryMap,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<JobPage>, ApiError> {
-    let q = ListQuery::parse(q)?;
     let limit = q.limit.unwrap_or(100).max(1);
     let query = JobQuery {
         batch: q.batch,

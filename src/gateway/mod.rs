@@ -37,7 +37,7 @@ mod params;
 pub mod results;
 
 use error::{ApiError, ApiErrorBody};
-use params::{Params, QueryMap};
+use params::{ApiQuery, CheckQuery};
 
 /// Shared state of all handlers.
 #[derive(Clone)]
@@ -221,17 +221,20 @@ pub async fn publish_submitted(
 
 /// Keeps `tx` changing whenever a result is published, until `shutdown`.
 pub async fn watch_results(queue: Queue, tx: watch::Sender<u64>, shutdown: CancellationToken) {
+    let mut delays = crate::retry::reconnect();
     loop {
         let mut sub = match queue.subscribe_results().await {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot subscribe to results; retrying");
+                let wait = delays.next().unwrap_or(Duration::from_secs(5));
+                tracing::warn!(error = %e, ?wait, "cannot subscribe to results; retrying");
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    _ = tokio::time::sleep(wait) => continue,
                     _ = shutdown.cancelled() => return,
                 }
             }
         };
+        delays = crate::retry::reconnect();
         loop {
             tokio::select! {
                 m = sub.next() => match m {
@@ -253,6 +256,20 @@ pub struct StatusView {
     pub batch: Option<BatchCounters>,
 }
 
+/// Query of `GET /v1/status` (documented by hand in the path's `params`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusQuery {
+    /// Only this batch.
+    batch: Option<String>,
+}
+
+impl CheckQuery for StatusQuery {
+    fn check(&self) -> Result<(), ApiError> {
+        params::check_opt_text("batch", self.batch.as_deref())
+    }
+}
+
 /// Job counts by status and stage, for everything or one batch.
 #[utoipa::path(
     get,
@@ -267,10 +284,8 @@ pub struct StatusView {
 )]
 async fn status(
     State(state): State<AppState>,
-    QueryMap(q): QueryMap,
+    ApiQuery(StatusQuery { batch: batch_id }): ApiQuery<StatusQuery>,
 ) -> Result<Json<StatusView>, ApiError> {
-    let p = Params::new(q, &["batch"])?;
-    let batch_id = p.string("batch");
     let counts = state.store.counts(batch_id.as_deref()).await?;
     let batch = match &batch_id {
         Some(b) => Some(

@@ -1,64 +1,79 @@
-//! Query-string parsing that names the offending parameter.
+//! Typed query strings and path ids that name the offending parameter.
 //!
-//! axum's `Query<T>` rejects bad input with plain-text messages that often do not say
-//! which parameter was wrong; the API promises a JSON error naming the field, so query
-//! strings are read as a map and each parameter is parsed here.
+//! axum's `Query<T>` rejects bad input with plain-text messages; the API promises a
+//! JSON error naming the field. [`ApiQuery<T>`] decodes the query string into the
+//! handler's typed struct (the same struct the OpenAPI document describes), naming
+//! the parameter that failed to decode (or was unknown, or repeated), then runs the
+//! struct's [`CheckQuery`] for what a type cannot say (ranges, text limits).
 
-use std::collections::HashMap;
-use std::str::FromStr;
+use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-/// Raw query parameters with the names the handler accepts.
-pub struct Params {
-    map: HashMap<String, String>,
+/// What a decoded query must satisfy beyond its types.
+pub trait CheckQuery {
+    /// A 400 naming the first parameter out of bounds.
+    fn check(&self) -> Result<(), ApiError>;
 }
 
-impl Params {
-    /// Checks that only `allowed` names occur.
-    pub fn new(map: HashMap<String, String>, allowed: &[&str]) -> Result<Self, ApiError> {
-        if let Some(k) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
-            return Err(ApiError::bad_field(
-                k.clone(),
-                format!(
-                    "unknown query parameter `{k}`; expected one of: {}",
-                    allowed.join(", ")
-                ),
-            ));
-        }
-        for (k, v) in &map {
-            check_text(k, v)?;
-        }
-        Ok(Self { map })
-    }
+/// A query string decoded into `T` and checked, or the API's JSON 400 naming the
+/// parameter. `T` should deny unknown fields, so a misspelt parameter is an error
+/// rather than silently ignored.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
 
-    /// A string parameter.
-    pub fn string(&self, name: &str) -> Option<String> {
-        self.map.get(name).cloned()
-    }
+impl<T, S> axum::extract::FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned + CheckQuery + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
 
-    /// A parsed parameter, with `what` describing the expected form for the error.
-    pub fn parse<T: FromStr>(&self, name: &str, what: &str) -> Result<Option<T>, ApiError> {
-        match self.map.get(name) {
-            None => Ok(None),
-            Some(v) => v.parse().map(Some).map_err(|_| {
-                ApiError::bad_field(name, format!("`{name}` must be {what}, got `{v}`"))
-            }),
-        }
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let raw = parts.uri.query().unwrap_or("");
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(raw.as_bytes()));
+        let query: T = serde_path_to_error::deserialize(de).map_err(query_error)?;
+        query.check()?;
+        Ok(ApiQuery(query))
     }
+}
 
-    /// A non-negative integer parameter no larger than `max`.
-    pub fn bounded(&self, name: &str, default: i64, max: i64) -> Result<i64, ApiError> {
-        let v = self
-            .parse::<i64>(name, "a non-negative integer")?
-            .unwrap_or(default);
-        if v < 0 || v > max {
-            return Err(ApiError::bad_field(
-                name,
-                format!("`{name}` must be between 0 and {max}, got {v}"),
-            ));
-        }
-        Ok(v)
+/// The 400 for a query string that does not decode: the field is the failing path, or
+/// for an unknown or repeated parameter (reported at the top level) the name serde
+/// quotes.
+fn query_error(e: serde_path_to_error::Error<serde_urlencoded::de::Error>) -> ApiError {
+    let message = e.inner().to_string();
+    let path = e.path().to_string();
+    let field = if path.is_empty() || path == "." || path == "?" {
+        message
+            .split('`')
+            .nth(1)
+            .map_or_else(|| "query".to_string(), str::to_string)
+    } else {
+        path
+    };
+    ApiError::bad_field(
+        field.clone(),
+        format!("invalid query parameter `{field}`: {message}"),
+    )
+}
+
+/// A text parameter, when given, passes [`check_text`].
+pub fn check_opt_text(name: &str, v: Option<&str>) -> Result<(), ApiError> {
+    v.map_or(Ok(()), |v| check_text(name, v))
+}
+
+/// A number parameter, when given, lies in `0..=max`.
+pub fn check_range(name: &str, v: Option<i64>, max: i64) -> Result<(), ApiError> {
+    match v {
+        Some(v) if !(0..=max).contains(&v) => Err(ApiError::bad_field(
+            name,
+            format!("`{name}` must be between 0 and {max}, got {v}"),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -93,24 +108,5 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdPath {
                 .map_err(|e| ApiError::bad_field("id", format!("invalid `id`: {e}")))?;
         check_text("id", &id)?;
         Ok(IdPath(id))
-    }
-}
-
-/// The query string as a map, for [`Params::new`]; a query that cannot be decoded (not
-/// UTF-8 after percent-decoding, say) is the API's JSON 400, not axum's plain text.
-pub struct QueryMap(pub HashMap<String, String>);
-
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for QueryMap {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &S,
-    ) -> Result<Self, Self::Rejection> {
-        let axum::extract::Query(map) =
-            axum::extract::Query::<HashMap<String, String>>::from_request_parts(parts, state)
-                .await
-                .map_err(|e| ApiError::bad_field("query", format!("invalid query string: {e}")))?;
-        Ok(QueryMap(map))
     }
 }

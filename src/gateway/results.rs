@@ -6,7 +6,7 @@
 //! waiting readers through a subscription to `rollout.done.>`; readers also re-check the
 //! database every half second, so a missed wake-up costs at most that.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
-use super::params::{Params, QueryMap};
+use super::params::{ApiQuery, CheckQuery, check_opt_text, check_range};
 use crate::domain::JobResult;
 
 /// Response of `GET /v1/results`.
@@ -35,6 +35,7 @@ pub struct ResultPage {
 /// Query of `GET /v1/results`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct ResultsQuery {
     /// Only results of this batch.
     #[param(pattern = "^[^\\u0000]{1,256}$")]
@@ -52,22 +53,20 @@ pub struct ResultsQuery {
     pub limit: Option<i64>,
 }
 
-impl ResultsQuery {
-    /// Reads the query string, naming the parameter that is wrong.
-    fn parse(q: HashMap<String, String>, max_wait_ms: u64) -> Result<Self, ApiError> {
-        let p = Params::new(q, &["batch", "after", "wait_ms", "limit"])?;
-        Ok(Self {
-            batch: p.string("batch"),
-            after: Some(p.bounded("after", 0, i64::MAX)?),
-            wait_ms: Some(p.bounded("wait_ms", 0, max_wait_ms as i64)?),
-            limit: Some(p.bounded("limit", 100, 1000)?),
-        })
+impl CheckQuery for ResultsQuery {
+    /// `wait_ms`'s maximum is a setting, checked by the handler.
+    fn check(&self) -> Result<(), ApiError> {
+        check_opt_text("batch", self.batch.as_deref())?;
+        check_range("after", self.after, i64::MAX)?;
+        check_range("wait_ms", self.wait_ms, i64::MAX)?;
+        check_range("limit", self.limit, 1000)
     }
 }
 
 /// Query of `GET /v1/results/stream`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub struct StreamQuery {
     /// Only results of this batch.
     #[param(pattern = "^[^\\u0000]{1,256}$")]
@@ -78,14 +77,10 @@ pub struct StreamQuery {
     pub after: Option<i64>,
 }
 
-impl StreamQuery {
-    /// Reads the query string, naming the parameter that is wrong.
-    fn parse(q: HashMap<String, String>) -> Result<Self, ApiError> {
-        let p = Params::new(q, &["batch", "after"])?;
-        Ok(Self {
-            batch: p.string("batch"),
-            after: Some(p.bounded("after", 0, i64::MAX)?),
-        })
+impl CheckQuery for StreamQuery {
+    fn check(&self) -> Result<(), ApiError> {
+        check_opt_text("batch", self.batch.as_deref())?;
+        check_range("after", self.after, i64::MAX)
     }
 }
 
@@ -140,9 +135,10 @@ impl Wakeup {
 )]
 pub async fn results(
     State(state): State<AppState>,
-    QueryMap(q): QueryMap,
+    ApiQuery(q): ApiQuery<ResultsQuery>,
 ) -> Result<Json<ResultPage>, ApiError> {
-    let q = ResultsQuery::parse(q, state.settings.gateway.max_wait_ms)?;
+    let max_wait_ms = i64::try_from(state.settings.gateway.max_wait_ms).unwrap_or(i64::MAX);
+    check_range("wait_ms", q.wait_ms, max_wait_ms)?;
     let (batch, after) = (q.batch, q.after.unwrap_or(0));
     let wait_ms = q.wait_ms.unwrap_or(0);
     let limit = q.limit.unwrap_or(100).max(1);
@@ -183,9 +179,8 @@ pub async fn results(
 pub async fn results_stream(
     State(state): State<AppState>,
     headers: HeaderMap,
-    QueryMap(q): QueryMap,
+    ApiQuery(q): ApiQuery<StreamQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let q = StreamQuery::parse(q)?;
     let batch = q.batch;
     let mut after = q.after.unwrap_or(0);
     if let Some(v) = headers.get("last-event-id") {

@@ -157,7 +157,7 @@ impl Agent {
         deadline: tokio::time::Instant,
         ctx: &StageContext,
     ) -> Result<BackendSession, StageError> {
-        let mut backoff = Duration::from_millis(500);
+        let mut delays = crate::retry::backend_wait();
         let mut warned = false;
         loop {
             let opened = BackendSession::open(
@@ -193,6 +193,7 @@ impl Agent {
                         .unwrap_or_default()
                 )));
             }
+            let backoff = delays.next().unwrap_or(Duration::from_secs(5));
             if tokio::time::Instant::now() + backoff >= deadline {
                 return Err(StageError::Failed(format!(
                     "{why}; none came back within the episode's time limit"
@@ -203,7 +204,6 @@ impl Agent {
                 warned = true;
             }
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 }

@@ -263,7 +263,7 @@ pub(crate) async fn await_ready(
     mut alive: impl FnMut() -> Result<(), String>,
 ) -> Result<(SandboxClient, Duration), SandboxError> {
     let deadline = started + timeout;
-    let mut wait = Duration::from_micros(200);
+    let mut waits = crate::retry::sandbox_socket();
     loop {
         if let Ok(client) = SandboxClient::connect(socket).await {
             client.ping().await?;
@@ -278,8 +278,7 @@ pub(crate) async fn await_ready(
                 message: format!("the sandbox server did not open its socket within {timeout:?}"),
             });
         }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(Duration::from_millis(10));
+        tokio::time::sleep(waits.next().unwrap_or(Duration::from_millis(10))).await;
     }
 }
 

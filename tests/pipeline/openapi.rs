@@ -63,3 +63,19 @@ async fn the_api_answers_as_its_document_says() {
     // It did test the operations (not zero by a bad filter).
     assert!(said.contains("Tested: 12"), "{said}");
 }
+
+/// The whole document as a gateway serves it, compared with the reviewed copy in
+/// `snapshots/`: every change to the API (a field, a status, a parameter, a description)
+/// shows up as a diff to review (`cargo insta review`, or `INSTA_UPDATE=always` to take
+/// the new document) instead of slipping through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_document_is_the_reviewed_one() {
+    let env = TestEnv::start(|_| {}).await;
+    let doc: serde_json::Value = reqwest::get(format!("{}/openapi.json", env.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    insta::assert_snapshot!("openapi", serde_json::to_string_pretty(&doc).unwrap());
+}
