@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 struct Env {
     client: Client,
-    deps: rollout::worker::WorkerDeps,
+    deps: rollout::wiring::Services,
     shutdown: CancellationToken,
     _nats: NatsServer,
     _dir: tempfile::TempDir,

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use rollout::sandbox::{Backends, Label, RuntimeKind, Sandbox, SandboxLimits, StartRequest};
+use rollout::sandbox::{Label, RuntimeKind, Runtimes, Sandbox, SandboxLimits, StartRequest};
 
 fn quick() -> bool {
     std::env::var_os("BENCH_QUICK").is_some()
@@ -78,7 +78,7 @@ fn request(root: &Path, kind: RuntimeKind, env: &[(&str, &str)]) -> StartRequest
 }
 
 async fn start(root: &Path, kind: RuntimeKind, env: &[(&str, &str)]) -> Sandbox {
-    Backends::default()
+    Runtimes::default()
         .get(kind)
         .start(&request(root, kind, env))
         .await
@@ -456,7 +456,7 @@ async fn main() {
     let starts = if quick() { 10 } else { 100 };
     let mut ready = Vec::new();
     let mut floor = Vec::new();
-    let backends = Backends::default();
+    let backends = Runtimes::default();
     for _ in 0..starts {
         floor.push(bwrap_true());
         let req = request(root.path(), RuntimeKind::Bwrap, &[]);

@@ -37,7 +37,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
+use crate::config::{ReconcilerSettings, Settings};
 use crate::domain::now_ms;
 use crate::domain::{Outcome, Status, WorkMessage};
 use crate::queue::{Queue, QueueError};
@@ -78,12 +78,40 @@ pub struct Sweep {
     pub errors: usize,
 }
 
+/// The settings the reconciler reads: its own section, and the queue's and sandboxes'
+/// limits it enforces on jobs it repairs.
+#[derive(Debug, Clone)]
+pub struct SweepSettings {
+    /// How often, how far back, how many.
+    pub reconciler: ReconcilerSettings,
+    /// `queue.delivery_limit`: a running job whose claims reach three times this is
+    /// failed instead of requeued.
+    pub delivery_limit: i64,
+    /// `queue.duplicate_window_ms`: overdue hand-offs are re-published only inside half
+    /// of it, where the server still drops a copy of one that exists.
+    pub duplicate_window_ms: u64,
+    /// `sandbox.max_restarts`: how often an abandoned RUN may go back to INIT.
+    pub max_restarts: i64,
+}
+
+impl SweepSettings {
+    /// The reconciler's part of `settings`.
+    pub fn from_settings(settings: &Settings) -> Self {
+        Self {
+            reconciler: settings.reconciler.clone(),
+            delivery_limit: settings.queue.delivery_limit,
+            duplicate_window_ms: settings.queue.duplicate_window_ms,
+            max_restarts: settings.sandbox.max_restarts,
+        }
+    }
+}
+
 /// Runs sweeps every `reconciler.interval_ms`, and handles max-deliveries advisories,
 /// until `shutdown` fires.
 pub async fn run(
     store: Arc<dyn Store>,
     queue: Queue,
-    settings: Arc<Settings>,
+    settings: SweepSettings,
     shutdown: CancellationToken,
 ) {
     // Its failure is logged and shuts the process down (see `supervise`); the sweeps
@@ -123,7 +151,7 @@ pub async fn run(
 pub async fn sweep(
     store: &dyn Store,
     queue: &Queue,
-    settings: &Settings,
+    settings: &SweepSettings,
 ) -> Result<Sweep, ReconcileError> {
     let r = &settings.reconciler;
     let now = now_ms();
@@ -139,7 +167,7 @@ pub async fn sweep(
                 republish(store, queue, &job, now, true).await,
                 &mut out.republished,
             ),
-            _ if job.attempts >= 3 * settings.queue.delivery_limit => (
+            _ if job.attempts >= 3 * settings.delivery_limit => (
                 "fail",
                 fail_stuck(store, queue, &job, now).await,
                 &mut out.failed,
@@ -155,7 +183,7 @@ pub async fn sweep(
     // Hand-offs overdue by a short margin, while the server would still drop a copy of
     // one that exists: checked once each, with no event (most are only waiting for a
     // free worker).
-    let window = settings.queue.duplicate_window_ms as i64 / 2;
+    let window = settings.duplicate_window_ms as i64 / 2;
     let after = r.republish_after_ms as i64;
     if after > 0 && after < window {
         for job in store
@@ -175,7 +203,7 @@ pub async fn sweep(
     }
     for run in store.abandoned_runs(now, r.batch_limit).await? {
         let id = run.msg.job_id.clone();
-        let max = settings.sandbox.max_restarts;
+        let max = settings.max_restarts;
         if run.restarts >= max {
             let done = fail_abandoned(store, queue, &run, max, now).await;
             count(&id, "fail", done, &mut out.failed, &mut out.errors);

@@ -20,7 +20,7 @@ use crate::natsd::{NatsServer, NatsdError};
 use crate::queue::{Queue, QueueError};
 use crate::store::{self, StoreError};
 use crate::supervise::{Essential, TaskFailed, spawn_essential};
-use crate::worker::{Worker, WorkerDeps, WorkerError};
+use crate::worker::{Worker, WorkerError, WorkerSettings};
 
 /// A failure to start.
 #[derive(Debug, thiserror::Error)]
@@ -54,12 +54,30 @@ pub enum StartError {
     },
 }
 
+/// What a connected process holds: the database, the queue, the task kinds and the
+/// node's sandboxes, with the settings they were made from. Cheap to clone. The gateway
+/// and the workers each take the parts they use.
+#[derive(Clone)]
+pub struct Services {
+    /// Job state.
+    pub store: Arc<dyn crate::store::Store>,
+    /// The queue.
+    pub queue: Queue,
+    /// Known task kinds.
+    pub kinds: Registry,
+    /// This node's sandboxes (for the reaper and the gateway's report; the kinds hold
+    /// their own handle).
+    pub sandboxes: Arc<crate::sandbox::NodeSandboxes>,
+    /// Settings.
+    pub settings: Arc<Settings>,
+}
+
 /// Connects to the database (migrating it) and NATS (provisioning streams).
 pub async fn connect(
     settings: Arc<Settings>,
     name: &str,
     wait_for_nats: bool,
-) -> Result<WorkerDeps, StartError> {
+) -> Result<Services, StartError> {
     let url = settings.database_url();
     tracing::info!(
         database = %crate::config::redact_url(&url),
@@ -69,10 +87,16 @@ pub async fn connect(
     let store = store::connect(&url, settings.database.max_connections).await?;
     crate::backends::pool::register_configured(store.as_ref(), &settings.backends).await?;
     let queue = Queue::connect(&settings, name, wait_for_nats).await?;
-    let sandboxes = Arc::new(crate::sandbox::NodeSandboxes::new(&settings, store.clone()));
+    let sandboxes = Arc::new(crate::sandbox::NodeSandboxes::new(
+        &settings.sandbox,
+        &settings.node.name,
+        settings.sandbox_root(),
+        settings.sandbox_server_bin(),
+        store.clone(),
+    ));
     sandboxes.log_report();
     let kinds = Registry::builtin(sandboxes.clone(), store.clone(), settings.clone());
-    Ok(WorkerDeps {
+    Ok(Services {
         store,
         queue,
         kinds,
@@ -83,7 +107,7 @@ pub async fn connect(
 
 /// Runs the gateway (and, if enabled, the reconciler) on `listener` until `shutdown`.
 pub async fn run_gateway(
-    deps: WorkerDeps,
+    deps: Services,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
@@ -109,7 +133,7 @@ pub async fn run_gateway(
             crate::reconciler::run(
                 deps.store.clone(),
                 deps.queue.clone(),
-                deps.settings.clone(),
+                crate::reconciler::SweepSettings::from_settings(&deps.settings),
                 shutdown.clone(),
             ),
         ));
@@ -163,14 +187,21 @@ pub async fn bind(addr: &str) -> Result<tokio::net::TcpListener, StartError> {
 
 /// Runs `count` workers of `stage` in this process until `shutdown`, then drains them.
 pub async fn run_workers(
-    deps: WorkerDeps,
+    deps: Services,
     stage: Stage,
     count: usize,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
     let mut set = JoinSet::new();
+    let settings = WorkerSettings::from_settings(&deps.settings);
     for _ in 0..count {
-        let worker = Worker::new(stage, deps.clone());
+        let worker = Worker::new(
+            stage,
+            deps.store.clone(),
+            deps.queue.clone(),
+            deps.kinds.clone(),
+            settings.clone(),
+        );
         set.spawn(worker.run(shutdown.clone()));
     }
     let mut panicked = None;

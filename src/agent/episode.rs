@@ -19,6 +19,7 @@
 //! At every turn boundary the job's status is read while the turn is generated (so the
 //! read costs nothing), and a job nobody wants any more stops within that turn.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -148,92 +149,191 @@ pub enum EpisodeError {
 }
 
 /// Runs `ep`: turns from `llm`, tools on `runner`, the status read from `guard`.
+///
+/// Every way out after the opening prompt keeps what was produced: an episode that ends
+/// returns its trajectory with the reason, one that fails carries the turns so far.
 pub async fn run(
     ep: &Episode,
     llm: &mut dyn Generator,
     runner: &dyn ToolRunner,
     guard: &dyn TurnGuard,
 ) -> Result<Trajectory, EpisodeError> {
-    let model = ep.model.as_ref();
     let schemas: Vec<Value> = ep.tools.iter().filter_map(|t| tools::schema(t)).collect();
-    let offered = (!schemas.is_empty()).then_some(&schemas[..]);
-    let setup = |e: &dyn std::fmt::Display| EpisodeError::Setup(e.to_string());
-    let glue = TurnGlue::new(
-        model.template_for(offered.is_some()),
-        &model.eos_token,
-        offered,
-        &ep.template_args,
-    )
-    .map_err(|e| setup(&e))?;
-    let prompt_ids = initial_prompt(ep, &schemas).await?;
-    let mut traj = Trajectory::new(prompt_ids, &ep.model_name, ep.messages.clone());
-    // Every turn stops on the model's stop tokens as well as the task's.
-    let mut base_sampling = ep.sampling.clone();
-    for &id in &model.stop_ids {
-        if !base_sampling.stop_token_ids.contains(&id) {
-            base_sampling.stop_token_ids.push(id);
+    let mut state = EpisodeState::start(ep, &schemas).await?;
+    let finish = loop {
+        match state.turn(llm, runner, guard).await {
+            Ok(ControlFlow::Continue(())) => {}
+            Ok(ControlFlow::Break(reason)) => break reason,
+            Err(stop) => return Err(stop.with_partial(finish_partial(state.traj, llm))),
+        }
+    };
+    Ok(state.finish(finish, &schemas, llm).await)
+}
+
+/// Why a turn stopped the episode without a trajectory to score; [`run`] adds the
+/// partial trajectory and makes it an [`EpisodeError`].
+enum Stop {
+    Cancelled,
+    Backend(String),
+    Sandbox(String),
+    Template(String),
+}
+
+impl Stop {
+    fn with_partial(self, partial: Trajectory) -> EpisodeError {
+        let partial = Box::new(partial);
+        match self {
+            Stop::Cancelled => EpisodeError::Cancelled,
+            Stop::Backend(message) => EpisodeError::Backend { message, partial },
+            Stop::Sandbox(message) => EpisodeError::Sandbox { message, partial },
+            Stop::Template(message) => EpisodeError::Template { message, partial },
         }
     }
-    let mut context = traj.prompt_ids.clone();
-    // Messages whose tokens are in `context` (the drift check renders exactly these).
-    let mut rendered = traj.messages.len();
-    // Whether the last model turn ended with the end-of-turn token (a re-render adds it
-    // after a turn that was cut).
-    let mut last_ended = true;
-    let finish = 'episode: loop {
-        if traj.turns.len() >= ep.limits.max_turns {
-            break FinishReason::MaxTurns;
+}
+
+/// How a turn's tool calls ended.
+enum ToolsEnd {
+    /// They ran (or were refused); these observations follow.
+    Ran(Vec<Value>),
+    /// The model called `finish` with this answer.
+    Finished(String),
+    /// The episode's deadline passed during a call.
+    TimedOut,
+    /// The sandbox died or stopped answering.
+    SandboxFailed(String),
+}
+
+/// An episode in progress: the trajectory, the token context sent to the backend, and
+/// what the drift check needs to know about how it was built.
+struct EpisodeState<'a> {
+    ep: &'a Episode,
+    glue: TurnGlue<'a>,
+    /// The task's sampling parameters, plus the model's stop tokens.
+    sampling: Sampling,
+    traj: Trajectory,
+    /// The prompt and every token appended since: what the next turn sends.
+    context: Vec<u32>,
+    /// Messages whose tokens are in `context` (the drift check renders exactly these).
+    rendered: usize,
+    /// Whether the last model turn ended with the end-of-turn token (a re-render adds
+    /// it after a turn that was cut).
+    last_ended: bool,
+}
+
+impl<'a> EpisodeState<'a> {
+    /// Renders and tokenizes the opening prompt.
+    async fn start(ep: &'a Episode, schemas: &'a [Value]) -> Result<Self, EpisodeError> {
+        let model = ep.model.as_ref();
+        let offered = (!schemas.is_empty()).then_some(schemas);
+        let glue = TurnGlue::new(
+            model.template_for(offered.is_some()),
+            &model.eos_token,
+            offered,
+            &ep.template_args,
+        )
+        .map_err(|e| EpisodeError::Setup(e.to_string()))?;
+        let prompt_ids = initial_prompt(ep, schemas).await?;
+        let traj = Trajectory::new(prompt_ids, &ep.model_name, ep.messages.clone());
+        // Every turn stops on the model's stop tokens as well as the task's.
+        let mut sampling = ep.sampling.clone();
+        for &id in &model.stop_ids {
+            if !sampling.stop_token_ids.contains(&id) {
+                sampling.stop_token_ids.push(id);
+            }
         }
-        let room = ep.limits.max_tokens.saturating_sub(context.len());
+        Ok(Self {
+            ep,
+            glue,
+            sampling,
+            context: traj.prompt_ids.clone(),
+            rendered: traj.messages.len(),
+            traj,
+            last_ended: true,
+        })
+    }
+
+    /// One turn: the model's, then its tools', then the observation's tokens.
+    async fn turn(
+        &mut self,
+        llm: &mut dyn Generator,
+        runner: &dyn ToolRunner,
+        guard: &dyn TurnGuard,
+    ) -> Result<ControlFlow<FinishReason>, Stop> {
+        let limits = &self.ep.limits;
+        if self.traj.turns.len() >= limits.max_turns {
+            return Ok(ControlFlow::Break(FinishReason::MaxTurns));
+        }
+        let room = limits.max_tokens.saturating_sub(self.context.len());
         if room == 0 {
-            break FinishReason::ContextLength;
+            return Ok(ControlFlow::Break(FinishReason::ContextLength));
         }
-        let turn_index = traj.turns.len();
         let t_turn = Instant::now();
-        let mut sampling = base_sampling.clone();
+        let (generated, llm_us) = match self.generate(llm, guard, room).await? {
+            ControlFlow::Continue(g) => g,
+            ControlFlow::Break(reason) => return Ok(ControlFlow::Break(reason)),
+        };
+        let (mut turn, parsed, whole) = self.take_model_turn(generated, llm_us);
+        let flow = self.after_model(&parsed, &mut turn, whole, runner).await;
+        end_turn(&mut self.traj, turn, t_turn);
+        flow
+    }
+
+    /// Generates the turn, reading the job's status alongside (so the read costs
+    /// nothing) and watching the deadline; returns the generation and its latency.
+    async fn generate(
+        &self,
+        llm: &mut dyn Generator,
+        guard: &dyn TurnGuard,
+        room: usize,
+    ) -> Result<ControlFlow<FinishReason, (Generated, u64)>, Stop> {
+        let mut sampling = self.sampling.clone();
         // A task's own `max_tokens` can only lower the per-turn limit.
         let asked = sampling.max_tokens.map_or(usize::MAX, |m| m as usize);
-        sampling.max_tokens = Some(ep.limits.max_new_tokens.min(asked).min(room) as u64);
-
-        // The turn: generation, with the status read alongside and the deadline above.
+        sampling.max_tokens = Some(self.ep.limits.max_new_tokens.min(asked).min(room) as u64);
         let t_llm = Instant::now();
-        let generated = {
-            let generate = llm.generate(&context, &sampling, turn_index);
-            let check = guard.still_wanted();
-            tokio::pin!(generate, check);
-            let mut checked = false;
-            loop {
-                tokio::select! {
-                    g = &mut generate => break g,
-                    wanted = &mut check, if !checked => {
-                        checked = true;
-                        if !wanted {
-                            return Err(EpisodeError::Cancelled);
-                        }
+        let generate = llm.generate(&self.context, &sampling, self.traj.turns.len());
+        let check = guard.still_wanted();
+        tokio::pin!(generate, check);
+        let mut checked = false;
+        let generated = loop {
+            tokio::select! {
+                g = &mut generate => break g,
+                wanted = &mut check, if !checked => {
+                    checked = true;
+                    if !wanted {
+                        return Err(Stop::Cancelled);
                     }
-                    _ = tokio::time::sleep_until(ep.deadline) => break 'episode FinishReason::Timeout,
+                }
+                _ = tokio::time::sleep_until(self.ep.deadline) => {
+                    return Ok(ControlFlow::Break(FinishReason::Timeout));
                 }
             }
         };
         let llm_us = t_llm.elapsed().as_micros() as u64;
+        match generated {
+            Ok(g) => Ok(ControlFlow::Continue((g, llm_us))),
+            Err(GenerateError::ContextFull(_)) => {
+                Ok(ControlFlow::Break(FinishReason::ContextLength))
+            }
+            Err(e) => Err(Stop::Backend(e.to_string())),
+        }
+    }
+
+    /// Appends the model's tokens verbatim, decodes them only to find tool calls, and
+    /// records the assistant message; returns the turn's record, the parsed text and
+    /// whether the turn is whole (not cut by the length limit before a stop token).
+    fn take_model_turn(&mut self, generated: Generated, llm_us: u64) -> (Turn, ParsedTurn, bool) {
         let Generated {
             generation: g,
             backend,
             logprobs_mode,
             backend_wait,
-        } = match generated {
-            Ok(g) => g,
-            Err(GenerateError::ContextFull(_)) => break FinishReason::ContextLength,
-            Err(e) => {
-                return Err(EpisodeError::Backend {
-                    message: e.to_string(),
-                    partial: Box::new(finish_partial(traj, llm)),
-                });
-            }
-        };
+        } = generated;
+        let model = self.ep.model.as_ref();
+        let traj = &mut self.traj;
         let model_start = traj.response_ids.len();
         traj.push_model(&g.token_ids, &g.logprobs);
-        context.extend_from_slice(&g.token_ids);
+        self.context.extend_from_slice(&g.token_ids);
         traj.backend = backend.clone();
         // Any of the model's stop tokens ends a turn (Llama's `<|eom_id|>` after a tool
         // call as well as its `<|eot_id|>`); without one, a stop string or the length
@@ -242,15 +342,15 @@ pub async fn run(
             .token_ids
             .last()
             .is_some_and(|t| model.stop_ids.contains(t));
-        last_ended = ended_with_eos;
+        self.last_ended = ended_with_eos;
         let body = if ended_with_eos {
             &g.token_ids[..g.token_ids.len() - 1]
         } else {
             &g.token_ids[..]
         };
         let text = model.tokenizer.decode(body).unwrap_or_default();
-        let parsed = ep.parser.parse(&text);
-        let mut turn = Turn {
+        let parsed = self.ep.parser.parse(&text);
+        let turn = Turn {
             text,
             model_range: [model_start, traj.response_ids.len()],
             observation_range: [traj.response_ids.len(); 2],
@@ -262,29 +362,85 @@ pub async fn run(
             tool_latency_us: 0,
             overhead_us: 0,
             cached_prompt_tokens: g.cached_prompt_tokens,
-            prompt_tokens: context.len() - g.token_ids.len(),
+            prompt_tokens: self.context.len() - g.token_ids.len(),
             logprobs_mode,
         };
         traj.note_logprobs_mode(logprobs_mode);
         traj.messages.push(assistant_message(&parsed));
-        if !ended_with_eos && g.finish == Finish::Length {
-            let why = if context.len() >= ep.limits.max_tokens {
-                FinishReason::ContextLength
-            } else {
-                FinishReason::TurnLength
-            };
-            end_turn(&mut traj, turn, t_turn);
-            break why;
-        }
+        let cut = !ended_with_eos && g.finish == Finish::Length;
+        (turn, parsed, !cut)
+    }
 
-        // The tools.
-        let mut observations = Vec::new();
-        let mut finished = None;
-        if parsed.calls.is_empty() {
-            if ep.limits.stop_without_tool_call {
-                end_turn(&mut traj, turn, t_turn);
-                break FinishReason::NoToolCall;
+    /// What follows the model's tokens: the tools, then the observation's tokens, unless
+    /// a limit or an answer ends the episode first. `whole` is false when the turn was
+    /// cut by the length limit.
+    async fn after_model(
+        &mut self,
+        parsed: &ParsedTurn,
+        turn: &mut Turn,
+        whole: bool,
+        runner: &dyn ToolRunner,
+    ) -> Result<ControlFlow<FinishReason>, Stop> {
+        let ep = self.ep;
+        if !whole {
+            return Ok(ControlFlow::Break(
+                if self.context.len() >= ep.limits.max_tokens {
+                    FinishReason::ContextLength
+                } else {
+                    FinishReason::TurnLength
+                },
+            ));
+        }
+        if parsed.calls.is_empty() && ep.limits.stop_without_tool_call {
+            return Ok(ControlFlow::Break(FinishReason::NoToolCall));
+        }
+        let observations = match self.run_tools(parsed, turn, runner).await {
+            ToolsEnd::Ran(observations) => observations,
+            ToolsEnd::Finished(answer) => {
+                self.traj.answer = Some(answer);
+                return Ok(ControlFlow::Break(FinishReason::Finished));
             }
+            ToolsEnd::TimedOut => return Ok(ControlFlow::Break(FinishReason::Timeout)),
+            ToolsEnd::SandboxFailed(message) => return Err(Stop::Sandbox(message)),
+        };
+        self.traj.messages.extend(observations.iter().cloned());
+        if self.traj.turns.len() + 1 >= ep.limits.max_turns {
+            // The tools ran (their effects count for scoring), but no turn follows.
+            return Ok(ControlFlow::Break(FinishReason::MaxTurns));
+        }
+        let obs_ids = self
+            .glue
+            .between_turns(&observations, self.last_ended)
+            .map_err(|e| e.to_string())
+            .and_then(|text| ep.model.tokenizer.encode(&text).map_err(|e| e.to_string()))
+            .map_err(|e| {
+                Stop::Template(format!(
+                    "the chat template failed on the observation of turn {}: {e}",
+                    self.traj.turns.len() + 1
+                ))
+            })?;
+        if self.context.len() + obs_ids.len() >= ep.limits.max_tokens {
+            return Ok(ControlFlow::Break(FinishReason::ContextLength));
+        }
+        self.traj.push_observation(&obs_ids);
+        self.context.extend_from_slice(&obs_ids);
+        self.rendered = self.traj.messages.len();
+        turn.observation_range = [turn.observation_range[0], self.traj.response_ids.len()];
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Runs the turn's calls in order, recording each; a malformed call or an unknown
+    /// tool becomes an error observation. A turn without calls (when that does not end
+    /// the episode) gets a reminder to use a tool.
+    async fn run_tools(
+        &self,
+        parsed: &ParsedTurn,
+        turn: &mut Turn,
+        runner: &dyn ToolRunner,
+    ) -> ToolsEnd {
+        let ep = self.ep;
+        let mut observations = Vec::new();
+        if parsed.calls.is_empty() {
             let nudge = format!(
                 "Your last message called no tool. Continue the task with a tool call ({}).",
                 ep.tools.join(", ")
@@ -308,11 +464,6 @@ pub async fn run(
                 Ok(c) => c,
             };
             if call.name == FINISH && ep.tools.iter().any(|t| t == FINISH) {
-                finished = Some(match &call.arguments["answer"] {
-                    Value::String(s) => s.clone(),
-                    Value::Null => String::new(),
-                    other => other.to_string(),
-                });
                 turn.tools.push(ToolRecord {
                     call: Some(call.clone()),
                     error: None,
@@ -320,7 +471,11 @@ pub async fn run(
                     ok: true,
                     latency_us: 0,
                 });
-                break;
+                return ToolsEnd::Finished(match &call.arguments["answer"] {
+                    Value::String(s) => s.clone(),
+                    Value::Null => String::new(),
+                    other => other.to_string(),
+                });
             }
             if !ep.tools.contains(&call.name) || call.name == FINISH {
                 let message = format!(
@@ -355,18 +510,14 @@ pub async fn run(
             let latency_us = t_tool.elapsed().as_micros() as u64;
             turn.tool_latency_us += latency_us;
             let resp = match resp {
-                Err(_) => {
-                    end_turn(&mut traj, turn, t_turn);
-                    break 'episode FinishReason::Timeout;
-                }
+                Err(_) => return ToolsEnd::TimedOut,
                 Ok(Err(
                     e @ (SandboxError::Closed | SandboxError::Io(_) | SandboxError::NoAnswer(_)),
                 )) => {
-                    end_turn(&mut traj, turn, t_turn);
-                    return Err(EpisodeError::Sandbox {
-                        message: format!("the sandbox failed during turn {}: {e}", turn_index + 1),
-                        partial: Box::new(finish_partial(traj, llm)),
-                    });
+                    return ToolsEnd::SandboxFailed(format!(
+                        "the sandbox failed during turn {}: {e}",
+                        self.traj.turns.len() + 1
+                    ));
                 }
                 Ok(Err(e)) => crate::sandbox::protocol::Response::err(
                     0,
@@ -386,68 +537,50 @@ pub async fn run(
                 latency_us,
             });
         }
-        if let Some(answer) = finished {
-            traj.answer = Some(answer);
-            end_turn(&mut traj, turn, t_turn);
-            break FinishReason::Finished;
-        }
-        traj.messages.extend(observations.iter().cloned());
-        if traj.turns.len() + 1 >= ep.limits.max_turns {
-            // The tools ran (their effects count for scoring), but no turn follows.
-            end_turn(&mut traj, turn, t_turn);
-            break FinishReason::MaxTurns;
-        }
-        let obs_ids = match glue
-            .between_turns(&observations, ended_with_eos)
-            .map_err(|e| e.to_string())
-            .and_then(|text| model.tokenizer.encode(&text).map_err(|e| e.to_string()))
-        {
-            Ok(ids) => ids,
-            Err(e) => {
-                end_turn(&mut traj, turn, t_turn);
-                return Err(EpisodeError::Template {
-                    message: format!(
-                        "the chat template failed on the observation of turn {}: {e}",
-                        turn_index + 1
-                    ),
-                    partial: Box::new(finish_partial(traj, llm)),
-                });
-            }
-        };
-        if context.len() + obs_ids.len() >= ep.limits.max_tokens {
-            end_turn(&mut traj, turn, t_turn);
-            break FinishReason::ContextLength;
-        }
-        traj.push_observation(&obs_ids);
-        context.extend_from_slice(&obs_ids);
-        rendered = traj.messages.len();
-        turn.observation_range = [turn.observation_range[0], traj.response_ids.len()];
-        end_turn(&mut traj, turn, t_turn);
-    };
-    // Messages after `rendered` ran but their tokens were not appended.
-    let in_tokens = traj.messages[..covered(&traj, rendered)].to_vec();
-    traj.finish_reason = Some(finish);
-    traj.backend_switches.extend(llm.take_switches());
-    metrics::counter!(EPISODES, "finish_reason" => finish.as_str()).increment(1);
-    // What a re-render may add after our last token without it being drift: the
-    // template's text after an end-of-turn token, and the token itself after a turn
-    // that was cut before it.
-    let tail = if last_ended || rendered == traj.messages.len() {
-        glue.tail().to_string()
-    } else {
-        format!("{}{}", model.eos_token, glue.tail())
-    };
-    drop(glue);
-    let drift = drift_check(ep, schemas, in_tokens, traj.all_ids(), tail).await;
-    match drift {
-        Ok(d) => {
-            metrics::counter!(DRIFT_CHECKS, "model" => ep.model_name.clone(), "drift" => if d.identical { "false" } else { "true" })
-                .increment(1);
-            traj.drift = Some(d);
-        }
-        Err(e) => tracing::warn!(error = %e, "drift check failed"),
+        ToolsEnd::Ran(observations)
     }
-    Ok(traj)
+
+    /// Closes the episode with `finish`: the backend switches, the metric, and the drift
+    /// check of the tokens against a re-render of the conversation.
+    async fn finish(
+        self,
+        finish: FinishReason,
+        schemas: &[Value],
+        llm: &mut dyn Generator,
+    ) -> Trajectory {
+        let Self {
+            ep,
+            glue,
+            mut traj,
+            rendered,
+            last_ended,
+            ..
+        } = self;
+        // Messages after `rendered` ran but their tokens were not appended.
+        let in_tokens = traj.messages[..covered(&traj, rendered)].to_vec();
+        traj.finish_reason = Some(finish);
+        traj.backend_switches.extend(llm.take_switches());
+        metrics::counter!(EPISODES, "finish_reason" => finish.as_str()).increment(1);
+        // What a re-render may add after our last token without it being drift: the
+        // template's text after an end-of-turn token, and the token itself after a turn
+        // that was cut before it.
+        let tail = if last_ended || rendered == traj.messages.len() {
+            glue.tail().to_string()
+        } else {
+            format!("{}{}", ep.model.eos_token, glue.tail())
+        };
+        drop(glue);
+        let drift = drift_check(ep, schemas.to_vec(), in_tokens, traj.all_ids(), tail).await;
+        match drift {
+            Ok(d) => {
+                metrics::counter!(DRIFT_CHECKS, "model" => ep.model_name.clone(), "drift" => if d.identical { "false" } else { "true" })
+                    .increment(1);
+                traj.drift = Some(d);
+            }
+            Err(e) => tracing::warn!(error = %e, "drift check failed"),
+        }
+        traj
+    }
 }
 
 /// The opening conversation rendered and tokenized, off the async threads: a long

@@ -27,7 +27,7 @@ pub const SERVER_PATH: &str = "/run/rollout-sandbox";
 
 /// See the module documentation.
 #[derive(Debug, Clone)]
-pub struct ApptainerBackend {
+pub struct ApptainerRuntime {
     /// The `apptainer` (or `singularity`) executable.
     pub program: PathBuf,
     /// Whether a `network: true` sandbox may share the host's network. Apptainer gives
@@ -37,9 +37,9 @@ pub struct ApptainerBackend {
     pub host_network: bool,
 }
 
-impl Default for ApptainerBackend {
+impl Default for ApptainerRuntime {
     fn default() -> Self {
-        ApptainerBackend {
+        ApptainerRuntime {
             program: PathBuf::from("apptainer"),
             host_network: false,
         }
@@ -63,7 +63,7 @@ pub fn instance_name(dir: &Path) -> String {
     format!("rollout-{clean}")
 }
 
-impl ApptainerBackend {
+impl ApptainerRuntime {
     /// `apptainer instance start …` arguments (public so tests can check them).
     pub fn start_args(&self, req: &StartRequest, image: &str) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec!["instance".into(), "start".into()];
@@ -117,7 +117,7 @@ impl ApptainerBackend {
 }
 
 #[async_trait::async_trait]
-impl SandboxRuntime for ApptainerBackend {
+impl SandboxRuntime for ApptainerRuntime {
     fn kind(&self) -> RuntimeKind {
         RuntimeKind::Apptainer
     }

@@ -65,7 +65,7 @@ const ETC: &[&str] = &[
 
 /// See the module documentation.
 #[derive(Debug, Clone)]
-pub struct BwrapBackend {
+pub struct BwrapRuntime {
     /// The bubblewrap executable.
     pub program: PathBuf,
     /// When the worker is root: the first host user id for sandboxes, and how many.
@@ -78,9 +78,9 @@ pub struct BwrapBackend {
     pub cgroups: super::cgroup::Cgroups,
 }
 
-impl Default for BwrapBackend {
+impl Default for BwrapRuntime {
     fn default() -> Self {
-        BwrapBackend {
+        BwrapRuntime {
             program: PathBuf::from("bwrap"),
             uid_range: (1_000_000_000, 1_000_000),
             gid: 65534,
@@ -90,7 +90,7 @@ impl Default for BwrapBackend {
     }
 }
 
-impl BwrapBackend {
+impl BwrapRuntime {
     /// A host user id for a new sandbox under `root`: random in the range, and not one
     /// that a sandbox there (by its label) or a running process uses.
     fn pick_uid(&self, root: &Path) -> u32 {
@@ -285,7 +285,7 @@ pub fn shell_copy(root: &Path) -> std::io::Result<PathBuf> {
 }
 
 #[async_trait::async_trait]
-impl SandboxRuntime for BwrapBackend {
+impl SandboxRuntime for BwrapRuntime {
     fn kind(&self) -> RuntimeKind {
         RuntimeKind::Bwrap
     }

@@ -4,7 +4,7 @@
 //! the identity of its root process: the pid *and* that process's start time from
 //! `/proc/<pid>/stat`, so a pid reused by an unrelated process after a reboot or a long
 //! uptime is never mistaken for the sandbox and never killed. Apptainer sandboxes also
-//! carry their instance name. The reaper and [`crate::sandbox::Backends::stop`] act on labels only.
+//! carry their instance name. The reaper and [`crate::sandbox::Runtimes::stop`] act on labels only.
 
 use super::{RuntimeKind, SandboxError};
 use serde::{Deserialize, Serialize};

@@ -8,10 +8,10 @@ use super::{Label, RuntimeKind, Sandbox, SandboxError, SandboxRuntime, StartRequ
 
 /// See the module documentation.
 #[derive(Debug, Default)]
-pub struct LocalBackend;
+pub struct LocalRuntime;
 
 #[async_trait::async_trait]
-impl SandboxRuntime for LocalBackend {
+impl SandboxRuntime for LocalRuntime {
     fn kind(&self) -> RuntimeKind {
         RuntimeKind::Local
     }

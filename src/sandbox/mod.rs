@@ -8,11 +8,11 @@
 //! and hands the server the listening descriptor, so the socket file sits where nothing
 //! inside the sandbox can replace it.
 //!
-//! Backends: [`local`] (a plain child process, no isolation, for development),
+//! Runtimes: [`local`] (a plain child process, no isolation, for development),
 //! [`bwrap`] (bubblewrap: rootless namespaces, the default on Linux) and [`apptainer`]
 //! (Apptainer/Singularity instances from `.sif` images, for HPC clusters). Every sandbox is
 //! found again through its label — the job id, node, backend and process identity written
-//! at start — never by process name, which is how [`Backends::stop`] and the reaper remove one after
+//! at start — never by process name, which is how [`Runtimes::stop`] and the reaper remove one after
 //! a worker crash.
 
 pub mod apptainer;
@@ -164,20 +164,20 @@ pub trait SandboxRuntime: Send + Sync {
     async fn stop(&self, label: &Label) -> Result<(), SandboxError>;
 }
 
-/// One configured instance of each backend: what a worker uses to start sandboxes and
-/// what the reaper uses to stop them, whichever backend a label names.
+/// One configured instance of each runtime: what a worker uses to start sandboxes and
+/// what the reaper uses to stop them, whichever runtime a label names.
 #[derive(Default)]
-pub struct Backends {
-    /// The `local` backend.
-    pub local: local::LocalBackend,
-    /// The `bwrap` backend.
-    pub bwrap: bwrap::BwrapBackend,
-    /// The `apptainer` backend.
-    pub apptainer: apptainer::ApptainerBackend,
+pub struct Runtimes {
+    /// The `local` runtime.
+    pub local: local::LocalRuntime,
+    /// The `bwrap` runtime.
+    pub bwrap: bwrap::BwrapRuntime,
+    /// The `apptainer` runtime.
+    pub apptainer: apptainer::ApptainerRuntime,
 }
 
-impl Backends {
-    /// The backend for `kind`.
+impl Runtimes {
+    /// The runtime for `kind`.
     pub fn get(&self, kind: RuntimeKind) -> &dyn SandboxRuntime {
         match kind {
             RuntimeKind::Local => &self.local,

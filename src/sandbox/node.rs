@@ -12,8 +12,8 @@
 //! reconciler then sends the waiting job back to INIT.
 
 use super::spec::SandboxSpec;
-use super::{Backends, Label, RuntimeKind, Sandbox, SandboxClient, SandboxError, StartRequest};
-use crate::config::Settings;
+use super::{Label, RuntimeKind, Runtimes, Sandbox, SandboxClient, SandboxError, StartRequest};
+use crate::config::SandboxSettings;
 use crate::store::{SandboxRecord, Store};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -67,9 +67,9 @@ pub struct SandboxReport {
 
 /// The sandboxes of this node.
 pub struct NodeSandboxes {
-    backends: Backends,
-    default_backend: RuntimeKind,
-    settings: crate::config::SandboxSettings,
+    runtimes: Runtimes,
+    default_runtime: RuntimeKind,
+    settings: SandboxSettings,
     root: PathBuf,
     server_bin: PathBuf,
     store: Arc<dyn Store>,
@@ -78,12 +78,18 @@ pub struct NodeSandboxes {
 }
 
 impl NodeSandboxes {
-    /// The node's sandboxes as configured in `settings`.
-    pub fn new(settings: &Settings, store: Arc<dyn Store>) -> Self {
-        let s = &settings.sandbox;
-        let backends = Backends {
-            local: super::local::LocalBackend,
-            bwrap: super::bwrap::BwrapBackend {
+    /// The sandboxes of node `node`, configured by `s`: started from `server_bin` (the
+    /// in-sandbox server), each in its own directory under `root`, recorded in `store`.
+    pub fn new(
+        s: &SandboxSettings,
+        node: &str,
+        root: PathBuf,
+        server_bin: PathBuf,
+        store: Arc<dyn Store>,
+    ) -> Self {
+        let runtimes = Runtimes {
+            local: super::local::LocalRuntime,
+            bwrap: super::bwrap::BwrapRuntime {
                 program: s.bwrap.clone(),
                 uid_range: (s.unprivileged_uid_base, s.unprivileged_uid_count),
                 gid: s.unprivileged_gid,
@@ -98,19 +104,19 @@ impl NodeSandboxes {
                 },
                 cgroups: super::cgroup::Cgroups::probe(s.cgroup_parent.as_deref()),
             },
-            apptainer: super::apptainer::ApptainerBackend {
+            apptainer: super::apptainer::ApptainerRuntime {
                 program: s.apptainer.clone(),
                 host_network: s.apptainer_host_network,
             },
         };
         NodeSandboxes {
-            backends,
-            default_backend: RuntimeKind::parse(&s.backend).unwrap_or(RuntimeKind::Bwrap),
+            runtimes,
+            default_runtime: RuntimeKind::parse(&s.backend).unwrap_or(RuntimeKind::Bwrap),
             settings: s.clone(),
-            root: settings.sandbox_root(),
-            server_bin: settings.sandbox_server_bin(),
+            root,
+            server_bin,
             store,
-            node: settings.node.name.clone(),
+            node: node.to_string(),
             quota: super::quota::WorkspaceQuota::probe(),
         }
     }
@@ -120,9 +126,9 @@ impl NodeSandboxes {
         &self.node
     }
 
-    /// The backends, as configured.
-    pub fn backends(&self) -> &Backends {
-        &self.backends
+    /// The sandbox runtimes, as configured.
+    pub fn runtimes(&self) -> &Runtimes {
+        &self.runtimes
     }
 
     /// The directory of a job's sandbox.
@@ -137,7 +143,7 @@ impl NodeSandboxes {
     /// [`SandboxReport`]).
     pub fn report(&self) -> SandboxReport {
         let root = nix::unistd::geteuid().is_root();
-        let bw = &self.backends.bwrap;
+        let bw = &self.runtimes.bwrap;
         let net = super::net::probe(&bw.net);
         let cg = &bw.cgroups;
         let how = match cg {
@@ -149,7 +155,7 @@ impl NodeSandboxes {
         };
         let limit = |enforced: bool, detail: String| LimitReport { enforced, detail };
         SandboxReport {
-            backend: self.default_backend.as_str().to_string(),
+            backend: self.default_runtime.as_str().to_string(),
             network: limit(
                 net.is_ok(),
                 net.err().unwrap_or_else(|| {
@@ -236,7 +242,7 @@ impl NodeSandboxes {
     ) -> Result<Sandbox, SandboxError> {
         let dir = self.dir(job_id, purpose);
         self.remove(job_id, purpose, None).await;
-        let backend = spec.backend_or(self.default_backend);
+        let backend = spec.backend_or(self.default_runtime);
         if backend == RuntimeKind::Local && !self.settings.allow_local {
             return Err(SandboxError::Config(
                 "the local sandbox backend runs the agent's commands unsandboxed on the host; this node refuses it (set sandbox.allow_local = true to allow it)".into(),
@@ -298,7 +304,7 @@ impl NodeSandboxes {
             ro_binds,
             ready_timeout: Duration::from_millis(self.settings.ready_timeout_ms),
         };
-        let sandbox = match self.backends.get(backend).start(&req).await {
+        let sandbox = match self.runtimes.get(backend).start(&req).await {
             Ok(s) => s,
             Err(e) => {
                 metrics::counter!(crate::metrics::SANDBOX_START_FAILURES, "backend" => backend.as_str())
@@ -390,7 +396,7 @@ impl NodeSandboxes {
                 _ => return,
             }
         }
-        if let Err(e) = self.backends.stop(&dir).await {
+        if let Err(e) = self.runtimes.stop(&dir).await {
             tracing::warn!(job_id, dir = %dir.display(), error = %e, "cannot stop the sandbox");
         }
         if purpose == Purpose::Run
@@ -437,7 +443,7 @@ impl NodeSandboxes {
                 tracing::info!(sandbox = %name, reason, "reaping sandbox");
                 metrics::counter!(crate::metrics::SANDBOXES_REAPED, "reason" => reason)
                     .increment(1);
-                if let Err(e) = self.backends.stop(&dir).await {
+                if let Err(e) = self.runtimes.stop(&dir).await {
                     tracing::warn!(dir = %dir.display(), error = %e, "cannot stop the sandbox");
                 }
                 if recorded.contains(&name) {

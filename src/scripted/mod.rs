@@ -36,9 +36,11 @@ use crate::agent::model::ModelFiles;
 pub mod cache;
 pub mod demo;
 pub mod policy;
+mod requests;
 
 use cache::PrefixCache;
 use policy::{Policy, stable_hash};
+use requests::{CompletionRequest, GenerateRequest, Prompt, Stop};
 
 /// How the server behaves.
 #[derive(Debug)]
@@ -426,10 +428,10 @@ struct Ask {
 /// "no cut-off"). `None` when they are fine.
 fn refuse_sampling(
     format: &str,
-    top_k: &serde_json::Value,
-    seed: &serde_json::Value,
+    top_k: Option<i64>,
+    seed: Option<&serde_json::Number>,
 ) -> Option<Response> {
-    if let Some(k) = top_k.as_i64()
+    if let Some(k) = top_k
         && (k < -1 || (k == 0 && format == "sglang"))
     {
         let why = if format == "sglang" {
@@ -439,7 +441,9 @@ fn refuse_sampling(
         };
         return Some(bad_request_in(format, why));
     }
-    if !seed.is_null() && seed.as_i64().is_none() {
+    if let Some(seed) = seed
+        && seed.as_i64().is_none()
+    {
         return Some(bad_request_in(
             format,
             format!("seed must be an integer in [-2**63, 2**63 - 1], got {seed}."),
@@ -671,36 +675,13 @@ impl Drop for InFlight<'_> {
     }
 }
 
-fn stop_list(v: &serde_json::Value) -> Vec<String> {
-    match v {
-        serde_json::Value::String(s) => vec![s.clone()],
-        serde_json::Value::Array(a) => a
-            .iter()
-            .filter_map(|x| x.as_str().map(str::to_string))
-            .collect(),
-        _ => Vec::new(),
+/// The prompt's token IDs, refused when empty, as both servers refuse an empty prompt.
+fn non_empty(ids: Vec<u32>, field: &str) -> Result<Vec<u32>, String> {
+    if ids.is_empty() {
+        Err(format!("{field} must be a non-empty list of token IDs"))
+    } else {
+        Ok(ids)
     }
-}
-
-fn token_list(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_u64().and_then(|i| u32::try_from(i).ok()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn ids_of(v: &serde_json::Value, field: &str) -> Result<Vec<u32>, String> {
-    v.as_array()
-        .and_then(|a| {
-            a.iter()
-                .map(|x| x.as_u64().and_then(|i| u32::try_from(i).ok()))
-                .collect::<Option<Vec<u32>>>()
-        })
-        .filter(|ids| !ids.is_empty())
-        .ok_or_else(|| format!("{field} must be a non-empty list of token IDs"))
 }
 
 async fn completions(
@@ -715,8 +696,12 @@ async fn completions(
 
 async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
     let t0 = Instant::now();
+    let body: CompletionRequest = match requests::decode(body) {
+        Ok(b) => b,
+        Err(m) => return bad_request(m),
+    };
     // vLLM serves only the names it was started with.
-    let asked = body["model"].as_str().unwrap_or_default();
+    let asked = body.model.as_deref().unwrap_or_default();
     if asked != s.cfg.model_name && !s.cfg.aliases.iter().any(|a| a == asked) {
         return (
             StatusCode::NOT_FOUND,
@@ -730,24 +715,24 @@ async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
         )
             .into_response();
     }
-    let prompt = match &body["prompt"] {
-        serde_json::Value::String(text) => match s.cfg.model.tokenizer.encode(text) {
+    let prompt = match body.prompt {
+        Prompt::Text(text) => match s.cfg.model.tokenizer.encode(&text) {
             Ok(ids) => ids,
             Err(e) => return bad_request(format!("prompt: {e}")),
         },
-        v => match ids_of(v, "prompt") {
+        Prompt::Ids(ids) => match non_empty(ids, "prompt") {
             Ok(ids) => ids,
             Err(m) => return bad_request(m),
         },
     };
-    if let Some(r) = refuse_sampling("vllm", &body["top_k"], &body["seed"]) {
+    if let Some(r) = refuse_sampling("vllm", body.top_k, body.seed.as_ref()) {
         return r;
     }
     let ask = Ask {
-        max_tokens: body["max_tokens"].as_u64().map(|n| n as usize),
-        stop: stop_list(&body["stop"]),
-        stop_token_ids: token_list(&body["stop_token_ids"]),
-        seed: body["seed"].as_u64(),
+        max_tokens: body.max_tokens.map(|n| n as usize),
+        stop: Stop::into_list(body.stop),
+        stop_token_ids: body.stop_token_ids.unwrap_or_default(),
+        seed: body.seed.as_ref().and_then(serde_json::Number::as_u64),
         prompt,
     };
     let prompt_len = ask.prompt.len();
@@ -756,8 +741,8 @@ async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
         Ok(a) => a,
         Err(r) => return r,
     };
-    let as_ids = body["return_tokens_as_token_ids"].as_bool() == Some(true);
-    let with_ids = body["return_token_ids"].as_bool() == Some(true) && !s.cfg.legacy_vllm;
+    let as_ids = body.return_tokens_as_token_ids;
+    let with_ids = body.return_token_ids && !s.cfg.legacy_vllm;
     let vocab = &s.cfg.model.tokenizer;
     let tokens: Vec<String> = a
         .ids
@@ -840,20 +825,28 @@ async fn generate(State(s): State<Arc<Shared>>, Json(body): Json<serde_json::Val
 
 async fn generate_answer(s: &Shared, body: serde_json::Value) -> Response {
     let t0 = Instant::now();
-    let prompt = match ids_of(&body["input_ids"], "input_ids") {
+    let body: GenerateRequest = match requests::decode(body) {
+        Ok(b) => b,
+        Err(m) => return bad_request_in("sglang", m),
+    };
+    let prompt = match non_empty(body.input_ids.unwrap_or_default(), "input_ids") {
         Ok(ids) => ids,
         Err(m) => return bad_request_in("sglang", m),
     };
-    let sp = &body["sampling_params"];
-    if let Some(r) = refuse_sampling("sglang", &sp["top_k"], &sp["sampling_seed"]) {
+    let sp = body.sampling_params;
+    if let Some(r) = refuse_sampling("sglang", sp.top_k, sp.sampling_seed.as_ref()) {
         return r;
     }
     let ask = Ask {
-        max_tokens: sp["max_new_tokens"].as_u64().map(|n| n as usize),
-        stop: stop_list(&sp["stop"]),
-        stop_token_ids: token_list(&sp["stop_token_ids"]),
+        max_tokens: sp.max_new_tokens.map(|n| n as usize),
+        stop: Stop::into_list(sp.stop),
+        stop_token_ids: sp.stop_token_ids.unwrap_or_default(),
         // Without --enable-deterministic-inference SGLang samples as it likes.
-        seed: sp["sampling_seed"].as_u64().filter(|_| s.cfg.deterministic),
+        seed: sp
+            .sampling_seed
+            .as_ref()
+            .and_then(serde_json::Number::as_u64)
+            .filter(|_| s.cfg.deterministic),
         prompt,
     };
     let prompt_len = ask.prompt.len();
@@ -861,7 +854,7 @@ async fn generate_answer(s: &Shared, body: serde_json::Value) -> Response {
         Ok(a) => a,
         Err(r) => return r,
     };
-    let with_lp = body["return_logprob"].as_bool() == Some(true);
+    let with_lp = body.return_logprob;
     let finish = if a.finish == "length" {
         serde_json::json!({"type": "length", "length": a.ids.len()})
     } else if a.finish == "abort" {

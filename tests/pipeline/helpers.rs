@@ -11,13 +11,13 @@ use rollout::client::Client;
 use rollout::config::Settings;
 use rollout::domain::{Job, JobResult, Stage, Status, Task};
 use rollout::natsd::NatsServer;
-use rollout::worker::WorkerDeps;
+use rollout::wiring::Services;
 use tokio_util::sync::CancellationToken;
 
 /// Everything one test needs. Dropping it stops the in-process services, kills spawned
 /// worker processes and the private NATS server, and drops a Postgres test database.
 pub struct TestEnv {
-    pub deps: WorkerDeps,
+    pub deps: Services,
     pub client: Client,
     pub base: String,
     pub shutdown: CancellationToken,

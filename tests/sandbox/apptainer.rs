@@ -3,8 +3,8 @@
 //! on the build machines; `docs/apptainer.md` says how to check on a real cluster).
 
 use crate::helpers::{TestSandbox, request};
-use rollout::sandbox::apptainer::{ApptainerBackend, instance_name};
-use rollout::sandbox::{Backends, RuntimeKind, SandboxError, SandboxRuntime};
+use rollout::sandbox::apptainer::{ApptainerRuntime, instance_name};
+use rollout::sandbox::{RuntimeKind, Runtimes, SandboxError, SandboxRuntime};
 use std::path::{Path, PathBuf};
 
 /// Copies the stand-in into a directory of its own and returns its path.
@@ -39,7 +39,7 @@ async fn instance_lifecycle_uses_the_documented_command_lines() {
     req.image = Some(image.display().to_string());
     req.fakeroot = true;
     req.env.insert("TASK_FLAVOUR".into(), "sour".into());
-    let backend = ApptainerBackend {
+    let backend = ApptainerRuntime {
         program: program.clone(),
         ..Default::default()
     };
@@ -100,12 +100,12 @@ async fn instance_lifecycle_uses_the_documented_command_lines() {
     assert_eq!(calls(&program), vec![expected_start, expected_exec]);
 
     let t = TestSandbox { sb, _root: root };
-    let backends = Backends {
-        apptainer: ApptainerBackend {
+    let backends = Runtimes {
+        apptainer: ApptainerRuntime {
             program: program.clone(),
             ..Default::default()
         },
-        ..Backends::default()
+        ..Runtimes::default()
     };
     t.stop_with(&backends).await;
     let all = calls(&program);
@@ -125,7 +125,7 @@ async fn instance_lifecycle_uses_the_documented_command_lines() {
 async fn network_is_only_shared_when_the_task_allows_it() {
     let (root, mut req) = request(RuntimeKind::Apptainer, &[]);
     req.network = true;
-    let args = ApptainerBackend::default().start_args(&req, "img.sif");
+    let args = ApptainerRuntime::default().start_args(&req, "img.sif");
     assert!(
         !args.iter().any(|a| a == "--network" || a == "--net"),
         "{args:?}"
@@ -134,7 +134,7 @@ async fn network_is_only_shared_when_the_task_allows_it() {
     // That is the host's network, so only an operator who accepts it gets it.
     let program = stand_in(root.path());
     req.image = Some("img.sif".into());
-    let err = ApptainerBackend {
+    let err = ApptainerRuntime {
         program: program.clone(),
         ..Default::default()
     }
@@ -154,7 +154,7 @@ async fn network_is_only_shared_when_the_task_allows_it() {
 async fn a_missing_image_is_a_clear_error() {
     let (root, mut req) = request(RuntimeKind::Apptainer, &[]);
     let program = stand_in(root.path());
-    let backend = ApptainerBackend {
+    let backend = ApptainerRuntime {
         program,
         ..Default::default()
     };

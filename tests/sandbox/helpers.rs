@@ -1,6 +1,6 @@
 //! Starting a sandbox for a test: its own temporary root, its own label.
 
-use rollout::sandbox::{self, Backends, Label, RuntimeKind, Sandbox, SandboxLimits, StartRequest};
+use rollout::sandbox::{self, Label, RuntimeKind, Runtimes, Sandbox, SandboxLimits, StartRequest};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -29,11 +29,11 @@ impl TestSandbox {
 
     /// Stops the sandbox through its label and checks nothing of it is left running.
     pub async fn stop(self) {
-        self.stop_with(&Backends::default()).await
+        self.stop_with(&Runtimes::default()).await
     }
 
     /// Stops the sandbox with these backends (a test's own stand-in apptainer, say).
-    pub async fn stop_with(self, backends: &Backends) {
+    pub async fn stop_with(self, backends: &Runtimes) {
         let pid = self.sb.label.pid.expect("label has a pid");
         let dir = self.sb.label.dir.clone();
         backends.stop(&dir).await.expect("stop");
@@ -84,7 +84,7 @@ pub fn request(kind: RuntimeKind, files: &[(&str, &str)]) -> (tempfile::TempDir,
 
 /// Starts a sandbox for `req`.
 pub async fn start_with(root: tempfile::TempDir, req: StartRequest) -> TestSandbox {
-    let backends = Backends::default();
+    let backends = Runtimes::default();
     let sb = backends
         .get(req.label.backend)
         .start(&req)

@@ -35,7 +35,7 @@ async fn networked() -> Option<TestSandbox> {
     req.network = true;
     let settings = rollout::sandbox::net::NetSettings::default();
     if let Err(why) = rollout::sandbox::net::probe(&settings) {
-        let err = rollout::sandbox::Backends::default()
+        let err = rollout::sandbox::Runtimes::default()
             .get(RuntimeKind::Bwrap)
             .start(&req)
             .await

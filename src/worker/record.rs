@@ -1,0 +1,329 @@
+//! Recording a stage's end: the next stage's hand-off, the job's terminal state and
+//! result, a restart from INIT, a retry, or the dead-letter subject; then the publish
+//! and the acknowledgement, in that order, so a crash between any two steps is repaired
+//! by the redelivered message or the reconciler.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+
+use super::Worker;
+use super::claim::Held;
+use super::lease::{HookOutput, StageEnd};
+use crate::domain::{Job, Outcome, Stage, Status, WorkMessage, now_ms};
+use crate::ending::{dead_letter, publish_result};
+use crate::kinds::{Route, StageError, TaskKind};
+use crate::queue::ANY_ROUTE;
+
+impl Worker {
+    /// Records how the claimed stage of `job` ended and acknowledges `msg`.
+    pub(super) async fn record(
+        &self,
+        msg: &jetstream::Message,
+        held: &Held,
+        job: &Job,
+        kind: &dyn TaskKind,
+        end: StageEnd,
+    ) {
+        match end {
+            StageEnd::Finished(Ok(out)) => self.complete(msg, held, job, out).await,
+            StageEnd::Finished(Err(StageError::Failed(e))) => {
+                tracing::info!(error = %e, "stage failed");
+                kind.cleanup(job).await;
+                self.end_job(msg, held, Status::Failed, e).await;
+            }
+            StageEnd::Finished(Err(StageError::FailedWith { message, output })) => {
+                tracing::info!(error = %message, "stage failed with partial output");
+                kind.cleanup(job).await;
+                let outcome = Outcome::failed(message)
+                    .with_run_output((held.work.stage == Stage::Run).then_some(output));
+                self.finish(msg, held, &outcome).await;
+            }
+            StageEnd::Finished(Err(StageError::Transient(e))) => {
+                self.give_up_or_retry(msg, held, e).await;
+            }
+            StageEnd::Finished(Err(StageError::Restart(e))) => {
+                kind.cleanup(job).await;
+                self.restart(msg, held, job, e, true).await;
+            }
+            StageEnd::TimedOut => {
+                let timeout = self.settings.stages.get(held.work.stage).timeout_ms;
+                let e = format!(
+                    "{} stage exceeded its timeout of {timeout} ms",
+                    held.work.stage
+                );
+                tracing::info!("{e}");
+                kind.cleanup(job).await;
+                self.end_job(msg, held, Status::TimedOut, e).await;
+            }
+            StageEnd::Cancelled => {
+                tracing::info!("stage stopped: job cancelled");
+                kind.cleanup(job).await;
+                ack(msg, AckKind::Ack).await;
+            }
+            StageEnd::HandBack if held.work.stage == Stage::Run && kind.restart_on_hand_back() => {
+                // Its sandbox goes with this worker's cleanup; a fresh one it is.
+                kind.cleanup(job).await;
+                let why = "RUN was handed back at shutdown".to_string();
+                self.restart(msg, held, job, why, false).await;
+            }
+            StageEnd::HandBack => {
+                kind.cleanup(job).await;
+                match self
+                    .store
+                    .release(&held.work, held.attempt, true, now_ms())
+                    .await
+                {
+                    Ok(_) => tracing::info!("stage handed back to the queue"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot release the claim; the lease will expire")
+                    }
+                }
+                ack(msg, AckKind::Nak(None)).await;
+            }
+        }
+    }
+
+    /// Records a successful stage and hands the job on.
+    pub(super) async fn complete(
+        &self,
+        msg: &jetstream::Message,
+        held: &Held,
+        job: &Job,
+        out: HookOutput,
+    ) {
+        let work = &held.work;
+        let (output, route) = match out {
+            HookOutput::Eval(e) => {
+                let outcome = Outcome::done(e.reward, e.details);
+                self.finish(msg, held, &outcome).await;
+                return;
+            }
+            HookOutput::Init(i) => {
+                let route = match i.route {
+                    Route::Any => ANY_ROUTE.to_string(),
+                    Route::ThisNode => self.node().to_string(),
+                };
+                (i.output, Some(route))
+            }
+            HookOutput::Run(v) => (v, None),
+        };
+        match self
+            .store
+            .advance(work, held.attempt, &output, route.as_deref(), now_ms())
+            .await
+        {
+            Ok(Some(next)) => {
+                let route = route.or_else(|| job.route.clone());
+                match self.queue.publish_work(&next, route.as_deref()).await {
+                    Ok(()) => ack(msg, AckKind::Ack).await,
+                    Err(e) => {
+                        // The database already says where the job is; the redelivery of
+                        // this message will find it stale and re-publish the hand-off.
+                        tracing::warn!(error = %e, "hand-off publish failed; will repair on redelivery");
+                        ack(msg, AckKind::Nak(Some(self.nak_delay(held.delivered)))).await;
+                    }
+                }
+            }
+            Ok(None) => {
+                tracing::info!("stage output discarded: the job moved on while it ran");
+                ack(msg, AckKind::Ack).await;
+            }
+            Err(e) if e.is_rejected() => {
+                // Retrying the same output would be refused again: end the job with the
+                // reason instead.
+                let reason = format!(
+                    "the {} stage's output could not be recorded: {e}",
+                    work.stage
+                );
+                self.end_job(msg, held, Status::Failed, reason).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot record the stage output; will retry");
+                self.release_and_nak(msg, held).await;
+            }
+        }
+    }
+
+    /// Sends the job back to INIT (its sandbox is gone), or fails it once it has been
+    /// sent back `sandbox.max_restarts` times; an uncounted restart (a graceful
+    /// hand-back) is always allowed and not counted.
+    pub(super) async fn restart(
+        &self,
+        msg: &jetstream::Message,
+        held: &Held,
+        job: &Job,
+        error: String,
+        counted: bool,
+    ) {
+        let max = if counted {
+            self.settings.max_restarts
+        } else {
+            i64::MAX
+        };
+        if job.restarts >= max {
+            let e = format!("{error}; already sent back to INIT {max} times, giving up");
+            tracing::info!("{e}");
+            self.end_job(msg, held, Status::Failed, e).await;
+            return;
+        }
+        match self
+            .store
+            .restart(&held.work, held.attempt, max, counted, now_ms())
+            .await
+        {
+            Ok(Some(next)) => {
+                tracing::info!(reason = %error, counted, "job sent back to INIT");
+                match self.queue.publish_work(&next, None).await {
+                    Ok(()) => ack(msg, AckKind::Ack).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "hand-off publish failed; will repair on redelivery");
+                        ack(msg, AckKind::Nak(Some(self.nak_delay(held.delivered)))).await;
+                    }
+                }
+            }
+            Ok(None) => {
+                tracing::info!("restart discarded: the job moved on meanwhile");
+                ack(msg, AckKind::Ack).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot send the job back to INIT; will retry");
+                self.release_and_nak(msg, held).await;
+            }
+        }
+    }
+
+    /// Ends the job with a non-`done` terminal status.
+    pub(super) async fn end_job(
+        &self,
+        msg: &jetstream::Message,
+        held: &Held,
+        status: Status,
+        error: String,
+    ) {
+        let outcome = Outcome::ended(status, error);
+        self.finish(msg, held, &outcome).await;
+    }
+
+    /// Writes the terminal state and result, publishes the result, acks.
+    /// (A store refuses no end: one the database rejects is recorded as a failure with
+    /// the reason, see `Store::finish`.)
+    pub(super) async fn finish(&self, msg: &jetstream::Message, held: &Held, outcome: &Outcome) {
+        let cond = held.cond();
+        match self
+            .store
+            .finish(&cond, &held.work.job_id, outcome, now_ms())
+            .await
+        {
+            Ok(Some(result)) => {
+                metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => outcome.status.as_str())
+                    .increment(1);
+                tracing::debug!(status = %outcome.status, reward = ?result.reward, "job finished");
+                publish_result(&self.queue, self.store.as_ref(), &result).await;
+                ack(msg, AckKind::Ack).await;
+            }
+            Ok(None) => {
+                tracing::info!("job already ended elsewhere; outcome discarded");
+                ack(msg, AckKind::Ack).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot record the job's end; will retry");
+                self.release_and_nak(msg, held).await;
+            }
+        }
+    }
+
+    /// A transient fault: retry with backoff, or give up at the delivery limit.
+    pub(super) async fn give_up_or_retry(
+        &self,
+        msg: &jetstream::Message,
+        held: &Held,
+        error: String,
+    ) {
+        let limit = self.settings.queue.delivery_limit;
+        if held.stage_attempts >= limit {
+            let error = format!("gave up after {} attempts: {error}", held.stage_attempts);
+            self.dead_letter(msg, held, &error).await;
+        } else {
+            tracing::info!(error = %error, "transient fault; retrying with backoff");
+            self.release_and_nak(msg, held).await;
+        }
+    }
+
+    pub(super) async fn release_and_nak(&self, msg: &jetstream::Message, held: &Held) {
+        let w = &held.work;
+        if let Err(e) = self.store.release(w, held.attempt, false, now_ms()).await {
+            tracing::warn!(error = %e, "cannot release the claim; the lease will expire");
+        }
+        let delay = self.nak_delay(held.stage_attempts.max(held.delivered));
+        ack(msg, AckKind::Nak(Some(delay))).await;
+    }
+
+    /// Keeps the message on the dead-letter subject, fails the job, acks.
+    pub(super) async fn dead_letter(&self, msg: &jetstream::Message, held: &Held, error: &str) {
+        let cond = held.cond();
+        let attempts = held.stage_attempts;
+        let node = Some(self.node());
+        match dead_letter(
+            &self.queue,
+            self.store.as_ref(),
+            &cond,
+            attempts,
+            error,
+            node,
+        )
+        .await
+        {
+            Ok(()) => ack(msg, AckKind::Ack).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot dead-letter the job; will retry");
+                ack(msg, AckKind::Nak(Some(self.nak_delay(held.delivered)))).await;
+            }
+        }
+    }
+
+    /// A message whose job moved on: make sure the job's current hand-off exists.
+    pub(super) async fn repair_stale(
+        &self,
+        msg: &jetstream::Message,
+        work: &WorkMessage,
+        job: &Job,
+    ) {
+        if !job.status.is_terminal() && (job.stage, job.epoch) != (work.stage, work.epoch) {
+            let current = WorkMessage {
+                job_id: job.id.clone(),
+                stage: job.stage,
+                epoch: job.epoch,
+            };
+            if job.status == Status::Queued
+                && let Err(e) = self
+                    .queue
+                    .publish_work(&current, job.route.as_deref())
+                    .await
+            {
+                tracing::warn!(error = %e, "cannot re-publish the job's hand-off; will retry");
+                ack(msg, AckKind::Nak(Some(self.nak_delay(1)))).await;
+                return;
+            }
+        }
+        tracing::debug!(status = %job.status, current_stage = %job.stage, "stale message dropped");
+        ack(msg, AckKind::Ack).await;
+    }
+
+    /// The nak delay after `delivered` deliveries (exponential, capped).
+    pub(super) fn nak_delay(&self, delivered: i64) -> Duration {
+        let q = &self.settings.queue;
+        crate::retry::nak_delay(
+            Duration::from_millis(q.nak_delay_ms),
+            Duration::from_millis(q.nak_delay_max_ms),
+            delivered,
+        )
+    }
+}
+
+/// Acknowledges `msg` as `kind`; a failure only means the message comes back.
+pub(super) async fn ack(msg: &jetstream::Message, kind: AckKind) {
+    if let Err(e) = msg.ack_with(kind).await {
+        tracing::warn!(error = %e, "acknowledgement failed; the message will be redelivered");
+    }
+}
