@@ -18,7 +18,7 @@
 //! the hand-off it represents, so a re-publish inside the duplicate window is dropped by
 //! the server.
 
-use std::future::IntoFuture;
+use std::future::{Future, IntoFuture};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
@@ -495,6 +495,55 @@ impl Queue {
             .subscribe(self.subjects.done_all())
             .await
             .map_err(|e| js_err("results subscribe")(e.to_string()))
+    }
+
+    /// Feeds every message of a core subscription to `on_message` until `done`,
+    /// subscribing again (waiting as [`crate::retry::reconnect`] says) whenever
+    /// subscribing fails or the subscription ends, as it does when the connection
+    /// drops. `first`, when given, is used before subscribing anew: a caller that must
+    /// not miss a message subscribes before it starts the work the messages concern.
+    pub async fn follow<F, Fut>(
+        what: &str,
+        mut first: Option<async_nats::Subscriber>,
+        mut subscribe: F,
+        mut on_message: impl FnMut(async_nats::Message),
+        done: &tokio_util::sync::CancellationToken,
+    ) where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<async_nats::Subscriber, QueueError>>,
+    {
+        use futures::StreamExt;
+        let mut delays = crate::retry::reconnect();
+        loop {
+            let next = match first.take() {
+                Some(s) => Ok(s),
+                None => tokio::select! {
+                    s = subscribe() => s,
+                    () = done.cancelled() => return,
+                },
+            };
+            let mut sub = match next {
+                Ok(s) => s,
+                Err(e) => {
+                    let wait = delays.next().unwrap_or(Duration::from_secs(5));
+                    tracing::warn!(error = %e, ?wait, "cannot subscribe to {what}; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => continue,
+                        () = done.cancelled() => return,
+                    }
+                }
+            };
+            delays = crate::retry::reconnect();
+            loop {
+                tokio::select! {
+                    m = sub.next() => match m {
+                        Some(m) => on_message(m),
+                        None => break,
+                    },
+                    () = done.cancelled() => return,
+                }
+            }
+        }
     }
 
     /// Whether the server answers a round trip now.

@@ -965,27 +965,42 @@ mod tests {
                 false
             }
         }
-        struct Slow(Script);
-        #[async_trait]
-        impl Generator for Slow {
-            async fn generate(
-                &mut self,
-                p: &[u32],
-                s: &Sampling,
-                turn: usize,
-            ) -> Result<Generated, GenerateError> {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                self.0.generate(p, s, turn).await
-            }
-            fn take_switches(&mut self) -> Vec<BackendSwitch> {
-                Vec::new()
-            }
-        }
-        let m = model();
-        let mut llm = Slow(script(&m, &[call("ls")]));
-        let ep = episode(m, 4096);
+        // The model never answers: only the status read can end the turn, so the test
+        // races no timer.
+        let mut llm = Silent;
+        let ep = episode(model(), 4096);
         let e = run(&ep, &mut llm, &Echo, &Gone).await.unwrap_err();
         assert!(matches!(e, EpisodeError::Cancelled));
-        assert!(llm.0.sent.is_empty());
+    }
+
+    /// A backend that never answers.
+    struct Silent;
+
+    #[async_trait]
+    impl Generator for Silent {
+        async fn generate(
+            &mut self,
+            _: &[u32],
+            _: &Sampling,
+            _: usize,
+        ) -> Result<Generated, GenerateError> {
+            std::future::pending().await
+        }
+        fn take_switches(&mut self) -> Vec<BackendSwitch> {
+            Vec::new()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_deadline_ends_an_episode_waiting_on_the_model() {
+        let mut ep = episode(model(), 4096);
+        ep.deadline = tokio::time::Instant::now() + Duration::from_millis(50);
+        let t = run(&ep, &mut Silent, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(t.finish_reason, Some(FinishReason::Timeout));
+        assert!(t.turns.is_empty() && t.response_ids.is_empty());
+        assert!(
+            t.drift.unwrap().identical,
+            "an empty episode renders as its prompt"
+        );
     }
 }

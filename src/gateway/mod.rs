@@ -14,7 +14,6 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use futures::StreamExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -221,30 +220,14 @@ pub async fn publish_submitted(
 
 /// Keeps `tx` changing whenever a result is published, until `shutdown`.
 pub async fn watch_results(queue: Queue, tx: watch::Sender<u64>, shutdown: CancellationToken) {
-    let mut delays = crate::retry::reconnect();
-    loop {
-        let mut sub = match queue.subscribe_results().await {
-            Ok(s) => s,
-            Err(e) => {
-                let wait = delays.next().unwrap_or(Duration::from_secs(5));
-                tracing::warn!(error = %e, ?wait, "cannot subscribe to results; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => continue,
-                    _ = shutdown.cancelled() => return,
-                }
-            }
-        };
-        delays = crate::retry::reconnect();
-        loop {
-            tokio::select! {
-                m = sub.next() => match m {
-                    Some(_) => { tx.send_modify(|n| *n += 1); }
-                    None => break,
-                },
-                _ = shutdown.cancelled() => return,
-            }
-        }
-    }
+    Queue::follow(
+        "results",
+        None,
+        || queue.subscribe_results(),
+        |_| tx.send_modify(|n| *n += 1),
+        &shutdown,
+    )
+    .await;
 }
 
 /// Response of `GET /v1/status`.

@@ -37,7 +37,6 @@ mod running;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -184,43 +183,21 @@ impl Worker {
     /// hear cancels.
     async fn listen_for_cancels(
         self: Arc<Self>,
-        mut first: Option<async_nats::Subscriber>,
+        first: Option<async_nats::Subscriber>,
         done: CancellationToken,
     ) {
-        let mut delays = crate::retry::reconnect();
-        loop {
-            let next = match first.take() {
-                Some(s) => Ok(s),
-                None => tokio::select! {
-                    s = self.queue.subscribe_cancel() => s,
-                    _ = done.cancelled() => return,
-                },
-            };
-            let mut sub = match next {
-                Ok(s) => s,
-                Err(e) => {
-                    let wait = delays.next().unwrap_or(Duration::from_secs(5));
-                    tracing::warn!(error = %e, ?wait, "cannot subscribe to cancels; retrying");
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => continue,
-                        _ = done.cancelled() => return,
-                    }
-                }
-            };
-            delays = crate::retry::reconnect();
-            loop {
-                let m = tokio::select! {
-                    m = sub.next() => match m {
-                        Some(m) => m,
-                        None => break,
-                    },
-                    _ = done.cancelled() => return,
-                };
-                let id = String::from_utf8_lossy(&m.payload).to_string();
+        Queue::follow(
+            "cancels",
+            first,
+            || self.queue.subscribe_cancel(),
+            |m| {
+                let id = String::from_utf8_lossy(&m.payload);
                 if self.running.cancel(&id) {
                     tracing::info!(job_id = %id, "cancel received");
                 }
-            }
-        }
+            },
+            &done,
+        )
+        .await;
     }
 }

@@ -115,15 +115,7 @@ impl Worker {
         {
             Ok(Some(next)) => {
                 let route = route.or_else(|| job.route.clone());
-                match self.queue.publish_work(&next, route.as_deref()).await {
-                    Ok(()) => ack(msg, AckKind::Ack).await,
-                    Err(e) => {
-                        // The database already says where the job is; the redelivery of
-                        // this message will find it stale and re-publish the hand-off.
-                        tracing::warn!(error = %e, "hand-off publish failed; will repair on redelivery");
-                        ack(msg, AckKind::Nak(Some(self.nak_delay(held.delivered)))).await;
-                    }
-                }
+                self.hand_off(msg, held, &next, route.as_deref()).await;
             }
             Ok(None) => {
                 tracing::info!("stage output discarded: the job moved on while it ran");
@@ -174,13 +166,7 @@ impl Worker {
         {
             Ok(Some(next)) => {
                 tracing::info!(reason = %error, counted, "job sent back to INIT");
-                match self.queue.publish_work(&next, None).await {
-                    Ok(()) => ack(msg, AckKind::Ack).await,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "hand-off publish failed; will repair on redelivery");
-                        ack(msg, AckKind::Nak(Some(self.nak_delay(held.delivered)))).await;
-                    }
-                }
+                self.hand_off(msg, held, &next, None).await;
             }
             Ok(None) => {
                 tracing::info!("restart discarded: the job moved on meanwhile");
@@ -189,6 +175,25 @@ impl Worker {
             Err(e) => {
                 tracing::warn!(error = %e, "cannot send the job back to INIT; will retry");
                 self.release_and_nak(msg, held).await;
+            }
+        }
+    }
+
+    /// Publishes the job's next stage entry, recorded already, and acks `msg`; if the
+    /// publish fails, `msg` is nakked: the database already says where the job is, so
+    /// the redelivery finds the message stale and re-publishes the hand-off.
+    async fn hand_off(
+        &self,
+        msg: &jetstream::Message,
+        held: &Held,
+        next: &WorkMessage,
+        route: Option<&str>,
+    ) {
+        match self.queue.publish_work(next, route).await {
+            Ok(()) => ack(msg, AckKind::Ack).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "hand-off publish failed; will repair on redelivery");
+                ack(msg, AckKind::Nak(Some(self.nak_delay(held.delivered)))).await;
             }
         }
     }

@@ -4,6 +4,7 @@
 //! verdict; backends that die, stall or are cancelled under a running episode; and a
 //! batch of 200 jobs over two backends.
 
+use crate::eventually::{eventually, holds};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -574,13 +575,13 @@ async fn wait_stats(
     what: &str,
     pred: impl Fn(&rollout::scripted::Stats) -> bool,
 ) {
-    for _ in 0..3000 {
-        if pred(&server.stats()) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("server never {what}: {:?}", server.stats());
+    let what = format!("the server {what}");
+    let pred = &pred;
+    eventually(&what, Duration::from_secs(30), || async move {
+        let stats = server.stats();
+        if pred(&stats) { Ok(()) } else { Err(stats) }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -595,18 +596,18 @@ async fn a_backend_killed_mid_episode_hands_the_job_to_another() {
         )
         .await;
     // The first turn (a two-second command) is under way: kill the backend serving it.
-    let mut victim = None;
-    for _ in 0..3000 {
-        victim = stand
-            .servers
-            .iter()
-            .position(|s| s.as_ref().unwrap().stats().requests == 1);
-        if victim.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let victim = victim.expect("a backend served the first turn");
+    let servers = &stand.servers;
+    let victim = eventually(
+        "a backend served the first turn",
+        Duration::from_secs(30),
+        || async move {
+            servers
+                .iter()
+                .position(|s| s.as_ref().unwrap().stats().requests == 1)
+                .ok_or("no request yet")
+        },
+    )
+    .await;
     stand.servers[victim].take().unwrap().stop().await;
     let results = stand
         .env
@@ -696,13 +697,13 @@ async fn cancel_mid_generation_closes_the_request_and_the_sandbox() {
     .await;
     assert_eq!(server.stats().requests, 0);
     // The sandbox went with the stage, and the assignment with the job.
-    for _ in 0..300 {
-        if !root.join(&ids[0]).exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!root.join(&ids[0]).exists(), "the sandbox is gone");
+    let dir = &root.join(&ids[0]);
+    eventually(
+        "the sandbox is gone",
+        Duration::from_secs(15),
+        || async move { holds(!dir.exists(), dir.display().to_string()) },
+    )
+    .await;
     let backends = stand.env.client.backends().await.unwrap();
     assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
 }
@@ -869,17 +870,19 @@ async fn the_health_probe_marks_backends_down_and_up() {
     let healthy = |want: bool| {
         let client = stand.env.client.clone();
         async move {
-            for _ in 0..300 {
+            let what = format!("every backend probed with healthy = {want}");
+            eventually(&what, Duration::from_secs(6), || async {
                 let list = client.backends().await.unwrap();
                 if list
                     .iter()
                     .all(|b| b.healthy == want && b.checked_at.is_some())
                 {
-                    return list;
+                    Ok(list)
+                } else {
+                    Err(list)
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            panic!("backends never became healthy = {want}");
+            })
+            .await
         }
     };
     healthy(true).await;

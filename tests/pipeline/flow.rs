@@ -1,5 +1,6 @@
 //! Jobs flowing through the whole pipeline.
 
+use crate::eventually::{eventually, holds};
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -151,17 +152,18 @@ async fn the_reconciler_repairs_a_lost_hand_off() {
         "{:?}",
         view.events
     );
-    for _ in 0..100 {
-        let pending = env
-            .deps
-            .store
-            .unpublished_results(i64::MAX, 10)
-            .await
-            .unwrap();
-        if pending.is_empty() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("a published result was never marked published");
+    eventually(
+        "the published result was marked published",
+        Duration::from_secs(10),
+        || async {
+            let pending = env
+                .deps
+                .store
+                .unpublished_results(i64::MAX, 10)
+                .await
+                .unwrap();
+            holds(pending.is_empty(), pending.len())
+        },
+    )
+    .await;
 }

@@ -3,6 +3,7 @@
 //! server `ROLLOUT_TEST_DATABASE_URL` names), a unique subject prefix, an in-process
 //! gateway, and workers in-process or as real processes.
 
+use crate::eventually::{eventually, holds};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -229,13 +230,15 @@ impl TestEnv {
 
     /// Waits for a spawned worker to exit and returns its exit code.
     pub async fn wait_worker(&mut self, index: usize) -> Option<i32> {
-        for _ in 0..300 {
-            if let Some(st) = self.children[index].try_wait().unwrap() {
-                return st.code();
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("worker {index} did not exit within 30 s");
+        let child = &mut self.children[index];
+        let what = format!("worker {index} exited");
+        eventually(&what, Duration::from_secs(30), || {
+            std::future::ready(match child.try_wait().unwrap() {
+                Some(st) => Ok(st.code()),
+                None => Err("still running"),
+            })
+        })
+        .await
     }
 
     /// A worker process's log so far.
@@ -268,22 +271,22 @@ impl TestEnv {
         }
     }
 
-    /// Polls a job until `pred` holds (panics after 30 s).
+    /// Polls a job until `pred` holds (panics after 30 s with the job as last seen).
     pub async fn wait_job(&self, id: &str, what: &str, pred: impl Fn(&Job) -> bool) -> Job {
-        let mut last = None;
-        for _ in 0..600 {
+        let what = format!("job {id} became {what}");
+        let pred = &pred;
+        eventually(&what, Duration::from_secs(30), || async move {
             let view = self.client.job(id).await.unwrap();
             if pred(&view.job) {
-                return view.job;
+                Ok(view.job)
+            } else {
+                Err(format!(
+                    "{:?} {:?} attempts {}; events: {:?}",
+                    view.job.status, view.job.stage, view.job.attempts, view.events
+                ))
             }
-            last = Some(view);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let last = last.expect("polled at least once");
-        panic!(
-            "job {id} never became {what}; last seen: {:?} {:?} attempts {}; events: {:?}",
-            last.job.status, last.job.stage, last.job.attempts, last.events
-        );
+        })
+        .await
     }
 
     /// Messages currently in one of the deployment's streams.
@@ -293,13 +296,15 @@ impl TestEnv {
 
     /// Waits until the work stream is empty (every stage message acked).
     pub async fn wait_work_drained(&self) {
-        for _ in 0..300 {
-            if self.stream_len("WORK").await == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("work stream still holds messages after 30 s");
+        eventually(
+            "the work stream emptied",
+            Duration::from_secs(30),
+            || async {
+                let n = self.stream_len("WORK").await;
+                holds(n == 0, format!("{n} messages"))
+            },
+        )
+        .await;
     }
 }
 

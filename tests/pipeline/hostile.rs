@@ -3,6 +3,7 @@
 //! reward 0, and every way it could lose its own record (an export too large, changes
 //! that do not apply) still ends `done` with the trajectory kept and the reason given.
 
+use crate::eventually::{eventually, holds};
 use std::time::Duration;
 
 use rollout::domain::{JobResult, Status, Task};
@@ -299,9 +300,14 @@ async fn the_workspace_cannot_fill_the_nodes_disk() {
             .map(str::to_string)
             .collect::<Vec<_>>()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !mounted().is_empty() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(mounted(), Vec::<String>::new());
+    let mounted = &mounted;
+    eventually(
+        "the sandboxes' filesystems were unmounted",
+        Duration::from_secs(30),
+        || async move {
+            let left = mounted();
+            holds(left.is_empty(), left)
+        },
+    )
+    .await;
 }

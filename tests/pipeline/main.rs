@@ -3,6 +3,9 @@
 //! module per area links once and runs the tests in parallel; each test has its own
 //! NATS subject prefix and database.
 
+#[path = "../common/eventually.rs"]
+mod eventually;
+
 mod agent;
 mod api;
 mod auth;

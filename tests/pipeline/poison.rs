@@ -1,6 +1,7 @@
 //! Poison inputs and colliding writers, on SQLite and Postgres alike: NUL characters in
 //! tasks, outputs and URLs, a row the database refuses to end, and submits that overlap.
 
+use crate::eventually::{eventually, holds};
 use std::time::Duration;
 
 use rollout::domain::{Status, Task};
@@ -214,22 +215,22 @@ async fn a_row_that_cannot_be_ended_does_not_stop_the_reconciler() {
     assert_eq!(r[0].status, Status::Done);
     // The poison ended too: failed, with why, its output dropped. (Read from its result:
     // the job view would have to take the poisoned task apart.)
-    let mut error = None;
-    for _ in 0..200 {
-        let results = env
-            .deps
-            .store
-            .results_after(Some("poison"), 0, 10, i64::MAX)
-            .await
-            .unwrap();
-        if let Some(r) = results.first() {
-            assert_eq!(r.status, Status::Failed);
-            error = r.error.clone();
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let error = error.expect("the poisoned job ended");
+    let ended = eventually(
+        "the poisoned job ended",
+        Duration::from_secs(20),
+        || async {
+            let results = env
+                .deps
+                .store
+                .results_after(Some("poison"), 0, 10, i64::MAX)
+                .await
+                .unwrap();
+            results.into_iter().next().ok_or("no result yet")
+        },
+    )
+    .await;
+    assert_eq!(ended.status, Status::Failed);
+    let error = ended.error.expect("a failure says why");
     assert!(
         error.contains("stuck") && error.contains("could not be recorded"),
         "{error}"
@@ -285,23 +286,22 @@ async fn a_submit_in_progress_does_not_hold_up_results() {
         tokio::spawn(async move { store.submit("live", &big, 2).await })
     };
     // Wait until the submit is waiting on the blocker.
-    let mut watcher = sqlx::PgConnection::connect(&url).await.unwrap();
-    let mut waiting = false;
-    for _ in 0..200 {
-        let (n,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+    let watcher = &tokio::sync::Mutex::new(sqlx::PgConnection::connect(&url).await.unwrap());
+    eventually(
+        "the submit reached its held row",
+        Duration::from_secs(10),
+        || async move {
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
              AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&mut watcher)
-        .await
-        .unwrap();
-        if n > 0 {
-            waiting = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(waiting, "the submit never reached its held row");
+            )
+            .fetch_one(&mut *watcher.lock().await)
+            .await
+            .unwrap();
+            holds(n > 0, "no session waits on a lock")
+        },
+    )
+    .await;
     let outcome = rollout::domain::Outcome::done(1.0, serde_json::Value::Null);
     for (what, id) in [("its own batch", &a1.id), ("another batch", &b1.id)] {
         let ended = tokio::time::timeout(

@@ -1,6 +1,7 @@
 //! Result delivery: long-poll and Server-Sent Events, each result once, in a stable order,
 //! across reconnects.
 
+use crate::eventually::{eventually, holds};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -181,13 +182,11 @@ async fn pages_stop_at_a_byte_budget() {
         .collect();
     env.submit(&tasks, "big").await;
     // Everything ended before the first page is read.
-    for _ in 0..300 {
+    eventually("all five jobs ended", Duration::from_secs(30), || async {
         let s = env.client.status(Some("big")).await.unwrap();
-        if s.batch.is_some_and(|b| b.finished == 5) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        holds(s.batch.as_ref().is_some_and(|b| b.finished == 5), s.batch)
+    })
+    .await;
     let mut after = 0;
     let mut seen = Vec::new();
     loop {

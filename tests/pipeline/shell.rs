@@ -1,6 +1,7 @@
 //! The `shell` kind end to end: sandboxes made by INIT on the node, used and stopped by
 //! RUN, a fresh one for EVAL, and the reaper after crashes and cancels.
 
+use crate::eventually::{eventually, holds};
 use std::path::Path;
 use std::time::Duration;
 
@@ -72,18 +73,27 @@ async fn assert_no_sandboxes(env: &TestEnv, labels: &[Label]) {
     }
 }
 
+/// Waits until `dir` no longer exists (the caller asserts it, naming why it should not).
+async fn gone(dir: &std::path::Path) {
+    eventually(
+        "the directory was removed",
+        Duration::from_secs(20),
+        || async move { holds(!dir.exists(), dir.display().to_string()) },
+    )
+    .await;
+}
+
 /// Waits until the job's RUN sandbox has a label, and returns it.
 async fn wait_label(env: &TestEnv, job_id: &str) -> Label {
-    let dir = root(env).join(job_id);
-    for _ in 0..2000 {
-        if let Ok(Some(l)) = Label::read(&dir)
-            && l.pid.is_some()
-        {
-            return l;
+    let dir = &root(env).join(job_id);
+    let what = format!("a sandbox started for {job_id}");
+    eventually(&what, Duration::from_secs(20), || async move {
+        match Label::read(dir) {
+            Ok(Some(l)) if l.pid.is_some() => Ok(l),
+            other => Err(format!("{other:?}")),
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("no sandbox appeared for {job_id}");
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,12 +220,7 @@ async fn cancel_removes_the_sandbox() {
     assert_eq!(results[0].status, Status::Cancelled);
     // The worker's cleanup stops the sandbox as the stage ends.
     let dir = root(&env).join(&ids[0]);
-    for _ in 0..1000 {
-        if !dir.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    gone(&dir).await;
     assert!(!dir.exists(), "the cancelled job's sandbox is still there");
     assert_no_sandboxes(&env, &[label]).await;
 }
@@ -233,12 +238,7 @@ async fn a_cancelled_job_waiting_for_run_loses_its_sandbox_to_the_reaper() {
     let label = wait_label(&env, &ids[0]).await;
     env.client.cancel(&ids[0]).await.unwrap();
     let dir = root(&env).join(&ids[0]);
-    for _ in 0..1000 {
-        if !dir.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    gone(&dir).await;
     assert!(!dir.exists(), "the reaper left the cancelled job's sandbox");
     assert_no_sandboxes(&env, &[label]).await;
 }

@@ -12,11 +12,13 @@ fn stand_in(dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let to = bin.join("apptainer");
-    std::fs::copy(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sandbox/fake-apptainer"),
+    crate::helpers::copy_executable(
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/sandbox/fake-apptainer"
+        )),
         &to,
-    )
-    .unwrap();
+    );
     to
 }
 

@@ -2,7 +2,7 @@
 
 use rollout::sandbox::{self, Label, RuntimeKind, Runtimes, Sandbox, SandboxLimits, StartRequest};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The server binary cargo built for this test run, or a copy named by
@@ -122,4 +122,21 @@ macro_rules! on_backends {
             })*
         }
     };
+}
+
+/// Copies an executable with `cp` rather than from this process: a file this process
+/// has open for writing is inherited by every child another test forks meanwhile, and
+/// executing the copy then fails with "Text file busy" until that child has exec'd.
+pub fn copy_executable(from: &Path, to: &Path) {
+    let copied = std::process::Command::new("cp")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(
+        copied.success(),
+        "cp {} {}: {copied}",
+        from.display(),
+        to.display()
+    );
 }

@@ -483,8 +483,8 @@ fn the_suite_holds_for_an_unprivileged_worker() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let me = dir.path().join("suite");
     let server = dir.path().join("rollout-sandbox");
-    std::fs::copy(std::env::current_exe().unwrap(), &me).unwrap();
-    std::fs::copy(crate::helpers::server_bin(), &server).unwrap();
+    crate::helpers::copy_executable(&std::env::current_exe().unwrap(), &me);
+    crate::helpers::copy_executable(&crate::helpers::server_bin(), &server);
     let home = dir.path().join("home");
     std::fs::create_dir(&home).unwrap();
     std::os::unix::fs::chown(&home, Some(uid), Some(gid)).unwrap();
