@@ -20,6 +20,11 @@ use crate::helpers::TestEnv;
 
 /// A Hermes tool call exactly as the chat template's `tojson` writes it back, so a
 /// re-rendered conversation agrees with what the model emitted.
+/// A JSON count or index of the trajectory (a token position, a length) as a `usize`.
+fn count(v: &serde_json::Value) -> usize {
+    usize::try_from(v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))).unwrap()
+}
+
 fn call(name: &str, args: Value) -> String {
     let body = python_json(&json!({"name": name, "arguments": args}), None);
     format!("<tool_call>\n{body}\n</tool_call>")
@@ -231,7 +236,7 @@ fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
         .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
+        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
         .collect()
 }
 
@@ -259,12 +264,12 @@ fn assert_token_exact(stand: &Stand, run: &Value) {
     let mut cursor = 0usize;
     for turn in run["turns"].as_array().unwrap() {
         let [a, b] = [
-            turn["model_range"][0].as_u64().unwrap() as usize,
-            turn["model_range"][1].as_u64().unwrap() as usize,
+            count(&turn["model_range"][0]),
+            count(&turn["model_range"][1]),
         ];
         let [oa, ob] = [
-            turn["observation_range"][0].as_u64().unwrap() as usize,
-            turn["observation_range"][1].as_u64().unwrap() as usize,
+            count(&turn["observation_range"][0]),
+            count(&turn["observation_range"][1]),
         ];
         assert_eq!(a, cursor, "turns and observations are contiguous");
         assert_eq!(oa, b);
@@ -273,7 +278,7 @@ fn assert_token_exact(stand: &Stand, run: &Value) {
         let backend = turn["backend"].as_str().unwrap();
         let served = stand.server(backend).served();
         let format = stand.kinds[Stand::index(backend)].as_str();
-        let prompt_len = turn["prompt_tokens"].as_u64().unwrap() as usize;
+        let prompt_len = count(&turn["prompt_tokens"]);
         let hit = served.iter().find(|s| {
             s.output_ids == response[a..b] && s.prompt_len == prompt_len && s.format == format
         });
@@ -285,7 +290,9 @@ fn assert_token_exact(stand: &Stand, run: &Value) {
         });
         for (i, lp) in hit.logprobs.iter().enumerate() {
             // The trajectory's f32 logprobs travel as JSON's shortest decimal form.
-            assert_eq!(*lp, logprobs[a + i] as f32);
+            #[allow(clippy::cast_possible_truncation)] // an f32 read back as f64: exact
+            let want = logprobs[a + i] as f32;
+            assert_eq!(*lp, want);
         }
         assert!(logprobs[b..ob].iter().all(|&l| l == 0.0));
     }
@@ -388,11 +395,10 @@ async fn the_drift_verdict_tells_templates_that_rewrite_history() {
     let think = run_output(by_id(&ids[0]));
     assert_token_exact(&stand, think);
     assert_eq!(think["drift"]["identical"], false, "{think}");
-    let first = think["drift"]["first_difference"].as_u64().unwrap() as usize;
+    let first = count(&think["drift"]["first_difference"]);
     let prompt_len = think["prompt_ids"].as_array().unwrap().len();
     let range = &think["turns"][0]["model_range"];
-    let turn0 = prompt_len + range[0].as_u64().unwrap() as usize
-        ..prompt_len + range[1].as_u64().unwrap() as usize;
+    let turn0 = prompt_len + count(&range[0])..prompt_len + count(&range[1]);
     assert!(turn0.contains(&first), "{first} not in {turn0:?}");
     // The same episode under the plain template re-renders exactly.
     let plain = run_output(by_id(&ids[1]));
@@ -452,8 +458,7 @@ async fn qwen3_style_templates_run_multi_turn_episodes() {
         let client = r.client_id.as_deref().unwrap();
         let drift = &run["drift"];
         let prompt_len = run["prompt_ids"].as_array().unwrap().len();
-        let turn_start =
-            |t: usize| prompt_len + run["turns"][t]["model_range"][0].as_u64().unwrap() as usize;
+        let turn_start = |t: usize| prompt_len + count(&run["turns"][t]["model_range"][0]);
         if client.starts_with("canonical") {
             assert_eq!(r.reward, Some(1.0), "{r:?}");
             // Two calls, two results, one merged user turn between the model's turns.
@@ -461,8 +466,8 @@ async fn qwen3_style_templates_run_multi_turn_episodes() {
             assert_eq!(turns.len(), 3);
             assert_eq!(turns[0]["tools"].as_array().unwrap().len(), 2);
             let obs = [
-                turns[0]["observation_range"][0].as_u64().unwrap() as usize,
-                turns[0]["observation_range"][1].as_u64().unwrap() as usize,
+                count(&turns[0]["observation_range"][0]),
+                count(&turns[0]["observation_range"][1]),
             ];
             let text = stand
                 .model
@@ -475,13 +480,13 @@ async fn qwen3_style_templates_run_multi_turn_episodes() {
         } else if client == "thinking-off" {
             assert_eq!(drift["identical"], false, "{drift}");
             // The first turn's opening (prompt, mask 0) is where a re-render differs.
-            let first = drift["first_difference"].as_u64().unwrap() as usize;
+            let first = count(&drift["first_difference"]);
             assert!(first <= turn_start(0), "{first} after {}", turn_start(0));
             assert!(first >= prompt_len - 8, "{first} vs prompt {prompt_len}");
         } else {
             // `</think>` followed by one newline where the template writes two.
             assert_eq!(drift["identical"], false, "{drift}");
-            let first = drift["first_difference"].as_u64().unwrap() as usize;
+            let first = count(&drift["first_difference"]);
             assert!(
                 (turn_start(0)..turn_start(1)).contains(&first),
                 "{first} outside turn 0"
@@ -520,14 +525,14 @@ async fn a_turn_ending_on_another_stop_token_is_complete() {
         assert_token_exact(&stand, run);
         let response = ids(&run["response_ids"]);
         let turn0 = &run["turns"][0];
-        let end = turn0["model_range"][1].as_u64().unwrap() as usize;
+        let end = count(&turn0["model_range"][1]);
         assert_eq!(
             response[end - 1],
             endoftext,
             "the turn ends on the stop token"
         );
         assert_eq!(turn0["generation_finish"], "stop");
-        let obs_end = turn0["observation_range"][1].as_u64().unwrap() as usize;
+        let obs_end = count(&turn0["observation_range"][1]);
         let obs = stand
             .model
             .tokenizer
@@ -665,7 +670,7 @@ async fn a_stalled_request_times_out_and_is_retried() {
     let stats = stand.servers[0].as_ref().unwrap().stats();
     assert_eq!(stats.faulted, 1, "{stats:?}");
     let turns = run["turns"].as_array().unwrap();
-    assert_eq!(stats.requests as usize, turns.len());
+    assert_eq!(usize::try_from(stats.requests).unwrap(), turns.len());
     // The stalled attempt's second is in the first turn's backend time.
     assert!(turns[0]["backend_wait_us"].as_u64().unwrap() >= 1_000_000);
 }

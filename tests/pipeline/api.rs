@@ -18,13 +18,11 @@ async fn total_jobs(env: &TestEnv) -> i64 {
     s.counts.iter().map(|c| c.count).sum()
 }
 
-/// Every kind of bad input gets a 4xx with a JSON body naming the field, and writes
-/// nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_gets_a_4xx_naming_the_field_and_writes_nothing() {
-    let env = TestEnv::start(|s| s.gateway.max_body_bytes = 64 * 1024).await;
+/// Submit bodies the gateway must refuse: each with the status it answers and the
+/// field its error names (`None` where the body is not JSON at all).
+fn bad_bodies() -> Vec<(String, u16, Option<&'static str>)> {
     let ok = r#"{"kind":"synthetic","spec":{}}"#;
-    let cases: Vec<(String, u16, Option<&str>)> = vec![
+    vec![
         ("{not json".into(), 400, None),
         (r#"{"tasks":[]}"#.into(), 400, Some("tasks")),
         (
@@ -116,8 +114,15 @@ async fn bad_input_gets_a_4xx_naming_the_field_and_writes_nothing() {
             400,
             Some("tasks[1].metadata"),
         ),
-    ];
-    for (body, status, field) in cases {
+    ]
+}
+
+/// Every kind of bad input gets a 4xx with a JSON body naming the field, and writes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_4xx_naming_the_field_and_writes_nothing() {
+    let env = TestEnv::start(|s| s.gateway.max_body_bytes = 64 * 1024).await;
+    for (body, status, field) in bad_bodies() {
         let (got, json) = post_raw(&env, body.clone()).await;
         assert_eq!(got, status, "{body} -> {json}");
         assert!(

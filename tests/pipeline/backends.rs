@@ -4,7 +4,7 @@
 
 use rollout::domain::backend::{ApiKey, BackendSpec, WireKind};
 use rollout::domain::now_ms;
-use rollout::domain::placement::{AffinityPolicy, AssignRequest, Reason};
+use rollout::domain::placement::{AffinityPolicy, AssignRequest, Assignment, Reason};
 use rollout::domain::{Outcome, Stage, WorkMessage};
 use rollout::scripted::{ScriptedConfig, ScriptedServer, demo};
 use rollout::store::{Claim, FinishIf, NewJob, Store};
@@ -183,6 +183,23 @@ async fn jobs_in_run(
     out
 }
 
+/// Assigns a backend to `job` of `group` (panics on a database error or when no
+/// backend is left).
+async fn assign(
+    store: &dyn Store,
+    job: &str,
+    group: &str,
+    model: Option<&str>,
+    exclude: &[&str],
+    now: i64,
+) -> Assignment {
+    store
+        .assign_backend(&ask(job, group, model, exclude), now)
+        .await
+        .unwrap()
+        .expect("a backend is left")
+}
+
 fn ask(job: &str, group: &str, model: Option<&str>, exclude: &[&str]) -> AssignRequest {
     AssignRequest {
         job_id: job.into(),
@@ -203,96 +220,14 @@ async fn active(store: &dyn Store) -> Vec<(String, i64)> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() {
-    // No health probes (they run beside the reconciler): these URLs answer nothing.
-    let env = TestEnv::start(|s| s.reconciler.enabled = false).await;
-    let store = env.deps.store.as_ref();
-    for b in [spec("a", "m"), spec("b", "m"), spec("c", "other")] {
-        store.upsert_backend(&b, "api", now_ms()).await.unwrap();
-    }
-    let g1 = jobs_in_run(store, "pool", "g1", 3).await;
-    let g2 = jobs_in_run(store, "pool", "g2", 2).await;
-    let id = |i: &(WorkMessage, i64)| i.0.job_id.clone();
-    let now = now_ms();
-
-    // The first of g1 goes to the least loaded; its group follows; a second request of
-    // a job keeps its backend.
-    let first = store
-        .assign_backend(&ask(&id(&g1[0]), "pool/g1", Some("m"), &[]), now)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (first.backend.id.as_str(), first.reason),
-        ("a", Reason::LeastLoaded)
-    );
-    let second = store
-        .assign_backend(&ask(&id(&g1[1]), "pool/g1", Some("m"), &[]), now)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (second.backend.id.as_str(), second.reason),
-        ("a", Reason::Group)
-    );
-    let again = store
-        .assign_backend(&ask(&id(&g1[0]), "pool/g1", None, &[]), now)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (again.backend.id.as_str(), again.reason),
-        ("a", Reason::Sticky)
-    );
-    // Another group goes where the load is lower.
-    let other = store
-        .assign_backend(&ask(&id(&g2[0]), "pool/g2", Some("m"), &[]), now)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(other.backend.id, "b");
-    // A model only one backend serves.
-    let c = store
-        .assign_backend(&ask(&id(&g2[1]), "pool/g2", Some("other"), &[]), now)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(c.backend.id, "c");
-    // A failed backend is excluded and the move says where from.
-    let moved = store
-        .assign_backend(&ask(&id(&g1[1]), "pool/g1", None, &["a"]), now)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (moved.backend.id.as_str(), moved.previous.as_deref()),
-        ("b", Some("a"))
-    );
-    // An unhealthy backend gets no new jobs; with none left there is no assignment.
-    assert_eq!(
-        store
-            .set_backend_health("b", false, Some("down"), now)
-            .await
-            .unwrap(),
-        Some(true)
-    );
-    let third = store
-        .assign_backend(&ask(&id(&g1[2]), "pool/g1", Some("m"), &[]), now)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(third.backend.id, "a");
-    let none = store
-        .assign_backend(&ask(&id(&g1[2]), "pool/g1", Some("m"), &["a"]), now)
-        .await
-        .unwrap();
-    assert!(none.is_none());
-    assert_eq!(
-        active(store).await,
-        vec![("a".into(), 1), ("b".into(), 2), ("c".into(), 1)]
-    );
-
+/// Takes the first two jobs of `g1` and `g2` out of RUN in every way there is
+/// (advanced to EVAL, failed, cancelled, sent back to INIT) and checks that each
+/// released its backend.
+async fn leave_run_every_way(
+    store: &dyn Store,
+    g1: &[(WorkMessage, i64)],
+    g2: &[(WorkMessage, i64)],
+) {
     // Leaving RUN in every way releases the assignment: advancing to EVAL, failing,
     // being cancelled, being sent back to INIT.
     let (msg, attempt) = &g1[0];
@@ -329,13 +264,74 @@ async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() 
         active(store).await,
         vec![("a".into(), 0), ("b".into(), 0), ("c".into(), 0)]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() {
+    // No health probes (they run beside the reconciler): these URLs answer nothing.
+    let env = TestEnv::start(|s| s.reconciler.enabled = false).await;
+    let store = env.deps.store.as_ref();
+    for b in [spec("a", "m"), spec("b", "m"), spec("c", "other")] {
+        store.upsert_backend(&b, "api", now_ms()).await.unwrap();
+    }
+    let g1 = jobs_in_run(store, "pool", "g1", 3).await;
+    let g2 = jobs_in_run(store, "pool", "g2", 2).await;
+    let id = |i: &(WorkMessage, i64)| i.0.job_id.clone();
+    let now = now_ms();
+
+    // The first of g1 goes to the least loaded; its group follows; a second request of
+    // a job keeps its backend.
+    let first = assign(store, &id(&g1[0]), "pool/g1", Some("m"), &[], now).await;
+    assert_eq!(
+        (first.backend.id.as_str(), first.reason),
+        ("a", Reason::LeastLoaded)
+    );
+    let second = assign(store, &id(&g1[1]), "pool/g1", Some("m"), &[], now).await;
+    assert_eq!(
+        (second.backend.id.as_str(), second.reason),
+        ("a", Reason::Group)
+    );
+    let again = assign(store, &id(&g1[0]), "pool/g1", None, &[], now).await;
+    assert_eq!(
+        (again.backend.id.as_str(), again.reason),
+        ("a", Reason::Sticky)
+    );
+    // Another group goes where the load is lower.
+    let other = assign(store, &id(&g2[0]), "pool/g2", Some("m"), &[], now).await;
+    assert_eq!(other.backend.id, "b");
+    // A model only one backend serves.
+    let c = assign(store, &id(&g2[1]), "pool/g2", Some("other"), &[], now).await;
+    assert_eq!(c.backend.id, "c");
+    // A failed backend is excluded and the move says where from.
+    let moved = assign(store, &id(&g1[1]), "pool/g1", None, &["a"], now).await;
+    assert_eq!(
+        (moved.backend.id.as_str(), moved.previous.as_deref()),
+        ("b", Some("a"))
+    );
+    // An unhealthy backend gets no new jobs; with none left there is no assignment.
+    assert_eq!(
+        store
+            .set_backend_health("b", false, Some("down"), now)
+            .await
+            .unwrap(),
+        Some(true)
+    );
+    let third = assign(store, &id(&g1[2]), "pool/g1", Some("m"), &[], now).await;
+    assert_eq!(third.backend.id, "a");
+    let none = store
+        .assign_backend(&ask(&id(&g1[2]), "pool/g1", Some("m"), &["a"]), now)
+        .await
+        .unwrap();
+    assert!(none.is_none());
+    assert_eq!(
+        active(store).await,
+        vec![("a".into(), 1), ("b".into(), 2), ("c".into(), 1)]
+    );
+
+    leave_run_every_way(store, &g1, &g2).await;
     // A job requeued within RUN (its worker's lease lapsed) keeps its backend.
     let (msg, _) = &g1[2];
-    store
-        .assign_backend(&ask(&msg.job_id, "pool/g1", Some("m"), &[]), now_ms())
-        .await
-        .unwrap()
-        .unwrap();
+    assign(store, &msg.job_id, "pool/g1", Some("m"), &[], now_ms()).await;
     store.release(msg, g1[2].1, false, now_ms()).await.unwrap();
     assert_eq!(active(store).await[0], ("a".into(), 1));
     store.release_backend(&msg.job_id).await.unwrap();
@@ -348,17 +344,9 @@ async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() 
         .await
         .unwrap();
     let g3 = jobs_in_run(store, "pool", "g3", 2).await;
-    let early = store
-        .assign_backend(&ask(&g3[0].0.job_id, "pool/g3", Some("m"), &[]), now_ms())
-        .await
-        .unwrap()
-        .unwrap();
+    let early = assign(store, &g3[0].0.job_id, "pool/g3", Some("m"), &[], now_ms()).await;
     store.release_backend(&g3[0].0.job_id).await.unwrap();
-    let late = store
-        .assign_backend(&ask(&g3[1].0.job_id, "pool/g3", Some("m"), &[]), now_ms())
-        .await
-        .unwrap()
-        .unwrap();
+    let late = assign(store, &g3[1].0.job_id, "pool/g3", Some("m"), &[], now_ms()).await;
     assert_eq!(late.backend.id, early.backend.id);
     assert_eq!(late.reason, Reason::Group);
     // Old homes are forgotten.

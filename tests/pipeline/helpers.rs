@@ -224,7 +224,7 @@ impl TestEnv {
 
     /// Sends `signal` to a spawned worker.
     pub fn signal_worker(&self, index: usize, signal: nix::sys::signal::Signal) {
-        let pid = nix::unistd::Pid::from_raw(self.children[index].id() as i32);
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.children[index].id()).unwrap());
         nix::sys::signal::kill(pid, signal).expect("signal worker");
     }
 
