@@ -39,13 +39,17 @@ use rollout::backends::generate::{GenerateError, Generated, Generator};
 use rollout::backends::session::{BackendSession, SessionJob};
 use rollout::backends::wire::Sampling;
 use rollout::domain::backend::{BackendSpec, WireKind};
+use rollout::domain::duration_us;
 use rollout::domain::placement::AffinityPolicy;
 use rollout::sandbox::SandboxError;
 use rollout::sandbox::protocol::Response;
 use rollout::scripted::policy::Policy;
 use rollout::scripted::{ScriptedConfig, ScriptedServer, demo};
+use rollout::store::Store;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+mod common;
 
 const WORDS: &[&str] = &[
     "parse", "config", "module", "request", "handler", "buffer", "value", "error", "return",
@@ -97,7 +101,8 @@ fn prompt(group: usize, words: usize) -> String {
         x ^= x >> 7;
         x ^= x << 17;
         out.push(' ');
-        out.push_str(WORDS[(x % WORDS.len() as u64) as usize]);
+        let word = usize::try_from(x % WORDS.len() as u64).expect("below WORDS.len()");
+        out.push_str(WORDS[word]);
     }
     out
 }
@@ -196,14 +201,105 @@ struct Outcome {
     seconds: f64,
 }
 
-async fn run_scheme(
+/// How the episodes of one run pick their backend: what each spawned episode needs of
+/// the scheme, cloned into it.
+#[derive(Clone)]
+struct Routing {
     scheme: Scheme,
+    client: InferenceClient,
+    specs: Arc<Vec<BackendSpec>>,
+    /// The pool's store (scheme a).
+    store: Option<Arc<dyn Store>>,
+    /// Assignments per backend, never decremented (scheme b).
+    prorl_counts: Arc<std::sync::Mutex<Vec<u64>>>,
+    /// The next backend of the rotation (scheme c).
+    round_robin: Arc<AtomicUsize>,
+}
+
+impl Routing {
+    /// Runs `ep` as job `job_id` of group `g` on the backends the scheme picks.
+    async fn run(self, ep: &Episode, job_id: String, g: usize, tools: &Tools) -> Trajectory {
+        let cancel = CancellationToken::new();
+        match self.scheme {
+            Scheme::Pool => {
+                let store = self.store.unwrap();
+                let mut session = BackendSession::open(
+                    store.clone(),
+                    self.client,
+                    SessionJob {
+                        job_id: job_id.clone(),
+                        group_key: Some(format!("bench/g{g}")),
+                        model: Some("demo".into()),
+                        node: "bench".into(),
+                    },
+                    AffinityPolicy::default(),
+                    cancel,
+                )
+                .await
+                .unwrap();
+                let t = episode::run(ep, &mut session, tools, &AlwaysWanted)
+                    .await
+                    .unwrap();
+                // The job leaves RUN: its assignment goes (the trigger does this
+                // for real jobs).
+                store.release_backend(&job_id).await.unwrap();
+                t
+            }
+            Scheme::ProRl | Scheme::RoundRobin => {
+                let sticky = (self.scheme == Scheme::ProRl).then(|| {
+                    let mut c = self.prorl_counts.lock().unwrap();
+                    let (i, _) = c.iter().enumerate().min_by_key(|(i, n)| (**n, *i)).unwrap();
+                    c[i] += 1;
+                    i
+                });
+                let mut routed = Routed {
+                    client: self.client,
+                    backends: self.specs,
+                    sticky,
+                    round_robin: (self.scheme == Scheme::RoundRobin).then_some(self.round_robin),
+                    cancel,
+                };
+                episode::run(ep, &mut routed, tools, &AlwaysWanted)
+                    .await
+                    .unwrap()
+            }
+        }
+    }
+}
+
+/// The bench episode: the system prompt, the group's task `text`, bash and finish.
+fn bench_episode(model: Arc<ModelFiles>, text: String) -> Episode {
+    Episode {
+        model,
+        model_name: "demo".into(),
+        messages: vec![
+            json!({"role": "system", "content": "You are a software engineer working in a repository. Use the tools to inspect and change files, run the tests, then finish."}),
+            json!({"role": "user", "content": text}),
+        ],
+        tools: vec!["bash".into(), "finish".into()],
+        parser: Parser::Hermes,
+        sampling: Sampling::default(),
+        limits: EpisodeLimits {
+            max_turns: 8,
+            max_tokens: 32_768,
+            max_new_tokens: 1024,
+            tool_timeout: Duration::from_secs(60),
+            stop_without_tool_call: true,
+            max_observation_bytes: 16_384,
+        },
+        template_args: Default::default(),
+        deadline: tokio::time::Instant::now() + Duration::from_secs(600),
+    }
+}
+
+/// Fresh stand-in servers (cold caches) for one run, alternately vLLM and SGLang, and
+/// their specs.
+async fn start_backends(
     shape: Shape,
-    model: Arc<ModelFiles>,
+    model: &Arc<ModelFiles>,
+    p: &Policy,
     model_dir: &std::path::Path,
-    dir: &std::path::Path,
-) -> Outcome {
-    let p = policy();
+) -> (Vec<ScriptedServer>, Vec<BackendSpec>) {
     let mut servers = Vec::new();
     let mut specs = Vec::new();
     for i in 0..shape.backends {
@@ -229,6 +325,31 @@ async fn run_scheme(
         });
         servers.push(s);
     }
+    (servers, specs)
+}
+
+/// Stops the run's servers, returning the prompt and cached tokens they counted.
+async fn stop_backends(servers: Vec<ScriptedServer>) -> (u64, u64) {
+    let mut prompt_tokens = 0;
+    let mut cached_tokens = 0;
+    for s in servers {
+        let st = s.stats();
+        prompt_tokens += st.prompt_tokens;
+        cached_tokens += st.cached_tokens;
+        s.stop().await;
+    }
+    (prompt_tokens, cached_tokens)
+}
+
+async fn run_scheme(
+    scheme: Scheme,
+    shape: Shape,
+    model: Arc<ModelFiles>,
+    model_dir: &std::path::Path,
+    dir: &std::path::Path,
+) -> Outcome {
+    let p = policy();
+    let (servers, specs) = start_backends(shape, &model, &p, model_dir).await;
     let specs = Arc::new(specs);
     let client = InferenceClient::new(ClientSettings::default());
     let store = match scheme {
@@ -242,8 +363,14 @@ async fn run_scheme(
         }
         _ => None,
     };
-    let prorl_counts = Arc::new(std::sync::Mutex::new(vec![0u64; shape.backends]));
-    let rr = Arc::new(AtomicUsize::new(0));
+    let routing = Routing {
+        scheme,
+        client,
+        specs,
+        store,
+        prorl_counts: Arc::new(std::sync::Mutex::new(vec![0u64; shape.backends])),
+        round_robin: Arc::new(AtomicUsize::new(0)),
+    };
     let slots = Arc::new(tokio::sync::Semaphore::new(shape.in_flight));
     let t0 = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -251,86 +378,15 @@ async fn run_scheme(
         let text = prompt(g, shape.prompt_words);
         for s in 0..shape.group_size {
             let permit = slots.clone().acquire_owned().await.unwrap();
-            let (model, client, specs, store) =
-                (model.clone(), client.clone(), specs.clone(), store.clone());
-            let (prorl_counts, rr, text) = (prorl_counts.clone(), rr.clone(), text.clone());
+            let (model, routing, text) = (model.clone(), routing.clone(), text.clone());
             tasks.spawn(async move {
                 let _permit = permit;
-                let ep = Episode {
-                    model,
-                    model_name: "demo".into(),
-                    messages: vec![
-                        json!({"role": "system", "content": "You are a software engineer working in a repository. Use the tools to inspect and change files, run the tests, then finish."}),
-                        json!({"role": "user", "content": text}),
-                    ],
-                    tools: vec!["bash".into(), "finish".into()],
-                    parser: Parser::Hermes,
-                    sampling: Sampling::default(),
-                    limits: EpisodeLimits {
-                        max_turns: 8,
-                        max_tokens: 32_768,
-                        max_new_tokens: 1024,
-                        tool_timeout: Duration::from_secs(60),
-                        stop_without_tool_call: true,
-                        max_observation_bytes: 16_384,
-                    },
-                    template_args: Default::default(),
-                    deadline: tokio::time::Instant::now() + Duration::from_secs(600),
-                };
+                let ep = bench_episode(model, text);
                 let job_id = format!("g{g}-s{s}");
                 let tools = Tools {
                     latency: Duration::from_millis(shape.tool_ms),
                 };
-                let cancel = CancellationToken::new();
-                match scheme {
-                    Scheme::Pool => {
-                        let store = store.unwrap();
-                        let mut session = BackendSession::open(
-                            store.clone(),
-                            client,
-                            SessionJob {
-                                job_id: job_id.clone(),
-                                group_key: Some(format!("bench/g{g}")),
-                                model: Some("demo".into()),
-                                node: "bench".into(),
-                            },
-                            AffinityPolicy::default(),
-                            cancel,
-                        )
-                        .await
-                        .unwrap();
-                        let t = episode::run(&ep, &mut session, &tools, &AlwaysWanted)
-                            .await
-                            .unwrap();
-                        // The job leaves RUN: its assignment goes (the trigger does this
-                        // for real jobs).
-                        store.release_backend(&job_id).await.unwrap();
-                        (g, t)
-                    }
-                    Scheme::ProRl | Scheme::RoundRobin => {
-                        let sticky = (scheme == Scheme::ProRl).then(|| {
-                            let mut c = prorl_counts.lock().unwrap();
-                            let (i, _) = c
-                                .iter()
-                                .enumerate()
-                                .min_by_key(|(i, n)| (**n, *i))
-                                .unwrap();
-                            c[i] += 1;
-                            i
-                        });
-                        let mut routed = Routed {
-                            client,
-                            backends: specs,
-                            sticky,
-                            round_robin: (scheme == Scheme::RoundRobin).then_some(rr),
-                            cancel,
-                        };
-                        let t = episode::run(&ep, &mut routed, &tools, &AlwaysWanted)
-                            .await
-                            .unwrap();
-                        (g, t)
-                    }
-                }
+                (g, routing.run(&ep, job_id, g, &tools).await)
             });
         }
     }
@@ -344,14 +400,7 @@ async fn run_scheme(
         trajectories.push(t);
     }
     let seconds = t0.elapsed().as_secs_f64();
-    let mut prompt_tokens = 0;
-    let mut cached_tokens = 0;
-    for s in servers {
-        let st = s.stats();
-        prompt_tokens += st.prompt_tokens;
-        cached_tokens += st.cached_tokens;
-        s.stop().await;
-    }
+    let (prompt_tokens, cached_tokens) = stop_backends(servers).await;
     Outcome {
         prompt_tokens,
         cached_tokens,
@@ -368,8 +417,7 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
+    sorted[common::rank(sorted.len(), p)]
 }
 
 #[tokio::main]
@@ -379,28 +427,7 @@ async fn main() {
         println!("agent benchmark: run it with `cargo bench --bench agent`");
         return;
     }
-    let quick = std::env::var_os("BENCH_QUICK").is_some();
-    let var = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let shape = Shape {
-        groups: var("BENCH_GROUPS", if quick { 8 } else { 64 }),
-        group_size: 8,
-        backends: 4,
-        in_flight: var("BENCH_IN_FLIGHT", if quick { 16 } else { 64 }),
-        prompt_words: var("BENCH_PROMPT_WORDS", 600),
-        // Blocks of 16 tokens per backend: about what the 16 episodes a backend runs need
-        // when the 8 samples of a group share their prompt (2 prompts of ~70 blocks and
-        // ~15 blocks of each episode's own turns), half of what they need when every
-        // backend holds a copy of 8 groups' prompts. An engine's prefix cache is the KV
-        // memory its running sequences leave, far smaller than the contexts of all the
-        // episodes in flight in agentic RL; BENCHMARKS.md has a sweep of this size.
-        cache_blocks: var("BENCH_CACHE_BLOCKS", 384),
-        tool_ms: var("BENCH_TOOL_MS", 20) as u64,
-    };
+    let shape = shape_from_env();
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("model");
     let p = policy();
@@ -409,36 +436,7 @@ async fn main() {
     let extra: Vec<&str> = corpus.iter().map(String::as_str).collect();
     demo::write_model_dir(&model_dir, demo::CHATML_TEMPLATE, &extra).unwrap();
     let model = Arc::new(ModelFiles::load(&model_dir).unwrap());
-    println!(
-        "routing: {} groups x G={} on {} stand-in backends, {} jobs in flight, ~{}-word task prompts, {} cache blocks of 16 tokens per backend",
-        shape.groups,
-        shape.group_size,
-        shape.backends,
-        shape.in_flight,
-        shape.prompt_words,
-        shape.cache_blocks
-    );
-    let mut outcomes = Vec::new();
-    for scheme in [Scheme::Pool, Scheme::ProRl, Scheme::RoundRobin] {
-        let o = run_scheme(scheme, shape, model.clone(), &model_dir, dir.path()).await;
-        println!(
-            "  {:<48} cached {:>9} of {:>9} prompt tokens ({:>5.1}%), groups on one backend {:>3}/{}, {:.1} s",
-            scheme.label(),
-            o.cached_tokens,
-            o.prompt_tokens,
-            100.0 * o.cached_tokens as f64 / o.prompt_tokens.max(1) as f64,
-            o.groups_on_one_backend,
-            shape.groups,
-            o.seconds
-        );
-        outcomes.push((scheme, o));
-    }
-    let cached = |i: usize| outcomes[i].1.cached_tokens as f64;
-    println!(
-        "  ratio (a)/(b) = {:.2} (goal >= 1.3), (a)/(c) = {:.2}",
-        cached(0) / cached(1).max(1.0),
-        cached(0) / cached(2).max(1.0)
-    );
+    let outcomes = routing(shape, &model, &model_dir, dir.path()).await;
 
     // Overhead per turn: the loop's own work, measured with one episode at a time (the
     // pool, the client and the loop as in run a; 4 groups of 8 episodes), so it is the
@@ -461,7 +459,117 @@ async fn main() {
     };
     let overhead = turns_of(&single);
     let loaded = turns_of(&outcomes[0].1);
-    // Baseline: one bare request to a fresh server with a prompt of the same size.
+    // A typical turn of run (a): its prompt and its model tokens.
+    let turn = &outcomes[0].1.trajectories[0].turns[1];
+    let t = &outcomes[0].1.trajectories[0];
+    let typical = turn.prompt_tokens;
+    let ids = t.all_ids()[..turn.prompt_tokens].to_vec();
+    let out_ids = t.response_ids[turn.model_range[0]..turn.model_range[1]].to_vec();
+    let (bare, raw) = baseline(&model, &p, &model_dir, typical, &ids).await;
+    let parts = time_steps(&model, &ids, &out_ids, &raw);
+    println!(
+        "overhead: RUN loop's own time per turn, one episode at a time, over {} turns: p50 {} us, p90 {} us, p99 {} us (goal p50 <= 200 us)",
+        overhead.len(),
+        percentile(&overhead, 0.5),
+        percentile(&overhead, 0.9),
+        percentile(&overhead, 0.99)
+    );
+    println!(
+        "  with {} episodes in flight beside the stand-in servers (run a): p50 {} us, p90 {} us",
+        shape.in_flight,
+        percentile(&loaded, 0.5),
+        percentile(&loaded, 0.9)
+    );
+    println!(
+        "  baseline: one bare request of a {}-token prompt to a stand-in server: p50 {} us; overhead p50 / bare p50 = {:.2}",
+        typical,
+        percentile(&bare, 0.5),
+        percentile(&overhead, 0.5) as f64 / percentile(&bare, 0.5).max(1) as f64
+    );
+    println!(
+        "  steps of a typical turn, each alone: {}",
+        parts.join(", ")
+    );
+}
+
+/// The batch's shape: `BENCH_QUICK` for a small one, the other `BENCH_*` variables to
+/// change one dimension.
+fn shape_from_env() -> Shape {
+    let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let var = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    Shape {
+        groups: var("BENCH_GROUPS", if quick { 8 } else { 64 }),
+        group_size: 8,
+        backends: 4,
+        in_flight: var("BENCH_IN_FLIGHT", if quick { 16 } else { 64 }),
+        prompt_words: var("BENCH_PROMPT_WORDS", 600),
+        // Blocks of 16 tokens per backend: about what the 16 episodes a backend runs need
+        // when the 8 samples of a group share their prompt (2 prompts of ~70 blocks and
+        // ~15 blocks of each episode's own turns), half of what they need when every
+        // backend holds a copy of 8 groups' prompts. An engine's prefix cache is the KV
+        // memory its running sequences leave, far smaller than the contexts of all the
+        // episodes in flight in agentic RL; BENCHMARKS.md has a sweep of this size.
+        cache_blocks: var("BENCH_CACHE_BLOCKS", 384),
+        tool_ms: var("BENCH_TOOL_MS", 20) as u64,
+    }
+}
+
+/// Benchmark 1: the batch under each scheme, one line each, then the ratios of cached
+/// tokens.
+async fn routing(
+    shape: Shape,
+    model: &Arc<ModelFiles>,
+    model_dir: &std::path::Path,
+    dir: &std::path::Path,
+) -> Vec<(Scheme, Outcome)> {
+    println!(
+        "routing: {} groups x G={} on {} stand-in backends, {} jobs in flight, ~{}-word task prompts, {} cache blocks of 16 tokens per backend",
+        shape.groups,
+        shape.group_size,
+        shape.backends,
+        shape.in_flight,
+        shape.prompt_words,
+        shape.cache_blocks
+    );
+    let mut outcomes = Vec::new();
+    for scheme in [Scheme::Pool, Scheme::ProRl, Scheme::RoundRobin] {
+        let o = run_scheme(scheme, shape, model.clone(), model_dir, dir).await;
+        println!(
+            "  {:<48} cached {:>9} of {:>9} prompt tokens ({:>5.1}%), groups on one backend {:>3}/{}, {:.1} s",
+            scheme.label(),
+            o.cached_tokens,
+            o.prompt_tokens,
+            100.0 * o.cached_tokens as f64 / o.prompt_tokens.max(1) as f64,
+            o.groups_on_one_backend,
+            shape.groups,
+            o.seconds
+        );
+        outcomes.push((scheme, o));
+    }
+    let cached = |i: usize| outcomes[i].1.cached_tokens as f64;
+    println!(
+        "  ratio (a)/(b) = {:.2} (goal >= 1.3), (a)/(c) = {:.2}",
+        cached(0) / cached(1).max(1.0),
+        cached(0) / cached(2).max(1.0)
+    );
+    outcomes
+}
+
+/// The baseline of benchmark 2: 200 bare requests with a prompt of `typical` tokens to
+/// a fresh server, their times sorted (µs); and that server's raw answer to the prompt
+/// `ids`, for timing the reading of an answer.
+async fn baseline(
+    model: &Arc<ModelFiles>,
+    p: &Policy,
+    model_dir: &std::path::Path,
+    typical: usize,
+    ids: &[u32],
+) -> (Vec<u64>, bytes::Bytes) {
     let mut cfg = ScriptedConfig::new(model.clone(), p.clone());
     cfg.model_name = "demo".into();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -476,8 +584,9 @@ async fn main() {
         ..Default::default()
     };
     let client = InferenceClient::new(ClientSettings::default());
-    let typical = outcomes[0].1.trajectories[0].turns[1].prompt_tokens;
-    let prompt_ids: Vec<u32> = (0..typical as u32).map(|i| 10 + i % 500).collect();
+    let prompt_ids: Vec<u32> = (0..u32::try_from(typical).unwrap())
+        .map(|i| 10 + i % 500)
+        .collect();
     let mut bare = Vec::new();
     for _ in 0..200 {
         let t0 = Instant::now();
@@ -490,20 +599,15 @@ async fn main() {
             )
             .await
             .unwrap();
-        bare.push(t0.elapsed().as_micros() as u64);
+        bare.push(duration_us(t0.elapsed()));
     }
     bare.sort_unstable();
-    // Where a turn's own time goes: each step of the loop on a typical turn, timed alone.
-    let turn = &outcomes[0].1.trajectories[0].turns[1];
-    let t = &outcomes[0].1.trajectories[0];
-    let ids = t.all_ids()[..turn.prompt_tokens].to_vec();
-    let out_ids = t.response_ids[turn.model_range[0]..turn.model_range[1]].to_vec();
     let raw = reqwest::Client::new()
         .post(format!("{}/v1/completions", server.url()))
         .header("content-type", "application/json")
         .body(rollout::backends::wire::vllm_body(
             "demo",
-            &ids,
+            ids,
             &Sampling::default(),
         ))
         .send()
@@ -513,6 +617,12 @@ async fn main() {
         .await
         .unwrap();
     server.stop().await;
+    (bare, raw)
+}
+
+/// Where a turn's own time goes: each step of the loop on a typical turn (prompt `ids`,
+/// model tokens `out_ids`, the backend's `raw` answer), timed alone, as "name N us".
+fn time_steps(model: &ModelFiles, ids: &[u32], out_ids: &[u32], raw: &[u8]) -> Vec<String> {
     let schemas: Vec<Value> = ["bash", "finish"]
         .iter()
         .filter_map(|n| rollout::agent::tools::schema(n))
@@ -529,14 +639,14 @@ async fn main() {
         json!({"role": "tool", "content": "src/worker.py:12: def handler(request):\nsrc/worker.py:40:     return handler(value)"}),
     ];
     let between = glue.between_turns(&obs, true).unwrap();
-    let text = model.tokenizer.decode(&out_ids).unwrap();
+    let text = model.tokenizer.decode(out_ids).unwrap();
     let steps: Vec<Step> = vec![
         (
             "build the request body",
             Box::new(|| {
                 std::hint::black_box(rollout::backends::wire::vllm_body(
                     "demo",
-                    &ids,
+                    ids,
                     &Sampling::default(),
                 ));
             }),
@@ -544,13 +654,13 @@ async fn main() {
         (
             "read the answer",
             Box::new(|| {
-                std::hint::black_box(rollout::backends::wire::parse_vllm(&raw).unwrap());
+                std::hint::black_box(rollout::backends::wire::parse_vllm(raw).unwrap());
             }),
         ),
         (
             "decode the turn for parsing",
             Box::new(|| {
-                std::hint::black_box(model.tokenizer.decode(&out_ids).unwrap());
+                std::hint::black_box(model.tokenizer.decode(out_ids).unwrap());
             }),
         ),
         (
@@ -584,27 +694,5 @@ async fn main() {
             t0.elapsed().as_secs_f64() * 1e6 / n as f64
         ));
     }
-    println!(
-        "overhead: RUN loop's own time per turn, one episode at a time, over {} turns: p50 {} us, p90 {} us, p99 {} us (goal p50 <= 200 us)",
-        overhead.len(),
-        percentile(&overhead, 0.5),
-        percentile(&overhead, 0.9),
-        percentile(&overhead, 0.99)
-    );
-    println!(
-        "  with {} episodes in flight beside the stand-in servers (run a): p50 {} us, p90 {} us",
-        shape.in_flight,
-        percentile(&loaded, 0.5),
-        percentile(&loaded, 0.9)
-    );
-    println!(
-        "  baseline: one bare request of a {}-token prompt to a stand-in server: p50 {} us; overhead p50 / bare p50 = {:.2}",
-        typical,
-        percentile(&bare, 0.5),
-        percentile(&overhead, 0.5) as f64 / percentile(&bare, 0.5).max(1) as f64
-    );
-    println!(
-        "  steps of a typical turn, each alone: {}",
-        parts.join(", ")
-    );
+    parts
 }

@@ -27,6 +27,8 @@ use rollout::kinds::{StageContext, TaskKind, synthetic::Synthetic};
 use rollout::natsd::NatsServer;
 use tokio_util::sync::CancellationToken;
 
+mod common;
+
 struct Env {
     client: Client,
     deps: rollout::wiring::Services,
@@ -79,7 +81,7 @@ fn task(spec: serde_json::Value) -> Task {
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+    sorted[common::rank(sorted.len(), p)]
 }
 
 /// One JetStream publish→pull→ack round trip on a work-queue stream, `n` times.

@@ -25,13 +25,14 @@ use std::time::{Duration, Instant};
 
 use rollout::sandbox::{Label, RuntimeKind, Runtimes, Sandbox, SandboxLimits, StartRequest};
 
+mod common;
+
 fn quick() -> bool {
     std::env::var_os("BENCH_QUICK").is_some()
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+    sorted[common::rank(sorted.len(), p).min(sorted.len() - 1)]
 }
 
 struct Stats {
@@ -411,9 +412,40 @@ async fn main() {
     bash_row(&local, &mut raw, &mut tmux, "ls /usr/lib | wc -l", n / 5).await;
 
     // 2. python.
-    let plain = python_row(&local, n, "cpython").await;
+    let ipy_sb = python_rows(root.path(), &local, n).await;
+
+    // 4. memory (before the sandboxes go).
+    let rss = local.label.live_pid().and_then(rss_kib);
+    let rss_ipy = ipy_sb.label.live_pid().and_then(rss_kib);
+
+    // 3. sandbox start.
+    let backends = Runtimes::default();
+    start_rows(root.path(), &backends).await;
+    println!(
+        "| sandbox server RSS after the runs above | {} (CPython engine sandbox), {} (IPython) | — | — |",
+        rss.map(|k| format!("{:.1} MB", k as f64 / 1024.0))
+            .unwrap_or_default(),
+        rss_ipy
+            .map(|k| format!("{:.1} MB", k as f64 / 1024.0))
+            .unwrap_or_default(),
+    );
+    println!(
+        "| process wake-up floor: 1-byte round trip through a `cat` child ({n} trips) | p50 {} before the runs, {} after | — | — |",
+        us(floor_before),
+        us(wakeup_floor(n))
+    );
+    for sb in [local, ipy_sb] {
+        drop(sb.client);
+        backends.stop(&sb.label.dir).await.unwrap();
+    }
+}
+
+/// Benchmark 2: `1+1` in the CPython engine of `local`, then in the IPython engine of a
+/// sandbox started for it (returned, for the memory row), beside a Jupyter kernel.
+async fn python_rows(root: &Path, local: &Sandbox, n: usize) -> Sandbox {
+    let plain = python_row(local, n, "cpython").await;
     let ipy_sb = start(
-        root.path(),
+        root,
         RuntimeKind::Local,
         &[("ROLLOUT_SANDBOX_PYTHON_ENGINE", "ipython")],
     )
@@ -447,68 +479,29 @@ async fn main() {
         us(ipy.p99),
         ratio(&ipy)
     );
+    ipy_sb
+}
 
-    // 4. memory (before the sandboxes go).
-    let rss = local.label.live_pid().and_then(rss_kib);
-    let rss_ipy = ipy_sb.label.live_pid().and_then(rss_kib);
-
-    // 3. sandbox start.
+/// Benchmark 3: bwrap sandbox starts, plain (beside bare `bwrap /bin/true`), with
+/// `network: true`, and with the workspace quota where this machine enforces one.
+async fn start_rows(root: &Path, backends: &Runtimes) {
     let starts = if quick() { 10 } else { 100 };
     let mut ready = Vec::new();
     let mut floor = Vec::new();
-    let backends = Runtimes::default();
     for _ in 0..starts {
         floor.push(bwrap_true());
-        let req = request(root.path(), RuntimeKind::Bwrap, &[]);
-        let t = Instant::now();
-        let sb = backends
-            .get(RuntimeKind::Bwrap)
-            .start(&req)
-            .await
-            .expect("bwrap sandbox");
-        ready.push(t.elapsed());
-        drop(sb.client);
-        backends.stop(&req.dir).await.unwrap();
+        let req = request(root, RuntimeKind::Bwrap, &[]);
+        ready.push(timed_start(backends, &req, "bwrap sandbox").await);
     }
     // The same with `network: true`: slirp4netns and the deny routes on top.
     let mut ready_net = Vec::new();
     for _ in 0..starts {
-        let mut req = request(root.path(), RuntimeKind::Bwrap, &[]);
+        let mut req = request(root, RuntimeKind::Bwrap, &[]);
         req.network = true;
-        let t = Instant::now();
-        let sb = backends
-            .get(RuntimeKind::Bwrap)
-            .start(&req)
-            .await
-            .expect("networked bwrap sandbox");
-        ready_net.push(t.elapsed());
-        drop(sb.client);
-        backends.stop(&req.dir).await.unwrap();
+        ready_net.push(timed_start(backends, &req, "networked bwrap sandbox").await);
     }
-    // The same with the workspace's own filesystem (the disk quota of a root worker):
-    // image copy and loop mount before, unmount on stop.
     let quota = rollout::sandbox::quota::WorkspaceQuota::probe();
-    let mut ready_quota = Vec::new();
-    for _ in 0..(if quota.enforced() { starts } else { 0 }) {
-        let req = request(root.path(), RuntimeKind::Bwrap, &[]);
-        let t = Instant::now();
-        quota
-            .mount(
-                &req.dir,
-                &req.workspace(),
-                SandboxLimits::default().workspace_bytes,
-            )
-            .await
-            .expect("workspace filesystem");
-        let sb = backends
-            .get(RuntimeKind::Bwrap)
-            .start(&req)
-            .await
-            .expect("bwrap sandbox with a quota");
-        ready_quota.push(t.elapsed());
-        drop(sb.client);
-        backends.stop(&req.dir).await.unwrap();
-    }
+    let ready_quota = quota_starts(root, backends, &quota, starts).await;
     let (ready, floor, ready_net) = (stats(ready), stats(floor), stats(ready_net));
     println!(
         "| bwrap sandbox start → tools ready ({starts} starts) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap |",
@@ -539,21 +532,52 @@ async fn main() {
             quota
         );
     }
-    println!(
-        "| sandbox server RSS after the runs above | {} (CPython engine sandbox), {} (IPython) | — | — |",
-        rss.map(|k| format!("{:.1} MB", k as f64 / 1024.0))
-            .unwrap_or_default(),
-        rss_ipy
-            .map(|k| format!("{:.1} MB", k as f64 / 1024.0))
-            .unwrap_or_default(),
-    );
-    println!(
-        "| process wake-up floor: 1-byte round trip through a `cat` child ({n} trips) | p50 {} before the runs, {} after | — | — |",
-        us(floor_before),
-        us(wakeup_floor(n))
-    );
-    for sb in [local, ipy_sb] {
+}
+
+/// Starts a bwrap sandbox for `req` and stops it again; returns how long it took to be
+/// ready (`what` names it if it fails).
+async fn timed_start(backends: &Runtimes, req: &StartRequest, what: &str) -> Duration {
+    let t = Instant::now();
+    let sb = backends
+        .get(RuntimeKind::Bwrap)
+        .start(req)
+        .await
+        .expect(what);
+    let ready = t.elapsed();
+    drop(sb.client);
+    backends.stop(&req.dir).await.unwrap();
+    ready
+}
+
+/// Bwrap sandbox starts with the workspace's own filesystem (the disk quota of a root
+/// worker): image copy and loop mount before, unmount on stop. None where `quota` is
+/// not enforced.
+async fn quota_starts(
+    root: &Path,
+    backends: &Runtimes,
+    quota: &rollout::sandbox::quota::WorkspaceQuota,
+    starts: usize,
+) -> Vec<Duration> {
+    let mut ready_quota = Vec::new();
+    for _ in 0..(if quota.enforced() { starts } else { 0 }) {
+        let req = request(root, RuntimeKind::Bwrap, &[]);
+        let t = Instant::now();
+        quota
+            .mount(
+                &req.dir,
+                &req.workspace(),
+                SandboxLimits::default().workspace_bytes,
+            )
+            .await
+            .expect("workspace filesystem");
+        let sb = backends
+            .get(RuntimeKind::Bwrap)
+            .start(&req)
+            .await
+            .expect("bwrap sandbox with a quota");
+        ready_quota.push(t.elapsed());
         drop(sb.client);
-        backends.stop(&sb.label.dir).await.unwrap();
+        backends.stop(&req.dir).await.unwrap();
     }
+    ready_quota
 }

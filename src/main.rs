@@ -99,44 +99,48 @@ enum BackendsAction {
     /// Every backend with its health and active jobs.
     List,
     /// Register a backend (or replace the one with the same id).
-    Add {
-        /// A name unique in the pool.
-        #[arg(long)]
-        id: String,
-        /// Base URL, e.g. http://10.0.0.5:8000.
-        #[arg(long)]
-        url: String,
-        /// `vllm` or `sglang`.
-        #[arg(long)]
-        kind: String,
-        /// The model it serves.
-        #[arg(long)]
-        model: String,
-        /// The model directory (tokenizer.json, tokenizer_config.json) as the RUN
-        /// workers see it.
-        #[arg(long)]
-        tokenizer: String,
-        /// Relative capacity.
-        #[arg(long, default_value_t = 1.0)]
-        weight: f64,
-        /// The name the server serves the model under, when it is not --model (vLLM's
-        /// --served-model-name).
-        #[arg(long)]
-        served_model_name: Option<String>,
-        /// The environment variable holding the server's --api-key (sent as a Bearer
-        /// token); a variable, so the key stays out of shell history.
-        #[arg(long)]
-        api_key_env: Option<String>,
-        /// `raw` (vLLM's default) or `processed` (SGLang, or vLLM with --logprobs-mode
-        /// processed_logprobs).
-        #[arg(long)]
-        logprobs_mode: Option<String>,
-    },
+    Add(AddBackend),
     /// Unregister a backend.
     Remove {
         /// Its id.
         id: String,
     },
+}
+
+/// `rollout backends add`: the backend to register.
+#[derive(Debug, clap::Args)]
+struct AddBackend {
+    /// A name unique in the pool.
+    #[arg(long)]
+    id: String,
+    /// Base URL, e.g. http://10.0.0.5:8000.
+    #[arg(long)]
+    url: String,
+    /// `vllm` or `sglang`.
+    #[arg(long)]
+    kind: String,
+    /// The model it serves.
+    #[arg(long)]
+    model: String,
+    /// The model directory (tokenizer.json, tokenizer_config.json) as the RUN
+    /// workers see it.
+    #[arg(long)]
+    tokenizer: String,
+    /// Relative capacity.
+    #[arg(long, default_value_t = 1.0)]
+    weight: f64,
+    /// The name the server serves the model under, when it is not --model (vLLM's
+    /// --served-model-name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// The environment variable holding the server's --api-key (sent as a Bearer
+    /// token); a variable, so the key stays out of shell history.
+    #[arg(long)]
+    api_key_env: Option<String>,
+    /// `raw` (vLLM's default) or `processed` (SGLang, or vLLM with --logprobs-mode
+    /// processed_logprobs).
+    #[arg(long)]
+    logprobs_mode: Option<String>,
 }
 
 fn load_tasks(path: &PathBuf) -> anyhow::Result<Vec<rollout::domain::Task>> {
@@ -164,24 +168,8 @@ async fn main() -> anyhow::Result<()> {
     let settings = Settings::load(cli.config.as_deref())?;
     rollout::telemetry::init(&settings.log);
     match cli.command {
-        Command::Serve => {
-            let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
-            let settings = Arc::new(settings);
-            let deps = wiring::connect(settings.clone(), "rollout-gateway", true).await?;
-            let listener = wiring::bind(&settings.gateway.listen).await?;
-            wiring::run_gateway(deps.clone(), listener, shutdown).await?;
-            let _ = deps.queue.client().drain().await;
-        }
-        Command::Migrate => {
-            let url = settings.database_url();
-            rollout::store::connect(&url, 1)
-                .await
-                .with_context(|| format!("migrating {}", rollout::config::redact_url(&url)))?;
-            eprintln!(
-                "migrations applied to {}",
-                rollout::config::redact_url(&url)
-            );
-        }
+        Command::Serve => serve(settings).await?,
+        Command::Migrate => migrate(&settings).await?,
         Command::Submit {
             file,
             batch,
@@ -191,26 +179,7 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let tasks = load_tasks(&file)?;
             let client = gateway_client(&settings, gateway, token);
-            let mut batch_id = batch;
-            let mut total = 0u64;
-            let mut duplicates = 0u64;
-            // Chunks keep each request under the gateway's limits; the batch id of the
-            // first chunk is reused so the whole file is one batch.
-            for chunk in tasks.chunks(5000) {
-                let resp = client.submit(chunk, batch_id.as_deref()).await?;
-                total += resp.jobs.len() as u64;
-                duplicates += resp.jobs.iter().filter(|j| j.duplicate).count() as u64;
-                batch_id = Some(resp.batch_id);
-            }
-            let batch_id = batch_id.expect("at least one chunk");
-            println!("{batch_id}");
-            eprintln!(
-                "submitted {total} tasks to batch {batch_id} ({duplicates} already known by client_id)"
-            );
-            if wait {
-                let summary = client.follow_batch(&batch_id, total).await?;
-                eprintln!("{summary}");
-            }
+            submit(&client, &tasks, batch, wait).await?;
         }
         Command::Status {
             batch,
@@ -218,17 +187,7 @@ async fn main() -> anyhow::Result<()> {
             token,
         } => {
             let client = gateway_client(&settings, gateway, token);
-            let view = client.status(batch.as_deref()).await?;
-            println!("{:<10} {:<6} {:>8}", "STATUS", "STAGE", "JOBS");
-            for c in &view.counts {
-                println!("{:<10} {:<6} {:>8}", c.status, c.stage, c.count);
-            }
-            if let Some(b) = view.batch {
-                println!(
-                    "batch {}: {} submitted, {} finished ({} done, {} failed, {} timed out, {} cancelled)",
-                    b.id, b.submitted, b.finished, b.done, b.failed, b.timed_out, b.cancelled
-                );
-            }
+            status(&client, batch.as_deref()).await?;
         }
         Command::Backends {
             action,
@@ -237,69 +196,8 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let client = gateway_client(&settings, gateway, token);
             match action {
-                BackendsAction::List => {
-                    let list = client.backends().await?;
-                    println!(
-                        "{:<20} {:<7} {:<20} {:<32} {:<8} {:>6} {:>6}",
-                        "ID", "KIND", "MODEL", "URL", "HEALTHY", "ACTIVE", "WEIGHT"
-                    );
-                    for b in list {
-                        println!(
-                            "{:<20} {:<7} {:<20} {:<32} {:<8} {:>6} {:>6}",
-                            b.spec.id,
-                            b.spec.kind,
-                            b.spec.model,
-                            b.spec.url,
-                            if b.healthy { "yes" } else { "no" },
-                            b.active,
-                            b.spec.weight
-                        );
-                    }
-                }
-                BackendsAction::Add {
-                    id,
-                    url,
-                    kind,
-                    model,
-                    tokenizer,
-                    weight,
-                    served_model_name,
-                    api_key_env,
-                    logprobs_mode,
-                } => {
-                    let kind = rollout::domain::backend::WireKind::parse(&kind)
-                        .with_context(|| format!("--kind `{kind}`: use vllm or sglang"))?;
-                    let logprobs_mode = logprobs_mode
-                        .map(|m| {
-                            rollout::domain::backend::LogprobsMode::parse(&m).with_context(|| {
-                                format!("--logprobs-mode `{m}`: use raw or processed")
-                            })
-                        })
-                        .transpose()?;
-                    let api_key = api_key_env
-                        .map(|var| {
-                            std::env::var(&var)
-                                .map(rollout::domain::backend::ApiKey)
-                                .with_context(|| format!("--api-key-env: ${var} is not set"))
-                        })
-                        .transpose()?;
-                    let spec = rollout::domain::backend::BackendSpec {
-                        id,
-                        url,
-                        kind,
-                        model,
-                        tokenizer,
-                        weight,
-                        served_model_name,
-                        api_key,
-                        logprobs_mode,
-                    };
-                    let b = client.add_backend(&spec).await?;
-                    eprintln!(
-                        "registered backend {} ({} at {})",
-                        b.spec.id, b.spec.model, b.spec.url
-                    );
-                }
+                BackendsAction::List => list_backends(&client).await?,
+                BackendsAction::Add(args) => add_backend(&client, args).await?,
                 BackendsAction::Remove { id } => {
                     client.remove_backend(&id).await?;
                     eprintln!("removed backend {id}");
@@ -311,32 +209,187 @@ async fn main() -> anyhow::Result<()> {
             submit,
             batch,
             exit_when_done,
-        } => {
-            anyhow::ensure!(workers >= 1, "--workers must be at least 1");
-            let submit = if submit.is_empty() {
-                None
-            } else {
-                let mut tasks = Vec::new();
-                for path in &submit {
-                    tasks.extend(load_tasks(path)?);
-                }
-                let id = batch.unwrap_or_else(|| format!("up-{}", uuid::Uuid::now_v7().simple()));
-                Some((tasks, id))
-            };
-            let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
-            let opts = UpOptions {
-                workers,
-                submit,
-                exit_when_done,
-            };
-            let summary = wiring::up(settings, opts, shutdown).await?;
-            if let Some(s) = summary
-                && s.results > 0
-                && s.done == 0
-            {
-                anyhow::bail!("no job of the batch finished `done`");
-            }
+        } => up(settings, workers, &submit, batch, exit_when_done).await?,
+    }
+    Ok(())
+}
+
+/// `rollout serve`: the gateway (with the reconciler) until a signal, then the NATS
+/// connection drained so nothing published is lost.
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
+    let settings = Arc::new(settings);
+    let deps = wiring::connect(settings.clone(), "rollout-gateway", true).await?;
+    let listener = wiring::bind(&settings.gateway.listen).await?;
+    wiring::run_gateway(deps.clone(), listener, shutdown).await?;
+    let _ = deps.queue.client().drain().await;
+    Ok(())
+}
+
+/// `rollout migrate`: connecting to the store applies its migrations.
+async fn migrate(settings: &Settings) -> anyhow::Result<()> {
+    let url = settings.database_url();
+    rollout::store::connect(&url, 1)
+        .await
+        .with_context(|| format!("migrating {}", rollout::config::redact_url(&url)))?;
+    eprintln!(
+        "migrations applied to {}",
+        rollout::config::redact_url(&url)
+    );
+    Ok(())
+}
+
+/// `rollout submit`: `tasks` into `batch` (a new one by default) in chunks; prints the
+/// batch id, and with `wait` follows the batch to its summary.
+async fn submit(
+    client: &Client,
+    tasks: &[rollout::domain::Task],
+    batch: Option<String>,
+    wait: bool,
+) -> anyhow::Result<()> {
+    let mut batch_id = batch;
+    let mut total = 0u64;
+    let mut duplicates = 0u64;
+    // Chunks keep each request under the gateway's limits; the batch id of the
+    // first chunk is reused so the whole file is one batch.
+    for chunk in tasks.chunks(5000) {
+        let resp = client.submit(chunk, batch_id.as_deref()).await?;
+        total += resp.jobs.len() as u64;
+        duplicates += resp.jobs.iter().filter(|j| j.duplicate).count() as u64;
+        batch_id = Some(resp.batch_id);
+    }
+    let batch_id = batch_id.expect("at least one chunk");
+    println!("{batch_id}");
+    eprintln!(
+        "submitted {total} tasks to batch {batch_id} ({duplicates} already known by client_id)"
+    );
+    if wait {
+        let summary = client.follow_batch(&batch_id, total).await?;
+        eprintln!("{summary}");
+    }
+    Ok(())
+}
+
+/// `rollout status`: job counts by status and stage, and the batch's totals when one is
+/// named.
+async fn status(client: &Client, batch: Option<&str>) -> anyhow::Result<()> {
+    let view = client.status(batch).await?;
+    println!("{:<10} {:<6} {:>8}", "STATUS", "STAGE", "JOBS");
+    for c in &view.counts {
+        println!("{:<10} {:<6} {:>8}", c.status, c.stage, c.count);
+    }
+    if let Some(b) = view.batch {
+        println!(
+            "batch {}: {} submitted, {} finished ({} done, {} failed, {} timed out, {} cancelled)",
+            b.id, b.submitted, b.finished, b.done, b.failed, b.timed_out, b.cancelled
+        );
+    }
+    Ok(())
+}
+
+/// `rollout backends list`: one line per backend.
+async fn list_backends(client: &Client) -> anyhow::Result<()> {
+    let list = client.backends().await?;
+    println!(
+        "{:<20} {:<7} {:<20} {:<32} {:<8} {:>6} {:>6}",
+        "ID", "KIND", "MODEL", "URL", "HEALTHY", "ACTIVE", "WEIGHT"
+    );
+    for b in list {
+        println!(
+            "{:<20} {:<7} {:<20} {:<32} {:<8} {:>6} {:>6}",
+            b.spec.id,
+            b.spec.kind,
+            b.spec.model,
+            b.spec.url,
+            if b.healthy { "yes" } else { "no" },
+            b.active,
+            b.spec.weight
+        );
+    }
+    Ok(())
+}
+
+/// `rollout backends add`: the flags checked and read (the API key from its variable),
+/// then registered.
+async fn add_backend(client: &Client, args: AddBackend) -> anyhow::Result<()> {
+    let AddBackend {
+        id,
+        url,
+        kind,
+        model,
+        tokenizer,
+        weight,
+        served_model_name,
+        api_key_env,
+        logprobs_mode,
+    } = args;
+    let kind = rollout::domain::backend::WireKind::parse(&kind)
+        .with_context(|| format!("--kind `{kind}`: use vllm or sglang"))?;
+    let logprobs_mode = logprobs_mode
+        .map(|m| {
+            rollout::domain::backend::LogprobsMode::parse(&m)
+                .with_context(|| format!("--logprobs-mode `{m}`: use raw or processed"))
+        })
+        .transpose()?;
+    let api_key = api_key_env
+        .map(|var| {
+            std::env::var(&var)
+                .map(rollout::domain::backend::ApiKey)
+                .with_context(|| format!("--api-key-env: ${var} is not set"))
+        })
+        .transpose()?;
+    let spec = rollout::domain::backend::BackendSpec {
+        id,
+        url,
+        kind,
+        model,
+        tokenizer,
+        weight,
+        served_model_name,
+        api_key,
+        logprobs_mode,
+    };
+    let b = client.add_backend(&spec).await?;
+    eprintln!(
+        "registered backend {} ({} at {})",
+        b.spec.id, b.spec.model, b.spec.url
+    );
+    Ok(())
+}
+
+/// `rollout up`: everything on this machine until a signal (or, with `exit_when_done`,
+/// until the submitted batch is finished); fails when a submitted batch had results but
+/// none of them `done`.
+async fn up(
+    settings: Settings,
+    workers: usize,
+    submit: &[PathBuf],
+    batch: Option<String>,
+    exit_when_done: bool,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(workers >= 1, "--workers must be at least 1");
+    let submit = if submit.is_empty() {
+        None
+    } else {
+        let mut tasks = Vec::new();
+        for path in submit {
+            tasks.extend(load_tasks(path)?);
         }
+        let id = batch.unwrap_or_else(|| format!("up-{}", uuid::Uuid::now_v7().simple()));
+        Some((tasks, id))
+    };
+    let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
+    let opts = UpOptions {
+        workers,
+        submit,
+        exit_when_done,
+    };
+    let summary = wiring::up(settings, opts, shutdown).await?;
+    if let Some(s) = summary
+        && s.results > 0
+        && s.done == 0
+    {
+        anyhow::bail!("no job of the batch finished `done`");
     }
     Ok(())
 }

@@ -38,8 +38,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ReconcilerSettings, Settings};
-use crate::domain::now_ms;
-use crate::domain::{Outcome, Status, WorkMessage};
+use crate::domain::{Outcome, Status, WorkMessage, ms_i64, now_ms};
 use crate::queue::{Queue, QueueError};
 use crate::store::{AbandonedRun, FinishIf, StaleJob, Store, StoreError};
 
@@ -157,7 +156,7 @@ pub async fn sweep(
     let now = now_ms();
     let mut out = Sweep::default();
     for job in store
-        .stale_jobs(now - r.stale_after_ms as i64, r.batch_limit)
+        .stale_jobs(now - ms_i64(r.stale_after_ms), r.batch_limit)
         .await?
     {
         let id = job.msg.job_id.clone();
@@ -183,8 +182,8 @@ pub async fn sweep(
     // Hand-offs overdue by a short margin, while the server would still drop a copy of
     // one that exists: checked once each, with no event (most are only waiting for a
     // free worker).
-    let window = settings.duplicate_window_ms as i64 / 2;
-    let after = r.republish_after_ms as i64;
+    let window = ms_i64(settings.duplicate_window_ms) / 2;
+    let after = ms_i64(r.republish_after_ms);
     if after > 0 && after < window {
         for job in store
             .overdue_handoffs(now - after, now - window, r.batch_limit)

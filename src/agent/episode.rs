@@ -27,12 +27,13 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::model::ModelFiles;
-use super::parse::{self, CallError, ParsedTurn};
+use super::parse::{self, CallError, ParsedTurn, ToolCall};
 use super::render::TurnGlue;
 use super::tools::{self, FINISH, ToolRunner};
 use super::trajectory::{self, FinishReason, ToolRecord, Trajectory, Turn};
 use crate::backends::generate::{GenerateError, Generated, Generator};
 use crate::backends::wire::{Finish, Sampling};
+use crate::domain::duration_us;
 use crate::metrics::{DRIFT_CHECKS, EPISODES, TURN_OVERHEAD};
 use crate::sandbox::SandboxError;
 
@@ -288,7 +289,9 @@ impl<'a> EpisodeState<'a> {
     ) -> Result<ControlFlow<FinishReason, (Generated, u64)>, Stop> {
         let mut sampling = self.sampling.clone();
         // A task's own `max_tokens` can only lower the per-turn limit.
-        let asked = sampling.max_tokens.map_or(usize::MAX, |m| m as usize);
+        let asked = sampling
+            .max_tokens
+            .map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX));
         sampling.max_tokens = Some(self.ep.limits.max_new_tokens.min(asked).min(room) as u64);
         let t_llm = Instant::now();
         let generate = llm.generate(&self.context, &sampling, self.traj.turns.len());
@@ -309,7 +312,7 @@ impl<'a> EpisodeState<'a> {
                 }
             }
         };
-        let llm_us = t_llm.elapsed().as_micros() as u64;
+        let llm_us = duration_us(t_llm.elapsed());
         match generated {
             Ok(g) => Ok(ControlFlow::Continue((g, llm_us))),
             Err(GenerateError::ContextFull(_)) => {
@@ -358,7 +361,7 @@ impl<'a> EpisodeState<'a> {
             backend,
             generation_finish: finish_name(g.finish).to_string(),
             llm_latency_us: llm_us,
-            backend_wait_us: backend_wait.as_micros() as u64,
+            backend_wait_us: duration_us(backend_wait),
             tool_latency_us: 0,
             overhead_us: 0,
             cached_prompt_tokens: g.cached_prompt_tokens,
@@ -450,15 +453,7 @@ impl<'a> EpisodeState<'a> {
         for call in &parsed.calls {
             let call = match call {
                 Err(e) => {
-                    let observation = format!("Error: {}", e.message);
-                    observations.push(json!({"role": "tool", "content": observation}));
-                    turn.tools.push(ToolRecord {
-                        call: None,
-                        error: Some(e.clone()),
-                        observation,
-                        ok: false,
-                        latency_us: 0,
-                    });
+                    refuse_call(&mut observations, turn, None, e.clone());
                     continue;
                 }
                 Ok(c) => c,
@@ -483,18 +478,11 @@ impl<'a> EpisodeState<'a> {
                     call.name,
                     ep.tools.join(", ")
                 );
-                let observation = format!("Error: {message}");
-                observations.push(json!({"role": "tool", "content": observation}));
-                turn.tools.push(ToolRecord {
-                    call: Some(call.clone()),
-                    error: Some(CallError {
-                        message,
-                        raw: call.name.clone(),
-                    }),
-                    observation,
-                    ok: false,
-                    latency_us: 0,
-                });
+                let error = CallError {
+                    message,
+                    raw: call.name.clone(),
+                };
+                refuse_call(&mut observations, turn, Some(call.clone()), error);
                 continue;
             }
             let left = ep
@@ -507,7 +495,7 @@ impl<'a> EpisodeState<'a> {
                 runner.call(&call.name, call.arguments.clone(), timeout),
             )
             .await;
-            let latency_us = t_tool.elapsed().as_micros() as u64;
+            let latency_us = duration_us(t_tool.elapsed());
             turn.tool_latency_us += latency_us;
             let resp = match resp {
                 Err(_) => return ToolsEnd::TimedOut,
@@ -670,10 +658,30 @@ fn finish_name(f: Finish) -> &'static str {
     }
 }
 
+/// Records a call that did not run (its text did not parse, or it names no tool the
+/// episode offers) with `error` as its observation, so the model sees what was wrong and
+/// can correct the call in its next turn.
+fn refuse_call(
+    observations: &mut Vec<Value>,
+    turn: &mut Turn,
+    call: Option<ToolCall>,
+    error: CallError,
+) {
+    let observation = format!("Error: {}", error.message);
+    observations.push(json!({"role": "tool", "content": observation}));
+    turn.tools.push(ToolRecord {
+        call,
+        error: Some(error),
+        observation,
+        ok: false,
+        latency_us: 0,
+    });
+}
+
 /// Closes a turn's record: its overhead is its wall time minus the time spent waiting
 /// for the backend and the tools.
 fn end_turn(traj: &mut Trajectory, mut turn: Turn, t_turn: Instant) {
-    let wall = t_turn.elapsed().as_micros() as u64;
+    let wall = duration_us(t_turn.elapsed());
     turn.overhead_us = wall.saturating_sub(turn.tool_latency_us + turn.backend_wait_us);
     metrics::histogram!(TURN_OVERHEAD).record(turn.overhead_us as f64 / 1e6);
     traj.turns.push(turn);
@@ -730,7 +738,7 @@ mod tests {
                 .unwrap_or_else(|| "Done.".into());
             let mut ids = self.model.tokenizer.encode(&text).unwrap();
             ids.push(self.model.eos_id);
-            let max = sampling.max_tokens.unwrap() as usize;
+            let max = usize::try_from(sampling.max_tokens.unwrap()).unwrap();
             let finish = if ids.len() > max {
                 ids.truncate(max);
                 Finish::Length

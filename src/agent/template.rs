@@ -306,7 +306,8 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         None => None,
         Some(v) if v.is_none() || v.is_undefined() => None,
         Some(v) => match (v.as_i64(), v.as_str()) {
-            (Some(n), _) => Some(" ".repeat(n.max(0) as usize)),
+            // A negative indent indents by nothing, as in Python.
+            (Some(n), _) => Some(" ".repeat(usize::try_from(n).unwrap_or(0))),
             (None, Some(s)) => Some(s.to_string()),
             _ => return Err(bad("tojson: indent must be an integer or a string")),
         },
@@ -476,12 +477,14 @@ pub fn python_float(f: f64) -> String {
     let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
     if (-4..16).contains(&exp) {
         let point = exp + 1;
+        // `point` is in -3..=16, so its magnitude fits any usize.
+        let width = usize::try_from(point.unsigned_abs()).unwrap_or(0);
         let text = if point <= 0 {
-            format!("0.{}{digits}", "0".repeat((-point) as usize))
-        } else if point as usize >= digits.len() {
-            format!("{digits}{}.0", "0".repeat(point as usize - digits.len()))
+            format!("0.{}{digits}", "0".repeat(width))
+        } else if width >= digits.len() {
+            format!("{digits}{}.0", "0".repeat(width - digits.len()))
         } else {
-            let (int, frac) = digits.split_at(point as usize);
+            let (int, frac) = digits.split_at(width);
             format!("{int}.{frac}")
         };
         format!("{sign}{text}")
@@ -505,7 +508,7 @@ pub fn python_float(f: f64) -> String {
 fn strftime_now(format: String) -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
         .unwrap_or(0);
     strftime(&format, secs)
 }
@@ -549,9 +552,10 @@ pub fn strftime(format: &str, unix_secs: i64) -> String {
     let year = yoe + era * 400 + i64::from(month <= 2);
     let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
     let cumulative = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = cumulative[(month - 1) as usize] + day + i64::from(leap && month > 2);
-    let weekday = DAYS[days.rem_euclid(7) as usize];
-    let month_name = MONTHS[(month - 1) as usize];
+    let month_index = usize::try_from(month - 1).expect("the month is in 1..=12");
+    let yday = cumulative[month_index] + day + i64::from(leap && month > 2);
+    let weekday = DAYS[usize::try_from(days.rem_euclid(7)).expect("a remainder of 7 is in 0..7")];
+    let month_name = MONTHS[month_index];
     let mut out = String::new();
     let mut chars = format.chars();
     while let Some(c) = chars.next() {

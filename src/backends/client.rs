@@ -381,6 +381,24 @@ mod tests {
         let never = CancellationToken::new();
         let c = client(0);
         let t = Duration::from_secs(1);
+        api_key_is_sent(&c, t, &never).await;
+        // The pool's model name differs from the name vLLM serves.
+        let s = server_with(|cfg| {
+            cfg.policy = crate::scripted::policy::Policy::from_json(
+                r#"{"fallback": [{"turns": ["Looking.\n<tool_call>\n{}\n</tool_call>"]}]}"#,
+            )
+            .unwrap();
+        })
+        .await;
+        served_model_name_is_sent(&c, &s, t, &never).await;
+        stop_tokens_end_turns(&c, &s, &never).await;
+        sglang_top_k_and_seeds(&c, s, &never).await;
+    }
+
+    /// Part of `the_client_meets_what_real_servers_want`: without the API key the probe
+    /// says what to register and generation is refused, not retried; with it, a
+    /// `/health` that takes 3 s does not hold up the probe.
+    async fn api_key_is_sent(c: &InferenceClient, t: Duration, never: &CancellationToken) {
         let s = server_with(|cfg| {
             cfg.api_key = Some("s3cret".into());
             cfg.health_delay_ms = 3_000;
@@ -391,7 +409,7 @@ mod tests {
         let e = c.health(&b, t).await.unwrap_err();
         assert!(e.contains("401") && e.contains("api_key"), "{e}");
         let e = client(3)
-            .generate(&b, &[1, 2], &Sampling::default(), &never)
+            .generate(&b, &[1, 2], &Sampling::default(), never)
             .await
             .unwrap_err();
         assert!(
@@ -406,27 +424,28 @@ mod tests {
             let mut b = spec(s.url(), kind);
             b.api_key = Some(crate::domain::backend::ApiKey("s3cret".into()));
             c.health(&b, t).await.unwrap();
-            c.generate(&b, &[1, 2], &Sampling::default(), &never)
+            c.generate(&b, &[1, 2], &Sampling::default(), never)
                 .await
                 .unwrap();
         }
         s.stop().await;
+    }
 
-        // The pool's model name differs from the name vLLM serves.
-        let s = server_with(|cfg| {
-            cfg.policy = crate::scripted::policy::Policy::from_json(
-                r#"{"fallback": [{"turns": ["Looking.\n<tool_call>\n{}\n</tool_call>"]}]}"#,
-            )
-            .unwrap();
-        })
-        .await;
+    /// Part of `the_client_meets_what_real_servers_want`: the served model name is sent
+    /// in place of the pool's, and a wrong one is named by the probe.
+    async fn served_model_name_is_sent(
+        c: &InferenceClient,
+        s: &ScriptedServer,
+        t: Duration,
+        never: &CancellationToken,
+    ) {
         let b = BackendSpec {
             model: "policy".into(),
             served_model_name: Some("scripted".into()),
             ..spec(s.url(), WireKind::Vllm)
         };
         c.health(&b, t).await.unwrap();
-        c.generate(&b, &[1, 2], &Sampling::default(), &never)
+        c.generate(&b, &[1, 2], &Sampling::default(), never)
             .await
             .unwrap();
         let wrong = BackendSpec {
@@ -435,8 +454,15 @@ mod tests {
         };
         let e = c.health(&wrong, t).await.unwrap_err();
         assert!(e.contains("served_model_name"), "{e}");
+    }
 
-        // Stop tokens end the turn on them, kept; cached tokens only with the flag.
+    /// Part of `the_client_meets_what_real_servers_want`: stop tokens end the turn on
+    /// them, kept; cached tokens are counted only with the flag.
+    async fn stop_tokens_end_turns(
+        c: &InferenceClient,
+        s: &ScriptedServer,
+        never: &CancellationToken,
+    ) {
         let files = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
         let call = files.tokenizer.token_id("<tool_call>").unwrap();
         let stops = Sampling {
@@ -445,7 +471,7 @@ mod tests {
         };
         for kind in [WireKind::Vllm, WireKind::Sglang] {
             let b = spec(s.url(), kind);
-            let (g, _) = c.generate(&b, &[1, 2], &stops, &never).await.unwrap();
+            let (g, _) = c.generate(&b, &[1, 2], &stops, never).await.unwrap();
             assert_eq!(g.token_ids.last(), Some(&call), "{kind}");
             assert_eq!(g.finish, wire::Finish::Stop);
             let cached = g.cached_prompt_tokens;
@@ -454,6 +480,16 @@ mod tests {
                 WireKind::Sglang => assert!(cached.is_some()),
             }
         }
+    }
+
+    /// Part of `the_client_meets_what_real_servers_want`, on `s` (which it stops): SGLang
+    /// refuses `top_k` 0 in its error shape and ignores a seed without
+    /// `--enable-deterministic-inference`; with the flags, seeds and cached counts come.
+    async fn sglang_top_k_and_seeds(
+        c: &InferenceClient,
+        s: ScriptedServer,
+        never: &CancellationToken,
+    ) {
         // SGLang: top_k 0 is refused in its error shape (the client sends -1), and a
         // seed is ignored without --enable-deterministic-inference.
         let raw = reqwest::Client::new()
@@ -474,7 +510,7 @@ mod tests {
             seed: Some(7),
             ..Sampling::default()
         };
-        c.generate(&b, &[1, 2], &seeded, &never).await.unwrap();
+        c.generate(&b, &[1, 2], &seeded, never).await.unwrap();
         assert_ne!(s.served().last().unwrap().key, 7);
         s.stop().await;
         let s = server_with(|cfg| {
@@ -482,12 +518,12 @@ mod tests {
             cfg.prompt_tokens_details = true;
         })
         .await;
-        c.generate(&spec(s.url(), WireKind::Sglang), &[1, 2], &seeded, &never)
+        c.generate(&spec(s.url(), WireKind::Sglang), &[1, 2], &seeded, never)
             .await
             .unwrap();
         assert_eq!(s.served().last().unwrap().key, 7);
         let (g, _) = c
-            .generate(&spec(s.url(), WireKind::Vllm), &[1, 2], &seeded, &never)
+            .generate(&spec(s.url(), WireKind::Vllm), &[1, 2], &seeded, never)
             .await
             .unwrap();
         assert!(g.cached_prompt_tokens.is_some());

@@ -165,6 +165,14 @@ struct CachedTokens {
     cached_tokens: Option<u64>,
 }
 
+/// A token's logprob as a trajectory keeps it, with a missing one as −∞.
+// Narrowing to f32 is the point: a trajectory stores f32 logprobs. Logprobs are ≤ 0 and
+// far inside f32's range; the cast only rounds the mantissa.
+#[allow(clippy::cast_possible_truncation)]
+fn logprob(v: Option<f64>) -> f32 {
+    v.unwrap_or(f64::NEG_INFINITY) as f32
+}
+
 /// Reads a vLLM `/v1/completions` response. Only the fields used are decoded; the rest
 /// (`top_logprobs`, offsets) is skipped without being built.
 pub fn parse_vllm(body: &[u8]) -> Result<Generation, WireError> {
@@ -191,7 +199,7 @@ pub fn parse_vllm(body: &[u8]) -> Result<Generation, WireError> {
         .token_logprobs
         .ok_or_else(|| err("no choices[0].logprobs.token_logprobs (send logprobs: 1)".into()))?
         .into_iter()
-        .map(|v| v.unwrap_or(f64::NEG_INFINITY) as f32)
+        .map(logprob)
         .collect();
     let token_ids: Vec<u32> = if let Some(ids) = choice.token_ids {
         ids
@@ -311,8 +319,14 @@ pub fn parse_sglang(body: &[u8]) -> Result<Generation, WireError> {
     let mut logprobs = Vec::with_capacity(triples.len());
     for (lp, id, _) in triples {
         let id = id.ok_or_else(|| err("an output_token_logprobs entry has no token ID".into()))?;
-        token_ids.push(id as u32);
-        logprobs.push(lp.unwrap_or(f64::NEG_INFINITY) as f32);
+        // As vLLM's `token_ids`, which are decoded as u32 directly.
+        let id = u32::try_from(id).map_err(|_| {
+            err(format!(
+                "the token ID {id} in output_token_logprobs is not a u32"
+            ))
+        })?;
+        token_ids.push(id);
+        logprobs.push(logprob(lp));
     }
     if let Some(ids) = &resp.output_ids
         && ids.len() == token_ids.len()
@@ -432,6 +446,17 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("return_logprob")
+        );
+        // A token ID no u32 holds is refused, not cut to another token.
+        let wide = serde_json::json!({
+            "meta_info": {"output_token_logprobs": [[-0.5, 4_294_967_303_u64, null]],
+                          "finish_reason": {"type": "stop", "matched": null}}
+        });
+        assert!(
+            parse_sglang(wide.to_string().as_bytes())
+                .unwrap_err()
+                .to_string()
+                .contains("not a u32")
         );
     }
 }

@@ -4,15 +4,27 @@
 use super::{ConfigError, MIN_GATEWAY_TOKEN_LEN, Settings};
 use crate::domain::{Stage, is_subject_token};
 
+/// The error for `key`, which has `problem`.
+fn bad(key: &str, problem: &str) -> Result<(), ConfigError> {
+    Err(ConfigError::Invalid {
+        key: key.into(),
+        problem: problem.into(),
+    })
+}
+
 impl Settings {
     /// Checks every section; the first problem found is the error.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |key: &str, problem: &str| {
-            Err(ConfigError::Invalid {
-                key: key.into(),
-                problem: problem.into(),
-            })
-        };
+        self.validate_connections()?;
+        self.validate_gateway()?;
+        self.validate_node()?;
+        self.validate_sandbox()?;
+        self.validate_inference()
+    }
+
+    /// The NATS and database connections: URLs, the subject prefix, the pool size, and
+    /// at most one NATS authentication method, complete.
+    fn validate_connections(&self) -> Result<(), ConfigError> {
         if !(self.nats.url.starts_with("nats://")
             || self.nats.url.starts_with("tls://")
             || self.nats.url.starts_with("ws://")
@@ -78,6 +90,12 @@ impl Settings {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The gateway: its listen address, and a token that is long enough, sendable in a
+    /// header, and present whenever it listens beyond loopback.
+    fn validate_gateway(&self) -> Result<(), ConfigError> {
         let Ok(listen) = self.gateway.listen.parse::<std::net::SocketAddr>() else {
             return bad(
                 "gateway.listen",
@@ -112,6 +130,12 @@ impl Settings {
                  in an HTTP header): use e.g. `openssl rand -hex 32`",
             );
         }
+        Ok(())
+    }
+
+    /// The node's name (a subject token), the queue's redelivery settings, and each
+    /// stage's concurrency and timeout.
+    fn validate_node(&self) -> Result<(), ConfigError> {
         if !is_subject_token(&self.node.name) || self.node.name == "any" {
             return bad(
                 "node.name",
@@ -133,6 +157,12 @@ impl Settings {
                 return bad(&format!("stages.{stage}.timeout_ms"), "must be at least 1");
             }
         }
+        Ok(())
+    }
+
+    /// The sandbox section: runtime, denied networks, leases and the reaper, the
+    /// unprivileged uid range, restarts.
+    fn validate_sandbox(&self) -> Result<(), ConfigError> {
         if crate::domain::sandbox::RuntimeKind::parse(&self.sandbox.backend).is_none() {
             return bad("sandbox.backend", "must be bwrap, apptainer or local");
         }
@@ -183,6 +213,12 @@ impl Settings {
         if self.sandbox.max_restarts < 0 {
             return bad("sandbox.max_restarts", "must be 0 or more");
         }
+        Ok(())
+    }
+
+    /// Inference: each configured backend (with unique ids), the pool's timings and
+    /// affinity, and the agent's limits and parser.
+    fn validate_inference(&self) -> Result<(), ConfigError> {
         let mut ids = std::collections::HashSet::new();
         for (i, b) in self.backends.iter().enumerate() {
             if let Err((field, problem)) = b.validate() {

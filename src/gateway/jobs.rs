@@ -314,7 +314,7 @@ pub async fn list_jobs(
         limit,
     };
     let jobs = state.store.list_jobs(&query).await?;
-    let next_cursor = (jobs.len() as i64 == limit)
+    let next_cursor = (i64::try_from(jobs.len()) == Ok(limit))
         .then(|| jobs.last().map(|j| j.id.clone()))
         .flatten();
     Ok(Json(JobPage { jobs, next_cursor }))

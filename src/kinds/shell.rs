@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::sandboxed::{self, Check};
 use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
-use crate::domain::Job;
+use crate::domain::{Job, duration_us};
 use crate::sandbox::protocol::{BashArgs, ExportArgs, FileArgs, PythonArgs, Response};
 use crate::sandbox::{NodeSandboxes, SandboxError, SandboxSpec};
 
@@ -150,7 +150,7 @@ impl TaskKind for Shell {
                     step.timeout_ms.map(Duration::from_millis),
                 )
                 .await;
-            let latency_us = t0.elapsed().as_micros() as u64;
+            let latency_us = duration_us(t0.elapsed());
             let resp: Response = match resp {
                 Ok(r) => r,
                 Err(e @ (SandboxError::Closed | SandboxError::Io(_))) => {

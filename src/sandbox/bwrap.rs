@@ -21,7 +21,7 @@
 //! bomb, though not a separate budget per sandbox.
 
 use super::{Label, RuntimeKind, Sandbox, SandboxError, SandboxRuntime, StartRequest};
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 /// Where the server binary appears inside the sandbox.
@@ -101,7 +101,8 @@ impl BwrapRuntime {
         used.extend(super::label::process_table().iter().map(|r| r.uid));
         let (base, count) = self.uid_range;
         loop {
-            let uid = base + (uuid::Uuid::new_v4().as_u128() % u128::from(count)) as u32;
+            let offset = uuid::Uuid::new_v4().as_u128() % u128::from(count);
+            let uid = base + u32::try_from(offset).expect("a remainder of a u32 count fits a u32");
             if !used.contains(&uid) {
                 return uid;
             }
@@ -123,10 +124,37 @@ impl BwrapRuntime {
         sync_fd: Option<i32>,
     ) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
-        let mut push =
-            |items: &[&std::ffi::OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
-        push(&["--unshare-all".as_ref(), "--unshare-user".as_ref()]);
-        push(&[
+        system_args(&mut a, req);
+        writable_args(&mut a, req, by_fd, shell);
+        environment_args(&mut a, req);
+        if let Some(fd) = sync_fd {
+            a.extend(["--sync-fd".into(), fd.to_string().into()]);
+        }
+        // bwrap reports the namespace init's host pid on fd 3 (see `launch`).
+        a.extend(["--info-fd".into(), "3".into()]);
+        a.push(SERVER_PATH.into());
+        a.extend(super::serve_args(
+            super::ServeOn::Fd(4),
+            Path::new(WORKSPACE),
+            Path::new(CTL_DIR),
+        ));
+        a.extend(["--shell".into(), SHELL_PATH.into()]);
+        a
+    }
+}
+
+/// Appends `items` to the argument list `a`.
+fn push_args(a: &mut Vec<OsString>, items: &[&OsStr]) {
+    a.extend(items.iter().map(|s| s.to_os_string()));
+}
+
+/// `bwrap` arguments, part 1: fresh namespaces without capabilities, and the host's
+/// system directories and the `/etc` files programs need, read-only.
+fn system_args(a: &mut Vec<OsString>, req: &StartRequest) {
+    push_args(a, &["--unshare-all".as_ref(), "--unshare-user".as_ref()]);
+    push_args(
+        a,
+        &[
             "--disable-userns".as_ref(),
             "--cap-drop".as_ref(),
             "ALL".as_ref(),
@@ -140,55 +168,74 @@ impl BwrapRuntime {
             "--ro-bind".as_ref(),
             "/usr".as_ref(),
             "/usr".as_ref(),
-        ]);
-        for top in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
-            let host = Path::new("/").join(top);
-            match std::fs::read_link(&host) {
-                Ok(target) => push(&["--symlink".as_ref(), target.as_os_str(), host.as_os_str()]),
-                Err(_) if host.is_dir() => {
-                    push(&["--ro-bind".as_ref(), host.as_os_str(), host.as_os_str()])
-                }
-                Err(_) => {}
-            }
+        ],
+    );
+    for top in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
+        let host = Path::new("/").join(top);
+        match std::fs::read_link(&host) {
+            Ok(target) => push_args(
+                a,
+                &["--symlink".as_ref(), target.as_os_str(), host.as_os_str()],
+            ),
+            Err(_) if host.is_dir() => push_args(
+                a,
+                &["--ro-bind".as_ref(), host.as_os_str(), host.as_os_str()],
+            ),
+            Err(_) => {}
         }
-        for name in ETC {
-            let p = Path::new("/etc").join(name);
-            push(&["--ro-bind-try".as_ref(), p.as_os_str(), p.as_os_str()]);
-        }
-        if req.network {
-            let resolv = req.dir.join("resolv.conf");
-            push(&[
+    }
+    for name in ETC {
+        let p = Path::new("/etc").join(name);
+        push_args(a, &["--ro-bind-try".as_ref(), p.as_os_str(), p.as_os_str()]);
+    }
+    if req.network {
+        let resolv = req.dir.join("resolv.conf");
+        push_args(
+            a,
+            &[
                 "--ro-bind".as_ref(),
                 resolv.as_os_str(),
                 "/etc/resolv.conf".as_ref(),
-            ]);
-        }
-        for p in &req.ro_binds {
-            push(&["--ro-bind-try".as_ref(), p.as_os_str(), p.as_os_str()]);
-        }
-        push(&[
+            ],
+        );
+    }
+    for p in &req.ro_binds {
+        push_args(a, &["--ro-bind-try".as_ref(), p.as_os_str(), p.as_os_str()]);
+    }
+    push_args(
+        a,
+        &[
             "--proc".as_ref(),
             "/proc".as_ref(),
             "--dev".as_ref(),
             "/dev".as_ref(),
-        ]);
-        // Every writable tmpfs has a size: unbounded, each would take up to half the
-        // machine's memory.
-        for (size, path) in [
-            (req.limits.shm_bytes, "/dev/shm"),
-            (req.limits.tmp_bytes, "/tmp"),
-            (CTL_BYTES, CTL_DIR),
-        ] {
-            let size = size.to_string();
-            if size != "0" {
-                push(&["--size".as_ref(), size.as_ref()]);
-            }
-            push(&["--tmpfs".as_ref(), path.as_ref()]);
+        ],
+    );
+}
+
+/// `bwrap` arguments, part 2: what the sandbox may write (size-capped tmpfs mounts and
+/// the workspace), with the server binary and the shell beside it, read-only; bound
+/// from descriptors with `by_fd` (see [`BwrapRuntime::args`]).
+fn writable_args(a: &mut Vec<OsString>, req: &StartRequest, by_fd: bool, shell: &Path) {
+    // Every writable tmpfs has a size: unbounded, each would take up to half the
+    // machine's memory.
+    for (size, path) in [
+        (req.limits.shm_bytes, "/dev/shm"),
+        (req.limits.tmp_bytes, "/tmp"),
+        (CTL_BYTES, CTL_DIR),
+    ] {
+        let size = size.to_string();
+        if size != "0" {
+            push_args(a, &["--size".as_ref(), size.as_ref()]);
         }
-        if by_fd {
-            // Descriptors the worker opened (see `start`): the sandbox's own user needs no
-            // permission on the directories above them.
-            push(&[
+        push_args(a, &["--tmpfs".as_ref(), path.as_ref()]);
+    }
+    if by_fd {
+        // Descriptors the worker opened (see `start`): the sandbox's own user needs no
+        // permission on the directories above them.
+        push_args(
+            a,
+            &[
                 "--bind-fd".as_ref(),
                 "5".as_ref(),
                 WORKSPACE.as_ref(),
@@ -198,9 +245,12 @@ impl BwrapRuntime {
                 "--ro-bind-fd".as_ref(),
                 "7".as_ref(),
                 SHELL_PATH.as_ref(),
-            ]);
-        } else {
-            push(&[
+            ],
+        );
+    } else {
+        push_args(
+            a,
+            &[
                 "--bind".as_ref(),
                 req.workspace().as_os_str(),
                 WORKSPACE.as_ref(),
@@ -210,9 +260,17 @@ impl BwrapRuntime {
                 "--ro-bind".as_ref(),
                 shell.as_os_str(),
                 SHELL_PATH.as_ref(),
-            ]);
-        }
-        push(&[
+            ],
+        );
+    }
+}
+
+/// `bwrap` arguments, part 3: the root made read-only, the working directory, and a
+/// clean environment with the request's variables.
+fn environment_args(a: &mut Vec<OsString>, req: &StartRequest) {
+    push_args(
+        a,
+        &[
             // The root itself is a tmpfs bwrap made; read-only, so nothing but the
             // binds above can be written.
             "--remount-ro".as_ref(),
@@ -232,23 +290,10 @@ impl BwrapRuntime {
             "--setenv".as_ref(),
             "USER".as_ref(),
             "root".as_ref(),
-        ]);
-        for (k, v) in &req.env {
-            push(&["--setenv".as_ref(), k.as_ref(), v.as_ref()]);
-        }
-        if let Some(fd) = sync_fd {
-            a.extend(["--sync-fd".into(), fd.to_string().into()]);
-        }
-        // bwrap reports the namespace init's host pid on fd 3 (see `launch`).
-        a.extend(["--info-fd".into(), "3".into()]);
-        a.push(SERVER_PATH.into());
-        a.extend(super::serve_args(
-            super::ServeOn::Fd(4),
-            Path::new(WORKSPACE),
-            Path::new(CTL_DIR),
-        ));
-        a.extend(["--shell".into(), SHELL_PATH.into()]);
-        a
+        ],
+    );
+    for (k, v) in &req.env {
+        push_args(a, &["--setenv".as_ref(), k.as_ref(), v.as_ref()]);
     }
 }
 

@@ -5,6 +5,7 @@
 //! `bash` and still `ping` or view a file meanwhile.
 
 use super::SandboxError;
+use crate::domain::duration_ms;
 use crate::sandbox::protocol::{
     self, ApplyArgs, ApplyResult, BaselineResult, BashArgs, BashResult, ExecArgs, ExecResult,
     ExportArgs, ExportResult, FileArgs, FileResult, PROTOCOL_VERSION, PingResult, PythonArgs,
@@ -107,7 +108,7 @@ impl SandboxClient {
             v: PROTOCOL_VERSION,
             id,
             tool: tool.to_string(),
-            timeout_ms: timeout.map(|t| t.as_millis() as u64),
+            timeout_ms: timeout.map(duration_ms),
             args,
         };
         let (tx, rx) = oneshot::channel();

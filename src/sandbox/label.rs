@@ -303,11 +303,12 @@ mod tests {
     fn labels_round_trip_and_know_their_process() {
         let dir = tempfile::tempdir().unwrap();
         let mut label = Label::new("job-1", "node-a", RuntimeKind::Local, dir.path());
-        label.set_process(std::process::id() as i32);
+        let pid = i32::try_from(std::process::id()).unwrap();
+        label.set_process(pid);
         label.write().unwrap();
         let back = Label::read(dir.path()).unwrap().unwrap();
         assert_eq!(back, label);
-        assert_eq!(back.live_pid(), Some(std::process::id() as i32));
+        assert_eq!(back.live_pid(), Some(pid));
         let mut stale = back.clone();
         stale.pid_start = stale.pid_start.map(|s| s + 1);
         assert_eq!(stale.live_pid(), None, "a reused pid is not the sandbox");

@@ -347,7 +347,6 @@ pub(crate) struct Launch {
 /// the worker's process group does not reach it, and it outlives a crashed worker until
 /// the reaper removes it), writes the label, and waits for the server's first ping.
 async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxError> {
-    use std::os::fd::AsRawFd;
     let Launch {
         backend,
         mut cmd,
@@ -363,49 +362,12 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
     if pass_fds.len() > MAX_PASS_FDS {
         return Err(SandboxError::Config("too many descriptors to pass".into()));
     }
-    let mut raw = [-1i32; MAX_PASS_FDS];
-    for (slot, fd) in raw.iter_mut().zip(&pass_fds) {
-        *slot = fd.as_raw_fd();
-    }
-    let count = pass_fds.len();
     check_socket_path(&req.socket())?;
     let log = std::fs::File::create(req.dir.join("server.log"))?;
     cmd.stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    // SAFETY: setsid, open/write/close, setrlimit, fcntl, dup2 and the set*id calls are
-    // async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            cgroup::SandboxCgroup::join_from_child(&cgroup_procs)?;
-            if let Some(l) = &rlimits {
-                apply_rlimits(l)?;
-            }
-            // Move the descriptors out of the way first, so a source that happens to be
-            // numbered like a target is not overwritten before it is copied.
-            let mut high = [-1i32; MAX_PASS_FDS];
-            for i in 0..count {
-                high[i] = libc::fcntl(raw[i], libc::F_DUPFD_CLOEXEC, 64);
-                if high[i] < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            for (i, fd) in high.iter().enumerate().take(count) {
-                if libc::dup2(*fd, FIRST_PASSED_FD + i as i32) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if let Some((uid, gid)) = become_user
-                && (libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setresgid(gid, gid, gid) != 0
-                    || libc::setresuid(uid, uid, uid) != 0)
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    set_up_child(&mut cmd, &pass_fds, cgroup_procs, rlimits, become_user);
     let mut child = cmd.spawn().map_err(|e| {
         cgroup::kill_and_remove(&label.cgroups);
         SandboxError::Start {
@@ -413,7 +375,7 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
             message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
         }
     })?;
-    label.set_process(child.id().map(|p| p as i32).unwrap_or(-1));
+    label.set_process(server::child_pid(&child));
     drop(pass_fds);
     if let Some(read) = info_read {
         // bwrap reports the host pid of the namespace's init, which must die with it.
@@ -423,32 +385,7 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         }
     }
     if let Some(plan) = net {
-        let attached = match label.ns_init {
-            Some(ns) => {
-                net::attach(
-                    &plan.settings,
-                    ns,
-                    plan.exit_read,
-                    started + req.ready_timeout,
-                )
-                .await
-            }
-            None => Err(SandboxError::Start {
-                backend,
-                message: "bwrap did not report its namespace, so its network cannot be set up"
-                    .into(),
-            }),
-        };
-        match attached {
-            Ok(helper) => {
-                label.net_helper = Some(helper.pid);
-                label.net_helper_start = label::process_start(helper.pid);
-            }
-            Err(e) => {
-                label.kill();
-                return Err(e);
-            }
-        }
+        attach_network(&mut label, plan, backend, started + req.ready_timeout).await?;
     }
     label.write()?;
     let exited = std::sync::Arc::new(std::sync::Mutex::new(None));
@@ -492,6 +429,86 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
     }
 }
 
+/// Has `cmd`'s child, between fork and exec, start a session of its own, join its
+/// cgroups, take its resource limits, find `pass_fds` at [`FIRST_PASSED_FD`] onwards and
+/// become its user, in that order (it joins the cgroups while it may still write them).
+fn set_up_child(
+    cmd: &mut tokio::process::Command,
+    pass_fds: &[std::os::fd::OwnedFd],
+    cgroup_procs: Vec<std::ffi::CString>,
+    rlimits: Option<SandboxLimits>,
+    become_user: Option<(u32, u32)>,
+) {
+    use std::os::fd::AsRawFd;
+    let mut raw = [-1i32; MAX_PASS_FDS];
+    for (slot, fd) in raw.iter_mut().zip(pass_fds) {
+        *slot = fd.as_raw_fd();
+    }
+    let count = pass_fds.len();
+    // SAFETY: setsid, open/write/close, setrlimit, fcntl, dup2 and the set*id calls are
+    // async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            cgroup::SandboxCgroup::join_from_child(&cgroup_procs)?;
+            if let Some(l) = &rlimits {
+                apply_rlimits(l)?;
+            }
+            // Move the descriptors out of the way first, so a source that happens to be
+            // numbered like a target is not overwritten before it is copied.
+            let mut high = [-1i32; MAX_PASS_FDS];
+            for i in 0..count {
+                high[i] = libc::fcntl(raw[i], libc::F_DUPFD_CLOEXEC, 64);
+                if high[i] < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (target, fd) in (FIRST_PASSED_FD..).zip(high.iter().take(count)) {
+                if libc::dup2(*fd, target) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if let Some((uid, gid)) = become_user
+                && (libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(gid, gid, gid) != 0
+                    || libc::setresuid(uid, uid, uid) != 0)
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Connects the network namespace bwrap reported to the network `plan` describes and
+/// records the helper in `label`; kills the sandbox when that fails, since it cannot
+/// run without the network it asked for.
+async fn attach_network(
+    label: &mut Label,
+    plan: NetPlan,
+    backend: &'static str,
+    deadline: Instant,
+) -> Result<(), SandboxError> {
+    let attached = match label.ns_init {
+        Some(ns) => net::attach(&plan.settings, ns, plan.exit_read, deadline).await,
+        None => Err(SandboxError::Start {
+            backend,
+            message: "bwrap did not report its namespace, so its network cannot be set up".into(),
+        }),
+    };
+    match attached {
+        Ok(helper) => {
+            label.net_helper = Some(helper.pid);
+            label.net_helper_start = label::process_start(helper.pid);
+            Ok(())
+        }
+        Err(e) => {
+            label.kill();
+            Err(e)
+        }
+    }
+}
+
 /// Reads bwrap's `--info-fd` report (`{"child-pid": N, ...}`) up to its closing brace.
 async fn read_child_pid(fd: std::os::fd::OwnedFd, deadline: Instant) -> Option<i32> {
     let fd = server::stream::nonblocking(fd).ok()?;
@@ -508,7 +525,7 @@ async fn read_child_pid(fd: std::os::fd::OwnedFd, deadline: Instant) -> Option<i
         text.extend_from_slice(&buf[..n]);
     }
     let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
-    v["child-pid"].as_i64().map(|p| p as i32)
+    v["child-pid"].as_i64().and_then(|p| i32::try_from(p).ok())
 }
 
 /// Where `rollout-sandbox serve` takes connections.

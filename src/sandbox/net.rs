@@ -92,7 +92,8 @@ pub fn denied(extra: &[Ipv4Net]) -> Vec<Ipv4Net> {
             }
             nets.push(Ipv4Net::new(ip, 32));
             if let Some(mask) = ifa.netmask.as_ref().and_then(|m| m.as_sockaddr_in()) {
-                let prefix = u32::from(mask.ip()).leading_ones() as u8;
+                let prefix = u8::try_from(u32::from(mask.ip()).leading_ones())
+                    .expect("a u32 has at most 32 leading ones");
                 nets.push(Ipv4Net::new(ip, prefix));
             }
         }
@@ -189,8 +190,8 @@ pub async fn attach(
                 .iter()
                 .map(|fd| libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 64))
                 .collect();
-            for (i, fd) in high.iter().enumerate() {
-                if *fd < 0 || libc::dup2(*fd, 3 + i as i32) < 0 {
+            for (target, fd) in (3..).zip(&high) {
+                if *fd < 0 || libc::dup2(*fd, target) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }
@@ -206,7 +207,7 @@ pub async fn attach(
     drop(ready_write);
     drop(exit_fd);
     drop(owner);
-    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
+    let pid = super::server::child_pid(&child);
     let helper = Helper { pid };
     let ready = super::server::stream::nonblocking(ready_read)?;
     let mut buf = [0u8; 8];

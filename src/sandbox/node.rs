@@ -258,21 +258,7 @@ impl NodeSandboxes {
         label.generation = Some(generation);
         label.write()?;
         if purpose == Purpose::Run {
-            let now = crate::domain::now_ms();
-            self.store
-                .put_sandbox(&SandboxRecord {
-                    job_id: job_id.to_string(),
-                    node: self.node.clone(),
-                    runtime: backend.as_str().to_string(),
-                    dir: dir.display().to_string(),
-                    socket: label.socket.display().to_string(),
-                    lease_until: now + self.settings.lease_ms as i64,
-                    created_at: now,
-                })
-                .await
-                .map_err(|e| {
-                    SandboxError::Unavailable(format!("cannot record the sandbox: {e}"))
-                })?;
+            self.record(job_id, backend, &dir, &label).await?;
         }
         let mine = Some(generation);
         let limits = spec.limits.apply(self.settings.limits);
@@ -320,35 +306,40 @@ impl NodeSandboxes {
             ready_ms = sandbox.ready_after.as_secs_f64() * 1000.0,
             "sandbox ready"
         );
-        for (i, command) in spec.setup.iter().enumerate() {
-            let r = sandbox
-                .client
-                .bash(command, Some(Duration::from_millis(spec.setup_timeout_ms)))
-                .await;
-            let failure = match r {
-                Ok(r) if r.exit_code == Some(0) && !r.timed_out => None,
-                Ok(r) => Some(SandboxError::Setup(format!(
-                    "setup command {} (`{command}`) failed with exit code {}{}:\n{}",
-                    i + 1,
-                    r.exit_code
-                        .map(|c| c.to_string())
-                        .unwrap_or_else(|| "none".into()),
-                    if r.timed_out { " after timing out" } else { "" },
-                    r.output
-                ))),
-                // The sandbox itself failed (not the command): say so as it is.
-                Err(e) => Some(e),
-            };
-            if let Some(e) = failure {
-                self.remove(job_id, purpose, mine).await;
-                return Err(e);
-            }
+        if let Err(e) = run_setup(&sandbox, spec).await {
+            self.remove(job_id, purpose, mine).await;
+            return Err(e);
         }
         if let Err(e) = sandbox.client.baseline().await {
             self.remove(job_id, purpose, mine).await;
             return Err(e);
         }
         Ok(sandbox)
+    }
+
+    /// Records a RUN sandbox in the store, leased to this node, so a later stage can
+    /// find it and the reaper of another node leaves it alone while the lease holds.
+    async fn record(
+        &self,
+        job_id: &str,
+        backend: RuntimeKind,
+        dir: &Path,
+        label: &Label,
+    ) -> Result<(), SandboxError> {
+        let now = crate::domain::now_ms();
+        self.store
+            .put_sandbox(&SandboxRecord {
+                job_id: job_id.to_string(),
+                node: self.node.clone(),
+                runtime: backend.as_str().to_string(),
+                dir: dir.display().to_string(),
+                socket: label.socket.display().to_string(),
+                lease_until: now + crate::domain::ms_i64(self.settings.lease_ms),
+                created_at: now,
+            })
+            .await
+            .map_err(|e| SandboxError::Unavailable(format!("cannot record the sandbox: {e}")))?;
+        Ok(())
     }
 
     /// Connects to the job's RUN sandbox of `generation`. [`SandboxError::Unavailable`]
@@ -415,7 +406,10 @@ impl NodeSandboxes {
         let mut reaped = Reaped {
             renewed: self
                 .store
-                .renew_sandboxes(&self.node, now + self.settings.lease_ms as i64)
+                .renew_sandboxes(
+                    &self.node,
+                    now + crate::domain::ms_i64(self.settings.lease_ms),
+                )
                 .await?,
             ..Reaped::default()
         };
@@ -525,4 +519,32 @@ impl NodeSandboxes {
             }
         }
     }
+}
+
+/// Runs the spec's setup commands in order in the new sandbox; the first that fails
+/// (exits non-zero or times out) is the error, naming the command and its output.
+async fn run_setup(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SandboxError> {
+    for (i, command) in spec.setup.iter().enumerate() {
+        let r = sandbox
+            .client
+            .bash(command, Some(Duration::from_millis(spec.setup_timeout_ms)))
+            .await;
+        match r {
+            Ok(r) if r.exit_code == Some(0) && !r.timed_out => {}
+            Ok(r) => {
+                return Err(SandboxError::Setup(format!(
+                    "setup command {} (`{command}`) failed with exit code {}{}:\n{}",
+                    i + 1,
+                    r.exit_code
+                        .map(|c| c.to_string())
+                        .unwrap_or_else(|| "none".into()),
+                    if r.timed_out { " after timing out" } else { "" },
+                    r.output
+                )));
+            }
+            // The sandbox itself failed (not the command): say so as it is.
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

@@ -183,8 +183,13 @@ pub fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
         .open(to)?;
     dst.set_len(len)?;
     let mut buf = vec![0u8; 1 << 20];
+    // Offsets are lseek's `off_t` (i64), which holds any file's size; lseek returns none
+    // below 0 and a read is at most the buffer's 1 MiB, so the conversions below do not
+    // fail.
+    let offset = |o| u64::try_from(o).map_err(std::io::Error::other);
+    let end_of_file = i64::try_from(len).map_err(std::io::Error::other)?;
     let mut pos: i64 = 0;
-    while (pos as u64) < len {
+    while pos < end_of_file {
         let start = match lseek(&src, pos, Whence::SeekData) {
             Ok(o) => o,
             // No data after `pos`: the rest is a hole.
@@ -194,13 +199,13 @@ pub fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
         let end = lseek(&src, start, Whence::SeekHole)?;
         let mut at = start;
         while at < end {
-            let want = ((end - at) as usize).min(buf.len());
-            let n = src.read_at(&mut buf[..want], at as u64)?;
+            let want = usize::try_from(end - at).map_or(buf.len(), |left| left.min(buf.len()));
+            let n = src.read_at(&mut buf[..want], offset(at)?)?;
             if n == 0 {
                 break;
             }
-            dst.write_all_at(&buf[..n], at as u64)?;
-            at += n as i64;
+            dst.write_all_at(&buf[..n], offset(at)?)?;
+            at += i64::try_from(n).map_err(std::io::Error::other)?;
         }
         pos = end;
     }

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::model::ModelFiles;
+use crate::domain::duration_us;
 
 pub mod cache;
 pub mod demo;
@@ -467,81 +468,13 @@ struct Answer {
 /// Plays faults, then the script, with the simulated timing. `Err` is the response to
 /// send instead.
 async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
-    let mut abort = false;
-    match s.take_fault() {
-        FaultMode::Ok => {}
-        FaultMode::Abort => {
-            s.faulted.fetch_add(1, Ordering::Relaxed);
-            abort = true;
-        }
-        FaultMode::Paused => {
-            s.faulted.fetch_add(1, Ordering::Relaxed);
-            return Err((
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(serde_json::json!({"object": "error", "message": "the server is paused", "code": 503})),
-            )
-                .into_response());
-        }
-        FaultMode::Fail => {
-            s.faulted.fetch_add(1, Ordering::Relaxed);
-            return Err((
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Json(serde_json::json!({"object": "error", "message": "scripted failure", "code": 500})),
-            )
-                .into_response());
-        }
-        FaultMode::Down => {
-            s.faulted.fetch_add(1, Ordering::Relaxed);
-            return Err(StatusCode::SERVICE_UNAVAILABLE.into_response());
-        }
-        FaultMode::Stall => {
-            s.faulted.fetch_add(1, Ordering::Relaxed);
-            s.shutdown.cancelled().await;
-            return Err(StatusCode::SERVICE_UNAVAILABLE.into_response());
-        }
-        FaultMode::Drop => {
-            s.faulted.fetch_add(1, Ordering::Relaxed);
-            // Headers, then a body that fails: the connection is closed mid-answer.
-            let body = Body::from_stream(futures::stream::once(async {
-                Err::<bytes::Bytes, _>(std::io::Error::other("scripted connection drop"))
-            }));
-            return Err(Response::builder()
-                .status(StatusCode::OK)
-                .body(body)
-                .expect("response builds"));
-        }
-    }
+    let abort = play_fault(s).await?;
     let cfg = &s.cfg;
     let max_tokens = ask
         .max_tokens
         .unwrap_or(cfg.max_model_len.saturating_sub(ask.prompt.len()));
-    if format == "sglang" && ask.prompt.len() + max_tokens > cfg.max_model_len {
-        // SGLang's own words (tokenizer_manager's length check).
-        let message = if ask.prompt.len() >= cfg.max_model_len {
-            format!(
-                "The input ({} tokens) is longer than the model's context length ({} tokens).",
-                ask.prompt.len(),
-                cfg.max_model_len
-            )
-        } else {
-            format!(
-                "Requested token count exceeds the model's maximum context length of {} tokens. You requested a total of {} tokens: {} tokens from the input messages and {} tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
-                cfg.max_model_len,
-                ask.prompt.len() + max_tokens,
-                ask.prompt.len(),
-                max_tokens
-            )
-        };
-        return Err(bad_request_in(format, message));
-    }
-    if ask.prompt.len() + max_tokens > cfg.max_model_len {
-        return Err(bad_request(format!(
-            "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
-            cfg.max_model_len,
-            ask.prompt.len() + max_tokens,
-            ask.prompt.len(),
-            max_tokens
-        )));
+    if let Some(r) = refuse_length(cfg, &ask.prompt, max_tokens, format) {
+        return Err(r);
     }
     let vocab = &cfg.model.tokenizer;
     let prompt_text = vocab
@@ -606,37 +539,132 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
         all.extend_from_slice(&ids);
         s.cache.lock().expect("lock").insert(&all);
     }
-    s.requests.fetch_add(1, Ordering::Relaxed);
-    s.prompt_tokens
-        .fetch_add(ask.prompt.len() as u64, Ordering::Relaxed);
-    s.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
-    s.completion_tokens
-        .fetch_add(ids.len() as u64, Ordering::Relaxed);
-    if cfg.keep_requests > 0 {
-        let mut log = s.served.lock().expect("lock");
-        if log.len() >= cfg.keep_requests {
-            log.pop_front();
-        }
-        log.push_back(Served {
-            format: format.into(),
-            key,
-            prompt_len: ask.prompt.len(),
-            cached_tokens: cached,
-            output_ids: ids.clone(),
-            logprobs: logprobs.clone(),
-            variant: pick.variant,
-            turn: pick.turn,
-        });
-    }
     let text = vocab.decode(&ids).unwrap_or_default();
-    Ok(Answer {
+    let answer = Answer {
         ids,
         logprobs,
         text,
         finish,
         matched,
         cached,
-    })
+    };
+    record(s, format, key, &ask.prompt, &answer, &pick);
+    Ok(answer)
+}
+
+/// Plays the fault set for the next request (counting it): `Err` is the response to
+/// send instead of an answer, `Ok(true)` an answer cut short as aborted.
+async fn play_fault(s: &Shared) -> Result<bool, Response> {
+    match s.take_fault() {
+        FaultMode::Ok => Ok(false),
+        FaultMode::Abort => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            Ok(true)
+        }
+        FaultMode::Paused => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({"object": "error", "message": "the server is paused", "code": 503})),
+            )
+                .into_response())
+        }
+        FaultMode::Fail => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            Err((
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(serde_json::json!({"object": "error", "message": "scripted failure", "code": 500})),
+            )
+                .into_response())
+        }
+        FaultMode::Down => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            Err(StatusCode::SERVICE_UNAVAILABLE.into_response())
+        }
+        FaultMode::Stall => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            s.shutdown.cancelled().await;
+            Err(StatusCode::SERVICE_UNAVAILABLE.into_response())
+        }
+        FaultMode::Drop => {
+            s.faulted.fetch_add(1, Ordering::Relaxed);
+            // Headers, then a body that fails: the connection is closed mid-answer.
+            let body = Body::from_stream(futures::stream::once(async {
+                Err::<bytes::Bytes, _>(std::io::Error::other("scripted connection drop"))
+            }));
+            Err(Response::builder()
+                .status(StatusCode::OK)
+                .body(body)
+                .expect("response builds"))
+        }
+    }
+}
+
+/// The refusal the real server of `format` gives a request whose prompt and
+/// `max_tokens` exceed the context, in its words; `None` when they fit.
+fn refuse_length(
+    cfg: &ScriptedConfig,
+    prompt: &[u32],
+    max_tokens: usize,
+    format: &str,
+) -> Option<Response> {
+    if format == "sglang" && prompt.len() + max_tokens > cfg.max_model_len {
+        // SGLang's own words (tokenizer_manager's length check).
+        let message = if prompt.len() >= cfg.max_model_len {
+            format!(
+                "The input ({} tokens) is longer than the model's context length ({} tokens).",
+                prompt.len(),
+                cfg.max_model_len
+            )
+        } else {
+            format!(
+                "Requested token count exceeds the model's maximum context length of {} tokens. You requested a total of {} tokens: {} tokens from the input messages and {} tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
+                cfg.max_model_len,
+                prompt.len() + max_tokens,
+                prompt.len(),
+                max_tokens
+            )
+        };
+        return Some(bad_request_in(format, message));
+    }
+    if prompt.len() + max_tokens > cfg.max_model_len {
+        return Some(bad_request(format!(
+            "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
+            cfg.max_model_len,
+            prompt.len() + max_tokens,
+            prompt.len(),
+            max_tokens
+        )));
+    }
+    None
+}
+
+/// Counts an answered request and keeps it in the log of served requests (the last
+/// `keep_requests`), for tests to inspect.
+fn record(s: &Shared, format: &str, key: u64, prompt: &[u32], a: &Answer, pick: &policy::Pick) {
+    s.requests.fetch_add(1, Ordering::Relaxed);
+    s.prompt_tokens
+        .fetch_add(prompt.len() as u64, Ordering::Relaxed);
+    s.cached_tokens
+        .fetch_add(a.cached as u64, Ordering::Relaxed);
+    s.completion_tokens
+        .fetch_add(a.ids.len() as u64, Ordering::Relaxed);
+    if s.cfg.keep_requests > 0 {
+        let mut log = s.served.lock().expect("lock");
+        if log.len() >= s.cfg.keep_requests {
+            log.pop_front();
+        }
+        log.push_back(Served {
+            format: format.into(),
+            key,
+            prompt_len: prompt.len(),
+            cached_tokens: a.cached,
+            output_ids: a.ids.clone(),
+            logprobs: a.logprobs.clone(),
+            variant: pick.variant,
+            turn: pick.turn,
+        });
+    }
 }
 
 /// A deterministic logprob in [-4, -0.001] for token `id` at `position`.
@@ -729,7 +757,9 @@ async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
         return r;
     }
     let ask = Ask {
-        max_tokens: body.max_tokens.map(|n| n as usize),
+        max_tokens: body
+            .max_tokens
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         stop: Stop::into_list(body.stop),
         stop_token_ids: body.stop_token_ids.unwrap_or_default(),
         seed: body.seed.as_ref().and_then(serde_json::Number::as_u64),
@@ -743,6 +773,48 @@ async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
     };
     let as_ids = body.return_tokens_as_token_ids;
     let with_ids = body.return_token_ids && !s.cfg.legacy_vllm;
+    let choice = vllm_choice(s, &a, as_ids, with_ids.then_some(prompt_ids.as_slice()));
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let id = s.counter.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        prompt_len,
+        out = a.ids.len(),
+        cached = a.cached,
+        us = duration_us(t0.elapsed()),
+        "completion"
+    );
+    Json(serde_json::json!({
+        "id": format!("cmpl-scripted-{id}"),
+        "object": "text_completion",
+        "created": created,
+        "model": s.cfg.model_name,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": prompt_len,
+            "total_tokens": prompt_len + a.ids.len(),
+            "completion_tokens": a.ids.len(),
+            "prompt_tokens_details": if s.cfg.prompt_tokens_details {
+                serde_json::json!({"cached_tokens": a.cached})
+            } else {
+                serde_json::Value::Null
+            },
+        },
+    }))
+    .into_response()
+}
+
+/// vLLM's `choices[0]` for answer `a`: the text, its logprobs (tokens as text, or as
+/// `token_id:N` with `as_ids`), why it finished, and with `prompt_ids` (when the request
+/// asked for `return_token_ids`) the token IDs of both prompt and answer.
+fn vllm_choice(
+    s: &Shared,
+    a: &Answer,
+    as_ids: bool,
+    prompt_ids: Option<&[u32]>,
+) -> serde_json::Value {
     let vocab = &s.cfg.model.tokenizer;
     let tokens: Vec<String> = a
         .ids
@@ -780,40 +852,11 @@ async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
         "stop_reason": a.matched.clone().filter(|m| a.finish == "stop" && m.is_string()),
         "prompt_logprobs": null,
     });
-    if with_ids {
+    if let Some(prompt_ids) = prompt_ids {
         choice["token_ids"] = serde_json::json!(a.ids);
         choice["prompt_token_ids"] = serde_json::json!(prompt_ids);
     }
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let id = s.counter.fetch_add(1, Ordering::Relaxed);
-    tracing::debug!(
-        prompt_len,
-        out = a.ids.len(),
-        cached = a.cached,
-        us = t0.elapsed().as_micros() as u64,
-        "completion"
-    );
-    Json(serde_json::json!({
-        "id": format!("cmpl-scripted-{id}"),
-        "object": "text_completion",
-        "created": created,
-        "model": s.cfg.model_name,
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": prompt_len,
-            "total_tokens": prompt_len + a.ids.len(),
-            "completion_tokens": a.ids.len(),
-            "prompt_tokens_details": if s.cfg.prompt_tokens_details {
-                serde_json::json!({"cached_tokens": a.cached})
-            } else {
-                serde_json::Value::Null
-            },
-        },
-    }))
-    .into_response()
+    choice
 }
 
 async fn generate(State(s): State<Arc<Shared>>, Json(body): Json<serde_json::Value>) -> Response {
@@ -838,7 +881,9 @@ async fn generate_answer(s: &Shared, body: serde_json::Value) -> Response {
         return r;
     }
     let ask = Ask {
-        max_tokens: sp.max_new_tokens.map(|n| n as usize),
+        max_tokens: sp
+            .max_new_tokens
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         stop: Stop::into_list(sp.stop),
         stop_token_ids: sp.stop_token_ids.unwrap_or_default(),
         // Without --enable-deterministic-inference SGLang samples as it likes.

@@ -11,7 +11,7 @@ use tracing::Instrument;
 use super::Worker;
 use super::lease::StageEnd;
 use super::record::ack;
-use crate::domain::{Job, StageTimes, WorkMessage, now_ms};
+use crate::domain::{Job, StageTimes, WorkMessage, ms_i64, now_ms};
 use crate::kinds::{StageContext, StageError};
 use crate::store::{Claim, FinishIf};
 
@@ -69,7 +69,7 @@ impl Worker {
         // function returns, whichever way.
         let registration = self.running.register(&work.job_id);
         let now = now_ms();
-        let lease_ms = self.settings.queue.ack_wait_ms as i64;
+        let lease_ms = ms_i64(self.settings.queue.ack_wait_ms);
         let claim = self
             .store
             .claim(&work, self.node(), now + lease_ms, now)
@@ -81,7 +81,9 @@ impl Worker {
                 return ack(&msg, AckKind::Ack).await;
             }
             Ok(Claim::Busy(until)) => {
-                let wait = Duration::from_millis((until - now).max(0) as u64 + 50);
+                // A lease that has already lapsed waits only the margin.
+                let left = u64::try_from(until - now).unwrap_or(0);
+                let wait = Duration::from_millis(left + 50);
                 tracing::debug!(?wait, "stage is leased by another delivery; retrying later");
                 return ack(&msg, AckKind::Nak(Some(wait))).await;
             }

@@ -22,6 +22,7 @@
 
 use super::output::{CappedOutput, DEFAULT_MAX_OUTPUT};
 use super::stream::{MarkedStream, Until, reset_signals, write_all};
+use crate::domain::duration_us;
 use crate::sandbox::protocol::{BashArgs, BashResult, Escalation};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::termios::{self, LocalFlags, OutputFlags, SetArg};
@@ -114,7 +115,7 @@ impl BashTool {
             }
         }
         result.shell_restarted |= restarted_before;
-        result.elapsed_us = started.elapsed().as_micros() as u64;
+        result.elapsed_us = duration_us(started.elapsed());
         Ok(result)
     }
 

@@ -9,6 +9,7 @@
 
 use super::output::{CappedOutput, DEFAULT_MAX_OUTPUT};
 use super::stream::{nonblocking, read, reset_signals};
+use crate::domain::duration_us;
 use crate::sandbox::protocol::{ExecArgs, ExecResult};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -98,7 +99,7 @@ pub async fn run(
         signal: status.and_then(|s| s.signal()),
         omitted_bytes,
         timed_out,
-        elapsed_us: started.elapsed().as_micros() as u64,
+        elapsed_us: duration_us(started.elapsed()),
     })
 }
 

@@ -189,7 +189,7 @@ impl Exporter {
                         Some(old) if old != meta => "modified",
                         Some(_) => continue,
                     };
-                    total = total.saturating_add(meta.0 as usize);
+                    total = total.saturating_add(usize::try_from(meta.0).unwrap_or(usize::MAX));
                     if total > max {
                         return Err(too_large(format!(
                             "the changed files hold more than the export limit of {max} bytes (at {})",

@@ -103,7 +103,7 @@ impl FileTool {
         }
         let text = read_text(path)?;
         let lines: Vec<&str> = text.lines().collect();
-        let n = lines.len() as i64;
+        let n = i64::try_from(lines.len()).unwrap_or(i64::MAX);
         let (first, last) = match range {
             None => (1, n),
             Some([first, last]) => {
@@ -127,8 +127,8 @@ impl FileTool {
         for (i, line) in lines
             .iter()
             .enumerate()
-            .skip((first - 1).max(0) as usize)
-            .take((last - first + 1).max(0) as usize)
+            .skip(usize::try_from(first - 1).unwrap_or(0))
+            .take(usize::try_from(last - first + 1).unwrap_or(0))
         {
             out.push(format!("{:6}\t{line}\n", i + 1).as_bytes());
         }

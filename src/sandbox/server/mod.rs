@@ -15,6 +15,7 @@ pub mod output;
 pub mod python;
 pub mod stream;
 
+use crate::domain::duration_ms;
 use crate::sandbox::protocol::{
     self, ApplyArgs, BashArgs, ErrorCode, ExecArgs, ExportArgs, FileArgs, MAX_FRAME_BYTES,
     PROTOCOL_VERSION, PingResult, PythonArgs, Request, Response,
@@ -323,51 +324,24 @@ async fn handle(tools: Arc<Tools>, req: Request) -> Response {
                 Ok(a) => a,
                 Err(r) => return r,
             };
-            let start = if a.shell_state {
-                match shell_state(&tools).await {
-                    Ok(s) => s,
-                    Err(e) => return Response::err(id, ErrorCode::Internal, e.to_string()),
-                }
-            } else {
-                exec::Start {
-                    cwd: tools.workdir.clone(),
-                    env: None,
-                }
-            };
-            exec::run(EXEC_SHELL, &a, &start, timeout)
-                .await
-                .map(|r| to_value(&r))
+            return run_exec(&tools, id, &a, timeout).await;
         }
         "file" => {
             let a: FileArgs = match args(id, req.args) {
                 Ok(a) => a,
                 Err(r) => return r,
             };
-            // On a blocking thread: a slow disk or a huge directory must not stall the
-            // other calls on this single-threaded server.
-            let t = tools.clone();
-            let done = tokio::task::spawn_blocking(move || t.files.run(&a)).await;
-            return match done {
-                Ok(Ok(r)) => Response::ok(id, to_value(&r)),
-                Ok(Err(msg)) => Response::err(id, ErrorCode::ToolFailed, msg),
-                Err(e) => Response::err(id, ErrorCode::Internal, format!("file tool: {e}")),
-            };
+            return run_file(tools, id, a).await;
         }
         "baseline" => {
-            return match tools.export.baseline().await {
-                Ok(r) => Response::ok(id, to_value(&r)),
-                Err(e) => Response::err(id, e.code, e.message),
-            };
+            return tool_response(id, tools.export.baseline().await);
         }
         "apply" => {
             let a: ApplyArgs = match args(id, req.args) {
                 Ok(a) => a,
                 Err(r) => return r,
             };
-            return match tools.export.apply(&a).await {
-                Ok(r) => Response::ok(id, to_value(&r)),
-                Err(e) => Response::err(id, e.code, e.message),
-            };
+            return tool_response(id, tools.export.apply(&a).await);
         }
         "export" => {
             let a: ExportArgs = if req.args.is_null() {
@@ -378,10 +352,7 @@ async fn handle(tools: Arc<Tools>, req: Request) -> Response {
                     Err(r) => return r,
                 }
             };
-            return match tools.export.run(&a).await {
-                Ok(r) => Response::ok(id, to_value(&r)),
-                Err(e) => Response::err(id, e.code, e.message),
-            };
+            return tool_response(id, tools.export.run(&a).await);
         }
         "ping" => Ok(to_value(&PingResult {
             v: PROTOCOL_VERSION,
@@ -389,7 +360,7 @@ async fn handle(tools: Arc<Tools>, req: Request) -> Response {
             workdir: tools.workdir.display().to_string(),
             bash_ready: tools.bash.is_ready(),
             python_engine: tools.python.engine(),
-            uptime_ms: tools.started.elapsed().as_millis() as u64,
+            uptime_ms: duration_ms(tools.started.elapsed()),
         })),
         other => {
             return Response::err(
@@ -407,6 +378,46 @@ async fn handle(tools: Arc<Tools>, req: Request) -> Response {
     }
 }
 
+/// `exec`: a command of its own, started in the workspace or, with `shell_state`, in
+/// the persistent shell's directory and environment.
+async fn run_exec(tools: &Tools, id: u64, a: &ExecArgs, timeout: Duration) -> Response {
+    let start = if a.shell_state {
+        match shell_state(tools).await {
+            Ok(s) => s,
+            Err(e) => return Response::err(id, ErrorCode::Internal, e.to_string()),
+        }
+    } else {
+        exec::Start {
+            cwd: tools.workdir.clone(),
+            env: None,
+        }
+    };
+    match exec::run(EXEC_SHELL, a, &start, timeout).await {
+        Ok(r) => Response::ok(id, to_value(&r)),
+        Err(e) => Response::err(id, ErrorCode::Internal, e.to_string()),
+    }
+}
+
+/// `file`, on a blocking thread: a slow disk or a huge directory must not stall the
+/// other calls on this single-threaded server.
+async fn run_file(tools: Arc<Tools>, id: u64, a: FileArgs) -> Response {
+    let done = tokio::task::spawn_blocking(move || tools.files.run(&a)).await;
+    match done {
+        Ok(Ok(r)) => Response::ok(id, to_value(&r)),
+        Ok(Err(msg)) => Response::err(id, ErrorCode::ToolFailed, msg),
+        Err(e) => Response::err(id, ErrorCode::Internal, format!("file tool: {e}")),
+    }
+}
+
+/// The answer for a tool that reports its own failures (`baseline`, `apply`,
+/// `export`), with the code and message it gave.
+fn tool_response<T: serde::Serialize>(id: u64, r: Result<T, protocol::ToolError>) -> Response {
+    match r {
+        Ok(r) => Response::ok(id, to_value(&r)),
+        Err(e) => Response::err(id, e.code, e.message),
+    }
+}
+
 /// Spawns `cmd` and drops it, closing the parent's copies of the descriptors it gave the
 /// child; returns the child and its pid.
 pub(crate) fn spawn(
@@ -416,8 +427,14 @@ pub(crate) fn spawn(
     let child = cmd
         .spawn()
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start `{program}`: {e}")))?;
-    let pid = child.id().map(|p| p as i32).unwrap_or(-1);
+    let pid = child_pid(&child);
     Ok((child, pid))
+}
+
+/// `child`'s pid as the `i32` that signals and labels take, or -1 once it has been
+/// reaped (Linux pids stay far below `i32::MAX`, so none is lost).
+pub(crate) fn child_pid(child: &tokio::process::Child) -> i32 {
+    child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(-1)
 }
 
 /// Waits up to `within` for `child` to exit and returns its status the way a shell

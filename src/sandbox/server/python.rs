@@ -10,6 +10,7 @@
 
 use super::output::{CappedOutput, DEFAULT_MAX_OUTPUT};
 use super::stream::{MarkedStream, Until, nonblocking, reset_signals, write_all};
+use crate::domain::duration_us;
 use crate::sandbox::protocol::{Escalation, PythonArgs, PythonResult};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
@@ -159,13 +160,7 @@ impl PythonTool {
         }
         interp.output.flush(&mut out);
         if restarted {
-            if let Some(old) = guard.take() {
-                old.kill().await;
-            }
-            match self.spawn().await {
-                Ok(new) => *guard = Some(new),
-                Err(e) => notes.push(format!("Starting a new interpreter failed: {e}.")),
-            }
+            self.restart(&mut guard, &mut notes).await;
         }
         let (text, omitted) = out.finish();
         result.output = text;
@@ -174,8 +169,21 @@ impl PythonTool {
         if !notes.is_empty() {
             result.note = Some(notes.join(" "));
         }
-        result.elapsed_us = started.elapsed().as_micros() as u64;
+        result.elapsed_us = duration_us(started.elapsed());
         Ok(result)
+    }
+
+    /// Replaces the interpreter in `slot` (one that crashed or would not stop) with a
+    /// fresh one; when that cannot start, the slot stays empty for the next call to try
+    /// again, and `notes` tells the model.
+    async fn restart(&self, slot: &mut Option<Interp>, notes: &mut Vec<String>) {
+        if let Some(old) = slot.take() {
+            old.kill().await;
+        }
+        match self.spawn().await {
+            Ok(new) => *slot = Some(new),
+            Err(e) => notes.push(format!("Starting a new interpreter failed: {e}.")),
+        }
     }
 
     async fn spawn(&self) -> io::Result<Interp> {

@@ -1,0 +1,10 @@
+//! Helpers shared by the benchmarks; each bench target includes this module with
+//! `mod common;` (a directory, so Cargo does not take it for a bench target).
+
+/// The index of the `p` quantile (`p` in 0..=1) of a sorted sample of `len` values: the
+/// nearest rank.
+// `p` in 0..=1 puts the rounded product in 0..len, which a usize holds exactly.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn rank(len: usize, p: f64) -> usize {
+    (len.saturating_sub(1) as f64 * p).round() as usize
+}
