@@ -357,7 +357,10 @@ async fn run_scheme(
             let url = format!("sqlite://{}", dir.join(format!("{scheme:?}.db")).display());
             let store = rollout::store::connect(&url, 4).await.unwrap();
             for s in specs.iter() {
-                store.upsert_backend(s, "config", 0).await.unwrap();
+                store
+                    .upsert_backend(s, "config", rollout::domain::EpochMs(0))
+                    .await
+                    .unwrap();
             }
             Some(store)
         }

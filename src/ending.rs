@@ -2,7 +2,7 @@
 //! dead-letter copy, the failure, the result), and publishing a result once it is
 //! durable. Shared by the workers, the reconciler and the gateway's cancel.
 
-use crate::domain::{JobResult, Outcome, Status, now_ms};
+use crate::domain::{EpochMs, JobResult, Outcome, Status};
 use crate::queue::{Queue, QueueError};
 use crate::store::{FinishIf, Store};
 
@@ -36,11 +36,12 @@ pub async fn dead_letter(
             // A message nobody holds: give up only if its stage entry is still live and
             // unleased. Otherwise it is a duplicate copy (its job moved on, ended, or is
             // held by a worker with its own message) and the caller just removes it.
-            let now = now_ms();
+            let now = EpochMs::now();
             let live = store.job(&msg.job_id).await?.is_some_and(|j| {
                 !j.status.is_terminal()
                     && (j.stage, j.epoch) == (msg.stage, msg.epoch)
-                    && !(j.status == Status::Running && j.lease_until.is_some_and(|l| l >= now))
+                    && !(j.status == Status::Running
+                        && j.lease_until.is_some_and(|l| l >= now.as_millis()))
             });
             if !live {
                 return Ok(());
@@ -52,7 +53,10 @@ pub async fn dead_letter(
     // Copy first: removing the message from the work-queue stream loses it.
     queue.publish_dead(work, attempts, error).await?;
     let outcome = Outcome::failed(error);
-    if let Some(result) = store.finish(cond, &work.job_id, &outcome, now_ms()).await? {
+    if let Some(result) = store
+        .finish(cond, &work.job_id, &outcome, EpochMs::now())
+        .await?
+    {
         tracing::warn!(job_id = %work.job_id, error, "job failed and its message dead-lettered");
         metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "failed").increment(1);
         publish_result(queue, store, &result).await;
@@ -64,7 +68,7 @@ pub async fn dead_letter(
                 Some(work.stage),
                 node,
                 Some(error),
-                now_ms(),
+                EpochMs::now(),
             )
             .await
         {
@@ -78,7 +82,7 @@ pub async fn dead_letter(
 pub async fn publish_result(queue: &Queue, store: &dyn Store, result: &JobResult) {
     match queue.publish_result(result).await {
         Ok(()) => {
-            if let Err(e) = store.mark_published(&[result.seq], now_ms()).await {
+            if let Err(e) = store.mark_published(&[result.seq], EpochMs::now()).await {
                 tracing::warn!(error = %e, "result published but not marked; it may be re-published (deduplicated)");
             }
         }

@@ -26,6 +26,7 @@ use bytes::Bytes;
 use futures::future::try_join_all;
 
 use crate::config::Settings;
+use crate::domain::EpochMs;
 use crate::domain::{JobResult, Stage, WorkMessage};
 
 /// A queue failure. All are transient from the job's point of view.
@@ -452,7 +453,7 @@ impl Queue {
             "message": msg,
             "attempts": attempts,
             "error": error,
-            "at": crate::domain::now_ms(),
+            "at": EpochMs::now(),
         });
         let ack = self
             .js

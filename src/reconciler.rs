@@ -38,7 +38,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ReconcilerSettings, Settings};
-use crate::domain::{Outcome, Status, WorkMessage, ms_i64, now_ms};
+use crate::domain::{EpochMs, Outcome, Status, WorkMessage};
 use crate::queue::{Queue, QueueError};
 use crate::store::{AbandonedRun, FinishIf, StaleJob, Store, StoreError};
 
@@ -153,10 +153,13 @@ pub async fn sweep(
     settings: &SweepSettings,
 ) -> Result<Sweep, ReconcileError> {
     let r = &settings.reconciler;
-    let now = now_ms();
+    let now = EpochMs::now();
     let mut out = Sweep::default();
     for job in store
-        .stale_jobs(now - ms_i64(r.stale_after_ms), r.batch_limit)
+        .stale_jobs(
+            now.before(Duration::from_millis(r.stale_after_ms)),
+            r.batch_limit,
+        )
         .await?
     {
         let id = job.msg.job_id.clone();
@@ -182,11 +185,11 @@ pub async fn sweep(
     // Hand-offs overdue by a short margin, while the server would still drop a copy of
     // one that exists: checked once each, with no event (most are only waiting for a
     // free worker).
-    let window = ms_i64(settings.duplicate_window_ms) / 2;
-    let after = ms_i64(r.republish_after_ms);
-    if after > 0 && after < window {
+    let window = Duration::from_millis(settings.duplicate_window_ms) / 2;
+    let after = Duration::from_millis(r.republish_after_ms);
+    if !after.is_zero() && after < window {
         for job in store
-            .overdue_handoffs(now - after, now - window, r.batch_limit)
+            .overdue_handoffs(now.before(after), now.before(window), r.batch_limit)
             .await?
         {
             let id = job.msg.job_id.clone();
@@ -213,13 +216,13 @@ pub async fn sweep(
     }
     // Results are normally marked within milliseconds; give in-flight publishes time.
     for res in store
-        .unpublished_results(now - 10_000, r.batch_limit)
+        .unpublished_results(now.before(Duration::from_secs(10)), r.batch_limit)
         .await?
     {
         // One result that cannot be published must not hold up the others.
         let done = async {
             queue.publish_result(&res).await?;
-            store.mark_published(&[res.seq], now_ms()).await?;
+            store.mark_published(&[res.seq], EpochMs::now()).await?;
             Ok(true)
         }
         .await;
@@ -258,7 +261,7 @@ async fn republish(
     store: &dyn Store,
     queue: &Queue,
     job: &StaleJob,
-    now: i64,
+    now: EpochMs,
     log: bool,
 ) -> Result<bool, ReconcileError> {
     if !store.touch(&job.msg, now).await? {
@@ -284,7 +287,7 @@ async fn fail_stuck(
     store: &dyn Store,
     queue: &Queue,
     job: &StaleJob,
-    now: i64,
+    now: EpochMs,
 ) -> Result<bool, ReconcileError> {
     let error = format!(
         "{} stage stuck: started {} times, and its last worker stopped renewing \
@@ -300,7 +303,7 @@ async fn fail_unleased(
     queue: &Queue,
     msg: &WorkMessage,
     error: String,
-    now: i64,
+    now: EpochMs,
 ) -> Result<bool, ReconcileError> {
     let outcome = Outcome::failed(error);
     let cond = FinishIf::Unleased(msg.clone());
@@ -316,7 +319,7 @@ async fn requeue(
     store: &dyn Store,
     queue: &Queue,
     job: &StaleJob,
-    now: i64,
+    now: EpochMs,
 ) -> Result<bool, ReconcileError> {
     let Some(next) = store.requeue(&job.msg, now).await? else {
         return Ok(false);
@@ -340,7 +343,7 @@ async fn fail_abandoned(
     queue: &Queue,
     run: &AbandonedRun,
     max: i64,
-    now: i64,
+    now: EpochMs,
 ) -> Result<bool, ReconcileError> {
     let error = format!(
         "node {} stopped renewing the lease of the job's sandbox (the node is gone) \
@@ -360,7 +363,7 @@ async fn restart_abandoned(
     queue: &Queue,
     run: &AbandonedRun,
     max: i64,
-    now: i64,
+    now: EpochMs,
 ) -> Result<bool, ReconcileError> {
     let id = &run.msg.job_id;
     let Some(next) = store.restart_queued(&run.msg, max, now).await? else {
@@ -380,7 +383,7 @@ async fn record(
     event: &str,
     stage: Option<crate::domain::Stage>,
     detail: Option<&str>,
-    now: i64,
+    now: EpochMs,
 ) {
     if let Err(e) = store
         .record_event(id, event, stage, None, detail, now)

@@ -18,9 +18,13 @@
 //! this module keeps the pool's I/O: registering configured backends and probing
 //! their health.
 
-/// How long the pool remembers where a prompt group ran (ms): longer than a batch's
-/// samples take to start.
-const GROUP_HOME_TTL_MS: i64 = 6 * 3600 * 1000;
+use std::time::Duration;
+
+use crate::domain::EpochMs;
+
+/// How long the pool remembers where a prompt group ran: longer than a batch's samples
+/// take to start.
+const GROUP_HOME_TTL: Duration = Duration::from_secs(6 * 3600);
 
 /// Registers the configuration's `[[backends]]` (source `config`), leaving those added
 /// through the API alone. Every process calls it at start, so a worker started with a
@@ -30,9 +34,7 @@ pub async fn register_configured(
     backends: &[crate::domain::backend::BackendSpec],
 ) -> Result<(), crate::store::StoreError> {
     for spec in backends {
-        store
-            .upsert_backend(spec, "config", crate::domain::now_ms())
-            .await?;
+        store.upsert_backend(spec, "config", EpochMs::now()).await?;
     }
     Ok(())
 }
@@ -60,7 +62,7 @@ pub async fn run_health_prober(
         }
         // A group's home only matters while its samples are still being started.
         if let Err(e) = store
-            .forget_group_homes(crate::domain::now_ms() - GROUP_HOME_TTL_MS)
+            .forget_group_homes(EpochMs::now().before(GROUP_HOME_TTL))
             .await
         {
             tracing::warn!(error = %e, "cannot prune old group homes");
@@ -81,7 +83,7 @@ pub async fn run_health_prober(
             let healthy = verdict.is_ok();
             let error = verdict.err();
             match store
-                .set_backend_health(&id, healthy, error.as_deref(), crate::domain::now_ms())
+                .set_backend_health(&id, healthy, error.as_deref(), EpochMs::now())
                 .await
             {
                 Ok(Some(before)) if before != healthy => {

@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 use super::client::{InferenceClient, InferenceError};
 use super::generate::{BackendSwitch, GenerateError, Generated, Generator};
 use super::wire::Sampling;
+use crate::domain::EpochMs;
 use crate::domain::Stage;
 use crate::domain::backend::BackendSpec;
-use crate::domain::now_ms;
 use crate::domain::placement::{AffinityPolicy, AssignRequest};
 use crate::store::Store;
 
@@ -87,7 +87,7 @@ impl BackendSession {
             exclude: Vec::new(),
             policy,
         };
-        let Some(a) = store.assign_backend(&req, now_ms()).await? else {
+        let Some(a) = store.assign_backend(&req, EpochMs::now()).await? else {
             return Err(SessionError::NoBackend(match &job.model {
                 Some(m) => format!("no healthy inference backend serves model `{m}`"),
                 None => "no healthy inference backend is registered".into(),
@@ -124,7 +124,7 @@ impl BackendSession {
         let from = self.current.id.clone();
         match self
             .store
-            .set_backend_health(&from, false, Some(why), now_ms())
+            .set_backend_health(&from, false, Some(why), EpochMs::now())
             .await
         {
             Ok(Some(true)) => tracing::warn!(backend = %from, error = why, "backend marked down"),
@@ -139,7 +139,7 @@ impl BackendSession {
             exclude: failed.clone(),
             policy: self.policy,
         };
-        let next = self.store.assign_backend(&req, now_ms()).await.map_err(|e| {
+        let next = self.store.assign_backend(&req, EpochMs::now()).await.map_err(|e| {
             GenerateError::Unavailable(format!(
                 "backend `{from}` failed ({why}) and the database did not answer to move to another: {e}"
             ))
@@ -162,7 +162,7 @@ impl BackendSession {
                 Some(Stage::Run),
                 Some(&self.node),
                 Some(&detail),
-                now_ms(),
+                EpochMs::now(),
             )
             .await
         {

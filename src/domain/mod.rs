@@ -11,8 +11,6 @@
 //! [`parser`] (tool-call syntaxes), each shared by the configuration, the store and the
 //! components that act on them.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -20,6 +18,9 @@ pub mod backend;
 pub mod parser;
 pub mod placement;
 pub mod sandbox;
+pub mod time;
+
+pub use time::{EpochMs, duration_ms, duration_us};
 
 /// One of the three pipeline stages a job passes through, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -407,40 +408,6 @@ pub fn is_subject_token(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// Current wall-clock time in milliseconds since the Unix epoch.
-///
-/// All timestamps in the database are epoch milliseconds computed here rather than by the
-/// database, so SQLite and Postgres rows are directly comparable and tests can reason
-/// about them without dialect-specific time functions.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
-/// A span of milliseconds from the settings (a `u64`) as the `i64` that [`now_ms`]
-/// timestamps are in, to add to or subtract from one. Saturates at `i64::MAX` (some 292
-/// million years) rather than wrapping around to a negative span.
-pub fn ms_i64(ms: u64) -> i64 {
-    i64::try_from(ms).unwrap_or(i64::MAX)
-}
-
-/// `d` in whole microseconds, as the `u64` that latencies are recorded and reported in.
-///
-/// [`Duration::as_micros`] returns a `u128`; a `u64` of microseconds holds over 500,000
-/// years, so the saturation at `u64::MAX` only keeps a nonsensical duration from wrapping
-/// around to a small one.
-pub fn duration_us(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// `d` in whole milliseconds, as the `u64` that timeouts and uptimes are sent as;
-/// saturates at `u64::MAX` rather than wrapping, as [`duration_us`] does.
-pub fn duration_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// A problem in a task's `spec`, found at submit time.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{path}: {message}")]
@@ -469,16 +436,6 @@ impl SpecError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn time_conversions_saturate_instead_of_wrapping() {
-        assert_eq!(duration_us(Duration::from_millis(3)), 3_000);
-        assert_eq!(duration_us(Duration::MAX), u64::MAX);
-        assert_eq!(duration_ms(Duration::from_secs(2)), 2_000);
-        assert_eq!(duration_ms(Duration::MAX), u64::MAX);
-        assert_eq!(ms_i64(300), 300);
-        assert_eq!(ms_i64(u64::MAX), i64::MAX);
-    }
 
     #[test]
     fn stages_chain_in_order() {

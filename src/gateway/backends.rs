@@ -17,8 +17,8 @@ use axum::http::StatusCode;
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
 use super::params::IdPath;
+use crate::domain::EpochMs;
 use crate::domain::backend::{BackendSpec, BackendState};
-use crate::domain::now_ms;
 
 /// Every registered backend with its health and active jobs.
 #[utoipa::path(
@@ -94,7 +94,10 @@ pub async fn add_backend(
     spec.validate().map_err(|(field, problem)| {
         ApiError::bad_field(field, format!("invalid backend: {problem}"))
     })?;
-    state.store.upsert_backend(&spec, "api", now_ms()).await?;
+    state
+        .store
+        .upsert_backend(&spec, "api", EpochMs::now())
+        .await?;
     tracing::info!(backend = %spec.id, url = %spec.url, model = %spec.model, "backend registered");
     let client = crate::backends::client::InferenceClient::new((&state.settings.pool).into());
     let timeout = std::time::Duration::from_millis(state.settings.pool.health_timeout_ms);
@@ -108,7 +111,7 @@ pub async fn add_backend(
             &spec.id,
             verdict.is_ok(),
             verdict.err().as_deref(),
-            now_ms(),
+            EpochMs::now(),
         )
         .await?;
     let registered = state.store.backend(&spec.id).await?.ok_or_else(|| {

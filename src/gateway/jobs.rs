@@ -11,7 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::error::{ApiError, ApiErrorBody};
 use super::params::{ApiQuery, CheckQuery, IdPath, check_opt_text, check_range};
 use super::{AppState, publish_submitted};
-use crate::domain::now_ms;
+use crate::domain::EpochMs;
 use crate::domain::{Job, JobResult, Outcome, Status, Task, is_subject_token};
 use crate::store::{FinishIf, JobEvent, JobQuery, NewJob, Submitted};
 
@@ -237,7 +237,7 @@ pub async fn submit(
     // than handed to the caller as a 503.
     let submitted = {
         use backon::Retryable;
-        (|| state.store.submit(&batch_id, &jobs, now_ms()))
+        (|| state.store.submit(&batch_id, &jobs, EpochMs::now()))
             .retry(crate::retry::submit_conflicts())
             .when(crate::store::StoreError::is_conflict)
             .notify(|e, after| tracing::info!(error = %e, ?after, "submit collided with another; retrying"))
@@ -344,7 +344,7 @@ pub async fn cancel_job(
     let outcome = Outcome::cancelled("cancelled by request");
     match state
         .store
-        .finish(&FinishIf::Live, &id, &outcome, now_ms())
+        .finish(&FinishIf::Live, &id, &outcome, EpochMs::now())
         .await?
     {
         Some(result) => {

@@ -21,7 +21,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
 use super::params::{ApiQuery, CheckQuery, check_opt_text, check_range};
-use crate::domain::{JobResult, ms_i64};
+use crate::domain::JobResult;
 
 /// Response of `GET /v1/results`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -136,7 +136,7 @@ pub async fn results(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ResultsQuery>,
 ) -> Result<Json<ResultPage>, ApiError> {
-    let max_wait_ms = ms_i64(state.settings.gateway.max_wait_ms);
+    let max_wait_ms = i64::try_from(state.settings.gateway.max_wait_ms).unwrap_or(i64::MAX);
     check_range("wait_ms", q.wait_ms, max_wait_ms)?;
     let (batch, after) = (q.batch, q.after.unwrap_or(0));
     let wait_ms = q.wait_ms.unwrap_or(0);

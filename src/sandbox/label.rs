@@ -7,6 +7,7 @@
 //! carry their instance name. The reaper and [`crate::sandbox::Runtimes::stop`] act on labels only.
 
 use super::{RuntimeKind, SandboxError};
+use crate::domain::EpochMs;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -88,7 +89,7 @@ impl Label {
             generation: None,
             uid: None,
             instance: None,
-            created_ms: crate::domain::now_ms(),
+            created_ms: EpochMs::now().as_millis(),
         }
     }
 

@@ -14,6 +14,7 @@
 use super::spec::SandboxSpec;
 use super::{Label, RuntimeKind, Runtimes, Sandbox, SandboxClient, SandboxError, StartRequest};
 use crate::config::SandboxSettings;
+use crate::domain::EpochMs;
 use crate::store::{SandboxRecord, Store};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -326,7 +327,7 @@ impl NodeSandboxes {
         dir: &Path,
         label: &Label,
     ) -> Result<(), SandboxError> {
-        let now = crate::domain::now_ms();
+        let now = EpochMs::now();
         self.store
             .put_sandbox(&SandboxRecord {
                 job_id: job_id.to_string(),
@@ -334,7 +335,7 @@ impl NodeSandboxes {
                 runtime: backend.as_str().to_string(),
                 dir: dir.display().to_string(),
                 socket: label.socket.display().to_string(),
-                lease_until: now + crate::domain::ms_i64(self.settings.lease_ms),
+                lease_until: now.after(Duration::from_millis(self.settings.lease_ms)),
                 created_at: now,
             })
             .await
@@ -400,7 +401,7 @@ impl NodeSandboxes {
     /// One reaper pass. With `at_start` (a worker starting after a crash, say) it also
     /// removes sandboxes whose root process is gone.
     pub async fn reap(&self, at_start: bool) -> Result<Reaped, crate::store::StoreError> {
-        let now = crate::domain::now_ms();
+        let now = EpochMs::now();
         // Renew first: this node is alive and looks after its sandboxes, so none of them
         // is removed for a lease that lapsed while the database was unreachable.
         let mut reaped = Reaped {
@@ -408,7 +409,7 @@ impl NodeSandboxes {
                 .store
                 .renew_sandboxes(
                     &self.node,
-                    now + crate::domain::ms_i64(self.settings.lease_ms),
+                    now.after(Duration::from_millis(self.settings.lease_ms)),
                 )
                 .await?,
             ..Reaped::default()
@@ -478,7 +479,7 @@ impl NodeSandboxes {
         if at_start && started && !alive {
             return Ok(Some("its processes are gone"));
         }
-        let young = crate::domain::now_ms() - label.created_ms < 10_000;
+        let young = EpochMs(label.created_ms).until(EpochMs::now()) < Duration::from_secs(10);
         if !is_eval
             && !recorded.contains(&label.job_id)
             && !young

@@ -11,6 +11,7 @@ use super::dialect::{Dialect, SqlStore};
 use super::query::query;
 use super::rows::BackendRow;
 use super::{StoreResult, sql};
+use crate::domain::EpochMs;
 use crate::domain::backend::{BackendSpec, BackendState};
 use crate::domain::placement::{self, AssignRequest, Assignment, Candidate, Reason};
 
@@ -19,7 +20,12 @@ use crate::domain::placement::{self, AssignRequest, Assignment, Candidate, Reaso
 pub trait BackendStore: Send + Sync {
     /// Registers `spec` (from `source`: `config` or `api`), or replaces the backend of
     /// that id; a backend whose URL is unchanged keeps its health.
-    async fn upsert_backend(&self, spec: &BackendSpec, source: &str, now: i64) -> StoreResult<()>;
+    async fn upsert_backend(
+        &self,
+        spec: &BackendSpec,
+        source: &str,
+        now: EpochMs,
+    ) -> StoreResult<()>;
     /// Unregisters a backend; false when unknown. Jobs assigned to it keep their rows
     /// until they end or move: their next failed request moves them elsewhere.
     async fn delete_backend(&self, id: &str) -> StoreResult<bool>;
@@ -34,7 +40,7 @@ pub trait BackendStore: Send + Sync {
         id: &str,
         healthy: bool,
         error: Option<&str>,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<bool>>;
     /// Gives the job a backend in one transaction: the one it has when that is healthy,
     /// not excluded and of the wanted model (sticky), else one chosen by
@@ -44,11 +50,11 @@ pub trait BackendStore: Send + Sync {
     async fn assign_backend(
         &self,
         req: &AssignRequest,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<Assignment>>;
     /// Forgets where prompt groups last ran for groups not placed since `before`; returns
     /// how many were forgotten.
-    async fn forget_group_homes(&self, before: i64) -> StoreResult<u64>;
+    async fn forget_group_homes(&self, before: EpochMs) -> StoreResult<u64>;
     /// Deletes a job's assignment (jobs that are not rows of this database, such as a
     /// benchmark's, release their own).
     async fn release_backend(&self, job_id: &str) -> StoreResult<()>;
@@ -64,7 +70,12 @@ struct Usable {
 
 #[async_trait]
 impl<D: Dialect> BackendStore for SqlStore<D> {
-    async fn upsert_backend(&self, spec: &BackendSpec, source: &str, now: i64) -> StoreResult<()> {
+    async fn upsert_backend(
+        &self,
+        spec: &BackendSpec,
+        source: &str,
+        now: EpochMs,
+    ) -> StoreResult<()> {
         let b = spec.clone();
         let source = source.to_string();
         self.write(move |conn: &mut D::Conn| {
@@ -123,7 +134,7 @@ impl<D: Dialect> BackendStore for SqlStore<D> {
         id: &str,
         healthy: bool,
         error: Option<&str>,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<bool>> {
         let id = id.to_string();
         let error = error.map(str::to_string);
@@ -151,7 +162,7 @@ impl<D: Dialect> BackendStore for SqlStore<D> {
     async fn assign_backend(
         &self,
         req: &AssignRequest,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<Assignment>> {
         let req = req.clone();
         self.write_atomic(move |conn: &mut D::Conn| {
@@ -240,7 +251,7 @@ impl<D: Dialect> BackendStore for SqlStore<D> {
         .await
     }
 
-    async fn forget_group_homes(&self, before: i64) -> StoreResult<u64> {
+    async fn forget_group_homes(&self, before: EpochMs) -> StoreResult<u64> {
         self.write(move |conn: &mut D::Conn| {
             Box::pin(async move {
                 Ok(query(sql::PRUNE_GROUP_HOMES)

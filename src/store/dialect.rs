@@ -13,6 +13,7 @@ use futures::future::BoxFuture;
 
 use super::StoreResult;
 use super::query::Conn;
+use crate::domain::EpochMs;
 
 /// One database's side of the store. Every method is safe to call from many tasks.
 pub(crate) trait Dialect: Send + Sync + 'static {
@@ -54,7 +55,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     fn mark_published(
         &self,
         seqs: &[i64],
-        now: i64,
+        now: EpochMs,
     ) -> impl Future<Output = StoreResult<()>> + Send;
 }
 

@@ -17,6 +17,7 @@ use super::rows::{
     BatchRow, CountRow, EventRow, GroupRow, JobRow, ResultRow, parse_stage, parse_status,
 };
 use super::{StoreResult, sql};
+use crate::domain::EpochMs;
 use crate::domain::{
     BatchCounters, GroupCounters, Job, JobResult, Outcome, Stage, Status, WorkMessage,
 };
@@ -63,7 +64,7 @@ pub enum Claim {
     /// The message is stale: the job has moved on or ended. Carries the job as it is.
     Stale(Box<Job>),
     /// Another delivery holds a live lease on this stage until the given time (epoch ms).
-    Busy(i64),
+    Busy(EpochMs),
     /// No such job.
     Missing,
 }
@@ -138,7 +139,7 @@ pub trait JobStore: Send + Sync {
         &self,
         batch_id: &str,
         jobs: &[NewJob],
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Vec<Submitted>>;
     /// One job.
     async fn job(&self, id: &str) -> StoreResult<Option<Job>>;
@@ -149,8 +150,8 @@ pub trait JobStore: Send + Sync {
         &self,
         msg: &WorkMessage,
         node: &str,
-        lease_until: i64,
-        now: i64,
+        lease_until: EpochMs,
+        now: EpochMs,
     ) -> StoreResult<Claim>;
     /// Extends the lease of the claim `attempt` of a running stage until `lease_until`;
     /// false when the job is no longer running under that claim (cancelled, or taken
@@ -159,7 +160,7 @@ pub trait JobStore: Send + Sync {
         &self,
         msg: &WorkMessage,
         attempt: i64,
-        lease_until: i64,
+        lease_until: EpochMs,
     ) -> StoreResult<bool>;
     /// Records the output of the claim `attempt` of a stage and queues the job for the next
     /// stage; returns the next stage's message, or `None` if the compare-and-set failed
@@ -170,7 +171,7 @@ pub trait JobStore: Send + Sync {
         attempt: i64,
         output: &serde_json::Value,
         route: Option<&str>,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<WorkMessage>>;
     /// Hands the claim `attempt` of a running stage back to the queue: after a transient
     /// fault (the start counts towards the delivery limit) or, with `hand_back`, because
@@ -180,7 +181,7 @@ pub trait JobStore: Send + Sync {
         msg: &WorkMessage,
         attempt: i64,
         hand_back: bool,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<bool>;
     /// Sends the claim `attempt` of a running stage back to INIT under a new stage entry,
     /// because the node-local state it needed is gone; `None` if the claim no longer
@@ -192,7 +193,7 @@ pub trait JobStore: Send + Sync {
         attempt: i64,
         max_restarts: i64,
         counted: bool,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<WorkMessage>>;
     /// Ends the job with `outcome` if `cond` holds, writing its result and updating the
     /// batch and group counters in the same transaction. `None` if the condition failed.
@@ -204,7 +205,7 @@ pub trait JobStore: Send + Sync {
         cond: &FinishIf,
         job_id: &str,
         outcome: &Outcome,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<JobResult>>;
     /// Job counts by status and stage.
     async fn counts(&self, batch: Option<&str>) -> StoreResult<Vec<StatusCount>>;
@@ -222,7 +223,7 @@ pub trait JobStore: Send + Sync {
         stage: Option<Stage>,
         node: Option<&str>,
         detail: Option<&str>,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<()>;
 }
 
@@ -235,7 +236,7 @@ impl<D: Dialect> SqlStore<D> {
         sql: &'static str,
         msg: &WorkMessage,
         attempt: i64,
-        value: i64,
+        value: EpochMs,
         extra: Option<i64>,
     ) -> StoreResult<bool> {
         let msg = msg.clone();
@@ -265,7 +266,7 @@ struct EndOf {
     stage: Option<&'static str>,
     epoch: Option<i64>,
     attempt: Option<i64>,
-    unleased_at: Option<i64>,
+    unleased_at: Option<EpochMs>,
 }
 
 #[async_trait]
@@ -274,7 +275,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         &self,
         batch_id: &str,
         jobs: &[NewJob],
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Vec<Submitted>> {
         let batch_id = batch_id.to_string();
         let jobs = jobs.to_vec();
@@ -384,8 +385,8 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         &self,
         msg: &WorkMessage,
         node: &str,
-        lease_until: i64,
-        now: i64,
+        lease_until: EpochMs,
+        now: EpochMs,
     ) -> StoreResult<Claim> {
         let msg = msg.clone();
         let node = node.to_string();
@@ -414,7 +415,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
                 if job.status == Status::Running && job.stage == msg.stage && job.epoch == msg.epoch
                 {
                     // Someone holds a live lease; this claim lost the race.
-                    return Ok(Claim::Busy(job.lease_until.unwrap_or(now).max(now)));
+                    return Ok(Claim::Busy(job.lease_until.map_or(now, EpochMs).max(now)));
                 }
                 Ok(Claim::Stale(Box::new(job)))
             })
@@ -426,7 +427,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         &self,
         msg: &WorkMessage,
         attempt: i64,
-        lease_until: i64,
+        lease_until: EpochMs,
     ) -> StoreResult<bool> {
         self.update_stage_entry(sql::EXTEND_LEASE, msg, attempt, lease_until, None)
             .await
@@ -438,7 +439,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         attempt: i64,
         output: &serde_json::Value,
         route: Option<&str>,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<WorkMessage>> {
         let Some(next) = msg.stage.next() else {
             return Ok(None);
@@ -474,7 +475,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         msg: &WorkMessage,
         attempt: i64,
         hand_back: bool,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<bool> {
         self.update_stage_entry(sql::RELEASE, msg, attempt, now, Some(i64::from(hand_back)))
             .await
@@ -486,7 +487,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         attempt: i64,
         max_restarts: i64,
         counted: bool,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<WorkMessage>> {
         let msg = msg.clone();
         self.write(move |conn: &mut D::Conn| {
@@ -516,7 +517,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         cond: &FinishIf,
         job_id: &str,
         outcome: &Outcome,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<JobResult>> {
         let (stage, epoch, attempt, unleased_at) = match cond {
             FinishIf::Claimed { msg, attempt } => (
@@ -667,7 +668,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         stage: Option<Stage>,
         node: Option<&str>,
         detail: Option<&str>,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<()> {
         let job_id = job_id.to_string();
         let event = event.to_string();

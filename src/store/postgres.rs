@@ -13,6 +13,7 @@ use sqlx::{PgPool, Postgres};
 use super::dialect::Dialect;
 use super::query::query;
 use super::{StoreResult, sql};
+use crate::domain::EpochMs;
 
 /// Advisory-lock key serialising result inserts (see [`PostgresDb::order_results`]).
 const RESULTS_LOCK: i64 = 0x0072_6f6c_6c6f_7574; // "rollout" in ASCII
@@ -95,9 +96,9 @@ impl Dialect for PostgresDb {
 
     /// Marks at once, in one statement (the list binds as a Postgres array, which the
     /// shared statement API does not carry).
-    async fn mark_published(&self, seqs: &[i64], now: i64) -> StoreResult<()> {
+    async fn mark_published(&self, seqs: &[i64], now: EpochMs) -> StoreResult<()> {
         sqlx::query(sql::MARK_PUBLISHED_POSTGRES)
-            .bind(now)
+            .bind(now.as_millis())
             .bind(seqs)
             .execute(&self.pool)
             .await?;

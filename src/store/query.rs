@@ -60,6 +60,18 @@ impl From<Option<i64>> for Arg<'_> {
     }
 }
 
+impl From<crate::domain::EpochMs> for Arg<'_> {
+    fn from(v: crate::domain::EpochMs) -> Self {
+        Arg::Int(Some(v.as_millis()))
+    }
+}
+
+impl From<Option<crate::domain::EpochMs>> for Arg<'_> {
+    fn from(v: Option<crate::domain::EpochMs>) -> Self {
+        Arg::Int(v.map(crate::domain::EpochMs::as_millis))
+    }
+}
+
 impl From<f64> for Arg<'_> {
     fn from(v: f64) -> Self {
         Arg::Real(Some(v))

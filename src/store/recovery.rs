@@ -7,6 +7,7 @@ use super::dialect::{Dialect, SqlStore};
 use super::query::query;
 use super::rows::StaleRow;
 use super::{StoreResult, sql};
+use crate::domain::EpochMs;
 use crate::domain::{Stage, Status, WorkMessage};
 
 /// A job whose hand-off may have been lost, for the reconciler to re-publish.
@@ -39,37 +40,37 @@ pub struct AbandonedRun {
 pub trait RecoveryStore: Send + Sync {
     /// Live jobs with no change since `before` (queued) or whose lease ended before it
     /// (running), oldest first.
-    async fn stale_jobs(&self, before: i64, limit: i64) -> StoreResult<Vec<StaleJob>>;
+    async fn stale_jobs(&self, before: EpochMs, limit: i64) -> StoreResult<Vec<StaleJob>>;
     /// Queued jobs handed off between `since` and `before` and not touched since, oldest
     /// first: hand-offs whose message may have been lost with the process that wrote
     /// them (see the reconciler), each listed once.
     async fn overdue_handoffs(
         &self,
-        before: i64,
-        since: i64,
+        before: EpochMs,
+        since: EpochMs,
         limit: i64,
     ) -> StoreResult<Vec<StaleJob>>;
     /// Marks a queued job as just re-published, so the next sweep skips it.
-    async fn touch(&self, msg: &WorkMessage, now: i64) -> StoreResult<bool>;
+    async fn touch(&self, msg: &WorkMessage, now: EpochMs) -> StoreResult<bool>;
     /// Puts a running job whose lease lapsed back in the queue under a new stage entry
     /// (so its new message gets a new id and fresh deliveries); `None` if it moved on.
-    async fn requeue(&self, msg: &WorkMessage, now: i64) -> StoreResult<Option<WorkMessage>>;
+    async fn requeue(&self, msg: &WorkMessage, now: EpochMs) -> StoreResult<Option<WorkMessage>>;
     /// Jobs queued for RUN whose sandbox's lease ended before `before` (their node is
     /// gone), oldest lease first.
-    async fn abandoned_runs(&self, before: i64, limit: i64) -> StoreResult<Vec<AbandonedRun>>;
+    async fn abandoned_runs(&self, before: EpochMs, limit: i64) -> StoreResult<Vec<AbandonedRun>>;
     /// Sends a job still queued for RUN in the stage entry `msg` back to INIT, unless it
     /// was sent back `max_restarts` times already; `None` if it moved on or ran out.
     async fn restart_queued(
         &self,
         msg: &WorkMessage,
         max_restarts: i64,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<WorkMessage>>;
 }
 
 #[async_trait]
 impl<D: Dialect> RecoveryStore for SqlStore<D> {
-    async fn stale_jobs(&self, before: i64, limit: i64) -> StoreResult<Vec<StaleJob>> {
+    async fn stale_jobs(&self, before: EpochMs, limit: i64) -> StoreResult<Vec<StaleJob>> {
         let mut conn = self.reader().await?;
         let rows: Vec<StaleRow> = query(sql::SELECT_STALE)
             .bind(before)
@@ -81,8 +82,8 @@ impl<D: Dialect> RecoveryStore for SqlStore<D> {
 
     async fn overdue_handoffs(
         &self,
-        before: i64,
-        since: i64,
+        before: EpochMs,
+        since: EpochMs,
         limit: i64,
     ) -> StoreResult<Vec<StaleJob>> {
         let mut conn = self.reader().await?;
@@ -95,7 +96,7 @@ impl<D: Dialect> RecoveryStore for SqlStore<D> {
         rows.into_iter().map(StaleRow::into_stale).collect()
     }
 
-    async fn touch(&self, msg: &WorkMessage, now: i64) -> StoreResult<bool> {
+    async fn touch(&self, msg: &WorkMessage, now: EpochMs) -> StoreResult<bool> {
         let msg = msg.clone();
         self.write(move |conn: &mut D::Conn| {
             Box::pin(async move {
@@ -111,7 +112,7 @@ impl<D: Dialect> RecoveryStore for SqlStore<D> {
         .await
     }
 
-    async fn requeue(&self, msg: &WorkMessage, now: i64) -> StoreResult<Option<WorkMessage>> {
+    async fn requeue(&self, msg: &WorkMessage, now: EpochMs) -> StoreResult<Option<WorkMessage>> {
         let msg = msg.clone();
         self.write(move |conn: &mut D::Conn| {
             Box::pin(async move {
@@ -127,7 +128,7 @@ impl<D: Dialect> RecoveryStore for SqlStore<D> {
         .await
     }
 
-    async fn abandoned_runs(&self, before: i64, limit: i64) -> StoreResult<Vec<AbandonedRun>> {
+    async fn abandoned_runs(&self, before: EpochMs, limit: i64) -> StoreResult<Vec<AbandonedRun>> {
         let mut conn = self.reader().await?;
         let rows: Vec<(String, i64, i64, String)> = query(sql::ABANDONED_RUNS)
             .bind(before)
@@ -152,7 +153,7 @@ impl<D: Dialect> RecoveryStore for SqlStore<D> {
         &self,
         msg: &WorkMessage,
         max_restarts: i64,
-        now: i64,
+        now: EpochMs,
     ) -> StoreResult<Option<WorkMessage>> {
         let job_id = msg.job_id.clone();
         let epoch = msg.epoch;

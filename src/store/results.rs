@@ -7,6 +7,7 @@ use super::dialect::{Dialect, SqlStore};
 use super::query::query;
 use super::rows::ResultRow;
 use super::{StoreResult, sql};
+use crate::domain::EpochMs;
 use crate::domain::JobResult;
 
 /// Reading results and recording that they were published.
@@ -26,9 +27,10 @@ pub trait ResultStore: Send + Sync {
     /// Marks results as published on the results stream. This is bookkeeping for the
     /// reconciler, which re-publishes unmarked results (deduplicated by the server), so a
     /// database may apply it shortly after returning (SQLite coalesces marks).
-    async fn mark_published(&self, seqs: &[i64], now: i64) -> StoreResult<()>;
+    async fn mark_published(&self, seqs: &[i64], now: EpochMs) -> StoreResult<()>;
     /// Results not yet marked published that were written before `before`.
-    async fn unpublished_results(&self, before: i64, limit: i64) -> StoreResult<Vec<JobResult>>;
+    async fn unpublished_results(&self, before: EpochMs, limit: i64)
+    -> StoreResult<Vec<JobResult>>;
 }
 
 #[async_trait]
@@ -65,14 +67,18 @@ impl<D: Dialect> ResultStore for SqlStore<D> {
         row.map(ResultRow::into_result).transpose()
     }
 
-    async fn mark_published(&self, seqs: &[i64], now: i64) -> StoreResult<()> {
+    async fn mark_published(&self, seqs: &[i64], now: EpochMs) -> StoreResult<()> {
         if seqs.is_empty() {
             return Ok(());
         }
         self.db.mark_published(seqs, now).await
     }
 
-    async fn unpublished_results(&self, before: i64, limit: i64) -> StoreResult<Vec<JobResult>> {
+    async fn unpublished_results(
+        &self,
+        before: EpochMs,
+        limit: i64,
+    ) -> StoreResult<Vec<JobResult>> {
         let mut conn = self.reader().await?;
         let rows: Vec<ResultRow> = query(sql::UNPUBLISHED)
             .bind(before)

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::dialect::{Dialect, SqlStore};
 use super::query::query;
 use super::{StoreResult, sql};
+use crate::domain::EpochMs;
 
 /// A live sandbox as the database knows it: which node holds it and where.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
@@ -24,10 +25,12 @@ pub struct SandboxRecord {
     pub dir: String,
     /// Its socket on that node.
     pub socket: String,
-    /// Until when (epoch ms) the node vouches for it; renewed by the node's reaper.
-    pub lease_until: i64,
+    /// Until when the node vouches for it; renewed by the node's reaper.
+    #[sqlx(try_from = "i64")]
+    pub lease_until: EpochMs,
     /// When it was recorded.
-    pub created_at: i64,
+    #[sqlx(try_from = "i64")]
+    pub created_at: EpochMs,
 }
 
 /// Recording, finding, renewing and forgetting sandboxes.
@@ -47,7 +50,7 @@ pub trait SandboxStore: Send + Sync {
     async fn sandboxes_of_node(&self, node: &str) -> StoreResult<Vec<SandboxRecord>>;
     /// Renews until `lease_until` the leases of all of a node's sandboxes; returns how
     /// many were renewed.
-    async fn renew_sandboxes(&self, node: &str, lease_until: i64) -> StoreResult<u64>;
+    async fn renew_sandboxes(&self, node: &str, lease_until: EpochMs) -> StoreResult<u64>;
 }
 
 #[async_trait]
@@ -110,7 +113,7 @@ impl<D: Dialect> SandboxStore for SqlStore<D> {
             .await?)
     }
 
-    async fn renew_sandboxes(&self, node: &str, lease_until: i64) -> StoreResult<u64> {
+    async fn renew_sandboxes(&self, node: &str, lease_until: EpochMs) -> StoreResult<u64> {
         let node = node.to_string();
         self.write(move |conn: &mut D::Conn| {
             Box::pin(async move {

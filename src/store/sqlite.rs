@@ -33,6 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::dialect::Dialect;
 use super::query::query;
 use super::{StoreError, StoreResult, sql};
+use crate::domain::EpochMs;
 
 /// Most ops committed together.
 const MAX_BATCH: usize = 512;
@@ -203,7 +204,7 @@ impl Dialect for SqliteDb {
     /// statement. Returns at once: a mark lost to a crash only makes the reconciler
     /// publish that result again (deduplicated by the server within its duplicate
     /// window; a trainer may see it twice after that, with the same `seq`).
-    async fn mark_published(&self, seqs: &[i64], _now: i64) -> StoreResult<()> {
+    async fn mark_published(&self, seqs: &[i64], _now: EpochMs) -> StoreResult<()> {
         let queue_flush = {
             let mut m = self.marks.lock().expect("marks lock");
             m.seqs.extend_from_slice(seqs);
@@ -223,7 +224,7 @@ impl Dialect for SqliteDb {
                             };
                             let seqs = serde_json::to_string(&seqs).expect("numbers serialise");
                             query(sql::MARK_PUBLISHED_SQLITE)
-                                .bind(crate::domain::now_ms())
+                                .bind(EpochMs::now())
                                 .bind(&seqs)
                                 .execute(conn)
                                 .await?;

@@ -11,7 +11,7 @@ use tracing::Instrument;
 use super::Worker;
 use super::lease::StageEnd;
 use super::record::ack;
-use crate::domain::{Job, StageTimes, WorkMessage, ms_i64, now_ms};
+use crate::domain::{EpochMs, Job, StageTimes, WorkMessage};
 use crate::kinds::{StageContext, StageError};
 use crate::store::{Claim, FinishIf};
 
@@ -68,11 +68,11 @@ impl Worker {
         // claim's commit and the hook's start is not missed; unregistered when this
         // function returns, whichever way.
         let registration = self.running.register(&work.job_id);
-        let now = now_ms();
-        let lease_ms = ms_i64(self.settings.queue.ack_wait_ms);
+        let now = EpochMs::now();
+        let lease = Duration::from_millis(self.settings.queue.ack_wait_ms);
         let claim = self
             .store
-            .claim(&work, self.node(), now + lease_ms, now)
+            .claim(&work, self.node(), now.after(lease), now)
             .await;
         let job = match claim {
             Ok(Claim::Started(job)) => *job,
@@ -82,8 +82,7 @@ impl Worker {
             }
             Ok(Claim::Busy(until)) => {
                 // A lease that has already lapsed waits only the margin.
-                let left = u64::try_from(until - now).unwrap_or(0);
-                let wait = Duration::from_millis(left + 50);
+                let wait = now.until(until) + Duration::from_millis(50);
                 tracing::debug!(?wait, "stage is leased by another delivery; retrying later");
                 return ack(&msg, AckKind::Nak(Some(wait))).await;
             }
@@ -110,7 +109,7 @@ impl Worker {
         }
         if let Some(q) = stage_times(&job, &held.work).queued_at {
             metrics::histogram!(crate::metrics::QUEUE_WAIT, "stage" => held.work.stage.as_str())
-                .record((now - q).max(0) as f64 / 1000.0);
+                .record(EpochMs(q).until(now).as_secs_f64());
         }
         let Some(kind) = self.kinds.get(&job.kind).cloned() else {
             let error = format!("this worker does not know task kind `{}`", job.kind);

@@ -10,7 +10,7 @@ use async_nats::jetstream::{self, AckKind};
 
 use super::Worker;
 use super::claim::Held;
-use crate::domain::{Stage, ms_i64, now_ms};
+use crate::domain::{EpochMs, Stage};
 use crate::kinds::{EvalOutput, InitOutput, StageContext, StageError, TaskKind};
 
 type HookFuture<'a> = Pin<Box<dyn Future<Output = Result<HookOutput, StageError>> + Send + 'a>>;
@@ -66,7 +66,7 @@ impl Worker {
                 if let Err(e) = msg.ack_with(AckKind::Progress).await {
                     tracing::warn!(error = %e, "in-progress ack failed; the message may be redelivered");
                 }
-                let until = now_ms() + ms_i64(s.queue.ack_wait_ms);
+                let until = EpochMs::now().after(Duration::from_millis(s.queue.ack_wait_ms));
                 match self.store.extend_lease(work, held.attempt, until).await {
                     Ok(true) => {}
                     // The row moved without us: cancelled (broadcast missed) or taken

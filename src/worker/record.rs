@@ -10,7 +10,7 @@ use async_nats::jetstream::{self, AckKind};
 use super::Worker;
 use super::claim::Held;
 use super::lease::{HookOutput, StageEnd};
-use crate::domain::{Job, Outcome, Stage, Status, WorkMessage, now_ms};
+use crate::domain::{EpochMs, Job, Outcome, Stage, Status, WorkMessage};
 use crate::ending::{dead_letter, publish_result};
 use crate::kinds::{Route, StageError, TaskKind};
 use crate::queue::ANY_ROUTE;
@@ -71,7 +71,7 @@ impl Worker {
                 kind.cleanup(job).await;
                 match self
                     .store
-                    .release(&held.work, held.attempt, true, now_ms())
+                    .release(&held.work, held.attempt, true, EpochMs::now())
                     .await
                 {
                     Ok(_) => tracing::info!("stage handed back to the queue"),
@@ -110,7 +110,13 @@ impl Worker {
         };
         match self
             .store
-            .advance(work, held.attempt, &output, route.as_deref(), now_ms())
+            .advance(
+                work,
+                held.attempt,
+                &output,
+                route.as_deref(),
+                EpochMs::now(),
+            )
             .await
         {
             Ok(Some(next)) => {
@@ -161,7 +167,7 @@ impl Worker {
         }
         match self
             .store
-            .restart(&held.work, held.attempt, max, counted, now_ms())
+            .restart(&held.work, held.attempt, max, counted, EpochMs::now())
             .await
         {
             Ok(Some(next)) => {
@@ -217,7 +223,7 @@ impl Worker {
         let cond = held.cond();
         match self
             .store
-            .finish(&cond, &held.work.job_id, outcome, now_ms())
+            .finish(&cond, &held.work.job_id, outcome, EpochMs::now())
             .await
         {
             Ok(Some(result)) => {
@@ -257,7 +263,11 @@ impl Worker {
 
     pub(super) async fn release_and_nak(&self, msg: &jetstream::Message, held: &Held) {
         let w = &held.work;
-        if let Err(e) = self.store.release(w, held.attempt, false, now_ms()).await {
+        if let Err(e) = self
+            .store
+            .release(w, held.attempt, false, EpochMs::now())
+            .await
+        {
             tracing::warn!(error = %e, "cannot release the claim; the lease will expire");
         }
         let delay = self.nak_delay(held.stage_attempts.max(held.delivered));

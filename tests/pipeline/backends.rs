@@ -2,8 +2,10 @@
 //! sticky per job, shared by a prompt group, away from unhealthy, excluded or other
 //! models' backends, and deleted by the database whenever a job leaves RUN.
 
+use std::time::Duration;
+
+use rollout::domain::EpochMs;
 use rollout::domain::backend::{ApiKey, BackendSpec, WireKind};
-use rollout::domain::now_ms;
 use rollout::domain::placement::{AffinityPolicy, AssignRequest, Assignment, Reason};
 use rollout::domain::{Outcome, Stage, WorkMessage};
 use rollout::scripted::{ScriptedConfig, ScriptedServer, demo};
@@ -154,14 +156,18 @@ async fn jobs_in_run(
         })
         .collect();
     let mut out = Vec::new();
-    for s in store.submit(batch, &jobs, now_ms()).await.unwrap() {
+    for s in store.submit(batch, &jobs, EpochMs::now()).await.unwrap() {
         let init = WorkMessage {
             job_id: s.id.clone(),
             stage: Stage::Init,
             epoch: s.epoch,
         };
-        let now = now_ms();
-        let Claim::Started(job) = store.claim(&init, "n", now + 60_000, now).await.unwrap() else {
+        let now = EpochMs::now();
+        let Claim::Started(job) = store
+            .claim(&init, "n", now.after(Duration::from_secs(60)), now)
+            .await
+            .unwrap()
+        else {
             panic!("INIT claim failed");
         };
         let run = store
@@ -175,7 +181,11 @@ async fn jobs_in_run(
             .await
             .unwrap()
             .unwrap();
-        let Claim::Started(job) = store.claim(&run, "n", now + 60_000, now).await.unwrap() else {
+        let Claim::Started(job) = store
+            .claim(&run, "n", now.after(Duration::from_secs(60)), now)
+            .await
+            .unwrap()
+        else {
             panic!("RUN claim failed");
         };
         out.push((run, job.attempts));
@@ -191,7 +201,7 @@ async fn assign(
     group: &str,
     model: Option<&str>,
     exclude: &[&str],
-    now: i64,
+    now: EpochMs,
 ) -> Assignment {
     store
         .assign_backend(&ask(job, group, model, exclude), now)
@@ -232,7 +242,7 @@ async fn leave_run_every_way(
     // being cancelled, being sent back to INIT.
     let (msg, attempt) = &g1[0];
     store
-        .advance(msg, *attempt, &serde_json::json!({}), None, now_ms())
+        .advance(msg, *attempt, &serde_json::json!({}), None, EpochMs::now())
         .await
         .unwrap()
         .unwrap();
@@ -243,20 +253,20 @@ async fn leave_run_every_way(
         attempt: *attempt,
     };
     store
-        .finish(&cond, &msg.job_id, &failed, now_ms())
+        .finish(&cond, &msg.job_id, &failed, EpochMs::now())
         .await
         .unwrap()
         .unwrap();
     let (msg, _) = &g2[0];
     let cancelled = Outcome::cancelled("cancelled");
     store
-        .finish(&FinishIf::Live, &msg.job_id, &cancelled, now_ms())
+        .finish(&FinishIf::Live, &msg.job_id, &cancelled, EpochMs::now())
         .await
         .unwrap()
         .unwrap();
     let (msg, attempt) = &g2[1];
     store
-        .restart(msg, *attempt, 5, true, now_ms())
+        .restart(msg, *attempt, 5, true, EpochMs::now())
         .await
         .unwrap()
         .unwrap();
@@ -272,12 +282,15 @@ async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() 
     let env = TestEnv::start(|s| s.reconciler.enabled = false).await;
     let store = env.deps.store.as_ref();
     for b in [spec("a", "m"), spec("b", "m"), spec("c", "other")] {
-        store.upsert_backend(&b, "api", now_ms()).await.unwrap();
+        store
+            .upsert_backend(&b, "api", EpochMs::now())
+            .await
+            .unwrap();
     }
     let g1 = jobs_in_run(store, "pool", "g1", 3).await;
     let g2 = jobs_in_run(store, "pool", "g2", 2).await;
     let id = |i: &(WorkMessage, i64)| i.0.job_id.clone();
-    let now = now_ms();
+    let now = EpochMs::now();
 
     // The first of g1 goes to the least loaded; its group follows; a second request of
     // a job keeps its backend.
@@ -329,10 +342,11 @@ async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() 
     );
 
     leave_run_every_way(store, &g1, &g2).await;
+    let now = EpochMs::now();
     // A job requeued within RUN (its worker's lease lapsed) keeps its backend.
     let (msg, _) = &g1[2];
-    assign(store, &msg.job_id, "pool/g1", Some("m"), &[], now_ms()).await;
-    store.release(msg, g1[2].1, false, now_ms()).await.unwrap();
+    assign(store, &msg.job_id, "pool/g1", Some("m"), &[], now).await;
+    store.release(msg, g1[2].1, false, now).await.unwrap();
     assert_eq!(active(store).await[0], ("a".into(), 1));
     store.release_backend(&msg.job_id).await.unwrap();
     assert_eq!(active(store).await[0], ("a".into(), 0));
@@ -340,15 +354,21 @@ async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() 
     // A group's backend is remembered after its samples end: a late sample goes back
     // to where the group's prompt is cached, though another backend is as idle.
     store
-        .set_backend_health("b", true, None, now_ms())
+        .set_backend_health("b", true, None, now)
         .await
         .unwrap();
     let g3 = jobs_in_run(store, "pool", "g3", 2).await;
-    let early = assign(store, &g3[0].0.job_id, "pool/g3", Some("m"), &[], now_ms()).await;
+    let early = assign(store, &g3[0].0.job_id, "pool/g3", Some("m"), &[], now).await;
     store.release_backend(&g3[0].0.job_id).await.unwrap();
-    let late = assign(store, &g3[1].0.job_id, "pool/g3", Some("m"), &[], now_ms()).await;
+    let late = assign(store, &g3[1].0.job_id, "pool/g3", Some("m"), &[], now).await;
     assert_eq!(late.backend.id, early.backend.id);
     assert_eq!(late.reason, Reason::Group);
     // Old homes are forgotten.
-    assert_eq!(store.forget_group_homes(now_ms() + 1).await.unwrap(), 3);
+    assert_eq!(
+        store
+            .forget_group_homes(EpochMs::now().after(Duration::from_millis(1)))
+            .await
+            .unwrap(),
+        3
+    );
 }

@@ -6,6 +6,7 @@ use nix::sys::signal::Signal;
 use rollout::domain::{Stage, Status};
 
 use crate::helpers::{TestEnv, synthetic};
+use rollout::domain::EpochMs;
 
 fn running_in(stage: Stage) -> impl Fn(&rollout::domain::Job) -> bool {
     move |j| j.status == Status::Running && j.stage == stage
@@ -151,7 +152,7 @@ async fn a_missed_cancel_broadcast_is_caught_at_lease_renewal() {
             &rollout::store::FinishIf::Live,
             &ids[0],
             &outcome,
-            rollout::domain::now_ms(),
+            EpochMs::now(),
         )
         .await
         .unwrap()

@@ -7,6 +7,7 @@ use std::time::Duration;
 use rollout::domain::{Stage, Status, Task};
 
 use crate::helpers::{TestEnv, count_status, synthetic, unpublished_synthetic};
+use rollout::domain::EpochMs;
 
 /// 500 synthetic jobs through 2 worker processes per stage: every one done exactly once —
 /// in the jobs table, the results table and the results stream.
@@ -105,11 +106,7 @@ async fn a_lost_hand_off_is_repaired_within_seconds() {
     let lost = unpublished_synthetic(None);
     env.deps
         .store
-        .submit(
-            "lost",
-            std::slice::from_ref(&lost),
-            rollout::domain::now_ms(),
-        )
+        .submit("lost", std::slice::from_ref(&lost), EpochMs::now())
         .await
         .unwrap();
     // And jobs submitted normally, some still queued when their check comes.
@@ -137,11 +134,7 @@ async fn the_reconciler_repairs_a_lost_hand_off() {
     let job = unpublished_synthetic(None);
     env.deps
         .store
-        .submit(
-            "lost",
-            std::slice::from_ref(&job),
-            rollout::domain::now_ms(),
-        )
+        .submit("lost", std::slice::from_ref(&job), EpochMs::now())
         .await
         .unwrap();
     let results = env.wait_results("lost", 1, Duration::from_secs(30)).await;
@@ -159,7 +152,7 @@ async fn the_reconciler_repairs_a_lost_hand_off() {
             let pending = env
                 .deps
                 .store
-                .unpublished_results(i64::MAX, 10)
+                .unpublished_results(EpochMs::MAX, 10)
                 .await
                 .unwrap();
             holds(pending.is_empty(), pending.len())

@@ -7,6 +7,7 @@ use std::time::Duration;
 use rollout::domain::{Status, Task};
 
 use crate::helpers::{TestEnv, json_answer, synthetic, unpublished_synthetic};
+use rollout::domain::EpochMs;
 
 async fn get(env: &TestEnv, path: &str) -> (u16, serde_json::Value) {
     json_answer(
@@ -195,7 +196,7 @@ async fn a_row_that_cannot_be_ended_does_not_stop_the_reconciler() {
     for (batch, job) in [("poison", &poison), ("orphan", &orphan)] {
         env.deps
             .store
-            .submit(batch, std::slice::from_ref(job), rollout::domain::now_ms())
+            .submit(batch, std::slice::from_ref(job), EpochMs::now())
             .await
             .unwrap();
     }
@@ -257,11 +258,11 @@ async fn a_submit_in_progress_does_not_hold_up_results() {
     };
     let (a1, b1) = (job("a"), job("b"));
     store
-        .submit("live", std::slice::from_ref(&a1), 1)
+        .submit("live", std::slice::from_ref(&a1), EpochMs(1))
         .await
         .unwrap();
     store
-        .submit("other", std::slice::from_ref(&b1), 1)
+        .submit("other", std::slice::from_ref(&b1), EpochMs(1))
         .await
         .unwrap();
     // The blocker: an uncommitted insert of the client id the submit takes last.
@@ -283,7 +284,7 @@ async fn a_submit_in_progress_does_not_hold_up_results() {
     big.push(held);
     let submit = {
         let store = store.clone();
-        tokio::spawn(async move { store.submit("live", &big, 2).await })
+        tokio::spawn(async move { store.submit("live", &big, EpochMs(2)).await })
     };
     // Wait until the submit is waiting on the blocker.
     let watcher = &tokio::sync::Mutex::new(sqlx::PgConnection::connect(&url).await.unwrap());
@@ -306,7 +307,7 @@ async fn a_submit_in_progress_does_not_hold_up_results() {
     for (what, id) in [("its own batch", &a1.id), ("another batch", &b1.id)] {
         let ended = tokio::time::timeout(
             Duration::from_secs(30),
-            store.finish(&rollout::store::FinishIf::Live, id, &outcome, 3),
+            store.finish(&rollout::store::FinishIf::Live, id, &outcome, EpochMs(3)),
         )
         .await
         .unwrap_or_else(|_| panic!("a result of {what} waited for the submit"))

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use rollout::domain::{Outcome, Stage, Status, WorkMessage};
+use rollout::domain::{EpochMs, Outcome, Stage, Status, WorkMessage};
 use rollout::store::{Claim, FinishIf, NewJob, Store};
 use serde_json::json;
 
@@ -42,7 +42,7 @@ fn new_job(client_id: Option<&str>, group: Option<&str>) -> NewJob {
 /// Submits one job and returns its INIT message.
 async fn submit_one(store: &dyn Store, batch: &str) -> WorkMessage {
     let s = store
-        .submit(batch, &[new_job(None, Some("g"))], 1_000)
+        .submit(batch, &[new_job(None, Some("g"))], EpochMs(1_000))
         .await
         .unwrap();
     WorkMessage {
@@ -54,7 +54,11 @@ async fn submit_one(store: &dyn Store, batch: &str) -> WorkMessage {
 
 /// Claims `msg` at `now` with a lease of 1 s and returns the claim's token.
 async fn claim(store: &dyn Store, msg: &WorkMessage, node: &str, now: i64) -> i64 {
-    match store.claim(msg, node, now + 1_000, now).await.unwrap() {
+    match store
+        .claim(msg, node, EpochMs(now + 1_000), EpochMs(now))
+        .await
+        .unwrap()
+    {
         Claim::Started(job) => job.attempts,
         other => panic!("claim of {msg:?} at {now}: {other:?}"),
     }
@@ -74,8 +78,12 @@ async fn a_stage_entry_is_claimed_once_until_its_lease_lapses() {
     );
 
     // A second delivery while the lease is live is told how long to wait.
-    match store.claim(&msg, "n2", 3_500, 2_500).await.unwrap() {
-        Claim::Busy(until) => assert_eq!(until, 3_000),
+    match store
+        .claim(&msg, "n2", EpochMs(3_500), EpochMs(2_500))
+        .await
+        .unwrap()
+    {
+        Claim::Busy(until) => assert_eq!(until, EpochMs(3_000)),
         other => panic!("expected Busy, got {other:?}"),
     }
     // A message from another stage entry is stale; an unknown job is missing.
@@ -84,7 +92,10 @@ async fn a_stage_entry_is_claimed_once_until_its_lease_lapses() {
         ..msg.clone()
     };
     assert!(matches!(
-        store.claim(&old, "n2", 3_500, 2_500).await.unwrap(),
+        store
+            .claim(&old, "n2", EpochMs(3_500), EpochMs(2_500))
+            .await
+            .unwrap(),
         Claim::Stale(_)
     ));
     let unknown = WorkMessage {
@@ -92,7 +103,10 @@ async fn a_stage_entry_is_claimed_once_until_its_lease_lapses() {
         ..msg.clone()
     };
     assert!(matches!(
-        store.claim(&unknown, "n2", 3_500, 2_500).await.unwrap(),
+        store
+            .claim(&unknown, "n2", EpochMs(3_500), EpochMs(2_500))
+            .await
+            .unwrap(),
         Claim::Missing
     ));
 
@@ -107,9 +121,17 @@ async fn only_the_current_claim_renews_advances_releases_or_ends() {
     let store = f.store.as_ref();
     let msg = submit_one(store, "b").await;
     let stale = claim(store, &msg, "n1", 2_000).await;
-    assert!(store.extend_lease(&msg, stale, 2_900).await.unwrap());
     assert!(
-        !store.extend_lease(&msg, stale + 1, 9_000).await.unwrap(),
+        store
+            .extend_lease(&msg, stale, EpochMs(2_900))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .extend_lease(&msg, stale + 1, EpochMs(9_000))
+            .await
+            .unwrap(),
         "a token never handed out renews nothing"
     );
 
@@ -118,17 +140,30 @@ async fn only_the_current_claim_renews_advances_releases_or_ends() {
     assert_ne!(stale, current);
 
     // Everything n1 still tries with its old token is refused, and changes nothing.
-    assert!(!store.extend_lease(&msg, stale, 99_000).await.unwrap());
+    assert!(
+        !store
+            .extend_lease(&msg, stale, EpochMs(99_000))
+            .await
+            .unwrap()
+    );
     assert_eq!(
         store
-            .advance(&msg, stale, &json!({"by": "n1"}), None, 3_000)
+            .advance(&msg, stale, &json!({"by": "n1"}), None, EpochMs(3_000))
             .await
             .unwrap(),
         None
     );
-    assert!(!store.release(&msg, stale, false, 3_000).await.unwrap());
+    assert!(
+        !store
+            .release(&msg, stale, false, EpochMs(3_000))
+            .await
+            .unwrap()
+    );
     assert_eq!(
-        store.restart(&msg, stale, 5, true, 3_000).await.unwrap(),
+        store
+            .restart(&msg, stale, 5, true, EpochMs(3_000))
+            .await
+            .unwrap(),
         None
     );
     let claimed_by_n1 = FinishIf::Claimed {
@@ -138,7 +173,7 @@ async fn only_the_current_claim_renews_advances_releases_or_ends() {
     let end = Outcome::failed("n1 gave up");
     assert!(
         store
-            .finish(&claimed_by_n1, &msg.job_id, &end, 3_000)
+            .finish(&claimed_by_n1, &msg.job_id, &end, EpochMs(3_000))
             .await
             .unwrap()
             .is_none()
@@ -150,9 +185,20 @@ async fn only_the_current_claim_renews_advances_releases_or_ends() {
     );
 
     // The current holder's token works.
-    assert!(store.extend_lease(&msg, current, 4_500).await.unwrap());
+    assert!(
+        store
+            .extend_lease(&msg, current, EpochMs(4_500))
+            .await
+            .unwrap()
+    );
     let next = store
-        .advance(&msg, current, &json!({"by": "n2"}), Some("n2"), 3_100)
+        .advance(
+            &msg,
+            current,
+            &json!({"by": "n2"}),
+            Some("n2"),
+            EpochMs(3_100),
+        )
         .await
         .unwrap()
         .expect("the current claim advances");
@@ -165,7 +211,10 @@ async fn only_the_current_claim_renews_advances_releases_or_ends() {
     );
     // The INIT entry is now history: its message is stale.
     assert!(matches!(
-        store.claim(&msg, "n3", 9_000, 4_000).await.unwrap(),
+        store
+            .claim(&msg, "n3", EpochMs(9_000), EpochMs(4_000))
+            .await
+            .unwrap(),
         Claim::Stale(_)
     ));
 }
@@ -176,11 +225,11 @@ async fn a_hand_back_does_not_count_as_an_attempt_and_a_fault_does() {
     let store = f.store.as_ref();
     let msg = submit_one(store, "b").await;
     let t = claim(store, &msg, "n1", 2_000).await;
-    assert!(store.release(&msg, t, true, 2_100).await.unwrap());
+    assert!(store.release(&msg, t, true, EpochMs(2_100)).await.unwrap());
     let job = store.job(&msg.job_id).await.unwrap().unwrap();
     assert_eq!((job.status, job.stage_attempts), (Status::Queued, 0));
     let t = claim(store, &msg, "n1", 2_200).await;
-    assert!(store.release(&msg, t, false, 2_300).await.unwrap());
+    assert!(store.release(&msg, t, false, EpochMs(2_300)).await.unwrap());
     let job = store.job(&msg.job_id).await.unwrap().unwrap();
     assert_eq!(
         (job.status, job.stage_attempts, job.attempts),
@@ -195,14 +244,14 @@ async fn restarts_go_back_to_init_until_the_limit() {
     let init = submit_one(store, "b").await;
     let t = claim(store, &init, "n1", 2_000).await;
     let run = store
-        .advance(&init, t, &json!({}), Some("n1"), 2_100)
+        .advance(&init, t, &json!({}), Some("n1"), EpochMs(2_100))
         .await
         .unwrap()
         .unwrap();
     let t = claim(store, &run, "n1", 2_200).await;
     // An uncounted restart (a graceful hand-back) leaves the count alone.
     let back = store
-        .restart(&run, t, 1, false, 2_300)
+        .restart(&run, t, 1, false, EpochMs(2_300))
         .await
         .unwrap()
         .unwrap();
@@ -212,25 +261,28 @@ async fn restarts_go_back_to_init_until_the_limit() {
 
     let t = claim(store, &back, "n1", 2_400).await;
     let run = store
-        .advance(&back, t, &json!({}), None, 2_500)
+        .advance(&back, t, &json!({}), None, EpochMs(2_500))
         .await
         .unwrap()
         .unwrap();
     let t = claim(store, &run, "n1", 2_600).await;
     let back = store
-        .restart(&run, t, 1, true, 2_700)
+        .restart(&run, t, 1, true, EpochMs(2_700))
         .await
         .unwrap()
         .unwrap();
     let t = claim(store, &back, "n1", 2_800).await;
     let run = store
-        .advance(&back, t, &json!({}), None, 2_900)
+        .advance(&back, t, &json!({}), None, EpochMs(2_900))
         .await
         .unwrap()
         .unwrap();
     let t = claim(store, &run, "n1", 3_000).await;
     assert_eq!(
-        store.restart(&run, t, 1, true, 3_100).await.unwrap(),
+        store
+            .restart(&run, t, 1, true, EpochMs(3_100))
+            .await
+            .unwrap(),
         None,
         "a second counted restart is over the limit of one"
     );
@@ -248,7 +300,7 @@ async fn a_job_ends_once_with_one_result_and_counts_once() {
     };
     let done = Outcome::done(0.5, json!({"why": "tests passed"}));
     let result = store
-        .finish(&cond, &msg.job_id, &done, 2_500)
+        .finish(&cond, &msg.job_id, &done, EpochMs(2_500))
         .await
         .unwrap()
         .expect("the holder ends the job");
@@ -259,7 +311,12 @@ async fn a_job_ends_once_with_one_result_and_counts_once() {
     // No second end applies, whoever tries and however.
     for cond in [cond, FinishIf::Live, FinishIf::Unleased(msg.clone())] {
         let again = store
-            .finish(&cond, &msg.job_id, &Outcome::cancelled("late"), 2_600)
+            .finish(
+                &cond,
+                &msg.job_id,
+                &Outcome::cancelled("late"),
+                EpochMs(2_600),
+            )
             .await
             .unwrap();
         assert!(again.is_none(), "{cond:?} ended the job a second time");
@@ -298,13 +355,16 @@ async fn giving_up_on_a_message_waits_for_its_lease() {
     let end = Outcome::failed("out of deliveries");
     assert!(
         store
-            .finish(&cond, &msg.job_id, &end, 2_999)
+            .finish(&cond, &msg.job_id, &end, EpochMs(2_999))
             .await
             .unwrap()
             .is_none(),
         "a live lease protects the stage"
     );
-    let result = store.finish(&cond, &msg.job_id, &end, 3_001).await.unwrap();
+    let result = store
+        .finish(&cond, &msg.job_id, &end, EpochMs(3_001))
+        .await
+        .unwrap();
     assert_eq!(result.map(|r| r.status), Some(Status::Failed));
 }
 
@@ -316,7 +376,7 @@ async fn a_repeated_client_id_returns_the_first_job() {
         .submit(
             "b",
             &[new_job(Some("k1"), None), new_job(Some("k2"), None)],
-            1_000,
+            EpochMs(1_000),
         )
         .await
         .unwrap();
@@ -325,7 +385,7 @@ async fn a_repeated_client_id_returns_the_first_job() {
         .submit(
             "b",
             &[new_job(Some("k3"), None), new_job(Some("k1"), None)],
-            1_100,
+            EpochMs(1_100),
         )
         .await
         .unwrap();
