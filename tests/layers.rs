@@ -10,7 +10,7 @@
 //! ending, sandbox, backends      finishing jobs; sandboxes; inference servers
 //! store, queue, telemetry        the database; JetStream; logging
 //! config                         settings (plain data)
-//! domain, nul, natsd, shutdown, metrics
+//! domain, nul, natsd, shutdown, metrics, retry, supervise
 //! ```
 //!
 //! Every `crate::…` path in `src/` (in `use` items, code, and macro arguments) is checked
