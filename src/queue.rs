@@ -139,6 +139,13 @@ impl Subjects {
         format!("{}.cancel", self.prefix)
     }
 
+    /// `P.submit`: core NATS requests carrying the body of `POST /v1/jobs`, answered by
+    /// one of the gateways (not captured by a stream: a submit nobody answers fails at
+    /// the requester, who retries it with the same client ids).
+    pub fn submit(&self) -> String {
+        format!("{}.submit", self.prefix)
+    }
+
     /// Stream name `PREFIX_SUFFIX` (stream names cannot contain `.`; upper case by
     /// convention).
     pub fn stream(&self, suffix: &str) -> String {
@@ -488,6 +495,23 @@ impl Queue {
             .subscribe(self.subjects.cancel())
             .await
             .map_err(|e| js_err("cancel subscribe")(e.to_string()))
+    }
+
+    /// Subscribes to submit requests in the gateways' queue group, so each request is
+    /// answered by exactly one gateway however many run.
+    pub async fn subscribe_submits(&self) -> Result<async_nats::Subscriber, QueueError> {
+        let sub = self
+            .client
+            .queue_subscribe(self.subjects.submit(), "gateways".to_string())
+            .await
+            .map_err(|e| js_err("submit subscribe")(e.to_string()))?;
+        // The subscription reaches the server with the next flush; until then a request
+        // would find no responder.
+        self.client
+            .flush()
+            .await
+            .map_err(|e| js_err("submit subscribe")(e.to_string()))?;
+        Ok(sub)
     }
 
     /// Subscribes (core, lossy) to result publications, as a wake-up signal.

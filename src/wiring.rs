@@ -148,6 +148,13 @@ pub async fn run_gateway(
         shutdown: shutdown.clone(),
         metrics: crate::metrics::install(),
     };
+    // Subscribed before the gateway listens: once it answers HTTP, it answers NATS.
+    let submits = state.queue.subscribe_submits().await?;
+    essentials.push(spawn_essential(
+        "NATS submit listener",
+        &shutdown,
+        gateway::nats::serve_submits(state.clone(), submits, shutdown.clone()),
+    ));
     let addr = listener.local_addr().ok();
     tracing::info!(?addr, "gateway listening");
     let served = gateway::serve(listener, gateway::router(state), shutdown.clone()).await;

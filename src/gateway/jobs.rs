@@ -231,7 +231,15 @@ pub async fn submit(
         };
         ApiError::new(status, msg, None)
     })?;
-    let (batch_id, jobs) = parse_submit(&state, &body)?;
+    let response = submit_body(&state, &body).await?;
+    Ok((StatusCode::CREATED, Json(response)))
+}
+
+/// Submits the tasks of a `POST /v1/jobs` body, whichever way it came (HTTP, or a NATS
+/// request on `<prefix>.submit`): checks it, writes every job in one transaction, then
+/// queues them for INIT.
+pub async fn submit_body(state: &AppState, body: &[u8]) -> Result<SubmitResponse, ApiError> {
+    let (batch_id, jobs) = parse_submit(state, body)?;
     // Submits take their rows in one order, so they should not deadlock; should the
     // database still abort one for colliding with another, it is run again here rather
     // than handed to the caller as a 503.
@@ -245,20 +253,17 @@ pub async fn submit(
     };
     metrics::counter!(crate::metrics::JOBS_SUBMITTED)
         .increment(submitted.iter().filter(|s| !s.duplicate).count() as u64);
-    publish_submitted(&state, &submitted).await.map_err(|e| {
+    publish_submitted(state, &submitted).await.map_err(|e| {
         ApiError::unavailable(format!(
             "jobs were recorded but could not be queued ({e}); resubmit with the same \
              client_id values, or the reconciler will queue them"
         ))
     })?;
     tracing::info!(batch_id, jobs = submitted.len(), "tasks submitted");
-    Ok((
-        StatusCode::CREATED,
-        Json(SubmitResponse {
-            batch_id,
-            jobs: submitted,
-        }),
-    ))
+    Ok(SubmitResponse {
+        batch_id,
+        jobs: submitted,
+    })
 }
 
 /// One job: its state, per-stage timings, result and event log.

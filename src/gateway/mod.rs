@@ -32,6 +32,7 @@ pub mod auth;
 pub mod backends;
 pub mod error;
 pub mod jobs;
+pub mod nats;
 mod params;
 pub mod results;
 

@@ -14,6 +14,7 @@ mod faults;
 mod flow;
 mod helpers;
 mod hostile;
+mod nats_submit;
 mod openapi;
 mod poison;
 mod results;
