@@ -522,20 +522,36 @@ impl Queue {
             .map_err(|e| js_err("results subscribe")(e.to_string()))
     }
 
+    /// Subscribes to the server's advisories of work messages that ran out of deliveries
+    /// (`$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<work stream>.*`).
+    pub async fn subscribe_max_deliveries(&self) -> Result<async_nats::Subscriber, QueueError> {
+        let subject = format!(
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{}.*",
+            self.subjects.stream("WORK")
+        );
+        self.client
+            .subscribe(subject)
+            .await
+            .map_err(|e| js_err("advisory subscribe")(e.to_string()))
+    }
+
     /// Feeds every message of a core subscription to `on_message` until `done`,
     /// subscribing again (waiting as [`crate::retry::reconnect`] says) whenever
     /// subscribing fails or the subscription ends, as it does when the connection
     /// drops. `first`, when given, is used before subscribing anew: a caller that must
     /// not miss a message subscribes before it starts the work the messages concern.
-    pub async fn follow<F, Fut>(
+    /// Messages are handled one at a time; a handler that must not hold up the next
+    /// spawns its work.
+    pub async fn follow<F, Fut, H>(
         what: &str,
         mut first: Option<async_nats::Subscriber>,
         mut subscribe: F,
-        mut on_message: impl FnMut(async_nats::Message),
+        mut on_message: impl FnMut(async_nats::Message) -> H,
         done: &tokio_util::sync::CancellationToken,
     ) where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<async_nats::Subscriber, QueueError>>,
+        H: Future<Output = ()>,
     {
         use futures::StreamExt;
         let mut delays = crate::retry::reconnect();
@@ -560,13 +576,14 @@ impl Queue {
             };
             delays = crate::retry::reconnect();
             loop {
-                tokio::select! {
+                let m = tokio::select! {
                     m = sub.next() => match m {
-                        Some(m) => on_message(m),
+                        Some(m) => m,
                         None => break,
                     },
                     () = done.cancelled() => return,
-                }
+                };
+                on_message(m).await;
             }
         }
     }

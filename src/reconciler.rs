@@ -34,7 +34,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ReconcilerSettings, Settings};
@@ -402,35 +401,26 @@ struct MaxDeliveries {
 
 async fn watch_max_deliveries(store: Arc<dyn Store>, queue: Queue, shutdown: CancellationToken) {
     let stream_name = queue.subjects().stream("WORK");
-    let subject = format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream_name}.*");
-    let mut delays = crate::retry::reconnect();
-    let mut sub = loop {
-        match queue.client().subscribe(subject.clone()).await {
-            Ok(s) => break s,
-            Err(e) => {
-                let wait = delays.next().unwrap_or(Duration::from_secs(5));
-                tracing::warn!(error = %e, ?wait, "cannot subscribe to max-deliveries advisories; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = shutdown.cancelled() => return,
+    Queue::follow(
+        "max-deliveries advisories",
+        None,
+        || queue.subscribe_max_deliveries(),
+        |m| {
+            let (store, queue, stream_name) = (&store, &queue, &stream_name);
+            async move {
+                tracing::debug!(advisory = %String::from_utf8_lossy(&m.payload), "max-deliveries advisory");
+                let Ok(adv) = serde_json::from_slice::<MaxDeliveries>(&m.payload) else {
+                    tracing::warn!("unreadable max-deliveries advisory ignored");
+                    return;
+                };
+                if let Err(e) = handle_max_deliveries(store.as_ref(), queue, stream_name, &adv).await {
+                    tracing::warn!(error = %e, seq = adv.stream_seq, "cannot dead-letter an exhausted message; the sweep will repair its job");
                 }
             }
-        }
-    };
-    loop {
-        let m = tokio::select! {
-            m = sub.next() => match m { Some(m) => m, None => return },
-            _ = shutdown.cancelled() => return,
-        };
-        tracing::debug!(advisory = %String::from_utf8_lossy(&m.payload), "max-deliveries advisory");
-        let Ok(adv) = serde_json::from_slice::<MaxDeliveries>(&m.payload) else {
-            tracing::warn!("unreadable max-deliveries advisory ignored");
-            continue;
-        };
-        if let Err(e) = handle_max_deliveries(store.as_ref(), &queue, &stream_name, &adv).await {
-            tracing::warn!(error = %e, seq = adv.stream_seq, "cannot dead-letter an exhausted message; the sweep will repair its job");
-        }
-    }
+        },
+        &shutdown,
+    )
+    .await;
 }
 
 async fn handle_max_deliveries(

@@ -426,7 +426,15 @@ impl SpecError {
         } else {
             spec.clone()
         };
-        serde_path_to_error::deserialize(spec).map_err(|e| SpecError {
+        Self::decode(spec)
+    }
+
+    /// Decodes `value` into `T` (taking it, so a large one is not copied), reporting the
+    /// path of the first bad field.
+    pub fn decode<T: serde::de::DeserializeOwned>(
+        value: serde_json::Value,
+    ) -> Result<T, SpecError> {
+        serde_path_to_error::deserialize(value).map_err(|e| SpecError {
             path: e.path().to_string().trim_start_matches('.').to_string(),
             message: e.inner().to_string(),
         })

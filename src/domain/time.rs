@@ -82,18 +82,6 @@ impl From<i64> for EpochMs {
     }
 }
 
-impl From<EpochMs> for i64 {
-    fn from(t: EpochMs) -> i64 {
-        t.0
-    }
-}
-
-impl std::fmt::Display for EpochMs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -220,19 +220,26 @@ pub async fn submit(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<SubmitResponse>), ApiError> {
     let body = body.map_err(|e| {
-        let status = e.status();
-        let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            format!(
-                "request body larger than {} bytes; split the submission",
-                state.settings.gateway.max_body_bytes
-            )
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            too_large(&state)
         } else {
-            e.body_text()
-        };
-        ApiError::new(status, msg, None)
+            ApiError::new(e.status(), e.body_text(), None)
+        }
     })?;
     let response = submit_body(&state, &body).await?;
     Ok((StatusCode::CREATED, Json(response)))
+}
+
+/// A submit body over `gateway.max_body_bytes` (413), over HTTP or NATS.
+pub(super) fn too_large(state: &AppState) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "request body larger than {} bytes; split the submission",
+            state.settings.gateway.max_body_bytes
+        ),
+        None,
+    )
 }
 
 /// Submits the tasks of a `POST /v1/jobs` body, whichever way it came (HTTP, or a NATS

@@ -225,7 +225,10 @@ pub async fn watch_results(queue: Queue, tx: watch::Sender<u64>, shutdown: Cance
         "results",
         None,
         || queue.subscribe_results(),
-        |_| tx.send_modify(|n| *n += 1),
+        |_| {
+            tx.send_modify(|n| *n += 1);
+            std::future::ready(())
+        },
         &shutdown,
     )
     .await;

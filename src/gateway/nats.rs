@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::AppState;
-use super::jobs::{SubmitResponse, submit_body};
+use super::jobs::{SubmitResponse, submit_body, too_large};
 use crate::queue::Queue;
 
 /// The reply to a submit request that failed.
@@ -53,6 +53,7 @@ pub async fn serve_submits(
             let state = state.clone();
             let span = tracing::info_span!("nats_submit", subject = %msg.subject);
             handlers.spawn(answer(state, msg).instrument(span));
+            std::future::ready(())
         },
         &shutdown,
     )
@@ -63,22 +64,16 @@ pub async fn serve_submits(
 
 /// Submits one request's tasks and replies.
 async fn answer(state: Arc<AppState>, msg: async_nats::Message) {
-    let max = state.settings.gateway.max_body_bytes;
-    let outcome = if msg.payload.len() > max {
-        Err(SubmitErrorReply {
-            error: format!("request body larger than {max} bytes; split the submission"),
-            field: None,
-            status: 413,
-        })
+    let outcome = if msg.payload.len() > state.settings.gateway.max_body_bytes {
+        Err(too_large(&state))
     } else {
-        submit_body(&state, &msg.payload)
-            .await
-            .map_err(|e| SubmitErrorReply {
-                error: e.body.error,
-                field: e.body.field,
-                status: e.status.as_u16(),
-            })
-    };
+        submit_body(&state, &msg.payload).await
+    }
+    .map_err(|e| SubmitErrorReply {
+        error: e.body.error,
+        field: e.body.field,
+        status: e.status.as_u16(),
+    });
     let Some(reply) = msg.reply else {
         match outcome {
             Ok(r) => tracing::info!(

@@ -106,12 +106,11 @@ pub(super) struct GenerateRequest {
 
 /// Decodes `body` as `T`; the error names the field that is wrong.
 pub(super) fn decode<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(body).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." {
-            e.inner().to_string()
+    crate::domain::SpecError::decode(body).map_err(|e| {
+        if e.path.is_empty() {
+            e.message
         } else {
-            format!("{path}: {}", e.inner())
+            e.to_string()
         }
     })
 }

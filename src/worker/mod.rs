@@ -195,6 +195,7 @@ impl Worker {
                 if self.running.cancel(&id) {
                     tracing::info!(job_id = %id, "cancel received");
                 }
+                std::future::ready(())
             },
             &done,
         )

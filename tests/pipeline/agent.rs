@@ -4,7 +4,7 @@
 //! verdict; backends that die, stall or are cancelled under a running episode; and a
 //! batch of 200 jobs over two backends.
 
-use crate::eventually::{eventually, holds};
+use crate::eventually::eventually;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use rollout::scripted::policy::Policy;
 use rollout::scripted::{Control, FaultMode, ScriptedConfig, ScriptedServer, demo};
 use serde_json::{Value, json};
 
-use crate::helpers::TestEnv;
+use crate::helpers::{TestEnv, wait_gone};
 
 /// A Hermes tool call exactly as the chat template's `tojson` writes it back, so a
 /// re-rendered conversation agrees with what the model emitted.
@@ -702,13 +702,7 @@ async fn cancel_mid_generation_closes_the_request_and_the_sandbox() {
     .await;
     assert_eq!(server.stats().requests, 0);
     // The sandbox went with the stage, and the assignment with the job.
-    let dir = &root.join(&ids[0]);
-    eventually(
-        "the sandbox is gone",
-        Duration::from_secs(15),
-        || async move { holds(!dir.exists(), dir.display().to_string()) },
-    )
-    .await;
+    wait_gone(&root.join(&ids[0]), Duration::from_secs(15)).await;
     let backends = stand.env.client.backends().await.unwrap();
     assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
 }

@@ -350,3 +350,12 @@ pub fn unpublished_synthetic(client_id: Option<String>) -> rollout::store::NewJo
 pub fn count_status(results: &[JobResult], status: Status) -> usize {
     results.iter().filter(|r| r.status == status).count()
 }
+
+/// Waits until `dir` (a job's sandbox directory) no longer exists; panics after
+/// `within`, naming it.
+pub async fn wait_gone(dir: &std::path::Path, within: Duration) {
+    eventually("the directory was removed", within, || async move {
+        holds(!dir.exists(), dir.display().to_string())
+    })
+    .await;
+}

@@ -1,7 +1,7 @@
 //! The `shell` kind end to end: sandboxes made by INIT on the node, used and stopped by
 //! RUN, a fresh one for EVAL, and the reaper after crashes and cancels.
 
-use crate::eventually::{eventually, holds};
+use crate::eventually::eventually;
 use std::path::Path;
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use rollout::domain::{Stage, Status, Task};
 use rollout::sandbox::Label;
 
-use crate::helpers::TestEnv;
+use crate::helpers::{TestEnv, wait_gone};
 
 fn shell(spec: serde_json::Value) -> Task {
     Task::new("shell", spec)
@@ -71,16 +71,6 @@ async fn assert_no_sandboxes(env: &TestEnv, labels: &[Label]) {
             );
         }
     }
-}
-
-/// Waits until `dir` no longer exists (the caller asserts it, naming why it should not).
-async fn gone(dir: &std::path::Path) {
-    eventually(
-        "the directory was removed",
-        Duration::from_secs(20),
-        || async move { holds(!dir.exists(), dir.display().to_string()) },
-    )
-    .await;
 }
 
 /// Waits until the job's RUN sandbox has a label, and returns it.
@@ -220,7 +210,7 @@ async fn cancel_removes_the_sandbox() {
     assert_eq!(results[0].status, Status::Cancelled);
     // The worker's cleanup stops the sandbox as the stage ends.
     let dir = root(&env).join(&ids[0]);
-    gone(&dir).await;
+    wait_gone(&dir, Duration::from_secs(20)).await;
     assert!(!dir.exists(), "the cancelled job's sandbox is still there");
     assert_no_sandboxes(&env, &[label]).await;
 }
@@ -238,7 +228,7 @@ async fn a_cancelled_job_waiting_for_run_loses_its_sandbox_to_the_reaper() {
     let label = wait_label(&env, &ids[0]).await;
     env.client.cancel(&ids[0]).await.unwrap();
     let dir = root(&env).join(&ids[0]);
-    gone(&dir).await;
+    wait_gone(&dir, Duration::from_secs(20)).await;
     assert!(!dir.exists(), "the reaper left the cancelled job's sandbox");
     assert_no_sandboxes(&env, &[label]).await;
 }
