@@ -4,7 +4,7 @@
 # tests again against Postgres when a server answers on 127.0.0.1:5432 (or wherever
 # ROLLOUT_TEST_DATABASE_URL points). Installs what it needs first if it is missing
 # (scripts/setup.sh, schemathesis, and transformers with jinja2). Formatting and
-# clippy's lints are checked first.
+# clippy's lints are checked first; the Python client's tests run after the SQLite ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
@@ -41,6 +41,10 @@ cargo clippy --all-targets -- -D warnings
 
 echo "== unit and integration tests (SQLite)" >&2
 env -u ROLLOUT_TEST_DATABASE_URL cargo test --all-targets
+
+echo "== Python client tests (against a real rollout up with the stand-in server)" >&2
+(cd clients/python && ROLLOUT_BIN_DIR="$(cd ../.. && realpath "${CARGO_TARGET_DIR:-target}")/debug" \
+  python3 -m unittest discover -s tests -v)
 
 pg_url="${ROLLOUT_TEST_DATABASE_URL:-}"
 if [ -z "$pg_url" ] && (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then

@@ -1,10 +1,10 @@
 //! Ending jobs from outside their stage's happy path: giving up on a message (the
-//! dead-letter copy, the failure, the result), and publishing a result once it is
-//! durable. Shared by the workers, the reconciler and the gateway's cancel.
+//! dead-letter copy, the failure, the result), publishing a result once it is durable,
+//! and queueing submitted jobs for INIT. Shared by the workers, the reconciler and the gateway's cancel.
 
-use crate::domain::{EpochMs, JobResult, Outcome, Status};
+use crate::domain::{EpochMs, Outcome, Stage, Status, WorkMessage};
 use crate::queue::{Queue, QueueError};
-use crate::store::{FinishIf, Store};
+use crate::store::{Ended, FinishIf, Store, Submitted};
 
 /// A failure to dead-letter a job (retry later).
 #[derive(Debug, thiserror::Error)]
@@ -78,8 +78,30 @@ pub async fn dead_letter(
     Ok(())
 }
 
-/// Publishes a result and marks it published; on failure the reconciler retries later.
-pub async fn publish_result(queue: &Queue, store: &dyn Store, result: &JobResult) {
+/// Publishes the INIT hand-off of submitted jobs that are still waiting for INIT (new
+/// ones, and repeated ones whose first publish may have been lost).
+pub async fn queue_submitted(queue: &Queue, submitted: &[Submitted]) -> Result<(), QueueError> {
+    let msgs = submitted
+        .iter()
+        .filter(|s| s.status == Status::Queued && s.stage == Stage::Init)
+        .map(|s| {
+            (
+                WorkMessage {
+                    job_id: s.id.clone(),
+                    stage: Stage::Init,
+                    epoch: s.epoch,
+                },
+                None,
+            )
+        })
+        .collect();
+    queue.publish_work_many(msgs).await
+}
+
+/// Publishes a result and marks it published (on failure the reconciler retries
+/// later); when the result decided a sampling group, wakes the batch drivers.
+pub async fn publish_result(queue: &Queue, store: &dyn Store, ended: &Ended) {
+    let result = &ended.result;
     match queue.publish_result(result).await {
         Ok(()) => {
             if let Err(e) = store.mark_published(&[result.seq], EpochMs::now()).await {
@@ -87,5 +109,18 @@ pub async fn publish_result(queue: &Queue, store: &dyn Store, result: &JobResult
             }
         }
         Err(e) => tracing::warn!(error = %e, "result not published yet; the reconciler will retry"),
+    }
+    if let Some(decided) = &ended.decided {
+        tracing::info!(
+            batch_id = %decided.batch_id,
+            group_id = %decided.group_id,
+            verdict = decided.verdict.as_str(),
+            rank = ?decided.accepted_rank,
+            batch_status = decided.batch_status.as_str(),
+            "sampling group decided"
+        );
+        if let Err(e) = queue.publish_wake(&decided.batch_id).await {
+            tracing::warn!(batch_id = %decided.batch_id, error = %e, "batch wake not sent; the reconciler's sweep will drive the batch");
+        }
     }
 }

@@ -41,6 +41,7 @@
 
 pub mod agent;
 pub mod backends;
+pub mod batches;
 pub mod client;
 pub mod config;
 pub mod domain;

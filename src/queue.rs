@@ -27,6 +27,7 @@ use futures::future::try_join_all;
 
 use crate::config::Settings;
 use crate::domain::EpochMs;
+use crate::domain::sampling::AcceptedGroup;
 use crate::domain::{JobResult, Stage, WorkMessage};
 
 /// A queue failure. All are transient from the job's point of view.
@@ -144,6 +145,24 @@ impl Subjects {
     /// the requester, who retries it with the same client ids).
     pub fn submit(&self) -> String {
         format!("{}.submit", self.prefix)
+    }
+
+    /// Requests to create a sampling batch (the body of `POST /v1/batches`), answered by
+    /// one gateway like [`Subjects::submit`].
+    pub fn batches_submit(&self) -> String {
+        format!("{}.batches.submit", self.prefix)
+    }
+
+    /// Core NATS, payload a batch id: a group of that sampling batch was decided, so a
+    /// batch driver should launch, cancel or publish what follows from it.
+    pub fn batches_wake(&self) -> String {
+        format!("{}.batches.wake", self.prefix)
+    }
+
+    /// A sampling batch's accepted groups, one message per group in rank order (on the
+    /// GROUPS stream, so a trainer can replay them).
+    pub fn groups(&self, batch: &str) -> String {
+        format!("{}.groups.{batch}", self.prefix)
     }
 
     /// Stream name `PREFIX_SUFFIX` (stream names cannot contain `.`; upper case by
@@ -295,7 +314,16 @@ impl Queue {
             duplicate_window: self.duplicate_window,
             ..Default::default()
         };
-        for cfg in [work, results, dead] {
+        let groups = stream::Config {
+            name: s.stream("GROUPS"),
+            subjects: vec![format!("{}.groups.>", s.prefix)],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            duplicate_window: self.duplicate_window,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            ..Default::default()
+        };
+        for cfg in [work, results, dead, groups] {
             self.js
                 .create_or_update_stream(cfg)
                 .await
@@ -489,6 +517,64 @@ impl Queue {
             .map_err(|e| js_err("cancel flush")(e.to_string()))
     }
 
+    /// Wakes the batch drivers for `batch_id` (core NATS: a lost wake costs one
+    /// reconciler sweep, which drives every batch with work).
+    pub async fn publish_wake(&self, batch_id: &str) -> Result<(), QueueError> {
+        self.client
+            .publish(
+                self.subjects.batches_wake(),
+                Bytes::from(batch_id.to_string()),
+            )
+            .await
+            .map_err(|e| js_err("wake publish")(e.to_string()))
+    }
+
+    /// Subscribes to batch wakes in the drivers' queue group: each wake reaches one
+    /// gateway's driver.
+    pub async fn subscribe_wakes(&self) -> Result<async_nats::Subscriber, QueueError> {
+        self.queue_subscribe(self.subjects.batches_wake(), "batch-drivers")
+            .await
+    }
+
+    /// Publishes an accepted group on `<prefix>.groups.<batch>` and waits for the server
+    /// to store it; a repeat is dropped by its message id.
+    pub async fn publish_group(&self, group: &AcceptedGroup) -> Result<(), QueueError> {
+        let payload = serde_json::to_vec(group).expect("group serialises");
+        let ack = self
+            .js
+            .send_publish(
+                self.subjects.groups(&group.batch_id),
+                jetstream::message::PublishMessage::build()
+                    .payload(Bytes::from(payload))
+                    .message_id(format!("{}:group:{}", group.batch_id, group.rank)),
+            )
+            .await
+            .map_err(|e| js_err("group publish")(e.to_string()))?;
+        ack.await
+            .map_err(|e| js_err("group publish ack")(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Subscribes to `subject` in queue group `group` and makes sure the server has the
+    /// subscription before returning (it reaches the server with the next flush; until
+    /// then a request would find no responder).
+    async fn queue_subscribe(
+        &self,
+        subject: String,
+        group: &str,
+    ) -> Result<async_nats::Subscriber, QueueError> {
+        let sub = self
+            .client
+            .queue_subscribe(subject.clone(), group.to_string())
+            .await
+            .map_err(|e| js_err("subscribe")(format!("{subject}: {e}")))?;
+        self.client
+            .flush()
+            .await
+            .map_err(|e| js_err("subscribe")(format!("{subject}: {e}")))?;
+        Ok(sub)
+    }
+
     /// Subscribes to cancel broadcasts (payload: the job id).
     pub async fn subscribe_cancel(&self) -> Result<async_nats::Subscriber, QueueError> {
         self.client
@@ -500,18 +586,14 @@ impl Queue {
     /// Subscribes to submit requests in the gateways' queue group, so each request is
     /// answered by exactly one gateway however many run.
     pub async fn subscribe_submits(&self) -> Result<async_nats::Subscriber, QueueError> {
-        let sub = self
-            .client
-            .queue_subscribe(self.subjects.submit(), "gateways".to_string())
+        self.queue_subscribe(self.subjects.submit(), "gateways")
             .await
-            .map_err(|e| js_err("submit subscribe")(e.to_string()))?;
-        // The subscription reaches the server with the next flush; until then a request
-        // would find no responder.
-        self.client
-            .flush()
+    }
+
+    /// Subscribes to sampling-batch requests in the gateways' queue group.
+    pub async fn subscribe_batch_submits(&self) -> Result<async_nats::Subscriber, QueueError> {
+        self.queue_subscribe(self.subjects.batches_submit(), "gateways")
             .await
-            .map_err(|e| js_err("submit subscribe")(e.to_string()))?;
-        Ok(sub)
     }
 
     /// Subscribes (core, lossy) to result publications, as a wake-up signal.

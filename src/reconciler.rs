@@ -119,6 +119,7 @@ pub async fn run(
         &shutdown,
         watch_max_deliveries(store.clone(), queue.clone(), shutdown.clone()),
     );
+    let driver = crate::batches::Driver::new(store.clone(), queue.clone());
     let mut tick = tokio::time::interval(Duration::from_millis(settings.reconciler.interval_ms));
     loop {
         tokio::select! {
@@ -138,6 +139,10 @@ pub async fn run(
             ),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "reconciler sweep failed"),
+        }
+        // Sampling batches whose wake was lost, or whose driver died mid-batch.
+        if let Err(e) = driver.sweep().await {
+            tracing::warn!(error = %e, "sampling batch sweep failed");
         }
     }
 }

@@ -153,7 +153,30 @@ pub async fn run_gateway(
     essentials.push(spawn_essential(
         "NATS submit listener",
         &shutdown,
-        gateway::nats::serve_submits(state.clone(), submits, shutdown.clone()),
+        gateway::nats::serve_submits(
+            state.clone(),
+            gateway::nats::Endpoint::Jobs,
+            submits,
+            shutdown.clone(),
+        ),
+    ));
+    let batch_submits = state.queue.subscribe_batch_submits().await?;
+    essentials.push(spawn_essential(
+        "NATS batch listener",
+        &shutdown,
+        gateway::nats::serve_submits(
+            state.clone(),
+            gateway::nats::Endpoint::Batches,
+            batch_submits,
+            shutdown.clone(),
+        ),
+    ));
+    let wakes = state.queue.subscribe_wakes().await?;
+    essentials.push(spawn_essential(
+        "sampling batch driver",
+        &shutdown,
+        crate::batches::Driver::new(state.store.clone(), state.queue.clone())
+            .serve_wakes(Some(wakes), shutdown.clone()),
     ));
     let addr = listener.local_addr().ok();
     tracing::info!(?addr, "gateway listening");

@@ -6,7 +6,7 @@
 //! client                         the gateway's HTTP client
 //! worker, reconciler, gateway    the services
 //! kinds, scripted                task kinds; the stand-in inference server
-//! agent                          the multi-turn episode
+//! agent, batches                 the multi-turn episode; the sampling-batch driver
 //! ending, sandbox, backends      finishing jobs; sandboxes; inference servers
 //! store, queue, telemetry        the database; JetStream; logging
 //! config                         settings (plain data)
@@ -37,7 +37,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["store", "queue", "telemetry"],
     &["ending", "sandbox", "backends"],
-    &["agent"],
+    &["agent", "batches"],
     &["kinds", "scripted"],
     &["worker", "reconciler", "gateway"],
     &["client"],

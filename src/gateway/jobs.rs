@@ -96,10 +96,10 @@ pub struct CancelResponse {
 
 const MAX_ID_LEN: usize = 256;
 
-/// Parses and validates a submit body; nothing is written unless every task is valid.
-fn parse_submit(state: &AppState, body: &[u8]) -> Result<(String, Vec<NewJob>), ApiError> {
+/// Decodes a JSON request body; a field of the wrong shape is named in the error.
+pub(super) fn decode_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(body);
-    let req: SubmitRequest = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let req: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let field = (path != ".").then_some(path);
         ApiError::new(
@@ -115,6 +115,24 @@ fn parse_submit(state: &AppState, body: &[u8]) -> Result<(String, Vec<NewJob>), 
             None,
         )
     })?;
+    Ok(req)
+}
+
+/// The caller's batch id, checked (it becomes a NATS subject token), or a fresh one.
+pub(super) fn batch_id_or_new(batch_id: Option<String>) -> Result<String, ApiError> {
+    match batch_id {
+        Some(b) if !is_subject_token(&b) => Err(ApiError::bad_field(
+            "batch_id",
+            "`batch_id` must be 1-128 letters, digits, `-` or `_`",
+        )),
+        Some(b) => Ok(b),
+        None => Ok(format!("b-{}", uuid::Uuid::now_v7().simple())),
+    }
+}
+
+/// Parses and validates a submit body; nothing is written unless every task is valid.
+fn parse_submit(state: &AppState, body: &[u8]) -> Result<(String, Vec<NewJob>), ApiError> {
+    let req: SubmitRequest = decode_body(body)?;
     let limits = &state.settings.gateway;
     if req.tasks.is_empty() {
         return Err(ApiError::bad_field("tasks", "`tasks` must not be empty"));
@@ -129,64 +147,10 @@ fn parse_submit(state: &AppState, body: &[u8]) -> Result<(String, Vec<NewJob>), 
             ),
         ));
     }
-    let batch_id = match req.batch_id {
-        Some(b) if !is_subject_token(&b) => {
-            return Err(ApiError::bad_field(
-                "batch_id",
-                "`batch_id` must be 1-128 letters, digits, `-` or `_`",
-            ));
-        }
-        Some(b) => b,
-        None => format!("b-{}", uuid::Uuid::now_v7().simple()),
-    };
+    let batch_id = batch_id_or_new(req.batch_id)?;
     let mut jobs = Vec::with_capacity(req.tasks.len());
     for (i, task) in req.tasks.into_iter().enumerate() {
-        let at = |f: &str| format!("tasks[{i}].{f}");
-        let Some(kind) = state.kinds.get(&task.kind) else {
-            return Err(ApiError::bad_field(
-                at("kind"),
-                format!(
-                    "unknown task kind `{}`; this service knows: {}",
-                    task.kind,
-                    state.kinds.names().join(", ")
-                ),
-            ));
-        };
-        for (name, v) in [("client_id", &task.client_id), ("group_id", &task.group_id)] {
-            if let Some(v) = v
-                && (v.is_empty()
-                    || v.chars().count() > MAX_ID_LEN
-                    || v.chars().any(char::is_control))
-            {
-                return Err(ApiError::bad_field(
-                    at(name),
-                    format!(
-                        "`{name}` must be 1-{MAX_ID_LEN} characters, none of them control characters"
-                    ),
-                ));
-            }
-        }
-        let value = serde_json::to_value(&task).expect("task serialises");
-        if let Some(path) = crate::nul::find_in_json(&value) {
-            return Err(ApiError::bad_field(
-                at(&path),
-                "contains a NUL character (\\u0000), which the database cannot store; remove it, or encode the data (e.g. base64)",
-            ));
-        }
-        if !(task.metadata.is_null() || task.metadata.is_object()) {
-            return Err(ApiError::bad_field(
-                at("metadata"),
-                "`metadata` must be an object",
-            ));
-        }
-        kind.validate(&task.spec).map_err(|e| {
-            let field = if e.path.is_empty() {
-                at("spec")
-            } else {
-                at(&format!("spec.{}", e.path))
-            };
-            ApiError::bad_field(field, format!("invalid spec: {}", e.message))
-        })?;
+        let value = check_task(state, &format!("tasks[{i}]"), &task)?;
         jobs.push(NewJob {
             id: uuid::Uuid::now_v7().to_string(),
             kind: task.kind.clone(),
@@ -196,6 +160,61 @@ fn parse_submit(state: &AppState, body: &[u8]) -> Result<(String, Vec<NewJob>), 
         });
     }
     Ok((batch_id, jobs))
+}
+
+/// Checks one task of a request (`at` is its path, e.g. `tasks[3]`): a known kind, ids
+/// and metadata of the right shape, no NUL, and a spec its kind accepts. Returns the
+/// task as the JSON to store.
+pub(super) fn check_task(
+    state: &AppState,
+    at: &str,
+    task: &Task,
+) -> Result<serde_json::Value, ApiError> {
+    let at = |f: &str| format!("{at}.{f}");
+    let Some(kind) = state.kinds.get(&task.kind) else {
+        return Err(ApiError::bad_field(
+            at("kind"),
+            format!(
+                "unknown task kind `{}`; this service knows: {}",
+                task.kind,
+                state.kinds.names().join(", ")
+            ),
+        ));
+    };
+    for (name, v) in [("client_id", &task.client_id), ("group_id", &task.group_id)] {
+        if let Some(v) = v
+            && (v.is_empty() || v.chars().count() > MAX_ID_LEN || v.chars().any(char::is_control))
+        {
+            return Err(ApiError::bad_field(
+                at(name),
+                format!(
+                    "`{name}` must be 1-{MAX_ID_LEN} characters, none of them control characters"
+                ),
+            ));
+        }
+    }
+    let value = serde_json::to_value(task).expect("task serialises");
+    if let Some(path) = crate::nul::find_in_json(&value) {
+        return Err(ApiError::bad_field(
+            at(&path),
+            "contains a NUL character (\\u0000), which the database cannot store; remove it, or encode the data (e.g. base64)",
+        ));
+    }
+    if !(task.metadata.is_null() || task.metadata.is_object()) {
+        return Err(ApiError::bad_field(
+            at("metadata"),
+            "`metadata` must be an object",
+        ));
+    }
+    kind.validate(&task.spec).map_err(|e| {
+        let field = if e.path.is_empty() {
+            at("spec")
+        } else {
+            at(&format!("spec.{}", e.path))
+        };
+        ApiError::bad_field(field, format!("invalid spec: {}", e.message))
+    })?;
+    Ok(value)
 }
 
 /// Submit tasks.

@@ -23,13 +23,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::config::Settings;
-use crate::domain::{BatchCounters, Stage, Status, WorkMessage};
+use crate::domain::{BatchCounters, Status};
 use crate::kinds::Registry;
 use crate::queue::Queue;
 use crate::store::{StatusCount, Store, Submitted};
 
 pub mod auth;
 pub mod backends;
+pub mod batches;
 pub mod error;
 pub mod jobs;
 pub mod nats;
@@ -70,6 +71,7 @@ pub struct AppState {
     tags(
         (name = "jobs", description = "Submit, inspect and cancel jobs"),
         (name = "results", description = "Receive results in a stable order"),
+        (name = "batches", description = "Dynamic-sampling batches: K informative groups, early cancel of the rest"),
         (name = "backends", description = "The inference backend pool"),
         (name = "service", description = "Health, metrics and counts"),
     )
@@ -89,6 +91,11 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(jobs::cancel_job))
         .routes(routes!(results::results))
         .routes(routes!(results::results_stream))
+        .routes(routes!(batches::create_batch))
+        .routes(routes!(batches::get_batch))
+        .routes(routes!(batches::cancel_batch))
+        .routes(routes!(batches::groups))
+        .routes(routes!(batches::groups_stream))
         .routes(routes!(backends::list_backends, backends::add_backend))
         .routes(routes!(backends::get_backend, backends::remove_backend))
         .routes(routes!(status))
@@ -202,21 +209,7 @@ pub async fn publish_submitted(
     state: &AppState,
     submitted: &[Submitted],
 ) -> Result<(), crate::queue::QueueError> {
-    let msgs = submitted
-        .iter()
-        .filter(|s| s.status == Status::Queued && s.stage == Stage::Init)
-        .map(|s| {
-            (
-                WorkMessage {
-                    job_id: s.id.clone(),
-                    stage: Stage::Init,
-                    epoch: s.epoch,
-                },
-                None,
-            )
-        })
-        .collect();
-    state.queue.publish_work_many(msgs).await
+    crate::ending::queue_submitted(&state.queue, submitted).await
 }
 
 /// Keeps `tx` changing whenever a result is published, until `shutdown`.

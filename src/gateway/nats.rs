@@ -9,6 +9,10 @@
 //! answer in one queue group, so each request is handled once however many run. A
 //! request published without a reply subject is still submitted (and logged); its ids
 //! are then only in the results.
+//!
+//! A request on `<prefix>.batches.submit` likewise carries the body of `POST
+//! /v1/batches` and gets its [`BatchView`](super::batches::BatchView) (idempotent by
+//! `batch_id`), or the same error body.
 
 use std::sync::Arc;
 
@@ -18,8 +22,10 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::AppState;
+use super::batches::create_body;
+use super::error::ApiError;
 use super::jobs::{SubmitResponse, submit_body, too_large};
-use crate::queue::Queue;
+use crate::queue::{Queue, QueueError};
 
 /// The reply to a submit request that failed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -34,11 +40,46 @@ pub struct SubmitErrorReply {
     pub status: u16,
 }
 
-/// Answers submit requests on `<prefix>.submit` (starting with `subscription`, made by
-/// [`Queue::subscribe_submits`] before the gateway took requests) until `shutdown`;
-/// requests being handled then are finished first.
+/// Which request a subscription carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `<prefix>.submit`: the body of `POST /v1/jobs`.
+    Jobs,
+    /// `<prefix>.batches.submit`: the body of `POST /v1/batches`.
+    Batches,
+}
+
+impl Endpoint {
+    fn name(self) -> &'static str {
+        match self {
+            Endpoint::Jobs => "submit requests",
+            Endpoint::Batches => "batch requests",
+        }
+    }
+
+    async fn subscribe(self, queue: &Queue) -> Result<async_nats::Subscriber, QueueError> {
+        match self {
+            Endpoint::Jobs => queue.subscribe_submits().await,
+            Endpoint::Batches => queue.subscribe_batch_submits().await,
+        }
+    }
+
+    /// Handles one body as the HTTP endpoint would; the reply's JSON.
+    async fn handle(self, state: &AppState, body: &[u8]) -> Result<serde_json::Value, ApiError> {
+        let value = match self {
+            Endpoint::Jobs => serde_json::to_value(submit_body(state, body).await?),
+            Endpoint::Batches => serde_json::to_value(create_body(state, body).await?),
+        };
+        Ok(value.expect("a reply serialises"))
+    }
+}
+
+/// Answers requests on `endpoint`'s subject (starting with `subscription`, made before
+/// the gateway took requests) until `shutdown`; requests being handled then are
+/// finished first.
 pub async fn serve_submits(
     state: AppState,
+    endpoint: Endpoint,
     subscription: async_nats::Subscriber,
     shutdown: CancellationToken,
 ) {
@@ -46,13 +87,13 @@ pub async fn serve_submits(
     let handlers = TaskTracker::new();
     let queue = state.queue.clone();
     Queue::follow(
-        "submit requests",
+        endpoint.name(),
         Some(subscription),
-        || queue.subscribe_submits(),
+        || endpoint.subscribe(&queue),
         |msg| {
             let state = state.clone();
             let span = tracing::info_span!("nats_submit", subject = %msg.subject);
-            handlers.spawn(answer(state, msg).instrument(span));
+            handlers.spawn(answer(state, endpoint, msg).instrument(span));
             std::future::ready(())
         },
         &shutdown,
@@ -62,12 +103,12 @@ pub async fn serve_submits(
     handlers.wait().await;
 }
 
-/// Submits one request's tasks and replies.
-async fn answer(state: Arc<AppState>, msg: async_nats::Message) {
+/// Handles one request and replies.
+async fn answer(state: Arc<AppState>, endpoint: Endpoint, msg: async_nats::Message) {
     let outcome = if msg.payload.len() > state.settings.gateway.max_body_bytes {
         Err(too_large(&state))
     } else {
-        submit_body(&state, &msg.payload).await
+        endpoint.handle(&state, &msg.payload).await
     }
     .map_err(|e| SubmitErrorReply {
         error: e.body.error,
@@ -76,14 +117,14 @@ async fn answer(state: Arc<AppState>, msg: async_nats::Message) {
     });
     let Some(reply) = msg.reply else {
         match outcome {
-            Ok(r) => tracing::info!(
-                batch_id = %r.batch_id,
-                jobs = r.jobs.len(),
-                "submit request without a reply subject: submitted, nobody told"
+            Ok(_) => tracing::info!(
+                "{} without a reply subject: submitted, nobody told",
+                endpoint.name()
             ),
             Err(e) => tracing::warn!(
                 error = %e.error,
-                "submit request without a reply subject refused, nobody told"
+                "{} without a reply subject refused, nobody told",
+                endpoint.name()
             ),
         }
         return;
@@ -101,7 +142,7 @@ async fn answer(state: Arc<AppState>, msg: async_nats::Message) {
         }
     };
     if let Err(e) = sent {
-        tracing::warn!(error = %e, "cannot send the submit reply; the requester will retry");
+        tracing::warn!(error = %e, "cannot send the reply; the requester will retry");
     }
 }
 

@@ -93,25 +93,25 @@ fn page_bytes(state: &AppState) -> i64 {
 /// A reader's own view of the result signal. Each request holds one, marks the signal
 /// seen before each database read, and so sleeps until a result newer than that read is
 /// published (a shared receiver would report the same change for ever and spin).
-struct Wakeup {
+pub(super) struct Wakeup {
     rx: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Wakeup {
-    fn new(state: &AppState) -> Self {
+    pub(super) fn new(state: &AppState) -> Self {
         Self {
             rx: state.results_signal.clone(),
         }
     }
 
     /// Call right before reading the database.
-    fn mark_seen(&mut self) {
+    pub(super) fn mark_seen(&mut self) {
         self.rx.borrow_and_update();
     }
 
     /// Waits until a result may have arrived since the last `mark_seen`, at most
     /// `RECHECK` (or until `deadline`).
-    async fn wait(&mut self, state: &AppState, deadline: tokio::time::Instant) {
+    pub(super) async fn wait(&mut self, state: &AppState, deadline: tokio::time::Instant) {
         let until = deadline.min(tokio::time::Instant::now() + RECHECK);
         tokio::select! {
             _ = self.rx.changed() => {}

@@ -50,6 +50,14 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// assignments must not both see the same counts.
     fn lock_pool(conn: &mut Self::Conn) -> impl Future<Output = StoreResult<()>> + Send;
 
+    /// Called first in a sampling batch's launch: holds the batch's row until commit
+    /// where rows are locked (Postgres), so a launch takes its rows in the order a job's
+    /// end does. SQLite's single writer needs nothing.
+    fn lock_batch(
+        conn: &mut Self::Conn,
+        batch_id: &str,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+
     /// Marks results (never an empty list) as published; may apply shortly after it
     /// returns (see [`ResultStore::mark_published`](super::ResultStore::mark_published)).
     fn mark_published(

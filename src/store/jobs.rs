@@ -12,15 +12,14 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::dialect::{Dialect, SqlStore};
-use super::query::query;
+use super::query::{Conn, query};
 use super::rows::{
     BatchRow, CountRow, EventRow, GroupRow, JobRow, ResultRow, parse_stage, parse_status,
 };
+use super::sampling::{Ended, on_result};
 use super::{StoreResult, sql};
 use crate::domain::EpochMs;
-use crate::domain::{
-    BatchCounters, GroupCounters, Job, JobResult, Outcome, Stage, Status, WorkMessage,
-};
+use crate::domain::{BatchCounters, GroupCounters, Job, Outcome, Stage, Status, WorkMessage};
 use crate::nul;
 
 /// A job to insert at submit time (already validated).
@@ -196,7 +195,9 @@ pub trait JobStore: Send + Sync {
         now: EpochMs,
     ) -> StoreResult<Option<WorkMessage>>;
     /// Ends the job with `outcome` if `cond` holds, writing its result and updating the
-    /// batch and group counters in the same transaction. `None` if the condition failed.
+    /// batch and group counters in the same transaction; for the last sample of a
+    /// sampling group, the group's verdict is taken in that transaction too (see
+    /// [`SamplingStore`](super::SamplingStore)). `None` if the condition failed.
     /// An end the database refuses (for what the job's data holds) is recorded instead as
     /// a failure whose error gives the reason, without the output, so that no job is
     /// retried for ever; only a database that cannot be reached is an error.
@@ -206,7 +207,7 @@ pub trait JobStore: Send + Sync {
         job_id: &str,
         outcome: &Outcome,
         now: EpochMs,
-    ) -> StoreResult<Option<JobResult>>;
+    ) -> StoreResult<Option<Ended>>;
     /// Job counts by status and stage.
     async fn counts(&self, batch: Option<&str>) -> StoreResult<Vec<StatusCount>>;
     /// A batch's counters.
@@ -258,6 +259,107 @@ impl<D: Dialect> SqlStore<D> {
     }
 }
 
+/// Inserts `jobs` into `batch_id` (creating the batch and their groups as needed) on
+/// `conn`, inside the caller's transaction: a submit's whole work, shared by a plain
+/// submit and a sampling batch's launch. A job whose `client_id` exists already is
+/// answered with that job, `duplicate = true`.
+pub(super) async fn insert_jobs<C: Conn>(
+    conn: &mut C,
+    batch_id: &str,
+    jobs: &[NewJob],
+    now: EpochMs,
+) -> StoreResult<Vec<Submitted>> {
+    query(sql::INSERT_BATCH)
+        .bind(batch_id)
+        .bind(now)
+        .execute(conn)
+        .await?;
+    // Rows are taken in one order whatever the request's (jobs by client id,
+    // then groups by id, then the batch), so submits that overlap never wait
+    // on each other in a cycle (a deadlock on Postgres); answers keep the
+    // request's order.
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by(|&a, &b| jobs[a].client_id.cmp(&jobs[b].client_id));
+    let mut out: Vec<Option<Submitted>> = vec![None; jobs.len()];
+    let mut inserted_count = 0i64;
+    let mut groups = BTreeMap::<&str, i64>::new();
+    for i in order {
+        let job = &jobs[i];
+        let task = job.task.to_string();
+        let inserted: Option<(String,)> = query(sql::INSERT_JOB)
+            .bind(&job.id)
+            .bind(batch_id)
+            .bind(&job.group_id)
+            .bind(&job.client_id)
+            .bind(&job.kind)
+            .bind(&task)
+            .bind(now)
+            .fetch_optional(conn)
+            .await?;
+        out[i] = Some(if inserted.is_some() {
+            inserted_count += 1;
+            if let Some(group) = &job.group_id {
+                *groups.entry(group.as_str()).or_default() += 1;
+            }
+            Submitted {
+                id: job.id.clone(),
+                client_id: job.client_id.clone(),
+                status: Status::Queued,
+                stage: Stage::Init,
+                epoch: 0,
+                duplicate: false,
+            }
+        } else {
+            let (id, status, stage, epoch): (String, String, String, i64) =
+                query(sql::SELECT_BY_CLIENT)
+                    .bind(&job.client_id)
+                    .fetch_optional(conn)
+                    .await?
+                    .ok_or(sqlx::Error::RowNotFound)?;
+            Submitted {
+                id,
+                client_id: job.client_id.clone(),
+                status: parse_status(&status)?,
+                stage: parse_stage(&stage)?,
+                epoch,
+                duplicate: true,
+            }
+        });
+    }
+    for (group, n) in groups {
+        query(sql::INSERT_GROUP)
+            .bind(batch_id)
+            .bind(group)
+            .bind(now)
+            .bind(n)
+            .execute(conn)
+            .await?;
+    }
+    if inserted_count > 0 {
+        query(sql::COUNT_BATCH)
+            .bind(batch_id)
+            .bind(inserted_count)
+            .execute(conn)
+            .await?;
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// A job's end as recorded: its result row, and what it decided for a sampling group
+/// (run in the same transaction).
+async fn ended<C: Conn>(
+    conn: &mut C,
+    row: Option<ResultRow>,
+    now: EpochMs,
+) -> StoreResult<Option<Ended>> {
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let result = row.into_result()?;
+    let decided = on_result(conn, &result, now).await?;
+    Ok(Some(Ended { result, decided }))
+}
+
 /// Which stage entry (and claim) a job's end is restricted to; `None` fields do not
 /// restrict (see `sql::FINISH_SQLITE`).
 #[derive(Debug, Clone)]
@@ -280,82 +382,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         let batch_id = batch_id.to_string();
         let jobs = jobs.to_vec();
         self.write_atomic(move |conn: &mut D::Conn| {
-            Box::pin(async move {
-                query(sql::INSERT_BATCH)
-                    .bind(&batch_id)
-                    .bind(now)
-                    .execute(conn)
-                    .await?;
-                // Rows are taken in one order whatever the request's (jobs by client id,
-                // then groups by id, then the batch), so submits that overlap never wait
-                // on each other in a cycle (a deadlock on Postgres); answers keep the
-                // request's order.
-                let mut order: Vec<usize> = (0..jobs.len()).collect();
-                order.sort_by(|&a, &b| jobs[a].client_id.cmp(&jobs[b].client_id));
-                let mut out: Vec<Option<Submitted>> = vec![None; jobs.len()];
-                let mut inserted_count = 0i64;
-                let mut groups = BTreeMap::<&str, i64>::new();
-                for i in order {
-                    let job = &jobs[i];
-                    let task = job.task.to_string();
-                    let inserted: Option<(String,)> = query(sql::INSERT_JOB)
-                        .bind(&job.id)
-                        .bind(&batch_id)
-                        .bind(&job.group_id)
-                        .bind(&job.client_id)
-                        .bind(&job.kind)
-                        .bind(&task)
-                        .bind(now)
-                        .fetch_optional(conn)
-                        .await?;
-                    out[i] = Some(if inserted.is_some() {
-                        inserted_count += 1;
-                        if let Some(group) = &job.group_id {
-                            *groups.entry(group.as_str()).or_default() += 1;
-                        }
-                        Submitted {
-                            id: job.id.clone(),
-                            client_id: job.client_id.clone(),
-                            status: Status::Queued,
-                            stage: Stage::Init,
-                            epoch: 0,
-                            duplicate: false,
-                        }
-                    } else {
-                        let (id, status, stage, epoch): (String, String, String, i64) =
-                            query(sql::SELECT_BY_CLIENT)
-                                .bind(&job.client_id)
-                                .fetch_optional(conn)
-                                .await?
-                                .ok_or(sqlx::Error::RowNotFound)?;
-                        Submitted {
-                            id,
-                            client_id: job.client_id.clone(),
-                            status: parse_status(&status)?,
-                            stage: parse_stage(&stage)?,
-                            epoch,
-                            duplicate: true,
-                        }
-                    });
-                }
-                for (group, n) in groups {
-                    query(sql::INSERT_GROUP)
-                        .bind(&batch_id)
-                        .bind(group)
-                        .bind(now)
-                        .bind(n)
-                        .execute(conn)
-                        .await?;
-                }
-                if inserted_count > 0 {
-                    query(sql::COUNT_BATCH)
-                        .bind(&batch_id)
-                        .bind(inserted_count)
-                        .execute(conn)
-                        .await?;
-                }
-                Ok(out.into_iter().flatten().collect())
-            })
+            Box::pin(async move { insert_jobs(conn, &batch_id, &jobs, now).await })
         })
         .await
     }
@@ -518,7 +545,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         job_id: &str,
         outcome: &Outcome,
         now: EpochMs,
-    ) -> StoreResult<Option<JobResult>> {
+    ) -> StoreResult<Option<Ended>> {
         let (stage, epoch, attempt, unleased_at) = match cond {
             FinishIf::Claimed { msg, attempt } => (
                 Some(msg.stage.as_str()),
@@ -553,7 +580,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
             .map(|v| nul::scrub_json(v.to_string()));
         let first_end = end.clone();
         let first = self
-            .write(move |conn: &mut D::Conn| {
+            .write_atomic(move |conn: &mut D::Conn| {
                 Box::pin(async move {
                     let end = first_end;
                     D::order_results(conn).await?;
@@ -571,7 +598,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
                         .bind(&run_output)
                         .fetch_optional(conn)
                         .await?;
-                    row.map(ResultRow::into_result).transpose()
+                    ended(conn, row, now).await
                 })
             })
             .await;
@@ -592,7 +619,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
                 .unwrap_or_default()
         );
         let error = nul::scrub(&error).into_owned();
-        self.write(move |conn: &mut D::Conn| {
+        self.write_atomic(move |conn: &mut D::Conn| {
             Box::pin(async move {
                 D::order_results(conn).await?;
                 let row: Option<ResultRow> = query(D::FINISH_BARE)
@@ -605,7 +632,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
                     .bind(end.unleased_at)
                     .fetch_optional(conn)
                     .await?;
-                row.map(ResultRow::into_result).transpose()
+                ended(conn, row, now).await
             })
         })
         .await

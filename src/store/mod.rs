@@ -12,6 +12,8 @@
 //! - [`ResultStore`] (`results`): results in `seq` order, and their publication marks.
 //! - [`SandboxStore`] (`sandboxes`): which node holds which job's sandbox.
 //! - [`BackendStore`] (`backends`): inference backends, their health and assignments.
+//! - [`SamplingStore`] (`sampling`): dynamic-sampling batches, their launches and the
+//!   verdicts their groups' last results decide.
 //!
 //! One generic implementation (`dialect::SqlStore`) serves both databases: its SQL
 //! (`sql`) is written in the dialect both accept (`$N` parameters, `RETURNING`, `ON
@@ -31,6 +33,7 @@ mod query;
 mod recovery;
 mod results;
 mod rows;
+mod sampling;
 mod sandboxes;
 mod sql;
 mod sqlite;
@@ -41,6 +44,7 @@ pub use jobs::{Claim, FinishIf, JobEvent, JobQuery, JobStore, NewJob, StatusCoun
 use query::query;
 pub use recovery::{AbandonedRun, RecoveryStore, StaleJob};
 pub use results::ResultStore;
+pub use sampling::{Created, Decided, Ended, NewSampling, SamplingStore};
 pub use sandboxes::{SandboxRecord, SandboxStore};
 
 /// A database failure. Callers treat these as transient (retry or nak) unless stated.
@@ -98,7 +102,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// many processes at once.
 #[async_trait]
 pub trait Store:
-    JobStore + RecoveryStore + ResultStore + SandboxStore + BackendStore + 'static
+    JobStore + RecoveryStore + ResultStore + SandboxStore + BackendStore + SamplingStore + 'static
 {
     /// Applies pending migrations.
     async fn migrate(&self) -> StoreResult<()>;

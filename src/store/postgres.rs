@@ -94,6 +94,14 @@ impl Dialect for PostgresDb {
         Ok(())
     }
 
+    async fn lock_batch(conn: &mut PgConnection, batch_id: &str) -> StoreResult<()> {
+        query(sql::LOCK_BATCH_POSTGRES)
+            .bind(batch_id)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
     /// Marks at once, in one statement (the list binds as a Postgres array, which the
     /// shared statement API does not carry).
     async fn mark_published(&self, seqs: &[i64], now: EpochMs) -> StoreResult<()> {

@@ -298,3 +298,83 @@ impl BackendRow {
         })
     }
 }
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct SamplingRow {
+    id: String,
+    pub(crate) group_size: i64,
+    target_groups: i64,
+    pub(crate) max_groups_in_flight: i64,
+    pub(crate) max_groups: i64,
+    prompt_count: i64,
+    rule: String,
+    eps: f64,
+    min_mean: Option<f64>,
+    max_mean: Option<f64>,
+    pub(crate) policy_version: Option<i64>,
+    pub(crate) status: String,
+    pub(crate) next_prompt: i64,
+    pub(crate) groups_launched: i64,
+    pub(crate) groups_decided: i64,
+    informative: i64,
+    surplus: i64,
+    uniform: i64,
+    incomplete: i64,
+    cancelled_groups: i64,
+    sandbox_ms_used: i64,
+    samples_completed: i64,
+    jobs_saved: i64,
+    sandbox_ms_saved: i64,
+    created_at: i64,
+    ended_at: Option<i64>,
+    reason: Option<String>,
+}
+
+impl SamplingRow {
+    pub(crate) fn into_batch(self) -> StoreResult<crate::domain::sampling::SamplingBatch> {
+        use crate::domain::sampling::{
+            InformativeRule, RuleKind, SamplingBatch, SamplingCounters, SamplingParams,
+            SamplingStatus,
+        };
+        let rule = RuleKind::parse(&self.rule).ok_or_else(|| {
+            StoreError::Corrupt(format!("batch {} has rule `{}`", self.id, self.rule))
+        })?;
+        let status = SamplingStatus::parse(&self.status).ok_or_else(|| {
+            StoreError::Corrupt(format!("batch {} has status `{}`", self.id, self.status))
+        })?;
+        Ok(SamplingBatch {
+            params: SamplingParams {
+                group_size: self.group_size,
+                target_groups: self.target_groups,
+                max_groups_in_flight: self.max_groups_in_flight,
+                max_groups: self.max_groups,
+                informative: InformativeRule {
+                    rule,
+                    eps: self.eps,
+                    min_mean: self.min_mean,
+                    max_mean: self.max_mean,
+                },
+                policy_version: self.policy_version,
+            },
+            id: self.id,
+            prompt_count: self.prompt_count,
+            status,
+            reason: self.reason,
+            counters: SamplingCounters {
+                groups_launched: self.groups_launched,
+                groups_decided: self.groups_decided,
+                informative: self.informative,
+                surplus: self.surplus,
+                uniform: self.uniform,
+                incomplete: self.incomplete,
+                cancelled_groups: self.cancelled_groups,
+                jobs_saved: self.jobs_saved,
+                sandbox_ms_saved: self.sandbox_ms_saved,
+                sandbox_ms_used: self.sandbox_ms_used,
+                samples_completed: self.samples_completed,
+            },
+            created_at: self.created_at,
+            ended_at: self.ended_at,
+        })
+    }
+}

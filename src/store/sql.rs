@@ -375,3 +375,135 @@ pub(super) const MARK_PUBLISHED_POSTGRES: &str =
 
 /// Takes a transaction-scoped advisory lock (Postgres); the key is `$1`.
 pub(super) const ADVISORY_XACT_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+
+// Sampling batches (see `sampling`).
+
+macro_rules! sampling_cols {
+    () => {
+        "id, group_size, target_groups, max_groups_in_flight, max_groups, prompt_count, rule, \
+         eps, min_mean, max_mean, policy_version, status, next_prompt, groups_launched, \
+         groups_decided, informative, surplus, uniform, incomplete, cancelled_groups, \
+         sandbox_ms_used, samples_completed, jobs_saved, sandbox_ms_saved, created_at, \
+         ended_at, reason"
+    };
+}
+
+pub(super) const INSERT_BATCH_NEW: &str = "INSERT INTO batches (id, created_at, submitted) \
+     VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING RETURNING id";
+
+pub(super) const SAMPLING_EXISTS: &str = "SELECT id FROM sampling_batches WHERE id = $1";
+
+pub(super) const INSERT_SAMPLING: &str = "INSERT INTO sampling_batches (id, group_size, \
+     target_groups, max_groups_in_flight, max_groups, prompt_count, rule, eps, min_mean, \
+     max_mean, policy_version, created_at, updated_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)";
+
+pub(super) const INSERT_PROMPT: &str =
+    "INSERT INTO sampling_prompts (batch_id, idx, task) VALUES ($1, $2, $3)";
+
+pub(super) const SELECT_SAMPLING: &str = concat!(
+    "SELECT ",
+    sampling_cols!(),
+    " FROM sampling_batches WHERE id = $1"
+);
+
+/// Postgres: holds the batch row for the rest of the transaction. A launch takes it
+/// first, in the order a job's end takes its rows (the batch's counters, then the
+/// sampling rows), so the two can never wait on each other in a cycle.
+pub(super) const LOCK_BATCH_POSTGRES: &str = "SELECT id FROM batches WHERE id = $1 FOR UPDATE";
+
+/// Claims prompts `$3 .. $3 + $2` for launching: a compare-and-set on `next_prompt`, so
+/// two launchers can never both take one prompt.
+pub(super) const CLAIM_PROMPTS: &str = "UPDATE sampling_batches SET next_prompt = next_prompt + $2, \
+     groups_launched = groups_launched + $2, updated_at = $4 \
+     WHERE id = $1 AND next_prompt = $3 AND status = 'running'";
+
+pub(super) const SELECT_PROMPTS: &str = "SELECT idx, task FROM sampling_prompts \
+     WHERE batch_id = $1 AND idx >= $2 AND idx < $3 ORDER BY idx";
+
+pub(super) const INSERT_SAMPLING_GROUP: &str = "INSERT INTO sampling_groups \
+     (batch_id, idx, group_id, launched_at) VALUES ($1, $2, $3, $4) \
+     ON CONFLICT (batch_id, idx) DO NOTHING";
+
+/// What a result of a sampling group needs to know: the group, its batch's rule, and
+/// whether this was the group's last sample (the trigger has just counted it).
+pub(super) const GROUP_OF_RESULT: &str = "SELECT g.state, b.status, b.rule, b.eps, b.min_mean, \
+     b.max_mean, b.sandbox_ms_used, b.samples_completed, pg.finished, pg.submitted \
+     FROM sampling_groups g JOIN sampling_batches b ON b.id = g.batch_id \
+     JOIN prompt_groups pg ON pg.batch_id = g.batch_id AND pg.id = g.group_id \
+     WHERE g.batch_id = $1 AND g.group_id = $2";
+
+pub(super) const JOB_STARTED_AT: &str = "SELECT init_started_at FROM jobs WHERE id = $1";
+
+pub(super) const COUNT_SAMPLE: &str = "UPDATE sampling_batches SET \
+     sandbox_ms_used = sandbox_ms_used + $2, samples_completed = samples_completed + $3, \
+     jobs_saved = jobs_saved + $4, sandbox_ms_saved = sandbox_ms_saved + $5, updated_at = $6 \
+     WHERE id = $1";
+
+pub(super) const GROUP_REWARDS: &str =
+    "SELECT status, reward FROM results WHERE batch_id = $1 AND group_id = $2";
+
+/// Decides a group once: only an `in_flight` group takes a verdict.
+pub(super) const DECIDE_GROUP: &str = "UPDATE sampling_groups SET state = $3, reward_mean = $4, \
+     reward_std = $5, decided_at = $6 WHERE batch_id = $1 AND group_id = $2 AND state = 'in_flight'";
+
+/// Accepts an informative group if the batch still wants one: the rank is the new
+/// count, and the K-th acceptance completes the batch in the same statement.
+pub(super) const ACCEPT_GROUP: &str = "UPDATE sampling_batches SET informative = informative + 1, \
+     groups_decided = groups_decided + 1, \
+     status = CASE WHEN informative + 1 >= target_groups THEN 'complete' ELSE status END, \
+     ended_at = CASE WHEN informative + 1 >= target_groups THEN $2 ELSE ended_at END, \
+     updated_at = $2 \
+     WHERE id = $1 AND status = 'running' AND informative < target_groups \
+     RETURNING informative";
+
+pub(super) const SET_RANK: &str =
+    "UPDATE sampling_groups SET accepted_rank = $3 WHERE batch_id = $1 AND group_id = $2";
+
+/// Counts a verdict that is not an acceptance (`$2` names it; `informative` here is a
+/// surplus group, decided after the batch ended).
+pub(super) const COUNT_VERDICT: &str = "UPDATE sampling_batches SET \
+     groups_decided = groups_decided + 1, \
+     surplus = surplus + CASE WHEN $2 = 'informative' THEN 1 ELSE 0 END, \
+     uniform = uniform + CASE WHEN $2 = 'uniform' THEN 1 ELSE 0 END, \
+     incomplete = incomplete + CASE WHEN $2 = 'incomplete' THEN 1 ELSE 0 END, \
+     cancelled_groups = cancelled_groups + CASE WHEN $2 = 'cancelled' THEN 1 ELSE 0 END, \
+     updated_at = $3 WHERE id = $1";
+
+/// Gives up on a batch whose every allowed prompt was tried and decided.
+pub(super) const EXHAUST: &str = "UPDATE sampling_batches SET status = 'exhausted', \
+     ended_at = $2, updated_at = $2, reason = $3 \
+     WHERE id = $1 AND status = 'running' AND groups_launched >= max_groups \
+     AND groups_decided >= groups_launched";
+
+pub(super) const SAMPLING_STATUS: &str = "SELECT status FROM sampling_batches WHERE id = $1";
+
+pub(super) const END_SAMPLING: &str = "UPDATE sampling_batches SET status = $2, reason = $3, \
+     ended_at = $4, updated_at = $4 WHERE id = $1 AND status = 'running'";
+
+pub(super) const ACCEPTED_GROUPS: &str = "SELECT idx, group_id, accepted_rank, reward_mean, \
+     reward_std FROM sampling_groups WHERE batch_id = $1 AND accepted_rank > $2 \
+     ORDER BY accepted_rank LIMIT CAST($3 AS INTEGER)";
+
+pub(super) const RESULTS_OF_GROUP: &str = concat!(
+    "SELECT ",
+    result_cols!(),
+    " FROM results WHERE batch_id = $1 AND group_id = $2 ORDER BY seq"
+);
+
+pub(super) const LIVE_JOBS: &str = "SELECT id FROM jobs WHERE batch_id = $1 \
+     AND status IN ('queued', 'running') ORDER BY id LIMIT CAST($2 AS INTEGER)";
+
+/// Batches with work for a driver: running ones (launch), ended ones with groups still
+/// out (cancel the rest), and ones with accepted groups not yet published.
+pub(super) const SAMPLING_TO_DRIVE: &str = "SELECT id FROM sampling_batches b \
+     WHERE status = 'running' OR groups_decided < groups_launched \
+     OR EXISTS (SELECT 1 FROM sampling_groups g WHERE g.batch_id = b.id \
+     AND g.accepted_rank IS NOT NULL AND g.published_at IS NULL) ORDER BY id";
+
+pub(super) const UNPUBLISHED_GROUPS: &str = "SELECT accepted_rank FROM sampling_groups \
+     WHERE batch_id = $1 AND accepted_rank IS NOT NULL AND published_at IS NULL \
+     ORDER BY accepted_rank";
+
+pub(super) const MARK_GROUP_PUBLISHED: &str = "UPDATE sampling_groups SET published_at = $3 \
+     WHERE batch_id = $1 AND accepted_rank = $2 AND published_at IS NULL";

@@ -229,7 +229,7 @@ impl Worker {
             Ok(Some(result)) => {
                 metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => outcome.status.as_str())
                     .increment(1);
-                tracing::debug!(status = %outcome.status, reward = ?result.reward, "job finished");
+                tracing::debug!(status = %outcome.status, reward = ?result.result.reward, "job finished");
                 publish_result(&self.queue, self.store.as_ref(), &result).await;
                 ack(msg, AckKind::Ack).await;
             }

@@ -22,6 +22,8 @@ pub struct TestEnv {
     pub client: Client,
     pub base: String,
     pub shutdown: CancellationToken,
+    /// Stops the current gateway only (see [`TestEnv::restart_gateway`]).
+    gateway_stop: CancellationToken,
     pub dir: tempfile::TempDir,
     config_path: std::path::PathBuf,
     children: Vec<Child>,
@@ -152,17 +154,12 @@ impl TestEnv {
         let deps = rollout::wiring::connect(Arc::new(settings.clone()), "test", false)
             .await
             .expect("connect");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = CancellationToken::new();
-        tokio::spawn(rollout::wiring::run_gateway(
-            deps.clone(),
-            listener,
-            shutdown.clone(),
-        ));
+        let (base, gateway_stop) = spawn_gateway(&deps, &shutdown).await;
         TestEnv {
             client: Client::new(&base).with_token(Some(settings.gateway.token.clone())),
             base,
+            gateway_stop,
 
             deps,
             shutdown,
@@ -172,6 +169,23 @@ impl TestEnv {
             _db: db,
             _nats: nats,
         }
+    }
+
+    /// Stops the gateway (its HTTP server, NATS listeners, batch driver and
+    /// reconciler) and starts a fresh one on a new port, as a restarted gateway process
+    /// would come back: everything it knows is in the database.
+    pub async fn restart_gateway(&mut self) {
+        self.gateway_stop.cancel();
+        let (base, stop) = spawn_gateway(&self.deps, &self.shutdown).await;
+        self.client = Client::new(&base).with_token(Some(self.deps.settings.gateway.token.clone()));
+        self.base = base;
+        self.gateway_stop = stop;
+    }
+
+    /// Starts another gateway beside the first (a second gateway process); returns its
+    /// base URL. It stops with the environment.
+    pub async fn extra_gateway(&self) -> String {
+        spawn_gateway(&self.deps, &self.shutdown).await.0
     }
 
     /// Starts `count` in-process workers of each stage.
@@ -327,6 +341,22 @@ pub async fn json_answer(req: reqwest::RequestBuilder, what: &str) -> (u16, serd
     let json = serde_json::from_str(&text)
         .unwrap_or_else(|_| panic!("{what}: the answer is not JSON ({status}): {text}"));
     (status, json)
+}
+
+/// Runs a gateway on a fresh port until `shutdown` or its own stop token fires.
+async fn spawn_gateway(
+    deps: &Services,
+    shutdown: &CancellationToken,
+) -> (String, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = shutdown.child_token();
+    tokio::spawn(rollout::wiring::run_gateway(
+        deps.clone(),
+        listener,
+        stop.clone(),
+    ));
+    (base, stop)
 }
 
 /// A synthetic task from its spec.

@@ -18,5 +18,6 @@ mod nats_submit;
 mod openapi;
 mod poison;
 mod results;
+mod sampling;
 mod shell;
 mod store;

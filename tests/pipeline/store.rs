@@ -304,9 +304,12 @@ async fn a_job_ends_once_with_one_result_and_counts_once() {
         .await
         .unwrap()
         .expect("the holder ends the job");
-    assert_eq!((result.status, result.reward), (Status::Done, Some(0.5)));
-    assert_eq!(result.output["eval"], json!({"why": "tests passed"}));
-    assert!(result.seq > 0);
+    assert_eq!(
+        (result.result.status, result.result.reward),
+        (Status::Done, Some(0.5))
+    );
+    assert_eq!(result.result.output["eval"], json!({"why": "tests passed"}));
+    assert!(result.result.seq > 0);
 
     // No second end applies, whoever tries and however.
     for cond in [cond, FinishIf::Live, FinishIf::Unleased(msg.clone())] {
@@ -332,14 +335,17 @@ async fn a_job_ends_once_with_one_result_and_counts_once() {
         (1, 1, 0.5)
     );
     let stored = store.result(&msg.job_id).await.unwrap().unwrap();
-    assert_eq!((stored.seq, stored.status), (result.seq, Status::Done));
+    assert_eq!(
+        (stored.seq, stored.status),
+        (result.result.seq, Status::Done)
+    );
     let page = store
         .results_after(Some("b"), 0, 10, 1 << 20)
         .await
         .unwrap();
     assert_eq!(
         page.iter().map(|r| r.seq).collect::<Vec<_>>(),
-        vec![result.seq]
+        vec![result.result.seq]
     );
     let job = store.job(&msg.job_id).await.unwrap().unwrap();
     assert_eq!((job.status, job.finished_at), (Status::Done, Some(2_500)));
@@ -365,7 +371,7 @@ async fn giving_up_on_a_message_waits_for_its_lease() {
         .finish(&cond, &msg.job_id, &end, EpochMs(3_001))
         .await
         .unwrap();
-    assert_eq!(result.map(|r| r.status), Some(Status::Failed));
+    assert_eq!(result.map(|r| r.result.status), Some(Status::Failed));
 }
 
 #[tokio::test]

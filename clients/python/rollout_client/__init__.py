@@ -1,0 +1,300 @@
+"""Trainer-side client of the rollout service.
+
+A trainer hands the service a prompt pool and asks for K groups of G samples whose
+rewards differ (DAPO's dynamic sampling); the service launches groups as earlier ones
+end, accepts informative groups until it has K, and cancels the rest. This module
+submits such batches, iterates over the accepted groups as they are decided (Server-Sent
+Events, resumed after a dropped connection), cancels batches, and turns accepted groups
+into the padded arrays a GRPO/DAPO step consumes, under the names verl's rollout output
+uses.
+
+Standard library only; ``to_tensors`` returns numpy arrays or torch tensors when asked
+and installed.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+__all__ = ["RolloutClient", "RolloutError", "to_tensors", "parse_sse"]
+
+Json = Dict[str, Any]
+
+
+class RolloutError(Exception):
+    """The service refused a request: ``status`` is the HTTP status, ``field`` the
+    offending field of bad input (e.g. ``prompts[3].spec.run_ms``)."""
+
+    def __init__(self, status: int, message: str, field: Optional[str] = None):
+        super().__init__(f"{status}: {message}" + (f" (field `{field}`)" if field else ""))
+        self.status = status
+        self.message = message
+        self.field = field
+
+
+class RolloutClient:
+    """A client of one gateway (``url``, e.g. ``http://127.0.0.1:8080``)."""
+
+    def __init__(self, url: str, token: Optional[str] = None, timeout: float = 60.0):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def _headers(self) -> Dict[str, str]:
+        h = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        return h
+
+    def _request(self, method: str, path: str, body: Optional[Json] = None) -> Json:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method, headers=self._headers()
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as e:
+            text = e.read().decode(errors="replace")
+            try:
+                err = json.loads(text)
+                raise RolloutError(e.code, err.get("error", text), err.get("field")) from None
+            except ValueError:
+                raise RolloutError(e.code, text) from None
+
+    # -- sampling batches -----------------------------------------------------------
+
+    def submit_batch(
+        self,
+        prompts: Sequence[Json],
+        group_size: int,
+        target_groups: int,
+        *,
+        max_groups_in_flight: Optional[int] = None,
+        max_groups: Optional[int] = None,
+        informative: Optional[Json] = None,
+        policy_version: Optional[int] = None,
+        batch_id: Optional[str] = None,
+    ) -> Json:
+        """Starts a sampling batch (``POST /v1/batches``) and returns its view:
+        ``{"batch": {...}, "groups": [...], "duplicate": bool}``.
+
+        ``prompts`` are tasks (``{"kind", "spec", "metadata"}``) without ``client_id`` or
+        ``group_id``. ``informative`` is e.g. ``{"rule": "reward_std", "eps": 0.05}`` or
+        ``{"min_mean": 0.1, "max_mean": 0.9}`` (default: rewards not all equal). Passing
+        the same ``batch_id`` again returns the existing batch, so a retry after a lost
+        answer creates nothing twice.
+        """
+        body: Json = {
+            "prompts": list(prompts),
+            "group_size": group_size,
+            "target_groups": target_groups,
+        }
+        for key, value in (
+            ("max_groups_in_flight", max_groups_in_flight),
+            ("max_groups", max_groups),
+            ("informative", informative),
+            ("policy_version", policy_version),
+            ("batch_id", batch_id),
+        ):
+            if value is not None:
+                body[key] = value
+        return self._request("POST", "/v1/batches", body)
+
+    def batch(self, batch_id: str) -> Json:
+        """The batch: parameters, status, counters and accepted groups."""
+        return self._request("GET", f"/v1/batches/{urllib.parse.quote(batch_id)}")
+
+    def cancel(self, batch_id: str) -> Json:
+        """Cancels a running batch: nothing more is launched, the rest is cancelled."""
+        return self._request("POST", f"/v1/batches/{urllib.parse.quote(batch_id)}/cancel")
+
+    def groups(self, batch_id: str, after: int = 0, retries: int = 5) -> Iterator[Json]:
+        """Yields the batch's accepted groups in rank order as they are decided, and
+        returns once the batch has ended and every accepted group was yielded. A dropped
+        connection is resumed from the last rank seen (up to ``retries`` times in a
+        row)."""
+        failures = 0
+        while True:
+            parsed = urllib.parse.urlsplit(self.url)
+            conn_type = (
+                http.client.HTTPSConnection
+                if parsed.scheme == "https"
+                else http.client.HTTPConnection
+            )
+            conn = conn_type(parsed.netloc, timeout=self.timeout)
+            headers = self._headers()
+            headers["Accept"] = "text/event-stream"
+            if after:
+                headers["Last-Event-ID"] = str(after)
+            path = f"{parsed.path}/v1/batches/{urllib.parse.quote(batch_id)}/groups/stream"
+            try:
+                conn.request("GET", path, headers=headers)
+                resp = conn.getresponse()
+                if resp.status != 200:
+                    text = resp.read().decode(errors="replace")
+                    try:
+                        err = json.loads(text)
+                        raise RolloutError(resp.status, err.get("error", text), err.get("field"))
+                    except ValueError:
+                        raise RolloutError(resp.status, text) from None
+                for event, data, _ in parse_sse(resp):
+                    failures = 0
+                    if event == "group":
+                        group = json.loads(data)
+                        after = group["rank"]
+                        yield group
+                    elif event == "end":
+                        return
+            except (OSError, http.client.HTTPException):
+                failures += 1
+                if failures > retries:
+                    raise
+                time.sleep(min(2.0, 0.1 * 2**failures))
+            finally:
+                conn.close()
+
+
+def parse_sse(lines: Any) -> Iterator[tuple]:
+    """Parses a Server-Sent Events byte stream (an iterable of lines) into
+    ``(event, data, id)`` tuples; comments (keep-alives) are skipped."""
+    event, data, ident = "message", [], None
+    for raw in lines:
+        line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        line = line.rstrip("\r\n")
+        if not line:
+            if data:
+                yield event, "\n".join(data), ident
+            event, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+        elif name == "id":
+            ident = value
+
+
+def to_tensors(
+    groups: Sequence[Json],
+    pad_token_id: int = 0,
+    backend: str = "list",
+) -> Dict[str, Any]:
+    """Turns accepted groups into the padded batch a GRPO/DAPO step consumes, one row
+    per sample, under the names verl's rollout output uses:
+
+    - ``prompts`` [N, P]: prompt token ids, left-padded with ``pad_token_id``;
+    - ``responses`` [N, R]: response token ids (the model's tokens and the tool
+      observations between its turns), right-padded;
+    - ``input_ids``, ``attention_mask``, ``position_ids`` [N, P + R];
+    - ``response_mask`` [N, R]: 1 on tokens the model produced, 0 on observations and
+      padding (the loss mask);
+    - ``rollout_log_probs`` [N, R]: the logprobs the inference server returned (0
+      elsewhere);
+    - ``token_level_scores`` [N, R]: the sample's reward on its last response token;
+    - ``rewards`` [N]: the rewards; ``group_index`` [N]: the group's rank;
+    - ``uid`` (list of N strings): the group each sample belongs to, for GRPO's
+      per-group advantage.
+
+    ``backend``: ``"list"`` (nested lists), ``"numpy"`` or ``"torch"``.
+    """
+    rows = []
+    for group in groups:
+        for result in group["results"]:
+            run = (result.get("output") or {}).get("run") or {}
+            if "prompt_ids" not in run or "response_ids" not in run:
+                raise ValueError(
+                    f"job {result.get('job_id')} has no token trajectory "
+                    "(only agent episodes carry one)"
+                )
+            response = list(run["response_ids"])
+            mask = list(run.get("loss_mask") or [1] * len(response))
+            logprobs = list(run.get("logprobs") or [0.0] * len(response))
+            if not (len(mask) == len(logprobs) == len(response)):
+                raise ValueError(f"job {result.get('job_id')}: misaligned trajectory")
+            rows.append(
+                (
+                    list(run["prompt_ids"]),
+                    response,
+                    mask,
+                    logprobs,
+                    float(result["reward"]),
+                    f"{group['batch_id']}:{group['group_id']}",
+                    int(group["rank"]),
+                )
+            )
+    p_len = max((len(r[0]) for r in rows), default=0)
+    r_len = max((len(r[1]) for r in rows), default=0)
+    out: Dict[str, List[Any]] = {
+        k: []
+        for k in (
+            "prompts",
+            "responses",
+            "input_ids",
+            "attention_mask",
+            "position_ids",
+            "response_mask",
+            "rollout_log_probs",
+            "token_level_scores",
+            "rewards",
+            "group_index",
+        )
+    }
+    uids = []
+    for prompt, response, mask, logprobs, reward, uid, rank in rows:
+        p_pad, r_pad = p_len - len(prompt), r_len - len(response)
+        prompts = [pad_token_id] * p_pad + prompt
+        responses = response + [pad_token_id] * r_pad
+        attention = [0] * p_pad + [1] * (len(prompt) + len(response)) + [0] * r_pad
+        # Positions count real tokens only (0 on padding), as verl computes them.
+        positions, seen = [], 0
+        for a in attention:
+            positions.append(seen if a else 0)
+            seen += a
+        scores = [0.0] * r_len
+        if response:
+            scores[len(response) - 1] = reward
+        out["prompts"].append(prompts)
+        out["responses"].append(responses)
+        out["input_ids"].append(prompts + responses)
+        out["attention_mask"].append(attention)
+        out["position_ids"].append(positions)
+        out["response_mask"].append(mask + [0] * r_pad)
+        out["rollout_log_probs"].append(logprobs + [0.0] * r_pad)
+        out["token_level_scores"].append(scores)
+        out["rewards"].append(reward)
+        out["group_index"].append(rank)
+        uids.append(uid)
+    result: Dict[str, Any] = dict(out)
+    if backend == "numpy":
+        import numpy as np
+
+        float_keys = {"rollout_log_probs", "token_level_scores", "rewards"}
+        result = {
+            k: np.asarray(v, dtype=np.float32 if k in float_keys else np.int64)
+            for k, v in out.items()
+        }
+    elif backend == "torch":
+        import torch
+
+        float_keys = {"rollout_log_probs", "token_level_scores", "rewards"}
+        result = {
+            k: torch.tensor(v, dtype=torch.float32 if k in float_keys else torch.long)
+            for k, v in out.items()
+        }
+    elif backend != "list":
+        raise ValueError(f"backend must be list, numpy or torch, not {backend!r}")
+    result["uid"] = uids
+    return result

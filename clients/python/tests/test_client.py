@@ -1,0 +1,133 @@
+"""Tests of the trainer client: SSE parsing and tensor conversion on their own, then the
+whole client against a real `rollout up` with the stand-in inference server (the
+binaries are taken from ROLLOUT_BIN_DIR, default target/debug)."""
+
+import json
+import os
+import unittest
+from pathlib import Path
+
+from rollout_client import RolloutClient, RolloutError, parse_sse, to_tensors
+from rollout_client.local import LocalService
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def agent_prompts():
+    """The example agent prompts (the stand-in plays a weighted script for each, so the
+    samples of one prompt differ), without their group ids: a batch gives its own."""
+    prompts = []
+    for line in (ROOT / "examples" / "agent.jsonl").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            task = json.loads(line)
+            task.pop("group_id", None)
+            task.pop("client_id", None)
+            prompts.append(task)
+    return prompts
+
+
+def group(rank, rewards, prompt_lens, response_lens):
+    results = []
+    for i, (reward, p, r) in enumerate(zip(rewards, prompt_lens, response_lens)):
+        results.append({
+            "job_id": f"j{rank}-{i}",
+            "reward": reward,
+            "output": {"run": {
+                "prompt_ids": list(range(1, p + 1)),
+                "response_ids": list(range(100, 100 + r)),
+                "loss_mask": [1, 0] * (r // 2) + [1] * (r % 2),
+                "logprobs": [-0.5] * r,
+            }},
+        })
+    return {"batch_id": "b", "group_id": f"p{rank}", "rank": rank, "results": results}
+
+
+class Offline(unittest.TestCase):
+    def test_sse_events_are_parsed_across_comments_and_multiline_data(self):
+        stream = [b": keep-alive\n", b"event: group\n", b"id: 3\n", b"data: {\"a\":\n",
+                  b"data: 1}\n", b"\n", b"event: end\n", b"data: {}\n", b"\n"]
+        events = list(parse_sse(stream))
+        self.assertEqual(events, [("group", "{\"a\":\n1}", "3"), ("end", "{}", "3")])
+
+    def test_tensors_are_padded_and_aligned_as_verl_names_them(self):
+        t = to_tensors([group(1, [1.0, 0.0], [3, 2], [4, 1])], pad_token_id=0)
+        self.assertEqual(t["prompts"], [[1, 2, 3], [0, 1, 2]])
+        self.assertEqual(t["responses"], [[100, 101, 102, 103], [100, 0, 0, 0]])
+        self.assertEqual(t["response_mask"], [[1, 0, 1, 0], [1, 0, 0, 0]])
+        self.assertEqual(t["attention_mask"][1], [0, 1, 1, 1, 0, 0, 0])
+        self.assertEqual(t["position_ids"][1], [0, 0, 1, 2, 0, 0, 0])
+        self.assertEqual(t["input_ids"][1], [0, 1, 2, 100, 0, 0, 0])
+        self.assertEqual(t["rollout_log_probs"][1], [-0.5, 0.0, 0.0, 0.0])
+        self.assertEqual(t["token_level_scores"], [[0, 0, 0, 1.0], [0.0, 0, 0, 0]])
+        self.assertEqual(t["rewards"], [1.0, 0.0])
+        self.assertEqual(t["uid"], ["b:p1", "b:p1"])
+
+    def test_a_result_without_a_trajectory_is_refused_by_name(self):
+        g = group(1, [1.0], [1], [1])
+        g["results"][0]["output"] = {"run": {"answer": "synthetic"}}
+        with self.assertRaisesRegex(ValueError, "j1-0"):
+            to_tensors([g])
+
+
+class AgainstTheService(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        bin_dir = os.environ.get("ROLLOUT_BIN_DIR", str(ROOT / "target" / "debug"))
+        cls.svc = LocalService(bin_dir, str(ROOT / "examples" / "agent-policy.json"))
+        cls.svc.__enter__()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.svc.stop()
+
+    def test_a_batch_yields_k_informative_groups_that_become_tensors(self):
+        client = self.svc.client()
+        view = client.submit_batch(agent_prompts(), group_size=4, target_groups=2,
+                                   max_groups_in_flight=4, policy_version=7,
+                                   batch_id="py-step-1")
+        self.assertEqual(view["batch"]["status"], "running")
+        again = client.submit_batch(agent_prompts(), group_size=4, target_groups=2,
+                                    max_groups_in_flight=4, policy_version=7,
+                                    batch_id="py-step-1")
+        self.assertTrue(again["duplicate"])
+        groups = list(client.groups("py-step-1"))
+        final = client.batch("py-step-1")["batch"]
+        # The stand-in plays weighted variants, so most groups of 4 disagree; 32
+        # prompts are far more than two informative groups need.
+        self.assertEqual(final["status"], "complete", (final, self.svc.log("up")[-3000:]))
+        self.assertEqual(len(groups), 2)
+        self.assertEqual(final["counters"]["informative"], 2)
+        self.assertEqual([g["rank"] for g in groups], [1, 2])
+        for g in groups:
+            rewards = [r["reward"] for r in g["results"]]
+            self.assertEqual(len(rewards), 4)
+            self.assertGreater(len(set(rewards)), 1, "an accepted group is informative")
+            for r in g["results"]:
+                self.assertEqual(r["output"]["metadata"]["policy_version"], 7)
+        t = to_tensors(groups)
+        n = 4 * len(groups)
+        self.assertEqual(len(t["responses"]), n)
+        for row in range(n):
+            self.assertEqual(len(t["response_mask"][row]), len(t["responses"][row]))
+            self.assertIn(1, t["response_mask"][row], "the model produced tokens")
+        # The groups are also in the batch's view, with the same results.
+        self.assertEqual([g["rank"] for g in client.batch("py-step-1")["groups"]],
+                         [g["rank"] for g in groups])
+
+    def test_bad_input_names_the_field_and_cancel_ends_a_batch(self):
+        client = self.svc.client()
+        with self.assertRaises(RolloutError) as e:
+            client.submit_batch(agent_prompts(), group_size=1, target_groups=1)
+        self.assertEqual((e.exception.status, e.exception.field), (400, "group_size"))
+        client.submit_batch(agent_prompts(), group_size=2, target_groups=4,
+                            batch_id="py-cancelled")
+        view = client.cancel("py-cancelled")
+        self.assertEqual(view["batch"]["status"], "cancelled")
+        self.assertEqual(list(client.groups("py-cancelled")), view["groups"])
+        with self.assertRaises(RolloutError) as e:
+            client.cancel("py-cancelled")
+        self.assertEqual(e.exception.status, 409)
+
+
+if __name__ == "__main__":
+    unittest.main()

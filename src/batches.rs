@@ -1,0 +1,196 @@
+//! The sampling-batch driver: what follows from a group's verdict.
+//!
+//! The decisions themselves are taken in the database, in the transaction of each
+//! group's last result (see [`crate::store::SamplingStore`]); the driver only acts on
+//! them, and everything it does is idempotent, so any number of drivers can act on one
+//! batch at once:
+//!
+//! - **launch**: keep `max_groups_in_flight` groups running (a compare-and-set on the
+//!   batch's next prompt, so two drivers never launch one prompt), and queue their jobs
+//!   for INIT;
+//! - **early cancel**: once the batch has ended (its K-th informative group, `max_groups`
+//!   reached, or the trainer's cancel), cancel every job of it that has not ended, with
+//!   its `cancelled` result, and broadcast each cancel so a running stage stops (its
+//!   inference request closed, its sandbox removed, EVAL skipped);
+//! - **publish** accepted groups on `<prefix>.groups.<batch>`.
+//!
+//! Drivers run in every gateway, woken on `<prefix>.batches.wake` (sent when a group is
+//! decided) in a queue group, and the reconciler sweeps every batch with work, so a lost
+//! wake or a gateway that died mid-batch costs at most one sweep interval.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::sampling::{SamplingBatch, SamplingStatus};
+use crate::domain::{EpochMs, Outcome};
+use crate::ending::{publish_result, queue_submitted};
+use crate::queue::{Queue, QueueError};
+use crate::store::{FinishIf, Store, StoreError};
+
+/// Jobs cancelled per database read while cancelling the rest of a batch.
+const CANCEL_CHUNK: i64 = 256;
+
+/// A driver could not finish its work on a batch; the next wake or sweep retries.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriveError {
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// NATS failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// Acts on sampling batches.
+#[derive(Clone)]
+pub struct Driver {
+    store: Arc<dyn Store>,
+    queue: Queue,
+}
+
+impl Driver {
+    /// A driver over the service's store and queue.
+    pub fn new(store: Arc<dyn Store>, queue: Queue) -> Self {
+        Self { store, queue }
+    }
+
+    /// Does whatever batch `id` needs now: launches the groups it has room for,
+    /// cancels what is left of it once it has ended, and publishes its accepted groups.
+    pub async fn drive(&self, id: &str) -> Result<(), DriveError> {
+        let launched = self.launch(id).await?;
+        let Some(batch) = self.store.sampling_batch(id).await? else {
+            return Ok(());
+        };
+        if batch.status.is_final() && batch.counters.groups_decided < batch.counters.groups_launched
+        {
+            self.cancel_rest(&batch).await?;
+        }
+        self.publish_groups(id).await?;
+        if launched > 0 {
+            tracing::info!(batch_id = id, groups = launched, "groups launched");
+        }
+        Ok(())
+    }
+
+    /// Launches the groups batch `id` has room for; how many jobs were queued.
+    async fn launch(&self, id: &str) -> Result<usize, DriveError> {
+        let submitted = {
+            use backon::Retryable;
+            (|| self.store.launch_groups(id, EpochMs::now()))
+                .retry(crate::retry::submit_conflicts())
+                .when(StoreError::is_conflict)
+                .await?
+        };
+        if submitted.is_empty() {
+            return Ok(0);
+        }
+        metrics::counter!(crate::metrics::JOBS_SUBMITTED)
+            .increment(submitted.iter().filter(|s| !s.duplicate).count() as u64);
+        // A lost publish is repaired by the reconciler, as for any submitted job.
+        queue_submitted(&self.queue, &submitted).await?;
+        Ok(submitted.len())
+    }
+
+    /// Cancels every job of an ended batch that has not ended, each with its result,
+    /// and tells running workers to stop.
+    async fn cancel_rest(&self, batch: &SamplingBatch) -> Result<(), DriveError> {
+        let reason = match batch.status {
+            SamplingStatus::Complete => format!(
+                "not needed: the sampling batch has its {} informative groups",
+                batch.params.target_groups
+            ),
+            SamplingStatus::Exhausted => "the sampling batch gave up (max_groups)".to_string(),
+            _ => "the sampling batch was cancelled".to_string(),
+        };
+        let outcome = Outcome::cancelled(reason);
+        let mut cancelled = 0usize;
+        loop {
+            let ids = self.store.live_jobs(&batch.id, CANCEL_CHUNK).await?;
+            if ids.is_empty() {
+                break;
+            }
+            for id in ids {
+                let ended = self
+                    .store
+                    .finish(&FinishIf::Live, &id, &outcome, EpochMs::now())
+                    .await?;
+                let Some(ended) = ended else {
+                    continue; // it ended on its own meanwhile
+                };
+                cancelled += 1;
+                metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "cancelled")
+                    .increment(1);
+                if let Err(e) = self.queue.publish_cancel(&id).await {
+                    tracing::warn!(job_id = %id, error = %e, "cancel broadcast failed; the worker will notice at its next turn or lease renewal");
+                }
+                publish_result(&self.queue, self.store.as_ref(), &ended).await;
+            }
+        }
+        if cancelled > 0 {
+            tracing::info!(batch_id = %batch.id, jobs = cancelled, status = batch.status.as_str(), "rest of the sampling batch cancelled");
+        }
+        Ok(())
+    }
+
+    /// Publishes the batch's accepted groups not yet published, in rank order.
+    async fn publish_groups(&self, id: &str) -> Result<(), DriveError> {
+        for rank in self.store.unpublished_groups(id).await? {
+            let Some(group) = self
+                .store
+                .accepted_groups(id, rank - 1, 1)
+                .await?
+                .into_iter()
+                .next()
+            else {
+                continue;
+            };
+            self.queue.publish_group(&group).await?;
+            self.store
+                .mark_group_published(id, rank, EpochMs::now())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Drives every sampling batch that has work (the reconciler's sweep); how many.
+    pub async fn sweep(&self) -> Result<usize, DriveError> {
+        let ids = self.store.sampling_to_drive().await?;
+        for id in &ids {
+            if let Err(e) = self.drive(id).await {
+                tracing::warn!(batch_id = %id, error = %e, "cannot drive the sampling batch; the next sweep retries");
+            }
+        }
+        Ok(ids.len())
+    }
+
+    /// Drives batches as their wakes arrive on `<prefix>.batches.wake` (one gateway of
+    /// the queue group gets each), until `shutdown`. `first` is a subscription made
+    /// before the gateway took requests.
+    pub async fn serve_wakes(
+        self,
+        first: Option<async_nats::Subscriber>,
+        shutdown: CancellationToken,
+    ) {
+        let queue = self.queue.clone();
+        Queue::follow(
+            "batch wakes",
+            first,
+            || queue.subscribe_wakes(),
+            |m| {
+                let driver = self.clone();
+                async move {
+                    let Ok(id) = std::str::from_utf8(&m.payload) else {
+                        return;
+                    };
+                    if let Err(e) = driver.drive(id).await {
+                        tracing::warn!(batch_id = id, error = %e, "cannot drive the sampling batch; the reconciler's sweep retries");
+                    }
+                }
+            },
+            &shutdown,
+        )
+        .await;
+    }
+}

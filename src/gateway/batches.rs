@@ -1,0 +1,556 @@
+//! `/v1/batches`: dynamic-sampling (DAPO) batches.
+//!
+//! A trainer hands over a prompt pool and asks for K groups of G samples whose rewards
+//! differ; the service keeps `max_groups_in_flight` groups running, launching the next
+//! prompt as soon as a group is decided, accepts informative groups until it has K,
+//! then cancels everything else of the batch (see [`crate::batches`]). The trainer reads
+//! the accepted groups as they are decided (`GET /v1/batches/{id}/groups`, long-poll,
+//! or its `/stream` as Server-Sent Events; or the NATS subject
+//! `<prefix>.groups.<batch>`).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::AppState;
+use super::error::{ApiError, ApiErrorBody};
+use super::jobs::{batch_id_or_new, check_task, decode_body, too_large};
+use super::params::{ApiQuery, CheckQuery, IdPath, check_range};
+use super::results::Wakeup;
+use crate::batches::Driver;
+use crate::domain::sampling::{
+    AcceptedGroup, InformativeRule, SamplingBatch, SamplingParams, SamplingStatus,
+};
+use crate::domain::{EpochMs, Task};
+use crate::store::{Created, NewSampling};
+
+/// Body of `POST /v1/batches`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    /// The batch's id: letters, digits, `-`, `_`. The same id again returns the existing
+    /// batch (a retried request creates nothing twice). A fresh id when absent.
+    #[serde(default)]
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
+    pub batch_id: Option<String>,
+    /// The prompt pool, tried in order: each task is sampled `group_size` times as the
+    /// group `p<index>`. Tasks carry no `client_id` or `group_id` (the service sets
+    /// them) and should carry no fixed seed, or every sample of a group is the same.
+    #[schema(min_items = 1)]
+    pub prompts: Vec<Task>,
+    /// G: samples per prompt (at least 2: one sample cannot disagree with itself).
+    #[schema(minimum = 2)]
+    pub group_size: i64,
+    /// K: informative groups wanted.
+    #[schema(minimum = 1)]
+    pub target_groups: i64,
+    /// Groups running at once (default: `target_groups`).
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_groups_in_flight: Option<i64>,
+    /// Give up after this many prompts were tried (default and most: the pool's size).
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_groups: Option<i64>,
+    /// When a group counts as informative (default: rewards not all equal).
+    #[serde(default)]
+    pub informative: InformativeRule,
+    /// Stamped on every job as `metadata.policy_version`.
+    #[serde(default)]
+    pub policy_version: Option<i64>,
+}
+
+/// A sampling batch and its accepted groups.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchView {
+    /// The batch: parameters, status, counters.
+    pub batch: SamplingBatch,
+    /// The accepted groups in rank order, each with its G results (exactly
+    /// `target_groups` once the batch is `complete`).
+    pub groups: Vec<AcceptedGroup>,
+    /// True when the id existed and this request created nothing.
+    #[serde(default)]
+    pub duplicate: bool,
+}
+
+/// Response of `GET /v1/batches/{id}/groups`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct GroupPage {
+    /// Accepted groups ranked after `after`, in rank order.
+    pub groups: Vec<AcceptedGroup>,
+    /// Pass as `after` next time.
+    pub next_cursor: i64,
+    /// The batch's status; once it is not `running` and a page comes back empty, no
+    /// more groups will come.
+    pub status: SamplingStatus,
+}
+
+/// Query of `GET /v1/batches/{id}/groups`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct GroupsQuery {
+    /// Return groups ranked after this (default 0: from the first).
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+    /// If none is ready and the batch is running, wait up to this long (ms, default 0,
+    /// at most `gateway.max_wait_ms`).
+    #[param(minimum = 0, maximum = 60000)]
+    pub wait_ms: Option<i64>,
+    /// Page size (default 16, at most 256).
+    #[param(minimum = 0, maximum = 256)]
+    pub limit: Option<i64>,
+}
+
+impl CheckQuery for GroupsQuery {
+    fn check(&self) -> Result<(), ApiError> {
+        check_range("after", self.after, i64::MAX)?;
+        check_range("limit", self.limit, 256)
+    }
+}
+
+/// Query of `GET /v1/batches/{id}/groups/stream`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct GroupStreamQuery {
+    /// Start after this rank; the `Last-Event-ID` header wins over it.
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+}
+
+impl CheckQuery for GroupStreamQuery {
+    fn check(&self) -> Result<(), ApiError> {
+        check_range("after", self.after, i64::MAX)
+    }
+}
+
+/// The most prompts one request may carry is `gateway.max_tasks_per_request`, and so
+/// is the most jobs one launch may insert (`max_groups_in_flight × group_size`).
+fn check_request(state: &AppState, req: &BatchRequest) -> Result<SamplingParams, ApiError> {
+    let limit = i64::try_from(state.settings.gateway.max_tasks_per_request).unwrap_or(i64::MAX);
+    let prompts = i64::try_from(req.prompts.len()).unwrap_or(i64::MAX);
+    if req.prompts.is_empty() {
+        return Err(ApiError::bad_field(
+            "prompts",
+            "`prompts` must not be empty",
+        ));
+    }
+    if prompts > limit {
+        return Err(ApiError::bad_field(
+            "prompts",
+            format!("at most {limit} prompts per batch (got {prompts})"),
+        ));
+    }
+    if !(2..=1024).contains(&req.group_size) {
+        return Err(ApiError::bad_field(
+            "group_size",
+            "`group_size` must be 2-1024 (one sample cannot disagree with itself)",
+        ));
+    }
+    if req.target_groups < 1 {
+        return Err(ApiError::bad_field(
+            "target_groups",
+            "`target_groups` must be ≥ 1",
+        ));
+    }
+    let max_groups = req.max_groups.unwrap_or(prompts);
+    if max_groups < 1 {
+        return Err(ApiError::bad_field(
+            "max_groups",
+            "`max_groups` must be ≥ 1",
+        ));
+    }
+    if req.target_groups > max_groups.min(prompts) {
+        return Err(ApiError::bad_field(
+            "target_groups",
+            format!(
+                "`target_groups` ({}) is more than the prompts the batch may try ({}); add \
+                 prompts or raise `max_groups`",
+                req.target_groups,
+                max_groups.min(prompts)
+            ),
+        ));
+    }
+    let in_flight = req.max_groups_in_flight.unwrap_or(req.target_groups);
+    if in_flight < 1 || in_flight.saturating_mul(req.group_size) > limit {
+        return Err(ApiError::bad_field(
+            "max_groups_in_flight",
+            format!(
+                "`max_groups_in_flight` must be ≥ 1 and, times `group_size`, at most {limit} jobs"
+            ),
+        ));
+    }
+    req.informative
+        .check()
+        .map_err(|(field, e)| ApiError::bad_field(format!("informative.{field}"), e))?;
+    for (i, task) in req.prompts.iter().enumerate() {
+        let at = format!("prompts[{i}]");
+        if task.client_id.is_some() || task.group_id.is_some() {
+            let f = if task.client_id.is_some() {
+                "client_id"
+            } else {
+                "group_id"
+            };
+            return Err(ApiError::bad_field(
+                format!("{at}.{f}"),
+                format!("a prompt carries no `{f}`: the service gives each sample its own"),
+            ));
+        }
+        check_task(state, &at, task)?;
+    }
+    Ok(SamplingParams {
+        group_size: req.group_size,
+        target_groups: req.target_groups,
+        max_groups_in_flight: in_flight,
+        max_groups: max_groups.min(prompts),
+        informative: req.informative.clone(),
+        policy_version: req.policy_version,
+    })
+}
+
+/// Creates the sampling batch a `POST /v1/batches` body describes, whichever way it
+/// came (HTTP, or a NATS request on `<prefix>.batches.submit`), and launches its first
+/// groups.
+pub async fn create_body(state: &AppState, body: &[u8]) -> Result<BatchView, ApiError> {
+    let req: BatchRequest = decode_body(body)?;
+    let id = batch_id_or_new(req.batch_id.clone())?;
+    let params = check_request(state, &req)?;
+    let prompts = req
+        .prompts
+        .iter()
+        .map(|t| serde_json::to_value(t).expect("task serialises"))
+        .collect();
+    let new = NewSampling {
+        id: id.clone(),
+        params: params.clone(),
+        prompts,
+    };
+    let created = state.store.create_sampling(&new, EpochMs::now()).await?;
+    match created {
+        Created::IdTaken => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!("batch `{id}` exists and is not a sampling batch; choose another id"),
+                Some("batch_id".into()),
+            ));
+        }
+        Created::Exists => {
+            let view = view(state, &id).await?;
+            if view.batch.params != params
+                || i64::try_from(new.prompts.len()).ok() != Some(view.batch.prompt_count)
+            {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "sampling batch `{id}` exists with other parameters or prompts; \
+                         choose another id"
+                    ),
+                    Some("batch_id".into()),
+                ));
+            }
+            // A repeated request may follow a crash right after the create: drive it.
+            drive(state, &id).await;
+            return Ok(BatchView {
+                duplicate: true,
+                ..view
+            });
+        }
+        Created::New => {}
+    }
+    tracing::info!(
+        batch_id = %id,
+        prompts = new.prompts.len(),
+        group_size = params.group_size,
+        target_groups = params.target_groups,
+        "sampling batch created"
+    );
+    drive(state, &id).await;
+    view(state, &id).await
+}
+
+/// Drives a batch right away; a failure is left to the next wake or the sweep.
+async fn drive(state: &AppState, id: &str) {
+    let driver = Driver::new(state.store.clone(), state.queue.clone());
+    if let Err(e) = driver.drive(id).await {
+        tracing::warn!(batch_id = id, error = %e, "cannot launch the sampling batch's groups yet; the reconciler's sweep will");
+    }
+}
+
+/// The batch and all its accepted groups.
+async fn view(state: &AppState, id: &str) -> Result<BatchView, ApiError> {
+    let batch = state
+        .store
+        .sampling_batch(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no sampling batch with id `{id}`")))?;
+    let groups = state
+        .store
+        .accepted_groups(id, 0, batch.params.target_groups)
+        .await?;
+    Ok(BatchView {
+        batch,
+        groups,
+        duplicate: false,
+    })
+}
+
+/// Start a sampling batch.
+///
+/// Records the batch and its prompt pool, launches its first groups and returns at once;
+/// the service then keeps `max_groups_in_flight` groups running until `target_groups`
+/// informative groups are accepted (`complete`), `max_groups` prompts were tried
+/// (`exhausted`), or the batch is cancelled, and cancels whatever else of it is still
+/// running. Repeating the request (same `batch_id`) returns the batch.
+#[utoipa::path(
+    post,
+    path = "/v1/batches",
+    tag = "batches",
+    request_body = BatchRequest,
+    responses(
+        (status = 201, description = "Batch created (or found, for a repeated id)", body = BatchView),
+        (status = 400, description = "Invalid input; `field` names the problem", body = ApiErrorBody),
+        (status = 409, description = "The id belongs to another batch", body = ApiErrorBody),
+        (status = 413, description = "Body too large", body = ApiErrorBody),
+        (status = 503, description = "Database or NATS unavailable; retry", body = ApiErrorBody),
+    )
+)]
+pub async fn create_batch(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<BatchView>), ApiError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            too_large(&state)
+        } else {
+            ApiError::new(e.status(), e.body_text(), None)
+        }
+    })?;
+    Ok((StatusCode::CREATED, Json(create_body(&state, &body).await?)))
+}
+
+/// A sampling batch: parameters, status, counters (what early cancel saved included),
+/// and its accepted groups with their results.
+#[utoipa::path(
+    get,
+    path = "/v1/batches/{id}",
+    tag = "batches",
+    params(("id" = String, Path, description = "Batch id", pattern = "^[^\\u0000]{1,256}$")),
+    responses(
+        (status = 200, body = BatchView),
+        (status = 400, body = ApiErrorBody),
+        (status = 404, body = ApiErrorBody),
+    )
+)]
+pub async fn get_batch(
+    State(state): State<AppState>,
+    IdPath(id): IdPath,
+) -> Result<Json<BatchView>, ApiError> {
+    Ok(Json(view(&state, &id).await?))
+}
+
+/// Cancel a sampling batch.
+///
+/// No more groups are launched or accepted; every job of the batch that has not ended is
+/// cancelled (with its `cancelled` result). Groups accepted before stay accepted.
+#[utoipa::path(
+    post,
+    path = "/v1/batches/{id}/cancel",
+    tag = "batches",
+    params(("id" = String, Path, description = "Batch id", pattern = "^[^\\u0000]{1,256}$")),
+    responses(
+        (status = 200, body = BatchView),
+        (status = 400, body = ApiErrorBody),
+        (status = 404, body = ApiErrorBody),
+        (status = 409, description = "The batch already ended", body = ApiErrorBody),
+    )
+)]
+pub async fn cancel_batch(
+    State(state): State<AppState>,
+    IdPath(id): IdPath,
+) -> Result<Json<BatchView>, ApiError> {
+    let ended = state
+        .store
+        .end_sampling(
+            &id,
+            SamplingStatus::Cancelled,
+            "cancelled by request",
+            EpochMs::now(),
+        )
+        .await?;
+    if !ended {
+        let batch = state
+            .store
+            .sampling_batch(&id)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("no sampling batch with id `{id}`")))?;
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("sampling batch already ended `{}`", batch.status.as_str()),
+            None,
+        ));
+    }
+    tracing::info!(batch_id = %id, "sampling batch cancelled");
+    drive(&state, &id).await;
+    Ok(Json(view(&state, &id).await?))
+}
+
+/// Accepted groups after a rank, waiting up to `wait_ms` while none is ready and the
+/// batch runs.
+#[utoipa::path(
+    get,
+    path = "/v1/batches/{id}/groups",
+    tag = "batches",
+    params(("id" = String, Path, description = "Batch id", pattern = "^[^\\u0000]{1,256}$"), GroupsQuery),
+    responses(
+        (status = 200, body = GroupPage),
+        (status = 400, body = ApiErrorBody),
+        (status = 404, body = ApiErrorBody),
+    )
+)]
+pub async fn groups(
+    State(state): State<AppState>,
+    IdPath(id): IdPath,
+    ApiQuery(q): ApiQuery<GroupsQuery>,
+) -> Result<Json<GroupPage>, ApiError> {
+    let max_wait_ms = i64::try_from(state.settings.gateway.max_wait_ms).unwrap_or(i64::MAX);
+    check_range("wait_ms", q.wait_ms, max_wait_ms)?;
+    let after = q.after.unwrap_or(0);
+    let limit = q.limit.unwrap_or(16).max(1);
+    let wait = Duration::from_millis(u64::try_from(q.wait_ms.unwrap_or(0)).unwrap_or(0));
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut wakeup = Wakeup::new(&state);
+    loop {
+        wakeup.mark_seen();
+        let batch = state
+            .store
+            .sampling_batch(&id)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("no sampling batch with id `{id}`")))?;
+        let groups = state.store.accepted_groups(&id, after, limit).await?;
+        if !groups.is_empty()
+            || batch.status.is_final()
+            || tokio::time::Instant::now() >= deadline
+            || state.shutdown.is_cancelled()
+        {
+            let next_cursor = groups.last().map_or(after, |g| g.rank);
+            return Ok(Json(GroupPage {
+                groups,
+                next_cursor,
+                status: batch.status,
+            }));
+        }
+        wakeup.wait(&state, deadline).await;
+    }
+}
+
+/// The accepted groups as Server-Sent Events: a `group` event per group (its rank the
+/// event id, so a reconnecting client resumes), then one `end` event (data: the batch)
+/// once the batch has ended and every accepted group was sent.
+#[utoipa::path(
+    get,
+    path = "/v1/batches/{id}/groups/stream",
+    tag = "batches",
+    params(("id" = String, Path, description = "Batch id", pattern = "^[^\\u0000]{1,256}$"), GroupStreamQuery),
+    responses(
+        (status = 200, description = "text/event-stream of `group` events (data: AcceptedGroup), then an `end` event (data: SamplingBatch)"),
+        (status = 400, body = ApiErrorBody),
+        (status = 404, body = ApiErrorBody),
+    )
+)]
+pub async fn groups_stream(
+    State(state): State<AppState>,
+    IdPath(id): IdPath,
+    headers: HeaderMap,
+    ApiQuery(q): ApiQuery<GroupStreamQuery>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let mut after = q.after.unwrap_or(0);
+    if let Some(v) = headers.get("last-event-id") {
+        after = v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .filter(|v| *v >= 0)
+            .ok_or_else(|| {
+                ApiError::bad_field("Last-Event-ID", "`Last-Event-ID` must be a group rank")
+            })?;
+    }
+    if state.store.sampling_batch(&id).await?.is_none() {
+        return Err(ApiError::not_found(format!(
+            "no sampling batch with id `{id}`"
+        )));
+    }
+    struct Cursor {
+        state: AppState,
+        wakeup: Wakeup,
+        id: String,
+        after: i64,
+        buffer: VecDeque<AcceptedGroup>,
+        ended: bool,
+    }
+    let init = Cursor {
+        wakeup: Wakeup::new(&state),
+        state,
+        id,
+        after,
+        buffer: VecDeque::new(),
+        ended: false,
+    };
+    let stream = futures::stream::unfold(init, |mut c| async move {
+        loop {
+            if let Some(g) = c.buffer.pop_front() {
+                c.after = g.rank;
+                let event = Event::default()
+                    .event("group")
+                    .id(g.rank.to_string())
+                    .json_data(&g)
+                    .expect("group serialises");
+                return Some((Ok(event), c));
+            }
+            if c.ended || c.state.shutdown.is_cancelled() {
+                return None;
+            }
+            c.wakeup.mark_seen();
+            // The status is read before the groups: a batch seen ended has every
+            // accepted group already written, so the read after it finds them all.
+            let read = async {
+                let batch = c.state.store.sampling_batch(&c.id).await?;
+                let groups = c.state.store.accepted_groups(&c.id, c.after, 16).await?;
+                Ok::<_, crate::store::StoreError>((batch, groups))
+            }
+            .await;
+            match read {
+                Ok((_, groups)) if !groups.is_empty() => c.buffer.extend(groups),
+                Ok((Some(batch), _)) if batch.status.is_final() => {
+                    c.ended = true;
+                    let event = Event::default()
+                        .event("end")
+                        .json_data(&batch)
+                        .expect("batch serialises");
+                    return Some((Ok(event), c));
+                }
+                Ok((None, _)) => return None,
+                Ok(_) => {
+                    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+                    let Cursor { wakeup, state, .. } = &mut c;
+                    wakeup.wait(state, deadline).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "group stream cannot read the database; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}

@@ -1,0 +1,644 @@
+//! Dynamic-sampling batches: exactly K informative groups are accepted and never a
+//! uniform one, the rest of the batch is cancelled (each job with its result, running
+//! stages stopped, EVAL skipped), counters stay right through a worker SIGKILL and a
+//! gateway restart, launching never takes one prompt twice however many gateways
+//! drive a batch, and a batch that runs out of prompts ends `exhausted`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use rollout::domain::EpochMs;
+use rollout::domain::sampling::{SamplingParams, SamplingStatus};
+use rollout::domain::{JobResult, Stage, Status};
+use rollout::gateway::batches::BatchView;
+use rollout::store::NewSampling;
+use serde_json::{Value, json};
+
+use crate::eventually::{eventually, holds};
+use crate::helpers::{TestEnv, json_answer};
+
+/// A prompt pool: `n` synthetic prompts whose pass rates cycle through `rates`.
+fn prompts(n: usize, rates: &[f64], spec: &Value) -> Vec<Value> {
+    (0..n)
+        .map(|i| {
+            let mut spec = spec.clone();
+            spec["pass_rate"] = json!(rates[i % rates.len()]);
+            json!({"kind": "synthetic", "spec": spec, "metadata": {"prompt": i}})
+        })
+        .collect()
+}
+
+async fn create(base: &str, body: &Value) -> BatchView {
+    let (status, answer) = json_answer(
+        reqwest::Client::new()
+            .post(format!("{base}/v1/batches"))
+            .json(body),
+        "create a sampling batch",
+    )
+    .await;
+    assert_eq!(status, 201, "{answer}");
+    serde_json::from_value(answer).unwrap()
+}
+
+async fn get(env: &TestEnv, id: &str) -> BatchView {
+    let (status, answer) = json_answer(
+        reqwest::Client::new().get(format!("{}/v1/batches/{id}", env.base)),
+        "read the sampling batch",
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    serde_json::from_value(answer).unwrap()
+}
+
+/// Waits until the batch has ended and every one of its jobs has its result.
+async fn wait_settled(env: &TestEnv, id: &str, within: Duration) -> (BatchView, Vec<JobResult>) {
+    eventually("the sampling batch ended", within, || async move {
+        let v = get(env, id).await;
+        holds(v.batch.status.is_final(), format!("{:?}", v.batch))
+    })
+    .await;
+    let submitted = env
+        .client
+        .status(Some(id))
+        .await
+        .unwrap()
+        .batch
+        .unwrap()
+        .submitted;
+    let results = env
+        .wait_results(id, usize::try_from(submitted).unwrap(), within)
+        .await;
+    // Every group out at the end has been decided (as cancelled, mostly).
+    let view = eventually("every launched group was decided", within, || async move {
+        let v = get(env, id).await;
+        let c = &v.batch.counters;
+        holds(c.groups_decided == c.groups_launched, format!("{c:?}"))?;
+        Ok::<_, String>(v)
+    })
+    .await;
+    (view, results)
+}
+
+/// What every settled batch must satisfy, whatever the draws: the accepted groups are
+/// informative, ranked 1..=n, each with its G done results; the counters add up to
+/// what the results say.
+fn check_settled(view: &BatchView, results: &[JobResult]) {
+    let b = &view.batch;
+    let g = usize::try_from(b.params.group_size).unwrap();
+    let ranks: Vec<i64> = view.groups.iter().map(|x| x.rank).collect();
+    assert_eq!(
+        ranks,
+        (1..=i64::try_from(view.groups.len()).unwrap()).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        b.counters.informative,
+        i64::try_from(view.groups.len()).unwrap()
+    );
+    for group in &view.groups {
+        assert_eq!(group.results.len(), g, "group {} has G results", group.rank);
+        let rewards: Vec<f64> = group
+            .results
+            .iter()
+            .map(|r| {
+                assert_eq!(r.status, Status::Done, "{r:?}");
+                assert_eq!(r.group_id.as_deref(), Some(group.group_id.as_str()));
+                r.reward.expect("a done sample has a reward")
+            })
+            .collect();
+        assert!(
+            rewards.iter().any(|r| *r != rewards[0]),
+            "an accepted group is never uniform: {rewards:?}"
+        );
+    }
+    // Results by group: each launched group has exactly G results, one per sample.
+    let mut by_group: BTreeMap<&str, Vec<&JobResult>> = BTreeMap::new();
+    for r in results {
+        by_group
+            .entry(r.group_id.as_deref().expect("sampling jobs have a group"))
+            .or_default()
+            .push(r);
+    }
+    assert_eq!(
+        i64::try_from(by_group.len()).unwrap(),
+        b.counters.groups_launched
+    );
+    let (mut uniform, mut informative, mut cancelled) = (0, 0, 0);
+    for (group, rs) in &by_group {
+        assert_eq!(rs.len(), g, "group {group}: one result per sample");
+        let samples: BTreeSet<_> = rs.iter().map(|r| r.client_id.clone().unwrap()).collect();
+        assert_eq!(samples.len(), g, "group {group}: no sample twice");
+        if rs.iter().any(|r| r.status == Status::Cancelled) {
+            cancelled += 1;
+        } else if rs.iter().all(|r| r.reward == rs[0].reward) {
+            uniform += 1;
+        } else {
+            informative += 1;
+        }
+    }
+    let c = &b.counters;
+    assert_eq!(c.uniform, uniform, "{c:?}");
+    assert_eq!(c.informative + c.surplus, informative, "{c:?}");
+    assert_eq!(c.cancelled_groups, cancelled, "{c:?}");
+    assert_eq!(
+        c.jobs_saved,
+        i64::try_from(
+            results
+                .iter()
+                .filter(|r| r.status == Status::Cancelled)
+                .count()
+        )
+        .unwrap(),
+        "{c:?}"
+    );
+    // Stamped on every job.
+    for r in results {
+        assert_eq!(
+            r.output["metadata"]["policy_version"],
+            json!(b.params.policy_version)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_k_informative_groups_are_accepted_and_the_rest_is_cancelled() {
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(8);
+    // Easy, hard and even prompts: easy and hard groups are mostly uniform. Long-tailed
+    // RUN times leave stragglers out when the K-th group is accepted.
+    let spec = json!({"run_ms": 100, "run_sigma": 1.0});
+    let body = json!({
+        "batch_id": "dapo",
+        "prompts": prompts(60, &[0.5, 1.0, 0.0, 0.5], &spec),
+        "group_size": 4,
+        "target_groups": 4,
+        "max_groups_in_flight": 6,
+        "policy_version": 17,
+    });
+    let created = create(&env.base, &body).await;
+    assert_eq!(created.batch.status, SamplingStatus::Running);
+    assert_eq!(
+        created.batch.counters.groups_launched, 6,
+        "launched up to the in-flight limit"
+    );
+    // Repeating the request creates nothing.
+    let again = create(&env.base, &body).await;
+    assert!(again.duplicate);
+    let (view, results) = wait_settled(&env, "dapo", Duration::from_secs(120)).await;
+    assert_eq!(
+        view.batch.status,
+        SamplingStatus::Complete,
+        "{:?}",
+        view.batch
+    );
+    assert_eq!(view.groups.len(), 4, "exactly K groups");
+    check_settled(&view, &results);
+    // The rest of the batch was cancelled: nothing of it is left running, and no
+    // cancelled job reached EVAL.
+    let jobs = env
+        .deps
+        .store
+        .list_jobs(&rollout::store::JobQuery {
+            batch: Some("dapo".into()),
+            status: None,
+            cursor: None,
+            limit: 10_000,
+        })
+        .await
+        .unwrap();
+    assert!(jobs.iter().all(|j| j.status.is_terminal()));
+    // A cancelled job went no further: no stage after the one it was cancelled in
+    // started (EVAL is skipped for one cancelled in RUN), and none started after the
+    // cancel.
+    for j in jobs.iter().filter(|j| j.status == Status::Cancelled) {
+        let t = &j.timings;
+        for (stage, times) in [
+            (Stage::Init, &t.init),
+            (Stage::Run, &t.run),
+            (Stage::Eval, &t.eval),
+        ] {
+            let order = |s: Stage| Stage::ALL.iter().position(|x| *x == s);
+            if order(stage) > order(j.stage) {
+                assert!(
+                    times.started_at.is_none(),
+                    "{stage} after the cancel: {j:?}"
+                );
+            }
+            assert!(
+                times.started_at <= j.finished_at,
+                "{stage} started after the cancel: {j:?}"
+            );
+        }
+    }
+    // A replenished batch launches more than the first wave.
+    assert!(view.batch.counters.groups_launched >= 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_runs_out_of_prompts_ends_exhausted() {
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(4);
+    // Every prompt always passes: every group is uniform.
+    let body = json!({
+        "batch_id": "too-easy",
+        "prompts": prompts(10, &[1.0], &json!({"run_ms": 5})),
+        "group_size": 3,
+        "target_groups": 2,
+        "max_groups": 5,
+        "max_groups_in_flight": 2,
+    });
+    create(&env.base, &body).await;
+    let (view, results) = wait_settled(&env, "too-easy", Duration::from_secs(60)).await;
+    assert_eq!(
+        view.batch.status,
+        SamplingStatus::Exhausted,
+        "{:?}",
+        view.batch
+    );
+    assert!(view.batch.reason.as_deref().unwrap().contains("max_groups"));
+    assert_eq!(
+        view.batch.counters.groups_launched, 5,
+        "max_groups prompts tried, no more"
+    );
+    assert_eq!(view.batch.counters.uniform, 5);
+    assert!(view.groups.is_empty());
+    assert_eq!(results.len(), 15);
+    check_settled(&view, &results);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_cancel_stops_queued_and_running_samples_each_with_its_result() {
+    let env = TestEnv::start(|_| {}).await;
+    // One RUN worker slot: most samples wait in RUN's queue, one runs (for a minute).
+    env.stage_workers_in_process(Stage::Init, 4);
+    env.stage_workers_in_process(Stage::Eval, 1);
+    env.stage_workers_with(Stage::Run, 1, env.shutdown.clone());
+    let body = json!({
+        "batch_id": "stopped",
+        "prompts": prompts(4, &[0.5], &json!({"run_ms": 60_000})),
+        "group_size": 2,
+        "target_groups": 2,
+        "max_groups_in_flight": 4,
+    });
+    create(&env.base, &body).await;
+    // Wait for a sample to be running in RUN.
+    eventually("a sample is in RUN", Duration::from_secs(30), || async {
+        let counts = env.client.status(Some("stopped")).await.unwrap();
+        let running = counts
+            .counts
+            .iter()
+            .any(|c| c.stage == Stage::Run && c.status == Status::Running);
+        holds(running, format!("{:?}", counts.counts))
+    })
+    .await;
+    let (status, answer) = json_answer(
+        reqwest::Client::new().post(format!("{}/v1/batches/stopped/cancel", env.base)),
+        "cancel the batch",
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let (view, results) = wait_settled(&env, "stopped", Duration::from_secs(30)).await;
+    assert_eq!(view.batch.status, SamplingStatus::Cancelled);
+    assert_eq!(results.len(), 8);
+    assert!(
+        results.iter().all(|r| r.status == Status::Cancelled),
+        "{results:?}"
+    );
+    assert_eq!(view.batch.counters.jobs_saved, 8);
+    assert_eq!(view.batch.counters.cancelled_groups, 4);
+    // A second cancel is refused: the batch already ended.
+    let (status, _) = json_answer(
+        reqwest::Client::new().post(format!("{}/v1/batches/stopped/cancel", env.base)),
+        "cancel again",
+    )
+    .await;
+    assert_eq!(status, 409);
+    // The running sample's worker stopped: the work stream drains and no job is live.
+    env.wait_work_drained().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_stay_right_through_a_worker_sigkill_and_a_gateway_restart() {
+    let mut env = TestEnv::start(|_| {}).await;
+    env.stage_workers_in_process(Stage::Init, 4);
+    env.stage_workers_in_process(Stage::Eval, 4);
+    let killed = env.spawn_worker_process(Stage::Run);
+    let spec = json!({"run_ms": 300, "run_sigma": 0.5});
+    let body = json!({
+        "batch_id": "survivor",
+        "prompts": prompts(40, &[0.5, 1.0], &spec),
+        "group_size": 4,
+        "target_groups": 5,
+        "max_groups_in_flight": 4,
+    });
+    create(&env.base, &body).await;
+    // Mid-batch: some groups decided, none complete yet.
+    eventually("a group was decided", Duration::from_secs(60), || async {
+        let v = get(&env, "survivor").await;
+        holds(
+            v.batch.counters.groups_decided >= 1,
+            format!("{:?}", v.batch.counters),
+        )
+    })
+    .await;
+    env.signal_worker(killed, nix::sys::signal::Signal::SIGKILL);
+    env.restart_gateway().await;
+    // Another RUN worker takes over the killed one's samples once their leases lapse.
+    env.spawn_worker_process(Stage::Run);
+    let (view, results) = wait_settled(&env, "survivor", Duration::from_secs(180)).await;
+    assert_eq!(
+        view.batch.status,
+        SamplingStatus::Complete,
+        "{:?}",
+        view.batch
+    );
+    assert_eq!(view.groups.len(), 5);
+    check_settled(&view, &results);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_never_launch_one_prompt_twice() {
+    let env = TestEnv::start(|_| {}).await;
+    let second = env.extra_gateway().await;
+    env.workers_in_process(4);
+    let body = json!({
+        "batch_id": "shared",
+        "prompts": prompts(30, &[0.5, 0.0], &json!({"run_ms": 20})),
+        "group_size": 3,
+        "target_groups": 6,
+        "max_groups_in_flight": 5,
+    });
+    // Both gateways get the request (a trainer retrying against another one): one
+    // batch, and both drivers and reconcilers act on it from then on.
+    let (a, b) = tokio::join!(create(&env.base, &body), create(&second, &body));
+    assert_ne!(
+        a.duplicate, b.duplicate,
+        "exactly one request created the batch"
+    );
+    let (view, results) = wait_settled(&env, "shared", Duration::from_secs(120)).await;
+    check_settled(&view, &results);
+    // Launching many times at once from two stores (as two gateways' drivers would)
+    // never takes a prompt twice.
+    let other = rollout::store::connect(&env.deps.settings.database.url, 4)
+        .await
+        .unwrap();
+    let new = NewSampling {
+        id: "race".into(),
+        params: SamplingParams {
+            group_size: 2,
+            target_groups: 3,
+            max_groups_in_flight: 50,
+            max_groups: 50,
+            informative: Default::default(),
+            policy_version: None,
+        },
+        prompts: (0..50)
+            .map(|i| json!({"kind": "synthetic", "spec": {"seed": i}}))
+            .collect(),
+    };
+    env.deps
+        .store
+        .create_sampling(&new, EpochMs::now())
+        .await
+        .unwrap();
+    // Both connections race, each launching many times at once.
+    let mut launches = Vec::new();
+    for i in 0..16 {
+        let store = if i % 2 == 0 {
+            env.deps.store.clone()
+        } else {
+            other.clone()
+        };
+        launches.push(tokio::spawn(async move {
+            store.launch_groups("race", EpochMs::now()).await.unwrap()
+        }));
+    }
+    let mut ids = BTreeSet::new();
+    let mut client_ids = BTreeSet::new();
+    for l in launches {
+        for s in l.await.unwrap() {
+            assert!(!s.duplicate);
+            assert!(ids.insert(s.id));
+            assert!(client_ids.insert(s.client_id.unwrap()));
+        }
+    }
+    assert_eq!(ids.len(), 100, "all 50 prompts launched, each once, G = 2");
+    let race = env
+        .deps
+        .store
+        .sampling_batch("race")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(race.counters.groups_launched, 50);
+    let counts = env.deps.store.batch("race").await.unwrap().unwrap();
+    assert_eq!(counts.submitted, 100);
+}
+
+/// A patch whose pool is three prompts, the first one `bad`.
+fn with_first(bad: Value) -> Value {
+    let mut pool = prompts(3, &[0.5], &json!({}));
+    pool[0] = bad;
+    json!({"prompts": pool})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_batch_requests_name_their_field() {
+    let env = TestEnv::start(|_| {}).await;
+    let ok = json!({
+        "prompts": prompts(3, &[0.5], &json!({})),
+        "group_size": 2,
+        "target_groups": 2,
+    });
+    let cases = [
+        (json!({"group_size": 1}), "group_size"),
+        (json!({"target_groups": 4}), "target_groups"),
+        (json!({"max_groups": 1}), "target_groups"),
+        (json!({"max_groups_in_flight": 0}), "max_groups_in_flight"),
+        (
+            json!({"informative": {"rule": "reward_std", "eps": -1}}),
+            "informative.eps",
+        ),
+        (
+            json!({"informative": {"min_mean": 0.9, "max_mean": 0.1}}),
+            "informative.min_mean",
+        ),
+        (
+            json!({"informative": {"rule": "vibes"}}),
+            "informative.rule",
+        ),
+        (
+            with_first(json!({"kind": "synthetic", "client_id": "x"})),
+            "prompts[0].client_id",
+        ),
+        (with_first(json!({"kind": "nope"})), "prompts[0].kind"),
+        (
+            with_first(json!({"kind": "synthetic", "spec": {"pass_rate": 3}})),
+            "prompts[0].spec.pass_rate",
+        ),
+        (json!({"prompts": []}), "prompts"),
+        (json!({"batch_id": "a b"}), "batch_id"),
+        (json!({"unknown": 1}), "."),
+    ];
+    for (patch, field) in cases {
+        let mut body = ok.clone();
+        for (k, v) in patch.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, answer) = json_answer(
+            reqwest::Client::new()
+                .post(format!("{}/v1/batches", env.base))
+                .json(&body),
+            "a bad batch request",
+        )
+        .await;
+        assert_eq!(status, 400, "{patch}: {answer}");
+        if field != "." {
+            assert_eq!(answer["field"], json!(field), "{patch}: {answer}");
+        }
+    }
+    // Nothing was written: no sampling batch to drive.
+    assert!(env.deps.store.sampling_to_drive().await.unwrap().is_empty());
+    // A plain batch's id cannot become a sampling batch's.
+    env.submit(&[crate::helpers::synthetic(json!({}))], "plain")
+        .await;
+    let mut body = ok.clone();
+    body["batch_id"] = json!("plain");
+    let (status, answer) = json_answer(
+        reqwest::Client::new()
+            .post(format!("{}/v1/batches", env.base))
+            .json(&body),
+        "a taken id",
+    )
+    .await;
+    assert_eq!(status, 409, "{answer}");
+}
+
+/// The verdicts as the store takes them, with rewards chosen by the test: groups that
+/// finish after the K-th acceptance are surplus, never accepted; a failed sample makes
+/// its group incomplete; a verdict is taken once, by the group's last result; the K-th
+/// acceptance completes the batch in its own transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verdicts_are_taken_once_by_the_last_result_and_never_past_k() {
+    use rollout::domain::Outcome;
+    use rollout::domain::sampling::Verdict;
+    use rollout::store::FinishIf;
+    let env = TestEnv::start(|s| s.reconciler.enabled = false).await;
+    let store = env.deps.store.clone();
+    let new = NewSampling {
+        id: "verdicts".into(),
+        params: SamplingParams {
+            group_size: 2,
+            target_groups: 2,
+            max_groups_in_flight: 6,
+            max_groups: 6,
+            informative: Default::default(),
+            policy_version: Some(3),
+        },
+        prompts: (0..6)
+            .map(|i| json!({"kind": "synthetic", "spec": {"seed": i}}))
+            .collect(),
+    };
+    store.create_sampling(&new, EpochMs::now()).await.unwrap();
+    let jobs = store
+        .launch_groups("verdicts", EpochMs::now())
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 12);
+    // A second launch finds no room: six groups are in flight.
+    assert!(
+        store
+            .launch_groups("verdicts", EpochMs::now())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let id = |p: usize, s: usize| jobs[p * 2 + s].id.clone();
+    let end = |job: String, outcome: Outcome| {
+        let store = store.clone();
+        async move {
+            store
+                .finish(&FinishIf::Live, &job, &outcome, EpochMs::now())
+                .await
+                .unwrap()
+                .expect("the job was live")
+        }
+    };
+    let done = |r: f64| Outcome::done(r, json!({}));
+    // p0: uniform. Its first sample decides nothing; its last does.
+    assert!(end(id(0, 0), done(1.0)).await.decided.is_none());
+    let d = end(id(0, 1), done(1.0)).await.decided.unwrap();
+    assert_eq!((d.verdict, d.accepted_rank), (Verdict::Uniform, None));
+    // p1: a failed sample: incomplete, even though the other has a reward.
+    end(id(1, 0), done(1.0)).await;
+    let d = end(id(1, 1), Outcome::failed("boom"))
+        .await
+        .decided
+        .unwrap();
+    assert_eq!(d.verdict, Verdict::Incomplete);
+    // p2, p3: informative, accepted as ranks 1 and 2; the second completes the batch.
+    end(id(2, 0), done(0.0)).await;
+    let d = end(id(2, 1), done(1.0)).await.decided.unwrap();
+    assert_eq!(
+        (d.verdict, d.accepted_rank, d.batch_status),
+        (Verdict::Informative, Some(1), SamplingStatus::Running)
+    );
+    end(id(3, 0), done(1.0)).await;
+    let d = end(id(3, 1), done(0.0)).await.decided.unwrap();
+    assert_eq!(
+        (d.accepted_rank, d.batch_status),
+        (Some(2), SamplingStatus::Complete)
+    );
+    // p4: informative too, but decided after the batch had its K: surplus.
+    end(id(4, 0), done(0.0)).await;
+    let d = end(id(4, 1), done(0.5)).await.decided.unwrap();
+    assert_eq!((d.verdict, d.accepted_rank), (Verdict::Informative, None));
+    // p5: cancelled (what early cancel does).
+    end(id(5, 0), Outcome::cancelled("not needed")).await;
+    let d = end(id(5, 1), Outcome::cancelled("not needed"))
+        .await
+        .decided
+        .unwrap();
+    assert_eq!(d.verdict, Verdict::Cancelled);
+    check_verdict_counters(store.as_ref()).await;
+}
+
+/// What `verdicts_are_taken_once_by_the_last_result_and_never_past_k` left: a complete
+/// batch, its counters, and the two accepted groups in rank order.
+async fn check_verdict_counters(store: &dyn rollout::store::Store) {
+    // Nothing more is launched for an ended batch.
+    assert!(
+        store
+            .launch_groups("verdicts", EpochMs::now())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let b = store.sampling_batch("verdicts").await.unwrap().unwrap();
+    let c = &b.counters;
+    assert_eq!(b.status, SamplingStatus::Complete);
+    assert_eq!(
+        (
+            c.groups_launched,
+            c.groups_decided,
+            c.informative,
+            c.surplus,
+            c.uniform,
+            c.incomplete,
+            c.cancelled_groups,
+            c.jobs_saved
+        ),
+        (6, 6, 2, 1, 1, 1, 1, 2)
+    );
+    let accepted = store.accepted_groups("verdicts", 0, 10).await.unwrap();
+    let names: Vec<_> = accepted
+        .iter()
+        .map(|g| (g.rank, g.group_id.as_str()))
+        .collect();
+    assert_eq!(names, [(1, "p2"), (2, "p3")]);
+    assert_eq!(accepted[0].reward_mean, Some(0.5));
+    assert_eq!(accepted[0].results.len(), 2);
+    assert_eq!(
+        accepted[0].results[0].output["metadata"]["policy_version"],
+        json!(3)
+    );
+}
