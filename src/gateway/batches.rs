@@ -24,8 +24,8 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
-use super::jobs::{batch_id_or_new, check_task, decode_body, too_large};
-use super::params::{ApiQuery, CheckQuery, IdPath, check_range};
+use super::jobs::{batch_id_or_new, check_task, decode_body, read_body};
+use super::params::{ApiQuery, CheckQuery, IdPath, check_range, last_event_id};
 use super::results::Wakeup;
 use crate::batches::Driver;
 use crate::domain::sampling::{
@@ -279,6 +279,11 @@ pub async fn create_body(state: &AppState, body: &[u8]) -> Result<BatchView, Api
     view(state, &id).await
 }
 
+/// The 404 of a batch id that names no sampling batch.
+fn no_batch(id: &str) -> ApiError {
+    ApiError::not_found(format!("no sampling batch with id `{id}`"))
+}
+
 /// Drives a batch right away; a failure is left to the next wake or the sweep.
 async fn drive(state: &AppState, id: &str) {
     let driver = Driver::new(state.store.clone(), state.queue.clone());
@@ -293,7 +298,7 @@ async fn view(state: &AppState, id: &str) -> Result<BatchView, ApiError> {
         .store
         .sampling_batch(id)
         .await?
-        .ok_or_else(|| ApiError::not_found(format!("no sampling batch with id `{id}`")))?;
+        .ok_or_else(|| no_batch(id))?;
     let groups = state
         .store
         .accepted_groups(id, 0, batch.params.target_groups)
@@ -329,13 +334,7 @@ pub async fn create_batch(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<BatchView>), ApiError> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            too_large(&state)
-        } else {
-            ApiError::new(e.status(), e.body_text(), None)
-        }
-    })?;
+    let body = read_body(&state, body)?;
     Ok((StatusCode::CREATED, Json(create_body(&state, &body).await?)))
 }
 
@@ -393,7 +392,7 @@ pub async fn cancel_batch(
             .store
             .sampling_batch(&id)
             .await?
-            .ok_or_else(|| ApiError::not_found(format!("no sampling batch with id `{id}`")))?;
+            .ok_or_else(|| no_batch(&id))?;
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("sampling batch already ended `{}`", batch.status.as_str()),
@@ -436,7 +435,7 @@ pub async fn groups(
             .store
             .sampling_batch(&id)
             .await?
-            .ok_or_else(|| ApiError::not_found(format!("no sampling batch with id `{id}`")))?;
+            .ok_or_else(|| no_batch(&id))?;
         let groups = state.store.accepted_groups(&id, after, limit).await?;
         if !groups.is_empty()
             || batch.status.is_final()
@@ -474,21 +473,9 @@ pub async fn groups_stream(
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<GroupStreamQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let mut after = q.after.unwrap_or(0);
-    if let Some(v) = headers.get("last-event-id") {
-        after = v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<i64>().ok())
-            .filter(|v| *v >= 0)
-            .ok_or_else(|| {
-                ApiError::bad_field("Last-Event-ID", "`Last-Event-ID` must be a group rank")
-            })?;
-    }
+    let after = last_event_id(&headers, "a group rank")?.unwrap_or(q.after.unwrap_or(0));
     if state.store.sampling_batch(&id).await?.is_none() {
-        return Err(ApiError::not_found(format!(
-            "no sampling batch with id `{id}`"
-        )));
+        return Err(no_batch(&id));
     }
     struct Cursor {
         state: AppState,

@@ -238,15 +238,24 @@ pub async fn submit(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<SubmitResponse>), ApiError> {
-    let body = body.map_err(|e| {
+    let body = read_body(&state, body)?;
+    let response = submit_body(&state, &body).await?;
+    Ok((StatusCode::CREATED, Json(response)))
+}
+
+/// A request body as axum read it, or the error to answer (413 past
+/// `gateway.max_body_bytes`).
+pub(super) fn read_body(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            too_large(&state)
+            too_large(state)
         } else {
             ApiError::new(e.status(), e.body_text(), None)
         }
-    })?;
-    let response = submit_body(&state, &body).await?;
-    Ok((StatusCode::CREATED, Json(response)))
+    })
 }
 
 /// A submit body over `gateway.max_body_bytes` (413), over HTTP or NATS.

@@ -110,3 +110,22 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdPath {
         Ok(IdPath(id))
     }
 }
+
+/// The `Last-Event-ID` header a reconnecting EventSource client sends: the id of the
+/// last event it got (`what` it is, for the error), which wins over the query's cursor.
+pub(super) fn last_event_id(
+    headers: &axum::http::HeaderMap,
+    what: &str,
+) -> Result<Option<i64>, ApiError> {
+    let Some(v) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .filter(|v| *v >= 0)
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::bad_field("Last-Event-ID", format!("`Last-Event-ID` must be {what}"))
+        })
+}

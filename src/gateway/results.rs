@@ -20,7 +20,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
-use super::params::{ApiQuery, CheckQuery, check_opt_text, check_range};
+use super::params::{ApiQuery, CheckQuery, check_opt_text, check_range, last_event_id};
 use crate::domain::JobResult;
 
 /// Response of `GET /v1/results`.
@@ -183,17 +183,7 @@ pub async fn results_stream(
     ApiQuery(q): ApiQuery<StreamQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let batch = q.batch;
-    let mut after = q.after.unwrap_or(0);
-    if let Some(v) = headers.get("last-event-id") {
-        after = v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<i64>().ok())
-            .filter(|v| *v >= 0)
-            .ok_or_else(|| {
-                ApiError::bad_field("Last-Event-ID", "`Last-Event-ID` must be a result seq")
-            })?;
-    }
+    let after = last_event_id(&headers, "a result seq")?.unwrap_or(q.after.unwrap_or(0));
     struct Cursor {
         state: AppState,
         wakeup: Wakeup,
