@@ -161,12 +161,17 @@ fn served_document(
     if let Some(tasks) = doc.pointer_mut("/components/schemas/SubmitRequest/properties/tasks") {
         tasks["maxItems"] = serde_json::json!(settings.gateway.max_tasks_per_request);
     }
-    if let Some(params) = doc
-        .pointer_mut("/paths/~1v1~1results/get/parameters")
-        .and_then(|p| p.as_array_mut())
-    {
-        for p in params.iter_mut().filter(|p| p["name"] == "wait_ms") {
-            p["schema"]["maximum"] = serde_json::json!(settings.gateway.max_wait_ms);
+    if let Some(prompts) = doc.pointer_mut("/components/schemas/BatchRequest/properties/prompts") {
+        prompts["maxItems"] = serde_json::json!(settings.gateway.max_tasks_per_request);
+    }
+    for path in [
+        "/paths/~1v1~1results/get/parameters",
+        "/paths/~1v1~1batches~1{id}~1groups/get/parameters",
+    ] {
+        if let Some(params) = doc.pointer_mut(path).and_then(|p| p.as_array_mut()) {
+            for p in params.iter_mut().filter(|p| p["name"] == "wait_ms") {
+                p["schema"]["maximum"] = serde_json::json!(settings.gateway.max_wait_ms);
+            }
         }
     }
     doc
