@@ -8,9 +8,9 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
 use super::params::{ApiQuery, CheckQuery, IdPath, check_opt_text, check_range};
-use super::{AppState, publish_submitted};
 use crate::domain::EpochMs;
 use crate::domain::{Job, JobResult, Outcome, Status, Task, is_subject_token};
 use crate::store::{FinishIf, JobEvent, JobQuery, NewJob, Submitted};
@@ -288,12 +288,14 @@ pub async fn submit_body(state: &AppState, body: &[u8]) -> Result<SubmitResponse
     };
     metrics::counter!(crate::metrics::JOBS_SUBMITTED)
         .increment(submitted.iter().filter(|s| !s.duplicate).count() as u64);
-    publish_submitted(state, &submitted).await.map_err(|e| {
-        ApiError::unavailable(format!(
-            "jobs were recorded but could not be queued ({e}); resubmit with the same \
+    crate::ending::queue_submitted(&state.queue, &submitted)
+        .await
+        .map_err(|e| {
+            ApiError::unavailable(format!(
+                "jobs were recorded but could not be queued ({e}); resubmit with the same \
              client_id values, or the reconciler will queue them"
-        ))
-    })?;
+            ))
+        })?;
     tracing::info!(batch_id, jobs = submitted.len(), "tasks submitted");
     Ok(SubmitResponse {
         batch_id,

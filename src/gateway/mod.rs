@@ -26,7 +26,7 @@ use crate::config::Settings;
 use crate::domain::{BatchCounters, Status};
 use crate::kinds::Registry;
 use crate::queue::Queue;
-use crate::store::{StatusCount, Store, Submitted};
+use crate::store::{StatusCount, Store};
 
 pub mod auth;
 pub mod backends;
@@ -206,15 +206,6 @@ fn merge_all_of(
         merged["description"] = d.clone();
     }
     Some(merged)
-}
-
-/// Publishes the INIT hand-off of submitted jobs that are still waiting for INIT (new
-/// ones, and repeated ones whose first publish may have been lost).
-pub async fn publish_submitted(
-    state: &AppState,
-    submitted: &[Submitted],
-) -> Result<(), crate::queue::QueueError> {
-    crate::ending::queue_submitted(&state.queue, submitted).await
 }
 
 /// Keeps `tx` changing whenever a result is published, until `shutdown`.

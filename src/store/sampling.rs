@@ -126,7 +126,6 @@ pub(super) async fn on_result<C: Conn>(
     type GroupOfResult = (
         String,
         String,
-        String,
         f64,
         Option<f64>,
         Option<f64>,
@@ -140,7 +139,7 @@ pub(super) async fn on_result<C: Conn>(
         .bind(group_id)
         .fetch_optional(conn)
         .await?;
-    let Some((state, _, rule, eps, min_mean, max_mean, used, completed, finished, submitted)) = row
+    let Some((state, rule, eps, min_mean, max_mean, used, completed, finished, submitted)) = row
     else {
         return Ok(None);
     };
@@ -247,6 +246,10 @@ async fn count_sample<C: Conn>(
     completed: i64,
     now: EpochMs,
 ) -> StoreResult<()> {
+    // Only a sample that ran to its end or was cancelled changes a counter.
+    if !matches!(result.status, Status::Done | Status::Cancelled) {
+        return Ok(());
+    }
     let started: Option<(Option<i64>,)> = query(sql::JOB_STARTED_AT)
         .bind(&result.job_id)
         .fetch_optional(conn)
@@ -259,8 +262,7 @@ async fn count_sample<C: Conn>(
             let expected = if completed > 0 { used / completed } else { 0 };
             (0, 0, 1, (expected - spent).max(0))
         }
-        Status::Done => (spent, 1, 0, 0),
-        _ => (0, 0, 0, 0),
+        _ => (spent, 1, 0, 0),
     };
     query(sql::COUNT_SAMPLE)
         .bind(&result.batch_id)
@@ -279,65 +281,63 @@ fn parse_sampling_status(s: &str) -> StoreResult<SamplingStatus> {
         .ok_or_else(|| StoreError::Corrupt(format!("unknown sampling batch status `{s}`")))
 }
 
-impl<D: Dialect> SqlStore<D> {
-    /// The jobs of prompts `first .. first + n` of a batch: `group_size` samples each,
-    /// with fixed client ids and the policy version stamped in their metadata.
-    async fn group_jobs<C: Conn>(
-        conn: &mut C,
-        batch_id: &str,
-        first: i64,
-        n: i64,
-        group_size: i64,
-        policy_version: Option<i64>,
-    ) -> StoreResult<Vec<(i64, Vec<NewJob>)>> {
-        let prompts: Vec<(i64, String)> = query(sql::SELECT_PROMPTS)
-            .bind(batch_id)
-            .bind(first)
-            .bind(first + n)
-            .fetch_all(conn)
-            .await?;
-        let mut out = Vec::with_capacity(prompts.len());
-        for (idx, task) in prompts {
-            let task: serde_json::Value = serde_json::from_str(&task)
-                .map_err(|e| StoreError::Corrupt(format!("prompt {idx} of {batch_id}: {e}")))?;
-            let kind = task
-                .get("kind")
-                .and_then(serde_json::Value::as_str)
-                .ok_or_else(|| StoreError::Corrupt(format!("prompt {idx} of {batch_id}: no kind")))?
-                .to_string();
-            let group_id = prompt_group_id(idx);
-            let jobs = (0..group_size)
-                .map(|sample| {
-                    let client_id = sample_client_id(batch_id, idx, sample);
-                    let mut task = task.clone();
-                    let obj = task.as_object_mut().expect("prompts are stored as objects");
-                    obj.insert("client_id".into(), client_id.clone().into());
-                    obj.insert("group_id".into(), group_id.clone().into());
-                    let meta = obj
-                        .entry("metadata")
-                        .or_insert_with(|| serde_json::json!({}));
-                    if !meta.is_object() {
-                        *meta = serde_json::json!({});
-                    }
-                    let meta = meta.as_object_mut().expect("just made an object");
-                    meta.insert("prompt_index".into(), idx.into());
-                    meta.insert("sample".into(), sample.into());
-                    if let Some(v) = policy_version {
-                        meta.insert("policy_version".into(), v.into());
-                    }
-                    NewJob {
-                        id: uuid::Uuid::now_v7().to_string(),
-                        kind: kind.clone(),
-                        client_id: Some(client_id),
-                        group_id: Some(group_id.clone()),
-                        task,
-                    }
-                })
-                .collect();
-            out.push((idx, jobs));
-        }
-        Ok(out)
+/// The jobs of prompts `first .. first + n` of a batch: `group_size` samples each,
+/// with fixed client ids and the policy version stamped in their metadata.
+async fn group_jobs<C: Conn>(
+    conn: &mut C,
+    batch_id: &str,
+    first: i64,
+    n: i64,
+    group_size: i64,
+    policy_version: Option<i64>,
+) -> StoreResult<Vec<(i64, Vec<NewJob>)>> {
+    let prompts: Vec<(i64, String)> = query(sql::SELECT_PROMPTS)
+        .bind(batch_id)
+        .bind(first)
+        .bind(first + n)
+        .fetch_all(conn)
+        .await?;
+    let mut out = Vec::with_capacity(prompts.len());
+    for (idx, task) in prompts {
+        let task: serde_json::Value = serde_json::from_str(&task)
+            .map_err(|e| StoreError::Corrupt(format!("prompt {idx} of {batch_id}: {e}")))?;
+        let kind = task
+            .get("kind")
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| StoreError::Corrupt(format!("prompt {idx} of {batch_id}: no kind")))?
+            .to_string();
+        let group_id = prompt_group_id(idx);
+        let jobs = (0..group_size)
+            .map(|sample| {
+                let client_id = sample_client_id(batch_id, idx, sample);
+                let mut task = task.clone();
+                let obj = task.as_object_mut().expect("prompts are stored as objects");
+                obj.insert("client_id".into(), client_id.clone().into());
+                obj.insert("group_id".into(), group_id.clone().into());
+                let meta = obj
+                    .entry("metadata")
+                    .or_insert_with(|| serde_json::json!({}));
+                if !meta.is_object() {
+                    *meta = serde_json::json!({});
+                }
+                let meta = meta.as_object_mut().expect("just made an object");
+                meta.insert("prompt_index".into(), idx.into());
+                meta.insert("sample".into(), sample.into());
+                if let Some(v) = policy_version {
+                    meta.insert("policy_version".into(), v.into());
+                }
+                NewJob {
+                    id: uuid::Uuid::now_v7().to_string(),
+                    kind: kind.clone(),
+                    client_id: Some(client_id),
+                    group_id: Some(group_id.clone()),
+                    task,
+                }
+            })
+            .collect();
+        out.push((idx, jobs));
     }
+    Ok(out)
 }
 
 #[async_trait]
@@ -425,7 +425,7 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
                 if claimed == 0 {
                     return Ok(Vec::new());
                 }
-                let groups = Self::group_jobs(
+                let groups = group_jobs(
                     conn,
                     &batch_id,
                     b.next_prompt,

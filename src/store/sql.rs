@@ -427,7 +427,7 @@ pub(super) const INSERT_SAMPLING_GROUP: &str = "INSERT INTO sampling_groups \
 
 /// What a result of a sampling group needs to know: the group, its batch's rule, and
 /// whether this was the group's last sample (the trigger has just counted it).
-pub(super) const GROUP_OF_RESULT: &str = "SELECT g.state, b.status, b.rule, b.eps, b.min_mean, \
+pub(super) const GROUP_OF_RESULT: &str = "SELECT g.state, b.rule, b.eps, b.min_mean, \
      b.max_mean, b.sandbox_ms_used, b.samples_completed, pg.finished, pg.submitted \
      FROM sampling_groups g JOIN sampling_batches b ON b.id = g.batch_id \
      JOIN prompt_groups pg ON pg.batch_id = g.batch_id AND pg.id = g.group_id \

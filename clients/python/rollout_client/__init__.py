@@ -38,6 +38,19 @@ class RolloutError(Exception):
         self.field = field
 
 
+def _error(status: int, body: bytes) -> RolloutError:
+    """The service's error answer (``{"error", "field"}``, or plain text) as an
+    exception."""
+    text = body.decode(errors="replace")
+    try:
+        err = json.loads(text)
+    except ValueError:
+        return RolloutError(status, text)
+    if not isinstance(err, dict):
+        return RolloutError(status, text)
+    return RolloutError(status, err.get("error", text), err.get("field"))
+
+
 class RolloutClient:
     """A client of one gateway (``url``, e.g. ``http://127.0.0.1:8080``)."""
 
@@ -63,12 +76,7 @@ class RolloutClient:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as e:
-            text = e.read().decode(errors="replace")
-            try:
-                err = json.loads(text)
-                raise RolloutError(e.code, err.get("error", text), err.get("field")) from None
-            except ValueError:
-                raise RolloutError(e.code, text) from None
+            raise _error(e.code, e.read()) from None
 
     # -- sampling batches -----------------------------------------------------------
 
@@ -140,12 +148,7 @@ class RolloutClient:
                 conn.request("GET", path, headers=headers)
                 resp = conn.getresponse()
                 if resp.status != 200:
-                    text = resp.read().decode(errors="replace")
-                    try:
-                        err = json.loads(text)
-                        raise RolloutError(resp.status, err.get("error", text), err.get("field"))
-                    except ValueError:
-                        raise RolloutError(resp.status, text) from None
+                    raise _error(resp.status, resp.read())
                 for event, data, _ in parse_sse(resp):
                     failures = 0
                     if event == "group":
