@@ -20,61 +20,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use rollout::client::Client;
-use rollout::config::Settings;
 use rollout::domain::{Stage, Task};
 use rollout::kinds::{StageContext, TaskKind, synthetic::Synthetic};
-use rollout::natsd::NatsServer;
 use tokio_util::sync::CancellationToken;
 
 mod common;
-
-struct Env {
-    client: Client,
-    deps: rollout::wiring::Services,
-    shutdown: CancellationToken,
-    _nats: NatsServer,
-    _dir: tempfile::TempDir,
-}
-
-async fn start(tweak: impl FnOnce(&mut Settings)) -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let nats = NatsServer::start(&dir.path().join("nats"), "127.0.0.1:0".parse().unwrap())
-        .expect("nats-server on PATH (see README)");
-    let mut s = Settings::default();
-    s.nats.url = nats.url();
-    s.database.url = format!("sqlite://{}", dir.path().join("bench.db").display());
-    s.node.name = "bench".into();
-    s.reconciler.enabled = false;
-    tweak(&mut s);
-    let deps = rollout::wiring::connect(Arc::new(s), "bench", false)
-        .await
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let client = Client::new(&format!("http://{}", listener.local_addr().unwrap()));
-    let shutdown = CancellationToken::new();
-    tokio::spawn(rollout::wiring::run_gateway(
-        deps.clone(),
-        listener,
-        shutdown.clone(),
-    ));
-    for stage in Stage::ALL {
-        tokio::spawn(rollout::wiring::run_workers(
-            deps.clone(),
-            stage,
-            1,
-            shutdown.clone(),
-        ));
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    Env {
-        client,
-        deps,
-        shutdown,
-        _nats: nats,
-        _dir: dir,
-    }
-}
+#[path = "common/service.rs"]
+mod service;
+use service::{Env, start};
 
 fn task(spec: serde_json::Value) -> Task {
     Task::new("synthetic", spec)

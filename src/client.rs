@@ -10,7 +10,8 @@ use serde::de::DeserializeOwned;
 
 use crate::domain::Task;
 use crate::gateway::StatusView;
-use crate::gateway::jobs::{CancelResponse, JobView, SubmitResponse};
+use crate::gateway::batches::{BatchRequest, BatchView, GroupPage};
+use crate::gateway::jobs::{CancelResponse, JobPage, JobView, SubmitResponse};
 use crate::gateway::results::ResultPage;
 
 /// A failed API call.
@@ -234,9 +235,61 @@ impl Client {
         self.send(self.http.get(&url), url).await
     }
 
+    /// Every job of `batch` (`GET /v1/jobs?batch=…`, page by page), with its timings.
+    pub async fn batch_jobs(&self, batch: &str) -> Result<Vec<crate::domain::Job>, ClientError> {
+        let mut out = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut url = format!("{}/v1/jobs?batch={batch}&limit=1000", self.base);
+            if let Some(c) = &cursor {
+                url.push_str(&format!("&cursor={c}"));
+            }
+            let page: JobPage = self.send(self.http.get(&url), url).await?;
+            out.extend(page.jobs);
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => return Ok(out),
+            }
+        }
+    }
+
     /// `POST /v1/jobs/{id}/cancel`.
     pub async fn cancel(&self, id: &str) -> Result<CancelResponse, ClientError> {
         let url = format!("{}/v1/jobs/{id}/cancel", self.base);
+        self.send(self.http.post(&url), url).await
+    }
+
+    /// `POST /v1/batches`: a dynamic-sampling batch (see `docs/sampling.md`).
+    pub async fn submit_sampling(&self, req: &BatchRequest) -> Result<BatchView, ClientError> {
+        let url = format!("{}/v1/batches", self.base);
+        self.send(self.http.post(&url).json(req), url).await
+    }
+
+    /// `GET /v1/batches/{id}`: a sampling batch's status, counters and accepted groups.
+    pub async fn sampling_batch(&self, id: &str) -> Result<BatchView, ClientError> {
+        let url = format!("{}/v1/batches/{id}", self.base);
+        self.send(self.http.get(&url), url).await
+    }
+
+    /// `GET /v1/batches/{id}/groups`: accepted groups ranked after `after`, waiting up
+    /// to `wait_ms` while none is ready and the batch runs.
+    pub async fn sampling_groups(
+        &self,
+        id: &str,
+        after: i64,
+        wait_ms: u64,
+    ) -> Result<GroupPage, ClientError> {
+        let url = format!(
+            "{}/v1/batches/{id}/groups?after={after}&wait_ms={wait_ms}",
+            self.base
+        );
+        self.send(self.http.get(&url), url).await
+    }
+
+    /// `POST /v1/batches/{id}/cancel`: ends a running sampling batch and cancels its
+    /// live samples.
+    pub async fn cancel_sampling(&self, id: &str) -> Result<BatchView, ClientError> {
+        let url = format!("{}/v1/batches/{id}/cancel", self.base);
         self.send(self.http.post(&url), url).await
     }
 }

@@ -35,7 +35,7 @@ use crate::domain::{EpochMs, Task};
 use crate::store::{Created, NewSampling};
 
 /// Body of `POST /v1/batches`.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
     /// The batch's id: letters, digits, `-`, `_`. The same id again returns the existing

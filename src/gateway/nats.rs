@@ -1,7 +1,7 @@
 //! Submitting over NATS, for trainers that publish and subscribe rather than call HTTP.
 //!
 //! A NATS request on `<prefix>.submit` carries exactly the body of `POST /v1/jobs` and
-//! gets exactly its answer as the reply: the [`SubmitResponse`] (batch id and one entry
+//! gets exactly its answer as the reply: the [`SubmitResponse`](super::jobs::SubmitResponse) (batch id and one entry
 //! per task, `duplicate: true` for a `client_id` seen before, so a retried request
 //! creates nothing twice), or on failure an error body `{"error", "field", "status"}`
 //! with the HTTP status the same input would have got, also in the `Nats-Service-Error`
@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -24,7 +25,7 @@ use tracing::Instrument;
 use super::AppState;
 use super::batches::create_body;
 use super::error::ApiError;
-use super::jobs::{SubmitResponse, submit_body, too_large};
+use super::jobs::{submit_body, too_large};
 use crate::queue::{Queue, QueueError};
 
 /// The reply to a submit request that failed.
@@ -155,9 +156,11 @@ fn one_line(s: &str) -> String {
     s.replace(['\r', '\n'], " ")
 }
 
-/// The reply to a submit request, decoded: the response, or the error.
-pub fn decode_reply(payload: &[u8]) -> Result<SubmitResponse, SubmitErrorReply> {
-    match serde_json::from_slice::<SubmitResponse>(payload) {
+/// The reply to a request on either submit subject, decoded: the response (a
+/// [`SubmitResponse`](super::jobs::SubmitResponse) for `<prefix>.submit`, a
+/// [`BatchView`](super::batches::BatchView) for `<prefix>.batches.submit`), or the error.
+pub fn decode_reply<T: DeserializeOwned>(payload: &[u8]) -> Result<T, SubmitErrorReply> {
+    match serde_json::from_slice::<T>(payload) {
         Ok(r) => Ok(r),
         Err(_) => Err(
             serde_json::from_slice::<SubmitErrorReply>(payload).unwrap_or_else(|e| {

@@ -4,14 +4,15 @@
 //! verdict; backends that die, stall or are cancelled under a running episode; and a
 //! batch of 200 jobs over two backends.
 
-use crate::eventually::eventually;
+use crate::eventually::{eventually, holds};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rollout::agent::model::ModelFiles;
 use rollout::agent::template::python_json;
 use rollout::domain::backend::{BackendSpec, WireKind};
-use rollout::domain::{JobResult, Status, Task};
+use rollout::domain::sampling::SamplingStatus;
+use rollout::domain::{Job, JobResult, Status, Task};
 use rollout::scripted::policy::Policy;
 use rollout::scripted::{Control, FaultMode, ScriptedConfig, ScriptedServer, demo};
 use serde_json::{Value, json};
@@ -71,6 +72,13 @@ fn policy() -> Policy {
             ]}]},
             {"match": "Write an essay", "variants": [{"turns": [
                 "The quick brown fox jumps over the lazy dog. ".repeat(8),
+            ]}]},
+            {"match": "Write a long essay", "variants": [{"turns": [
+                "The quick brown fox jumps over the lazy dog. ".repeat(80),
+            ]}]},
+            {"match": "Sit in the sandbox", "variants": [{"turns": [
+                call("bash", json!({"command": "sleep 117 && echo woke"})),
+                call("finish", json!({})),
             ]}]},
             {"match": "Quick fix", "variants": [
                 {"weight": 1, "turns": [
@@ -704,6 +712,115 @@ async fn cancel_mid_generation_closes_the_request_and_the_sandbox() {
     // The sandbox went with the stage, and the assignment with the job.
     wait_gone(&root.join(&ids[0]), Duration::from_secs(15)).await;
     let backends = stand.env.client.backends().await.unwrap();
+    assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
+}
+
+/// How many processes of this machine have `needle` in their command line.
+fn processes_running(needle: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| {
+            String::from_utf8_lossy(c)
+                .replace('\0', " ")
+                .contains(needle)
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sampling_batch_early_cancel_closes_generating_requests_and_removes_sandboxes() {
+    // 30 ms a token: the long essay takes many seconds to generate.
+    let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, c| c.token_us = 30_000).await;
+    stand.env.workers_in_process(1);
+    // Two agent prompts that outlast the batch: one still generating, one asleep in a
+    // tool call in its sandbox. Then synthetic prompts that pass half the time, after a
+    // slow INIT, so the first informative group (K = 1) comes while those two are busy.
+    let mut prompts = vec![
+        task("Write a long essay.", "demo", json!({})),
+        task("Sit in the sandbox.", "demo", json!({})),
+    ];
+    prompts.extend(
+        (0..30).map(|_| Task::new("synthetic", json!({"init_ms": 4000, "pass_rate": 0.5}))),
+    );
+    let request = rollout::gateway::batches::BatchRequest {
+        batch_id: Some("early".into()),
+        prompts,
+        group_size: 2,
+        target_groups: 1,
+        max_groups_in_flight: Some(4),
+        max_groups: None,
+        informative: Default::default(),
+        policy_version: None,
+    };
+    let client = &stand.env.client;
+    client.submit_sampling(&request).await.unwrap();
+    // Watch the sleeping tool call start, and the batch end.
+    let mut saw_sleep = false;
+    let view = eventually("the batch completed", Duration::from_secs(120), || {
+        saw_sleep |= processes_running("sleep 117") > 0;
+        async move {
+            let view = client.sampling_batch("early").await.unwrap();
+            if view.batch.status.is_final() {
+                Ok(view)
+            } else {
+                Err(view.batch.counters)
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        view.batch.status,
+        SamplingStatus::Complete,
+        "{:?}",
+        view.batch
+    );
+    assert!(saw_sleep, "the sleeping tool call never started");
+    let agents: Vec<Job> = client
+        .batch_jobs("early")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|j| j.kind == "agent")
+        .collect();
+    assert_eq!(agents.len(), 4, "both agent groups launched");
+    let server = stand.servers[0].as_ref().unwrap();
+    // Both essays were generating: the server saw their requests closed.
+    wait_stats(server, "saw both essays closed", |s| {
+        s.aborted == 2 && s.in_flight == 0
+    })
+    .await;
+    let root = stand.env.deps.settings.sandbox_root();
+    for job in &agents {
+        let result = eventually(
+            "the agent job ended",
+            Duration::from_secs(30),
+            || async move {
+                let view = client.job(&job.id).await.unwrap();
+                view.result.ok_or(view.job.status)
+            },
+        )
+        .await;
+        assert_eq!(result.status, Status::Cancelled, "{result:?}");
+        let job = client.job(&job.id).await.unwrap().job;
+        assert!(job.timings.eval.started_at.is_none(), "EVAL ran: {job:?}");
+        // The sandbox went with the cancel, and every process in it.
+        wait_gone(&root.join(&job.id), Duration::from_secs(15)).await;
+    }
+    eventually(
+        "the sleeping tool call was killed",
+        Duration::from_secs(15),
+        || async { holds(processes_running("sleep 117") == 0, "still running") },
+    )
+    .await;
+    let backends = client.backends().await.unwrap();
     assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
 }
 

@@ -1,33 +1,39 @@
 //! Submitting over NATS: a request on `<prefix>.submit` gets the same answer as
-//! `POST /v1/jobs`, is idempotent by `client_id`, and names the bad field.
+//! `POST /v1/jobs`, is idempotent by `client_id`, and names the bad field; a request on
+//! `<prefix>.batches.submit` does the same for `POST /v1/batches`, and the batch's
+//! accepted groups arrive on `<prefix>.groups.<batch>`, live and replayable.
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use rollout::domain::Status;
-use rollout::gateway::nats::decode_reply;
+use rollout::domain::sampling::{AcceptedGroup, SamplingStatus};
+use rollout::gateway::batches::BatchView;
+use rollout::gateway::nats::{SubmitErrorReply, decode_reply};
 use serde_json::json;
 
 use crate::eventually::eventually;
 use crate::helpers::TestEnv;
 
-/// Sends a submit request and returns the reply's headers and decoded body. Until the
-/// gateway (started beside the test) has subscribed, NATS answers "no responders" at
-/// once; like any requester, this tries again.
+/// Sends a submit request and returns the reply's headers and decoded body.
 async fn request(
     env: &TestEnv,
     body: &serde_json::Value,
 ) -> (
     Option<async_nats::HeaderMap>,
-    Result<rollout::gateway::jobs::SubmitResponse, rollout::gateway::nats::SubmitErrorReply>,
+    Result<rollout::gateway::jobs::SubmitResponse, SubmitErrorReply>,
 ) {
-    let reply = raw_request(env, serde_json::to_vec(body).unwrap()).await;
+    let subject = env.deps.queue.subjects().submit();
+    let reply = raw_request(env, &subject, serde_json::to_vec(body).unwrap()).await;
     (reply.headers, decode_reply(&reply.payload))
 }
 
-async fn raw_request(env: &TestEnv, body: Vec<u8>) -> async_nats::Message {
-    let subject = env.deps.queue.subjects().submit();
+/// Sends a request on `subject`. Until the gateway (started beside the test) has
+/// subscribed, NATS answers "no responders" at once; like any requester, this tries
+/// again.
+async fn raw_request(env: &TestEnv, subject: &str, body: Vec<u8>) -> async_nats::Message {
     let client = env.deps.queue.client();
-    let (subject, body) = (&subject, &body);
+    let (subject, body) = (&subject.to_string(), &body);
     eventually(
         "a gateway answered the submit request",
         Duration::from_secs(30),
@@ -40,6 +46,16 @@ async fn raw_request(env: &TestEnv, body: Vec<u8>) -> async_nats::Message {
         },
     )
     .await
+}
+
+/// Sends a request on `<prefix>.batches.submit`.
+async fn batch_request(
+    env: &TestEnv,
+    body: &serde_json::Value,
+) -> Result<BatchView, SubmitErrorReply> {
+    let subject = env.deps.queue.subjects().batches_submit();
+    let reply = raw_request(env, &subject, serde_json::to_vec(body).unwrap()).await;
+    decode_reply(&reply.payload)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,8 +106,10 @@ async fn a_bad_nats_submit_names_the_field_and_writes_nothing() {
         Some("400")
     );
     // Not JSON at all.
-    let reply = raw_request(&env, b"{not json".to_vec()).await;
-    assert_eq!(decode_reply(&reply.payload).unwrap_err().status, 400);
+    let subject = env.deps.queue.subjects().submit();
+    let reply = raw_request(&env, &subject, b"{not json".to_vec()).await;
+    let e = decode_reply::<rollout::gateway::jobs::SubmitResponse>(&reply.payload).unwrap_err();
+    assert_eq!(e.status, 400);
     let page = env.client.results(None, 0, 0).await.unwrap();
     assert!(page.results.is_empty());
     let status = env.client.status(None).await.unwrap();
@@ -100,4 +118,110 @@ async fn a_bad_nats_submit_names_the_field_and_writes_nothing() {
         "a refused request wrote jobs: {:?}",
         status.counts
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sampling_batch_over_nats_is_idempotent_and_its_groups_arrive_on_their_subject() {
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(4);
+    let queue = &env.deps.queue;
+    let subject = queue.subjects().groups("over-nats");
+    // A trainer listening live, from before the batch exists.
+    let mut live = queue.client().subscribe(subject.clone()).await.unwrap();
+    queue.client().flush().await.unwrap();
+
+    // Refused input names its field and creates nothing.
+    let bad = json!({"batch_id": "refused", "group_size": 1, "target_groups": 1,
+        "prompts": [{"kind": "synthetic", "spec": {}}]});
+    let e = batch_request(&env, &bad).await.expect_err("refused");
+    assert_eq!(
+        (e.status, e.field.as_deref()),
+        (400, Some("group_size")),
+        "{e:?}"
+    );
+    let (status, _) = crate::helpers::json_answer(
+        reqwest::Client::new().get(format!("{}/v1/batches/refused", env.base)),
+        "read the refused batch",
+    )
+    .await;
+    assert_eq!(status, 404, "a refused request created its batch");
+
+    let k = 3;
+    let body = json!({
+        "batch_id": "over-nats",
+        "prompts": crate::sampling::prompts(40, &[0.5], &json!({"run_ms": 20})),
+        "group_size": 4,
+        "target_groups": k,
+        "max_groups_in_flight": 4,
+    });
+    let first = batch_request(&env, &body).await.expect("created");
+    assert!(!first.duplicate);
+    assert_eq!(first.batch.id, "over-nats");
+    // The same request again (a retry after a lost reply) creates nothing.
+    let again = batch_request(&env, &body).await.expect("answered again");
+    assert!(again.duplicate);
+    assert_eq!(again.batch.params, first.batch.params);
+    // The same id with other parameters is a conflict, not a second batch.
+    let mut other = body.clone();
+    other["target_groups"] = json!(k + 1);
+    let e = batch_request(&env, &other).await.expect_err("conflict");
+    assert_eq!(e.status, 409, "{e:?}");
+
+    let (view, _) =
+        crate::sampling::wait_settled(&env, "over-nats", Duration::from_secs(120)).await;
+    assert_eq!(
+        view.batch.status,
+        SamplingStatus::Complete,
+        "{:?}",
+        view.batch
+    );
+    let expected: Vec<(i64, String)> = view
+        .groups
+        .iter()
+        .map(|g| (g.rank, g.group_id.clone()))
+        .collect();
+    assert_eq!(expected.len(), k);
+    let key = |g: &AcceptedGroup| (g.rank, g.group_id.clone());
+
+    // Live: each accepted group once, in rank order, with its G results.
+    let mut heard = Vec::new();
+    for _ in 0..k {
+        let msg = tokio::time::timeout(Duration::from_secs(60), live.next())
+            .await
+            .expect("a group message")
+            .unwrap();
+        let group: AcceptedGroup = serde_json::from_slice(&msg.payload).unwrap();
+        assert_eq!(group.results.len(), 4);
+        heard.push(key(&group));
+    }
+    assert_eq!(heard, expected);
+
+    // Replayed from the stream by a trainer that connects late: the same groups, and
+    // nothing more (a group published twice is dropped by its message id).
+    let stream = queue
+        .jetstream()
+        .get_stream(queue.subjects().stream("GROUPS"))
+        .await
+        .unwrap();
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            filter_subject: subject,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut replayed = Vec::new();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(k + 5)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await
+        .unwrap();
+    while let Some(msg) = batch.next().await {
+        let msg = msg.unwrap();
+        let group: AcceptedGroup = serde_json::from_slice(&msg.payload).unwrap();
+        replayed.push(key(&group));
+    }
+    assert_eq!(replayed, expected);
 }

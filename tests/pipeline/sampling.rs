@@ -18,7 +18,7 @@ use crate::eventually::{eventually, holds};
 use crate::helpers::{TestEnv, json_answer};
 
 /// A prompt pool: `n` synthetic prompts whose pass rates cycle through `rates`.
-fn prompts(n: usize, rates: &[f64], spec: &Value) -> Vec<Value> {
+pub(crate) fn prompts(n: usize, rates: &[f64], spec: &Value) -> Vec<Value> {
     (0..n)
         .map(|i| {
             let mut spec = spec.clone();
@@ -51,7 +51,11 @@ async fn get(env: &TestEnv, id: &str) -> BatchView {
 }
 
 /// Waits until the batch has ended and every one of its jobs has its result.
-async fn wait_settled(env: &TestEnv, id: &str, within: Duration) -> (BatchView, Vec<JobResult>) {
+pub(crate) async fn wait_settled(
+    env: &TestEnv,
+    id: &str,
+    within: Duration,
+) -> (BatchView, Vec<JobResult>) {
     eventually("the sampling batch ended", within, || async move {
         let v = get(env, id).await;
         holds(v.batch.status.is_final(), format!("{:?}", v.batch))
