@@ -210,6 +210,25 @@ async fn exactly_k_informative_groups_are_accepted_and_the_rest_is_cancelled() {
         .await
         .unwrap();
     assert!(jobs.iter().all(|j| j.status.is_terminal()));
+    // Sandbox time used is what the samples that ran to their end spent, INIT start to
+    // result; the cancelled ones are counted as saved.
+    let by_job: BTreeMap<&str, &JobResult> =
+        results.iter().map(|r| (r.job_id.as_str(), r)).collect();
+    let used: i64 = jobs
+        .iter()
+        .filter(|j| j.status == Status::Done)
+        .map(|j| by_job[j.id.as_str()].created_at - j.timings.init.started_at.unwrap())
+        .sum();
+    let c = &view.batch.counters;
+    assert_eq!(c.sandbox_ms_used, used, "{c:?}");
+    assert!(used > 0, "{c:?}");
+    assert_eq!(
+        c.samples_completed,
+        i64::try_from(jobs.iter().filter(|j| j.status == Status::Done).count()).unwrap()
+    );
+    if c.jobs_saved > 0 {
+        assert!(c.sandbox_ms_saved > 0, "{c:?}");
+    }
     // A cancelled job went no further: no stage after the one it was cancelled in
     // started (EVAL is skipped for one cancelled in RUN), and none started after the
     // cancel.
