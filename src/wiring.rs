@@ -149,28 +149,17 @@ pub async fn run_gateway(
         metrics: crate::metrics::install(),
     };
     // Subscribed before the gateway listens: once it answers HTTP, it answers NATS.
-    let submits = state.queue.subscribe_submits().await?;
-    essentials.push(spawn_essential(
-        "NATS submit listener",
-        &shutdown,
-        gateway::nats::serve_submits(
-            state.clone(),
-            gateway::nats::Endpoint::Jobs,
-            submits,
-            shutdown.clone(),
-        ),
-    ));
-    let batch_submits = state.queue.subscribe_batch_submits().await?;
-    essentials.push(spawn_essential(
-        "NATS batch listener",
-        &shutdown,
-        gateway::nats::serve_submits(
-            state.clone(),
-            gateway::nats::Endpoint::Batches,
-            batch_submits,
-            shutdown.clone(),
-        ),
-    ));
+    for endpoint in [
+        gateway::nats::Endpoint::Jobs,
+        gateway::nats::Endpoint::Batches,
+    ] {
+        let sub = endpoint.subscribe(&state.queue).await?;
+        essentials.push(spawn_essential(
+            endpoint.listener(),
+            &shutdown,
+            gateway::nats::serve_submits(state.clone(), endpoint, sub, shutdown.clone()),
+        ));
+    }
     let wakes = state.queue.subscribe_wakes().await?;
     essentials.push(spawn_essential(
         "sampling batch driver",

@@ -58,7 +58,16 @@ impl Endpoint {
         }
     }
 
-    async fn subscribe(self, queue: &Queue) -> Result<async_nats::Subscriber, QueueError> {
+    /// The name its listener task is supervised under.
+    pub fn listener(self) -> &'static str {
+        match self {
+            Endpoint::Jobs => "NATS submit listener",
+            Endpoint::Batches => "NATS batch listener",
+        }
+    }
+
+    /// Subscribes to its subject in the gateways' queue group.
+    pub async fn subscribe(self, queue: &Queue) -> Result<async_nats::Subscriber, QueueError> {
         match self {
             Endpoint::Jobs => queue.subscribe_submits().await,
             Endpoint::Batches => queue.subscribe_batch_submits().await,

@@ -28,26 +28,25 @@ pub(crate) fn prompts(n: usize, rates: &[f64], spec: &Value) -> Vec<Value> {
         .collect()
 }
 
-async fn create(base: &str, body: &Value) -> BatchView {
-    let (status, answer) = json_answer(
+/// `POST /v1/batches` with `body`: the status and the answer.
+async fn post_batch(base: &str, body: &Value) -> (u16, Value) {
+    json_answer(
         reqwest::Client::new()
             .post(format!("{base}/v1/batches"))
             .json(body),
         "create a sampling batch",
     )
-    .await;
+    .await
+}
+
+async fn create(base: &str, body: &Value) -> BatchView {
+    let (status, answer) = post_batch(base, body).await;
     assert_eq!(status, 201, "{answer}");
     serde_json::from_value(answer).unwrap()
 }
 
 async fn get(env: &TestEnv, id: &str) -> BatchView {
-    let (status, answer) = json_answer(
-        reqwest::Client::new().get(format!("{}/v1/batches/{id}", env.base)),
-        "read the sampling batch",
-    )
-    .await;
-    assert_eq!(status, 200, "{answer}");
-    serde_json::from_value(answer).unwrap()
+    env.client.sampling_batch(id).await.unwrap()
 }
 
 /// Waits until the batch has ended and every one of its jobs has its result.
@@ -507,13 +506,7 @@ async fn bad_batch_requests_name_their_field() {
         for (k, v) in patch.as_object().unwrap() {
             body[k] = v.clone();
         }
-        let (status, answer) = json_answer(
-            reqwest::Client::new()
-                .post(format!("{}/v1/batches", env.base))
-                .json(&body),
-            "a bad batch request",
-        )
-        .await;
+        let (status, answer) = post_batch(&env.base, &body).await;
         assert_eq!(status, 400, "{patch}: {answer}");
         if field != "." {
             assert_eq!(answer["field"], json!(field), "{patch}: {answer}");
@@ -526,13 +519,7 @@ async fn bad_batch_requests_name_their_field() {
         .await;
     let mut body = ok.clone();
     body["batch_id"] = json!("plain");
-    let (status, answer) = json_answer(
-        reqwest::Client::new()
-            .post(format!("{}/v1/batches", env.base))
-            .json(&body),
-        "a taken id",
-    )
-    .await;
+    let (status, answer) = post_batch(&env.base, &body).await;
     assert_eq!(status, 409, "{answer}");
 }
 
