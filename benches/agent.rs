@@ -425,9 +425,7 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 #[tokio::main]
 async fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
-        // `cargo test --all-targets` runs benches as tests: building it is the check.
-        println!("agent benchmark: run it with `cargo bench --bench agent`");
+    if !common::started_by_cargo_bench("agent") {
         return;
     }
     let shape = shape_from_env();
@@ -498,7 +496,7 @@ async fn main() {
 /// The batch's shape: `BENCH_QUICK` for a small one, the other `BENCH_*` variables to
 /// change one dimension.
 fn shape_from_env() -> Shape {
-    let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let quick = common::quick();
     let var = |name: &str, default: usize| {
         std::env::var(name)
             .ok()

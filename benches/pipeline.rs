@@ -294,13 +294,10 @@ fn fake_job(spec: &serde_json::Value) -> rollout::domain::Job {
 }
 
 fn main() {
-    // `cargo test --all-targets` runs this binary too (without `--bench`); it then only
-    // proves the benchmark still builds.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("pipeline benchmark: run it with `cargo bench --bench pipeline`");
+    if !common::started_by_cargo_bench("pipeline") {
         return;
     }
-    let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let quick = common::quick();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -399,13 +399,10 @@ async fn compare(quick: bool) -> Vec<String> {
 }
 
 fn main() {
-    // `cargo test --all-targets` runs this binary too (without `--bench`); it then only
-    // proves the benchmark still builds.
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("sampling benchmark: run it with `cargo bench --bench sampling`");
+    if !common::started_by_cargo_bench("sampling") {
         return;
     }
-    let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let quick = common::quick();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -27,10 +27,6 @@ use rollout::sandbox::{Label, RuntimeKind, Runtimes, Sandbox, SandboxLimits, Sta
 
 mod common;
 
-fn quick() -> bool {
-    std::env::var_os("BENCH_QUICK").is_some()
-}
-
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[common::rank(sorted.len(), p).min(sorted.len() - 1)]
 }
@@ -231,7 +227,7 @@ async fn bash_row(
     let (ours, inside, floor) = (stats(ours), stats(inside), stats(floor));
     let ratio = ours.p50.as_secs_f64() / floor.p50.as_secs_f64();
     let tm = tmux.as_mut().map(|t| {
-        let runs = if quick() { 5 } else { 50 };
+        let runs = if common::quick() { 5 } else { 50 };
         let v: Vec<Duration> = (0..runs)
             .map(|_| {
                 let s = Instant::now();
@@ -387,10 +383,10 @@ fn bwrap_true() -> Duration {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
-        return; // `cargo test --all-targets` runs benches as tests: nothing to do.
+    if !common::started_by_cargo_bench("sandbox") {
+        return;
     }
-    let n = if quick() { 200 } else { 5000 };
+    let n = if common::quick() { 200 } else { 5000 };
     let root = tempfile::Builder::new().prefix("rsb").tempdir().unwrap();
     println!("| benchmark | result | baseline (same run) | ratio |");
     println!("|---|---|---|---|");
@@ -451,7 +447,7 @@ async fn python_rows(root: &Path, local: &Sandbox, n: usize) -> Sandbox {
     )
     .await;
     let ipy = python_row(&ipy_sb, n / 5, "ipython").await;
-    let jup = jupyter(if quick() { 100 } else { 1000 });
+    let jup = jupyter(if common::quick() { 100 } else { 1000 });
     let jup_text = jup
         .map(|(p50, p99)| {
             format!("Jupyter kernel via jupyter_client p50 {p50:.0} µs, p99 {p99:.0} µs")
@@ -485,7 +481,7 @@ async fn python_rows(root: &Path, local: &Sandbox, n: usize) -> Sandbox {
 /// Benchmark 3: bwrap sandbox starts, plain (beside bare `bwrap /bin/true`), with
 /// `network: true`, and with the workspace quota where this machine enforces one.
 async fn start_rows(root: &Path, backends: &Runtimes) {
-    let starts = if quick() { 10 } else { 100 };
+    let starts = if common::quick() { 10 } else { 100 };
     let mut ready = Vec::new();
     let mut floor = Vec::new();
     for _ in 0..starts {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The README's first command: install what is missing, build, and run `rollout up` on the
-# bundled examples — 64 synthetic jobs in 8 prompt groups, 16 `shell` jobs and 32 `agent`
-# episodes, each sandboxed job in a bubblewrap sandbox of its own — with progress and a
-# summary. The agent episodes run against two stand-in inference servers
+# bundled examples — 64 synthetic jobs in 8 prompt groups, 16 `shell` jobs, 32 `agent`
+# episodes scored by a check command, and agent episodes scored by the graders: 50 math
+# problems, 20 code problems (2 samples each) and 5 SWE-style repositories (4 samples
+# each), each sandboxed job in a bubblewrap sandbox of its own — with progress and a
+# summary of rewards by kind and grader. The agent episodes run against two stand-in inference servers
 # (rollout-scripted-llm, one speaking vLLM's format and one SGLang's) that play the script
 # in examples/agent-policy.json: they are not models.
 # Uses SQLite under ./.rollout and a NATS server on 127.0.0.1:4222 (started as a child
@@ -60,5 +62,10 @@ model = "scripted"
 tokenizer = "$state/demo-model"
 EOF
 
+# The five tiny repositories the SWE examples clone (examples/swe.jsonl names them by
+# paths relative to this directory).
+python3 scripts/make-swe-examples.py --repos "$state/swe-repos" >/dev/null
+
 "$bin/rollout" --config "$config" up --submit examples/synthetic.jsonl --submit examples/shell.jsonl \
-  --submit examples/agent.jsonl --exit-when-done "$@"
+  --submit examples/agent.jsonl --submit examples/math.jsonl --submit examples/code.jsonl \
+  --submit examples/swe.jsonl --exit-when-done "$@"

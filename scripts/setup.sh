@@ -24,7 +24,8 @@ apt_install() {
 }
 
 # Sandboxes see the host's /usr, so their python3 is the system one, not a pyenv or venv.
-for tool in bwrap:bubblewrap git:git /usr/bin/python3:python3 slirp4netns:slirp4netns ip:iproute2 mkfs.ext4:e2fsprogs; do
+# pytest-3 (python3-pytest) runs the unit tests of code and SWE tasks in their sandboxes.
+for tool in bwrap:bubblewrap git:git /usr/bin/python3:python3 /usr/bin/pytest-3:python3-pytest slirp4netns:slirp4netns ip:iproute2 mkfs.ext4:e2fsprogs; do
   cmd="${tool%%:*}" pkg="${tool#*:}"
   if ! have "$cmd"; then
     echo "setup: installing $pkg" >&2

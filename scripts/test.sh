@@ -28,6 +28,14 @@ if ! python3 -c 'import jinja2, transformers.utils.chat_template_utils' >/dev/nu
     python3 -m pip install --quiet --user --break-system-packages --disable-pip-version-check transformers jinja2 >&2
 fi
 
+# The math grader is scored against HuggingFace's math-verify on the same cases (tests/math_grading.rs).
+if ! python3 -c 'import math_verify' >/dev/null 2>&1; then
+  echo "== installing math-verify (Python), the reference the math grader is measured against" >&2
+  python3 -m pip install --quiet --disable-pip-version-check 'math-verify==0.9.0' >&2 || \
+    python3 -m pip install --quiet --user --disable-pip-version-check 'math-verify==0.9.0' >&2 || \
+    python3 -m pip install --quiet --user --break-system-packages --disable-pip-version-check 'math-verify==0.9.0' >&2
+fi
+
 # Formatting and lints are part of the suite: a change that breaks them fails here.
 for component in rustfmt clippy; do
   if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then

@@ -31,6 +31,11 @@ use crate::store::{FinishIf, Store, StoreError};
 /// Jobs cancelled per database read while cancelling the rest of a batch.
 const CANCEL_CHUNK: i64 = 256;
 
+/// How long a driver holds a batch's publisher lease: long enough to publish a batch's
+/// groups (each a JetStream round trip), short enough that a publisher that died is
+/// replaced within a sweep or two.
+const PUBLISHER_LEASE_MS: i64 = 30_000;
+
 /// A driver could not finish its work on a batch; the next wake or sweep retries.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -134,8 +139,31 @@ impl Driver {
         Ok(())
     }
 
-    /// Publishes the batch's accepted groups not yet published, in rank order.
+    /// Publishes the batch's accepted groups not yet published, in rank order, while
+    /// holding the batch's publisher lease: drivers run concurrently (a wake, the
+    /// batch's creation, the reconciler's sweep, other gateways), and two publishing at
+    /// once would send a core-NATS subscriber a group twice or out of order. A driver
+    /// that finds the lease held leaves the work to its holder, which looks again after
+    /// giving the lease back, so a group accepted meanwhile is not left for the sweep.
     async fn publish_groups(&self, id: &str) -> Result<(), DriveError> {
+        loop {
+            if self.store.unpublished_groups(id).await?.is_empty() {
+                return Ok(());
+            }
+            let now = EpochMs::now();
+            let until = EpochMs(now.0 + PUBLISHER_LEASE_MS);
+            if !self.store.claim_group_publisher(id, now, until).await? {
+                return Ok(());
+            }
+            let published = self.publish_unpublished(id).await;
+            self.store.release_group_publisher(id, until).await?;
+            published?;
+        }
+    }
+
+    /// Publishes every accepted group of batch `id` not yet published (the caller holds
+    /// the publisher lease).
+    async fn publish_unpublished(&self, id: &str) -> Result<(), DriveError> {
         for rank in self.store.unpublished_groups(id).await? {
             let Some(group) = self
                 .store

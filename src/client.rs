@@ -311,6 +311,47 @@ pub struct BatchSummary {
     pub reward_sum: f64,
     /// Wall time from start of following to the last result.
     pub elapsed: Duration,
+    /// The same counts per task label ([`task_label`]: kind and grader), for the jobs
+    /// the follower was given labels for.
+    pub by_label: std::collections::BTreeMap<String, LabelSummary>,
+}
+
+/// A summary's counts for one label.
+#[derive(Debug, Clone, Default)]
+pub struct LabelSummary {
+    /// Results received.
+    pub results: u64,
+    /// Of which `done`.
+    pub done: u64,
+    /// Sum of rewards of `done` results.
+    pub reward_sum: f64,
+}
+
+/// What a task is, for a summary's breakdown: its kind, and its grader where it has one
+/// (`agent/math`, `shell/command`, `synthetic`).
+pub fn task_label(task: &Task) -> String {
+    let grader = match (task.spec.get("grader"), task.spec.get("check")) {
+        (Some(g), _) => g["type"].as_str().map(str::to_string),
+        (None, Some(_)) => Some("command".to_string()),
+        (None, None) => None,
+    };
+    match grader {
+        Some(g) => format!("{}/{g}", task.kind),
+        None => task.kind.clone(),
+    }
+}
+
+/// Job id → [`task_label`] for submitted `tasks` and the jobs the submit answered with
+/// (one per task, in order).
+pub fn job_labels<'a>(
+    tasks: &[Task],
+    jobs: impl IntoIterator<Item = &'a crate::store::Submitted>,
+) -> std::collections::HashMap<String, String> {
+    tasks
+        .iter()
+        .zip(jobs)
+        .map(|(t, j)| (j.id.clone(), task_label(t)))
+        .collect()
 }
 
 impl std::fmt::Display for BatchSummary {
@@ -336,17 +377,32 @@ impl std::fmt::Display for BatchSummary {
             self.timed_out,
             self.cancelled,
             mean
-        )
+        )?;
+        for (label, l) in &self.by_label {
+            let mean = if l.done > 0 {
+                l.reward_sum / l.done as f64
+            } else {
+                0.0
+            };
+            write!(
+                f,
+                "\n  {label:<16} {:>6} results {:>6} done   mean reward {mean:.3}",
+                l.results, l.done
+            )?;
+        }
+        Ok(())
     }
 }
 
 impl Client {
     /// Follows a batch's results until `expected` have arrived, showing a progress bar on
-    /// a terminal (or a line every few seconds otherwise).
+    /// a terminal (or a line every few seconds otherwise); `labels` (job id → label, see
+    /// [`job_labels`]) break the summary down.
     pub async fn follow_batch(
         &self,
         batch: &str,
         expected: u64,
+        labels: &std::collections::HashMap<String, String>,
     ) -> Result<BatchSummary, ClientError> {
         use crate::domain::Status;
         use std::io::IsTerminal;
@@ -371,6 +427,14 @@ impl Client {
             after = page.next_cursor;
             for r in &page.results {
                 s.results += 1;
+                if let Some(label) = labels.get(&r.job_id) {
+                    let l = s.by_label.entry(label.clone()).or_default();
+                    l.results += 1;
+                    if r.status == Status::Done {
+                        l.done += 1;
+                        l.reward_sum += r.reward.unwrap_or(0.0);
+                    }
+                }
                 match r.status {
                     Status::Done => {
                         s.done += 1;

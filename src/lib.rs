@@ -20,7 +20,8 @@
 //!   and `agent` kinds; [`scripted`]: the stand-in inference server (a script, not a
 //!   model) for tests, benchmarks and the demo.
 //! - [`agent`]: the multi-turn agent loop: chat templates, tokenizers, tool-call
-//!   parsers, observations, trajectories.
+//!   parsers, observations, trajectories; [`batches`]: dynamic-sampling batches;
+//!   [`graders`]: turning a finished episode into a reward (math answers, code, patches).
 //! - [`ending`]: dead-lettering a job and publishing results, for every component;
 //!   [`sandbox`]: sandboxes (local, bubblewrap, Apptainer) and the tool server inside
 //!   them; [`backends`]: inference servers: wire formats, the pooled client, the pool.
@@ -47,6 +48,7 @@ pub mod config;
 pub mod domain;
 pub mod ending;
 pub mod gateway;
+pub mod graders;
 pub mod kinds;
 pub mod metrics;
 pub mod natsd;

@@ -20,6 +20,9 @@ struct Cli {
     /// Settings file (TOML); `ROLLOUT__SECTION__KEY` environment variables override it.
     #[arg(long, global = true, env = "ROLLOUT_CONFIG")]
     config: Option<PathBuf>,
+    /// Log lines as `text` or `json` (default: the `log.json` setting).
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<rollout::telemetry::LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -91,6 +94,10 @@ enum Command {
         /// With --submit: stop when every submitted job has its result.
         #[arg(long)]
         exit_when_done: bool,
+        /// Log to the terminal as the other commands do, instead of to
+        /// `<state_dir>/logs/up.log` (with warnings on screen).
+        #[arg(long)]
+        logs_on_screen: bool,
     },
 }
 
@@ -165,8 +172,22 @@ fn gateway_client(settings: &Settings, gateway: Option<String>, token: Option<St
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let settings = Settings::load(cli.config.as_deref())?;
-    rollout::telemetry::init(&settings.log);
+    let mut settings = Settings::load(cli.config.as_deref())?;
+    if let Some(f) = cli.log_format {
+        f.apply(&mut settings.log);
+    }
+    let log_file = match &cli.command {
+        Command::Up {
+            logs_on_screen: false,
+            ..
+        } => Some(settings.state_dir.join("logs").join("up.log")),
+        _ => None,
+    };
+    match &log_file {
+        Some(file) => rollout::telemetry::init_to_file(&settings.log, file)
+            .with_context(|| format!("cannot open the log file {}", file.display()))?,
+        None => rollout::telemetry::init(&settings.log),
+    }
     match cli.command {
         Command::Serve => serve(settings).await?,
         Command::Migrate => migrate(&settings).await?,
@@ -209,7 +230,16 @@ async fn main() -> anyhow::Result<()> {
             submit,
             batch,
             exit_when_done,
-        } => up(settings, workers, &submit, batch, exit_when_done).await?,
+            logs_on_screen: _,
+        } => {
+            let opts = UpOptions {
+                workers,
+                submit: None,
+                exit_when_done,
+                log_file,
+            };
+            up(settings, opts, &submit, batch).await?
+        }
     }
     Ok(())
 }
@@ -250,12 +280,14 @@ async fn submit(
     let mut batch_id = batch;
     let mut total = 0u64;
     let mut duplicates = 0u64;
+    let mut labels = std::collections::HashMap::new();
     // Chunks keep each request under the gateway's limits; the batch id of the
     // first chunk is reused so the whole file is one batch.
     for chunk in tasks.chunks(5000) {
         let resp = client.submit(chunk, batch_id.as_deref()).await?;
         total += resp.jobs.len() as u64;
         duplicates += resp.jobs.iter().filter(|j| j.duplicate).count() as u64;
+        labels.extend(rollout::client::job_labels(chunk, &resp.jobs));
         batch_id = Some(resp.batch_id);
     }
     let batch_id = batch_id.expect("at least one chunk");
@@ -264,7 +296,7 @@ async fn submit(
         "submitted {total} tasks to batch {batch_id} ({duplicates} already known by client_id)"
     );
     if wait {
-        let summary = client.follow_batch(&batch_id, total).await?;
+        let summary = client.follow_batch(&batch_id, total, &labels).await?;
         eprintln!("{summary}");
     }
     Ok(())
@@ -362,13 +394,12 @@ async fn add_backend(client: &Client, args: AddBackend) -> anyhow::Result<()> {
 /// none of them `done`.
 async fn up(
     settings: Settings,
-    workers: usize,
+    mut opts: UpOptions,
     submit: &[PathBuf],
     batch: Option<String>,
-    exit_when_done: bool,
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(workers >= 1, "--workers must be at least 1");
-    let submit = if submit.is_empty() {
+    anyhow::ensure!(opts.workers >= 1, "--workers must be at least 1");
+    opts.submit = if submit.is_empty() {
         None
     } else {
         let mut tasks = Vec::new();
@@ -379,11 +410,6 @@ async fn up(
         Some((tasks, id))
     };
     let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
-    let opts = UpOptions {
-        workers,
-        submit,
-        exit_when_done,
-    };
     let summary = wiring::up(settings, opts, shutdown).await?;
     if let Some(s) = summary
         && s.results > 0

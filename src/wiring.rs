@@ -44,6 +44,10 @@ pub enum StartError {
     /// A background task (reconciler, prober, reaper, a watcher) stopped early.
     #[error(transparent)]
     Task(#[from] TaskFailed),
+    /// `rollout up --submit`: the batch was refused or could not be followed. Returned
+    /// once everything has stopped, so the command exits non-zero.
+    #[error("submitting the batch failed: {0}")]
+    Submit(crate::client::ClientError),
     /// Binding the listen address, or another I/O problem.
     #[error("{context}: {source}")]
     Io {
@@ -275,13 +279,15 @@ pub struct UpOptions {
     pub workers: usize,
     /// Tasks to submit once everything runs, with the batch to put them in.
     pub submit: Option<(Vec<crate::domain::Task>, String)>,
+    /// Where the log goes, when not to the terminal (said in the start-up line).
+    pub log_file: Option<std::path::PathBuf>,
     /// Stop once the submitted batch has all its results.
     pub exit_when_done: bool,
 }
 
 /// `rollout up`: NATS (started if needed), database, gateway and workers of every stage
 /// in one process, until Ctrl-C (or, with `exit_when_done`, until the submitted batch is
-/// finished). Returns the followed batch's summary, if any.
+/// finished). Returns the followed batch's summary, if any; a refused submit is an error.
 pub async fn up(
     mut settings: Settings,
     opts: UpOptions,
@@ -317,14 +323,19 @@ pub async fn up(
             shutdown.clone(),
         ));
     }
+    let logs = match &opts.log_file {
+        Some(f) => format!(", log {} (warnings also here)", f.display()),
+        None => String::new(),
+    };
     eprintln!(
         "rollout is up: gateway http://{addr} (OpenAPI at /openapi.json), {} worker(s) per stage, \
-         node `{}`, database {}. Press Ctrl-C to stop.",
+         node `{}`, database {}{logs}. Press Ctrl-C to stop.",
         opts.workers,
         settings.node.name,
         crate::config::redact_url(&settings.database_url())
     );
     let mut summary = None;
+    let mut refused = None;
     if let Some((batch, batch_id)) = opts.submit {
         let client = crate::client::Client::new(&format!("http://{addr}"))
             .with_token(Some(settings.gateway.token.clone()));
@@ -335,8 +346,9 @@ pub async fn up(
                 resp.jobs.len(),
                 resp.batch_id
             );
+            let labels = crate::client::job_labels(&batch, &resp.jobs);
             client
-                .follow_batch(&resp.batch_id, resp.jobs.len() as u64)
+                .follow_batch(&resp.batch_id, resp.jobs.len() as u64, &labels)
                 .await
         };
         tokio::select! {
@@ -349,8 +361,8 @@ pub async fn up(
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "submitting the batch failed");
                     shutdown.cancel();
+                    refused = Some(e);
                 }
             },
             _ = shutdown.cancelled() => {}
@@ -370,7 +382,10 @@ pub async fn up(
         }
     }
     reaper.finish().await?;
-    Ok(summary)
+    match refused {
+        Some(e) => Err(StartError::Submit(e)),
+        None => Ok(summary),
+    }
 }
 
 /// Command line of the three worker binaries.
@@ -388,6 +403,9 @@ pub struct WorkerArgs {
     /// Serve this process's Prometheus metrics at http://ADDR/metrics.
     #[arg(long)]
     pub metrics_listen: Option<String>,
+    /// Log lines as `text` or `json` (default: the `log.json` setting).
+    #[arg(long, value_enum)]
+    pub log_format: Option<crate::telemetry::LogFormat>,
 }
 
 /// The whole life of a worker binary: settings, connections, work until `shutdown`
@@ -398,7 +416,10 @@ pub async fn worker_process(
     args: WorkerArgs,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
-    let settings = Settings::load(args.config.as_deref())?;
+    let mut settings = Settings::load(args.config.as_deref())?;
+    if let Some(f) = args.log_format {
+        f.apply(&mut settings.log);
+    }
     crate::telemetry::init(&settings.log);
     let handle = crate::metrics::install();
     let mut essentials = Vec::new();

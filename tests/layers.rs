@@ -37,7 +37,7 @@ const LAYERS: &[&[&str]] = &[
     &["config"],
     &["store", "queue", "telemetry"],
     &["ending", "sandbox", "backends"],
-    &["agent", "batches"],
+    &["agent", "batches", "graders"],
     &["kinds", "scripted"],
     &["worker", "reconciler", "gateway"],
     &["client"],

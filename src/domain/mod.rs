@@ -420,6 +420,14 @@ pub struct SpecError {
 }
 
 impl SpecError {
+    /// A problem at `path` (a field's path inside `spec`), saying what is wrong.
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        SpecError {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
     /// Parses `spec` into `T`, reporting the path of the first bad field.
     pub fn parse<T: serde::de::DeserializeOwned>(spec: &serde_json::Value) -> Result<T, SpecError> {
         let spec = if spec.is_null() {

@@ -3,9 +3,9 @@
 //! INIT starts the job's sandbox; RUN takes a backend from the pool (the one its prompt
 //! group uses, when that one has room), runs the episode ([`crate::agent::episode`])
 //! with the sandbox's tools, exports the workspace's changes and stops the sandbox; EVAL
-//! applies the changes to a fresh sandbox and runs the task's check command, with the
-//! final answer in `$ROLLOUT_ANSWER` (real graders for math, code and SWE tasks build on
-//! this). RUN's output is the trajectory (`prompt_ids`, `response_ids`, `loss_mask`,
+//! grades the episode with the task's grader ([`super::grader`]): a check command in a
+//! fresh sandbox holding the changes (with the final answer in `$ROLLOUT_ANSWER`), the
+//! final answer against a math ground truth, or a program against test cases. RUN's output is the trajectory (`prompt_ids`, `response_ids`, `loss_mask`,
 //! `logprobs`, turns, finish reason, backend, drift verdict) plus `export`.
 //!
 //! ```json
@@ -32,6 +32,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::grader::{self, Grader};
 use super::sandboxed::{self, Check};
 use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
 use crate::agent::episode::{self, Episode, EpisodeError, EpisodeLimits, Parser, TurnGuard};
@@ -72,8 +73,14 @@ pub struct AgentSpec {
     /// Extra variables for the chat template (e.g. `{"enable_thinking": false}`).
     #[serde(default)]
     pub template_args: serde_json::Map<String, serde_json::Value>,
-    /// What EVAL runs to score the result.
-    pub check: Check,
+    /// What EVAL runs to score the result: a command whose exit status 0 is reward 1
+    /// (the same as `grader: {"type": "command", ...}`). Give this or `grader`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<Check>,
+    /// How EVAL scores the result: `{"type": "math" | "code" | "command", ...}` (see
+    /// [`super::grader`]). Give this or `check`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grader: Option<Grader>,
 }
 
 fn all_tools() -> Vec<String> {
@@ -212,13 +219,6 @@ fn spec_of(job: &Job) -> Result<AgentSpec, StageError> {
     SpecError::parse(&job.task["spec"]).map_err(|e| StageError::Failed(format!("bad spec: {e}")))
 }
 
-fn bad(path: impl Into<String>, message: impl Into<String>) -> SpecError {
-    SpecError {
-        path: path.into(),
-        message: message.into(),
-    }
-}
-
 /// Reads the job's status at turn boundaries: it is wanted while this claim still holds
 /// its RUN stage. A database hiccup does not stop the episode.
 struct StillClaimed {
@@ -253,11 +253,11 @@ impl TaskKind for Agent {
     fn validate(&self, spec: &serde_json::Value) -> Result<(), SpecError> {
         let s: AgentSpec = SpecError::parse(spec)?;
         if s.messages.is_empty() {
-            return Err(bad("messages", "must hold at least one message"));
+            return Err(SpecError::new("messages", "must hold at least one message"));
         }
         for (i, m) in s.messages.iter().enumerate() {
             if !m["role"].is_string() {
-                return Err(bad(
+                return Err(SpecError::new(
                     format!("messages[{i}].role"),
                     "every message needs a `role` string",
                 ));
@@ -265,7 +265,7 @@ impl TaskKind for Agent {
         }
         for (i, t) in s.tools.iter().enumerate() {
             if !TOOL_NAMES.contains(&t.as_str()) {
-                return Err(bad(
+                return Err(SpecError::new(
                     format!("tools[{i}]"),
                     format!("unknown tool `{t}`: use {}", TOOL_NAMES.join(", ")),
                 ));
@@ -274,17 +274,17 @@ impl TaskKind for Agent {
         if let Some(p) = &s.parser
             && Parser::from_name(p).is_none()
         {
-            return Err(bad("parser", "must be `hermes` or `bash_block`"));
+            return Err(SpecError::new("parser", "must be `hermes` or `bash_block`"));
         }
         // What vLLM and SGLang both accept, refused here rather than by every request.
         if s.sampling.seed.is_some_and(|v| v > i64::MAX as u64) {
-            return Err(bad(
+            return Err(SpecError::new(
                 "sampling.seed",
                 "must fit in a signed 64-bit integer (vLLM and SGLang refuse larger seeds)",
             ));
         }
         if s.sampling.top_k.is_some_and(|k| k < -1) {
-            return Err(bad(
+            return Err(SpecError::new(
                 "sampling.top_k",
                 "must be -1 or 0 (no cut-off) or a positive number",
             ));
@@ -293,14 +293,14 @@ impl TaskKind for Agent {
             .iter()
             .find(|n| s.template_args.contains_key(**n))
         {
-            return Err(bad(
+            return Err(SpecError::new(
                 format!("template_args.{name}"),
                 "is set by the service for every render (transformers refuses it as a \
                  template argument too); remove it",
             ));
         }
         if s.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
-            return Err(bad("model", "must not be empty when given"));
+            return Err(SpecError::new("model", "must not be empty when given"));
         }
         let l = &s.limits;
         for (name, v) in [
@@ -315,16 +315,18 @@ impl TaskKind for Agent {
             ),
         ] {
             if v == Some(0) {
-                return Err(bad(format!("limits.{name}"), "must be above 0"));
+                return Err(SpecError::new(format!("limits.{name}"), "must be above 0"));
             }
         }
         s.sandbox
             .validate("sandbox", self.sandboxes.allow_local())?;
-        s.check.validate("check")
+        grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
     }
 
     async fn init(&self, ctx: &StageContext) -> Result<InitOutput, StageError> {
-        sandboxed::init(&self.sandboxes, ctx, &spec_of(&ctx.job)?.sandbox).await
+        let spec = spec_of(&ctx.job)?;
+        let sandbox = grader::sandbox_for(&spec.sandbox, spec.grader.as_ref());
+        sandboxed::init(&self.sandboxes, ctx, &sandbox).await
     }
 
     async fn run(&self, ctx: &StageContext) -> Result<serde_json::Value, StageError> {
@@ -424,8 +426,10 @@ impl TaskKind for Agent {
             .unwrap_or_default()
             .replace('\0', "");
         let env = BTreeMap::from([("ROLLOUT_ANSWER".to_string(), answer)]);
+        let chosen = grader::for_eval(spec.check.as_ref(), spec.grader.as_ref())?;
+        let response = grader::agent_response(run);
         let mut out =
-            sandboxed::eval(&self.sandboxes, ctx, &spec.sandbox, &spec.check, env).await?;
+            grader::eval(&self.sandboxes, ctx, &spec.sandbox, &chosen, response, env).await?;
         if let Some(reason) = run.map(|o| o["finish_reason"].clone()) {
             out.details["finish_reason"] = reason;
         }

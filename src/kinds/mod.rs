@@ -22,6 +22,7 @@ use crate::domain::Job;
 pub use crate::domain::SpecError;
 
 pub mod agent;
+pub mod grader;
 pub mod sandboxed;
 pub mod shell;
 pub mod synthetic;

@@ -58,16 +58,21 @@ impl Check {
             });
         }
         crate::sandbox::spec::check_file_paths(&format!("{prefix}.files"), self.files.keys())?;
-        for (i, p) in self.protect.iter().enumerate() {
-            if let Err(e) = crate::sandbox::server::export::check_pattern(p) {
-                return Err(SpecError {
-                    path: format!("{prefix}.protect[{i}]"),
-                    message: format!("not a valid glob: {e}"),
-                });
-            }
-        }
-        Ok(())
+        check_protect(prefix, &self.protect)
     }
+}
+
+/// Checks `prefix.protect`'s globs (the check command's and the code grader's).
+pub fn check_protect(prefix: &str, protect: &[String]) -> Result<(), SpecError> {
+    for (i, p) in protect.iter().enumerate() {
+        if let Err(e) = crate::sandbox::server::export::check_pattern(p) {
+            return Err(SpecError::new(
+                format!("{prefix}.protect[{i}]"),
+                format!("not a valid glob: {e}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The generation of the RUN sandbox this stage entry's INIT made (its claim attempt).
@@ -158,22 +163,35 @@ pub async fn lost(sandboxes: &NodeSandboxes, job: &Job, why: String) -> StageErr
     StageError::Restart(format!("{why}; starting again from INIT"))
 }
 
-/// RUN's end: exports the workspace's changes and stops the sandbox. An export that
-/// fails (too large, git refused, the sandbox gone) is the error's text: the episode
-/// is over and is kept, and EVAL scores it 0 with that reason.
+/// RUN's end: exports the workspace's changes and stops the sandbox. An export the
+/// server fails for a reason of the machine's (git could not start) is tried again a
+/// few times; one that still fails (too large, git refused, the sandbox gone) is the
+/// error's text: the episode is over and is kept, and EVAL scores it 0 with that reason.
 pub async fn finish(
     sandboxes: &NodeSandboxes,
     job: &Job,
     client: SandboxClient,
 ) -> Result<ExportResult, String> {
-    let export = match client.export(&ExportArgs::default()).await {
-        Ok(Ok(e)) => Ok(e),
-        Ok(Err(e)) => Err(format!(
-            "cannot export the workspace's changes: {}",
-            e.message
-        )),
-        Err(e) => Err(format!("cannot export the workspace's changes: {e}")),
-    };
+    use backon::Retryable;
+    let export = (|| async {
+        match client.export(&ExportArgs::default()).await {
+            Ok(Ok(e)) => Ok(Ok(e)),
+            Ok(Err(e)) if e.code == ErrorCode::Internal => Err(e),
+            Ok(Err(e)) => Ok(Err(e.message)),
+            Err(e) => Ok(Err(e.to_string())),
+        }
+    })
+    .retry(
+        backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_times(3),
+    )
+    .notify(|e, after| {
+        tracing::warn!(job_id = %job.id, error = %e.message, ?after, "export failed on the machine's side; trying again");
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.message))
+    .map_err(|e| format!("cannot export the workspace's changes: {e}"));
     drop(client);
     sandboxes
         .remove(&job.id, Purpose::Run, Some(run_generation(job)))
@@ -197,22 +215,46 @@ pub fn record_export(out: &mut serde_json::Value, export: Result<ExportResult, S
 }
 
 /// Reward 0 for an episode whose changes could not be scored, with the reason.
-fn zero(reason: String) -> EvalOutput {
+/// Reward 0 with the reason in `details.error`.
+pub fn zero(reason: String) -> EvalOutput {
     EvalOutput {
         reward: 0.0,
         details: serde_json::json!({ "error": reason }),
     }
 }
 
-/// EVAL: starts a fresh sandbox from `spec` (with `env` added) and runs its setup,
-/// applies RUN's exported changes in it (restoring protected files), and turns the
-/// kernel-reported exit status of `check` into the reward.
-pub async fn eval(
+/// What EVAL's fresh sandbox gets besides the agent's changes.
+#[derive(Debug, Clone, Default)]
+pub struct EvalSetup {
+    /// Environment added to the sandbox spec's.
+    pub env: BTreeMap<String, String>,
+    /// Workspace globs the changes may not alter (restored after applying).
+    pub protect: Vec<String>,
+    /// Files written after the changes (hidden tests, test inputs, a program taken from
+    /// the answer), replacing whatever the changes put there.
+    pub files: BTreeMap<String, String>,
+}
+
+/// The scoring step run in EVAL's prepared sandbox: given its client and what `apply`
+/// reported, the reward. It owns what it needs (the future borrows only the client).
+pub type Scorer = Box<
+    dyn for<'a> FnOnce(
+            &'a SandboxClient,
+            serde_json::Value,
+        ) -> futures::future::BoxFuture<'a, Result<EvalOutput, StageError>>
+        + Send,
+>;
+
+/// EVAL in a sandbox: starts a fresh one from `spec` (with `setup.env` added) and runs
+/// its setup, applies RUN's exported changes in it (restoring protected files, then
+/// writing `setup.files`), runs `score`, and removes the sandbox. Changes that cannot be
+/// exported or applied are reward 0 with the reason, not a failed job.
+pub async fn in_fresh_sandbox(
     sandboxes: &NodeSandboxes,
     ctx: &StageContext,
     spec: &SandboxSpec,
-    check: &Check,
-    env: BTreeMap<String, String>,
+    setup: EvalSetup,
+    score: Scorer,
 ) -> Result<EvalOutput, StageError> {
     let job_id = &ctx.job.id;
     let run = ctx.job.run_output.as_ref();
@@ -222,12 +264,21 @@ pub async fn eval(
     let changes: Option<ExportResult> =
         run.and_then(|o| serde_json::from_value(o["export"].clone()).ok());
     let mut spec = spec.clone();
-    spec.env.extend(env);
+    spec.env.extend(setup.env);
     let sb = sandboxes
         .start(job_id, &spec, Purpose::Eval, ctx.job.attempts)
         .await
         .map_err(|e| stage_error("cannot start the evaluation sandbox", e))?;
-    let scored = score(&sb.client, check, changes).await;
+    let args = ApplyArgs {
+        changes: changes.unwrap_or(ExportResult::Files { files: Vec::new() }),
+        protect: setup.protect,
+        files: setup.files,
+    };
+    let scored = match apply(&sb.client, &args).await {
+        Ok(Ok(applied)) => score(&sb.client, applied).await,
+        Ok(Err(zeroed)) => Ok(zeroed),
+        Err(e) => Err(e),
+    };
     drop(sb);
     sandboxes
         .remove(job_id, Purpose::Eval, Some(ctx.job.attempts))
@@ -235,33 +286,59 @@ pub async fn eval(
     scored
 }
 
-/// Applies `changes` and runs the check in a started EVAL sandbox.
-async fn score(
-    client: &SandboxClient,
+/// EVAL with a check command: [`in_fresh_sandbox`], then the kernel-reported exit
+/// status of `check` is the reward.
+pub async fn eval(
+    sandboxes: &NodeSandboxes,
+    ctx: &StageContext,
+    spec: &SandboxSpec,
     check: &Check,
-    changes: Option<ExportResult>,
+    env: BTreeMap<String, String>,
 ) -> Result<EvalOutput, StageError> {
-    let args = ApplyArgs {
-        changes: changes.unwrap_or(ExportResult::Files { files: Vec::new() }),
+    let setup = EvalSetup {
+        env,
         protect: check.protect.clone(),
         files: check.files.clone(),
     };
-    let applied = match client.apply(&args).await {
-        Ok(Ok(r)) => serde_json::to_value(r).unwrap_or_default(),
+    let check = check.clone();
+    let score: Scorer = Box::new(move |client, applied| {
+        Box::pin(async move { run_check(client, &check, applied).await })
+    });
+    in_fresh_sandbox(sandboxes, ctx, spec, setup, score).await
+}
+
+/// Applies the changes: what `apply` reported, or reward 0 when they cannot be applied.
+async fn apply(
+    client: &SandboxClient,
+    args: &ApplyArgs,
+) -> Result<Result<serde_json::Value, EvalOutput>, StageError> {
+    match client.apply(args).await {
+        Ok(Ok(r)) => Ok(Ok(serde_json::to_value(r).unwrap_or_default())),
         Ok(Err(e)) if matches!(e.code, ErrorCode::ToolFailed | ErrorCode::TooLarge) => {
-            return Ok(zero(format!(
+            Ok(Err(zero(format!(
                 "the agent's changes could not be applied: {}",
                 e.message
-            )));
+            ))))
         }
-        Ok(Err(e)) => {
-            return Err(stage_error(
-                "cannot apply the changes",
-                SandboxError::Tool(e),
-            ));
-        }
-        Err(e) => return Err(stage_error("cannot apply the changes", e)),
-    };
+        // The machine's fault (git could not start or hung): EVAL again, never a 0.
+        Ok(Err(e)) if e.code == ErrorCode::Internal => Err(StageError::Transient(format!(
+            "cannot apply the changes: {}",
+            e.message
+        ))),
+        Ok(Err(e)) => Err(stage_error(
+            "cannot apply the changes",
+            SandboxError::Tool(e),
+        )),
+        Err(e) => Err(stage_error("cannot apply the changes", e)),
+    }
+}
+
+/// Runs the check command in a prepared EVAL sandbox.
+async fn run_check(
+    client: &SandboxClient,
+    check: &Check,
+    applied: serde_json::Value,
+) -> Result<EvalOutput, StageError> {
     let r = client
         .exec(
             &ExecArgs {

@@ -3,9 +3,9 @@
 //! INIT builds the sandbox from the task's `sandbox` spec (files or a repository, setup
 //! commands) on its node; RUN replays a fixed list of tool calls through the sandbox
 //! server, recording each observation and its latency, then exports the workspace's
-//! changes and stops the sandbox; EVAL applies those changes to a fresh sandbox from the
-//! same spec and turns the exit code of the task's `check` command into the reward (1 on
-//! success, 0 otherwise). It exercises every piece the agent loop uses, so it is the
+//! changes and stops the sandbox; EVAL grades the result with the task's grader
+//! ([`super::grader`]): by default the exit code of its `check` command, run in a fresh
+//! sandbox from the same spec holding those changes (1 on success, 0 otherwise). It exercises every piece the agent loop uses, so it is the
 //! end-to-end test of sandboxes and the shape of a scripted environment.
 //!
 //! ```json
@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::grader::{self, Grader};
 use super::sandboxed::{self, Check};
 use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
 use crate::domain::{Job, duration_us};
@@ -42,8 +43,14 @@ pub struct ShellSpec {
     /// Tool calls RUN makes, in order.
     #[serde(default)]
     pub steps: Vec<Step>,
-    /// What EVAL runs to score the result.
-    pub check: Check,
+    /// What EVAL runs to score the result: a command whose exit status 0 is reward 1
+    /// (the same as `grader: {"type": "command", ...}`). Give this or `grader`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<Check>,
+    /// How EVAL scores the result: `{"type": "math" | "code" | "command", ...}` (see
+    /// [`super::grader`]). Give this or `check`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grader: Option<Grader>,
 }
 
 /// One tool call.
@@ -130,11 +137,13 @@ impl TaskKind for Shell {
         for (i, step) in s.steps.iter().enumerate() {
             check_step(i, step)?;
         }
-        s.check.validate("check")
+        grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
     }
 
     async fn init(&self, ctx: &StageContext) -> Result<InitOutput, StageError> {
-        sandboxed::init(&self.sandboxes, ctx, &spec_of(&ctx.job)?.sandbox).await
+        let spec = spec_of(&ctx.job)?;
+        let sandbox = grader::sandbox_for(&spec.sandbox, spec.grader.as_ref());
+        sandboxed::init(&self.sandboxes, ctx, &sandbox).await
     }
 
     async fn run(&self, ctx: &StageContext) -> Result<serde_json::Value, StageError> {
@@ -178,11 +187,21 @@ impl TaskKind for Shell {
 
     async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {
         let spec = spec_of(&ctx.job)?;
-        sandboxed::eval(
+        let chosen = grader::for_eval(spec.check.as_ref(), spec.grader.as_ref())?;
+        // The response a math grader reads: the last step's output.
+        let response = ctx.job.run_output.as_ref().and_then(|o| {
+            let text = o["steps"].as_array()?.last()?["observation"]["output"].as_str()?;
+            Some(grader::Response {
+                text: text.to_string(),
+                is_answer: false,
+            })
+        });
+        grader::eval(
             &self.sandboxes,
             ctx,
             &spec.sandbox,
-            &spec.check,
+            &chosen,
+            response,
             Default::default(),
         )
         .await

@@ -108,6 +108,18 @@ pub trait SamplingStore: Send + Sync {
     async fn unpublished_groups(&self, id: &str) -> StoreResult<Vec<i64>>;
     /// Records that the accepted group `rank` was published.
     async fn mark_group_published(&self, id: &str, rank: i64, now: EpochMs) -> StoreResult<()>;
+    /// Takes batch `id`'s group-publisher lease until `until`, if no one holds it or its
+    /// holder's lease had lapsed at `now`; true if taken. One publisher at a time keeps a
+    /// core-NATS subscriber from hearing a group twice or out of rank order.
+    async fn claim_group_publisher(
+        &self,
+        id: &str,
+        now: EpochMs,
+        until: EpochMs,
+    ) -> StoreResult<bool>;
+    /// Gives back the lease taken until `until` (a no-op if another publisher has
+    /// since taken it over).
+    async fn release_group_publisher(&self, id: &str, until: EpochMs) -> StoreResult<()>;
 }
 
 /// Runs inside the transaction that wrote `result`: counts the sample into its sampling
@@ -544,6 +556,42 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
             .fetch_all(&mut *conn)
             .await?;
         Ok(rows.into_iter().map(|(r,)| r).collect())
+    }
+
+    async fn claim_group_publisher(
+        &self,
+        id: &str,
+        now: EpochMs,
+        until: EpochMs,
+    ) -> StoreResult<bool> {
+        let id = id.to_string();
+        self.write(move |conn: &mut D::Conn| {
+            Box::pin(async move {
+                Ok(query(sql::CLAIM_GROUP_PUBLISHER)
+                    .bind(&id)
+                    .bind(now)
+                    .bind(until)
+                    .execute(conn)
+                    .await?
+                    == 1)
+            })
+        })
+        .await
+    }
+
+    async fn release_group_publisher(&self, id: &str, until: EpochMs) -> StoreResult<()> {
+        let id = id.to_string();
+        self.write(move |conn: &mut D::Conn| {
+            Box::pin(async move {
+                query(sql::RELEASE_GROUP_PUBLISHER)
+                    .bind(&id)
+                    .bind(until)
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .await
     }
 
     async fn mark_group_published(&self, id: &str, rank: i64, now: EpochMs) -> StoreResult<()> {

@@ -505,5 +505,13 @@ pub(super) const UNPUBLISHED_GROUPS: &str = "SELECT accepted_rank FROM sampling_
      WHERE batch_id = $1 AND accepted_rank IS NOT NULL AND published_at IS NULL \
      ORDER BY accepted_rank";
 
+/// Takes a batch's group-publisher lease (until `$3`) if it is free or lapsed at `$2`.
+pub(super) const CLAIM_GROUP_PUBLISHER: &str = "UPDATE sampling_batches SET publisher_until = $3 \
+     WHERE id = $1 AND (publisher_until IS NULL OR publisher_until <= $2)";
+
+/// Gives the lease back, if it is still the one taken until `$2`.
+pub(super) const RELEASE_GROUP_PUBLISHER: &str = "UPDATE sampling_batches \
+     SET publisher_until = NULL WHERE id = $1 AND publisher_until = $2";
+
 pub(super) const MARK_GROUP_PUBLISHED: &str = "UPDATE sampling_groups SET published_at = $3 \
      WHERE batch_id = $1 AND accepted_rank = $2 AND published_at IS NULL";

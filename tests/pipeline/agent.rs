@@ -80,6 +80,18 @@ fn policy() -> Policy {
                 call("bash", json!({"command": "sleep 117 && echo woke"})),
                 call("finish", json!({})),
             ]}]},
+            // Math, graded from the final answer: the text after the reasoning (a box
+            // inside the reasoning is not an answer), or the finish tool's answer.
+            {"match": "Add a half and a quarter", "variants": [{"turns": [
+                "<think>\nMaybe \\boxed{1}? No: 2/4 + 1/4.\n</think>\n\nSo the sum is $\\boxed{\\frac34}$.",
+            ]}]},
+            {"match": "Add a third and a sixth", "variants": [{"turns": [
+                call("python", json!({"code": "1/3 + 1/6"})),
+                call("finish", json!({"answer": "0.5"})),
+            ]}]},
+            {"match": "Add a fifth and a fifth", "variants": [{"turns": [
+                "<think>\nIt is \\boxed{\\frac25}.\n</think>\n\nThe answer is 1/5.",
+            ]}]},
             {"match": "Quick fix", "variants": [
                 {"weight": 1, "turns": [
                     call("file", json!({"command": "str_replace", "path": "calc/add.py", "old_str": "a - b", "new_str": "a + b"})),
@@ -381,6 +393,43 @@ async fn episodes_are_token_exact_over_both_wire_formats() {
     // Every assignment was released when its job left RUN.
     let backends = stand.env.client.backends().await.unwrap();
     assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn math_episodes_are_graded_from_their_final_answer() {
+    let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, _| {}).await;
+    stand.env.workers_in_process(1);
+    let math = |prompt: &str, truth: &str| {
+        Task::new(
+            "agent",
+            json!({
+                "messages": [{"role": "user", "content": prompt}],
+                "model": "qwen3",
+                "grader": {"type": "math", "answer": truth},
+            }),
+        )
+    };
+    let cases = [
+        // Text after the reasoning; the box inside the reasoning is not the answer.
+        ("Add a half and a quarter", "\\frac{3}{4}", 1.0, "\\frac34"),
+        // The finish tool's answer.
+        ("Add a third and a sixth", "\\frac12", 1.0, "0.5"),
+        // Right inside the reasoning, wrong after it: wrong.
+        ("Add a fifth and a fifth", "\\frac25", 0.0, "1/5"),
+    ];
+    for (i, (prompt, truth, reward, extracted)) in cases.into_iter().enumerate() {
+        let r = stand
+            .run_one(math(prompt, truth), &format!("math-{i}"))
+            .await;
+        assert_eq!(r.status, Status::Done, "{prompt}: {r:?}");
+        let eval = &r.output["eval"];
+        assert_eq!(r.reward, Some(reward), "{prompt}: {eval:#}");
+        assert_eq!(eval["grader"], "math");
+        assert_eq!(eval["extracted"], extracted, "{prompt}: {eval:#}");
+        // Graded in the EVAL worker's process: no EVAL sandbox applied anything.
+        assert!(eval.get("applied").is_none(), "{eval:#}");
+        assert_token_exact(&stand, run_output(&r));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

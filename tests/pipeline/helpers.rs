@@ -360,6 +360,21 @@ async fn spawn_gateway(
 }
 
 /// A synthetic task from its spec.
+/// Submits a `kind` task with each spec and checks it is refused with a 400 naming its
+/// field (or saying its words).
+pub async fn assert_specs_refused(env: &TestEnv, kind: &str, bad: &[(serde_json::Value, &str)]) {
+    for (spec, field) in bad {
+        let err = env
+            .client
+            .submit(&[Task::new(kind, spec.clone())], Some("bad"))
+            .await
+            .expect_err("refused");
+        let text = err.to_string();
+        assert!(text.contains("400") || text.contains("invalid"), "{text}");
+        assert!(text.contains(field), "{spec}: {text}");
+    }
+}
+
 pub fn synthetic(spec: serde_json::Value) -> Task {
     Task::new("synthetic", spec)
 }

@@ -11,7 +11,7 @@ use rollout::domain::EpochMs;
 use rollout::domain::sampling::{SamplingParams, SamplingStatus};
 use rollout::domain::{JobResult, Stage, Status};
 use rollout::gateway::batches::BatchView;
-use rollout::store::NewSampling;
+use rollout::store::{NewSampling, Store};
 use serde_json::{Value, json};
 
 use crate::eventually::{eventually, holds};
@@ -229,8 +229,11 @@ async fn exactly_k_informative_groups_are_accepted_and_the_rest_is_cancelled() {
         assert!(c.sandbox_ms_saved > 0, "{c:?}");
     }
     // A cancelled job went no further: no stage after the one it was cancelled in
-    // started (EVAL is skipped for one cancelled in RUN), and none started after the
-    // cancel.
+    // started (EVAL is skipped for one cancelled in RUN), and the stages before it
+    // started before the cancel. (The stage it was cancelled in may carry a start time a
+    // few ms past the cancel's: each writer reads its clock before its statement reaches
+    // the database, so a claim that committed first can hold the later time; the claim's
+    // status check is what keeps a stage from starting after the cancel.)
     for j in jobs.iter().filter(|j| j.status == Status::Cancelled) {
         let t = &j.timings;
         for (stage, times) in [
@@ -245,10 +248,12 @@ async fn exactly_k_informative_groups_are_accepted_and_the_rest_is_cancelled() {
                     "{stage} after the cancel: {j:?}"
                 );
             }
-            assert!(
-                times.started_at <= j.finished_at,
-                "{stage} started after the cancel: {j:?}"
-            );
+            if order(stage) < order(j.stage) {
+                assert!(
+                    times.started_at <= j.finished_at,
+                    "{stage} started after the cancel: {j:?}"
+                );
+            }
         }
     }
     // A replenished batch launches more than the first wave.
@@ -454,6 +459,45 @@ async fn two_gateways_never_launch_one_prompt_twice() {
     assert_eq!(race.counters.groups_launched, 50);
     let counts = env.deps.store.batch("race").await.unwrap().unwrap();
     assert_eq!(counts.submitted, 100);
+    publisher_lease_is_held_by_one_driver(env.deps.store.as_ref(), other.as_ref(), "race").await;
+}
+
+/// One group publisher per batch across gateways (stores `a` and `b`): a second driver
+/// is refused while the lease holds, takes over once it has lapsed, and the first one's
+/// late release does not free the lease its successor holds.
+async fn publisher_lease_is_held_by_one_driver(a: &dyn Store, b: &dyn Store, id: &str) {
+    let t = 1_000_000;
+    assert!(
+        a.claim_group_publisher(id, EpochMs(t), EpochMs(t + 30_000))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !b.claim_group_publisher(id, EpochMs(t + 1), EpochMs(t + 30_001))
+            .await
+            .unwrap()
+    );
+    assert!(
+        b.claim_group_publisher(id, EpochMs(t + 30_000), EpochMs(t + 60_000))
+            .await
+            .unwrap()
+    );
+    a.release_group_publisher(id, EpochMs(t + 30_000))
+        .await
+        .unwrap();
+    assert!(
+        !a.claim_group_publisher(id, EpochMs(t + 30_001), EpochMs(t + 60_001))
+            .await
+            .unwrap()
+    );
+    b.release_group_publisher(id, EpochMs(t + 60_000))
+        .await
+        .unwrap();
+    assert!(
+        a.claim_group_publisher(id, EpochMs(t + 30_002), EpochMs(t + 60_002))
+            .await
+            .unwrap()
+    );
 }
 
 /// A patch whose pool is three prompts, the first one `bad`.

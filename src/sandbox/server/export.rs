@@ -44,15 +44,38 @@ pub enum Baseline {
 
 /// The tool.
 pub struct Exporter {
+    /// The `git` program (a test names one that cannot start).
+    git: PathBuf,
     workdir: PathBuf,
     ctl_dir: PathBuf,
-    baseline: Mutex<Baseline>,
+    /// `Err` when `git` could not be run to tell which kind the workspace is (it could
+    /// not start, or hung): exports and applies then fail as the server's own error,
+    /// never as a plain-directory export of a repository, which EVAL could not apply
+    /// and would score 0.
+    baseline: Mutex<Result<Baseline, String>>,
 }
 
 fn failed(message: impl Into<String>) -> ToolError {
     ToolError {
         code: ErrorCode::ToolFailed,
         message: message.into(),
+    }
+}
+
+/// The tool could not do its work for a reason of the machine's, not the agent's
+/// (`git` could not start or hung): the caller retries rather than scoring the episode.
+fn internal(message: impl Into<String>) -> ToolError {
+    ToolError {
+        code: ErrorCode::Internal,
+        message: message.into(),
+    }
+}
+
+/// Prefixes an error's message with what was being done, keeping its code.
+fn context(what: &str) -> impl FnOnce(ToolError) -> ToolError + '_ {
+    move |mut e| {
+        e.message = format!("{what}: {}", e.message);
+        e
     }
 }
 
@@ -64,25 +87,58 @@ fn too_large(message: impl Into<String>) -> ToolError {
 }
 
 impl Exporter {
-    /// Records the baseline of `workdir`.
+    /// Records the baseline of `workdir`: its `HEAD` if it is a repository with one,
+    /// else a snapshot of its files. A `git` that cannot run is tried again a few times
+    /// (a machine under load can refuse a fork for a moment), then recorded as
+    /// unknown.
     pub async fn start(workdir: PathBuf, ctl_dir: PathBuf) -> Self {
-        let head = git(&workdir, &[], &["rev-parse", "--verify", "HEAD"])
-            .await
-            .ok()
-            .map(|s| String::from_utf8_lossy(&s).trim().to_string());
+        Self::start_with_git(PathBuf::from("git"), workdir, ctl_dir).await
+    }
+
+    /// [`Exporter::start`] with `git` as the git program.
+    pub async fn start_with_git(git_program: PathBuf, workdir: PathBuf, ctl_dir: PathBuf) -> Self {
+        let mut head = Err(internal("not tried"));
+        for attempt in 0..4u64 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(200 * attempt)).await;
+            }
+            head = git(
+                &git_program,
+                &workdir,
+                &[],
+                &["rev-parse", "--verify", "HEAD"],
+            )
+            .await;
+            if !matches!(&head, Err(e) if e.code == ErrorCode::Internal) {
+                break;
+            }
+        }
         let baseline = match head {
-            Some(h) if !h.is_empty() => Baseline::Git(h),
-            _ => Baseline::Files(snapshot(&workdir)),
+            Ok(h) if !String::from_utf8_lossy(&h).trim().is_empty() => Ok(Baseline::Git(
+                String::from_utf8_lossy(&h).trim().to_string(),
+            )),
+            Err(e) if e.code == ErrorCode::Internal => Err(e.message),
+            _ => Ok(Baseline::Files(snapshot(&workdir))),
         };
         Exporter {
+            git: git_program,
             workdir,
             ctl_dir,
             baseline: Mutex::new(baseline),
         }
     }
 
-    fn current(&self) -> Baseline {
-        self.baseline.lock().expect("baseline lock").clone()
+    /// The baseline, or the server's error when it could not be told.
+    fn current(&self) -> Result<Baseline, ToolError> {
+        self.baseline
+            .lock()
+            .expect("baseline lock")
+            .clone()
+            .map_err(|why| {
+                internal(format!(
+                    "whether the workspace is a repository could not be told when the sandbox started: {why}"
+                ))
+            })
     }
 
     /// Stages the whole working tree (tracked and untracked, not ignored) in a private
@@ -94,12 +150,12 @@ impl Exporter {
             .join(format!("index-{}", uuid::Uuid::new_v4().simple()));
         let env = self.private_index(&index).await?;
         let env = [("GIT_INDEX_FILE", env.as_os_str())];
-        let out = match git(&self.workdir, &env, &["add", "-A"]).await {
-            Ok(_) => git(&self.workdir, &env, args).await,
+        let out = match git(&self.git, &self.workdir, &env, &["add", "-A"]).await {
+            Ok(_) => git(&self.git, &self.workdir, &env, args).await,
             Err(e) => Err(e),
         };
         let _ = std::fs::remove_file(&index);
-        out.map_err(failed)
+        out
     }
 
     /// Writes the working tree as a tree object; returns its id.
@@ -111,22 +167,25 @@ impl Exporter {
     /// Copies the repository's index to `index` (so `add -A` there leaves the agent's
     /// staging alone) and returns its path.
     async fn private_index(&self, index: &Path) -> Result<PathBuf, ToolError> {
-        let real = git(&self.workdir, &[], &["rev-parse", "--git-path", "index"])
-            .await
-            .map(|s| self.workdir.join(String::from_utf8_lossy(&s).trim()))
-            .map_err(failed)?;
+        let real = git(
+            &self.git,
+            &self.workdir,
+            &[],
+            &["rev-parse", "--git-path", "index"],
+        )
+        .await
+        .map(|s| self.workdir.join(String::from_utf8_lossy(&s).trim()))?;
         let _ = std::fs::remove_file(index);
         if real.exists() {
             std::fs::copy(&real, index)
-                .map_err(|e| failed(format!("cannot copy the index: {e}")))?;
+                .map_err(|e| internal(format!("cannot copy the index: {e}")))?;
         }
         Ok(index.to_path_buf())
     }
 
     /// Makes the workspace as it is now the baseline of later exports and applies.
     pub async fn baseline(&self) -> Result<BaselineResult, ToolError> {
-        let current = self.current();
-        let (next, result) = match current {
+        let (next, result) = match self.current()? {
             Baseline::Git(_) => {
                 let tree = self.write_tree().await?;
                 (
@@ -149,7 +208,7 @@ impl Exporter {
                 )
             }
         };
-        *self.baseline.lock().expect("baseline lock") = next;
+        *self.baseline.lock().expect("baseline lock") = Ok(next);
         Ok(result)
     }
 
@@ -159,7 +218,7 @@ impl Exporter {
             .max_bytes
             .unwrap_or(DEFAULT_MAX_EXPORT_BYTES)
             .min(MAX_EXPORT_BYTES);
-        match (self.current(), &args.base) {
+        match (self.current()?, &args.base) {
             (Baseline::Git(head), base) => {
                 let base = base.clone().unwrap_or(head);
                 let diff = self
@@ -233,7 +292,7 @@ impl Exporter {
     /// Applies `args.changes`, then puts back what is protected (see the module docs).
     pub async fn apply(&self, args: &ApplyArgs) -> Result<ApplyResult, ToolError> {
         let protect = Protect::new(&args.protect, args.files.keys())?;
-        let mut result = match (self.current(), &args.changes) {
+        let mut result = match (self.current()?, &args.changes) {
             (Baseline::Git(base), ExportResult::GitDiff { diff, .. }) => {
                 self.apply_diff(&base, diff, &protect).await?
             }
@@ -264,8 +323,10 @@ impl Exporter {
             return Ok(result);
         }
         let patch = self.ctl_dir.join("apply.patch");
-        std::fs::write(&patch, diff).map_err(|e| failed(format!("cannot write the patch: {e}")))?;
+        std::fs::write(&patch, diff)
+            .map_err(|e| internal(format!("cannot write the patch: {e}")))?;
         let applied = git(
+            &self.git,
             &self.workdir,
             &[],
             &[
@@ -277,7 +338,7 @@ impl Exporter {
         )
         .await;
         let _ = std::fs::remove_file(&patch);
-        applied.map_err(|e| failed(format!("the changes do not apply: {e}")))?;
+        applied.map_err(context("the changes do not apply"))?;
         // What changed, against the baseline, as git sees the working tree now.
         let names = self
             .staged(&[
@@ -292,12 +353,12 @@ impl Exporter {
         result.changed = split_z(&names);
         let in_base: BTreeSet<String> = split_z(
             &git(
+                &self.git,
                 &self.workdir,
                 &[],
                 &["ls-tree", "-r", "--name-only", "-z", base],
             )
-            .await
-            .map_err(failed)?,
+            .await?,
         )
         .into_iter()
         .collect();
@@ -331,9 +392,9 @@ impl Exporter {
             ];
             a.extend(chunk.iter().map(|p| format!(":(literal){p}")));
             let a: Vec<&str> = a.iter().map(String::as_str).collect();
-            git(&self.workdir, &[], &a)
+            git(&self.git, &self.workdir, &[], &a)
                 .await
-                .map_err(|e| failed(format!("cannot restore protected files: {e}")))?;
+                .map_err(context("cannot restore protected files"))?;
         }
         result.restored = back;
         Ok(result)
@@ -465,27 +526,36 @@ fn split_z(bytes: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// Runs `git -C dir args`, returning stdout or a message with its stderr.
+/// Runs `git -C dir args`, returning stdout. A `git` that exits non-zero is the tool
+/// refusing ([`ErrorCode::ToolFailed`], with its stderr); one that cannot start or hangs
+/// is the machine's problem ([`ErrorCode::Internal`]), which callers retry instead of
+/// blaming the agent's changes.
 async fn git(
+    program: &Path,
     dir: &Path,
     env: &[(&str, &std::ffi::OsStr)],
     args: &[&str],
-) -> Result<Vec<u8>, String> {
-    let mut cmd = tokio::process::Command::new("git");
+) -> Result<Vec<u8>, ToolError> {
+    let mut cmd = tokio::process::Command::new(program);
     cmd.arg("-C").arg(dir).args(args).kill_on_drop(true);
     for (k, v) in env {
         cmd.env(k, v);
     }
     let out = tokio::time::timeout(GIT_TIMEOUT, cmd.output())
         .await
-        .map_err(|_| format!("git {} took longer than {GIT_TIMEOUT:?}", args.join(" ")))?
-        .map_err(|e| format!("cannot run git: {e}"))?;
+        .map_err(|_| {
+            internal(format!(
+                "git {} took longer than {GIT_TIMEOUT:?}",
+                args.join(" ")
+            ))
+        })?
+        .map_err(|e| internal(format!("cannot run git: {e}")))?;
     if !out.status.success() {
-        return Err(format!(
+        return Err(failed(format!(
             "git {} failed: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        )));
     }
     Ok(out.stdout)
 }
@@ -557,5 +627,86 @@ mod tests {
         );
         assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
         assert!(inside(root.path(), "../x").is_err());
+    }
+
+    /// A repository with one commit of `a.txt`, and a control directory.
+    fn repo() -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let ctl = dir.path().join("ctl");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::create_dir_all(&ctl).unwrap();
+        std::fs::write(ws.join("a.txt"), "one\n").unwrap();
+        for args in [
+            &["init", "-q"][..],
+            &["add", "-A"],
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-qm",
+                "a",
+            ],
+        ] {
+            let ok = std::process::Command::new("git")
+                .arg("-C")
+                .arg(&ws)
+                .args(args)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "git {args:?}");
+        }
+        (dir, ws, ctl)
+    }
+
+    /// When git cannot start (a fork refused under load), the repository is not
+    /// mistaken for a plain directory: export, baseline and apply fail as the
+    /// machine's error, which the worker retries, never as the agent's.
+    #[tokio::test]
+    async fn a_git_that_cannot_start_is_the_machines_error_not_a_plain_directory() {
+        let (_dir, ws, ctl) = repo();
+        let broken = Exporter::start_with_git("/nonexistent/git".into(), ws.clone(), ctl).await;
+        std::fs::write(ws.join("a.txt"), "two\n").unwrap();
+        let e = broken.run(&ExportArgs::default()).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::Internal, "{}", e.message);
+        assert!(e.message.contains("cannot run git"), "{}", e.message);
+        assert_eq!(
+            broken.baseline().await.unwrap_err().code,
+            ErrorCode::Internal
+        );
+        let apply = ApplyArgs {
+            changes: ExportResult::Files { files: Vec::new() },
+            protect: Vec::new(),
+            files: BTreeMap::new(),
+        };
+        assert_eq!(
+            broken.apply(&apply).await.unwrap_err().code,
+            ErrorCode::Internal
+        );
+    }
+
+    /// A git that runs and refuses (a diff that does not apply) is the tool failing.
+    #[tokio::test]
+    async fn a_diff_that_does_not_apply_is_the_tool_failing() {
+        let (_dir, ws, ctl) = repo();
+        let ex = Exporter::start(ws, ctl).await;
+        let apply = ApplyArgs {
+            changes: ExportResult::GitDiff {
+                base: "HEAD".into(),
+                diff: "diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1 +1 @@\n-zero\n+two\n".into(),
+            },
+            protect: Vec::new(),
+            files: BTreeMap::new(),
+        };
+        let e = ex.apply(&apply).await.unwrap_err();
+        assert_eq!(e.code, ErrorCode::ToolFailed, "{}", e.message);
+        assert!(
+            e.message.starts_with("the changes do not apply: git apply"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -1,0 +1,311 @@
+//! Whether a given answer means the ground truth: the same number (exactly, when both
+//! are exact), the same expression (equal at sampled points of its variables), the same
+//! set (in any order), tuple or interval (in order, brackets included), the same matrix,
+//! the same choice letter. Percentages and degrees follow the ground truth's lead: a
+//! truth of `50\%` takes `50`, `0.5` and `50\%`; a truth of `30^\circ` takes `30` and
+//! `\frac{\pi}{6}`.
+
+use super::expr::{Answer, Expr};
+use super::lex::Rel;
+use super::value::{Bindings, NoVars, Num, close, eval, same};
+
+/// Points at which expressions with variables are compared: each variable gets its own
+/// value at each point, away from 0, 1, each other and the well-known constants.
+const POINTS: [[f64; 4]; 5] = [
+    [0.7391, 1.3127, 2.1059, 0.4513],
+    [1.6317, 0.5839, 1.2071, 2.5029],
+    [2.7463, 1.4379, 0.3817, 1.7593],
+    [0.9241, 2.2619, 1.1173, 0.6547],
+    [1.4683, 0.8917, 2.6854, 1.0851],
+];
+
+struct Point<'a> {
+    names: &'a [String],
+    values: &'a [f64; 4],
+}
+
+impl Bindings for Point<'_> {
+    fn get(&self, name: &str) -> Option<f64> {
+        let i = self.names.iter().position(|n| n == name)?;
+        self.values.get(i % 4).map(|v| v + 0.173 * (i / 4) as f64)
+    }
+}
+
+/// The free variables of `e` (every name but `pi`, and `e` unless it is used as one).
+fn variables(e: &Expr, out: &mut Vec<String>) {
+    match e {
+        Expr::Name(n) if n != "pi" && n != "e" => {
+            if !out.contains(n) {
+                out.push(n.clone());
+            }
+        }
+        Expr::Name(_) | Expr::Num(_) | Expr::Infinity => {}
+        Expr::Neg(a)
+        | Expr::Func(_, a)
+        | Expr::Fact(a)
+        | Expr::Abs(a)
+        | Expr::Percent(a)
+        | Expr::Degrees(a) => variables(a, out),
+        Expr::Add(a, b)
+        | Expr::Mul(a, b)
+        | Expr::Div(a, b)
+        | Expr::Pow(a, b)
+        | Expr::Root(a, b)
+        | Expr::Log(a, b) => {
+            variables(a, out);
+            variables(b, out);
+        }
+    }
+}
+
+/// The number before the percent sign (`percent`) or the degree sign (otherwise), when
+/// `e` carries that unit.
+fn in_unit(e: &Expr, percent: bool) -> Option<&Expr> {
+    match e {
+        Expr::Percent(i) if percent => Some(i),
+        Expr::Degrees(i) if !percent => Some(i),
+        _ => None,
+    }
+}
+
+/// Whether two expressions are equal.
+pub fn expr_equal(truth: &Expr, given: &Expr) -> bool {
+    // Infinities compare by sign.
+    match (infinity_sign(truth), infinity_sign(given)) {
+        (Some(a), Some(b)) => return a == b,
+        (Some(_), None) | (None, Some(_)) => return false,
+        _ => {}
+    }
+    // Units, percent first, then degrees: both in the unit compare the numbers before
+    // the signs. Otherwise the truth's unit makes clear what a bare number means: in the
+    // unit (`50` for 50%, `90` for 90°) or its value (`0.5`; an expression in π is
+    // radians). A unit only the answer carries may be dropped or meant.
+    for percent in [true, false] {
+        match (in_unit(truth, percent), in_unit(given, percent)) {
+            (Some(t), Some(g)) => return expr_equal(t, g),
+            (Some(t), None) => return expr_equal(t, given) || values_equal(truth, given),
+            (None, Some(g)) => return expr_equal(truth, g) || values_equal(truth, given),
+            (None, None) => {}
+        }
+    }
+    values_equal(truth, given)
+}
+
+fn infinity_sign(e: &Expr) -> Option<bool> {
+    match e {
+        Expr::Infinity => Some(true),
+        Expr::Neg(a) => infinity_sign(a).map(|s| !s),
+        _ => None,
+    }
+}
+
+/// Equal values: as constants, or at every sample point of their variables.
+fn values_equal(truth: &Expr, given: &Expr) -> bool {
+    let mut names = Vec::new();
+    variables(truth, &mut names);
+    let mut given_names = Vec::new();
+    variables(given, &mut given_names);
+    if names.is_empty() && given_names.is_empty() {
+        return match (eval(truth, &NoVars), eval(given, &NoVars)) {
+            (Some(a), Some(b)) => same(&a, &b),
+            _ => false,
+        };
+    }
+    for n in given_names {
+        if !names.contains(&n) {
+            // A variable the truth does not have: only equal if it cancels out, which
+            // the points below check.
+            names.push(n);
+        }
+    }
+    let mut compared = 0;
+    for values in &POINTS {
+        let point = Point {
+            names: &names,
+            values,
+        };
+        match (eval(truth, &point), eval(given, &point)) {
+            (Some(a), Some(b)) => {
+                let (Some(x), Some(y)) = (a.to_f64(), b.to_f64()) else {
+                    return false;
+                };
+                if !close_loose(x, y) {
+                    return false;
+                }
+                compared += 1;
+            }
+            (None, None) => {}
+            _ => return false,
+        }
+    }
+    compared >= 3
+}
+
+/// At sampled points both sides are floats: allow for rounding in the evaluation.
+fn close_loose(x: f64, y: f64) -> bool {
+    close(x, y) || (x - y).abs() <= 1e-7 * x.abs().max(y.abs()).max(1.0)
+}
+
+/// Whether `given` means `truth`.
+pub fn answer_equal(truth: &Answer, given: &Answer) -> bool {
+    match (truth, given) {
+        (Answer::Letter(a), Answer::Letter(b)) => a == b,
+        (Answer::Expr(t), Answer::Expr(g)) => expr_equal(t, g),
+        // `x = 5` for `5`, and `5` for `x = 5`.
+        (Answer::Expr(t), Answer::Relation(sides, rels)) if is_binding(sides, rels) => {
+            expr_equal(t, &sides[1])
+        }
+        (Answer::Relation(sides, rels), Answer::Expr(g)) if is_binding(sides, rels) => {
+            expr_equal(&sides[1], g)
+        }
+        (Answer::Relation(ts, tr), Answer::Relation(gs, gr)) => relation_equal(ts, tr, gs, gr),
+        (
+            Answer::Bracketed {
+                open: to,
+                close: tc,
+                items: ti,
+            },
+            Answer::Bracketed {
+                open: go,
+                close: gc,
+                items: gi,
+            },
+        ) => {
+            if *to == '{' && *go == '{' {
+                unordered(ti, gi)
+            } else {
+                to == go && tc == gc && ordered(ti, gi)
+            }
+        }
+        // A bare list and a set are both unordered collections of answers.
+        (Answer::List(t), Answer::List(g)) => unordered(t, g),
+        (
+            Answer::List(t),
+            Answer::Bracketed {
+                open: '{', items, ..
+            },
+        )
+        | (
+            Answer::Bracketed {
+                open: '{',
+                items: t,
+                ..
+            },
+            Answer::List(items),
+        ) => unordered(t, items),
+        (Answer::Union(t), Answer::Union(g)) => unordered(t, g),
+        (Answer::Matrix(t), Answer::Matrix(g)) => {
+            t.len() == g.len()
+                && t.iter().zip(g).all(|(tr, gr)| {
+                    tr.len() == gr.len() && tr.iter().zip(gr).all(|(a, b)| expr_equal(a, b))
+                })
+        }
+        _ => false,
+    }
+}
+
+/// `name = value`: a variable bound to an answer.
+fn is_binding(sides: &[Expr], rels: &[Rel]) -> bool {
+    rels == [Rel::Eq] && matches!(&sides[0], Expr::Name(n) if n != "pi" && n != "e")
+}
+
+/// Two equations are equal when one's `lhs − rhs` is a nonzero constant multiple of the
+/// other's; two inequality chains when they read the same (or the same reversed).
+fn relation_equal(ts: &[Expr], tr: &[Rel], gs: &[Expr], gr: &[Rel]) -> bool {
+    if tr == [Rel::Eq] && gr == [Rel::Eq] {
+        return equations_equal(ts, gs);
+    }
+    let same_way = tr == gr && ts.iter().zip(gs).all(|(a, b)| expr_equal(a, b));
+    let flipped: Vec<Rel> = gr.iter().rev().map(|r| flip(*r)).collect();
+    let reversed = tr == flipped.as_slice()
+        && ts
+            .iter()
+            .zip(gs.iter().rev())
+            .all(|(a, b)| expr_equal(a, b));
+    ts.len() == gs.len() && (same_way || reversed)
+}
+
+fn flip(r: Rel) -> Rel {
+    match r {
+        Rel::Lt => Rel::Gt,
+        Rel::Gt => Rel::Lt,
+        Rel::Le => Rel::Ge,
+        Rel::Ge => Rel::Le,
+        r => r,
+    }
+}
+
+fn equations_equal(ts: &[Expr], gs: &[Expr]) -> bool {
+    if ts.len() != 2 || gs.len() != 2 {
+        return false;
+    }
+    let diff = |s: &[Expr]| {
+        Expr::Add(
+            Box::new(s[0].clone()),
+            Box::new(Expr::Neg(Box::new(s[1].clone()))),
+        )
+    };
+    let (f, g) = (diff(ts), diff(gs));
+    let mut names = Vec::new();
+    variables(&f, &mut names);
+    variables(&g, &mut names);
+    let mut ratio: Option<f64> = None;
+    let mut compared = 0;
+    for values in &POINTS {
+        let point = Point {
+            names: &names,
+            values,
+        };
+        let (Some(a), Some(b)) = (eval(&f, &point), eval(&g, &point)) else {
+            continue;
+        };
+        let (Some(a), Some(b)) = (a.to_f64(), b.to_f64()) else {
+            return false;
+        };
+        if b.abs() < 1e-12 || a.abs() < 1e-12 {
+            if !(a.abs() < 1e-12 && b.abs() < 1e-12) {
+                return false;
+            }
+            continue;
+        }
+        let r = a / b;
+        match ratio {
+            None => ratio = Some(r),
+            Some(r0) if close_loose(r0, r) => {}
+            Some(_) => return false,
+        }
+        compared += 1;
+    }
+    compared >= 3
+}
+
+fn ordered(t: &[Answer], g: &[Answer]) -> bool {
+    t.len() == g.len() && t.iter().zip(g).all(|(a, b)| answer_equal(a, b))
+}
+
+/// The same answers in any order, each matched once.
+fn unordered(t: &[Answer], g: &[Answer]) -> bool {
+    if t.len() != g.len() {
+        return false;
+    }
+    let mut used = vec![false; g.len()];
+    t.iter().all(|a| {
+        let hit = g
+            .iter()
+            .enumerate()
+            .find(|(i, b)| !used[*i] && answer_equal(a, b))
+            .map(|(i, _)| i);
+        match hit {
+            Some(i) => {
+                used[i] = true;
+                true
+            }
+            None => false,
+        }
+    })
+}
+
+/// The value of a constant answer, for details.
+pub fn constant(e: &Expr) -> Option<Num> {
+    eval(e, &NoVars)
+}

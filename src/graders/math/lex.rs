@@ -1,0 +1,606 @@
+//! From an answer as a model or a dataset writes it (LaTeX, plain text, Unicode) to
+//! tokens: the spellings of one thing become one token (`\dfrac`, `\tfrac` and `\frac`;
+//! `−`, `–` and `-`; `\le`, `\leq` and `≤`; `^\circ`, `°` and "degrees"), spacing and
+//! sizing commands go, and digit groups split by thin spaces (`1\,000`, `1{,}000`,
+//! U+2009) join. A comma stays a comma: whether `1,000` is a thousand or a pair depends
+//! on the ground truth, which the comparison knows and the lexer does not.
+
+/// One token of an answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Tok {
+    /// Digits with at most one `.`, as written (`012`, `3.50`, `.5`).
+    Num(String),
+    /// A repeating decimal's repeated digits, right after the number they repeat in
+    /// (`0.\overline{3}`, `0.(3)` in plain text is left to the parser).
+    Repeat(String),
+    /// A name: a variable (`x`, `\alpha`), a constant (`\pi`, `e`) or a function
+    /// (`\sin`, `log`), without its backslash.
+    Name(String),
+    /// `+`.
+    Plus,
+    /// `-`.
+    Minus,
+    /// `±`.
+    PlusMinus,
+    /// `*`, `\times`, `\cdot`, `×`, `·`.
+    Times,
+    /// `/`, `\div`, `÷`.
+    Slash,
+    /// `^`.
+    Caret,
+    /// `!`.
+    Bang,
+    /// `_` (a subscript: `\log_2`).
+    Underscore,
+    /// A relation: `=`, `<`, `>`, `≤`, `≥`, `≠`.
+    Rel(Rel),
+    /// `(`, `[`, `\{` (a literal brace), `\langle`.
+    Open(char),
+    /// `)`, `]`, `\}`, `\rangle`.
+    Close(char),
+    /// `{`: a LaTeX group.
+    GroupOpen,
+    /// `}`.
+    GroupClose,
+    /// `,`.
+    Comma,
+    /// `;`.
+    Semicolon,
+    /// `|`.
+    Bar,
+    /// `\frac` (and `\dfrac`, `\tfrac`, `\cfrac`).
+    Frac,
+    /// `\sqrt` (`√`).
+    Sqrt,
+    /// `%`, `\%`, "percent".
+    Percent,
+    /// `^\circ`, `°`, "degrees".
+    Degree,
+    /// `\infty`, `∞`, "infinity".
+    Infinity,
+    /// `\cup`, `∪`, "U" between intervals is left to the parser.
+    Cup,
+    /// `\cap`.
+    Cap,
+    /// `&` (a matrix column).
+    Amp,
+    /// `\\` (a matrix row).
+    RowSep,
+    /// `\begin{…matrix}` (and `array`).
+    BeginMatrix,
+    /// `\end{…matrix}`.
+    EndMatrix,
+    /// A word of text (`\text{cm}`, "or", "and"), kept so the parser can tell units and
+    /// trailing words from answers that are words.
+    Word(String),
+}
+
+/// A relation between two sides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rel {
+    /// `=`.
+    Eq,
+    /// `≠`.
+    Ne,
+    /// `<`.
+    Lt,
+    /// `≤`.
+    Le,
+    /// `>`.
+    Gt,
+    /// `≥`.
+    Ge,
+}
+
+/// Commands that only size or space: dropped.
+const DROPPED: &[&str] = &[
+    "left",
+    "right",
+    "big",
+    "Big",
+    "bigg",
+    "Bigg",
+    "bigl",
+    "bigr",
+    "Bigl",
+    "Bigr",
+    "displaystyle",
+    "textstyle",
+    "scriptstyle",
+    "limits",
+    "nolimits",
+    "quad",
+    "qquad",
+    "mathrm",
+    "mathbf",
+    "mathit",
+    "boldsymbol",
+    "bf",
+    "rm",
+    "it",
+    "mathsf",
+    "mathtt",
+    "hbox",
+    "vphantom",
+    "phantom",
+];
+
+/// Commands that name things (kept as [`Tok::Name`]).
+const NAMES: &[&str] = &[
+    "pi",
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "varepsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "vartheta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "rho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "varphi",
+    "chi",
+    "psi",
+    "omega",
+    "Gamma",
+    "Delta",
+    "Theta",
+    "Lambda",
+    "Xi",
+    "Pi",
+    "Sigma",
+    "Phi",
+    "Psi",
+    "Omega",
+    "sin",
+    "cos",
+    "tan",
+    "cot",
+    "sec",
+    "csc",
+    "arcsin",
+    "arccos",
+    "arctan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "log",
+    "ln",
+    "lg",
+    "exp",
+];
+
+/// Splits `text` into tokens. Never fails: what it does not know becomes a
+/// [`Tok::Word`], which the parser refuses or skips.
+pub fn lex(text: &str) -> Vec<Tok> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        i += 1;
+        match c {
+            c if c.is_whitespace() || c == '~' || c == '$' => {}
+            '0'..='9' | '.' if c != '.' || chars.get(i).is_some_and(char::is_ascii_digit) => {
+                let mut num = String::from(c);
+                loop {
+                    match chars.get(i) {
+                        Some(d) if d.is_ascii_digit() => num.push(*d),
+                        Some('.')
+                            if !num.contains('.')
+                                && chars.get(i + 1).is_some_and(char::is_ascii_digit) =>
+                        {
+                            num.push('.');
+                        }
+                        // `0.` before `\overline`: the dot belongs to the number.
+                        Some('.') if !num.contains('.') && starts_repeat(&chars, i + 1) => {
+                            num.push('.');
+                        }
+                        // Calculator notation: `6.02e23`, `2.5E-4` (an `e` right after
+                        // digits and before an exponent, not Euler's number).
+                        Some('e' | 'E') if !num.contains('e') => match exponent(&chars, i + 1) {
+                            Some(exp) => {
+                                num.push('e');
+                                num.push_str(&exp.0);
+                                i = exp.1;
+                                continue;
+                            }
+                            None => break,
+                        },
+                        _ => {
+                            // A thin space (or `{,}`) between digit groups joins them.
+                            if let Some(skip) = thin_group(&chars, i) {
+                                i += skip;
+                                continue;
+                            }
+                            break;
+                        }
+                    }
+                    i += 1;
+                }
+                out.push(Tok::Num(num));
+            }
+            '\\' => i = command(&chars, i, &mut out),
+            '{' => {
+                // `{,}` is a LaTeX way to write a thousands comma.
+                if chars.get(i) == Some(&',') && chars.get(i + 1) == Some(&'}') {
+                    i += 2;
+                    out.push(Tok::Comma);
+                } else {
+                    out.push(Tok::GroupOpen);
+                }
+            }
+            '}' => out.push(Tok::GroupClose),
+            '^' => {
+                // `^\circ`, `^{\circ}`, `^o` are degrees.
+                if let Some(skip) = degree_after_caret(&chars, i) {
+                    i += skip;
+                    out.push(Tok::Degree);
+                } else {
+                    out.push(Tok::Caret);
+                }
+            }
+            '<' => {
+                if chars.get(i) == Some(&'=') {
+                    i += 1;
+                    out.push(Tok::Rel(Rel::Le));
+                } else {
+                    out.push(Tok::Rel(Rel::Lt));
+                }
+            }
+            '>' => {
+                if chars.get(i) == Some(&'=') {
+                    i += 1;
+                    out.push(Tok::Rel(Rel::Ge));
+                } else {
+                    out.push(Tok::Rel(Rel::Gt));
+                }
+            }
+            'π' => out.push(Tok::Name("pi".into())),
+            c if c.is_alphabetic() => {
+                let mut word = String::from(c);
+                while let Some(d) = chars.get(i).filter(|d| d.is_alphabetic()) {
+                    word.push(*d);
+                    i += 1;
+                }
+                out.push(word_token(word));
+            }
+            c => out.push(symbol(c).unwrap_or_else(|| Tok::Word(c.to_string()))),
+        }
+    }
+    out
+}
+
+/// The token a one-character symbol stands for, if it is one.
+fn symbol(c: char) -> Option<Tok> {
+    Some(match c {
+        '(' | '[' | '⟨' => Tok::Open(if c == '⟨' { '<' } else { c }),
+        ')' | ']' | '⟩' => Tok::Close(if c == '⟩' { '>' } else { c }),
+        '+' => Tok::Plus,
+        '-' | '−' | '–' | '‐' | '‑' => Tok::Minus,
+        '±' => Tok::PlusMinus,
+        '*' | '×' | '·' | '⋅' => Tok::Times,
+        '/' | '÷' => Tok::Slash,
+        '!' => Tok::Bang,
+        '_' => Tok::Underscore,
+        '=' => Tok::Rel(Rel::Eq),
+        '≤' | '⩽' => Tok::Rel(Rel::Le),
+        '≥' | '⩾' => Tok::Rel(Rel::Ge),
+        '≠' => Tok::Rel(Rel::Ne),
+        ',' => Tok::Comma,
+        ';' => Tok::Semicolon,
+        '|' => Tok::Bar,
+        '&' => Tok::Amp,
+        '%' => Tok::Percent,
+        '°' | 'º' => Tok::Degree,
+        '√' => Tok::Sqrt,
+        '∞' => Tok::Infinity,
+        '∪' => Tok::Cup,
+        '∩' => Tok::Cap,
+        _ => return None,
+    })
+}
+
+/// A plain-text word: a function or constant name, one of the words that mean a token,
+/// or a word of text. Single letters are variables (or choice letters).
+fn word_token(word: String) -> Tok {
+    match word.as_str() {
+        "infinity" | "inf" | "infty" => Tok::Infinity,
+        "percent" => Tok::Percent,
+        "degrees" | "degree" | "deg" => Tok::Degree,
+        "sqrt" => Tok::Sqrt,
+        w if w.chars().count() == 1 || NAMES.contains(&w) => Tok::Name(word),
+        _ => Tok::Word(word),
+    }
+}
+
+/// At `chars[i]` (just after a digit): the length of a thin space or `{,}` followed by
+/// exactly three digits, if that is what is there.
+fn thin_group(chars: &[char], i: usize) -> Option<usize> {
+    let sep = match (chars.get(i), chars.get(i + 1), chars.get(i + 2)) {
+        (Some('\\'), Some(',' | ' ' | '!' | ';'), _) => 2,
+        (Some('{'), Some(','), Some('}')) => 3,
+        (Some('\u{2009}' | '\u{202f}' | '\u{00a0}' | '\u{2006}' | '\''), _, _) => 1,
+        _ => return None,
+    };
+    let digits = chars[i + sep..]
+        .iter()
+        .take_while(|c| c.is_ascii_digit())
+        .count();
+    (digits == 3).then_some(sep)
+}
+
+/// After the `e` of calculator notation at `chars[i - 1]`: the exponent (signed
+/// digits, not followed by a letter) and the index after it.
+fn exponent(chars: &[char], i: usize) -> Option<(String, usize)> {
+    let mut j = i;
+    let mut exp = String::new();
+    if let Some(sign @ ('+' | '-' | '−')) = chars.get(j) {
+        if *sign != '+' {
+            exp.push('-');
+        }
+        j += 1;
+    }
+    let start = j;
+    while chars.get(j).is_some_and(char::is_ascii_digit) {
+        exp.push(chars[j]);
+        j += 1;
+    }
+    let is_exp = j > start && !chars.get(j).is_some_and(|c| c.is_alphabetic());
+    is_exp.then_some((exp, j))
+}
+
+/// Whether a repeating-decimal command starts at `chars[i]`.
+fn starts_repeat(chars: &[char], i: usize) -> bool {
+    let rest: String = chars[i..].iter().take(9).collect();
+    rest.starts_with("\\overline") || rest.starts_with("\\dot") || rest.starts_with("\\bar")
+}
+
+/// After `^`: the length of a degree sign (`\circ`, `{\circ}`, `o`), if one is there.
+fn degree_after_caret(chars: &[char], i: usize) -> Option<usize> {
+    let rest: String = chars[i..].iter().take(8).collect();
+    if rest.starts_with("\\circ") {
+        Some(5)
+    } else if rest.starts_with("{\\circ}") {
+        Some(7)
+    } else if rest.starts_with("{o}") {
+        Some(3)
+    } else if rest.starts_with('o') && !chars.get(i + 1).is_some_and(|c| c.is_alphabetic()) {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+/// The `{…}` argument starting at `chars[i]` (spaces before it skipped): its text and
+/// the index after it. Braces inside balance.
+pub fn group_arg(chars: &[char], mut i: usize) -> Option<(String, usize)> {
+    while chars.get(i).is_some_and(|c| c.is_whitespace()) {
+        i += 1;
+    }
+    if chars.get(i) != Some(&'{') {
+        return None;
+    }
+    let mut depth = 0usize;
+    let start = i + 1;
+    while i < chars.len() {
+        match chars[i] {
+            '\\' => i += 1,
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some((chars[start..i].iter().collect(), i + 1));
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The token a command that only names one stands for (`\sqrt`, `\le`, `\cup`, …).
+fn named_token(name: &str) -> Option<Tok> {
+    Some(match name {
+        "sqrt" => Tok::Sqrt,
+        "times" | "cdot" | "ast" => Tok::Times,
+        "div" => Tok::Slash,
+        "pm" => Tok::PlusMinus,
+        "le" | "leq" | "leqslant" => Tok::Rel(Rel::Le),
+        "ge" | "geq" | "geqslant" => Tok::Rel(Rel::Ge),
+        "lt" => Tok::Rel(Rel::Lt),
+        "gt" => Tok::Rel(Rel::Gt),
+        "ne" | "neq" => Tok::Rel(Rel::Ne),
+        "infty" | "infin" => Tok::Infinity,
+        "cup" => Tok::Cup,
+        "cap" => Tok::Cap,
+        "circ" | "degree" => Tok::Degree,
+        "langle" => Tok::Open('<'),
+        "rangle" => Tok::Close('>'),
+        "lbrace" => Tok::Open('{'),
+        "rbrace" => Tok::Close('}'),
+        "lvert" | "rvert" | "vert" | "mid" => Tok::Bar,
+        _ => return None,
+    })
+}
+
+/// A command after `\` at `chars[i]`: pushes its tokens, returns the index after it.
+fn command(chars: &[char], i: usize, out: &mut Vec<Tok>) -> usize {
+    let Some(&first) = chars.get(i) else {
+        return i;
+    };
+    if !first.is_ascii_alphabetic() {
+        // One-character commands.
+        match first {
+            '{' => out.push(Tok::Open('{')),
+            '}' => out.push(Tok::Close('}')),
+            '%' => out.push(Tok::Percent),
+            '\\' => out.push(Tok::RowSep),
+            '$' => {}
+            '(' | ')' | '[' | ']' => {} // math delimiters \( \) \[ \]
+            '|' => out.push(Tok::Bar),
+            _ => {} // spacing: \, \; \: \! and `\ `
+        }
+        return i + 1;
+    }
+    let mut j = i;
+    while chars.get(j).is_some_and(char::is_ascii_alphabetic) {
+        j += 1;
+    }
+    let name: String = chars[i..j].iter().collect();
+    match name.as_str() {
+        "frac" | "dfrac" | "tfrac" | "cfrac" => {
+            out.push(Tok::Frac);
+            // `\frac12` and `\frac 1 2`: one digit per argument.
+            let mut k = j;
+            for _ in 0..2 {
+                while chars.get(k).is_some_and(|c| *c == ' ') {
+                    k += 1;
+                }
+                match chars.get(k) {
+                    Some(d) if d.is_ascii_digit() => {
+                        out.push(Tok::Num(d.to_string()));
+                        k += 1;
+                    }
+                    _ => return if k == j { j } else { k },
+                }
+            }
+            return k;
+        }
+        "overline" | "bar" | "dot" => {
+            // A repeating decimal's period: `0.\overline{3}`, `0.\dot{3}`.
+            if let Some((arg, after)) = group_arg(chars, j) {
+                out.push(Tok::Repeat(
+                    arg.chars().filter(char::is_ascii_digit).collect(),
+                ));
+                return after;
+            }
+        }
+        "text" | "textbf" | "textit" | "mbox" | "textrm" | "operatorname" | "mathrm" | "mathbf"
+        | "mathit" => {
+            if let Some((arg, after)) = group_arg(chars, j) {
+                // `\mathrm{e}` and `\operatorname{sin}` are names; a word of text stays
+                // a word (a unit, "or", "and", a choice letter).
+                for tok in lex(&arg) {
+                    out.push(match tok {
+                        Tok::Name(n) if n.chars().count() > 1 && !NAMES.contains(&n.as_str()) => {
+                            Tok::Word(n)
+                        }
+                        t => t,
+                    });
+                }
+                return after;
+            }
+        }
+        "begin" | "end" => {
+            if let Some((env, after)) = group_arg(chars, j) {
+                if env.ends_with("matrix") || env == "array" {
+                    out.push(if name == "begin" {
+                        Tok::BeginMatrix
+                    } else {
+                        Tok::EndMatrix
+                    });
+                }
+                let mut after = after;
+                // `\begin{array}{cc}`: the column spec goes.
+                if env == "array"
+                    && name == "begin"
+                    && let Some((_, next)) = group_arg(chars, after)
+                {
+                    after = next;
+                }
+                return after;
+            }
+        }
+        "boxed" | "fbox" => {} // the box's group stays a group
+        n if DROPPED.contains(&n) => {}
+        n if named_token(n).is_some() => out.extend(named_token(n)),
+        n if NAMES.contains(&n) => out.push(Tok::Name(name.clone())),
+        _ => out.push(Tok::Word(name.clone())),
+    }
+    j
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn num(s: &str) -> Tok {
+        Tok::Num(s.into())
+    }
+
+    #[test]
+    fn spellings_of_one_thing_are_one_token() {
+        assert_eq!(lex("\\dfrac{1}{2}"), lex("\\frac{1}{2}"));
+        assert_eq!(lex("−3"), vec![Tok::Minus, num("3")]);
+        assert_eq!(lex("x \\leq 3"), lex("x ≤ 3"));
+        assert_eq!(lex("30^\\circ"), vec![num("30"), Tok::Degree]);
+        assert_eq!(lex("30^{\\circ}"), lex("30°"));
+        assert_eq!(lex("\\left( 1, 2 \\right)"), lex("(1,2)"));
+    }
+
+    #[test]
+    fn thin_spaces_join_digit_groups_and_commas_stay() {
+        assert_eq!(lex("1\\,000\\,000"), vec![num("1000000")]);
+        assert_eq!(lex("12\u{2009}345"), vec![num("12345")]);
+        assert_eq!(lex("1{,}000"), vec![num("1000")]);
+        assert_eq!(lex("6.02e23"), vec![num("6.02e23")]);
+        assert_eq!(lex("2.5E−4"), vec![num("2.5e-4")]);
+        // `2e` and `2e^x` keep Euler's number.
+        assert_eq!(lex("2e"), vec![num("2"), Tok::Name("e".into())]);
+        assert_eq!(lex("1,000"), vec![num("1"), Tok::Comma, num("000")]);
+        // Not three digits after the space: two numbers.
+        assert_eq!(lex("1\\,00"), vec![num("1"), num("00")]);
+    }
+
+    #[test]
+    fn repeating_decimals_keep_their_period() {
+        assert_eq!(
+            lex("0.\\overline{3}"),
+            vec![num("0."), Tok::Repeat("3".into())]
+        );
+        assert_eq!(
+            lex("0.1\\overline{36}"),
+            vec![num("0.1"), Tok::Repeat("36".into())]
+        );
+    }
+
+    #[test]
+    fn text_becomes_words_and_names_stay_names() {
+        assert_eq!(lex("5\\text{ cm}"), vec![num("5"), Tok::Word("cm".into())]);
+        assert_eq!(
+            lex("\\text{(B)}"),
+            vec![Tok::Open('('), Tok::Name("B".into()), Tok::Close(')')]
+        );
+        assert_eq!(
+            lex("\\sin x"),
+            vec![Tok::Name("sin".into()), Tok::Name("x".into())]
+        );
+        assert_eq!(
+            lex("\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"),
+            vec![
+                Tok::BeginMatrix,
+                num("1"),
+                Tok::Amp,
+                num("2"),
+                Tok::RowSep,
+                num("3"),
+                Tok::Amp,
+                num("4"),
+                Tok::EndMatrix
+            ]
+        );
+    }
+}

@@ -1,0 +1,112 @@
+//! The grader's verdicts on the answer spellings each category is about.
+
+use super::grade;
+
+fn yes(response: &str, truth: &str) {
+    let v = grade(response, truth);
+    assert!(v.correct, "{response:?} vs {truth:?}: {v:?}");
+}
+
+fn no(response: &str, truth: &str) {
+    let v = grade(response, truth);
+    assert!(
+        !v.correct,
+        "{response:?} vs {truth:?} should be wrong: {v:?}"
+    );
+}
+
+#[test]
+fn numbers_and_their_spellings() {
+    yes("\\boxed{\\dfrac{1}{2}}", "\\frac12");
+    yes("\\boxed{0.5}", "\\frac{1}{2}");
+    yes("\\boxed{−3}", "-3");
+    yes("\\boxed{1\\,000\\,000}", "1000000");
+    yes("#### 1,200", "1200");
+    yes("The answer is 12 345.", "12345");
+    yes("\\boxed{6.02e23}", "6.02\\times 10^{23}");
+    yes("\\boxed{0.\\overline{3}}", "\\frac{1}{3}");
+    yes("\\boxed{3\\frac{1}{2}}", "\\frac{7}{2}");
+    yes("The answer is 3 1/2", "3.5");
+    no("\\boxed{0.33}", "\\frac{1}{3}");
+    no("\\boxed{1.414}", "\\sqrt{2}");
+    no("\\boxed{1,000}", "(1, 0)");
+}
+
+#[test]
+fn units_and_text_follow_the_truth() {
+    yes("\\boxed{50\\%}", "50\\%");
+    yes("\\boxed{50}", "50\\%");
+    yes("\\boxed{0.5}", "50\\%");
+    yes("\\boxed{30^\\circ}", "30");
+    yes("\\boxed{\\frac{\\pi}{6}}", "30^\\circ");
+    yes("\\boxed{5\\text{ cm}}", "5");
+    yes("Answer: 7 apples", "7");
+}
+
+#[test]
+fn shapes() {
+    yes("\\boxed{\\{3, 1, 2\\}}", "\\{1,2,3\\}");
+    no("\\boxed{(2, 1)}", "(1, 2)");
+    yes("\\boxed{[0, 1)}", "[0,1)");
+    no("\\boxed{(0, 1]}", "[0,1)");
+    yes("\\boxed{x \\le 3}", "(-\\infty, 3]");
+    yes("\\boxed{(-\\infty, 3]}", "x \\leq 3");
+    yes("\\boxed{1 < x \\le 2}", "(1, 2]");
+    yes("\\boxed{x = 2 \\text{ or } x = 3}", "2, 3");
+    yes(
+        "\\boxed{\\begin{pmatrix}1 & 2\\\\ 3 & 4\\end{pmatrix}}",
+        "\\begin{bmatrix}1&2\\\\3&4\\end{bmatrix}",
+    );
+    yes("\\boxed{y = 2x + 1}", "2x - y + 1 = 0");
+}
+
+#[test]
+fn symbolic() {
+    yes("\\boxed{(x+1)^2}", "x^2 + 2x + 1");
+    no("\\boxed{x^2 + 1}", "(x+1)^2");
+    yes("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\sin(\\pi/3)");
+    yes("\\boxed{2\\sqrt{2}}", "\\sqrt{8}");
+}
+
+#[test]
+fn commitment_and_letters() {
+    no("It is \\boxed{2} or \\boxed{3}.", "2");
+    no("I am not sure.", "2");
+    yes("So the answer is (C).", "C");
+    yes("Therefore: C", "C");
+    no("So the answer is (B).", "C");
+}
+
+#[test]
+fn hostile_answers_are_refused_quickly_not_crashes() {
+    // Nesting far past any answer's: refused, not a stack overflow.
+    let deep = format!("\\boxed{{{}1{}}}", "(".repeat(100_000), ")".repeat(100_000));
+    no(&deep, "1");
+    let deep_groups = format!("\\boxed{{{}1{}}}", "{".repeat(5_000), "}".repeat(5_000));
+    no(&deep_groups, "1");
+    // Numbers too big to build: no value, so not equal (and no time spent building).
+    no("\\boxed{((10^{256})^{256})^{256}}", "1");
+    no("\\boxed{10^{10^{10^{10}}}}", "1");
+    no("\\boxed{1e999999999}", "1");
+    no("\\boxed{100000!}", "1");
+    // A long chain: too long for a final answer.
+    let chain = format!("\\boxed{{{}1}}", "1+".repeat(10_000));
+    no(&chain, "10001");
+    // A huge response with no answer in it.
+    no(&"x".repeat(5_000_000), "1");
+}
+
+#[test]
+fn a_reward_cannot_be_forged_by_answering_everything() {
+    // Answers that try to match any truth: a list of candidates, a variable, a
+    // relation that is always true, a set of all the choices.
+    no("\\boxed{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}", "7");
+    no("\\boxed{x}", "7");
+    no("\\boxed{x = x}", "7");
+    no("\\boxed{7 = 7}", "x = 7");
+    no("\\boxed{A, B, C, D}", "C");
+    no("The answer is A or B or C or D.", "C");
+    no("\\boxed{\\text{any real number}}", "7");
+    no("\\boxed{0/0}", "7");
+    no("\\boxed{\\infty}", "7");
+}

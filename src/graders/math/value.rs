@@ -1,0 +1,251 @@
+//! The value of an expression: exact (a rational) while only rational operations are
+//! involved, a float once something irrational is (π, a root, a logarithm), nothing
+//! where it is undefined (a division by zero, the root of a negative number).
+//!
+//! Exactness is what lets the grader refuse a rounded approximation of an exact answer
+//! (`1.414` for `\sqrt{2}`, `0.33` for `\frac13`) while accepting every exact spelling of
+//! it (`0.\overline{3}`, `\frac{2}{6}`).
+
+use num_bigint::BigInt;
+use num_rational::BigRational;
+use num_traits::{One, Signed, ToPrimitive, Zero};
+
+use super::expr::Expr;
+
+/// A value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Num {
+    /// Exact.
+    Exact(BigRational),
+    /// Approximate (finite).
+    Approx(f64),
+}
+
+impl Num {
+    /// As a float (`None` when too large to be one).
+    pub fn to_f64(&self) -> Option<f64> {
+        match self {
+            Num::Exact(r) => r.to_f64().filter(|f| f.is_finite()),
+            Num::Approx(f) => Some(*f),
+        }
+    }
+
+    fn approx(f: f64) -> Option<Num> {
+        f.is_finite().then_some(Num::Approx(f))
+    }
+}
+
+/// Values for the free variables of an expression.
+pub trait Bindings {
+    /// The value of `name`, if it is a bound variable.
+    fn get(&self, name: &str) -> Option<f64>;
+}
+
+/// No variables bound: constants only.
+pub struct NoVars;
+
+impl Bindings for NoVars {
+    fn get(&self, _: &str) -> Option<f64> {
+        None
+    }
+}
+
+/// The biggest exponent computed exactly; past it, a float.
+const MAX_EXACT_EXP: u32 = 256;
+
+/// The biggest power computed exactly, in bits of numerator and denominator; past it, a
+/// float (which overflows to "no value" for the truly huge).
+const MAX_EXACT_BITS: u64 = 1 << 16;
+
+/// The value of `e`, or `None` where it is undefined or not a real number.
+pub fn eval(e: &Expr, vars: &dyn Bindings) -> Option<Num> {
+    use Num::{Approx, Exact};
+    Some(match e {
+        Expr::Num(r) => Exact(r.clone()),
+        Expr::Name(n) => match vars.get(n) {
+            Some(v) => Num::approx(v)?,
+            None => match n.as_str() {
+                "pi" => Approx(std::f64::consts::PI),
+                "e" => Approx(std::f64::consts::E),
+                _ => return None,
+            },
+        },
+        Expr::Neg(a) => match eval(a, vars)? {
+            Exact(r) => Exact(-r),
+            Approx(f) => Approx(-f),
+        },
+        Expr::Add(a, b) => match (eval(a, vars)?, eval(b, vars)?) {
+            (Exact(x), Exact(y)) => Exact(x + y),
+            (x, y) => Num::approx(x.to_f64()? + y.to_f64()?)?,
+        },
+        Expr::Mul(a, b) => match (eval(a, vars)?, eval(b, vars)?) {
+            (Exact(x), Exact(y)) => Exact(x * y),
+            (x, y) => Num::approx(x.to_f64()? * y.to_f64()?)?,
+        },
+        Expr::Div(a, b) => match (eval(a, vars)?, eval(b, vars)?) {
+            (_, Exact(y)) if y.is_zero() => return None,
+            (Exact(x), Exact(y)) => Exact(x / y),
+            (x, y) => {
+                let d = y.to_f64()?;
+                if d == 0.0 {
+                    return None;
+                }
+                Num::approx(x.to_f64()? / d)?
+            }
+        },
+        Expr::Pow(a, b) => pow(eval(a, vars)?, eval(b, vars)?)?,
+        Expr::Root(n, x) => {
+            let n = eval(n, vars)?;
+            let x = eval(x, vars)?;
+            root(n, x)?
+        }
+        Expr::Func(f, a) => {
+            let x = eval(a, vars)?.to_f64()?;
+            let y = match f.as_str() {
+                "sin" => x.sin(),
+                "cos" => x.cos(),
+                "tan" => x.tan(),
+                "cot" => 1.0 / x.tan(),
+                "sec" => 1.0 / x.cos(),
+                "csc" => 1.0 / x.sin(),
+                "arcsin" if x.abs() <= 1.0 => x.asin(),
+                "arccos" if x.abs() <= 1.0 => x.acos(),
+                "arctan" => x.atan(),
+                "sinh" => x.sinh(),
+                "cosh" => x.cosh(),
+                "tanh" => x.tanh(),
+                "ln" if x > 0.0 => x.ln(),
+                "exp" => x.exp(),
+                _ => return None,
+            };
+            Num::approx(y)?
+        }
+        Expr::Log(b, a) => {
+            let (b, x) = (eval(b, vars)?.to_f64()?, eval(a, vars)?.to_f64()?);
+            if b <= 0.0 || b == 1.0 || x <= 0.0 {
+                return None;
+            }
+            Num::approx(x.ln() / b.ln())?
+        }
+        Expr::Fact(a) => match eval(a, vars)? {
+            Exact(r)
+                if r.is_integer()
+                    && !r.is_negative()
+                    && r <= BigRational::from_integer(1000.into()) =>
+            {
+                let n = r.to_integer().to_u32()?;
+                let mut acc = BigInt::one();
+                for k in 2..=n {
+                    acc *= k;
+                }
+                Exact(BigRational::from_integer(acc))
+            }
+            _ => return None,
+        },
+        Expr::Abs(a) => match eval(a, vars)? {
+            Exact(r) => Exact(r.abs()),
+            Approx(f) => Approx(f.abs()),
+        },
+        Expr::Percent(a) => match eval(a, vars)? {
+            Exact(r) => Exact(r / BigRational::from_integer(100.into())),
+            Approx(f) => Approx(f / 100.0),
+        },
+        Expr::Degrees(a) => Num::approx(eval(a, vars)?.to_f64()?.to_radians())?,
+        Expr::Infinity => return None,
+    })
+}
+
+fn pow(base: Num, exp: Num) -> Option<Num> {
+    if let (Num::Exact(b), Num::Exact(x)) = (&base, &exp) {
+        if x.is_integer() {
+            let n = x.to_integer();
+            // Exact while the result stays a reasonable size: `((10^{256})^{256})^{256}`
+            // would otherwise be a number of billions of digits.
+            let bits = b.numer().bits() + b.denom().bits();
+            let k = n.abs().to_u32().filter(|k| {
+                *k <= MAX_EXACT_EXP && bits.saturating_mul(u64::from(*k)) <= MAX_EXACT_BITS
+            });
+            if let Some(k) = k {
+                if b.is_zero() && n.is_negative() {
+                    return None;
+                }
+                let p = num_traits::pow(b.clone(), usize::try_from(k).ok()?);
+                return Some(Num::Exact(if n.is_negative() { p.recip() } else { p }));
+            }
+        }
+        // A rational power of a perfect power stays exact: 8^(1/3) = 2, 4^(3/2) = 8.
+        if let Some(r) = exact_rational_power(b, x) {
+            return Some(Num::Exact(r));
+        }
+    }
+    let (b, x) = (base.to_f64()?, exp.to_f64()?);
+    if b < 0.0 && x.fract() != 0.0 {
+        return None;
+    }
+    Num::approx(b.powf(x))
+}
+
+/// `b^(p/q)` when `b`'s numerator and denominator are perfect `q`-th powers.
+fn exact_rational_power(b: &BigRational, x: &BigRational) -> Option<BigRational> {
+    let q = x.denom().to_u32().filter(|q| (2..=16).contains(q))?;
+    let p = x.numer().to_i32()?;
+    if b.is_negative() && q % 2 == 0 {
+        return None;
+    }
+    let root = |n: &BigInt| -> Option<BigInt> {
+        let r = n.abs().nth_root(q);
+        (num_traits::pow(r.clone(), usize::try_from(q).ok()?) == n.abs())
+            .then(|| if n.is_negative() { -r } else { r })
+    };
+    let base = BigRational::new(root(b.numer())?, root(b.denom())?);
+    let bits = base.numer().bits() + base.denom().bits();
+    if p.unsigned_abs() > MAX_EXACT_EXP
+        || bits.saturating_mul(u64::from(p.unsigned_abs())) > MAX_EXACT_BITS
+    {
+        return None;
+    }
+    let powed = num_traits::pow(base, usize::try_from(p.unsigned_abs()).ok()?);
+    Some(if p < 0 { powed.recip() } else { powed })
+}
+
+fn root(n: Num, x: Num) -> Option<Num> {
+    let Num::Exact(n) = &n else {
+        return None;
+    };
+    if !n.is_integer() || !n.is_positive() {
+        return None;
+    }
+    let inv = BigRational::new(BigInt::one(), n.to_integer());
+    if let Num::Exact(r) = &x
+        && let Some(v) = exact_rational_power(r, &inv)
+    {
+        return Some(Num::Exact(v));
+    }
+    let f = x.to_f64()?;
+    let k = n.to_integer().to_u32()?;
+    if f < 0.0 {
+        if k % 2 == 0 {
+            return None;
+        }
+        return Num::approx(-(-f).powf(1.0 / f64::from(k)));
+    }
+    Num::approx(f.powf(1.0 / f64::from(k)))
+}
+
+/// Whether two values are the same number: exactly when both are exact, else within a
+/// relative 1e-9 (so a rounded decimal never equals an irrational value).
+pub fn same(a: &Num, b: &Num) -> bool {
+    match (a, b) {
+        (Num::Exact(x), Num::Exact(y)) => x == y,
+        _ => match (a.to_f64(), b.to_f64()) {
+            (Some(x), Some(y)) => close(x, y),
+            _ => false,
+        },
+    }
+}
+
+/// Within a relative 1e-9 (absolute 1e-12 near zero).
+pub fn close(x: f64, y: f64) -> bool {
+    let scale = x.abs().max(y.abs());
+    (x - y).abs() <= 1e-12_f64.max(scale * 1e-9)
+}

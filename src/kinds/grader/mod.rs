@@ -1,0 +1,639 @@
+//! A task's grader: what EVAL does with a finished episode to give it a reward and
+//! say why, named by `type` in the task's `grader`:
+//!
+//! - `command` (the same as the older `check` field): a shell command in a fresh
+//!   sandbox holding the agent's changes; exit status 0 is reward 1.
+//! - `math`: the final answer of the episode (the `finish` tool's answer, else the last
+//!   model text after any `<think>` block; for `shell` tasks the last step's output)
+//!   compared with `answer` by [`crate::graders::math`], in the EVAL worker's own
+//!   process: no sandbox, well under a millisecond.
+//! - `code`: the program the agent wrote (a workspace file, or the last fenced code
+//!   block of its answer written to `program.path`) run in a fresh sandbox against
+//!   stdin/stdout `cases`, each under `time_limit_ms` and `memory_limit_mb`, and/or
+//!   unit-test files run by `test_command` with the results read from its log; reward
+//!   all-pass (1 or 0) or the fraction passed, the first failure's diff in `details`.
+//! - `swe`: a SWE-bench instance's tests run over the agent's patch in a fresh sandbox,
+//!   the test files put back first; 1 iff every named test passes ([`swe`]).
+//!
+//! A bad answer or a hostile program is never a failed job: it gets reward 0 with the
+//! reason in `details`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub mod swe;
+
+use super::sandboxed::{self, Check, EvalSetup, Scorer};
+use super::{EvalOutput, SpecError, StageContext, StageError};
+use crate::graders::code::{
+    OutputMatch, first_difference, last_code_block, output_matches, verdict_of_run,
+};
+use crate::graders::{logs, math};
+use crate::sandbox::client::SandboxClient;
+use crate::sandbox::protocol::ExecArgs;
+use crate::sandbox::{NodeSandboxes, SandboxSpec};
+
+/// A grader, by `type`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Grader {
+    /// Exit status of a command in a fresh sandbox.
+    Command(Check),
+    /// A math answer against the ground truth.
+    Math(MathGrader),
+    /// A program against test cases and/or unit tests.
+    Code(CodeGrader),
+    /// A repository patch against a SWE-bench instance's tests.
+    Swe(swe::SweGrader),
+}
+
+/// The `math` grader's settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MathGrader {
+    /// The ground truth as a dataset writes it: `\frac{1}{2}`, `(1, 2)`, `x \le 3`, `B`.
+    pub answer: String,
+}
+
+/// The `code` grader's settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodeGrader {
+    /// The command that runs the program on one case, reading stdin and writing stdout
+    /// (`python3 solution.py`); needed with `cases`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    /// Stdin/stdout cases.
+    #[serde(default)]
+    pub cases: Vec<IoCase>,
+    /// How a case's output is compared: `tokens` (default), `lines` or `exact`.
+    #[serde(default)]
+    pub output_match: OutputMatch,
+    /// Unit-test files written into the workspace after the agent's changes (relative
+    /// path → content), replacing whatever the agent put there.
+    #[serde(default)]
+    pub tests: BTreeMap<String, String>,
+    /// The command that runs the unit tests (`python3 -m pytest -rA tests`); its log is
+    /// read by `log_parser`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_command: Option<String>,
+    /// The log parser for `test_command`'s output (`pytest`).
+    #[serde(default = "default_log_parser")]
+    pub log_parser: String,
+    /// Take the program from the answer's last fenced code block instead of the
+    /// workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub program: Option<ProgramFromAnswer>,
+    /// Time limit of one case (ms).
+    #[serde(default = "default_time_limit")]
+    pub time_limit_ms: u64,
+    /// Time limit of the whole `test_command` (ms).
+    #[serde(default = "default_test_timeout")]
+    pub test_timeout_ms: u64,
+    /// Address-space limit of the program (MiB), per case and for the tests.
+    #[serde(default = "default_memory_limit")]
+    pub memory_limit_mb: u64,
+    /// `all` (1 when every case and test passes, else 0) or `fraction` (the share that
+    /// pass).
+    #[serde(default)]
+    pub reward: RewardMode,
+    /// Workspace globs the agent's changes may not alter (restored before grading).
+    #[serde(default)]
+    pub protect: Vec<String>,
+}
+
+fn default_log_parser() -> String {
+    "pytest".into()
+}
+fn default_time_limit() -> u64 {
+    2_000
+}
+fn default_test_timeout() -> u64 {
+    60_000
+}
+fn default_memory_limit() -> u64 {
+    512
+}
+
+/// One stdin/stdout case.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IoCase {
+    /// A name for `details` (its index when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The program's standard input.
+    #[serde(default)]
+    pub stdin: String,
+    /// The expected standard output. Never written into the sandbox.
+    pub stdout: String,
+}
+
+/// Where a program written in the answer goes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgramFromAnswer {
+    /// Workspace path the code block is written to (`solution.py`).
+    pub path: String,
+    /// The block's language tag to prefer (`python`); any block when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+}
+
+/// How passing cases become a reward.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardMode {
+    /// 1 when everything passes, else 0.
+    #[default]
+    All,
+    /// The fraction that passes.
+    Fraction,
+}
+
+/// A task's grader from its `check` (a command, the older spelling) or `grader`: one
+/// of the two, checked at submit time.
+fn chosen(check: Option<&Check>, grader: Option<&Grader>) -> Result<Grader, SpecError> {
+    match (check, grader) {
+        (Some(c), None) => Ok(Grader::Command(c.clone())),
+        (None, Some(g)) => Ok(g.clone()),
+        (Some(_), Some(_)) => Err(SpecError::new(
+            "grader",
+            "give either `check` (a command) or `grader`, not both",
+        )),
+        (None, None) => Err(SpecError::new(
+            "grader",
+            "missing: give `grader` ({\"type\": \"math\" | \"code\" | \"swe\" | \"command\", ...}) or `check`",
+        )),
+    }
+}
+
+/// Submit-time check of a task's grading: one of `check` and `grader`, and its settings
+/// against the task's `sandbox` (errors name `check.…` or `grader.…`).
+pub fn validate_choice(
+    check: Option<&Check>,
+    grader: Option<&Grader>,
+    sandbox: &SandboxSpec,
+) -> Result<(), SpecError> {
+    let prefix = if check.is_some() { "check" } else { "grader" };
+    chosen(check, grader)?.validate(prefix, sandbox)
+}
+
+/// The sandbox INIT starts for a task: its `sandbox` spec, with the repository of a
+/// `swe` grader's instance checked out at its `base_commit`.
+pub fn sandbox_for(spec: &SandboxSpec, grader: Option<&Grader>) -> SandboxSpec {
+    match grader {
+        Some(Grader::Swe(g)) => swe::sandbox_for(spec, g),
+        _ => spec.clone(),
+    }
+}
+
+/// The grader EVAL uses; a spec that names none (checked at submit, so only a stored
+/// job from an older version) fails the job.
+pub fn for_eval(check: Option<&Check>, grader: Option<&Grader>) -> Result<Grader, StageError> {
+    chosen(check, grader).map_err(|e| StageError::Failed(format!("bad spec: {e}")))
+}
+
+impl Grader {
+    /// Checks the settings (against the task's `sandbox`); `prefix` is the field's path
+    /// in the spec.
+    pub fn validate(&self, prefix: &str, sandbox: &SandboxSpec) -> Result<(), SpecError> {
+        match self {
+            Grader::Command(c) => c.validate(prefix),
+            Grader::Math(m) => {
+                if m.answer.trim().is_empty() {
+                    return Err(SpecError::new(
+                        format!("{prefix}.answer"),
+                        "must not be empty",
+                    ));
+                }
+                Ok(())
+            }
+            Grader::Code(c) => c.validate(prefix),
+            Grader::Swe(g) => g.validate(prefix, sandbox),
+        }
+    }
+
+    /// Its `type`, for logs and `details`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Grader::Command(_) => "command",
+            Grader::Math(_) => "math",
+            Grader::Code(_) => "code",
+            Grader::Swe(_) => "swe",
+        }
+    }
+}
+
+impl CodeGrader {
+    fn validate(&self, prefix: &str) -> Result<(), SpecError> {
+        if self.cases.is_empty() && self.test_command.is_none() {
+            return Err(SpecError::new(
+                format!("{prefix}.cases"),
+                "give stdin/stdout `cases`, a `test_command` (with `tests`), or both",
+            ));
+        }
+        if !self.cases.is_empty() && self.run.as_deref().is_none_or(|r| r.trim().is_empty()) {
+            return Err(SpecError::new(
+                format!("{prefix}.run"),
+                "needed with `cases`: the command that runs the program (`python3 solution.py`)",
+            ));
+        }
+        if !self.tests.is_empty() && self.test_command.is_none() {
+            return Err(SpecError::new(
+                format!("{prefix}.test_command"),
+                "needed with `tests`: the command that runs them",
+            ));
+        }
+        check_log_parser(prefix, &self.log_parser)?;
+        if self.time_limit_ms == 0 || self.test_timeout_ms == 0 || self.memory_limit_mb == 0 {
+            return Err(SpecError::new(
+                format!("{prefix}.time_limit_ms"),
+                "limits must be positive",
+            ));
+        }
+        crate::sandbox::spec::check_file_paths(&format!("{prefix}.tests"), self.tests.keys())?;
+        if let Some(p) = &self.program {
+            crate::sandbox::spec::check_file_paths(
+                &format!("{prefix}.program.path"),
+                std::iter::once(&p.path),
+            )?;
+        }
+        sandboxed::check_protect(prefix, &self.protect)
+    }
+}
+
+/// What an episode said last, for the graders that read it (`math`, and `code` taking
+/// its program from the answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// The text.
+    pub text: String,
+    /// Whether the text is the final answer itself (the `finish` tool's answer) rather
+    /// than a response the answer is to be found in: a bare `0.5` given to `finish` is
+    /// an answer, the same words ending a chat turn are not a marked one.
+    pub is_answer: bool,
+}
+
+/// Checks `prefix.log_parser` names a parser of [`logs::PARSERS`] (the code and SWE
+/// graders').
+fn check_log_parser(prefix: &str, name: &str) -> Result<(), SpecError> {
+    if logs::PARSERS.contains(&name) {
+        return Ok(());
+    }
+    Err(SpecError::new(
+        format!("{prefix}.log_parser"),
+        format!("unknown parser `{name}`: use one of {:?}", logs::PARSERS),
+    ))
+}
+
+/// The response a math grader reads from an agent episode's RUN output: the `finish`
+/// tool's answer, else the last turn's text after its thinking. A turn cut off inside
+/// its thinking has said nothing final: an answer boxed while thinking is not one.
+pub fn agent_response(run: Option<&serde_json::Value>) -> Option<Response> {
+    let run = run?;
+    if let Some(a) = run["answer"].as_str() {
+        return Some(Response {
+            text: a.to_string(),
+            is_answer: true,
+        });
+    }
+    let text = run["turns"].as_array()?.last()?["text"].as_str()?;
+    let text = match (text.rfind("</think>"), text.contains("<think>")) {
+        (Some(at), _) => text[at + "</think>".len()..].to_string(),
+        (None, true) => String::new(),
+        (None, false) => text.to_string(),
+    };
+    Some(Response {
+        text,
+        is_answer: false,
+    })
+}
+
+/// EVAL with `grader`: `response` is the episode's final text (for `math`, and for
+/// `code` taking its program from the answer); `env` is added to the sandbox's.
+pub async fn eval(
+    sandboxes: &NodeSandboxes,
+    ctx: &StageContext,
+    spec: &SandboxSpec,
+    grader: &Grader,
+    response: Option<Response>,
+    env: BTreeMap<String, String>,
+) -> Result<EvalOutput, StageError> {
+    let mut out = match grader {
+        Grader::Command(check) => sandboxed::eval(sandboxes, ctx, spec, check, env).await?,
+        Grader::Math(m) => grade_math(m, response.as_ref()),
+        Grader::Code(c) => {
+            let text = response.as_ref().map(|r| r.text.as_str());
+            grade_code(sandboxes, ctx, spec, c, text, env).await?
+        }
+        Grader::Swe(g) => swe::grade(sandboxes, ctx, spec, g, env).await?,
+    };
+    out.details["grader"] = grader.kind().into();
+    Ok(out)
+}
+
+/// The code grader: the program from the answer (when `program` says so), the cases'
+/// inputs and the test files written after the agent's changes, then the cases and tests
+/// run in the fresh sandbox.
+async fn grade_code(
+    sandboxes: &NodeSandboxes,
+    ctx: &StageContext,
+    spec: &SandboxSpec,
+    c: &CodeGrader,
+    response: Option<&str>,
+    env: BTreeMap<String, String>,
+) -> Result<EvalOutput, StageError> {
+    let mut files = c.tests.clone();
+    if let Some(p) = &c.program {
+        let Some(code) = response.and_then(|r| last_code_block(r, p.language.as_deref())) else {
+            return Ok(sandboxed::zero(
+                "the answer holds no closed fenced code block to run".into(),
+            ));
+        };
+        files.insert(p.path.clone(), code);
+    }
+    for (i, case) in c.cases.iter().enumerate() {
+        files.insert(input_path(i), case.stdin.clone());
+    }
+    let setup = EvalSetup {
+        env,
+        protect: c.protect.clone(),
+        files,
+    };
+    let c = c.clone();
+    let score: Scorer = Box::new(move |client, applied| {
+        Box::pin(async move { run_code(client, &c, applied).await })
+    });
+    sandboxed::in_fresh_sandbox(sandboxes, ctx, spec, setup, score).await
+}
+
+fn grade_math(m: &MathGrader, response: Option<&Response>) -> EvalOutput {
+    let Some(response) = response else {
+        return sandboxed::zero("the episode produced no final text to grade".into());
+    };
+    let verdict = if response.is_answer {
+        math::grade_answer(&response.text, &m.answer)
+    } else {
+        math::grade(&response.text, &m.answer)
+    };
+    EvalOutput {
+        reward: if verdict.correct { 1.0 } else { 0.0 },
+        details: serde_json::to_value(&verdict).unwrap_or_default(),
+    }
+}
+
+/// Where case `i`'s input is written in the workspace.
+fn input_path(i: usize) -> String {
+    format!(".grader/case-{i}.in")
+}
+
+/// `command` under the memory limit (`ulimit -v`), with `redirects` (`< in 2> err`).
+fn limited(command: &str, memory_mb: u64, redirects: &str) -> String {
+    let kb = memory_mb.saturating_mul(1024);
+    format!("ulimit -v {kb} 2>/dev/null; ( {command} ) {redirects}")
+}
+
+/// Running totals of a code grade.
+#[derive(Default)]
+struct Tally {
+    passed: usize,
+    total: usize,
+    /// The first failure, in words.
+    failure: Option<String>,
+}
+
+impl Tally {
+    fn fail(&mut self, why: impl FnOnce() -> String) {
+        self.failure.get_or_insert_with(why);
+    }
+}
+
+async fn run_code(
+    client: &SandboxClient,
+    c: &CodeGrader,
+    applied: serde_json::Value,
+) -> Result<EvalOutput, StageError> {
+    let mut tally = Tally::default();
+    let mut cases = Vec::new();
+    for (i, case) in c.cases.iter().enumerate() {
+        let name = case.name.clone().unwrap_or_else(|| format!("case {i}"));
+        tally.total += 1;
+        if tally.failure.is_some() && c.reward == RewardMode::All {
+            cases.push(serde_json::json!({"name": name, "skipped": "an earlier case failed"}));
+            continue;
+        }
+        cases.push(run_case(client, c, i, case, &name, &mut tally).await?);
+    }
+    let tests = match &c.test_command {
+        Some(_) if tally.failure.is_some() && c.reward == RewardMode::All => {
+            serde_json::json!({"skipped": "a case failed"})
+        }
+        Some(cmd) => run_tests(client, c, cmd, &mut tally).await?,
+        None => serde_json::Value::Null,
+    };
+    let reward = match c.reward {
+        RewardMode::All => f64::from(u8::from(tally.failure.is_none() && tally.total > 0)),
+        RewardMode::Fraction if tally.total > 0 => tally.passed as f64 / tally.total as f64,
+        RewardMode::Fraction => 0.0,
+    };
+    Ok(EvalOutput {
+        reward,
+        details: serde_json::json!({
+            "passed": tally.passed,
+            "total": tally.total,
+            "failure": tally.failure,
+            "cases": cases,
+            "tests": tests,
+            "applied": applied,
+        }),
+    })
+}
+
+/// Runs case `i` under the limits and judges its output: its entry for `details`.
+async fn run_case(
+    client: &SandboxClient,
+    c: &CodeGrader,
+    i: usize,
+    case: &IoCase,
+    name: &str,
+    tally: &mut Tally,
+) -> Result<serde_json::Value, StageError> {
+    let err_path = format!(".grader/case-{i}.err");
+    let run = c.run.as_deref().unwrap_or_default();
+    // Enough for the expected output and some; more means wrong, without shipping it.
+    let cap = case.stdout.len().saturating_mul(2).saturating_add(4096);
+    let r = client
+        .exec(
+            &ExecArgs {
+                command: limited(
+                    run,
+                    c.memory_limit_mb,
+                    &format!("< {} 2> {err_path}", input_path(i)),
+                ),
+                max_output_bytes: Some(cap),
+                shell_state: true,
+            },
+            Some(Duration::from_millis(c.time_limit_ms)),
+        )
+        .await
+        .map_err(|e| sandboxed::stage_error("a test case could not run", e))?;
+    let stderr = if r.exit_code == Some(0) && !r.timed_out {
+        String::new()
+    } else {
+        tail(client, &err_path).await
+    };
+    let why = match verdict_of_run(r.exit_code, r.signal, r.timed_out, &stderr) {
+        Some(v) => Some(v.to_string()),
+        None if r.omitted_bytes > 0 => Some("output far longer than expected".into()),
+        None if output_matches(&case.stdout, &r.output, c.output_match) => None,
+        None => Some(format!(
+            "wrong answer: {}",
+            first_difference(&case.stdout, &r.output)
+        )),
+    };
+    let ms = r.elapsed_us / 1000;
+    Ok(match why {
+        None => {
+            tally.passed += 1;
+            serde_json::json!({"name": name, "passed": true, "ms": ms})
+        }
+        Some(why) => {
+            tally.fail(|| format!("{name}: {why}"));
+            serde_json::json!({
+                "name": name, "passed": false, "verdict": why, "ms": ms,
+                "exit_code": r.exit_code, "signal": r.signal, "stderr": stderr,
+            })
+        }
+    })
+}
+
+/// Runs the unit tests and reads their results from the log: its entry for `details`.
+/// Every test the log names counts; a log that names none is one failure (the program
+/// ended the run, or the tests did not load).
+async fn run_tests(
+    client: &SandboxClient,
+    c: &CodeGrader,
+    cmd: &str,
+    tally: &mut Tally,
+) -> Result<serde_json::Value, StageError> {
+    let r = client
+        .exec(
+            &ExecArgs {
+                command: limited(cmd, c.memory_limit_mb, "2>&1"),
+                max_output_bytes: Some(256 * 1024),
+                shell_state: true,
+            },
+            Some(Duration::from_millis(c.test_timeout_ms)),
+        )
+        .await
+        .map_err(|e| sandboxed::stage_error("the test command could not run", e))?;
+    let parsed = logs::parse(&c.log_parser, &r.output).unwrap_or_default();
+    let failed: Vec<&String> = parsed
+        .iter()
+        .filter(|(_, s)| **s == logs::TestStatus::Failed)
+        .map(|(n, _)| n)
+        .collect();
+    let ok = parsed
+        .values()
+        .filter(|s| **s == logs::TestStatus::Passed)
+        .count();
+    if ok + failed.len() == 0 {
+        tally.total += 1;
+        tally.fail(|| {
+            if r.timed_out {
+                "the tests timed out before reporting a result".into()
+            } else {
+                "the test log reports no test results (did the program end the test run?)".into()
+            }
+        });
+    } else {
+        tally.total += ok + failed.len();
+        tally.passed += ok;
+        if let Some(f) = failed.first() {
+            tally.fail(|| format!("test {f} failed"));
+        }
+    }
+    Ok(serde_json::json!({
+        "results": parsed,
+        "exit_code": r.exit_code,
+        "timed_out": r.timed_out,
+        "log": r.output,
+    }))
+}
+
+/// The last 2 KiB of a file in the workspace (a case's stderr), or nothing.
+async fn tail(client: &SandboxClient, path: &str) -> String {
+    let args = ExecArgs {
+        command: format!("tail -c 2048 {path} 2>/dev/null"),
+        max_output_bytes: Some(4096),
+        shell_state: false,
+    };
+    match client.exec(&args, Some(Duration::from_secs(10))).await {
+        Ok(r) => r.output,
+        Err(_) => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_response_is_the_finish_answer_else_the_last_text_after_thinking() {
+        let run = |answer: Option<&str>, last: &str| serde_json::json!({"answer": answer, "turns": [{"text": "\\boxed{1}"}, {"text": last}]});
+        let r = |v: serde_json::Value| agent_response(Some(&v)).unwrap().text;
+        let finish = agent_response(Some(&run(Some("42"), "x"))).unwrap();
+        assert_eq!((finish.text.as_str(), finish.is_answer), ("42", true));
+        // A bare answer given to finish is graded as the answer; ending a turn, it is not
+        // a marked one.
+        let m = MathGrader {
+            answer: "\\frac12".into(),
+        };
+        assert_eq!(grade_math(&m, Some(&finish)).reward, 0.0);
+        let half = |is_answer| Response {
+            text: "0.5".into(),
+            is_answer,
+        };
+        assert_eq!(grade_math(&m, Some(&half(true))).reward, 1.0);
+        assert_eq!(grade_math(&m, Some(&half(false))).reward, 0.0);
+        let hedged = Response {
+            text: "\\boxed{0.5} or \\boxed{2}".into(),
+            is_answer: true,
+        };
+        assert_eq!(grade_math(&m, Some(&hedged)).reward, 0.0);
+        assert_eq!(
+            r(run(None, "<think>maybe \\boxed{3}</think>So \\boxed{4}")),
+            "So \\boxed{4}"
+        );
+        assert_eq!(r(run(None, "plain \\boxed{5}")), "plain \\boxed{5}");
+        // Cut off while thinking: nothing final was said.
+        assert_eq!(r(run(None, "<think>it is \\boxed{6} or")), "");
+        assert_eq!(agent_response(None), None);
+    }
+
+    #[test]
+    fn graders_parse_by_type_and_refuse_unknown_fields() {
+        let g: Grader =
+            serde_json::from_value(serde_json::json!({"type": "command", "command": "true"}))
+                .unwrap();
+        assert_eq!(g.kind(), "command");
+        let g: Grader =
+            serde_json::from_value(serde_json::json!({"type": "math", "answer": "1"})).unwrap();
+        assert_eq!(g.kind(), "math");
+        assert!(
+            serde_json::from_value::<Grader>(
+                serde_json::json!({"type": "math", "answer": "1", "anwser": "2"})
+            )
+            .is_err()
+        );
+        assert!(
+            serde_json::from_value::<Grader>(
+                serde_json::json!({"type": "code", "cases": [], "time_limit": 5})
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,371 @@
+//! The `swe` grader: a SWE-bench instance's tests run over the agent's patch.
+//!
+//! INIT's sandbox holds the instance's repository at `base_commit` ([`sandbox_for`]
+//! fills the task's `sandbox.repo` in from the instance). EVAL starts a fresh sandbox
+//! from the same spec, applies the episode's diff, puts back every file the test patch
+//! touches (and `protect`'s globs, by default every `conftest.py`) as they were at
+//! `base_commit` — removing those the agent added — then applies `test_patch`, runs the
+//! tests and reads the results from the log: reward 1 iff every `FAIL_TO_PASS` and
+//! `PASS_TO_PASS` test passed. An agent that edits, deletes or pre-creates the tests
+//! gains nothing; a patch that does not apply is reward 0 with the reason.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::super::sandboxed::{self, EvalSetup, Scorer};
+use super::super::{EvalOutput, SpecError, StageContext, StageError};
+use crate::graders::logs;
+use crate::graders::swe::{self, Instance};
+use crate::sandbox::client::SandboxClient;
+use crate::sandbox::protocol::ExecArgs;
+use crate::sandbox::spec::RepoSpec;
+use crate::sandbox::{NodeSandboxes, SandboxSpec};
+
+/// Where the test patch is written in EVAL's workspace (then applied and removed).
+const TEST_PATCH_PATH: &str = ".grader/test.patch";
+/// Where the test run's log goes.
+const LOG_PATH: &str = ".grader/test.log";
+/// How much of the end of the test log is parsed (pytest's `-rA` summary is at the end).
+const LOG_READ_BYTES: usize = 8 * 1024 * 1024;
+/// How much of the log's end `details` keeps.
+const LOG_TAIL_BYTES: usize = 4096;
+
+/// The `swe` grader's settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweGrader {
+    /// The SWE-bench instance.
+    pub instance: Instance,
+    /// Where INIT clones the repository from when the task's `sandbox.repo` does not
+    /// say: a path on the node or a URL. Default `https://github.com/<repo>.git` (which
+    /// needs the network on the node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo_url: Option<String>,
+    /// The command that runs the tests, in the repository's root; `{tests}` is replaced
+    /// by the files the test patch adds or changes, shell-quoted. Default
+    /// `python3 -m pytest -rA -p no:cacheprovider {tests}`.
+    #[serde(default = "default_test_command")]
+    pub test_command: String,
+    /// The log parser for the command's output (`pytest`).
+    #[serde(default = "default_log_parser")]
+    pub log_parser: String,
+    /// Time limit of the test run (ms).
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u64,
+    /// Workspace globs the agent's changes may not alter besides the test patch's files
+    /// (restored before the tests run). Default `["**/conftest.py"]`: a conftest is code
+    /// pytest runs before any test and could report every test passed.
+    #[serde(default = "default_protect")]
+    pub protect: Vec<String>,
+}
+
+fn default_test_command() -> String {
+    "python3 -m pytest -rA -p no:cacheprovider {tests}".into()
+}
+fn default_log_parser() -> String {
+    "pytest".into()
+}
+fn default_timeout() -> u64 {
+    1_800_000
+}
+fn default_protect() -> Vec<String> {
+    vec!["**/conftest.py".into(), "conftest.py".into()]
+}
+
+impl SweGrader {
+    /// Checks the settings against the task's sandbox spec; `prefix` is the grader's
+    /// path in the spec.
+    pub fn validate(&self, prefix: &str, sandbox: &SandboxSpec) -> Result<(), SpecError> {
+        let i = &self.instance;
+        let field = |f: &str| format!("{prefix}.instance.{f}");
+        if i.base_commit.trim().is_empty() {
+            return Err(SpecError::new(field("base_commit"), "must not be empty"));
+        }
+        if i.fail_to_pass.is_empty() {
+            return Err(SpecError::new(
+                field("FAIL_TO_PASS"),
+                "names no test: an instance needs at least one test the fix makes pass",
+            ));
+        }
+        if swe::patch_paths(&i.test_patch).is_empty() {
+            return Err(SpecError::new(
+                field("test_patch"),
+                "touches no file: give the unified diff that adds the instance's tests",
+            ));
+        }
+        if let Some(r) = &sandbox.repo
+            && let Some(c) = &r.commit
+            && !same_commit(c, &i.base_commit)
+        {
+            return Err(SpecError::new(
+                "sandbox.repo.commit",
+                format!(
+                    "is `{c}` but the instance's base_commit is `{}`: leave it out (the grader checks out base_commit) or make them agree",
+                    i.base_commit
+                ),
+            ));
+        }
+        if sandbox.repo.is_none() && self.repo_url.is_none() && !i.repo.contains('/') {
+            return Err(SpecError::new(
+                field("repo"),
+                "must be `owner/name`, or give grader.repo_url or sandbox.repo",
+            ));
+        }
+        if self.test_command.trim().is_empty() {
+            return Err(SpecError::new(
+                format!("{prefix}.test_command"),
+                "must not be empty",
+            ));
+        }
+        super::check_log_parser(prefix, &self.log_parser)?;
+        if self.timeout_ms == 0 {
+            return Err(SpecError::new(
+                format!("{prefix}.timeout_ms"),
+                "must be positive",
+            ));
+        }
+        sandboxed::check_protect(prefix, &self.protect)
+    }
+
+    /// The test command with `{tests}` filled in.
+    fn command(&self) -> String {
+        let files: Vec<String> = swe::patched_files(&self.instance.test_patch)
+            .iter()
+            .map(|f| shell_quote(f))
+            .collect();
+        self.test_command.replace("{tests}", &files.join(" "))
+    }
+}
+
+/// Whether two commit names are the same commit as far as the spec can tell (one a
+/// prefix of the other, at least 7 characters).
+fn same_commit(a: &str, b: &str) -> bool {
+    let (a, b) = (a.trim(), b.trim());
+    a == b || (a.len().min(b.len()) >= 7 && (a.starts_with(b) || b.starts_with(a)))
+}
+
+/// `s` quoted for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The task's sandbox spec with the instance's repository at `base_commit`: the spec's
+/// own `repo` (its commit defaulting to `base_commit`), else `repo_url`, else GitHub.
+pub fn sandbox_for(spec: &SandboxSpec, g: &SweGrader) -> SandboxSpec {
+    let mut spec = spec.clone();
+    let base = g.instance.base_commit.clone();
+    match &mut spec.repo {
+        Some(r) => {
+            r.commit.get_or_insert(base);
+        }
+        None => {
+            spec.repo = Some(RepoSpec {
+                url: g
+                    .repo_url
+                    .clone()
+                    .unwrap_or_else(|| format!("https://github.com/{}.git", g.instance.repo)),
+                commit: Some(base),
+            });
+        }
+    }
+    if spec.image.is_none() {
+        spec.image.clone_from(&g.instance.image);
+    }
+    spec
+}
+
+/// EVAL: the episode's diff, the test files put back and the test patch applied, the
+/// tests run and read.
+pub async fn grade(
+    sandboxes: &NodeSandboxes,
+    ctx: &StageContext,
+    spec: &SandboxSpec,
+    g: &SweGrader,
+    env: BTreeMap<String, String>,
+) -> Result<EvalOutput, StageError> {
+    let touched = swe::patch_paths(&g.instance.test_patch);
+    let mut protect: Vec<String> = touched.iter().map(|p| globset::escape(p)).collect();
+    protect.extend(g.protect.iter().cloned());
+    let setup = EvalSetup {
+        env,
+        protect,
+        files: BTreeMap::from([(TEST_PATCH_PATH.to_string(), g.instance.test_patch.clone())]),
+    };
+    let sandbox = sandbox_for(spec, g);
+    let g = g.clone();
+    let score: Scorer = Box::new(move |client, applied| {
+        Box::pin(async move { run(client, &g, touched, applied).await })
+    });
+    sandboxed::in_fresh_sandbox(sandboxes, ctx, &sandbox, setup, score).await
+}
+
+/// Applies the test patch in the prepared sandbox, runs the tests, and judges them.
+async fn run(
+    client: &SandboxClient,
+    g: &SweGrader,
+    touched: Vec<String>,
+    applied: serde_json::Value,
+) -> Result<EvalOutput, StageError> {
+    let base = serde_json::json!({
+        "instance_id": g.instance.instance_id,
+        "test_patch_files": touched,
+        "applied": applied,
+    });
+    let patched = exec(
+        client,
+        format!(
+            "git apply --binary --whitespace=nowarn {TEST_PATCH_PATH} 2>&1; s=$?; rm -f {TEST_PATCH_PATH}; exit $s"
+        ),
+        64 * 1024,
+        Duration::from_secs(120),
+    )
+    .await?;
+    if patched.exit_code != Some(0) {
+        let mut out = sandboxed::zero(format!(
+            "the test patch does not apply over the agent's changes: {}",
+            patched.output.trim()
+        ));
+        merge(&mut out.details, base);
+        return Ok(out);
+    }
+    let command = g.command();
+    let ran = exec(
+        client,
+        format!("( {command} ) > {LOG_PATH} 2>&1"),
+        4096,
+        Duration::from_millis(g.timeout_ms),
+    )
+    .await?;
+    let log = exec(
+        client,
+        format!("tail -c {LOG_READ_BYTES} {LOG_PATH}"),
+        LOG_READ_BYTES + 1024,
+        Duration::from_secs(60),
+    )
+    .await?
+    .output;
+    let results = logs::parse(&g.log_parser, &log).unwrap_or_default();
+    let verdict = swe::verdict(&g.instance, &results);
+    let failure = if verdict.resolved {
+        None
+    } else if results.is_empty() {
+        Some(if ran.timed_out {
+            "the tests timed out before reporting a result".to_string()
+        } else {
+            "the test log reports no test results".to_string()
+        })
+    } else {
+        verdict
+            .not_passed
+            .iter()
+            .next()
+            .map(|(name, what)| format!("test {name}: {what}"))
+    };
+    let tail_from = log.floor_char_boundary(log.len().saturating_sub(LOG_TAIL_BYTES));
+    let mut details = serde_json::to_value(&verdict).unwrap_or_default();
+    details["failure"] = failure.into();
+    details["command"] = command.into();
+    details["exit_code"] = ran.exit_code.into();
+    details["timed_out"] = ran.timed_out.into();
+    details["log_tail"] = log[tail_from..].into();
+    merge(&mut details, base);
+    Ok(EvalOutput {
+        reward: f64::from(u8::from(verdict.resolved)),
+        details,
+    })
+}
+
+/// Adds `extra`'s fields to `details`.
+fn merge(details: &mut serde_json::Value, extra: serde_json::Value) {
+    if let (Some(d), serde_json::Value::Object(e)) = (details.as_object_mut(), extra) {
+        d.extend(e);
+    }
+}
+
+/// Runs `command` in the sandbox (not through the agent's shell state).
+async fn exec(
+    client: &SandboxClient,
+    command: String,
+    max_output: usize,
+    timeout: Duration,
+) -> Result<crate::sandbox::protocol::ExecResult, StageError> {
+    client
+        .exec(
+            &ExecArgs {
+                command,
+                max_output_bytes: Some(max_output),
+                shell_state: false,
+            },
+            Some(timeout),
+        )
+        .await
+        .map_err(|e| sandboxed::stage_error("the SWE grader's command could not run", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grader(extra: serde_json::Value) -> SweGrader {
+        let mut v = serde_json::json!({"instance": {
+            "instance_id": "o__r-1", "repo": "o/r", "base_commit": "0123456789abcdef",
+            "test_patch": "diff --git a/t/test_a.py b/t/test_a.py\n--- a/t/test_a.py\n+++ b/t/test_a.py\n@@ -1 +1 @@\n-a\n+b\n",
+            "FAIL_TO_PASS": ["t/test_a.py::test_x"],
+        }});
+        if let (Some(o), serde_json::Value::Object(e)) = (v.as_object_mut(), extra) {
+            o.extend(e);
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn the_sandbox_gets_the_repository_at_base_commit() {
+        let g = grader(serde_json::json!({"repo_url": "/srv/mirrors/r"}));
+        let s = sandbox_for(&SandboxSpec::default(), &g);
+        assert_eq!(
+            s.repo,
+            Some(RepoSpec {
+                url: "/srv/mirrors/r".into(),
+                commit: Some("0123456789abcdef".into())
+            })
+        );
+        let own = SandboxSpec {
+            repo: Some(RepoSpec {
+                url: "/elsewhere".into(),
+                commit: None,
+            }),
+            ..Default::default()
+        };
+        let s = sandbox_for(&own, &grader(serde_json::json!({})));
+        assert_eq!(s.repo.unwrap().commit.as_deref(), Some("0123456789abcdef"));
+        let s = sandbox_for(&SandboxSpec::default(), &grader(serde_json::json!({})));
+        assert_eq!(s.repo.unwrap().url, "https://github.com/o/r.git");
+        assert_eq!(
+            grader(serde_json::json!({})).command(),
+            "python3 -m pytest -rA -p no:cacheprovider 't/test_a.py'"
+        );
+    }
+
+    #[test]
+    fn a_sandbox_at_another_commit_is_refused() {
+        let g = grader(serde_json::json!({}));
+        let at = |c: &str| SandboxSpec {
+            repo: Some(RepoSpec {
+                url: "/r".into(),
+                commit: Some(c.into()),
+            }),
+            ..Default::default()
+        };
+        assert!(g.validate("grader", &at("0123456")).is_ok());
+        let e = g.validate("grader", &at("fedcba9876")).unwrap_err();
+        assert_eq!(e.path, "sandbox.repo.commit");
+        let mut none = g.clone();
+        none.instance.fail_to_pass.clear();
+        assert_eq!(
+            none.validate("grader", &at("0123456")).unwrap_err().path,
+            "grader.instance.FAIL_TO_PASS"
+        );
+    }
+}

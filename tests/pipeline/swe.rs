@@ -1,0 +1,262 @@
+//! The `swe` grader end to end: the five tiny repositories of `examples/swe` (built by
+//! `scripts/make-swe-examples.py`, their commits checked against the instance file),
+//! each worked on by `shell` tasks that apply a patch an agent might send. Only the gold
+//! patch scores 1: a wrong fix, and a wrong fix that also edits, deletes or pre-creates
+//! the tests or adds a conftest.py reporting every test passed, all score 0.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use rollout::domain::{JobResult, Status, Task};
+use serde_json::{Value, json};
+
+use crate::helpers::TestEnv;
+
+/// The instances, by id.
+fn instances() -> BTreeMap<String, Value> {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/swe/instances.jsonl"
+    ))
+    .unwrap();
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (v["instance_id"].as_str().unwrap().to_string(), v)
+        })
+        .collect()
+}
+
+/// The patches an agent might send, by instance id then name.
+fn patches() -> BTreeMap<String, BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/swe/patches.json"
+    ))
+    .unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Builds the example repositories under `dir` (and checks their commits).
+fn build_repos(dir: &Path) {
+    let out = std::process::Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/make-swe-examples.py"
+        ))
+        .arg("--repos")
+        .arg(dir)
+        .output()
+        .expect("run python3 scripts/make-swe-examples.py");
+    assert!(
+        out.status.success(),
+        "building the example repositories failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// A shell task that checks it starts at `base_commit`, applies `patch`, and is graded
+/// by the instance cloned from `repo`.
+fn task(name: &str, instance: &Value, repo: &Path, patch: &str) -> Task {
+    let mut steps = vec![json!({"tool": "bash", "args": {"command": "git rev-parse HEAD"}})];
+    if !patch.is_empty() {
+        steps.push(json!({"tool": "bash", "args": {"command": format!(
+            "printf '%s' {} > /tmp/agent.patch && git apply --whitespace=nowarn /tmp/agent.patch && echo applied",
+            shell_quote(patch)
+        )}}));
+    }
+    let mut t = Task::new(
+        "shell",
+        json!({
+            "steps": steps,
+            "grader": {"type": "swe", "instance": instance, "repo_url": repo, "timeout_ms": 120000},
+        }),
+    );
+    t.client_id = Some(name.to_string());
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_gold_patch_resolves_each_tiny_repository() {
+    let repos = tempfile::tempdir().unwrap();
+    build_repos(repos.path());
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(4);
+    let instances = instances();
+    let patches = patches();
+    assert_eq!(instances.len(), 5);
+    let mut tasks = Vec::new();
+    for (id, inst) in &instances {
+        let repo = repos
+            .path()
+            .join(inst["repo"].as_str().unwrap().rsplit('/').next().unwrap());
+        for (name, patch) in &patches[id] {
+            tasks.push(task(&format!("{id}/{name}"), inst, &repo, patch));
+        }
+    }
+    assert_eq!(tasks.len(), 30);
+    // The control for the conftest attack: with `protect` emptied, the forging conftest
+    // does report the wrong fix's tests passed, so the default protection is what stops it.
+    let clamp = "rollout-examples__clamp-1";
+    let mut unprotected = task(
+        "control/conftest-unprotected",
+        &instances[clamp],
+        &repos.path().join("clamp"),
+        &patches[clamp]["conftest"],
+    );
+    unprotected.spec["grader"]["protect"] = json!([]);
+    tasks.push(unprotected);
+    env.submit(&tasks, "swe").await;
+    let results = env
+        .wait_results("swe", tasks.len(), Duration::from_secs(600))
+        .await;
+    assert_eq!(results.len(), tasks.len());
+    let (control, results): (Vec<_>, Vec<_>) = results
+        .into_iter()
+        .partition(|r| r.client_id.as_deref().unwrap().starts_with("control/"));
+    assert_eq!(
+        control[0].reward,
+        Some(1.0),
+        "the forging conftest should work when nothing protects against it: {:#}",
+        control[0].output["eval"]
+    );
+    for r in &results {
+        check(r, &instances);
+    }
+    // The instance whose test patch adds a file: a pre-created copy is replaced.
+    let slug = results
+        .iter()
+        .find(|r| r.client_id.as_deref() == Some("rollout-examples__slug-1/precreate_tests"))
+        .unwrap();
+    let restored = &slug.output["eval"]["applied"]["restored"];
+    assert!(
+        restored
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p == "tests/test_punct.py"),
+        "{restored}"
+    );
+}
+
+/// Checks one result of the gold-patch test: INIT checked out `base_commit`, only the
+/// gold patch resolves, and every cheat was undone before the tests ran.
+fn check(r: &JobResult, instances: &BTreeMap<String, Value>) {
+    let name = r.client_id.as_deref().unwrap();
+    let (id, patch) = name.split_once('/').unwrap();
+    let eval = &r.output["eval"];
+    assert_eq!(r.status, Status::Done, "{name}: {r:?}");
+    let steps = &r.output["run"]["steps"];
+    assert_eq!(
+        steps[0]["observation"]["output"].as_str().unwrap().trim(),
+        instances[id]["base_commit"],
+        "{name}: INIT did not check out base_commit"
+    );
+    if patch != "gold" {
+        assert_eq!(steps[1]["observation"]["output"], "applied\n", "{name}");
+    }
+    let want = if patch == "gold" { 1.0 } else { 0.0 };
+    assert_eq!(r.reward, Some(want), "{name}: {eval:#}");
+    assert_eq!(eval["grader"], "swe", "{name}: {eval:#}");
+    assert_eq!(eval["instance_id"], id, "{name}: {eval:#}");
+    let f2p = eval["fail_to_pass_total"].as_u64().unwrap();
+    let p2p = eval["pass_to_pass_total"].as_u64().unwrap();
+    assert!(f2p >= 1, "{name}: {eval:#}");
+    if patch == "gold" {
+        assert_eq!(eval["fail_to_pass_passed"], f2p, "{name}: {eval:#}");
+        assert_eq!(eval["pass_to_pass_passed"], p2p, "{name}: {eval:#}");
+        assert!(eval["failure"].is_null(), "{name}: {eval:#}");
+    } else {
+        // Every cheat ends up as the wrong fix against the real tests: a named test
+        // fails (one the fix should make pass, or one it breaks), and the reason
+        // names it.
+        assert!(
+            eval["fail_to_pass_passed"].as_u64().unwrap() < f2p
+                || eval["pass_to_pass_passed"].as_u64().unwrap() < p2p,
+            "{name}: {eval:#}"
+        );
+        let failure = eval["failure"].as_str().unwrap();
+        assert!(failure.starts_with("test "), "{name}: {failure}");
+    }
+    let restored: Vec<&str> = eval["applied"]["restored"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    match patch {
+        "edit_tests" | "delete_tests" => assert!(
+            restored.iter().any(|p| p.starts_with("tests/test_")),
+            "{name}: the tests were not put back: {restored:?}"
+        ),
+        "conftest" => assert!(
+            restored.contains(&"conftest.py") && restored.contains(&"tests/conftest.py"),
+            "{name}: the conftest.py files were not removed: {restored:?}"
+        ),
+        _ => {}
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_swe_specs_are_refused_with_the_field_named() {
+    let env = TestEnv::start(|_| {}).await;
+    let inst = instances().into_values().next().unwrap();
+    let spec =
+        |grader: Value, sandbox: Value| json!({"steps": [], "sandbox": sandbox, "grader": grader});
+    let with = |field: &str, value: Value| {
+        let mut i = inst.clone();
+        i[field] = value;
+        json!({"type": "swe", "instance": i, "repo_url": "/nowhere"})
+    };
+    let good = json!({"type": "swe", "instance": inst, "repo_url": "/nowhere"});
+    let mut unknown = good.clone();
+    unknown["parser"] = json!("pytest");
+    crate::helpers::assert_specs_refused(
+        &env,
+        "shell",
+        &[
+            (
+                spec(with("FAIL_TO_PASS", json!("[]")), json!({})),
+                "grader.instance.FAIL_TO_PASS",
+            ),
+            (
+                spec(with("FAIL_TO_PASS", json!("tests/a.py::x")), json!({})),
+                "JSON list",
+            ),
+            (
+                spec(with("test_patch", json!("not a diff")), json!({})),
+                "grader.instance.test_patch",
+            ),
+            (
+                spec(with("base_commit", json!(" ")), json!({})),
+                "grader.instance.base_commit",
+            ),
+            (
+                spec(
+                    good.clone(),
+                    json!({"repo": {"url": "/nowhere", "commit": "0000000000"}}),
+                ),
+                "sandbox.repo.commit",
+            ),
+            (spec(unknown, json!({})), "parser"),
+            (
+                spec(
+                    {
+                        let mut g = good.clone();
+                        g["log_parser"] = json!("junit");
+                        g
+                    },
+                    json!({}),
+                ),
+                "grader.log_parser",
+            ),
+        ],
+    )
+    .await;
+}
