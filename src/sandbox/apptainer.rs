@@ -47,7 +47,7 @@ impl Default for ApptainerRuntime {
 }
 
 /// The instance name of the sandbox in directory `dir`, `rollout-<directory name>` (the
-/// job id, or `<job id>-eval` for EVAL's): the label Apptainer itself knows.
+/// job id, or `<job id>-eval-<generation>` for EVAL's): the label Apptainer itself knows.
 pub fn instance_name(dir: &Path) -> String {
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
     let clean: String = name

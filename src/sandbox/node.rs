@@ -2,8 +2,13 @@
 //!
 //! A job's RUN sandbox lives in `<root>/<job id>/` and is recorded in the database
 //! *before* it starts, so that after any crash either the row or the directory's label
-//! names it. EVAL's fresh sandboxes live in `<root>/<job id>-eval/` and are not recorded:
-//! they exist only while an EVAL stage holds them.
+//! names it. EVAL's fresh sandboxes live in `<root>/<job id>-eval-<generation>/` and are
+//! not recorded: they exist only while an EVAL stage holds them. The generation (the
+//! claim's token) is in the name so that a stale EVAL attempt, whose lease lapsed while
+//! it went on working, and the attempt that took over never share a workspace: the
+//! newer one's start must neither stop the older one's sandbox under it nor be started
+//! into the directory the older one is still filling (which once applied an agent's
+//! patch twice and scored the episode 0).
 //!
 //! The reaper, run by every worker, first renews the leases of the node's sandboxes
 //! (which is how the node tells the cluster it still looks after them), then removes the
@@ -20,6 +25,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// What separates the job id from the claim's generation in an EVAL sandbox's name.
+const EVAL_INFIX: &str = "-eval-";
+
+/// Whether `dir` is named as an EVAL sandbox: `<job id>-eval-<generation>`.
+fn is_eval_dir(dir: &Path) -> bool {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.rsplit_once(EVAL_INFIX))
+        .is_some_and(|(_, g)| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()))
+}
 
 /// Which stage a sandbox serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,11 +148,12 @@ impl NodeSandboxes {
         &self.runtimes
     }
 
-    /// The directory of a job's sandbox.
-    pub fn dir(&self, job_id: &str, purpose: Purpose) -> PathBuf {
+    /// The directory of a job's sandbox: one per job for RUN (found again by later
+    /// stages), one per EVAL claim (`generation`, ignored for RUN).
+    pub fn dir(&self, job_id: &str, purpose: Purpose, generation: i64) -> PathBuf {
         match purpose {
             Purpose::Run => self.root.join(job_id),
-            Purpose::Eval => self.root.join(format!("{job_id}-eval")),
+            Purpose::Eval => self.root.join(format!("{job_id}{EVAL_INFIX}{generation}")),
         }
     }
 
@@ -241,8 +258,8 @@ impl NodeSandboxes {
         purpose: Purpose,
         generation: i64,
     ) -> Result<Sandbox, SandboxError> {
-        let dir = self.dir(job_id, purpose);
-        self.remove(job_id, purpose, None).await;
+        let dir = self.dir(job_id, purpose, generation);
+        self.discard(job_id, purpose, &dir).await;
         let backend = spec.backend_or(self.default_runtime);
         if backend == RuntimeKind::Local && !self.settings.allow_local {
             return Err(SandboxError::Config(
@@ -366,7 +383,7 @@ impl NodeSandboxes {
                 )));
             }
         };
-        let label = Label::read(&self.dir(job_id, Purpose::Run))?;
+        let label = Label::read(&self.dir(job_id, Purpose::Run, generation))?;
         if label.as_ref().and_then(|l| l.generation) != Some(generation) {
             return Err(SandboxError::Config(format!(
                 "the sandbox of job {job_id} is not the one its INIT made (generation {generation})"
@@ -378,17 +395,30 @@ impl NodeSandboxes {
     }
 
     /// Stops and forgets a job's sandbox of `purpose`; quiet if there is none. With a
-    /// `generation`, only a sandbox of that generation is touched.
+    /// `generation`, only a sandbox of that generation is touched; without one, the
+    /// job's RUN sandbox whatever its generation (an EVAL sandbox is always named by its
+    /// claim's generation: without one there is none to find, and the reaper removes
+    /// those a crash left behind).
     pub async fn remove(&self, job_id: &str, purpose: Purpose, generation: Option<i64>) {
-        let dir = self.dir(job_id, purpose);
-        if let Some(g) = generation {
-            match Label::read(&dir) {
-                Ok(Some(l)) if l.generation == Some(g) => {}
-                // Someone else's (a newer attempt's), or nothing there.
-                _ => return,
+        let dir = match (purpose, generation) {
+            (_, Some(g)) => {
+                let dir = self.dir(job_id, purpose, g);
+                match Label::read(&dir) {
+                    Ok(Some(l)) if l.generation == Some(g) => dir,
+                    // Someone else's (a newer attempt's), or nothing there.
+                    _ => return,
+                }
             }
-        }
-        if let Err(e) = self.runtimes.stop(&dir).await {
+            (Purpose::Run, None) => self.dir(job_id, purpose, 0),
+            (Purpose::Eval, None) => return,
+        };
+        self.discard(job_id, purpose, &dir).await;
+    }
+
+    /// Stops the sandbox in `dir` and removes the directory; a RUN sandbox's record goes
+    /// too.
+    async fn discard(&self, job_id: &str, purpose: Purpose, dir: &Path) {
+        if let Err(e) = self.runtimes.stop(dir).await {
             tracing::warn!(job_id, dir = %dir.display(), error = %e, "cannot stop the sandbox");
         }
         if purpose == Purpose::Run
@@ -472,7 +502,7 @@ impl NodeSandboxes {
         if label.node != self.node {
             return Ok(None);
         }
-        let is_eval = dir.to_string_lossy().ends_with("-eval");
+        let is_eval = is_eval_dir(dir);
         // A label without a process is a sandbox still being prepared.
         let started = label.pid.is_some();
         let alive = label.live_pid().is_some() || label.live_ns_init().is_some();
@@ -548,4 +578,27 @@ async fn run_setup(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SandboxE
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_names_ending_in_a_generation_are_eval_sandboxes() {
+        for (name, eval) in [
+            ("0193-ab-eval-7", true),
+            ("0193-ab-eval-12", true),
+            ("0193-ab", false),
+            ("0193-ab-eval", false),
+            ("0193-ab-eval-", false),
+            ("0193-ab-eval-x1", false),
+        ] {
+            assert_eq!(
+                is_eval_dir(Path::new("/r").join(name).as_path()),
+                eval,
+                "{name}"
+            );
+        }
+    }
 }

@@ -292,16 +292,7 @@ async fn bad_shell_specs_are_refused_with_the_field_named() {
             "sandbox.files",
         ),
     ];
-    for (spec, field) in bad {
-        let err = env
-            .client
-            .submit(&[shell(spec.clone())], Some("bad"))
-            .await
-            .expect_err("refused");
-        let text = err.to_string();
-        assert!(text.contains("400") || text.contains("invalid"), "{text}");
-        assert!(text.contains(field), "{spec}: {text}");
-    }
+    crate::helpers::assert_specs_refused(&env, "shell", &bad).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -427,4 +418,53 @@ async fn sigterm_mid_run_starts_the_job_again_without_using_up_its_restarts() {
     assert_eq!(results[0].status, Status::Done, "{:?}", results[0]);
     assert_eq!(env.client.job(&ids[0]).await.unwrap().job.restarts, 0);
     assert_no_sandboxes(&env, &[first]).await;
+}
+
+/// A stale EVAL attempt (its lease lapsed while it went on working) and the attempt that
+/// took over each get a sandbox of their own: the newer start neither stops the older
+/// sandbox nor starts in the workspace the older one is changing (which once applied an
+/// agent's patch twice and scored a correct fix 0), and each removes only its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_eval_attempts_of_one_job_never_share_a_sandbox() {
+    use rollout::sandbox::{Purpose, SandboxSpec};
+    let env = TestEnv::start(|_| {}).await;
+    let sandboxes = &env.deps.sandboxes;
+    let spec: SandboxSpec =
+        serde_json::from_value(serde_json::json!({"files": {"fix.py": "base\n"}})).unwrap();
+    let job = "0193aaaa-eval-race";
+    let stale = sandboxes.start(job, &spec, Purpose::Eval, 5).await.unwrap();
+    sh(&stale.client, "echo patched > fix.py").await;
+    let newer = sandboxes.start(job, &spec, Purpose::Eval, 6).await.unwrap();
+    assert_eq!(
+        sh(&newer.client, "cat fix.py").await,
+        "base\n",
+        "the newer attempt's workspace is fresh"
+    );
+    assert_eq!(
+        sh(&stale.client, "cat fix.py").await,
+        "patched\n",
+        "the older sandbox still runs"
+    );
+    // The stale attempt ends and removes its sandbox: the newer one is untouched.
+    sandboxes.remove(job, Purpose::Eval, Some(5)).await;
+    assert!(
+        stale.client.ping().await.is_err(),
+        "the stale sandbox is gone"
+    );
+    newer.client.ping().await.unwrap();
+    assert_eq!(sh(&newer.client, "cat fix.py").await, "base\n");
+    let labels = [stale.label.clone(), newer.label.clone()];
+    drop((stale, newer));
+    sandboxes.remove(job, Purpose::Eval, Some(6)).await;
+    assert_no_sandboxes(&env, &labels).await;
+}
+
+/// Runs `command` in the sandbox and returns its output.
+async fn sh(client: &rollout::sandbox::SandboxClient, command: &str) -> String {
+    let args = rollout::sandbox::protocol::ExecArgs {
+        command: command.into(),
+        max_output_bytes: None,
+        shell_state: false,
+    };
+    client.exec(&args, None).await.unwrap().output
 }
