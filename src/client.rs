@@ -229,6 +229,12 @@ impl Client {
         self.send(self.http.get(&url), url).await
     }
 
+    /// `GET /v1/dashboard`: what the status page shows.
+    pub async fn dashboard(&self) -> Result<crate::gateway::dashboard::Dashboard, ClientError> {
+        let url = format!("{}/v1/dashboard", self.base);
+        self.send(self.http.get(&url), url).await
+    }
+
     /// `GET /v1/jobs/{id}`.
     pub async fn job(&self, id: &str) -> Result<JobView, ClientError> {
         let url = format!("{}/v1/jobs/{id}", self.base);

@@ -328,7 +328,7 @@ pub async fn up(
         None => String::new(),
     };
     eprintln!(
-        "rollout is up: gateway http://{addr} (OpenAPI at /openapi.json), {} worker(s) per stage, \
+        "rollout is up: status page http://{addr}/ (API described at /openapi.json), {} worker(s) per stage, \
          node `{}`, database {}{logs}. Press Ctrl-C to stop.",
         opts.workers,
         settings.node.name,

@@ -1,10 +1,11 @@
 //! Bearer-token authentication of the gateway.
 //!
 //! With `gateway.token` set, every request must carry `Authorization: Bearer <token>`,
-//! except the two paths in [`OPEN_PATHS`]: `GET /healthz`, which load balancers probe
+//! except the paths in [`OPEN_PATHS`]: `GET /healthz`, which load balancers probe
 //! without credentials (unauthenticated callers see only whether NATS and the database
-//! answer, not why they do not), and `GET /openapi.json`, which describes the API but
-//! holds no data. Without a token anything that can reach the port — code running in a
+//! answer, not why they do not), `GET /openapi.json`, which describes the API but
+//! holds no data, and the status page's three files, which hold no data either (the
+//! page asks for the token and sends it with every read). Without a token anything that can reach the port — code running in a
 //! sandbox on the same machine included — could submit and cancel jobs, read results and
 //! repoint the inference backend pool. With `gateway.token` empty nothing is checked,
 //! which the settings allow only on a loopback address.
@@ -23,8 +24,16 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use super::AppState;
 use super::error::ApiError;
 
-/// Paths served without a token even when `gateway.token` is set.
-pub const OPEN_PATHS: &[&str] = &["/healthz", "/openapi.json"];
+/// Paths served without a token even when `gateway.token` is set: health, the API's
+/// description and the status page's files (the page asks for the token before it
+/// reads any data).
+pub const OPEN_PATHS: &[&str] = &[
+    "/healthz",
+    "/openapi.json",
+    "/",
+    "/ui/app.js",
+    "/ui/app.css",
+];
 
 /// The name of the bearer scheme in the OpenAPI document.
 const SCHEME: &str = "bearer";

@@ -3,8 +3,8 @@
 //! Stateless: everything lives in the database and the queue, so any number of gateways
 //! can run behind a balancer. The OpenAPI document at `GET /openapi.json` is generated
 //! from the handlers' annotations, so it cannot drift from the code. With
-//! `gateway.token` set, every other endpoint but `GET /healthz` requires the token (see
-//! [`auth`]).
+//! `gateway.token` set, every other endpoint but `GET /healthz` and the status page's
+//! files requires the token (see [`auth`]). The status page ([`page`]) is served at `/`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,9 +31,11 @@ use crate::store::{StatusCount, Store};
 pub mod auth;
 pub mod backends;
 pub mod batches;
+pub mod dashboard;
 pub mod error;
 pub mod jobs;
 pub mod nats;
+pub mod page;
 mod params;
 pub mod results;
 
@@ -99,6 +101,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(backends::list_backends, backends::add_backend))
         .routes(routes!(backends::get_backend, backends::remove_backend))
         .routes(routes!(status))
+        .routes(routes!(dashboard::dashboard))
         .routes(routes!(healthz))
         .routes(routes!(metrics_text))
         .with_state(state)
@@ -109,6 +112,9 @@ pub fn router(state: AppState) -> Router {
     }
     let api = Arc::new(served_document(&api, &kinds, &settings));
     router
+        .route("/", axum::routing::get(page::index))
+        .route("/ui/app.js", axum::routing::get(page::script))
+        .route("/ui/app.css", axum::routing::get(page::style))
         .route(
             "/openapi.json",
             axum::routing::get(move || {

@@ -14,6 +14,7 @@
 //! - [`BackendStore`] (`backends`): inference backends, their health and assignments.
 //! - [`SamplingStore`] (`sampling`): dynamic-sampling batches, their launches and the
 //!   verdicts their groups' last results decide.
+//! - [`DashboardStore`] (`dashboard`): the status page's reads of the dashboard views.
 //!
 //! One generic implementation (`dialect::SqlStore`) serves both databases: its SQL
 //! (`sql`) is written in the dialect both accept (`$N` parameters, `RETURNING`, `ON
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 mod backends;
+mod dashboard;
 mod dialect;
 mod jobs;
 mod postgres;
@@ -39,6 +41,10 @@ mod sql;
 mod sqlite;
 
 pub use backends::BackendStore;
+pub use dashboard::{
+    BackendLoad, BatchProgress, DashboardStore, FailureReason, SamplingProgress, SandboxCount,
+    StageQueue, StageTiming, ThroughputMinute,
+};
 use dialect::{Dialect, SqlStore};
 pub use jobs::{Claim, FinishIf, JobEvent, JobQuery, JobStore, NewJob, StatusCount, Submitted};
 use query::query;
@@ -102,7 +108,14 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// many processes at once.
 #[async_trait]
 pub trait Store:
-    JobStore + RecoveryStore + ResultStore + SandboxStore + BackendStore + SamplingStore + 'static
+    JobStore
+    + RecoveryStore
+    + ResultStore
+    + SandboxStore
+    + BackendStore
+    + SamplingStore
+    + DashboardStore
+    + 'static
 {
     /// Applies pending migrations.
     async fn migrate(&self) -> StoreResult<()>;

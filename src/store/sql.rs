@@ -515,3 +515,34 @@ pub(super) const RELEASE_GROUP_PUBLISHER: &str = "UPDATE sampling_batches \
 
 pub(super) const MARK_GROUP_PUBLISHED: &str = "UPDATE sampling_groups SET published_at = $3 \
      WHERE batch_id = $1 AND accepted_rank = $2 AND published_at IS NULL";
+
+// The status page's reads: the dashboard views (0009), newest first.
+
+pub(super) const DASHBOARD_BATCHES: &str = "SELECT batch_id, created_at, submitted, finished, \
+     in_flight, done, failed, cancelled, timed_out, rewarded, reward_mean, last_result_at \
+     FROM batch_progress ORDER BY created_at DESC, batch_id LIMIT CAST($1 AS INTEGER)";
+
+pub(super) const DASHBOARD_QUEUES: &str = "SELECT stage, position, queued, running, \
+     oldest_queued_at FROM stage_queue ORDER BY position";
+
+pub(super) const DASHBOARD_TIMINGS: &str = "SELECT stage, wait_ms, work_ms FROM stage_timings \
+     WHERE finished_at >= $1 ORDER BY finished_at DESC LIMIT CAST($2 AS INTEGER)";
+
+pub(super) const DASHBOARD_THROUGHPUT: &str = "SELECT minute, status, jobs, reward_mean \
+     FROM throughput_per_minute WHERE minute >= $1 ORDER BY minute, status";
+
+pub(super) const DASHBOARD_FAILURES: &str = "SELECT status, kind, reason, jobs, last_at, \
+     example_job_id FROM failures_by_reason ORDER BY last_at DESC, reason \
+     LIMIT CAST($1 AS INTEGER)";
+
+pub(super) const DASHBOARD_BACKENDS: &str = "SELECT backend_id, kind, model, url, weight, \
+     healthy, checked_at, last_error, source, in_flight FROM backend_load ORDER BY backend_id";
+
+pub(super) const DASHBOARD_SANDBOXES: &str = "SELECT node, backend, sandboxes, \
+     oldest_created_at, earliest_lease_until FROM sandbox_counts ORDER BY node, backend";
+
+pub(super) const DASHBOARD_SAMPLING: &str = "SELECT batch_id, status, reason, group_size, \
+     target_groups, informative, surplus, uniform, incomplete, cancelled_groups, \
+     groups_launched, groups_decided, samples_completed, jobs_saved, sandbox_ms_used, \
+     sandbox_ms_saved, created_at, ended_at FROM sampling_progress \
+     ORDER BY created_at DESC, batch_id LIMIT CAST($1 AS INTEGER)";

@@ -201,7 +201,77 @@ async fn dashboard_views_answer_and_agree_with_the_api() {
     batch_views_agree_with_the_api(&env, &db).await;
     backend_and_sandbox_views(&env, &db).await;
     sampling_view_agrees_with_the_api(&env, &db).await;
+    the_dashboard_endpoint_reads_the_views(&env, &db).await;
     grafana_panels_run(&db).await;
+}
+
+/// `GET /v1/dashboard` (the status page's one read) answers with the views' rows as
+/// they are, and its stage percentiles cover every stage that finished in the window.
+async fn the_dashboard_endpoint_reads_the_views(env: &TestEnv, db: &Db) {
+    let d = serde_json::to_value(env.client.dashboard().await.unwrap()).unwrap();
+    let rows =
+        |v: &Value| -> Vec<BTreeMap<String, Value>> { serde_json::from_value(v.clone()).unwrap() };
+    for (field, sql) in [
+        (
+            "batches",
+            "SELECT * FROM batch_progress ORDER BY created_at DESC, batch_id",
+        ),
+        ("backends", "SELECT * FROM backend_load ORDER BY backend_id"),
+        (
+            "failures",
+            "SELECT * FROM failures_by_reason ORDER BY last_at DESC, reason",
+        ),
+        (
+            "sandboxes",
+            "SELECT * FROM sandbox_counts ORDER BY node, backend",
+        ),
+        (
+            "sampling",
+            "SELECT * FROM sampling_progress ORDER BY created_at DESC, batch_id",
+        ),
+    ] {
+        let view = db.rows(sql).await;
+        assert!(!view.is_empty(), "{field}: the test made no rows");
+        assert_eq!(rows(&d[field]), view, "{field}");
+    }
+    let queues = db.rows("SELECT * FROM stage_queue ORDER BY position").await;
+    let stages = d["stages"].as_array().unwrap();
+    assert_eq!(
+        stages
+            .iter()
+            .map(|s| rows(&json!([s["queue"]]))[0].clone())
+            .collect::<Vec<_>>(),
+        queues
+    );
+    let finished = db
+        .rows("SELECT stage, COUNT(*) AS n FROM stage_timings GROUP BY stage")
+        .await;
+    for s in stages {
+        let stage = &s["queue"]["stage"];
+        let n = finished
+            .iter()
+            .find(|r| &r["stage"] == stage)
+            .map_or(json!(0), |r| r["n"].clone());
+        assert_eq!(s["work_ms"]["count"], n, "{stage}");
+        assert_eq!(s["wait_ms"]["count"], n, "{stage}");
+        if n != 0 {
+            let (p50, p99) = (s["work_ms"]["p50"].as_f64(), s["work_ms"]["p99"].as_f64());
+            assert!(p50.unwrap() <= p99.unwrap(), "{s}");
+        }
+    }
+    let minutes = db
+        .rows("SELECT CAST(SUM(jobs) AS BIGINT) AS n FROM throughput_per_minute")
+        .await;
+    assert_eq!(d["throughput"]["jobs"], minutes[0]["n"]);
+    // Bad input names its parameter.
+    let resp = reqwest::Client::new()
+        .get(format!("{}/v1/dashboard?window_ms=-1", env.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["field"], "window_ms", "{body}");
 }
 
 /// Every view answers, with its documented columns, on an empty database (and

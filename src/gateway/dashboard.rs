@@ -1,0 +1,257 @@
+//! `GET /v1/dashboard`: everything the status page shows, in one answer, read from the
+//! dashboard views (so the page agrees with Grafana and with a user's own SQL).
+//!
+//! Stage latency percentiles are computed here over the stages that finished within
+//! the window (the views keep each row; percentiles are the reader's choice), from at
+//! most [`MAX_TIMINGS`] of the latest, so the page's cost does not grow with history.
+
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::AppState;
+use super::error::{ApiError, ApiErrorBody};
+use super::params::{self, ApiQuery, CheckQuery};
+use crate::domain::EpochMs;
+use crate::store::{
+    BackendLoad, BatchProgress, FailureReason, SamplingProgress, SandboxCount, StageQueue,
+    StageTiming, ThroughputMinute,
+};
+
+/// The latest stage timings the percentiles are computed from.
+pub const MAX_TIMINGS: i64 = 20_000;
+/// The default window of throughput and latencies: 15 minutes.
+const DEFAULT_WINDOW_MS: i64 = 15 * 60_000;
+/// The longest window: a day.
+const MAX_WINDOW_MS: i64 = 24 * 3_600_000;
+/// Rows of the lists that can grow without bound (batches, failures, sampling batches).
+const DEFAULT_LIMIT: i64 = 20;
+/// The most rows those lists may ask for.
+const MAX_LIMIT: i64 = 500;
+
+/// Query of `GET /v1/dashboard`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DashboardQuery {
+    /// Window of throughput and latency percentiles (ms).
+    window_ms: Option<i64>,
+    /// How many of the latest batches, failure reasons and sampling batches.
+    limit: Option<i64>,
+}
+
+impl CheckQuery for DashboardQuery {
+    fn check(&self) -> Result<(), ApiError> {
+        params::check_range("window_ms", self.window_ms, MAX_WINDOW_MS)?;
+        params::check_range("limit", self.limit, MAX_LIMIT)
+    }
+}
+
+/// p50, p90 and p99 of a set of durations (ms); absent when the set is empty.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Percentiles {
+    /// How many durations.
+    pub count: u64,
+    /// Median.
+    pub p50: Option<f64>,
+    /// 90th percentile.
+    pub p90: Option<f64>,
+    /// 99th percentile.
+    pub p99: Option<f64>,
+}
+
+impl Percentiles {
+    /// The percentiles of `values` (linear interpolation between the closest ranks, as
+    /// Postgres's `percentile_cont`).
+    pub fn of(mut values: Vec<f64>) -> Self {
+        values.sort_by(f64::total_cmp);
+        let at = |q: f64| -> Option<f64> {
+            let last = values.len().checked_sub(1)?;
+            #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+            let rank = q * last as f64;
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 0..=last
+            let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+            #[allow(clippy::cast_precision_loss)]
+            let frac = rank - lo as f64;
+            Some(values[lo] + (values[hi] - values[lo]) * frac)
+        };
+        Percentiles {
+            count: values.len() as u64,
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+        }
+    }
+}
+
+/// One stage: its queue now and its times over the window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StageView {
+    /// The `stage_queue` row.
+    pub queue: StageQueue,
+    /// Queued → started, of the stages that finished in the window (ms).
+    pub wait_ms: Percentiles,
+    /// Started → finished, of the same (ms).
+    pub work_ms: Percentiles,
+}
+
+/// Results over the window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Throughput {
+    /// Results per minute and status (`throughput_per_minute` rows).
+    pub per_minute: Vec<ThroughputMinute>,
+    /// Results in the window, whatever their status.
+    pub jobs: i64,
+    /// Results per second over the last full minute and the current one so far.
+    pub recent_jobs_per_s: f64,
+}
+
+/// Response of `GET /v1/dashboard`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Dashboard {
+    /// When it was read (epoch ms).
+    pub generated_at: i64,
+    /// The window of `throughput` and the stages' times (ms).
+    pub window_ms: i64,
+    /// The latest batches (`batch_progress`).
+    pub batches: Vec<BatchProgress>,
+    /// The three stages, in pipeline order.
+    pub stages: Vec<StageView>,
+    /// Results over the window.
+    pub throughput: Throughput,
+    /// Inference backends with health and load (`backend_load`).
+    pub backends: Vec<BackendLoad>,
+    /// The latest failure reasons (`failures_by_reason`).
+    pub failures: Vec<FailureReason>,
+    /// Live RUN sandboxes per node (`sandbox_counts`).
+    pub sandboxes: Vec<SandboxCount>,
+    /// The latest dynamic-sampling batches (`sampling_progress`).
+    pub sampling: Vec<SamplingProgress>,
+}
+
+/// Everything the status page shows: batches, stage queues and latency percentiles,
+/// throughput, backends, failures, sandboxes and sampling batches.
+#[utoipa::path(
+    get,
+    path = "/v1/dashboard",
+    tag = "service",
+    params(
+        ("window_ms" = Option<i64>, Query, description = "Window of throughput and latencies (ms, default 15 minutes)", minimum = 0, maximum = 86_400_000),
+        ("limit" = Option<i64>, Query, description = "How many of the latest batches, failure reasons and sampling batches (default 20)", minimum = 0, maximum = 500),
+    ),
+    responses(
+        (status = 200, body = Dashboard),
+        (status = 400, description = "Invalid input; `field` names the problem", body = ApiErrorBody),
+        (status = 503, description = "Database unavailable; retry", body = ApiErrorBody),
+    )
+)]
+pub async fn dashboard(
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<DashboardQuery>,
+) -> Result<Json<Dashboard>, ApiError> {
+    let store = &state.store;
+    let now = EpochMs::now().as_millis();
+    let window_ms = q.window_ms.unwrap_or(DEFAULT_WINDOW_MS);
+    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    let since = now - window_ms;
+    let timings = store.stage_timings(since, MAX_TIMINGS).await?;
+    let stages = store
+        .stage_queues()
+        .await?
+        .into_iter()
+        .map(|queue| stage_view(queue, &timings))
+        .collect();
+    let per_minute = store.throughput(since - since.rem_euclid(60_000)).await?;
+    let throughput = throughput(per_minute, since, now);
+    Ok(Json(Dashboard {
+        generated_at: now,
+        window_ms,
+        batches: store.batch_progress(limit).await?,
+        stages,
+        throughput,
+        backends: store.backend_load().await?,
+        failures: store.failures(limit).await?,
+        sandboxes: store.sandbox_counts().await?,
+        sampling: store.sampling_progress(limit).await?,
+    }))
+}
+
+/// A stage's queue with the percentiles of its timings.
+fn stage_view(queue: StageQueue, timings: &[StageTiming]) -> StageView {
+    let of = |pick: fn(&StageTiming) -> Option<i64>| {
+        #[allow(clippy::cast_precision_loss)] // durations in ms, far below 2^52
+        let values = timings
+            .iter()
+            .filter(|t| t.stage == queue.stage)
+            .filter_map(pick)
+            .map(|v| v as f64)
+            .collect();
+        Percentiles::of(values)
+    };
+    StageView {
+        wait_ms: of(|t| t.wait_ms),
+        work_ms: of(|t| t.work_ms),
+        queue,
+    }
+}
+
+/// The window's totals from its minutes: every minute that began at or after the
+/// window's first full minute counts, and the recent rate is the last full minute plus
+/// the current one, over the time they span.
+fn throughput(per_minute: Vec<ThroughputMinute>, since: i64, now: i64) -> Throughput {
+    let current = now - now.rem_euclid(60_000);
+    let recent_from = current - 60_000;
+    let jobs = per_minute
+        .iter()
+        .filter(|m| m.minute + 60_000 > since)
+        .map(|m| m.jobs)
+        .sum();
+    let recent: i64 = per_minute
+        .iter()
+        .filter(|m| m.minute >= recent_from)
+        .map(|m| m.jobs)
+        .sum();
+    #[allow(clippy::cast_precision_loss)] // counts and a span of at most two minutes
+    let recent_jobs_per_s = recent as f64 / ((now - recent_from).max(1) as f64 / 1000.0);
+    Throughput {
+        per_minute,
+        jobs,
+        recent_jobs_per_s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_interpolate_like_percentile_cont() {
+        let p = Percentiles::of((1..=10).map(f64::from).collect());
+        assert_eq!(p.count, 10);
+        assert_eq!(p.p50, Some(5.5));
+        assert!((p.p90.unwrap() - 9.1).abs() < 1e-9);
+        assert!((p.p99.unwrap() - 9.91).abs() < 1e-9);
+        let one = Percentiles::of(vec![7.0]);
+        assert_eq!((one.p50, one.p99), (Some(7.0), Some(7.0)));
+        assert_eq!(Percentiles::of(Vec::new()), Percentiles::default());
+    }
+
+    #[test]
+    fn recent_throughput_counts_the_last_full_minute_and_this_one() {
+        let m = |minute: i64, jobs: i64| ThroughputMinute {
+            minute,
+            status: "done".into(),
+            jobs,
+            reward_mean: None,
+        };
+        // Now is 30 s into minute 10; the window began in minute 2.
+        let now = 10 * 60_000 + 30_000;
+        let t = throughput(
+            vec![m(2 * 60_000, 5), m(9 * 60_000, 60), m(10 * 60_000, 30)],
+            2 * 60_000 + 10_000,
+            now,
+        );
+        assert_eq!(t.jobs, 95);
+        assert!((t.recent_jobs_per_s - 1.0).abs() < 1e-9, "{t:?}");
+    }
+}

@@ -1,0 +1,503 @@
+//! The status page in a real browser: headless Chromium (Debian's `chromium`, driven
+//! through `chromedriver`; `scripts/test.sh` installs both) against a live `rollout up`
+//! with the stand-in inference server and a gateway token.
+//!
+//! The page asks for the token, then shows what the API says: every batch's counters,
+//! the stage queues, the backends and the failures are read off the page and compared
+//! with `GET /v1/dashboard`. A click on a batch lists its jobs, a click on a job shows
+//! its trajectory turn by turn (model text, tool calls and observations, token counts,
+//! reward, drift) as the API holds it. A job whose output is HTML with script in it is
+//! shown as text and runs nothing. Screenshots of the overview and of a job are kept
+//! under `target/tmp/status-page/` (`CARGO_TARGET_TMPDIR`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client as Browser, ClientBuilder, Locator};
+use rollout::client::{Client, read_tasks_jsonl};
+use rollout::domain::{Status, Task};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "status-page-test-token-0123456789";
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits for a line starting with `prefix` in the file at `path`; returns the rest.
+fn wait_line(path: &Path, prefix: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(rest) = text.lines().find_map(|l| l.strip_prefix(prefix)) {
+            return rest.trim().to_string();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("no `{prefix}` line in {}", path.display());
+}
+
+/// The stand-in inference server and `rollout up` in `dir`, with a gateway token.
+struct Service {
+    _procs: Vec<Proc>,
+    url: String,
+    log: PathBuf,
+}
+
+impl Service {
+    async fn start(dir: &Path) -> Service {
+        let bin = |name: &str| -> PathBuf {
+            match name {
+                "rollout" => env!("CARGO_BIN_EXE_rollout").into(),
+                _ => env!("CARGO_BIN_EXE_rollout-scripted-llm").into(),
+            }
+        };
+        let policy = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/agent-policy.json");
+        let model = dir.join("model");
+        let ok = Command::new(bin("scripted"))
+            .args(["write-model", model.to_str().unwrap(), "--policy"])
+            .arg(&policy)
+            .status()
+            .unwrap();
+        assert!(ok.success(), "rollout-scripted-llm write-model failed");
+        let out = dir.join("scripted.out");
+        let scripted = Command::new(bin("scripted"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--model"])
+            .arg(&model)
+            .arg("--policy")
+            .arg(&policy)
+            .args(["--seed", "0", "--token-us", "100"])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(dir.join("scripted.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let scripted = Proc(scripted);
+        let backend = wait_line(&out, "listening on ");
+        let port = free_port();
+        let config = dir.join("rollout.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "state_dir = \"{state}\"\n[database]\nurl = \"sqlite://{db}\"\n\
+                 [gateway]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\n\
+                 [nats]\nurl = \"nats://127.0.0.1:{nats}\"\nprefix = \"page\"\n\
+                 [[backends]]\nid = \"scripted\"\nurl = \"{backend}\"\nkind = \"vllm\"\n\
+                 model = \"scripted\"\ntokenizer = \"{model}\"\n",
+                state = dir.join("state").display(),
+                db = dir.join("rollout.db").display(),
+                nats = free_port(),
+                model = model.display(),
+            ),
+        )
+        .unwrap();
+        let log = dir.join("up.log");
+        let up = Command::new(bin("rollout"))
+            .arg("--config")
+            .arg(&config)
+            .args(["up", "--workers", "2", "--logs-on-screen"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut up = Proc(up);
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Ok(r) = reqwest::get(format!("{url}/healthz")).await
+                && r.status().is_success()
+            {
+                break;
+            }
+            assert!(
+                up.0.try_wait().unwrap().is_none() && Instant::now() < deadline,
+                "rollout up did not start: {}",
+                tail(&log)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Service {
+            _procs: vec![up, scripted],
+            url,
+            log,
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::new(&self.url).with_token(Some(TOKEN.into()))
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text[text.len().saturating_sub(4000)..].to_string()
+}
+
+/// Four agent episodes from the examples, a shell job whose output is hostile HTML, and
+/// a shell job that fails at its sandbox's setup.
+fn tasks() -> (Vec<Task>, Vec<Task>) {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/agent.jsonl"))
+            .unwrap();
+    let agents: Vec<Task> = read_tasks_jsonl(&text)
+        .unwrap()
+        .into_iter()
+        .take(4)
+        .collect();
+    let hostile = Task::new(
+        "shell",
+        json!({
+            "steps": [{"tool": "bash", "args": {"command":
+                "echo '<img src=x onerror=\"document.title=`pwned`\"><script>document.title=\"pwned\"</script>'"}}],
+            "check": {"command": "true"},
+        }),
+    );
+    let broken = Task::new(
+        "shell",
+        json!({
+            "sandbox": {"setup": ["echo the task is broken >&2; exit 3"]},
+            "steps": [],
+            "check": {"command": "true"},
+        }),
+    );
+    (agents, vec![hostile, broken])
+}
+
+/// Waits until every job of `batch` (of `n`) has a result.
+async fn wait_batch(client: &Client, batch: &str, n: usize, log: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let jobs = client.batch_jobs(batch).await.unwrap();
+        if jobs.len() == n && jobs.iter().all(|j| j.status.is_terminal()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "batch {batch} did not finish: {jobs:?}\n{}",
+            tail(log)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// chromedriver on a free port, and a headless Chromium session through it.
+async fn browser() -> (Proc, Browser) {
+    let driver = which("chromedriver").unwrap_or_else(|| {
+        panic!(
+            "chromedriver is not installed: run scripts/test.sh, or apt-get install chromium chromium-driver"
+        )
+    });
+    let port = free_port();
+    let proc = Proc(
+        Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut caps = serde_json::Map::new();
+    let mut chrome = json!({"args": [
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--disable-background-networking", "--disable-extensions", "--no-first-run",
+        "--window-size=1400,1000",
+    ]});
+    if let Some(bin) = which("chromium") {
+        chrome["binary"] = json!(bin);
+    }
+    caps.insert("goog:chromeOptions".into(), chrome);
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match ClientBuilder::new(connector.clone())
+            .capabilities(caps.clone())
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+        {
+            Ok(b) => return (proc, b),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("cannot start headless Chromium through chromedriver: {e}"),
+        }
+    }
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The `data-value` of the cell `field` in the row matched by `row`.
+async fn value(b: &Browser, row: &str, field: &str) -> String {
+    let css = format!("{row} [data-field=\"{field}\"]");
+    let cell = b
+        .find(Locator::Css(&css))
+        .await
+        .unwrap_or_else(|e| panic!("no `{css}` on the page: {e}"));
+    cell.attr("data-value").await.unwrap().unwrap_or_default()
+}
+
+/// Waits until the page has drawn the view of `hash`.
+async fn loaded(b: &Browser, hash: &str) {
+    let css = format!("body[data-loaded=\"{hash}\"]");
+    b.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css(&css))
+        .await
+        .unwrap_or_else(|e| panic!("the page did not draw `{hash}`: {e}"));
+}
+
+async fn screenshot(b: &Browser, name: &str) {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page");
+    std::fs::create_dir_all(&dir).unwrap();
+    let png = b.screenshot().await.unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, png).unwrap();
+    eprintln!("screenshot: {}", path.display());
+}
+
+/// An element's text exactly as the page holds it (`textContent`: tabs and line breaks
+/// kept, unlike the rendered text WebDriver reports).
+async fn content(el: &fantoccini::elements::Element) -> String {
+    el.prop("textContent").await.unwrap().unwrap_or_default()
+}
+
+fn num(v: &Value) -> String {
+    match v {
+        Value::Null => String::new(),
+        v => v.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_shows_what_the_api_says_and_a_job_turn_by_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    // Sandboxes run as their own user and reach their workspaces below it.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let svc = Service::start(dir.path()).await;
+    let client = svc.client();
+    let (agents, shells) = tasks();
+    client.submit(&agents, Some("page-agents")).await.unwrap();
+    client.submit(&shells, Some("page-shell")).await.unwrap();
+    wait_batch(&client, "page-agents", agents.len(), &svc.log).await;
+    wait_batch(&client, "page-shell", shells.len(), &svc.log).await;
+
+    let (_driver, b) = browser().await;
+    b.goto(&format!("{}/", svc.url)).await.unwrap();
+    // Without the token the page reads nothing and asks for it.
+    let form = b
+        .wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("#token-input"))
+        .await
+        .unwrap();
+    b.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("#token-form:not([hidden])"))
+        .await
+        .unwrap();
+    form.send_keys(TOKEN).await.unwrap();
+    b.find(Locator::Css("#token button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    loaded(&b, "/").await;
+    overview_matches_the_api(&b, &client).await;
+    screenshot(&b, "overview.png").await;
+
+    // Into the agent batch, then into one of its jobs.
+    b.find(Locator::Css("tr[data-batch=\"page-agents\"] a"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    loaded(&b, "/batches/page-agents").await;
+    let jobs = client.batch_jobs("page-agents").await.unwrap();
+    assert_eq!(
+        b.find_all(Locator::Css("#jobs tbody tr"))
+            .await
+            .unwrap()
+            .len(),
+        jobs.len()
+    );
+    let job = &jobs[0];
+    b.find(Locator::Css(&format!("tr[data-job=\"{}\"] a", job.id)))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    loaded(&b, &format!("/jobs/{}", job.id)).await;
+    job_matches_the_api(&b, &client, &job.id).await;
+    screenshot(&b, "job.png").await;
+
+    // The hostile job's output is on the page as text, and none of it ran.
+    let shell_jobs = client.batch_jobs("page-shell").await.unwrap();
+    let hostile = shell_jobs
+        .iter()
+        .find(|j| j.status == Status::Done)
+        .expect("the hostile-output job is done");
+    b.goto(&format!("{}/#/jobs/{}", svc.url, hostile.id))
+        .await
+        .unwrap();
+    loaded(&b, &format!("/jobs/{}", hostile.id)).await;
+    let shown = content(
+        &b.find(Locator::Css("#trajectory .observation"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(
+        shown.contains("<script>document.title=\"pwned\"</script>"),
+        "{shown}"
+    );
+    assert!(
+        b.find_all(Locator::Css("#view img, #view script"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_ne!(b.title().await.unwrap(), "pwned");
+    b.close().await.unwrap();
+}
+
+/// Every number the overview shows for batches, stages, backends and failures is the
+/// API's.
+async fn overview_matches_the_api(b: &Browser, client: &Client) {
+    let d = serde_json::to_value(client.dashboard().await.unwrap()).unwrap();
+    let batches = d["batches"].as_array().unwrap();
+    assert_eq!(batches.len(), 2, "{d:#}");
+    for batch in batches {
+        let row = format!(
+            "#batches tr[data-batch=\"{}\"]",
+            batch["batch_id"].as_str().unwrap()
+        );
+        for field in [
+            "submitted",
+            "finished",
+            "in_flight",
+            "done",
+            "failed",
+            "cancelled",
+            "timed_out",
+        ] {
+            assert_eq!(
+                value(b, &row, field).await,
+                num(&batch[field]),
+                "{row} {field}"
+            );
+        }
+    }
+    for stage in d["stages"].as_array().unwrap() {
+        let row = format!(
+            "#stages tr[data-stage=\"{}\"]",
+            stage["queue"]["stage"].as_str().unwrap()
+        );
+        assert_eq!(
+            value(b, &row, "queued").await,
+            num(&stage["queue"]["queued"]),
+            "{row}"
+        );
+        assert_eq!(
+            value(b, &row, "running").await,
+            num(&stage["queue"]["running"]),
+            "{row}"
+        );
+        assert_eq!(
+            value(b, &row, "finished").await,
+            num(&stage["work_ms"]["count"]),
+            "{row}"
+        );
+    }
+    let backend = &d["backends"][0];
+    assert_eq!(backend["backend_id"], "scripted");
+    let row = "#backends tr[data-backend=\"scripted\"]";
+    assert_eq!(value(b, row, "healthy").await, num(&backend["healthy"]));
+    let failures = d["failures"].as_array().unwrap();
+    assert_eq!(
+        failures.len(),
+        1,
+        "the broken setup is the one failure: {d:#}"
+    );
+    assert!(
+        failures[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the task is broken"),
+        "{d:#}"
+    );
+    let shown = b
+        .find(Locator::Css("#failures [data-field=\"reason\"]"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(shown.trim(), failures[0]["reason"].as_str().unwrap().trim());
+    assert_eq!(
+        value(b, "#failures tr", "jobs").await,
+        num(&failures[0]["jobs"])
+    );
+}
+
+/// The job view shows the job's reward, and its trajectory as the API holds it.
+async fn job_matches_the_api(b: &Browser, client: &Client, id: &str) {
+    let view = client.job(id).await.unwrap();
+    let result = view.result.expect("the job ended");
+    let reward = value(b, "#job-summary", "reward").await;
+    assert_eq!(reward.parse::<f64>().ok(), result.reward, "{reward}");
+    let run = view.job.run_output.expect("RUN's output");
+    let turns = run["turns"].as_array().unwrap();
+    assert!(!turns.is_empty());
+    let shown = b.find_all(Locator::Css("#trajectory .turn")).await.unwrap();
+    assert_eq!(shown.len(), turns.len());
+    assert_eq!(
+        value(b, "#trajectory", "response_tokens").await,
+        run["response_ids"].as_array().unwrap().len().to_string()
+    );
+    for (turn, el) in turns.iter().zip(&shown) {
+        let text = content(&el.find(Locator::Css(".model-text")).await.unwrap()).await;
+        assert_eq!(text, turn["text"].as_str().unwrap());
+        let observations = el.find_all(Locator::Css(".observation")).await.unwrap();
+        let tools = turn["tools"].as_array().unwrap();
+        assert_eq!(observations.len(), tools.len());
+        for (o, t) in observations.iter().zip(tools) {
+            assert_eq!(content(o).await, t["observation"].as_str().unwrap());
+        }
+    }
+    let drift = b
+        .find(Locator::Css("#trajectory [data-field=\"drift\"]"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let identical = run["drift"]["identical"].as_bool().unwrap();
+    assert_eq!(drift.starts_with("none"), identical, "{drift}");
+}
