@@ -4,7 +4,7 @@
 # tests again against Postgres when a server answers on 127.0.0.1:5432 (or wherever
 # ROLLOUT_TEST_DATABASE_URL points). Installs what it needs first if it is missing
 # (scripts/setup.sh, schemathesis, transformers with jinja2, math-verify, and Debian's
-# chromium and chromium-driver). Formatting and
+# chromium, chromium-driver, slurm-wlm and munge). Formatting and
 # clippy's lints are checked first; the Python client's tests run after the SQLite ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,17 +37,26 @@ if ! python3 -c 'import math_verify' >/dev/null 2>&1; then
     python3 -m pip install --quiet --user --break-system-packages --disable-pip-version-check 'math-verify==0.9.0' >&2
 fi
 
-# The status page is tested in headless Chromium driven by chromedriver (tests/status_page.rs).
-if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
-  echo "== installing chromium and chromium-driver (Debian) for the status page's browser test" >&2
+# Debian packages some tests need: headless Chromium and chromedriver for the status
+# page's browser test (tests/status_page.rs), Slurm and munge for the one-node Slurm
+# cluster the deploy/slurm scripts are tested on (tests/pipeline/slurm.rs).
+deb_install() {
+  local what="$1"; shift
+  echo "== installing $* (Debian) for $what" >&2
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1 || {
       apt-get update -qq >/dev/null 2>&1 || true
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1
-    } || echo "== could not install chromium and chromium-driver; the status page test will fail" >&2
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1
+    } || echo "== could not install $*; $what will fail" >&2
   else
-    echo "== chromium and chromedriver are missing and this user cannot apt-get install them; the status page test will fail" >&2
+    echo "== $* missing and this user cannot apt-get install them; $what will fail" >&2
   fi
+}
+if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+  deb_install "the status page's browser test" chromium chromium-driver
+fi
+if ! command -v slurmd >/dev/null 2>&1 && [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ]; then
+  deb_install "the Slurm test" slurm-wlm munge
 fi
 
 # Formatting and lints are part of the suite: a change that breaks them fails here.

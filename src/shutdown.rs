@@ -6,9 +6,13 @@
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-/// A token cancelled on the first SIGINT or SIGTERM. A second signal calls
-/// `on_second_signal` (a binary passes `|| std::process::exit(130)`: the library itself
-/// never ends the process).
+/// A token cancelled on the first SIGINT or SIGTERM. A second SIGINT (an impatient
+/// Ctrl-C) calls `on_second_signal` (a binary passes `|| std::process::exit(130)`: the
+/// library itself never ends the process). A repeated SIGTERM does not: it is the same
+/// request again, and Slurm delivers it twice as a matter of course (to every process of
+/// a cancelled job, and once more through the batch script that forwards it), so
+/// treating it as "exit now" would skip the hand-back the grace period is for. SIGKILL
+/// is what ends a process that ignores the grace period.
 pub fn on_signals(on_second_signal: impl FnOnce() + Send + 'static) -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
@@ -20,11 +24,15 @@ pub fn on_signals(on_second_signal: impl FnOnce() + Send + 'static) -> Cancellat
             _ = int.recv() => tracing::info!("interrupt received; shutting down"),
         }
         t.cancel();
-        tokio::select! {
-            _ = term.recv() => {},
-            _ = int.recv() => {},
+        loop {
+            tokio::select! {
+                _ = term.recv() => {
+                    tracing::info!("SIGTERM again; still handing work back (SIGINT or SIGKILL ends the process now)");
+                }
+                _ = int.recv() => break,
+            }
         }
-        tracing::warn!("second signal; exiting now");
+        tracing::warn!("second interrupt; exiting now");
         on_second_signal();
     });
     token

@@ -9,7 +9,8 @@ use rollout::wiring::{WorkerArgs, worker_process};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // A second signal ends the process at once, without draining.
+    // A second SIGINT ends the process at once, without draining (a repeated SIGTERM
+    // does not: see `rollout::shutdown`).
     let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
     worker_process(Stage::Run, WorkerArgs::parse(), shutdown).await?;
     Ok(())

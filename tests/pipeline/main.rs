@@ -22,6 +22,7 @@ mod poison;
 mod results;
 mod sampling;
 mod shell;
+mod slurm;
 mod store;
 mod swe;
 mod views;
