@@ -4,7 +4,7 @@
 # tests again against Postgres when a server answers on 127.0.0.1:5432 (or wherever
 # ROLLOUT_TEST_DATABASE_URL points). Installs what it needs first if it is missing
 # (scripts/setup.sh, schemathesis, transformers with jinja2, math-verify, and Debian's
-# chromium, chromium-driver, slurm-wlm and munge). Formatting and
+# chromium, chromium-driver, slurm-wlm, munge and docker-compose). Formatting and
 # clippy's lints are checked first; the Python client's tests run after the SQLite ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +39,8 @@ fi
 
 # Debian packages some tests need: headless Chromium and chromedriver for the status
 # page's browser test (tests/status_page.rs), Slurm and munge for the one-node Slurm
-# cluster the deploy/slurm scripts are tested on (tests/pipeline/slurm.rs).
+# cluster the deploy/slurm scripts are tested on (tests/pipeline/slurm.rs), and Compose
+# to validate docker-compose.yml (tests/deploy.rs).
 deb_install() {
   local what="$1"; shift
   echo "== installing $* (Debian) for $what" >&2
@@ -57,6 +58,9 @@ if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null
 fi
 if ! command -v slurmd >/dev/null 2>&1 && [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ]; then
   deb_install "the Slurm test" slurm-wlm munge
+fi
+if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null 2>&1; then
+  deb_install "the compose file's test" docker-compose
 fi
 
 # Formatting and lints are part of the suite: a change that breaks them fails here.

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rollout::client::{Client, read_tasks_jsonl};
 use rollout::config::Settings;
+use rollout::domain::Stage;
 use rollout::wiring::{self, UpOptions};
 
 #[derive(Debug, Parser)]
@@ -77,6 +78,17 @@ enum Command {
             global = true
         )]
         token: Option<String>,
+    },
+    /// One node's workers in one process: by default INIT, RUN and EVAL, which share
+    /// the node's sandboxes (`node.name`). What a Slurm job or a container runs on each
+    /// machine; SIGTERM hands running work back within `stages.grace_ms`.
+    Node {
+        /// The stages to run, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "init,run,eval", value_parser = parse_stage)]
+        stages: Vec<Stage>,
+        /// Serve this process's Prometheus metrics at http://ADDR/metrics.
+        #[arg(long)]
+        metrics_listen: Option<String>,
     },
     /// Everything on one machine: NATS (started if none answers), SQLite under the state
     /// directory, the gateway and workers of every stage. Ctrl-C stops it all.
@@ -225,6 +237,18 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
         }
+        Command::Node {
+            stages,
+            metrics_listen,
+        } => {
+            let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
+            let args = wiring::WorkerArgs {
+                config: cli.config,
+                metrics_listen,
+                log_format: cli.log_format,
+            };
+            wiring::worker_process(&stages, args, shutdown).await?;
+        }
         Command::Up {
             workers,
             submit,
@@ -242,6 +266,11 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A stage name on the command line (`init`, `run` or `eval`).
+fn parse_stage(s: &str) -> Result<Stage, String> {
+    Stage::parse(s.trim()).ok_or_else(|| format!("unknown stage `{s}`: use init, run or eval"))
 }
 
 /// `rollout serve`: the gateway (with the reconciler) until a signal, then the NATS

@@ -408,11 +408,13 @@ pub struct WorkerArgs {
     pub log_format: Option<crate::telemetry::LogFormat>,
 }
 
-/// The whole life of a worker binary: settings, connections, work until `shutdown`
-/// (the binary's SIGTERM/SIGINT), drain. Job concurrency comes from
-/// `stages.<stage>.concurrency`.
+/// The whole life of a worker process: settings, connections, work until `shutdown`
+/// (the process's SIGTERM/SIGINT), drain. A worker binary runs its one stage; `rollout
+/// node` runs several (a node's INIT and RUN workers must share its sandboxes: one
+/// process for them is one signal to hand back, one reaper, one set of connections).
+/// Job concurrency comes from `stages.<stage>.concurrency`.
 pub async fn worker_process(
-    stage: Stage,
+    stages: &[Stage],
     args: WorkerArgs,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
@@ -442,14 +444,31 @@ pub async fn worker_process(
             }
         }));
     }
-    let deps = connect(Arc::new(settings), &format!("rollout-{stage}-worker"), true).await?;
+    let names: Vec<&str> = stages.iter().map(|s| s.as_str()).collect();
+    let name = format!("rollout-{}-worker", names.join("+"));
+    let deps = connect(Arc::new(settings), &name, true).await?;
     // Every worker looks after the sandboxes of its node (EVAL's fresh ones included).
     essentials.push(spawn_essential(
         "sandbox reaper",
         &shutdown,
         deps.sandboxes.clone().run_reaper(shutdown.clone()),
     ));
-    let worked = run_workers(deps.clone(), stage, 1, shutdown.clone()).await;
+    // Each stage's workers until shutdown; one that fails stops the others (they drain).
+    let runs = stages.iter().map(|&stage| {
+        let (deps, shutdown) = (deps.clone(), shutdown.clone());
+        async move {
+            let r = run_workers(deps, stage, 1, shutdown.clone()).await;
+            if r.is_err() {
+                shutdown.cancel();
+            }
+            r
+        }
+    });
+    let worked = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .find(Result::is_err)
+        .unwrap_or(Ok(()));
     shutdown.cancel();
     if let Err(e) = deps.queue.client().drain().await {
         tracing::warn!(error = %e, "NATS drain failed");

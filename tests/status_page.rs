@@ -19,6 +19,10 @@ use rollout::client::{Client, read_tasks_jsonl};
 use rollout::domain::{Status, Task};
 use serde_json::{Value, json};
 
+#[path = "common/host.rs"]
+mod host;
+use host::{free_port, shared_tempdir, which};
+
 const TOKEN: &str = "status-page-test-token-0123456789";
 
 /// A child process killed when dropped.
@@ -29,14 +33,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Waits for a line starting with `prefix` in the file at `path`; returns the rest.
@@ -238,14 +234,6 @@ async fn browser() -> (Proc, Browser) {
     }
 }
 
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(program))
-            .find(|p| p.is_file())
-    })
-}
-
 /// The `data-value` of the cell `field` in the row matched by `row`.
 async fn value(b: &Browser, row: &str, field: &str) -> String {
     let css = format!("{row} [data-field=\"{field}\"]");
@@ -290,13 +278,7 @@ fn num(v: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_shows_what_the_api_says_and_a_job_turn_by_turn() {
-    let dir = tempfile::tempdir().unwrap();
-    // Sandboxes run as their own user and reach their workspaces below it.
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let dir = shared_tempdir();
     let svc = Service::start(dir.path()).await;
     let client = svc.client();
     let (agents, shells) = tasks();

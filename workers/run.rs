@@ -12,6 +12,6 @@ async fn main() -> anyhow::Result<()> {
     // A second SIGINT ends the process at once, without draining (a repeated SIGTERM
     // does not: see `rollout::shutdown`).
     let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
-    worker_process(Stage::Run, WorkerArgs::parse(), shutdown).await?;
+    worker_process(&[Stage::Run], WorkerArgs::parse(), shutdown).await?;
     Ok(())
 }

@@ -412,7 +412,7 @@ impl TaskKind for Agent {
             backend = %trajectory.backend,
             "episode ended"
         );
-        let export = sandboxed::finish(&self.sandboxes, job, client).await;
+        let export = sandboxed::finish(&self.sandboxes, job, client).await?;
         let mut out = serde_json::to_value(&trajectory).unwrap_or_default();
         sandboxed::record_export(&mut out, export);
         Ok(out)

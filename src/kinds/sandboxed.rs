@@ -163,22 +163,32 @@ pub async fn lost(sandboxes: &NodeSandboxes, job: &Job, why: String) -> StageErr
     StageError::Restart(format!("{why}; starting again from INIT"))
 }
 
-/// RUN's end: exports the workspace's changes and stops the sandbox. An export the
-/// server fails for a reason of the machine's (git could not start) is tried again a
-/// few times; one that still fails (too large, git refused, the sandbox gone) is the
-/// error's text: the episode is over and is kept, and EVAL scores it 0 with that reason.
+/// RUN's end: exports the workspace's changes and stops the sandbox.
+///
+/// The inner result is the episode's: the changes, or why the sandbox refused them (too
+/// large, a diff git refused): the episode is over and is kept, and EVAL scores it 0 with
+/// that reason. The outer error is the machine's: the sandbox died before it answered
+/// (a node shutting down signals every process of its job, sandboxes included), or git
+/// could not run in it even after a few tries. That is never the agent's doing, so it
+/// never becomes a 0 to train on: the job starts again from INIT (see [`lost`]).
 pub async fn finish(
     sandboxes: &NodeSandboxes,
     job: &Job,
     client: SandboxClient,
-) -> Result<ExportResult, String> {
+) -> Result<Result<ExportResult, String>, StageError> {
     use backon::Retryable;
-    let export = (|| async {
+    /// One export attempt: retried only on `Err` (the server's own fault).
+    enum Ended {
+        Exported(ExportResult),
+        Refused(String),
+        Gone(String),
+    }
+    let ended = (|| async {
         match client.export(&ExportArgs::default()).await {
-            Ok(Ok(e)) => Ok(Ok(e)),
-            Ok(Err(e)) if e.code == ErrorCode::Internal => Err(e),
-            Ok(Err(e)) => Ok(Err(e.message)),
-            Err(e) => Ok(Err(e.to_string())),
+            Ok(Ok(e)) => Ok(Ended::Exported(e)),
+            Ok(Err(e)) if e.code == ErrorCode::Internal => Err(e.message),
+            Ok(Err(e)) => Ok(Ended::Refused(e.message)),
+            Err(e) => Ok(Ended::Gone(e.to_string())),
         }
     })
     .retry(
@@ -187,19 +197,32 @@ pub async fn finish(
             .with_max_times(3),
     )
     .notify(|e, after| {
-        tracing::warn!(job_id = %job.id, error = %e.message, ?after, "export failed on the machine's side; trying again");
+        tracing::warn!(job_id = %job.id, error = %e, ?after, "export failed on the machine's side; trying again");
     })
     .await
-    .unwrap_or_else(|e| Err(e.message))
-    .map_err(|e| format!("cannot export the workspace's changes: {e}"));
+    .unwrap_or_else(|e| Ended::Gone(format!("git could not run in the sandbox: {e}")));
     drop(client);
-    sandboxes
-        .remove(&job.id, Purpose::Run, Some(run_generation(job)))
-        .await;
-    if let Err(e) = &export {
-        tracing::warn!(job_id = %job.id, error = %e, "export failed; the episode is kept and will score 0");
+    match ended {
+        Ended::Exported(e) => {
+            sandboxes
+                .remove(&job.id, Purpose::Run, Some(run_generation(job)))
+                .await;
+            Ok(Ok(e))
+        }
+        Ended::Refused(e) => {
+            sandboxes
+                .remove(&job.id, Purpose::Run, Some(run_generation(job)))
+                .await;
+            tracing::warn!(job_id = %job.id, error = %e, "the sandbox refused the export; the episode is kept and will score 0");
+            Ok(Err(format!("cannot export the workspace's changes: {e}")))
+        }
+        Ended::Gone(e) => {
+            let why = format!(
+                "the sandbox failed at the end of the episode, before its changes were exported ({e})"
+            );
+            Err(lost(sandboxes, job, why).await)
+        }
     }
-    export
 }
 
 /// Puts RUN's export (or why there is none) into its output under `export` /

@@ -179,7 +179,7 @@ impl TaskKind for Shell {
                 latency_us,
             });
         }
-        let export = sandboxed::finish(&self.sandboxes, &ctx.job, client).await;
+        let export = sandboxed::finish(&self.sandboxes, &ctx.job, client).await?;
         let mut out = serde_json::json!({"steps": steps});
         sandboxed::record_export(&mut out, export);
         Ok(out)

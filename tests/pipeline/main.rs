@@ -5,6 +5,8 @@
 
 #[path = "../common/eventually.rs"]
 mod eventually;
+#[path = "../common/host.rs"]
+mod host;
 
 mod agent;
 mod api;

@@ -11,22 +11,15 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rollout::client::Client;
-use rollout::domain::{Status, Task};
+use rollout::domain::{Stage, Status, Task};
 use serde_json::json;
 
 use crate::eventually::eventually;
 use crate::helpers::TestDb;
+use crate::host::{free_port, shared_tempdir, which};
 
 /// Slurm's KillWait here (s): the workers' grace is set below it by the worker script.
 const KILL_WAIT_S: u64 = 10;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -207,15 +200,6 @@ fn slurm_conf(dir: &Path, host: &str) -> String {
     )
 }
 
-/// Where `program` is: on PATH, or in the sbin directories a non-login PATH may lack.
-fn which(program: &str) -> Option<PathBuf> {
-    let paths = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&paths)
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
-}
-
 /// A command running `program` found by [`which`].
 fn sbin(program: &str) -> Command {
     Command::new(which(program).unwrap_or_else(|| program.into()))
@@ -230,15 +214,15 @@ fn run(cmd: &mut Command) {
     );
 }
 
-/// A shell job that works for a while in its sandbox, so a worker holds it long
-/// enough to be cancelled under it.
+/// A shell job whose RUN takes 8 s, longer than the workers' grace (KillWait less 5 s):
+/// a RUN the cancelled worker job holds cannot finish within it and must be handed back.
 fn slow_job(i: usize) -> Task {
     let mut t = Task::new(
         "shell",
         json!({
             "steps": [
-                {"tool": "bash", "args": {"command": "sleep 2; echo step one"}},
-                {"tool": "bash", "args": {"command": "sleep 2; echo step two"}},
+                {"tool": "bash", "args": {"command": "sleep 4; echo step one"}},
+                {"tool": "bash", "args": {"command": "sleep 4; echo step two"}},
             ],
             "check": {"command": "true"},
         }),
@@ -249,12 +233,7 @@ fn slow_job(i: usize) -> Task {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn head_and_worker_jobs_run_a_batch_and_a_cancelled_worker_loses_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let dir = shared_tempdir();
     let cluster = Cluster::start(&dir.path().join("slurm"));
     let db = TestDb::new(dir.path()).await;
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_rollout")).parent().unwrap();
@@ -272,6 +251,8 @@ async fn head_and_worker_jobs_run_a_batch_and_a_cancelled_worker_loses_nothing()
         ("ROLLOUT_GATEWAY_PORT", free_port().to_string()),
         ("ROLLOUT__DATABASE__URL", db.url.clone()),
         ("TMPDIR", dir.path().display().to_string()),
+        // Two INITs at a time per node, so both nodes get sandboxes (and RUNs) to hold.
+        ("ROLLOUT__STAGES__INIT__CONCURRENCY", "2".into()),
     ];
     let head = cluster.sbatch(&["--cpus-per-task=1"], &env, &script("rollout-head.sbatch"));
     let workers: Vec<String> = (0..2)
@@ -287,6 +268,9 @@ async fn head_and_worker_jobs_run_a_batch_and_a_cancelled_worker_loses_nothing()
     let client = Client::new(&head_env["ROLLOUT_GATEWAY"])
         .with_token(Some(head_env["ROLLOUT_GATEWAY_TOKEN"].clone()));
 
+    for w in &workers {
+        wait_started(&cluster, w).await;
+    }
     let tasks: Vec<Task> = (0..16).map(slow_job).collect();
     client.submit(&tasks, Some("slurm")).await.unwrap();
     // Cancel the first worker job once it holds jobs in RUN.
@@ -315,7 +299,7 @@ async fn head_and_worker_jobs_run_a_batch_and_a_cancelled_worker_loses_nothing()
         assert_eq!(r.status, Status::Done, "{r:?}");
         assert_eq!(r.reward, Some(1.0), "{r:?}");
     }
-    // What the cancelled worker job held was handed back and finished on the other.
+    // The RUNs the cancelled worker job held were handed back and finished on the other.
     let jobs = client.batch_jobs("slurm").await.unwrap();
     let survivor = format!("{}-{}", cluster.host, workers[1]);
     for id in &held {
@@ -323,16 +307,14 @@ async fn head_and_worker_jobs_run_a_batch_and_a_cancelled_worker_loses_nothing()
         assert_eq!(job.node.as_deref(), Some(survivor.as_str()), "{job:?}");
         assert_eq!(job.status, Status::Done, "{job:?}");
     }
-    // The cancelled job's workers handed their stages back instead of being killed.
-    let victim_log = std::fs::read_to_string(
-        dir.path()
-            .join(format!("rollout-{victim_node}"))
-            .join("run-worker.log"),
-    )
-    .unwrap_or_default();
+    // The cancelled job's `rollout node` took SIGTERM as "hand back", however many times
+    // it came, rather than as "exit now".
+    let victim_log =
+        std::fs::read_to_string(cluster.dir.join(format!("rollout-worker-{victim}.log")))
+            .unwrap_or_default();
     assert!(
         victim_log.contains("SIGTERM received"),
-        "the RUN worker of the cancelled job did not see SIGTERM: {}",
+        "the cancelled worker job did not see SIGTERM: {}",
         &victim_log[victim_log.len().saturating_sub(3000)..]
     );
     assert!(
@@ -342,10 +324,36 @@ async fn head_and_worker_jobs_run_a_batch_and_a_cancelled_worker_loses_nothing()
     drop(cluster);
 }
 
-/// Waits until the worker job named `node` holds jobs of the batch; returns their ids.
+/// Waits until worker job `job`'s three stages have started taking work.
+async fn wait_started(cluster: &Cluster, job: &str) {
+    let log = cluster.dir.join(format!("rollout-worker-{job}.log"));
+    eventually(
+        &format!("worker job {job} started"),
+        Duration::from_secs(120),
+        || async {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let started = text
+                .lines()
+                .filter(|l| l.contains("worker started"))
+                .count();
+            if started == 3 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{started} stages started; state `{}`",
+                    cluster.state(job)
+                ))
+            }
+        },
+    )
+    .await;
+}
+
+/// Waits until the worker job named `node` holds jobs of the batch in RUN; returns their
+/// ids.
 async fn wait_held(client: &Client, node: &str) -> Vec<String> {
     eventually(
-        &format!("worker job {node} holds a job"),
+        &format!("worker job {node} holds a job in RUN"),
         Duration::from_secs(120),
         || async {
             let jobs = client
@@ -354,7 +362,11 @@ async fn wait_held(client: &Client, node: &str) -> Vec<String> {
                 .map_err(|e| e.to_string())?;
             let held: Vec<String> = jobs
                 .iter()
-                .filter(|j| j.status == Status::Running && j.node.as_deref() == Some(node))
+                .filter(|j| {
+                    j.status == Status::Running
+                        && j.stage == Stage::Run
+                        && j.node.as_deref() == Some(node)
+                })
                 .map(|j| j.id.clone())
                 .collect();
             if held.is_empty() {
