@@ -109,14 +109,24 @@ impl TestEnv {
     /// Starts NATS (unless given), the database and the gateway. `tweak` adjusts the
     /// settings first (timeouts, limits); workers are started separately.
     pub async fn start(tweak: impl FnOnce(&mut Settings)) -> TestEnv {
+        Self::start_with_nats(None, tweak).await
+    }
+
+    /// [`TestEnv::start`] with a private nats-server listening on `nats_listen` even
+    /// when `ROLLOUT_TEST_NATS_URL` is set: for tests whose workers reach NATS from other
+    /// network namespaces.
+    pub async fn start_with_nats(
+        nats_listen: Option<std::net::SocketAddr>,
+        tweak: impl FnOnce(&mut Settings),
+    ) -> TestEnv {
         init_logging();
         let dir = tempfile::tempdir().expect("temp dir");
         let (nats, nats_url) = match std::env::var("ROLLOUT_TEST_NATS_URL") {
-            Ok(url) if !url.is_empty() => (None, url),
+            Ok(url) if !url.is_empty() && nats_listen.is_none() => (None, url),
             _ => {
-                let server =
-                    NatsServer::start(&dir.path().join("nats"), "127.0.0.1:0".parse().unwrap())
-                        .expect("start nats-server (is it installed? see README)");
+                let listen = nats_listen.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
+                let server = NatsServer::start(&dir.path().join("nats"), listen)
+                    .expect("start nats-server (is it installed? see README)");
                 let url = server.url();
                 (Some(server), url)
             }

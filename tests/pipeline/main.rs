@@ -19,6 +19,7 @@ mod graders;
 mod helpers;
 mod hostile;
 mod nats_submit;
+mod nodes;
 mod openapi;
 mod poison;
 mod results;
