@@ -7,8 +7,10 @@
 //! 1. **latency**: submit→done of one zero-work synthetic job at a time (submit over
 //!    HTTP, result by long-poll), p50/p99, beside the floor of one JetStream
 //!    publish→pull→ack round trip (a job makes four such hops).
-//! 2. **throughput**: zero-work jobs per second end to end with SQLite, beside the rate of
-//!    bare JetStream work-queue hops on the same server.
+//! 2. **throughput**: zero-work jobs per second end to end with SQLite, and with Postgres
+//!    (a fresh database on the server `ROLLOUT_BENCH_DATABASE_URL` names, default the
+//!    local one when it answers), each beside the rate of bare JetStream work-queue hops
+//!    on the same server.
 //! 3. **pipelined vs coupled**: the same number of RUN slots, once as this design runs
 //!    them (separate INIT, RUN and EVAL workers) and once with each slot doing
 //!    init+run+eval of a job in sequence (as in-trainer rollout loops do), with stage
@@ -124,10 +126,14 @@ async fn latency(quick: bool) -> String {
     )
 }
 
-async fn throughput(quick: bool) -> String {
+/// Throughput on SQLite (`db` = None) or on the Postgres database `db` names.
+async fn throughput(quick: bool, db: Option<&str>) -> String {
     let env = start(|s| {
         for st in [&mut s.stages.init, &mut s.stages.run, &mut s.stages.eval] {
             st.concurrency = 256;
+        }
+        if let Some(url) = db {
+            s.database.url = url.to_string();
         }
     })
     .await;
@@ -208,7 +214,8 @@ async fn throughput(quick: bool) -> String {
     let base = n as f64 / t.elapsed().as_secs_f64();
     env.shutdown.cancel();
     format!(
-        "| end-to-end throughput, zero-work jobs, SQLite ({n} jobs) | {rate:.0} jobs/s | bare JetStream, 3 relayed work-queue hops per message: {base:.0} msgs/s | {:.2}× of bare | ≥ 2,000 jobs/s: {} |",
+        "| end-to-end throughput, zero-work jobs, {} ({n} jobs) | {rate:.0} jobs/s | bare JetStream, 3 relayed work-queue hops per message: {base:.0} msgs/s | {:.2}× of bare | ≥ 2,000 jobs/s: {} |",
+        if db.is_some() { "Postgres" } else { "SQLite" },
         rate / base,
         if rate >= 2000.0 { "met" } else { "NOT met" }
     )
@@ -293,6 +300,35 @@ fn fake_job(spec: &serde_json::Value) -> rollout::domain::Job {
     }
 }
 
+/// A fresh database on the Postgres server `ROLLOUT_BENCH_DATABASE_URL` names (default:
+/// the local one, when it answers): the admin URL, the database's name and its URL.
+async fn postgres() -> Option<(String, String, String)> {
+    use sqlx::Connection;
+    let admin = std::env::var("ROLLOUT_BENCH_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let mut conn = sqlx::PgConnection::connect(&admin).await.ok()?;
+    let name = format!("rollout_bench_{}", uuid::Uuid::now_v7().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .ok()?;
+    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+    let url = format!("{base}/{name}");
+    Some((admin, name, url))
+}
+
+/// Drops the benchmark's database (best effort).
+async fn drop_database(admin: &str, name: &str) {
+    use sqlx::Connection;
+    if let Ok(mut conn) = sqlx::PgConnection::connect(admin).await {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut conn)
+        .await;
+    }
+}
+
 fn main() {
     if !common::started_by_cargo_bench("pipeline") {
         return;
@@ -311,7 +347,16 @@ fn main() {
             println!("{}", latency(quick).await);
         }
         if want("throughput") {
-            println!("{}", throughput(quick).await);
+            println!("{}", throughput(quick, None).await);
+            match postgres().await {
+                Some((admin, name, url)) => {
+                    println!("{}", throughput(quick, Some(&url)).await);
+                    drop_database(&admin, &name).await;
+                }
+                None => eprintln!(
+                    "no Postgres answers (set ROLLOUT_BENCH_DATABASE_URL): the Postgres throughput row is skipped"
+                ),
+            }
         }
         if want("pipeline") {
             println!("{}", pipelined_vs_coupled(quick).await);

@@ -412,10 +412,14 @@ impl TaskKind for Agent {
             backend = %trajectory.backend,
             "episode ended"
         );
-        let export = sandboxed::finish(&self.sandboxes, job, client).await?;
         let mut out = serde_json::to_value(&trajectory).unwrap_or_default();
-        sandboxed::record_export(&mut out, export);
-        Ok(out)
+        match sandboxed::finish(&self.sandboxes, job, client).await {
+            Ok(export) => {
+                sandboxed::record_export(&mut out, export);
+                Ok(out)
+            }
+            Err(e) => Err(e.keeping(out)),
+        }
     }
 
     async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {

@@ -54,6 +54,29 @@ pub enum StageError {
     /// `sandbox.max_restarts` times, then fails with this message.
     #[error("{0}")]
     Restart(String),
+    /// [`StageError::Restart`] of a stage that had finished its work when the sandbox
+    /// failed (an episode over, its export lost with the sandbox): the job goes back to
+    /// INIT like `Restart`; once the restarts are used up it ends `failed` with `output`
+    /// kept as RUN's output, so a finished episode never ends with nothing recorded.
+    #[error("{message}")]
+    RestartWith {
+        /// Why the sandbox is gone.
+        message: String,
+        /// What the stage produced.
+        output: serde_json::Value,
+    },
+}
+
+impl StageError {
+    /// This error, keeping `output` where the error would otherwise lose it: a
+    /// [`StageError::Restart`] becomes [`StageError::RestartWith`]; the others are
+    /// returned as they are.
+    pub fn keeping(self, output: serde_json::Value) -> StageError {
+        match self {
+            StageError::Restart(message) => StageError::RestartWith { message, output },
+            other => other,
+        }
+    }
 }
 
 /// Where a job's RUN stage must happen.
@@ -174,5 +197,25 @@ impl Registry {
         let mut v: Vec<_> = self.kinds.keys().copied().collect();
         v.sort_unstable();
         v
+    }
+}
+
+#[cfg(test)]
+mod stage_error_tests {
+    use super::StageError;
+
+    #[test]
+    fn keeping_an_output_turns_only_a_restart_into_restart_with() {
+        let out = serde_json::json!({"steps": [1]});
+        match StageError::Restart("gone".into()).keeping(out.clone()) {
+            StageError::RestartWith { message, output } => {
+                assert_eq!((message.as_str(), output), ("gone", out.clone()));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            StageError::Transient("busy".into()).keeping(out),
+            StageError::Transient(m) if m == "busy"
+        ));
     }
 }

@@ -170,7 +170,9 @@ pub async fn lost(sandboxes: &NodeSandboxes, job: &Job, why: String) -> StageErr
 /// that reason. The outer error is the machine's: the sandbox died before it answered
 /// (a node shutting down signals every process of its job, sandboxes included), or git
 /// could not run in it even after a few tries. That is never the agent's doing, so it
-/// never becomes a 0 to train on: the job starts again from INIT (see [`lost`]).
+/// never becomes a 0 to train on: the job starts again from INIT (see [`lost`]); the
+/// caller keeps the episode with [`StageError::keeping`] for when the restarts are used
+/// up.
 pub async fn finish(
     sandboxes: &NodeSandboxes,
     job: &Job,

@@ -179,10 +179,14 @@ impl TaskKind for Shell {
                 latency_us,
             });
         }
-        let export = sandboxed::finish(&self.sandboxes, &ctx.job, client).await?;
         let mut out = serde_json::json!({"steps": steps});
-        sandboxed::record_export(&mut out, export);
-        Ok(out)
+        match sandboxed::finish(&self.sandboxes, &ctx.job, client).await {
+            Ok(export) => {
+                sandboxed::record_export(&mut out, export);
+                Ok(out)
+            }
+            Err(e) => Err(e.keeping(out)),
+        }
     }
 
     async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {

@@ -44,7 +44,12 @@ impl Worker {
             }
             StageEnd::Finished(Err(StageError::Restart(e))) => {
                 kind.cleanup(job).await;
-                self.restart(msg, held, job, e, true).await;
+                self.restart(msg, held, job, e, true, None).await;
+            }
+            StageEnd::Finished(Err(StageError::RestartWith { message, output })) => {
+                kind.cleanup(job).await;
+                self.restart(msg, held, job, message, true, Some(output))
+                    .await;
             }
             StageEnd::TimedOut => {
                 let timeout = self.settings.stages.get(held.work.stage).timeout_ms;
@@ -65,7 +70,7 @@ impl Worker {
                 // Its sandbox goes with this worker's cleanup; a fresh one it is.
                 kind.cleanup(job).await;
                 let why = "RUN was handed back at shutdown".to_string();
-                self.restart(msg, held, job, why, false).await;
+                self.restart(msg, held, job, why, false, None).await;
             }
             StageEnd::HandBack => {
                 kind.cleanup(job).await;
@@ -144,7 +149,8 @@ impl Worker {
     }
 
     /// Sends the job back to INIT (its sandbox is gone), or fails it once it has been
-    /// sent back `sandbox.max_restarts` times; an uncounted restart (a graceful
+    /// sent back `sandbox.max_restarts` times, with `output` (what the stage produced) as
+    /// the result's RUN output when there is one; an uncounted restart (a graceful
     /// hand-back) is always allowed and not counted.
     pub(super) async fn restart(
         &self,
@@ -153,6 +159,7 @@ impl Worker {
         job: &Job,
         error: String,
         counted: bool,
+        output: Option<serde_json::Value>,
     ) {
         let max = if counted {
             self.settings.max_restarts
@@ -162,7 +169,15 @@ impl Worker {
         if job.restarts >= max {
             let e = format!("{error}; already sent back to INIT {max} times, giving up");
             tracing::info!("{e}");
-            self.end_job(msg, held, Status::Failed, e).await;
+            match output {
+                // What the stage produced is the result's RUN output.
+                Some(output) => {
+                    let outcome = Outcome::failed(e)
+                        .with_run_output((held.work.stage == Stage::Run).then_some(output));
+                    self.finish(msg, held, &outcome).await;
+                }
+                None => self.end_job(msg, held, Status::Failed, e).await,
+            }
             return;
         }
         match self

@@ -7,6 +7,8 @@
 mod eventually;
 #[path = "../common/host.rs"]
 mod host;
+#[path = "../common/rack.rs"]
+mod rack;
 
 mod agent;
 mod api;
