@@ -195,13 +195,20 @@ impl Runtimes {
             label.wait_gone(Duration::from_secs(5)).await;
         }
         // A mounted workspace (the disk quota) must be detached first, or removing the
-        // directory would stop at it.
-        quota::unmount_under(dir)?;
-        match std::fs::remove_dir_all(dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(SandboxError::Io(e)),
-        }
+        // directory would stop at it. Both are blocking file-system work (a repository
+        // checkout is thousands of files): off the async threads, where it would hold up
+        // every task on them, lease renewals included.
+        let dir = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            quota::unmount_under(&dir)?;
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(SandboxError::Io(e)),
+            }
+        })
+        .await
+        .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
     }
 }
 
