@@ -12,15 +12,19 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fantoccini::{Client as Browser, ClientBuilder, Locator};
 use rollout::client::{Client, read_tasks_jsonl};
 use rollout::domain::{Status, Task};
 use serde_json::{Value, json};
 
+#[path = "common/eventually.rs"]
+#[allow(dead_code)] // this crate needs only `eventually`
+mod eventually;
 #[path = "common/host.rs"]
 mod host;
+use eventually::eventually;
 use host::{free_port, shared_tempdir, which};
 
 const TOKEN: &str = "status-page-test-token-0123456789";
@@ -36,16 +40,16 @@ impl Drop for Proc {
 }
 
 /// Waits for a line starting with `prefix` in the file at `path`; returns the rest.
-fn wait_line(path: &Path, prefix: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
+async fn wait_line(path: &Path, prefix: &str) -> String {
+    let what = format!("a `{prefix}` line in {}", path.display());
+    eventually(&what, Duration::from_secs(30), || async {
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        if let Some(rest) = text.lines().find_map(|l| l.strip_prefix(prefix)) {
-            return rest.trim().to_string();
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("no `{prefix}` line in {}", path.display());
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(|rest| rest.trim().to_string())
+            .ok_or("not yet")
+    })
+    .await
 }
 
 /// The stand-in inference server and `rollout up` in `dir`, with a gateway token.
@@ -83,7 +87,7 @@ impl Service {
             .spawn()
             .unwrap();
         let scripted = Proc(scripted);
-        let backend = wait_line(&out, "listening on ");
+        let backend = wait_line(&out, "listening on ").await;
         let port = free_port();
         let config = dir.join("rollout.toml");
         std::fs::write(
@@ -112,20 +116,22 @@ impl Service {
             .unwrap();
         let mut up = Proc(up);
         let url = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            if let Ok(r) = reqwest::get(format!("{url}/healthz")).await
-                && r.status().is_success()
-            {
-                break;
-            }
+        let health = format!("{url}/healthz");
+        eventually("rollout up answers", Duration::from_secs(90), || {
             assert!(
-                up.0.try_wait().unwrap().is_none() && Instant::now() < deadline,
-                "rollout up did not start: {}",
+                up.0.try_wait().unwrap().is_none(),
+                "rollout up exited: {}",
                 tail(&log)
             );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            let (health, log) = (health.clone(), log.clone());
+            async move {
+                match reqwest::get(&health).await {
+                    Ok(r) if r.status().is_success() => Ok(()),
+                    other => Err(format!("{other:?}\n{}", tail(&log))),
+                }
+            }
+        })
+        .await;
         Service {
             _procs: vec![up, scripted],
             url,
@@ -175,19 +181,16 @@ fn tasks() -> (Vec<Task>, Vec<Task>) {
 
 /// Waits until every job of `batch` (of `n`) has a result.
 async fn wait_batch(client: &Client, batch: &str, n: usize, log: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let jobs = client.batch_jobs(batch).await.unwrap();
+    let what = format!("every job of batch {batch} ended");
+    eventually(&what, Duration::from_secs(300), || async {
+        let jobs = client.batch_jobs(batch).await.map_err(|e| e.to_string())?;
         if jobs.len() == n && jobs.iter().all(|j| j.status.is_terminal()) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{jobs:?}\n{}", tail(log)))
         }
-        assert!(
-            Instant::now() < deadline,
-            "batch {batch} did not finish: {jobs:?}\n{}",
-            tail(log)
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    })
+    .await;
 }
 
 /// chromedriver on a free port, and a headless Chromium session through it.
@@ -217,21 +220,20 @@ async fn browser() -> (Proc, Browser) {
     }
     caps.insert("goog:chromeOptions".into(), chrome);
     let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match ClientBuilder::new(connector.clone())
-            .capabilities(caps.clone())
-            .connect(&format!("http://127.0.0.1:{port}"))
-            .await
-        {
-            Ok(b) => return (proc, b),
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("cannot start headless Chromium through chromedriver: {e}"),
-        }
-    }
+    let webdriver = format!("http://127.0.0.1:{port}");
+    let browser = eventually(
+        "headless Chromium started through chromedriver",
+        Duration::from_secs(30),
+        || async {
+            ClientBuilder::new(connector.clone())
+                .capabilities(caps.clone())
+                .connect(&webdriver)
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await;
+    (proc, browser)
 }
 
 /// The `data-value` of the cell `field` in the row matched by `row`.

@@ -204,27 +204,23 @@ pub async fn finish(
     .await
     .unwrap_or_else(|e| Ended::Gone(format!("git could not run in the sandbox: {e}")));
     drop(client);
-    match ended {
-        Ended::Exported(e) => {
-            sandboxes
-                .remove(&job.id, Purpose::Run, Some(run_generation(job)))
-                .await;
-            Ok(Ok(e))
-        }
-        Ended::Refused(e) => {
-            sandboxes
-                .remove(&job.id, Purpose::Run, Some(run_generation(job)))
-                .await;
-            tracing::warn!(job_id = %job.id, error = %e, "the sandbox refused the export; the episode is kept and will score 0");
-            Ok(Err(format!("cannot export the workspace's changes: {e}")))
-        }
+    let export = match ended {
+        Ended::Exported(e) => Ok(e),
+        Ended::Refused(e) => Err(format!("cannot export the workspace's changes: {e}")),
         Ended::Gone(e) => {
             let why = format!(
                 "the sandbox failed at the end of the episode, before its changes were exported ({e})"
             );
-            Err(lost(sandboxes, job, why).await)
+            return Err(lost(sandboxes, job, why).await);
         }
+    };
+    sandboxes
+        .remove(&job.id, Purpose::Run, Some(run_generation(job)))
+        .await;
+    if let Err(e) = &export {
+        tracing::warn!(job_id = %job.id, error = %e, "the sandbox refused the export; the episode is kept and will score 0");
     }
+    Ok(export)
 }
 
 /// Puts RUN's export (or why there is none) into its output under `export` /

@@ -414,3 +414,21 @@ pub async fn wait_gone(dir: &std::path::Path, within: Duration) {
     })
     .await;
 }
+
+/// A `shell` task (`client_id` = `name`) whose RUN is two bash steps of `secs` seconds
+/// each, then a check that passes: a job a worker holds long enough to be cancelled,
+/// killed or handed back under it.
+pub fn slow_shell_job(name: String, secs: u32) -> Task {
+    let mut t = Task::new(
+        "shell",
+        serde_json::json!({
+            "steps": [
+                {"tool": "bash", "args": {"command": format!("sleep {secs}; echo step one")}},
+                {"tool": "bash", "args": {"command": format!("sleep {secs}; echo step two")}},
+            ],
+            "check": {"command": "true"},
+        }),
+    );
+    t.client_id = Some(name);
+    t
+}

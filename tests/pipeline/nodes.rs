@@ -8,26 +8,14 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rollout::domain::{Stage, Status, Task};
-use serde_json::json;
 
 use crate::eventually::eventually;
-use crate::helpers::TestEnv;
+use crate::helpers::{TestEnv, slow_shell_job};
 use crate::rack::{NodeProc, Rack, database_for_nodes};
 
 /// A shell job whose RUN takes a few seconds in its sandbox.
 fn job(i: usize) -> Task {
-    let mut t = Task::new(
-        "shell",
-        json!({
-            "steps": [
-                {"tool": "bash", "args": {"command": "sleep 2; echo one"}},
-                {"tool": "bash", "args": {"command": "sleep 2; echo two"}},
-            ],
-            "check": {"command": "true"},
-        }),
-    );
-    t.client_id = Some(format!("n-{i}"));
-    t
+    slow_shell_job(format!("n-{i}"), 2)
 }
 
 /// The node of the last `running` event of `stage` in a job's event log.

@@ -8,14 +8,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rollout::client::Client;
 use rollout::domain::{Stage, Status, Task};
-use serde_json::json;
 
 use crate::eventually::eventually;
-use crate::helpers::TestDb;
+use crate::helpers::{TestDb, slow_shell_job};
 use crate::host::{free_port, shared_tempdir, which};
 
 /// Slurm's KillWait here (s): the workers' grace is set below it by the worker script.
@@ -35,7 +34,7 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(dir: &Path) -> Cluster {
+    async fn start(dir: &Path) -> Cluster {
         for program in ["munged", "slurmctld", "slurmd", "sbatch"] {
             assert!(
                 which(program).is_some(),
@@ -78,19 +77,20 @@ impl Cluster {
             .arg(&cluster.conf)
             .arg("-N")
             .arg(&cluster.host));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let state = cluster.output(Command::new("sinfo").args(["-h", "-o", "%t"]));
-            if state.trim() == "idle" {
-                return cluster;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the one-node cluster did not come up (sinfo: {state}): {}",
-                cluster.logs()
-            );
-            std::thread::sleep(Duration::from_millis(300));
-        }
+        eventually(
+            "the one-node cluster is up",
+            Duration::from_secs(60),
+            || async {
+                let state = cluster.output(Command::new("sinfo").args(["-h", "-o", "%t"]));
+                if state.trim() == "idle" {
+                    Ok(())
+                } else {
+                    Err(format!("sinfo: {state}{}", cluster.logs()))
+                }
+            },
+        )
+        .await;
+        cluster
     }
 
     /// Runs a Slurm client command against this cluster; returns its stdout.
@@ -217,24 +217,13 @@ fn run(cmd: &mut Command) {
 /// A shell job whose RUN takes 8 s, longer than the workers' grace (KillWait less 5 s):
 /// a RUN the cancelled worker job holds cannot finish within it and must be handed back.
 fn slow_job(i: usize) -> Task {
-    let mut t = Task::new(
-        "shell",
-        json!({
-            "steps": [
-                {"tool": "bash", "args": {"command": "sleep 4; echo step one"}},
-                {"tool": "bash", "args": {"command": "sleep 4; echo step two"}},
-            ],
-            "check": {"command": "true"},
-        }),
-    );
-    t.client_id = Some(format!("slurm-{i}"));
-    t
+    slow_shell_job(format!("slurm-{i}"), 4)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn head_and_worker_jobs_run_a_batch_and_a_cancelled_worker_loses_nothing() {
     let dir = shared_tempdir();
-    let cluster = Cluster::start(&dir.path().join("slurm"));
+    let cluster = Cluster::start(&dir.path().join("slurm")).await;
     let db = TestDb::new(dir.path()).await;
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_rollout")).parent().unwrap();
     let path = format!(
@@ -264,7 +253,7 @@ async fn head_and_worker_jobs_run_a_batch_and_a_cancelled_worker_loses_nothing()
             )
         })
         .collect();
-    let head_env = wait_head_file(&cluster, &head_file, &head);
+    let head_env = wait_head_file(&cluster, &head_file, &head).await;
     let client = Client::new(&head_env["ROLLOUT_GATEWAY"])
         .with_token(Some(head_env["ROLLOUT_GATEWAY_TOKEN"].clone()));
 
@@ -383,30 +372,28 @@ async fn wait_held(client: &Client, node: &str) -> Vec<String> {
 }
 
 /// Waits for the head job's file; returns its variables.
-fn wait_head_file(
+async fn wait_head_file(
     cluster: &Cluster,
     path: &Path,
     head: &str,
 ) -> std::collections::BTreeMap<String, String> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && text.contains("ROLLOUT_GATEWAY_TOKEN=")
-        {
-            return text
+    eventually("the head job's file", Duration::from_secs(120), || async {
+        match std::fs::read_to_string(path) {
+            Ok(text) if text.contains("ROLLOUT_GATEWAY_TOKEN=") => Ok(text
                 .lines()
                 .filter_map(|l| l.split_once('='))
                 .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
+                .collect()),
+            _ => {
+                let log = cluster.dir.join(format!("rollout-head-{head}.log"));
+                Err(format!(
+                    "state `{}`: {}{}",
+                    cluster.state(head),
+                    std::fs::read_to_string(log).unwrap_or_default(),
+                    cluster.logs()
+                ))
+            }
         }
-        let log = std::fs::read_to_string(cluster.dir.join(format!("rollout-head-{head}.log")))
-            .unwrap_or_default();
-        assert!(
-            Instant::now() < deadline,
-            "the head job did not start (state `{}`): {log}{}",
-            cluster.state(head),
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    })
+    .await
 }
