@@ -25,6 +25,9 @@ mod common;
 #[path = "../tests/common/eventually.rs"]
 #[allow(dead_code)]
 mod eventually;
+#[path = "common/postgres.rs"]
+mod postgres;
+use postgres::FreshPostgres;
 #[path = "../tests/common/rack.rs"]
 #[allow(dead_code)]
 mod rack;
@@ -35,8 +38,9 @@ const SLOTS: usize = 32;
 /// RUN time of a job (ms); INIT and EVAL take 20 ms each.
 const RUN_MS: u64 = 200;
 
-/// Jobs per second through `nodes` nodes, from first submit to last result.
-async fn rate(rack: &Rack, nodes: usize, jobs: usize, db_url: &str) -> f64 {
+/// Jobs per second through `nodes` nodes, from first submit to last result, on a
+/// fresh SQLite file or (when `pg_admin` names a server) a fresh Postgres database.
+async fn rate(rack: &Rack, nodes: usize, jobs: usize, pg_admin: &str) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsServer::start(
         &dir.path().join("nats"),
@@ -46,10 +50,18 @@ async fn rate(rack: &Rack, nodes: usize, jobs: usize, db_url: &str) -> f64 {
     let mut s = Settings::default();
     s.nats.url = nats.url();
     s.nats.prefix = format!("scale{nodes}");
-    s.database.url = if db_url.is_empty() {
-        format!("sqlite://{}", dir.path().join("bench.db").display())
+    let pg = if pg_admin.is_empty() {
+        None
     } else {
-        db_url.to_string()
+        Some(
+            FreshPostgres::create(pg_admin)
+                .await
+                .expect("a database of its own on the ROLLOUT_BENCH_DATABASE_URL server"),
+        )
+    };
+    s.database.url = match &pg {
+        None => format!("sqlite://{}", dir.path().join("bench.db").display()),
+        Some(db) => db.url.clone(),
     };
     s.node.name = "gateway".into();
     s.reconciler.enabled = false;
@@ -103,6 +115,9 @@ async fn rate(rack: &Rack, nodes: usize, jobs: usize, db_url: &str) -> f64 {
     shutdown.cancel();
     drop(procs);
     tokio::time::sleep(Duration::from_millis(200)).await;
+    if let Some(db) = pg {
+        db.drop().await;
+    }
     #[allow(clippy::cast_precision_loss)]
     let r = jobs as f64 / secs;
     r

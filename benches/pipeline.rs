@@ -27,8 +27,11 @@ use rollout::kinds::{StageContext, TaskKind, synthetic::Synthetic};
 use tokio_util::sync::CancellationToken;
 
 mod common;
+#[path = "common/postgres.rs"]
+mod postgres;
 #[path = "common/service.rs"]
 mod service;
+use postgres::FreshPostgres;
 use service::{Env, start};
 
 fn task(spec: serde_json::Value) -> Task {
@@ -300,35 +303,6 @@ fn fake_job(spec: &serde_json::Value) -> rollout::domain::Job {
     }
 }
 
-/// A fresh database on the Postgres server `ROLLOUT_BENCH_DATABASE_URL` names (default:
-/// the local one, when it answers): the admin URL, the database's name and its URL.
-async fn postgres() -> Option<(String, String, String)> {
-    use sqlx::Connection;
-    let admin = std::env::var("ROLLOUT_BENCH_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let mut conn = sqlx::PgConnection::connect(&admin).await.ok()?;
-    let name = format!("rollout_bench_{}", uuid::Uuid::now_v7().simple());
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut conn)
-        .await
-        .ok()?;
-    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-    let url = format!("{base}/{name}");
-    Some((admin, name, url))
-}
-
-/// Drops the benchmark's database (best effort).
-async fn drop_database(admin: &str, name: &str) {
-    use sqlx::Connection;
-    if let Ok(mut conn) = sqlx::PgConnection::connect(admin).await {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-        )))
-        .execute(&mut conn)
-        .await;
-    }
-}
-
 fn main() {
     if !common::started_by_cargo_bench("pipeline") {
         return;
@@ -348,10 +322,12 @@ fn main() {
         }
         if want("throughput") {
             println!("{}", throughput(quick, None).await);
-            match postgres().await {
-                Some((admin, name, url)) => {
-                    println!("{}", throughput(quick, Some(&url)).await);
-                    drop_database(&admin, &name).await;
+            let admin = std::env::var("ROLLOUT_BENCH_DATABASE_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+            match FreshPostgres::create(&admin).await {
+                Some(db) => {
+                    println!("{}", throughput(quick, Some(&db.url)).await);
+                    db.drop().await;
                 }
                 None => eprintln!(
                     "no Postgres answers (set ROLLOUT_BENCH_DATABASE_URL): the Postgres throughput row is skipped"

@@ -2,8 +2,8 @@
 //!
 //! [`SqlStore`] holds every method body once; a [`Dialect`] supplies the handful of
 //! things that differ: how a write runs (SQLite queues it for its single group-commit
-//! writer; Postgres gives it a pooled transaction of its own), how result sequence
-//! numbers become visible in commit order, how backend assignments take turns, how a
+//! writer; Postgres gives it a pooled transaction of its own), how a job's end is
+//! written so that result sequence numbers become visible in commit order, how backend assignments take turns, how a
 //! list of results is marked published, and the two statements whose SQL differs.
 
 use std::future::Future;
@@ -41,10 +41,14 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         T: Send + 'static,
         F: for<'c> FnOnce(&'c mut Self::Conn) -> BoxFuture<'c, StoreResult<T>> + Send + 'static;
 
-    /// Called inside a write before it inserts a result: makes result sequence numbers
-    /// visible in the order they are handed out, so a reader paging by `seq` never skips
-    /// one.
-    fn order_results(conn: &mut Self::Conn) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Runs `op`, a write of several statements (all or nothing) that inserts a result,
+    /// and returns once it is committed. Result sequence numbers must become visible in
+    /// the order they are handed out, so a reader paging by `seq` never skips one; and
+    /// every job's end goes through here, so this is the service's hottest write.
+    fn write_result<T, F>(&self, op: F) -> impl Future<Output = StoreResult<T>> + Send
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut Self::Conn) -> BoxFuture<'c, StoreResult<T>> + Send + 'static;
 
     /// Called inside a write before it reads the backends' load and assigns one: two
     /// assignments must not both see the same counts.

@@ -580,10 +580,10 @@ impl<D: Dialect> JobStore for SqlStore<D> {
             .map(|v| nul::scrub_json(v.to_string()));
         let first_end = end.clone();
         let first = self
-            .write_atomic(move |conn: &mut D::Conn| {
+            .db
+            .write_result(move |conn: &mut D::Conn| {
                 Box::pin(async move {
                     let end = first_end;
-                    D::order_results(conn).await?;
                     let row: Option<ResultRow> = query(D::FINISH)
                         .bind(&end.job_id)
                         .bind(end.stage)
@@ -619,23 +619,23 @@ impl<D: Dialect> JobStore for SqlStore<D> {
                 .unwrap_or_default()
         );
         let error = nul::scrub(&error).into_owned();
-        self.write_atomic(move |conn: &mut D::Conn| {
-            Box::pin(async move {
-                D::order_results(conn).await?;
-                let row: Option<ResultRow> = query(D::FINISH_BARE)
-                    .bind(&end.job_id)
-                    .bind(end.stage)
-                    .bind(end.epoch)
-                    .bind(&error)
-                    .bind(now)
-                    .bind(end.attempt)
-                    .bind(end.unleased_at)
-                    .fetch_optional(conn)
-                    .await?;
-                ended(conn, row, now).await
+        self.db
+            .write_result(move |conn: &mut D::Conn| {
+                Box::pin(async move {
+                    let row: Option<ResultRow> = query(D::FINISH_BARE)
+                        .bind(&end.job_id)
+                        .bind(end.stage)
+                        .bind(end.epoch)
+                        .bind(&error)
+                        .bind(now)
+                        .bind(end.attempt)
+                        .bind(end.unleased_at)
+                        .fetch_optional(conn)
+                        .await?;
+                    ended(conn, row, now).await
+                })
             })
-        })
-        .await
+            .await
     }
 
     async fn counts(&self, batch: Option<&str>) -> StoreResult<Vec<StatusCount>> {

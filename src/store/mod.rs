@@ -29,6 +29,7 @@ use async_trait::async_trait;
 mod backends;
 mod dashboard;
 mod dialect;
+mod group;
 mod jobs;
 mod postgres;
 mod query;
@@ -67,7 +68,9 @@ pub enum StoreError {
     /// A stored value could not be decoded; the row was written by an incompatible version.
     #[error("corrupt row in the database: {0}")]
     Corrupt(String),
-    /// The SQLite write batch this op was part of could not be committed.
+    /// The group of writes this one was committed with (see the group-commit writer)
+    /// failed before this write was applied, or could not be committed; nothing of it
+    /// was applied, and it may be tried again.
     #[error("database write failed: {0}")]
     Batch(String),
     /// The store's writer has stopped (the process is shutting down).
@@ -82,9 +85,16 @@ impl StoreError {
     /// Whether the database refused the statement itself (a value it cannot store, a
     /// constraint), as opposed to not being reachable: the same statement will be
     /// refused again, so retrying it is pointless.
+    ///
+    /// A database error that says the server, not the statement, is the trouble (a
+    /// deadlock or serialization failure, a connection cut by a restart, too many
+    /// connections, a lock or disk problem) is not a rejection: the caller retries it.
     pub fn is_rejected(&self) -> bool {
-        matches!(self, StoreError::Database(sqlx::Error::Database(_)))
-            || matches!(self, StoreError::Corrupt(_))
+        match self {
+            StoreError::Database(sqlx::Error::Database(e)) => !transient_database_error(&**e),
+            StoreError::Corrupt(_) => true,
+            _ => false,
+        }
     }
 
     /// Whether the database aborted the transaction because it collided with another
@@ -98,6 +108,29 @@ impl StoreError {
             _ => false,
         }
     }
+}
+
+/// Whether the database's error is about its state rather than the statement, so that
+/// the same statement may succeed later: Postgres SQLSTATE classes 08 (connection), 40
+/// (transaction rollback: deadlock, serialization), 53 (insufficient resources), 55
+/// (object not in prerequisite state: lock not available), 57 (operator intervention:
+/// shutdown, restart) and 58 (system error); SQLite's BUSY, LOCKED, IOERR, FULL and
+/// CANTOPEN (primary codes 5, 6, 10, 13, 14).
+fn transient_database_error(e: &dyn sqlx::error::DatabaseError) -> bool {
+    let Some(code) = e.code() else {
+        return false;
+    };
+    if e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+        .is_some()
+    {
+        return matches!(code.get(..2), Some("08" | "40" | "53" | "55" | "57" | "58"));
+    }
+    if e.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        return code
+            .parse::<i32>()
+            .is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 10 | 13 | 14));
+    }
+    false
 }
 
 /// Shorthand for store results.

@@ -6,16 +6,12 @@
 //! starts with `BEGIN IMMEDIATE`, because a deferred transaction that reads and then
 //! writes can fail with `SQLITE_BUSY` at once, without waiting for the busy timeout.
 //!
-//! **Group commit.** Writes do not take a pooled connection each. They are queued to a
-//! single writer task that owns the one writing connection and runs whatever has queued
-//! up — one op, or hundreds under load — inside one transaction, each multi-statement op
-//! under its own savepoint (so one op's error undoes only that op; a single statement
-//! that fails is undone by SQLite itself), then commits once and only then
-//! answers every caller. A commit (a WAL append) costs far more here than the statements
-//! in it, and several writing connections would take turns sleeping in SQLite's busy
-//! handler while the lock sat free; one writer committing batches does neither, so
-//! throughput grows with load while an op alone still commits at once. Callers see
-//! exactly the semantics of one transaction per op: a reply means the op is durable.
+//! **Group commit.** Writes do not take a pooled connection each: they go to one
+//! [`GroupWriter`] that owns the one writing connection and commits whatever has queued
+//! up in one transaction. Several writing connections would take turns sleeping in
+//! SQLite's busy handler while the lock sat free, and pay a commit each; one writer
+//! committing groups does neither, so throughput grows with load while a write alone
+//! still commits at once.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -28,31 +24,12 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{ConnectOptions, Sqlite, SqlitePool};
-use tokio::sync::{mpsc, oneshot};
 
 use super::dialect::Dialect;
+use super::group::{GroupWriter, Txn};
 use super::query::query;
 use super::{StoreError, StoreResult, sql};
 use crate::domain::EpochMs;
-
-/// Most ops committed together.
-const MAX_BATCH: usize = 512;
-
-/// Hands an op's result (or the batch's commit error) back to its caller.
-type Deliver = Box<dyn FnOnce(Option<&str>) + Send>;
-
-/// Runs a queued write and yields whether it succeeded and how to answer its caller.
-/// Called with `run = false` it does not touch the connection (the batch could not
-/// start) and only yields its `Deliver`.
-type RunOp = Box<
-    dyn for<'c> FnOnce(&'c mut SqliteConnection, bool) -> BoxFuture<'c, (bool, Deliver)> + Send,
->;
-
-/// A queued write, and whether it needs a savepoint of its own.
-struct Op {
-    atomic: bool,
-    run: RunOp,
-}
 
 /// Result sequence numbers waiting to be marked published, and whether a flush op is
 /// already queued for them.
@@ -67,8 +44,8 @@ struct PendingMarks {
 pub(crate) struct SqliteDb {
     /// Readers.
     pool: SqlitePool,
-    /// The writer task's queue.
-    ops: mpsc::Sender<Op>,
+    /// The group-commit writer, which owns the one writing connection.
+    writer: GroupWriter<SqliteConnection>,
     opts: SqliteConnectOptions,
     /// Marks are coalesced: every result would otherwise cost a statement of its own.
     marks: Arc<Mutex<PendingMarks>>,
@@ -103,11 +80,10 @@ impl SqliteDb {
             .connect_with(opts.clone())
             .await?;
         drop(lock);
-        let (ops, rx) = mpsc::channel(4 * MAX_BATCH);
-        tokio::spawn(run_writer(writer, rx));
+        let writer = GroupWriter::start(WriterConn(writer), "SQLite");
         Ok(Self {
             pool,
-            ops,
+            writer,
             opts,
             marks: Arc::default(),
         })
@@ -126,40 +102,6 @@ impl SqliteDb {
         Self::MIGRATOR.run(&pool).await?;
         pool.close().await;
         Ok(())
-    }
-
-    /// Queues `op` for the writer (under a savepoint of its own when `atomic`) and
-    /// waits until its batch is committed.
-    async fn queue<T, F>(&self, atomic: bool, op: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, StoreResult<T>>
-            + Send
-            + 'static,
-    {
-        let (tx, rx) = oneshot::channel::<StoreResult<T>>();
-        let run: RunOp = Box::new(move |conn, run| {
-            Box::pin(async move {
-                let result = if run {
-                    op(conn).await
-                } else {
-                    Err(StoreError::Corrupt("not run".into()))
-                };
-                let ok = result.is_ok();
-                let deliver: Deliver = Box::new(move |batch_error| {
-                    let _ = tx.send(match batch_error {
-                        None => result,
-                        Some(e) => Err(StoreError::Batch(e.to_string())),
-                    });
-                });
-                (ok, deliver)
-            })
-        });
-        self.ops
-            .send(Op { atomic, run })
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| StoreError::Closed)?
     }
 }
 
@@ -185,13 +127,19 @@ impl Dialect for SqliteDb {
             + Send
             + 'static,
     {
-        self.queue(atomic, op).await
+        self.writer.write(atomic, op).await
     }
 
-    /// SQLite has one writer at a time, so AUTOINCREMENT values are already handed out
-    /// in commit order.
-    async fn order_results(_conn: &mut SqliteConnection) -> StoreResult<()> {
-        Ok(())
+    /// Like any other write: SQLite has one writer at a time, so AUTOINCREMENT values
+    /// are already handed out in commit order.
+    async fn write_result<T, F>(&self, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, StoreResult<T>>
+            + Send
+            + 'static,
+    {
+        self.writer.write(true, op).await
     }
 
     /// The single writer already runs one assignment at a time.
@@ -219,7 +167,8 @@ impl Dialect for SqliteDb {
             tokio::spawn(async move {
                 let marks = store.marks.clone();
                 let r = store
-                    .queue(false, move |conn: &mut SqliteConnection| {
+                    .writer
+                    .write(false, move |conn: &mut SqliteConnection| {
                         Box::pin(async move {
                             let seqs = {
                                 let mut m = marks.lock().expect("marks lock");
@@ -248,72 +197,38 @@ impl Dialect for SqliteDb {
     }
 }
 
-/// Runs one of the writer's own statements (`BEGIN`, `SAVEPOINT`, `COMMIT`, …).
+/// The writer's one connection; every group starts with `BEGIN IMMEDIATE` (see the
+/// module's documentation).
+pub(super) struct WriterConn(pub(super) SqliteConnection);
+
+impl Txn for WriterConn {
+    type Conn = SqliteConnection;
+    const SAVEPOINT_EVERY_WRITE: bool = false;
+
+    async fn begin(&mut self) -> Result<(), String> {
+        exec(&mut self.0, "BEGIN IMMEDIATE").await
+    }
+
+    fn conn(&mut self) -> &mut SqliteConnection {
+        &mut self.0
+    }
+
+    async fn commit(&mut self) -> Result<(), String> {
+        exec(&mut self.0, "COMMIT").await
+    }
+
+    async fn rollback(&mut self) {
+        let _ = exec(&mut self.0, "ROLLBACK").await;
+    }
+}
+
+/// Runs one of the writer's own statements (`BEGIN`, `COMMIT`, …).
 async fn exec(conn: &mut SqliteConnection, statement: &'static str) -> Result<(), String> {
     sqlx::query(statement)
         .execute(&mut *conn)
         .await
         .map(|_| ())
         .map_err(|e| e.to_string())
-}
-
-/// The writer task: commits queued ops in batches until every sender is gone.
-async fn run_writer(mut conn: SqliteConnection, mut rx: mpsc::Receiver<Op>) {
-    let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
-    while let Some(op) = rx.recv().await {
-        batch.push(op);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(op) => batch.push(op),
-                Err(_) => break,
-            }
-        }
-        let mut failed = exec(&mut conn, "BEGIN IMMEDIATE").await.err();
-        let began = failed.is_none();
-        let mut delivers = Vec::with_capacity(batch.len());
-        for op in batch.drain(..) {
-            if failed.is_none()
-                && op.atomic
-                && let Err(e) = exec(&mut conn, "SAVEPOINT op").await
-            {
-                failed = Some(e);
-            }
-            if failed.is_some() {
-                delivers.push((op.run)(&mut conn, false).await.1);
-                continue;
-            }
-            let (ok, deliver) = (op.run)(&mut conn, true).await;
-            delivers.push(deliver);
-            if !op.atomic {
-                continue;
-            }
-            let end = if ok {
-                exec(&mut conn, "RELEASE op").await
-            } else {
-                match exec(&mut conn, "ROLLBACK TO op").await {
-                    Ok(()) => exec(&mut conn, "RELEASE op").await,
-                    Err(e) => Err(e),
-                }
-            };
-            if let Err(e) = end {
-                failed = Some(e);
-            }
-        }
-        if failed.is_none()
-            && let Err(e) = exec(&mut conn, "COMMIT").await
-        {
-            failed = Some(e);
-        }
-        if let Some(e) = &failed {
-            tracing::error!(error = %e, ops = delivers.len(), "SQLite write batch failed; its ops are reported as failed");
-            if began {
-                let _ = exec(&mut conn, "ROLLBACK").await;
-            }
-        }
-        for deliver in delivers {
-            deliver(failed.as_deref());
-        }
-    }
 }
 
 /// An exclusive lock on `<database>.setup-lock`, held while a process opens the

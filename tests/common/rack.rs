@@ -114,6 +114,10 @@ pub async fn tcp_proxy(listen: SocketAddr, to: SocketAddr) -> SocketAddr {
         while let Ok((mut inbound, _)) = listener.accept().await {
             tokio::spawn(async move {
                 if let Ok(mut outbound) = TcpStream::connect(to).await {
+                    // Both ends carry small request/response messages: without this,
+                    // Nagle holds a write behind the peer's delayed ACK (tens of ms).
+                    let _ = inbound.set_nodelay(true);
+                    let _ = outbound.set_nodelay(true);
                     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                 }
             });

@@ -14,7 +14,7 @@ use crate::helpers::{TestDb, synthetic};
 /// A fresh migrated store and the directory (and database) that hold it.
 struct Fixture {
     store: Arc<dyn Store>,
-    _db: TestDb,
+    db: TestDb,
     _dir: tempfile::TempDir,
 }
 
@@ -24,7 +24,7 @@ async fn fixture() -> Fixture {
     let store = rollout::store::connect(&db.url, 4).await.unwrap();
     Fixture {
         store,
-        _db: db,
+        db,
         _dir: dir,
     }
 }
@@ -402,4 +402,91 @@ async fn a_repeated_client_id_returns_the_first_job() {
     );
     let batch = store.batch("b").await.unwrap().unwrap();
     assert_eq!(batch.submitted, 3);
+}
+
+/// Two processes' stores (each with its own group-commit writer) end 300 jobs of one
+/// batch at once while a trainer follows the results with a `seq` cursor: it sees every
+/// result exactly once. A result committed after a higher `seq` became visible would be
+/// behind the cursor and never seen (on Postgres, identity values are handed out at
+/// insert, not at commit; the result-ordering lock is what prevents that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn results_followed_by_cursor_while_two_stores_end_jobs_are_all_seen_once() {
+    const N: usize = 300;
+    let f = fixture().await;
+    let other = rollout::store::connect(&f.db.url, 4).await.unwrap();
+    let stores = [f.store.clone(), other];
+    let jobs: Vec<NewJob> = (0..N).map(|_| new_job(None, None)).collect();
+    let submitted = stores[0].submit("b", &jobs, EpochMs(1_000)).await.unwrap();
+    let mut claims = Vec::new();
+    for s in &submitted {
+        let msg = WorkMessage {
+            job_id: s.id.clone(),
+            stage: Stage::Init,
+            epoch: 0,
+        };
+        let t = claim(stores[0].as_ref(), &msg, "n1", 2_000).await;
+        claims.push((msg, t));
+    }
+
+    let ending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let reader = {
+        let store = stores[1].clone();
+        let ending = ending.clone();
+        tokio::spawn(async move {
+            let mut cursor = 0;
+            let mut seen = Vec::new();
+            loop {
+                let still_ending = ending.load(std::sync::atomic::Ordering::SeqCst);
+                let page = store
+                    .results_after(Some("b"), cursor, 40, 1 << 20)
+                    .await
+                    .unwrap();
+                if page.is_empty() && !still_ending {
+                    return seen;
+                }
+                for r in page {
+                    assert!(r.seq > cursor, "seq {} after cursor {cursor}", r.seq);
+                    cursor = r.seq;
+                    seen.push(r.job_id);
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let ends: Vec<_> = claims
+        .into_iter()
+        .enumerate()
+        .map(|(i, (msg, t))| {
+            let store = stores[i % 2].clone();
+            tokio::spawn(async move {
+                let cond = FinishIf::Claimed {
+                    msg: msg.clone(),
+                    attempt: t,
+                };
+                store
+                    .finish(
+                        &cond,
+                        &msg.job_id,
+                        &Outcome::done(1.0, json!({})),
+                        EpochMs(3_000),
+                    )
+                    .await
+                    .unwrap()
+                    .expect("the holder ends the job")
+            })
+        })
+        .collect();
+    for e in ends {
+        e.await.unwrap();
+    }
+    ending.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut seen = reader.await.unwrap();
+    assert_eq!(seen.len(), N, "the cursor missed or repeated results");
+    seen.sort();
+    let mut want: Vec<String> = submitted.into_iter().map(|s| s.id).collect();
+    want.sort();
+    assert_eq!(seen, want);
+    let batch = stores[0].batch("b").await.unwrap().unwrap();
+    let n = i64::try_from(N).unwrap();
+    assert_eq!((batch.finished, batch.done), (n, n));
 }
