@@ -3,8 +3,9 @@
 //! [`SqlStore`] holds every method body once; a [`Dialect`] supplies the handful of
 //! things that differ: how a write runs (SQLite queues it for its single group-commit
 //! writer; Postgres gives it a pooled transaction of its own), how a job's end is
-//! written so that result sequence numbers become visible in commit order, how backend assignments take turns, how a
-//! list of results is marked published, and the two statements whose SQL differs.
+//! written so that result sequence numbers become visible in commit order, how backend
+//! assignments take turns, how a list of results is marked published, and the two
+//! statements whose SQL differs.
 
 use std::future::Future;
 use std::ops::DerefMut;

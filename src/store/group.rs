@@ -115,8 +115,8 @@ impl<C: Conn + 'static> GroupWriter<C> {
     }
 }
 
-/// Runs one of the writer's own statements (`SAVEPOINT`, `RELEASE`, …).
-async fn exec<C: Conn>(conn: &mut C, statement: &'static str) -> Result<(), String> {
+/// Runs one of a writer's own statements (`BEGIN`, `SAVEPOINT`, `COMMIT`, …).
+pub(super) async fn exec<C: Conn>(conn: &mut C, statement: &'static str) -> Result<(), String> {
     conn.execute(query(statement))
         .await
         .map(|_| ())

@@ -26,7 +26,7 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Sqlite, SqlitePool};
 
 use super::dialect::Dialect;
-use super::group::{GroupWriter, Txn};
+use super::group::{GroupWriter, Txn, exec};
 use super::query::query;
 use super::{StoreError, StoreResult, sql};
 use crate::domain::EpochMs;
@@ -220,15 +220,6 @@ impl Txn for WriterConn {
     async fn rollback(&mut self) {
         let _ = exec(&mut self.0, "ROLLBACK").await;
     }
-}
-
-/// Runs one of the writer's own statements (`BEGIN`, `COMMIT`, …).
-async fn exec(conn: &mut SqliteConnection, statement: &'static str) -> Result<(), String> {
-    sqlx::query(statement)
-        .execute(&mut *conn)
-        .await
-        .map(|_| ())
-        .map_err(|e| e.to_string())
 }
 
 /// An exclusive lock on `<database>.setup-lock`, held while a process opens the
