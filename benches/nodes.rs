@@ -25,9 +25,10 @@ mod common;
 #[path = "../tests/common/eventually.rs"]
 #[allow(dead_code)]
 mod eventually;
-#[path = "common/postgres.rs"]
-mod postgres;
-use postgres::FreshPostgres;
+#[path = "../tests/common/fresh_postgres.rs"]
+#[allow(dead_code)] // remove_blocking is for tests' Drop
+mod fresh_postgres;
+use fresh_postgres::FreshPostgres;
 #[path = "../tests/common/rack.rs"]
 #[allow(dead_code)]
 mod rack;
@@ -116,7 +117,7 @@ async fn rate(rack: &Rack, nodes: usize, jobs: usize, pg_admin: &str) -> f64 {
     drop(procs);
     tokio::time::sleep(Duration::from_millis(200)).await;
     if let Some(db) = pg {
-        db.drop().await;
+        db.remove().await;
     }
     #[allow(clippy::cast_precision_loss)]
     let r = jobs as f64 / secs;

@@ -27,11 +27,12 @@ use rollout::kinds::{StageContext, TaskKind, synthetic::Synthetic};
 use tokio_util::sync::CancellationToken;
 
 mod common;
-#[path = "common/postgres.rs"]
-mod postgres;
+#[path = "../tests/common/fresh_postgres.rs"]
+#[allow(dead_code)] // remove_blocking is for tests' Drop
+mod fresh_postgres;
 #[path = "common/service.rs"]
 mod service;
-use postgres::FreshPostgres;
+use fresh_postgres::FreshPostgres;
 use service::{Env, start};
 
 fn task(spec: serde_json::Value) -> Task {
@@ -324,10 +325,10 @@ fn main() {
             println!("{}", throughput(quick, None).await);
             let admin = std::env::var("ROLLOUT_BENCH_DATABASE_URL")
                 .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-            match FreshPostgres::create(&admin).await {
+            match FreshPostgres::create(&admin).await.ok() {
                 Some(db) => {
                     println!("{}", throughput(quick, Some(&db.url)).await);
-                    db.drop().await;
+                    db.remove().await;
                 }
                 None => eprintln!(
                     "no Postgres answers (set ROLLOUT_BENCH_DATABASE_URL): the Postgres throughput row is skipped"

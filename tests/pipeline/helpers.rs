@@ -4,6 +4,7 @@
 //! gateway, and workers in-process or as real processes.
 
 use crate::eventually::{eventually, holds};
+use crate::fresh_postgres::FreshPostgres;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,35 +47,24 @@ pub fn init_logging() {
 pub struct TestDb {
     /// The database's URL.
     pub url: String,
-    pg_drop: Option<(String, String)>,
+    pg: Option<FreshPostgres>,
 }
 
 impl TestDb {
     pub async fn new(dir: &std::path::Path) -> TestDb {
         match std::env::var("ROLLOUT_TEST_DATABASE_URL") {
             Ok(admin) if !admin.is_empty() => {
-                use sqlx::Connection;
-                let name = format!("rollout_test_{}", uuid::Uuid::now_v7().simple());
-                let mut conn = sqlx::PgConnection::connect(&admin)
+                let db = FreshPostgres::create(&admin)
                     .await
-                    .expect("connect to ROLLOUT_TEST_DATABASE_URL");
-                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .execute(&mut conn)
-                    .await
-                    .expect("create test database");
-                let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-                let (base, query) = match admin.split_once('?') {
-                    Some((_, q)) => (base.split('?').next().unwrap_or(base), format!("?{q}")),
-                    None => (base, String::new()),
-                };
+                    .expect("create a test database on the ROLLOUT_TEST_DATABASE_URL server");
                 TestDb {
-                    url: format!("{base}/{name}{query}"),
-                    pg_drop: Some((admin.clone(), name)),
+                    url: db.url.clone(),
+                    pg: Some(db),
                 }
             }
             _ => TestDb {
                 url: format!("sqlite://{}", dir.join("rollout.db").display()),
-                pg_drop: None,
+                pg: None,
             },
         }
     }
@@ -82,25 +72,8 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if let Some((admin, name)) = self.pg_drop.take() {
-            // Best effort, on a thread of its own: Drop cannot await.
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async {
-                    use sqlx::Connection;
-                    if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
-                        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                        )))
-                        .execute(&mut c)
-                        .await;
-                    }
-                });
-            })
-            .join();
+        if let Some(db) = self.pg.take() {
+            db.remove_blocking();
         }
     }
 }

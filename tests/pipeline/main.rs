@@ -5,6 +5,8 @@
 
 #[path = "../common/eventually.rs"]
 mod eventually;
+#[path = "../common/fresh_postgres.rs"]
+mod fresh_postgres;
 #[path = "../common/host.rs"]
 mod host;
 #[path = "../common/rack.rs"]
