@@ -12,9 +12,37 @@ use std::ops::DerefMut;
 
 use futures::future::BoxFuture;
 
-use super::StoreResult;
-use super::query::Conn;
-use crate::domain::EpochMs;
+use super::query::{Conn, query};
+use super::rows::JobRow;
+use super::{StoreResult, sql};
+use crate::domain::{EpochMs, Stage};
+
+/// A claim of a job's stage entry (see `sql::CLAIM`): the hottest write with the hand-off,
+/// one per stage of every job.
+#[derive(Debug, Clone)]
+pub(crate) struct StageClaim {
+    pub(crate) job_id: String,
+    pub(crate) stage: Stage,
+    pub(crate) epoch: i64,
+    pub(crate) node: String,
+    pub(crate) lease_until: EpochMs,
+    pub(crate) now: EpochMs,
+}
+
+/// A claimed stage handing its job to the next stage (see `sql::ADVANCE`).
+#[derive(Debug, Clone)]
+pub(crate) struct StageAdvance {
+    pub(crate) job_id: String,
+    pub(crate) stage: Stage,
+    pub(crate) epoch: i64,
+    pub(crate) next: Stage,
+    pub(crate) now: EpochMs,
+    pub(crate) route: Option<String>,
+    /// The stage's output, as JSON text.
+    pub(crate) output: String,
+    /// The claim's token (`attempts` at the claim).
+    pub(crate) attempt: i64,
+}
 
 /// One database's side of the store. Every method is safe to call from many tasks.
 pub(crate) trait Dialect: Send + Sync + 'static {
@@ -34,9 +62,10 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// A connection for reads (never inside a write's transaction).
     fn reader(&self) -> impl Future<Output = StoreResult<Self::Reader>> + Send;
 
-    /// Runs `op` inside a transaction and returns once that transaction is committed.
-    /// `atomic` says `op` runs several writing statements that must apply all or
-    /// nothing (one statement is atomic by itself).
+    /// Runs `op` and returns once what it wrote is committed. `atomic` says `op` runs
+    /// several writing statements that must apply all or nothing, so they need one
+    /// transaction; otherwise `op` writes with one statement (it may read after it),
+    /// which is atomic by itself, and a dialect may commit it without a transaction.
     fn write<T, F>(&self, atomic: bool, op: F) -> impl Future<Output = StoreResult<T>> + Send
     where
         T: Send + 'static,
@@ -63,6 +92,22 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         batch_id: &str,
     ) -> impl Future<Output = StoreResult<()>> + Send;
 
+    /// Claims a stage entry; returns the job's row if the claim applied. One statement
+    /// (see [`write`](Dialect::write)) unless a dialect does better.
+    fn claim(&self, c: StageClaim) -> impl Future<Output = StoreResult<Option<JobRow>>> + Send {
+        self.write(false, move |conn: &mut Self::Conn| {
+            Box::pin(async move { claim_one(conn, &c).await })
+        })
+    }
+
+    /// Hands a claimed stage to the next; returns the new stage entry's epoch if it
+    /// applied. One statement unless a dialect does better.
+    fn advance(&self, a: StageAdvance) -> impl Future<Output = StoreResult<Option<i64>>> + Send {
+        self.write(false, move |conn: &mut Self::Conn| {
+            Box::pin(async move { advance_one(conn, &a).await })
+        })
+    }
+
     /// Marks results (never an empty list) as published; may apply shortly after it
     /// returns (see [`ResultStore::mark_published`](super::ResultStore::mark_published)).
     fn mark_published(
@@ -70,6 +115,41 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         seqs: &[i64],
         now: EpochMs,
     ) -> impl Future<Output = StoreResult<()>> + Send;
+}
+
+/// Runs one claim as its own statement.
+pub(super) async fn claim_one<C: Conn>(
+    conn: &mut C,
+    c: &StageClaim,
+) -> StoreResult<Option<JobRow>> {
+    Ok(query(sql::CLAIM)
+        .bind(&c.job_id)
+        .bind(c.stage.as_str())
+        .bind(c.epoch)
+        .bind(&c.node)
+        .bind(c.lease_until)
+        .bind(c.now)
+        .fetch_optional(conn)
+        .await?)
+}
+
+/// Runs one hand-off as its own statement.
+pub(super) async fn advance_one<C: Conn>(
+    conn: &mut C,
+    a: &StageAdvance,
+) -> StoreResult<Option<i64>> {
+    let row: Option<(i64,)> = query(sql::ADVANCE)
+        .bind(&a.job_id)
+        .bind(a.stage.as_str())
+        .bind(a.epoch)
+        .bind(a.next.as_str())
+        .bind(a.now)
+        .bind(&a.route)
+        .bind(&a.output)
+        .bind(a.attempt)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(|(epoch,)| epoch))
 }
 
 /// The [`Store`](super::Store) over a database of dialect `D`.

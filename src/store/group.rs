@@ -309,23 +309,10 @@ mod tests {
     /// Runs when `ROLLOUT_TEST_DATABASE_URL` names a server, in a database of its own.
     #[tokio::test]
     async fn postgres_writes_in_one_group_fail_alone() {
-        let Ok(admin) = std::env::var("ROLLOUT_TEST_DATABASE_URL") else {
+        let Some(unit) = super::super::postgres::UnitDb::create().await else {
             return;
         };
-        if admin.is_empty() {
-            return;
-        }
-        let name = format!("rollout_unit_{}", uuid::Uuid::now_v7().simple());
-        let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        let base = admin.split('?').next().unwrap();
-        let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
-        let pool = sqlx::PgPool::connect(&format!("{base}/{name}"))
-            .await
-            .unwrap();
+        let pool = sqlx::PgPool::connect(&unit.url).await.unwrap();
         sqlx::query("CREATE TABLE group_test (id BIGINT PRIMARY KEY, v TEXT NOT NULL)")
             .execute(&pool)
             .await
@@ -340,12 +327,7 @@ mod tests {
             .await
             .unwrap();
         pool.close().await;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE {name} WITH (FORCE)"
-        )))
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        unit.remove().await;
         assert_eq!(applied, expected());
         assert_eq!(
             stored.into_iter().map(|r| r.0).collect::<Vec<_>>(),

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::dialect::{Dialect, SqlStore};
+use super::dialect::{Dialect, SqlStore, StageAdvance, StageClaim};
 use super::query::{Conn, query};
 use super::rows::{
     BatchRow, CountRow, EventRow, GroupRow, JobRow, ResultRow, parse_stage, parse_status,
@@ -415,39 +415,41 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         lease_until: EpochMs,
         now: EpochMs,
     ) -> StoreResult<Claim> {
-        let msg = msg.clone();
-        let node = node.to_string();
-        self.write(move |conn: &mut D::Conn| {
-            Box::pin(async move {
-                let row: Option<JobRow> = query(sql::CLAIM)
-                    .bind(&msg.job_id)
-                    .bind(msg.stage.as_str())
-                    .bind(msg.epoch)
-                    .bind(&node)
-                    .bind(lease_until)
-                    .bind(now)
-                    .fetch_optional(conn)
-                    .await?;
-                if let Some(row) = row {
-                    return Ok(Claim::Started(Box::new(row.into_job()?)));
-                }
-                let row: Option<JobRow> = query(sql::SELECT_JOB)
-                    .bind(&msg.job_id)
-                    .fetch_optional(conn)
-                    .await?;
-                let Some(row) = row else {
-                    return Ok(Claim::Missing);
-                };
-                let job = row.into_job()?;
-                if job.status == Status::Running && job.stage == msg.stage && job.epoch == msg.epoch
-                {
-                    // Someone holds a live lease; this claim lost the race.
-                    return Ok(Claim::Busy(job.lease_until.map_or(now, EpochMs).max(now)));
-                }
-                Ok(Claim::Stale(Box::new(job)))
+        let claimed = self
+            .db
+            .claim(StageClaim {
+                job_id: msg.job_id.clone(),
+                stage: msg.stage,
+                epoch: msg.epoch,
+                node: node.to_string(),
+                lease_until,
+                now,
             })
+            .await?;
+        if let Some(row) = claimed {
+            return Ok(Claim::Started(Box::new(row.into_job()?)));
+        }
+        let mut conn = self.reader().await?;
+        let row: Option<JobRow> = query(sql::SELECT_JOB)
+            .bind(&msg.job_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let Some(row) = row else {
+            return Ok(Claim::Missing);
+        };
+        let job = row.into_job()?;
+        let same_entry = job.stage == msg.stage && job.epoch == msg.epoch;
+        Ok(match job.status {
+            // Someone holds a live lease: this claim lost the race.
+            Status::Running if same_entry => {
+                Claim::Busy(job.lease_until.map_or(now, EpochMs).max(now))
+            }
+            // The holder handed the stage back between the claim and this read (they are
+            // two statements): the entry is claimable again, so try again at once rather
+            // than drop its only message.
+            Status::Queued if same_entry => Claim::Busy(now),
+            _ => Claim::Stale(Box::new(job)),
         })
-        .await
     }
 
     async fn extend_lease(
@@ -471,30 +473,24 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         let Some(next) = msg.stage.next() else {
             return Ok(None);
         };
-        let msg = msg.clone();
-        let output = nul::scrub_json(output.to_string());
-        let route = route.map(str::to_string);
-        self.write(move |conn: &mut D::Conn| {
-            Box::pin(async move {
-                let row: Option<(i64,)> = query(sql::ADVANCE)
-                    .bind(&msg.job_id)
-                    .bind(msg.stage.as_str())
-                    .bind(msg.epoch)
-                    .bind(next.as_str())
-                    .bind(now)
-                    .bind(&route)
-                    .bind(&output)
-                    .bind(attempt)
-                    .fetch_optional(conn)
-                    .await?;
-                Ok(row.map(|(epoch,)| WorkMessage {
-                    job_id: msg.job_id.clone(),
-                    stage: next,
-                    epoch,
-                }))
+        let epoch = self
+            .db
+            .advance(StageAdvance {
+                job_id: msg.job_id.clone(),
+                stage: msg.stage,
+                epoch: msg.epoch,
+                next,
+                now,
+                route: route.map(str::to_string),
+                output: nul::scrub_json(output.to_string()),
+                attempt,
             })
-        })
-        .await
+            .await?;
+        Ok(epoch.map(|epoch| WorkMessage {
+            job_id: msg.job_id.clone(),
+            stage: next,
+            epoch,
+        }))
     }
 
     async fn release(

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 mod backends;
+mod coalesce;
 mod dashboard;
 mod dialect;
 mod group;

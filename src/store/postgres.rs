@@ -1,7 +1,8 @@
 //! Postgres's [`Dialect`], for deployments with workers on many machines.
 //!
-//! Each write runs in a transaction of its own on a pooled connection, and Postgres's
-//! own concurrency does the rest — except a job's end. Result sequence numbers are
+//! Each write runs on a pooled connection (in a transaction of its own when it is
+//! several statements), and Postgres's own concurrency does the rest — except a job's
+//! end. Result sequence numbers are
 //! identity values, handed out at insert but visible at commit, so two ends committing
 //! out of order would let a reader polling `seq > 10` see 11 and skip 10 for ever. Ends
 //! therefore take turns under a transaction-scoped advisory lock held until commit, and
@@ -11,6 +12,7 @@
 //! a [`GroupWriter`] that takes the lock once for whatever has queued up and commits
 //! the lot together. Under load, a group grows while the previous one holds the lock.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -18,9 +20,11 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
-use super::dialect::Dialect;
+use super::coalesce::{Batch, Coalescer};
+use super::dialect::{Dialect, StageAdvance, StageClaim, advance_one, claim_one};
 use super::group::{GroupWriter, Txn};
 use super::query::query;
+use super::rows::JobRow;
 use super::{StoreResult, sql};
 use crate::domain::EpochMs;
 
@@ -36,6 +40,10 @@ pub(crate) struct PostgresDb {
     pool: PgPool,
     /// Job ends, committed in groups under the result-ordering lock.
     results: GroupWriter<PgConnection>,
+    /// Claims, run many to a statement under load.
+    claims: Coalescer<Claims>,
+    /// Hand-offs, run many to a statement under load.
+    advances: Coalescer<Advances>,
 }
 
 impl PostgresDb {
@@ -49,7 +57,14 @@ impl PostgresDb {
             .connect(url)
             .await?;
         let results = GroupWriter::start(ResultsTxn::new(pool.clone()), "Postgres job ends");
-        Ok(Self { pool, results })
+        let claims = Coalescer::start(Claims(pool.clone()));
+        let advances = Coalescer::start(Advances(pool.clone()));
+        Ok(Self {
+            pool,
+            results,
+            claims,
+            advances,
+        })
     }
 }
 
@@ -69,13 +84,20 @@ impl Dialect for PostgresDb {
         Ok(self.pool.acquire().await?)
     }
 
-    /// Runs `op` in a transaction of its own (a transaction is atomic however many
-    /// statements it runs).
-    async fn write<T, F>(&self, _atomic: bool, op: F) -> StoreResult<T>
+    /// Runs an `atomic` `op` in a transaction of its own (a transaction is atomic however
+    /// many statements it runs), and any other `op` on a pooled connection as it is, each
+    /// statement committing by itself. Most writes (claims, hand-offs, lease renewals)
+    /// are one statement each, and a transaction around one statement costs two more
+    /// round trips (`BEGIN`, `COMMIT`) for nothing it does not already have.
+    async fn write<T, F>(&self, atomic: bool, op: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
     {
+        if !atomic {
+            let mut conn = self.pool.acquire().await?;
+            return op(&mut conn).await;
+        }
         let mut tx = self.pool.begin().await?;
         let out = op(&mut tx).await?;
         tx.commit().await?;
@@ -90,6 +112,17 @@ impl Dialect for PostgresDb {
         F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
     {
         self.results.write(true, op).await
+    }
+
+    /// Through the process's claim coalescer: one statement for whatever claims have
+    /// queued up (see [`coalesce`](super::coalesce)).
+    async fn claim(&self, c: StageClaim) -> StoreResult<Option<JobRow>> {
+        self.claims.write(c).await
+    }
+
+    /// Through the process's hand-off coalescer, as claims.
+    async fn advance(&self, a: StageAdvance) -> StoreResult<Option<i64>> {
+        self.advances.write(a).await
     }
 
     /// Assignments read the counts and then write one: two RUN workers assigning at once
@@ -169,5 +202,255 @@ impl Txn for ResultsTxn {
         if let Some(tx) = self.open.take() {
             let _ = tx.rollback().await;
         }
+    }
+}
+
+/// Claims as one statement: [`sql::CLAIM`] for one, [`sql::CLAIM_MANY_POSTGRES`] for
+/// more (rows taken in job-id order, as every such statement takes them, so two cannot
+/// deadlock on the same pair of jobs).
+pub(super) struct Claims(PgPool);
+
+impl Batch for Claims {
+    type Req = StageClaim;
+    type Resp = Option<JobRow>;
+
+    fn key(req: &StageClaim) -> &str {
+        &req.job_id
+    }
+
+    async fn run(&self, reqs: &[StageClaim]) -> StoreResult<Vec<Option<JobRow>>> {
+        let mut conn = self.0.acquire().await?;
+        if let [c] = reqs {
+            return Ok(vec![claim_one(&mut *conn, c).await?]);
+        }
+        let mut order: Vec<&StageClaim> = reqs.iter().collect();
+        order.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+        let rows: Vec<JobRow> = sqlx::query_as(sql::CLAIM_MANY_POSTGRES)
+            .bind(order.iter().map(|c| c.job_id.as_str()).collect::<Vec<_>>())
+            .bind(order.iter().map(|c| c.stage.as_str()).collect::<Vec<_>>())
+            .bind(order.iter().map(|c| c.epoch).collect::<Vec<_>>())
+            .bind(order.iter().map(|c| c.node.as_str()).collect::<Vec<_>>())
+            .bind(
+                order
+                    .iter()
+                    .map(|c| c.lease_until.as_millis())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(order.iter().map(|c| c.now.as_millis()).collect::<Vec<_>>())
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut by_id: HashMap<String, JobRow> =
+            rows.into_iter().map(|r| (r.id().to_string(), r)).collect();
+        Ok(reqs.iter().map(|c| by_id.remove(&c.job_id)).collect())
+    }
+}
+
+/// Hand-offs as one statement: [`sql::ADVANCE`] for one, [`sql::ADVANCE_MANY_POSTGRES`]
+/// for more (in job-id order, as claims).
+pub(super) struct Advances(PgPool);
+
+impl Batch for Advances {
+    type Req = StageAdvance;
+    type Resp = Option<i64>;
+
+    fn key(req: &StageAdvance) -> &str {
+        &req.job_id
+    }
+
+    async fn run(&self, reqs: &[StageAdvance]) -> StoreResult<Vec<Option<i64>>> {
+        let mut conn = self.0.acquire().await?;
+        if let [a] = reqs {
+            return Ok(vec![advance_one(&mut *conn, a).await?]);
+        }
+        let mut order: Vec<&StageAdvance> = reqs.iter().collect();
+        order.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+        let rows: Vec<(String, i64)> = sqlx::query_as(sql::ADVANCE_MANY_POSTGRES)
+            .bind(order.iter().map(|a| a.job_id.as_str()).collect::<Vec<_>>())
+            .bind(order.iter().map(|a| a.stage.as_str()).collect::<Vec<_>>())
+            .bind(order.iter().map(|a| a.epoch).collect::<Vec<_>>())
+            .bind(order.iter().map(|a| a.next.as_str()).collect::<Vec<_>>())
+            .bind(order.iter().map(|a| a.now.as_millis()).collect::<Vec<_>>())
+            .bind(order.iter().map(|a| a.route.as_deref()).collect::<Vec<_>>())
+            .bind(order.iter().map(|a| a.output.as_str()).collect::<Vec<_>>())
+            .bind(order.iter().map(|a| a.attempt).collect::<Vec<_>>())
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut by_id: HashMap<String, i64> = rows.into_iter().collect();
+        Ok(reqs.iter().map(|a| by_id.remove(&a.job_id)).collect())
+    }
+}
+
+/// A database of its own on the server `ROLLOUT_TEST_DATABASE_URL` names, for the
+/// store's unit tests (the integration tests have their own in `tests/common`, which a
+/// library unit test cannot reach).
+#[cfg(test)]
+pub(super) struct UnitDb {
+    admin: PgConnection,
+    name: String,
+    /// The database's URL.
+    pub(super) url: String,
+}
+
+#[cfg(test)]
+impl UnitDb {
+    /// Creates the database, or `None` when no server is named (the test is skipped).
+    pub(super) async fn create() -> Option<Self> {
+        use sqlx::Connection;
+        let admin = std::env::var("ROLLOUT_TEST_DATABASE_URL").ok()?;
+        if admin.is_empty() {
+            return None;
+        }
+        let name = format!("rollout_unit_{}", uuid::Uuid::now_v7().simple());
+        let mut conn = PgConnection::connect(&admin).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let base = admin.split('?').next().unwrap();
+        let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
+        Some(Self {
+            admin: conn,
+            url: format!("{base}/{name}"),
+            name,
+        })
+    }
+
+    /// Drops the database (closing whatever is still connected to it).
+    pub(super) async fn remove(mut self) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&mut self.admin)
+        .await
+        .unwrap();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Stage, Status};
+    use crate::store::dialect::SqlStore;
+    use crate::store::{JobStore, NewJob};
+
+    fn claim(job_id: &str, epoch: i64, node: &str) -> StageClaim {
+        StageClaim {
+            job_id: job_id.into(),
+            stage: Stage::Init,
+            epoch,
+            node: node.into(),
+            lease_until: EpochMs(5_000),
+            now: EpochMs(2_000),
+        }
+    }
+
+    fn advance(job_id: &str, attempt: i64, output: &str) -> StageAdvance {
+        StageAdvance {
+            job_id: job_id.into(),
+            stage: Stage::Init,
+            epoch: 0,
+            next: Stage::Run,
+            now: EpochMs(3_000),
+            route: Some(format!("route-{output}")),
+            output: format!("{{\"out\":\"{output}\"}}"),
+            attempt,
+        }
+    }
+
+    /// The multi-row statements apply each write to its own job only, under the same
+    /// conditions as the one-row ones, and answer each in request order (not the job-id
+    /// order they run in). Runs when `ROLLOUT_TEST_DATABASE_URL` names a server.
+    #[tokio::test]
+    async fn claims_and_hand_offs_of_several_jobs_in_one_statement_apply_each_to_its_own_job() {
+        let Some(unit) = UnitDb::create().await else {
+            return;
+        };
+        let db = PostgresDb::connect(&unit.url, 4).await.unwrap();
+        db.migrate().await.unwrap();
+        let pool = db.pool.clone();
+        let store = SqlStore::new(db);
+        let jobs: Vec<NewJob> = (0..4)
+            .map(|_| NewJob {
+                id: uuid::Uuid::now_v7().to_string(),
+                kind: "synthetic".into(),
+                client_id: None,
+                group_id: None,
+                task: serde_json::json!({"kind": "synthetic", "spec": {}}),
+            })
+            .collect();
+        store.submit("b", &jobs, EpochMs(1_000)).await.unwrap();
+        // Ids are time-ordered: asking in reverse makes request order differ from the
+        // statement's job-id order.
+        let [a, b, c, d] = [0, 1, 2, 3].map(|i| jobs[i].id.as_str());
+
+        let claims = Claims(pool.clone());
+        let got = claims
+            .run(&[
+                claim(d, 0, "n-d"),
+                claim(c, 7, "n-c"),
+                claim(b, 0, "n-b"),
+                claim(a, 0, "n-a"),
+            ])
+            .await
+            .unwrap();
+        let got: Vec<Option<(String, String, i64)>> = got
+            .into_iter()
+            .map(|r| {
+                r.map(|r| {
+                    let j = r.into_job().unwrap();
+                    (j.id, j.node.unwrap(), j.attempts)
+                })
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                Some((d.into(), "n-d".into(), 1)),
+                None, // another stage entry: not claimed
+                Some((b.into(), "n-b".into(), 1)),
+                Some((a.into(), "n-a".into(), 1)),
+            ]
+        );
+        // Live leases: claiming again takes nothing.
+        let again = claims
+            .run(&[claim(a, 0, "x"), claim(b, 0, "x")])
+            .await
+            .unwrap();
+        assert!(again.iter().all(Option::is_none));
+
+        let advances = Advances(pool.clone());
+        let got = advances
+            .run(&[
+                advance(d, 1, "d"),
+                advance(b, 2, "b"),
+                advance(a, 1, "a"),
+                advance(c, 1, "c"),
+            ])
+            .await
+            .unwrap();
+        // b's token is wrong, c was never claimed.
+        assert_eq!(got, vec![Some(1), None, Some(1), None]);
+        for (id, out) in [(a, "a"), (d, "d")] {
+            let j = store.job(id).await.unwrap().unwrap();
+            assert_eq!(
+                (j.status, j.stage, j.epoch, j.route.as_deref()),
+                (
+                    Status::Queued,
+                    Stage::Run,
+                    1,
+                    Some(format!("route-{out}").as_str())
+                )
+            );
+            assert_eq!(j.init_output, Some(serde_json::json!({ "out": out })));
+            assert_eq!(
+                (j.timings.init.finished_at, j.timings.run.queued_at),
+                (Some(3_000), Some(3_000))
+            );
+        }
+        let b_job = store.job(b).await.unwrap().unwrap();
+        assert_eq!((b_job.status, b_job.stage), (Status::Running, Stage::Init));
+        drop(store);
+        unit.remove().await;
     }
 }

@@ -60,6 +60,11 @@ fn parse_opt_json(s: Option<String>) -> StoreResult<Option<serde_json::Value>> {
 }
 
 impl JobRow {
+    /// The job's id (to match rows of a multi-row statement with their requests).
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
     pub(crate) fn into_job(self) -> StoreResult<Job> {
         Ok(Job {
             status: parse_status(&self.status)?,

@@ -373,6 +373,39 @@ pub(super) const MARK_PUBLISHED_SQLITE: &str = "UPDATE results SET published_at 
 pub(super) const MARK_PUBLISHED_POSTGRES: &str =
     "UPDATE results SET published_at = $1 WHERE seq = ANY($2) AND published_at IS NULL";
 
+/// [`CLAIM`] for many stage entries at once (Postgres; one array per parameter, in
+/// `CLAIM`'s order, one element per claim, distinct jobs). Returns the claimed rows.
+pub(super) const CLAIM_MANY_POSTGRES: &str = concat!(
+    "UPDATE jobs SET status = 'running', attempts = attempts + 1, \
+     stage_attempts = stage_attempts + 1, node = c_node, lease_until = c_lease, \
+     updated_at = c_now, \
+     init_started_at = CASE WHEN stage = 'init' THEN c_now ELSE init_started_at END, \
+     run_started_at = CASE WHEN stage = 'run' THEN c_now ELSE run_started_at END, \
+     eval_started_at = CASE WHEN stage = 'eval' THEN c_now ELSE eval_started_at END \
+     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[]) \
+     AS c(c_id, c_stage, c_epoch, c_node, c_lease, c_now) \
+     WHERE id = c_id AND stage = c_stage AND epoch = c_epoch \
+     AND (status = 'queued' OR (status = 'running' AND lease_until < c_now)) RETURNING ",
+    job_cols!()
+);
+
+/// [`ADVANCE`] for many stage entries at once (Postgres; one array per parameter, in
+/// `ADVANCE`'s order, distinct jobs). Returns each advanced job's id and new epoch.
+pub(super) const ADVANCE_MANY_POSTGRES: &str = "UPDATE jobs SET status = 'queued', stage = c_next, \
+     epoch = epoch + 1, stage_attempts = 0, \
+     lease_until = NULL, updated_at = c_now, route = COALESCE(c_route, route), \
+     init_output = CASE WHEN stage = 'init' THEN c_output ELSE init_output END, \
+     run_output = CASE WHEN stage = 'run' THEN c_output ELSE run_output END, \
+     init_finished_at = CASE WHEN stage = 'init' THEN c_now ELSE init_finished_at END, \
+     run_finished_at = CASE WHEN stage = 'run' THEN c_now ELSE run_finished_at END, \
+     run_queued_at = CASE WHEN c_next = 'run' THEN c_now ELSE run_queued_at END, \
+     eval_queued_at = CASE WHEN c_next = 'eval' THEN c_now ELSE eval_queued_at END \
+     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[], \
+     $7::text[], $8::bigint[]) \
+     AS c(c_id, c_stage, c_epoch, c_next, c_now, c_route, c_output, c_attempt) \
+     WHERE id = c_id AND stage = c_stage AND epoch = c_epoch AND status = 'running' \
+     AND attempts = c_attempt RETURNING id, epoch";
+
 /// Takes a transaction-scoped advisory lock (Postgres); the key is `$1`.
 pub(super) const ADVISORY_XACT_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 

@@ -490,3 +490,91 @@ async fn results_followed_by_cursor_while_two_stores_end_jobs_are_all_seen_once(
     let n = i64::try_from(N).unwrap();
     assert_eq!((batch.finished, batch.done), (n, n));
 }
+
+/// Many tasks on two stores claim and hand off at once, as a busy node does (on Postgres
+/// their statements are coalesced, many jobs to a statement): every job's entry is
+/// claimed by exactly one of two racing deliveries, only the holder's token hands it
+/// off, and each job carries its own output into the next stage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_claims_and_hand_offs_of_many_jobs_apply_once_each_to_their_own_job() {
+    const N: usize = 200;
+    let f = fixture().await;
+    let other = rollout::store::connect(&f.db.url, 4).await.unwrap();
+    let stores = [f.store.clone(), other];
+    let jobs: Vec<NewJob> = (0..N).map(|_| new_job(None, None)).collect();
+    let submitted = stores[0].submit("b", &jobs, EpochMs(1_000)).await.unwrap();
+    let msgs: Vec<WorkMessage> = submitted
+        .iter()
+        .map(|s| WorkMessage {
+            job_id: s.id.clone(),
+            stage: Stage::Init,
+            epoch: 0,
+        })
+        .collect();
+
+    // Two deliveries of every INIT message, one per store, all at once.
+    let mut racing = Vec::new();
+    for (i, msg) in msgs.iter().enumerate() {
+        for (n, store) in stores.iter().enumerate() {
+            let (store, msg) = (store.clone(), msg.clone());
+            racing.push(tokio::spawn(async move {
+                let c = store
+                    .claim(&msg, &format!("n{n}"), EpochMs(9_000), EpochMs(2_000))
+                    .await
+                    .unwrap();
+                (i, n, c)
+            }));
+        }
+    }
+    let mut holder = vec![None; N];
+    for r in racing {
+        let (i, n, c) = r.await.unwrap();
+        match c {
+            Claim::Started(job) => {
+                assert_eq!(job.id, msgs[i].job_id);
+                assert_eq!(job.node.as_deref(), Some(format!("n{n}").as_str()));
+                assert!(holder[i].is_none(), "job {i} claimed twice");
+                holder[i] = Some((n, job.attempts));
+            }
+            Claim::Busy(until) => assert_eq!(until, EpochMs(9_000)),
+            other => panic!("job {i}: {other:?}"),
+        }
+    }
+
+    // The holder and an impostor with a wrong token hand off at once.
+    let mut handing = Vec::new();
+    for (i, msg) in msgs.iter().enumerate() {
+        let (n, token) = holder[i].expect("one delivery claimed each job");
+        for (store, t) in [(&stores[n], token), (&stores[1 - n], token + 1)] {
+            let (store, msg) = (store.clone(), msg.clone());
+            handing.push(tokio::spawn(async move {
+                let out = json!({ "job": i, "token": t });
+                let next = store
+                    .advance(&msg, t, &out, Some(&format!("r{i}")), EpochMs(3_000))
+                    .await
+                    .unwrap();
+                (i, t == token, next)
+            }));
+        }
+    }
+    for h in handing {
+        let (i, rightful, next) = h.await.unwrap();
+        if rightful {
+            let next = next.expect("the holder's hand-off applies");
+            assert_eq!((next.stage, next.epoch), (Stage::Run, 1));
+            assert_eq!(next.job_id, msgs[i].job_id);
+        } else {
+            assert!(next.is_none(), "job {i}: a wrong token handed off");
+        }
+    }
+    for (i, msg) in msgs.iter().enumerate() {
+        let job = stores[i % 2].job(&msg.job_id).await.unwrap().unwrap();
+        let (_, token) = holder[i].unwrap();
+        assert_eq!(
+            (job.status, job.stage, job.epoch),
+            (Status::Queued, Stage::Run, 1)
+        );
+        assert_eq!(job.route.as_deref(), Some(format!("r{i}").as_str()));
+        assert_eq!(job.init_output, Some(json!({ "job": i, "token": token })));
+    }
+}

@@ -1,0 +1,291 @@
+//! Statement coalescing: many tasks' single-row writes of one kind, run as one
+//! multi-row statement.
+//!
+//! On a database server, a statement's fixed cost (a round trip, parsing and binding,
+//! a commit with its WAL flush) is several times the cost of the row it changes. Every
+//! stage of every job starts with a claim and ends with a hand-off, each one row, so at
+//! high rates those fixed costs are what saturates the server. A [`Coalescer`] queues
+//! such writes and runs whatever has queued up as one statement over arrays of
+//! parameters: one write alone when the service is quiet (no waiting for company), a
+//! hundred when a previous statement of the kind is still running. A few statements of
+//! a kind run at once, so one slow statement does not hold every caller.
+//!
+//! Callers see the semantics of one statement each: a reply means the row's write is
+//! committed (or did not apply), and an error means it was not applied. Writes to the
+//! same row never share a statement (a multi-row `UPDATE` changes a row once). If a
+//! statement of several writes fails, each write is tried again alone, so one write the
+//! database refuses cannot fail the others, and each caller gets its own error.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{StoreError, StoreResult};
+
+/// Most writes in one statement.
+const MAX_BATCH: usize = 256;
+
+/// Most statements of one kind running at once.
+const IN_FLIGHT: usize = 4;
+
+/// One kind of coalesced write: how a batch of them runs as one statement.
+pub(super) trait Batch: Send + Sync + 'static {
+    /// One caller's write.
+    type Req: Send + 'static;
+    /// What that caller gets back.
+    type Resp: Send + 'static;
+
+    /// The row a write changes: two writes with the same key never share a statement.
+    fn key(req: &Self::Req) -> &str;
+
+    /// Runs `reqs` (distinct keys) as one statement and returns one answer per write, in
+    /// order.
+    fn run(&self, reqs: &[Self::Req]) -> impl Future<Output = StoreResult<Vec<Self::Resp>>> + Send;
+}
+
+/// A queued write and where its answer goes.
+type Queued<B> = (
+    <B as Batch>::Req,
+    oneshot::Sender<StoreResult<<B as Batch>::Resp>>,
+);
+
+/// The queue of a task that coalesces writes of kind `B`. Cloning it shares the task.
+pub(super) struct Coalescer<B: Batch> {
+    queue: mpsc::Sender<Queued<B>>,
+}
+
+impl<B: Batch> Clone for Coalescer<B> {
+    fn clone(&self) -> Self {
+        Self {
+            queue: self.queue.clone(),
+        }
+    }
+}
+
+impl<B: Batch> std::fmt::Debug for Coalescer<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coalescer").finish_non_exhaustive()
+    }
+}
+
+impl<B: Batch> Coalescer<B> {
+    /// Starts the task that runs `batch`'s statements; it runs until every clone of the
+    /// returned queue is dropped and every queued write is answered.
+    pub(super) fn start(batch: B) -> Self {
+        let (queue, rx) = mpsc::channel(4 * MAX_BATCH);
+        tokio::spawn(run(Arc::new(batch), rx));
+        Self { queue }
+    }
+
+    /// Queues `req` and waits for its statement.
+    pub(super) async fn write(&self, req: B::Req) -> StoreResult<B::Resp> {
+        let (tx, rx) = oneshot::channel();
+        self.queue
+            .send((req, tx))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+/// The coalescing task: takes what has queued up (up to [`MAX_BATCH`] distinct rows)
+/// whenever fewer than [`IN_FLIGHT`] statements are running, and runs it.
+async fn run<B: Batch>(batch: Arc<B>, mut rx: mpsc::Receiver<Queued<B>>) {
+    let mut running = FuturesUnordered::new();
+    // Writes to a row already in the batch being formed, for a later batch.
+    let mut held: Vec<Queued<B>> = Vec::new();
+    let mut open = true;
+    loop {
+        if !open && held.is_empty() && running.is_empty() {
+            return;
+        }
+        let can_start = running.len() < IN_FLIGHT;
+        tokio::select! {
+            // Held writes are already here: start them without waiting for new ones.
+            first = rx.recv(), if can_start && open && held.is_empty() => match first {
+                Some(first) => {
+                    let group = take_group::<B>(vec![first], &mut held, &mut rx);
+                    running.push(run_group(batch.clone(), group));
+                }
+                None => open = false,
+            },
+            () = std::future::ready(()), if can_start && !held.is_empty() => {
+                let group = take_group::<B>(std::mem::take(&mut held), &mut held, &mut rx);
+                running.push(run_group(batch.clone(), group));
+            }
+            Some(()) = running.next(), if !running.is_empty() => {}
+        }
+    }
+}
+
+/// Forms one statement's writes from `start` and whatever else is queued: at most
+/// [`MAX_BATCH`], one per row; writes to a row already taken go to `held`.
+fn take_group<B: Batch>(
+    start: Vec<Queued<B>>,
+    held: &mut Vec<Queued<B>>,
+    rx: &mut mpsc::Receiver<Queued<B>>,
+) -> Vec<Queued<B>> {
+    let mut group = Vec::with_capacity(start.len().min(MAX_BATCH));
+    let mut keys = HashSet::new();
+    let mut place = |q: Queued<B>, group: &mut Vec<Queued<B>>, held: &mut Vec<Queued<B>>| {
+        if group.len() < MAX_BATCH && keys.insert(B::key(&q.0).to_string()) {
+            group.push(q);
+        } else {
+            held.push(q);
+        }
+    };
+    for q in start {
+        place(q, &mut group, held);
+    }
+    while group.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(q) => place(q, &mut group, held),
+            Err(_) => break,
+        }
+    }
+    group
+}
+
+/// Runs one statement's writes and answers each caller; if a statement of several
+/// fails, tries each write alone.
+async fn run_group<B: Batch>(batch: Arc<B>, group: Vec<Queued<B>>) {
+    let (reqs, replies): (Vec<B::Req>, Vec<_>) = group.into_iter().unzip();
+    match batch.run(&reqs).await {
+        Ok(answers) if answers.len() == reqs.len() => {
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let _ = reply.send(Ok(answer));
+            }
+        }
+        Ok(answers) => {
+            let e = format!(
+                "a statement of {} writes gave {} answers",
+                reqs.len(),
+                answers.len()
+            );
+            tracing::error!(error = %e, "coalesced write answered wrongly");
+            for reply in replies {
+                let _ = reply.send(Err(StoreError::Batch(e.clone())));
+            }
+        }
+        Err(e) if reqs.len() == 1 => {
+            let _ = replies.into_iter().next().map(|r| r.send(Err(e)));
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, writes = reqs.len(), "a coalesced statement failed; trying its writes one by one");
+            for (req, reply) in reqs.into_iter().zip(replies) {
+                let answer = batch
+                    .run(std::slice::from_ref(&req))
+                    .await
+                    .and_then(|mut a| {
+                        a.pop().ok_or_else(|| {
+                            StoreError::Batch("a statement of one write gave no answer".into())
+                        })
+                    });
+                let _ = reply.send(answer);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Records each statement's keys; refuses any statement holding the key "bad", and
+    /// answers each write with its key's length.
+    struct Recorder {
+        statements: Mutex<Vec<Vec<String>>>,
+        gate: tokio::sync::Semaphore,
+    }
+
+    impl Recorder {
+        async fn record(&self, reqs: &[String]) -> StoreResult<Vec<usize>> {
+            // Held until the test lets statements finish, so writes pile up.
+            self.gate.acquire().await.unwrap().forget();
+            self.statements.lock().unwrap().push(reqs.to_vec());
+            if reqs.iter().any(|r| r == "bad") {
+                return Err(StoreError::Corrupt("refused".into()));
+            }
+            Ok(reqs.iter().map(String::len).collect())
+        }
+    }
+
+    #[tokio::test]
+    async fn writes_queued_together_share_statements_one_per_row_and_a_refusal_stays_with_its_writer()
+     {
+        let rec = Arc::new(Recorder {
+            statements: Mutex::default(),
+            gate: tokio::sync::Semaphore::new(0),
+        });
+        let c = Coalescer::start(Shared(rec.clone()));
+        // The first IN_FLIGHT writes start statements of their own and wait at the gate;
+        // everything queued behind them is coalesced.
+        let mut calls = Vec::new();
+        for k in ["a", "bb", "ccc", "dddd", "e", "ff", "e", "bad", "ggg"] {
+            let c = c.clone();
+            calls.push(tokio::spawn(async move { c.write(k.to_string()).await }));
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        rec.gate.add_permits(1_000);
+        let mut answers = Vec::new();
+        for call in calls {
+            answers.push(call.await.unwrap());
+        }
+        let ok: Vec<Option<usize>> = answers.iter().map(|a| a.as_ref().ok().copied()).collect();
+        assert_eq!(
+            ok,
+            vec![
+                Some(1),
+                Some(2),
+                Some(3),
+                Some(4),
+                Some(1),
+                Some(2),
+                Some(1),
+                None,
+                Some(3)
+            ]
+        );
+        assert!(
+            matches!(answers[7], Err(StoreError::Corrupt(_))),
+            "the refused write gets the database's own error: {:?}",
+            answers[7]
+        );
+        let statements = rec.statements.lock().unwrap().clone();
+        for s in &statements {
+            let distinct: HashSet<&String> = s.iter().collect();
+            assert_eq!(
+                distinct.len(),
+                s.len(),
+                "a row twice in one statement: {s:?}"
+            );
+        }
+        assert!(
+            statements.iter().any(|s| s.len() > 1),
+            "writes queued behind running statements were coalesced: {statements:?}"
+        );
+    }
+
+    /// The recorder as a kind of coalesced write (the test keeps a handle on it).
+    struct Shared(Arc<Recorder>);
+
+    impl Batch for Shared {
+        type Req = String;
+        type Resp = usize;
+
+        fn key(req: &String) -> &str {
+            req
+        }
+
+        async fn run(&self, reqs: &[String]) -> StoreResult<Vec<usize>> {
+            self.0.record(reqs).await
+        }
+    }
+}
