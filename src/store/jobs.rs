@@ -62,7 +62,9 @@ pub enum Claim {
     Started(Box<Job>),
     /// The message is stale: the job has moved on or ended. Carries the job as it is.
     Stale(Box<Job>),
-    /// Another delivery holds a live lease on this stage until the given time (epoch ms).
+    /// Another delivery holds a live lease on this stage until the given time (epoch ms),
+    /// or (the time is the claim's `now`) it handed the stage back an instant ago: try
+    /// again then.
     Busy(EpochMs),
     /// No such job.
     Missing,

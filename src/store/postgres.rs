@@ -206,8 +206,9 @@ impl Txn for ResultsTxn {
 }
 
 /// Claims as one statement: [`sql::CLAIM`] for one, [`sql::CLAIM_MANY_POSTGRES`] for
-/// more (rows taken in job-id order, as every such statement takes them, so two cannot
-/// deadlock on the same pair of jobs).
+/// more. The rows are handed over in job-id order, the order such a statement usually
+/// locks them in, so two of them rarely wait on each other in a cycle; when they do,
+/// Postgres fails one, and its writes are tried again one by one.
 pub(super) struct Claims(PgPool);
 
 impl Batch for Claims {
