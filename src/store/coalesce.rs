@@ -39,8 +39,11 @@ pub(super) trait Batch: Send + Sync + 'static {
     /// What that caller gets back.
     type Resp: Send + 'static;
 
+    /// What names the row a write changes.
+    type Key: Eq + std::hash::Hash;
+
     /// The row a write changes: two writes with the same key never share a statement.
-    fn key(req: &Self::Req) -> &str;
+    fn key(req: &Self::Req) -> Self::Key;
 
     /// Runs `reqs` (distinct keys) as one statement and returns one answer per write, in
     /// order.
@@ -132,7 +135,7 @@ fn take_group<B: Batch>(
     let mut group = Vec::with_capacity(start.len().min(MAX_BATCH));
     let mut keys = HashSet::new();
     let mut place = |q: Queued<B>, group: &mut Vec<Queued<B>>, held: &mut Vec<Queued<B>>| {
-        if group.len() < MAX_BATCH && keys.insert(B::key(&q.0).to_string()) {
+        if group.len() < MAX_BATCH && keys.insert(B::key(&q.0)) {
             group.push(q);
         } else {
             held.push(q);
@@ -279,9 +282,10 @@ mod tests {
     impl Batch for Shared {
         type Req = String;
         type Resp = usize;
+        type Key = String;
 
-        fn key(req: &String) -> &str {
-            req
+        fn key(req: &String) -> String {
+            req.clone()
         }
 
         async fn run(&self, reqs: &[String]) -> StoreResult<Vec<usize>> {

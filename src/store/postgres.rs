@@ -44,6 +44,8 @@ pub(crate) struct PostgresDb {
     claims: Coalescer<Claims>,
     /// Hand-offs, run many to a statement under load.
     advances: Coalescer<Advances>,
+    /// Published marks, many lists to a statement under load.
+    marks: Coalescer<Marks>,
 }
 
 impl PostgresDb {
@@ -59,11 +61,13 @@ impl PostgresDb {
         let results = GroupWriter::start(ResultsTxn::new(pool.clone()), "Postgres job ends");
         let claims = Coalescer::start(Claims(pool.clone()));
         let advances = Coalescer::start(Advances(pool.clone()));
+        let marks = Coalescer::start(Marks(pool.clone()));
         Ok(Self {
             pool,
             results,
             claims,
             advances,
+            marks,
         })
     }
 }
@@ -144,15 +148,10 @@ impl Dialect for PostgresDb {
         Ok(())
     }
 
-    /// Marks at once, in one statement (the list binds as a Postgres array, which the
-    /// shared statement API does not carry).
+    /// Through the process's marks coalescer: every job's end marks its result, and
+    /// one statement marks whatever marks have queued up.
     async fn mark_published(&self, seqs: &[i64], now: EpochMs) -> StoreResult<()> {
-        sqlx::query(sql::MARK_PUBLISHED_POSTGRES)
-            .bind(now.as_millis())
-            .bind(seqs)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.marks.write((seqs.to_vec(), now)).await
     }
 }
 
@@ -215,8 +214,10 @@ impl Batch for Claims {
     type Req = StageClaim;
     type Resp = Option<JobRow>;
 
-    fn key(req: &StageClaim) -> &str {
-        &req.job_id
+    type Key = String;
+
+    fn key(req: &StageClaim) -> String {
+        req.job_id.clone()
     }
 
     async fn run(&self, reqs: &[StageClaim]) -> StoreResult<Vec<Option<JobRow>>> {
@@ -254,8 +255,10 @@ impl Batch for Advances {
     type Req = StageAdvance;
     type Resp = Option<i64>;
 
-    fn key(req: &StageAdvance) -> &str {
-        &req.job_id
+    type Key = String;
+
+    fn key(req: &StageAdvance) -> String {
+        req.job_id.clone()
     }
 
     async fn run(&self, reqs: &[StageAdvance]) -> StoreResult<Vec<Option<i64>>> {
@@ -278,6 +281,38 @@ impl Batch for Advances {
             .await?;
         let mut by_id: HashMap<String, i64> = rows.into_iter().collect();
         Ok(reqs.iter().map(|a| by_id.remove(&a.job_id)).collect())
+    }
+}
+
+/// Published marks as one statement (the lists bind as one Postgres array, which the
+/// shared statement API does not carry), stamped with the latest of their times.
+pub(super) struct Marks(PgPool);
+
+impl Batch for Marks {
+    /// The results' sequence numbers, and when they were published.
+    type Req = (Vec<i64>, EpochMs);
+    type Resp = ();
+    /// A list's first result (callers' lists do not overlap; if two did, marking one
+    /// result twice in a statement would be harmless anyway).
+    type Key = Option<i64>;
+
+    fn key(req: &(Vec<i64>, EpochMs)) -> Option<i64> {
+        req.0.first().copied()
+    }
+
+    async fn run(&self, reqs: &[(Vec<i64>, EpochMs)]) -> StoreResult<Vec<()>> {
+        let seqs: Vec<i64> = reqs.iter().flat_map(|(s, _)| s.iter().copied()).collect();
+        let now = reqs
+            .iter()
+            .map(|(_, t)| *t)
+            .max()
+            .unwrap_or_else(EpochMs::now);
+        sqlx::query(sql::MARK_PUBLISHED_POSTGRES)
+            .bind(now.as_millis())
+            .bind(seqs)
+            .execute(&self.0)
+            .await?;
+        Ok(vec![(); reqs.len()])
     }
 }
 

@@ -9,6 +9,7 @@ use rollout::domain::{EpochMs, Outcome, Stage, Status, WorkMessage};
 use rollout::store::{Claim, FinishIf, NewJob, Store};
 use serde_json::json;
 
+use crate::eventually::{eventually, holds};
 use crate::helpers::{TestDb, synthetic};
 
 /// A fresh migrated store and the directory (and database) that hold it.
@@ -577,4 +578,61 @@ async fn racing_claims_and_hand_offs_of_many_jobs_apply_once_each_to_their_own_j
         assert_eq!(job.route.as_deref(), Some(format!("r{i}").as_str()));
         assert_eq!(job.init_output, Some(json!({ "job": i, "token": token })));
     }
+}
+
+/// Many tasks mark results published at once (every job's end marks its own; on Postgres
+/// the marks are coalesced into shared statements): exactly the marked ones stop being
+/// unpublished, whichever statement carried them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn results_marked_published_at_once_by_many_tasks_are_all_marked_and_no_others() {
+    const N: usize = 120;
+    let f = fixture().await;
+    let store = f.store.clone();
+    let jobs: Vec<NewJob> = (0..N).map(|_| new_job(None, None)).collect();
+    let submitted = store.submit("b", &jobs, EpochMs(1_000)).await.unwrap();
+    let mut seqs = Vec::new();
+    for s in &submitted {
+        let ended = store
+            .finish(
+                &FinishIf::Live,
+                &s.id,
+                &Outcome::done(1.0, json!({})),
+                EpochMs(2_000),
+            )
+            .await
+            .unwrap()
+            .expect("a queued job ends");
+        seqs.push(ended.result.seq);
+    }
+    // Every third result stays unmarked.
+    let (kept, marked): (Vec<i64>, Vec<i64>) = seqs.iter().partition(|&&s| s % 3 == 0);
+    let marking: Vec<_> = marked
+        .into_iter()
+        .map(|seq| {
+            let store = store.clone();
+            tokio::spawn(async move { store.mark_published(&[seq], EpochMs(3_000)).await })
+        })
+        .collect();
+    for m in marking {
+        m.await.unwrap().unwrap();
+    }
+    // SQLite applies marks shortly after `mark_published` returns.
+    let mut want = kept;
+    want.sort_unstable();
+    eventually(
+        "exactly the unmarked results are left unpublished",
+        std::time::Duration::from_secs(10),
+        || async {
+            let mut left: Vec<i64> = store
+                .unpublished_results(EpochMs::MAX, 1_000)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.seq)
+                .collect();
+            left.sort_unstable();
+            holds(left == want, left)
+        },
+    )
+    .await;
 }
