@@ -408,3 +408,103 @@ async fn a_duplicate_copy_of_a_running_stage_does_not_fail_the_job() {
         "the copy must not start the stage again"
     );
 }
+
+/// A kind whose RUN finishes its episode and then loses its sandbox at the export, every
+/// time (what a node's sandboxes being killed between the episode and its export looks
+/// like to the worker): `StageError::RestartWith` with the episode.
+struct EpisodeThenLostSandbox;
+
+#[async_trait::async_trait]
+impl rollout::kinds::TaskKind for EpisodeThenLostSandbox {
+    fn name(&self) -> &'static str {
+        "episode_then_lost_sandbox"
+    }
+
+    fn validate(&self, _spec: &serde_json::Value) -> Result<(), rollout::kinds::SpecError> {
+        Ok(())
+    }
+
+    async fn init(
+        &self,
+        _ctx: &rollout::kinds::StageContext,
+    ) -> Result<rollout::kinds::InitOutput, rollout::kinds::StageError> {
+        Ok(rollout::kinds::InitOutput {
+            output: serde_json::json!({}),
+            route: rollout::kinds::Route::ThisNode,
+        })
+    }
+
+    async fn run(
+        &self,
+        ctx: &rollout::kinds::StageContext,
+    ) -> Result<serde_json::Value, rollout::kinds::StageError> {
+        Err(rollout::kinds::StageError::RestartWith {
+            message: "the sandbox is gone at the export".into(),
+            output: serde_json::json!({"episode": ctx.job.id, "restarts": ctx.job.restarts}),
+        })
+    }
+
+    async fn eval(
+        &self,
+        _ctx: &rollout::kinds::StageContext,
+    ) -> Result<rollout::kinds::EvalOutput, rollout::kinds::StageError> {
+        Err(rollout::kinds::StageError::Failed(
+            "EVAL must not run without RUN's export".into(),
+        ))
+    }
+}
+
+/// A finished episode whose sandbox keeps dying at the export goes back to INIT until
+/// the restarts are used up, and then the job fails with the last episode kept as the
+/// result's RUN output: never a job that ran and recorded nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_episode_whose_sandbox_dies_at_export_once_restarts_are_used_up_fails_with_the_episode_kept()
+ {
+    let env = TestEnv::start(|s| s.sandbox.max_restarts = 1).await;
+    let mut deps = env.deps.clone();
+    deps.kinds
+        .register(std::sync::Arc::new(EpisodeThenLostSandbox));
+    for stage in Stage::ALL {
+        tokio::spawn(rollout::wiring::run_workers(
+            deps.clone(),
+            stage,
+            1,
+            env.shutdown.clone(),
+        ));
+    }
+    // The gateway does not know the test's kind: write the job and publish its INIT as
+    // the gateway would.
+    let job = rollout::store::NewJob {
+        id: uuid::Uuid::now_v7().to_string(),
+        kind: "episode_then_lost_sandbox".into(),
+        client_id: None,
+        group_id: None,
+        task: serde_json::json!({"kind": "episode_then_lost_sandbox", "spec": {}}),
+    };
+    deps.store
+        .submit("export", std::slice::from_ref(&job), EpochMs::now())
+        .await
+        .unwrap();
+    let init = rollout::domain::WorkMessage {
+        job_id: job.id.clone(),
+        stage: Stage::Init,
+        epoch: 0,
+    };
+    deps.queue.publish_work(&init, None).await.unwrap();
+
+    let results = env.wait_results("export", 1, Duration::from_secs(60)).await;
+    let r = &results[0];
+    assert_eq!(r.status, Status::Failed, "{r:?}");
+    let e = r.error.as_deref().unwrap_or_default();
+    assert!(
+        e.contains("the sandbox is gone at the export") && e.contains("giving up"),
+        "{e}"
+    );
+    assert_eq!(
+        r.output["run"],
+        serde_json::json!({"episode": job.id, "restarts": 1}),
+        "the last episode is the result's RUN output: {r:?}"
+    );
+    let stored = env.client.job(&job.id).await.unwrap().job;
+    assert_eq!((stored.restarts, stored.status), (1, Status::Failed));
+}
