@@ -486,6 +486,47 @@ mod tests {
         }
         let b_job = store.job(b).await.unwrap().unwrap();
         assert_eq!((b_job.status, b_job.stage), (Status::Running, Stage::Init));
+
+        // The history has a row per job per change, written by the statements' triggers:
+        // nothing for the claims that did not apply or the hand-off with a wrong token.
+        let history = |id: &str| {
+            let id = id.to_string();
+            let store = &store;
+            async move {
+                store
+                    .events(&id)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| {
+                        (
+                            e.event,
+                            e.stage.unwrap(),
+                            e.epoch.unwrap(),
+                            e.attempt.unwrap(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            }
+        };
+        let ev = |event: &str, stage: &str, epoch: i64, attempt: i64| {
+            (event.to_string(), stage.to_string(), epoch, attempt)
+        };
+        for id in [a, d] {
+            assert_eq!(
+                history(id).await,
+                vec![
+                    ev("queued", "init", 0, 0),
+                    ev("running", "init", 0, 1),
+                    ev("queued", "run", 1, 1)
+                ]
+            );
+        }
+        assert_eq!(
+            history(b).await,
+            vec![ev("queued", "init", 0, 0), ev("running", "init", 0, 1)]
+        );
+        assert_eq!(history(c).await, vec![ev("queued", "init", 0, 0)]);
         drop(store);
         unit.remove().await;
     }
