@@ -394,6 +394,28 @@ mod tests {
         }
     }
 
+    /// A job's history as (event, stage, epoch, attempt).
+    async fn history(store: &SqlStore<PostgresDb>, id: &str) -> Vec<(String, String, i64, i64)> {
+        store
+            .events(id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                (
+                    e.event,
+                    e.stage.unwrap(),
+                    e.epoch.unwrap(),
+                    e.attempt.unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn ev(event: &str, stage: &str, epoch: i64, attempt: i64) -> (String, String, i64, i64) {
+        (event.to_string(), stage.to_string(), epoch, attempt)
+    }
+
     /// The multi-row statements apply each write to its own job only, under the same
     /// conditions as the one-row ones, and answer each in request order (not the job-id
     /// order they run in). Runs when `ROLLOUT_TEST_DATABASE_URL` names a server.
@@ -489,32 +511,9 @@ mod tests {
 
         // The history has a row per job per change, written by the statements' triggers:
         // nothing for the claims that did not apply or the hand-off with a wrong token.
-        let history = |id: &str| {
-            let id = id.to_string();
-            let store = &store;
-            async move {
-                store
-                    .events(&id)
-                    .await
-                    .unwrap()
-                    .into_iter()
-                    .map(|e| {
-                        (
-                            e.event,
-                            e.stage.unwrap(),
-                            e.epoch.unwrap(),
-                            e.attempt.unwrap(),
-                        )
-                    })
-                    .collect::<Vec<_>>()
-            }
-        };
-        let ev = |event: &str, stage: &str, epoch: i64, attempt: i64| {
-            (event.to_string(), stage.to_string(), epoch, attempt)
-        };
         for id in [a, d] {
             assert_eq!(
-                history(id).await,
+                history(&store, id).await,
                 vec![
                     ev("queued", "init", 0, 0),
                     ev("running", "init", 0, 1),
@@ -523,10 +522,10 @@ mod tests {
             );
         }
         assert_eq!(
-            history(b).await,
+            history(&store, b).await,
             vec![ev("queued", "init", 0, 0), ev("running", "init", 0, 1)]
         );
-        assert_eq!(history(c).await, vec![ev("queued", "init", 0, 0)]);
+        assert_eq!(history(&store, c).await, vec![ev("queued", "init", 0, 0)]);
         drop(store);
         unit.remove().await;
     }
