@@ -2,15 +2,19 @@
 //!
 //! Each write runs on a pooled connection (in a transaction of its own when it is
 //! several statements), and Postgres's own concurrency does the rest — except a job's
-//! end. Result sequence numbers are
-//! identity values, handed out at insert but visible at commit, so two ends committing
-//! out of order would let a reader polling `seq > 10` see 11 and skip 10 for ever. Ends
-//! therefore take turns under a transaction-scoped advisory lock held until commit, and
-//! the results trigger also updates the batch's counter row, locked until commit too.
-//! One end per transaction would make one commit (one WAL flush) per job the whole
-//! service's ceiling, whatever the number of nodes; so each process hands its ends to
-//! a [`GroupWriter`] that takes the lock once for whatever has queued up and commits
-//! the lot together. Under load, a group grows while the previous one holds the lock.
+//! end. Result sequence numbers are identity values, handed out at insert but visible
+//! at commit, so two ends committing out of order would let a reader polling
+//! `seq > 10` see 11 and skip 10 for ever. Ends therefore take turns under a
+//! transaction-scoped advisory lock held until commit, and the results trigger also
+//! updates the batch's counter row, locked until commit too. One end per transaction
+//! would make one commit (one WAL flush) per job the whole service's ceiling, whatever
+//! the number of nodes; so each process hands its ends to a [`GroupWriter`] that takes
+//! the lock once for whatever has queued up and commits the lot together. Under load, a
+//! group grows while the previous one holds the lock.
+//!
+//! The other writes every job makes — three claims, two hand-offs, the published mark
+//! — go through a [`Coalescer`] each, which runs whatever has queued up as one
+//! multi-row statement: the server's cost is mostly per statement, not per row.
 
 use std::collections::HashMap;
 use std::time::Duration;
