@@ -431,15 +431,9 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         if let Some(row) = claimed {
             return Ok(Claim::Started(Box::new(row.into_job()?)));
         }
-        let mut conn = self.reader().await?;
-        let row: Option<JobRow> = query(sql::SELECT_JOB)
-            .bind(&msg.job_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-        let Some(row) = row else {
+        let Some(job) = self.job(&msg.job_id).await? else {
             return Ok(Claim::Missing);
         };
-        let job = row.into_job()?;
         let same_entry = job.stage == msg.stage && job.epoch == msg.epoch;
         Ok(match job.status {
             // Someone holds a live lease: this claim lost the race.

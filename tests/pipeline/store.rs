@@ -53,6 +53,20 @@ async fn submit_one(store: &dyn Store, batch: &str) -> WorkMessage {
     }
 }
 
+/// Submits `n` jobs to batch "b" and returns their INIT messages, in submit order.
+async fn submit_many(store: &dyn Store, n: usize) -> Vec<WorkMessage> {
+    let jobs: Vec<NewJob> = (0..n).map(|_| new_job(None, None)).collect();
+    let submitted = store.submit("b", &jobs, EpochMs(1_000)).await.unwrap();
+    submitted
+        .into_iter()
+        .map(|s| WorkMessage {
+            job_id: s.id,
+            stage: Stage::Init,
+            epoch: 0,
+        })
+        .collect()
+}
+
 /// Claims `msg` at `now` with a lease of 1 s and returns the claim's token.
 async fn claim(store: &dyn Store, msg: &WorkMessage, node: &str, now: i64) -> i64 {
     match store
@@ -416,17 +430,11 @@ async fn results_followed_by_cursor_while_two_stores_end_jobs_are_all_seen_once(
     let f = fixture().await;
     let other = rollout::store::connect(&f.db.url, 4).await.unwrap();
     let stores = [f.store.clone(), other];
-    let jobs: Vec<NewJob> = (0..N).map(|_| new_job(None, None)).collect();
-    let submitted = stores[0].submit("b", &jobs, EpochMs(1_000)).await.unwrap();
+    let msgs = submit_many(stores[0].as_ref(), N).await;
     let mut claims = Vec::new();
-    for s in &submitted {
-        let msg = WorkMessage {
-            job_id: s.id.clone(),
-            stage: Stage::Init,
-            epoch: 0,
-        };
-        let t = claim(stores[0].as_ref(), &msg, "n1", 2_000).await;
-        claims.push((msg, t));
+    for msg in &msgs {
+        let t = claim(stores[0].as_ref(), msg, "n1", 2_000).await;
+        claims.push((msg.clone(), t));
     }
 
     let ending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -484,7 +492,7 @@ async fn results_followed_by_cursor_while_two_stores_end_jobs_are_all_seen_once(
     let mut seen = reader.await.unwrap();
     assert_eq!(seen.len(), N, "the cursor missed or repeated results");
     seen.sort();
-    let mut want: Vec<String> = submitted.into_iter().map(|s| s.id).collect();
+    let mut want: Vec<String> = msgs.into_iter().map(|m| m.job_id).collect();
     want.sort();
     assert_eq!(seen, want);
     let batch = stores[0].batch("b").await.unwrap().unwrap();
@@ -502,16 +510,7 @@ async fn racing_claims_and_hand_offs_of_many_jobs_apply_once_each_to_their_own_j
     let f = fixture().await;
     let other = rollout::store::connect(&f.db.url, 4).await.unwrap();
     let stores = [f.store.clone(), other];
-    let jobs: Vec<NewJob> = (0..N).map(|_| new_job(None, None)).collect();
-    let submitted = stores[0].submit("b", &jobs, EpochMs(1_000)).await.unwrap();
-    let msgs: Vec<WorkMessage> = submitted
-        .iter()
-        .map(|s| WorkMessage {
-            job_id: s.id.clone(),
-            stage: Stage::Init,
-            epoch: 0,
-        })
-        .collect();
+    let msgs = submit_many(stores[0].as_ref(), N).await;
 
     // Two deliveries of every INIT message, one per store, all at once.
     let mut racing = Vec::new();
@@ -588,14 +587,12 @@ async fn results_marked_published_at_once_by_many_tasks_are_all_marked_and_no_ot
     const N: usize = 120;
     let f = fixture().await;
     let store = f.store.clone();
-    let jobs: Vec<NewJob> = (0..N).map(|_| new_job(None, None)).collect();
-    let submitted = store.submit("b", &jobs, EpochMs(1_000)).await.unwrap();
     let mut seqs = Vec::new();
-    for s in &submitted {
+    for msg in submit_many(store.as_ref(), N).await {
         let ended = store
             .finish(
                 &FinishIf::Live,
-                &s.id,
+                &msg.job_id,
                 &Outcome::done(1.0, json!({})),
                 EpochMs(2_000),
             )
