@@ -75,10 +75,12 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// and returns once it is committed. Result sequence numbers must become visible in
     /// the order they are handed out, so a reader paging by `seq` never skips one; and
     /// every job's end goes through here, so this is the service's hottest write.
+    /// `op` may run more than once (a dialect may roll a run of it back with its group
+    /// and run it again), so it is `Fn`.
     fn write_result<T, F>(&self, op: F) -> impl Future<Output = StoreResult<T>> + Send
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut Self::Conn) -> BoxFuture<'c, StoreResult<T>> + Send + 'static;
+        F: for<'c> Fn(&'c mut Self::Conn) -> BoxFuture<'c, StoreResult<T>> + Send + 'static;
 
     /// Called inside a write before it reads the backends' load and assigns one: two
     /// assignments must not both see the same counts.
@@ -152,6 +154,18 @@ pub(super) async fn advance_one<C: Conn>(
     Ok(row.map(|(epoch,)| epoch))
 }
 
+/// Answers a multi-row write's callers in request order from the `(job id, value)` rows
+/// its statement returned, in whatever order it ran them; a request without a row did
+/// not apply.
+pub(super) fn in_request_order<R, T>(
+    reqs: &[R],
+    rows: Vec<(String, T)>,
+    job_id: impl Fn(&R) -> &str,
+) -> Vec<Option<T>> {
+    let mut by_id: std::collections::HashMap<String, T> = rows.into_iter().collect();
+    reqs.iter().map(|r| by_id.remove(job_id(r))).collect()
+}
+
 /// The [`Store`](super::Store) over a database of dialect `D`.
 #[derive(Debug, Clone)]
 pub(crate) struct SqlStore<D> {
@@ -186,5 +200,165 @@ impl<D: Dialect> SqlStore<D> {
     /// A connection for reads.
     pub(super) async fn reader(&self) -> StoreResult<D::Reader> {
         self.db.reader().await
+    }
+}
+
+/// What the dialects' unit tests share.
+#[cfg(test)]
+pub(super) mod checks {
+    use super::*;
+    use crate::domain::Status;
+    use crate::store::{JobStore, NewJob};
+
+    fn claim(job_id: &str, epoch: i64, node: &str) -> StageClaim {
+        StageClaim {
+            job_id: job_id.into(),
+            stage: Stage::Init,
+            epoch,
+            node: node.into(),
+            lease_until: EpochMs(5_000),
+            now: EpochMs(2_000),
+        }
+    }
+
+    fn advance(job_id: &str, attempt: i64, output: &str) -> StageAdvance {
+        StageAdvance {
+            job_id: job_id.into(),
+            stage: Stage::Init,
+            epoch: 0,
+            next: Stage::Run,
+            now: EpochMs(3_000),
+            route: Some(format!("route-{output}")),
+            output: format!("{{\"out\":\"{output}\"}}"),
+            attempt,
+        }
+    }
+
+    /// A job's history as (event, stage, epoch, attempt).
+    async fn history<D: Dialect>(store: &SqlStore<D>, id: &str) -> Vec<(String, String, i64, i64)> {
+        store
+            .events(id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                (
+                    e.event,
+                    e.stage.unwrap(),
+                    e.epoch.unwrap(),
+                    e.attempt.unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn ev(event: &str, stage: &str, epoch: i64, attempt: i64) -> (String, String, i64, i64) {
+        (event.to_string(), stage.to_string(), epoch, attempt)
+    }
+
+    /// The check both dialects' multi-row claims and hand-offs pass (their unit tests call
+    /// it): each write applies to its own job only, under the same conditions as the
+    /// one-row statements, and is answered in request order.
+    pub(in crate::store) async fn multi_row_writes_apply_each_to_its_own_job<D: Dialect>(
+        store: &SqlStore<D>,
+        claims: &impl crate::store::coalesce::Batch<Req = StageClaim, Resp = Option<JobRow>>,
+        advances: &impl crate::store::coalesce::Batch<Req = StageAdvance, Resp = Option<i64>>,
+    ) {
+        let jobs: Vec<NewJob> = (0..4)
+            .map(|_| NewJob {
+                id: uuid::Uuid::now_v7().to_string(),
+                kind: "synthetic".into(),
+                client_id: None,
+                group_id: None,
+                task: serde_json::json!({"kind": "synthetic", "spec": {}}),
+            })
+            .collect();
+        store.submit("b", &jobs, EpochMs(1_000)).await.unwrap();
+        // Ids are time-ordered: asking in reverse makes request order differ from the
+        // statement's job-id order.
+        let [a, b, c, d] = [0, 1, 2, 3].map(|i| jobs[i].id.as_str());
+
+        let got = claims
+            .run(&[
+                claim(d, 0, "n-d"),
+                claim(c, 7, "n-c"),
+                claim(b, 0, "n-b"),
+                claim(a, 0, "n-a"),
+            ])
+            .await
+            .unwrap();
+        let got: Vec<Option<(String, String, i64)>> = got
+            .into_iter()
+            .map(|r| {
+                r.map(|r| {
+                    let j = r.into_job().unwrap();
+                    (j.id, j.node.unwrap(), j.attempts)
+                })
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                Some((d.into(), "n-d".into(), 1)),
+                None, // another stage entry: not claimed
+                Some((b.into(), "n-b".into(), 1)),
+                Some((a.into(), "n-a".into(), 1)),
+            ]
+        );
+        // Live leases: claiming again takes nothing.
+        let again = claims
+            .run(&[claim(a, 0, "x"), claim(b, 0, "x")])
+            .await
+            .unwrap();
+        assert!(again.iter().all(Option::is_none));
+
+        let got = advances
+            .run(&[
+                advance(d, 1, "d"),
+                advance(b, 2, "b"),
+                advance(a, 1, "a"),
+                advance(c, 1, "c"),
+            ])
+            .await
+            .unwrap();
+        // b's token is wrong, c was never claimed.
+        assert_eq!(got, vec![Some(1), None, Some(1), None]);
+        for (id, out) in [(a, "a"), (d, "d")] {
+            let j = store.job(id).await.unwrap().unwrap();
+            assert_eq!(
+                (j.status, j.stage, j.epoch, j.route.as_deref()),
+                (
+                    Status::Queued,
+                    Stage::Run,
+                    1,
+                    Some(format!("route-{out}").as_str())
+                )
+            );
+            assert_eq!(j.init_output, Some(serde_json::json!({ "out": out })));
+            assert_eq!(
+                (j.timings.init.finished_at, j.timings.run.queued_at),
+                (Some(3_000), Some(3_000))
+            );
+        }
+        let b_job = store.job(b).await.unwrap().unwrap();
+        assert_eq!((b_job.status, b_job.stage), (Status::Running, Stage::Init));
+
+        // The history has a row per job per change, written by the statements' triggers:
+        // nothing for the claims that did not apply or the hand-off with a wrong token.
+        for id in [a, d] {
+            assert_eq!(
+                history(store, id).await,
+                vec![
+                    ev("queued", "init", 0, 0),
+                    ev("running", "init", 0, 1),
+                    ev("queued", "run", 1, 1)
+                ]
+            );
+        }
+        assert_eq!(
+            history(store, b).await,
+            vec![ev("queued", "init", 0, 0), ev("running", "init", 0, 1)]
+        );
+        assert_eq!(history(store, c).await, vec![ev("queued", "init", 0, 0)]);
     }
 }

@@ -10,6 +10,11 @@
 //! write), commits once, and only then answers every caller. Callers see exactly the
 //! semantics of one transaction per write: a reply means the write is durable, and an
 //! error means nothing of it was applied.
+//!
+//! On Postgres, where a failed statement aborts the transaction, every write would need
+//! a savepoint; writes queued as repeatable ones (job ends) skip them while nothing
+//! fails, and a group with a failure is rolled back and run again under savepoints
+//! (see [`run_group`]).
 
 use std::future::Future;
 
@@ -22,18 +27,61 @@ use super::{StoreError, StoreResult};
 /// Most writes committed together.
 const MAX_GROUP: usize = 512;
 
-/// Hands a write's result (or its group's commit error) back to its caller.
-type Deliver = Box<dyn FnOnce(Option<&str>) + Send>;
+/// A queued write: it runs on the writer's connection, keeps its result, and answers its
+/// caller once, when its group is over.
+trait Op<C>: Send {
+    /// Whether the write runs several statements that must apply all or nothing (it
+    /// needs a savepoint where a group's writes are isolated by savepoints).
+    fn atomic(&self) -> bool;
+    /// Whether the write can run again after a run of it was rolled back.
+    fn repeatable(&self) -> bool;
+    /// Runs the write and keeps its result; true if it succeeded. A repeatable write's
+    /// later run replaces the result of its earlier one.
+    fn run<'c>(&'c mut self, conn: &'c mut C) -> BoxFuture<'c, bool>;
+    /// Answers the caller: the error of its group if the group did not commit,
+    /// otherwise the write's own result.
+    fn answer(self: Box<Self>, group_error: Option<&str>);
+}
 
-/// Runs a queued write and yields whether it succeeded and how to answer its caller.
-/// Called without a connection (its group could not start, or broke before reaching
-/// it) it only yields its `Deliver`.
-type RunOp<C> = Box<dyn for<'c> FnOnce(Option<&'c mut C>) -> BoxFuture<'c, (bool, Deliver)> + Send>;
-
-/// A queued write, and whether it needs a savepoint of its own.
-struct Op<C> {
+/// A write and what it came to so far.
+struct Queued<T, F> {
+    op: F,
     atomic: bool,
-    run: RunOp<C>,
+    repeatable: bool,
+    result: Option<StoreResult<T>>,
+    reply: oneshot::Sender<StoreResult<T>>,
+}
+
+impl<C, T, F> Op<C> for Queued<T, F>
+where
+    C: Conn,
+    T: Send + 'static,
+    F: for<'c> FnMut(&'c mut C) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
+{
+    fn atomic(&self) -> bool {
+        self.atomic
+    }
+
+    fn repeatable(&self) -> bool {
+        self.repeatable
+    }
+
+    fn run<'c>(&'c mut self, conn: &'c mut C) -> BoxFuture<'c, bool> {
+        Box::pin(async move {
+            let result = (self.op)(conn).await;
+            let ok = result.is_ok();
+            self.result = Some(result);
+            ok
+        })
+    }
+
+    fn answer(self: Box<Self>, group_error: Option<&str>) {
+        let _ = self.reply.send(match (group_error, self.result) {
+            (Some(e), _) => Err(StoreError::Batch(e.to_string())),
+            (None, Some(result)) => result,
+            (None, None) => Err(StoreError::Batch("not run".into())),
+        });
+    }
 }
 
 /// How a writer opens, commits and abandons its group's transaction.
@@ -42,7 +90,8 @@ pub(super) trait Txn: Send + 'static {
     type Conn: Conn + 'static;
     /// Whether one failed statement aborts the whole transaction (Postgres), so that
     /// every write needs a savepoint, not only those of several statements (SQLite
-    /// undoes a failed statement by itself).
+    /// undoes a failed statement by itself). A group of repeatable writes first runs
+    /// without them (see [`run_group`]).
     const SAVEPOINT_EVERY_WRITE: bool;
     /// Opens a transaction (and takes whatever it must hold while its writes run).
     fn begin(&mut self) -> impl Future<Output = Result<(), String>> + Send;
@@ -57,7 +106,7 @@ pub(super) trait Txn: Send + 'static {
 
 /// The queue of a writer task that commits writes in groups. Cloning it shares the task.
 pub(super) struct GroupWriter<C> {
-    ops: mpsc::Sender<Op<C>>,
+    ops: mpsc::Sender<Box<dyn Op<C>>>,
 }
 
 impl<C> Clone for GroupWriter<C> {
@@ -90,29 +139,56 @@ impl<C: Conn + 'static> GroupWriter<C> {
         T: Send + 'static,
         F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
     {
-        let (tx, rx) = oneshot::channel::<StoreResult<T>>();
-        let run: RunOp<C> = Box::new(move |conn| {
-            Box::pin(async move {
-                let result = match conn {
-                    Some(conn) => op(conn).await,
-                    None => Err(StoreError::Batch("not run".into())),
-                };
-                let ok = result.is_ok();
-                let deliver: Deliver = Box::new(move |group_error| {
-                    let _ = tx.send(match group_error {
-                        None => result,
-                        Some(e) => Err(StoreError::Batch(e.to_string())),
-                    });
-                });
-                (ok, deliver)
-            })
+        let mut op = Some(op);
+        let once = for_any_connection(move |conn: &mut C| match op.take() {
+            Some(op) => op(conn),
+            None => Box::pin(std::future::ready(Err(StoreError::Batch(
+                "a write that runs once was run again".into(),
+            )))),
         });
+        self.queue(atomic, false, once).await
+    }
+
+    /// Queues `op`, a write of several statements that can run again if a run of it is
+    /// rolled back, and waits until its group is committed. Such writes let a writer
+    /// whose statements abort the transaction on error (Postgres) run a group without
+    /// a savepoint per write.
+    pub(super) async fn write_repeatable<T, F>(&self, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: for<'c> Fn(&'c mut C) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
+    {
+        self.queue(true, true, op).await
+    }
+
+    async fn queue<T, F>(&self, atomic: bool, repeatable: bool, op: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnMut(&'c mut C) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
+    {
+        let (reply, rx) = oneshot::channel::<StoreResult<T>>();
+        let queued = Queued {
+            op,
+            atomic,
+            repeatable,
+            result: None,
+            reply,
+        };
         self.ops
-            .send(Op { atomic, run })
+            .send(Box::new(queued))
             .await
             .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
+}
+
+/// `f`, typed as a write for a connection of any lifetime (a closure's own inferred
+/// type names one lifetime).
+fn for_any_connection<C, T, F>(f: F) -> F
+where
+    F: for<'c> FnMut(&'c mut C) -> BoxFuture<'c, StoreResult<T>>,
+{
+    f
 }
 
 /// Runs one of a writer's own statements (`BEGIN`, `SAVEPOINT`, `COMMIT`, …).
@@ -124,32 +200,33 @@ pub(super) async fn exec<C: Conn>(conn: &mut C, statement: &'static str) -> Resu
 }
 
 /// Runs `op` on the open transaction, under a savepoint when it needs one; an error
-/// means the transaction itself is broken (not that the op failed: its own error goes
-/// to its caller through the returned `Deliver`).
-async fn run_one<T: Txn>(txn: &mut T, op: Op<T::Conn>) -> (Deliver, Result<(), String>) {
-    let savepoint = op.atomic || T::SAVEPOINT_EVERY_WRITE;
-    if savepoint && let Err(e) = exec(txn.conn(), "SAVEPOINT op").await {
-        return ((op.run)(None).await.1, Err(e));
+/// means the transaction itself is broken (not that the op failed: its own result is
+/// kept for its caller).
+async fn run_one<T: Txn>(txn: &mut T, op: &mut dyn Op<T::Conn>) -> Result<(), String> {
+    let savepoint = op.atomic() || T::SAVEPOINT_EVERY_WRITE;
+    if savepoint {
+        exec(txn.conn(), "SAVEPOINT op").await?;
     }
-    let (ok, deliver) = (op.run)(Some(txn.conn())).await;
+    let ok = op.run(txn.conn()).await;
     if !savepoint {
-        return (deliver, Ok(()));
+        return Ok(());
     }
     let conn = txn.conn();
-    let end = if ok {
+    if ok {
         exec(conn, "RELEASE SAVEPOINT op").await
     } else {
-        match exec(conn, "ROLLBACK TO SAVEPOINT op").await {
-            Ok(()) => exec(conn, "RELEASE SAVEPOINT op").await,
-            Err(e) => Err(e),
-        }
-    };
-    (deliver, end)
+        exec(conn, "ROLLBACK TO SAVEPOINT op").await?;
+        exec(conn, "RELEASE SAVEPOINT op").await
+    }
 }
 
 /// The writer task: commits queued writes in groups until every sender is gone.
-async fn run_writer<T: Txn>(mut txn: T, mut rx: mpsc::Receiver<Op<T::Conn>>, what: &'static str) {
-    let mut group: Vec<Op<T::Conn>> = Vec::with_capacity(MAX_GROUP);
+async fn run_writer<T: Txn>(
+    mut txn: T,
+    mut rx: mpsc::Receiver<Box<dyn Op<T::Conn>>>,
+    what: &'static str,
+) {
+    let mut group: Vec<Box<dyn Op<T::Conn>>> = Vec::with_capacity(MAX_GROUP);
     while let Some(op) = rx.recv().await {
         group.push(op);
         while group.len() < MAX_GROUP {
@@ -158,32 +235,88 @@ async fn run_writer<T: Txn>(mut txn: T, mut rx: mpsc::Receiver<Op<T::Conn>>, wha
                 Err(_) => break,
             }
         }
-        let mut failed = txn.begin().await.err();
-        let began = failed.is_none();
-        let mut delivers = Vec::with_capacity(group.len());
-        for op in group.drain(..) {
-            if failed.is_some() {
-                delivers.push((op.run)(None).await.1);
-                continue;
+        run_group(&mut txn, &mut group, what).await;
+    }
+}
+
+/// Runs one group and answers every write in it (draining `group`).
+///
+/// Where a failed statement aborts the transaction (`T::SAVEPOINT_EVERY_WRITE`) and
+/// every write in the group can run again, the group first runs without savepoints:
+/// a savepoint is two more round trips per write, made while every other group waits,
+/// and each one that writes is a subtransaction, of which Postgres tracks only 64 per
+/// transaction in shared memory before every other session's visibility checks start
+/// reading `pg_subtrans`. If a write fails there, the group is rolled back, that write
+/// keeps its own error (what it would have got under a savepoint: the writes before it
+/// were just as visible), and the others run again, under savepoints.
+async fn run_group<T: Txn>(txn: &mut T, group: &mut Vec<Box<dyn Op<T::Conn>>>, what: &str) {
+    if T::SAVEPOINT_EVERY_WRITE && group.iter().all(|op| op.repeatable()) {
+        match run_without_savepoints(txn, group).await {
+            Ok(None) => {
+                for op in group.drain(..) {
+                    op.answer(None);
+                }
+                return;
             }
-            let (deliver, broken) = run_one(&mut txn, op).await;
-            delivers.push(deliver);
-            failed = broken.err();
-        }
-        if failed.is_none()
-            && let Err(e) = txn.commit().await
-        {
-            failed = Some(e);
-        }
-        if let Some(e) = &failed {
-            tracing::error!(error = %e, writes = delivers.len(), "{what}: a group of writes failed; each is reported failed to its caller");
-            if began {
-                txn.rollback().await;
+            Ok(Some(failed)) => {
+                group.remove(failed).answer(None);
+                if group.is_empty() {
+                    return;
+                }
             }
+            Err(e) => return fail_group(group, &e, what),
         }
-        for deliver in delivers {
-            deliver(failed.as_deref());
+    }
+    let mut failed = txn.begin().await.err();
+    let began = failed.is_none();
+    for op in group.iter_mut() {
+        if failed.is_some() {
+            break;
         }
+        failed = run_one(txn, op.as_mut()).await.err();
+    }
+    if failed.is_none()
+        && let Err(e) = txn.commit().await
+    {
+        failed = Some(e);
+    }
+    if let Some(e) = failed {
+        if began {
+            txn.rollback().await;
+        }
+        return fail_group(group, &e, what);
+    }
+    for op in group.drain(..) {
+        op.answer(None);
+    }
+}
+
+/// Runs `group` in one transaction without savepoints: `Ok(None)` if it committed,
+/// `Ok(Some(i))` if write `i` failed (the transaction is rolled back), `Err` if the
+/// transaction could not begin or commit.
+async fn run_without_savepoints<T: Txn>(
+    txn: &mut T,
+    group: &mut [Box<dyn Op<T::Conn>>],
+) -> Result<Option<usize>, String> {
+    txn.begin().await?;
+    for (i, op) in group.iter_mut().enumerate() {
+        if !op.run(txn.conn()).await {
+            txn.rollback().await;
+            return Ok(Some(i));
+        }
+    }
+    if let Err(e) = txn.commit().await {
+        txn.rollback().await;
+        return Err(e);
+    }
+    Ok(None)
+}
+
+/// Answers every write of a group that did not commit with the group's error.
+fn fail_group<C>(group: &mut Vec<Box<dyn Op<C>>>, error: &str, what: &str) {
+    tracing::error!(error = %error, writes = group.len(), "{what}: a group of writes failed; each is reported failed to its caller");
+    for op in group.drain(..) {
+        op.answer(Some(error));
     }
 }
 
@@ -215,8 +348,12 @@ mod tests {
     /// Holds the writer on a first write until `n` more are queued, so they are all in
     /// the next group, then checks that each write came out as if it had had a
     /// transaction of its own: refused ones fail alone, the others apply, and no half of
-    /// a write remains.
-    async fn one_group_of_mixed_writes<C: Conn + 'static>(writer: GroupWriter<C>) -> Vec<i64> {
+    /// a write remains. With `repeatable`, the writes are queued as repeatable ones
+    /// (`write_repeatable`).
+    async fn one_group_of_mixed_writes<C: Conn + 'static>(
+        writer: GroupWriter<C>,
+        repeatable: bool,
+    ) -> Vec<i64> {
         const N: i64 = 60;
         let (release, held) = oneshot::channel::<()>();
         let (running, started) = oneshot::channel::<()>();
@@ -240,18 +377,12 @@ mod tests {
                 let w = writer.clone();
                 tokio::spawn(async move {
                     let k = kind(i);
-                    w.write(k == Kind::HalfDone, move |conn: &mut C| {
-                        Box::pin(async move {
-                            let v = (k != Kind::Refused).then(|| format!("v{i}"));
-                            let insert = "INSERT INTO group_test (id, v) VALUES ($1, $2)";
-                            conn.execute(query(insert).bind(i).bind(&v)).await?;
-                            if k == Kind::HalfDone {
-                                conn.execute(query(insert).bind(i).bind(&v)).await?;
-                            }
-                            Ok(())
-                        })
-                    })
-                    .await
+                    let op = mixed_write::<C>(i, k);
+                    if repeatable {
+                        w.write_repeatable(op).await
+                    } else {
+                        w.write(k == Kind::HalfDone, op).await
+                    }
                 })
             })
             .collect();
@@ -274,6 +405,24 @@ mod tests {
         applied
     }
 
+    /// Write `i` of kind `k`.
+    fn mixed_write<C: Conn>(
+        i: i64,
+        k: Kind,
+    ) -> impl for<'c> Fn(&'c mut C) -> BoxFuture<'c, StoreResult<()>> + Send + 'static {
+        move |conn| {
+            Box::pin(async move {
+                let v = (k != Kind::Refused).then(|| format!("v{i}"));
+                let insert = "INSERT INTO group_test (id, v) VALUES ($1, $2)";
+                conn.execute(query(insert).bind(i).bind(&v)).await?;
+                if k == Kind::HalfDone {
+                    conn.execute(query(insert).bind(i).bind(&v)).await?;
+                }
+                Ok(())
+            })
+        }
+    }
+
     fn expected() -> Vec<i64> {
         (0..60).filter(|i| kind(*i) == Kind::Good).collect()
     }
@@ -288,7 +437,7 @@ mod tests {
             .await
             .unwrap();
         let writer = GroupWriter::start(super::super::sqlite::WriterConn(conn), "test");
-        let applied = one_group_of_mixed_writes(writer.clone()).await;
+        let applied = one_group_of_mixed_writes(writer.clone(), false).await;
         assert_eq!(applied, expected());
         let stored: Vec<i64> = writer
             .write(false, |conn: &mut sqlx::SqliteConnection| {
@@ -305,33 +454,38 @@ mod tests {
     }
 
     /// On Postgres a refused statement aborts the whole transaction: without a
-    /// savepoint per write, every write after the first refused one would fail too.
-    /// Runs when `ROLLOUT_TEST_DATABASE_URL` names a server, in a database of its own.
+    /// savepoint per write, every write after the first refused one would fail too; and
+    /// a group of repeatable writes, run first without savepoints, must come out the
+    /// same. Runs when `ROLLOUT_TEST_DATABASE_URL` names a server, in a database of its
+    /// own.
     #[tokio::test]
     async fn postgres_writes_in_one_group_fail_alone() {
-        let Some(unit) = super::super::postgres::UnitDb::create().await else {
-            return;
-        };
-        let pool = sqlx::PgPool::connect(&unit.url).await.unwrap();
-        sqlx::query("CREATE TABLE group_test (id BIGINT PRIMARY KEY, v TEXT NOT NULL)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        let writer = GroupWriter::start(
-            super::super::postgres::ResultsTxn::new(pool.clone()),
-            "test",
-        );
-        let applied = one_group_of_mixed_writes(writer).await;
-        let stored: Vec<(i64,)> = sqlx::query_as("SELECT id FROM group_test ORDER BY id")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
-        unit.remove().await;
-        assert_eq!(applied, expected());
-        assert_eq!(
-            stored.into_iter().map(|r| r.0).collect::<Vec<_>>(),
-            expected()
-        );
+        for repeatable in [false, true] {
+            let Some(unit) = super::super::postgres::UnitDb::create().await else {
+                return;
+            };
+            let pool = sqlx::PgPool::connect(&unit.url).await.unwrap();
+            sqlx::query("CREATE TABLE group_test (id BIGINT PRIMARY KEY, v TEXT NOT NULL)")
+                .execute(&pool)
+                .await
+                .unwrap();
+            let writer = GroupWriter::start(
+                super::super::postgres::ResultsTxn::new(pool.clone()),
+                "test",
+            );
+            let applied = one_group_of_mixed_writes(writer, repeatable).await;
+            let stored: Vec<(i64,)> = sqlx::query_as("SELECT id FROM group_test ORDER BY id")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+            unit.remove().await;
+            assert_eq!(applied, expected(), "repeatable: {repeatable}");
+            assert_eq!(
+                stored.into_iter().map(|r| r.0).collect::<Vec<_>>(),
+                expected(),
+                "repeatable: {repeatable}"
+            );
+        }
     }
 }

@@ -6,6 +6,7 @@
 //! renew, release, advance or end the new claim.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -556,38 +557,41 @@ impl<D: Dialect> JobStore for SqlStore<D> {
             unleased_at,
         };
         let status = outcome.status;
-        let error = outcome.error.as_deref().map(|e| nul::scrub(e).into_owned());
+        // Shared, not copied, by each run of the write (it may run twice: see
+        // `Dialect::write_result`).
+        let error: Option<Arc<str>> = outcome.error.as_deref().map(|e| nul::scrub(e).into());
         let reward = if status == Status::Done {
             outcome.reward
         } else {
             None
         };
-        let eval_output = outcome
+        let eval_output: Option<Arc<str>> = outcome
             .eval_output
             .as_ref()
-            .map(|v| nul::scrub_json(v.to_string()));
-        let run_output = outcome
+            .map(|v| nul::scrub_json(v.to_string()).into());
+        let run_output: Option<Arc<str>> = outcome
             .run_output
             .as_ref()
-            .map(|v| nul::scrub_json(v.to_string()));
+            .map(|v| nul::scrub_json(v.to_string()).into());
         let first_end = end.clone();
         let first = self
             .db
             .write_result(move |conn: &mut D::Conn| {
+                let (end, error) = (first_end.clone(), error.clone());
+                let (eval_output, run_output) = (eval_output.clone(), run_output.clone());
                 Box::pin(async move {
-                    let end = first_end;
                     let row: Option<ResultRow> = query(D::FINISH)
                         .bind(&end.job_id)
                         .bind(end.stage)
                         .bind(end.epoch)
                         .bind(status.as_str())
-                        .bind(&error)
+                        .bind(error.as_deref())
                         .bind(now)
                         .bind(reward)
-                        .bind(&eval_output)
+                        .bind(eval_output.as_deref())
                         .bind(end.attempt)
                         .bind(end.unleased_at)
-                        .bind(&run_output)
+                        .bind(run_output.as_deref())
                         .fetch_optional(conn)
                         .await?;
                     ended(conn, row, now).await
@@ -610,15 +614,16 @@ impl<D: Dialect> JobStore for SqlStore<D> {
                 .map(|e| format!("{e}; "))
                 .unwrap_or_default()
         );
-        let error = nul::scrub(&error).into_owned();
+        let error: Arc<str> = nul::scrub(&error).into();
         self.db
             .write_result(move |conn: &mut D::Conn| {
+                let (end, error) = (end.clone(), error.clone());
                 Box::pin(async move {
                     let row: Option<ResultRow> = query(D::FINISH_BARE)
                         .bind(&end.job_id)
                         .bind(end.stage)
                         .bind(end.epoch)
-                        .bind(&error)
+                        .bind(&*error)
                         .bind(now)
                         .bind(end.attempt)
                         .bind(end.unleased_at)

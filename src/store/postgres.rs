@@ -16,7 +16,6 @@
 //! — go through a [`Coalescer`] each, which runs whatever has queued up as one
 //! multi-row statement: the server's cost is mostly per statement, not per row.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -25,7 +24,7 @@ use sqlx::postgres::{PgConnection, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
 use super::coalesce::{Batch, Coalescer};
-use super::dialect::{Dialect, StageAdvance, StageClaim, advance_one, claim_one};
+use super::dialect::{Dialect, StageAdvance, StageClaim, advance_one, claim_one, in_request_order};
 use super::group::{GroupWriter, Txn};
 use super::query::query;
 use super::rows::JobRow;
@@ -117,9 +116,9 @@ impl Dialect for PostgresDb {
     async fn write_result<T, F>(&self, op: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
+        F: for<'c> Fn(&'c mut PgConnection) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
     {
-        self.results.write(true, op).await
+        self.results.write_repeatable(op).await
     }
 
     /// Through the process's claim coalescer: one statement for whatever claims have
@@ -245,9 +244,8 @@ impl Batch for Claims {
             .bind(order.iter().map(|c| c.now.as_millis()).collect::<Vec<_>>())
             .fetch_all(&mut *conn)
             .await?;
-        let mut by_id: HashMap<String, JobRow> =
-            rows.into_iter().map(|r| (r.id().to_string(), r)).collect();
-        Ok(reqs.iter().map(|c| by_id.remove(&c.job_id)).collect())
+        let rows = rows.into_iter().map(|r| (r.id().to_string(), r)).collect();
+        Ok(in_request_order(reqs, rows, |c| &c.job_id))
     }
 }
 
@@ -283,8 +281,7 @@ impl Batch for Advances {
             .bind(order.iter().map(|a| a.attempt).collect::<Vec<_>>())
             .fetch_all(&mut *conn)
             .await?;
-        let mut by_id: HashMap<String, i64> = rows.into_iter().collect();
-        Ok(reqs.iter().map(|a| by_id.remove(&a.job_id)).collect())
+        Ok(in_request_order(reqs, rows, |a| &a.job_id))
     }
 }
 
@@ -370,55 +367,8 @@ impl UnitDb {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{Stage, Status};
     use crate::store::dialect::SqlStore;
-    use crate::store::{JobStore, NewJob};
-
-    fn claim(job_id: &str, epoch: i64, node: &str) -> StageClaim {
-        StageClaim {
-            job_id: job_id.into(),
-            stage: Stage::Init,
-            epoch,
-            node: node.into(),
-            lease_until: EpochMs(5_000),
-            now: EpochMs(2_000),
-        }
-    }
-
-    fn advance(job_id: &str, attempt: i64, output: &str) -> StageAdvance {
-        StageAdvance {
-            job_id: job_id.into(),
-            stage: Stage::Init,
-            epoch: 0,
-            next: Stage::Run,
-            now: EpochMs(3_000),
-            route: Some(format!("route-{output}")),
-            output: format!("{{\"out\":\"{output}\"}}"),
-            attempt,
-        }
-    }
-
-    /// A job's history as (event, stage, epoch, attempt).
-    async fn history(store: &SqlStore<PostgresDb>, id: &str) -> Vec<(String, String, i64, i64)> {
-        store
-            .events(id)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|e| {
-                (
-                    e.event,
-                    e.stage.unwrap(),
-                    e.epoch.unwrap(),
-                    e.attempt.unwrap(),
-                )
-            })
-            .collect()
-    }
-
-    fn ev(event: &str, stage: &str, epoch: i64, attempt: i64) -> (String, String, i64, i64) {
-        (event.to_string(), stage.to_string(), epoch, attempt)
-    }
+    use crate::store::dialect::checks::multi_row_writes_apply_each_to_its_own_job;
 
     /// The multi-row statements apply each write to its own job only, under the same
     /// conditions as the one-row ones, and answer each in request order (not the job-id
@@ -432,104 +382,12 @@ mod tests {
         db.migrate().await.unwrap();
         let pool = db.pool.clone();
         let store = SqlStore::new(db);
-        let jobs: Vec<NewJob> = (0..4)
-            .map(|_| NewJob {
-                id: uuid::Uuid::now_v7().to_string(),
-                kind: "synthetic".into(),
-                client_id: None,
-                group_id: None,
-                task: serde_json::json!({"kind": "synthetic", "spec": {}}),
-            })
-            .collect();
-        store.submit("b", &jobs, EpochMs(1_000)).await.unwrap();
-        // Ids are time-ordered: asking in reverse makes request order differ from the
-        // statement's job-id order.
-        let [a, b, c, d] = [0, 1, 2, 3].map(|i| jobs[i].id.as_str());
-
-        let claims = Claims(pool.clone());
-        let got = claims
-            .run(&[
-                claim(d, 0, "n-d"),
-                claim(c, 7, "n-c"),
-                claim(b, 0, "n-b"),
-                claim(a, 0, "n-a"),
-            ])
-            .await
-            .unwrap();
-        let got: Vec<Option<(String, String, i64)>> = got
-            .into_iter()
-            .map(|r| {
-                r.map(|r| {
-                    let j = r.into_job().unwrap();
-                    (j.id, j.node.unwrap(), j.attempts)
-                })
-            })
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                Some((d.into(), "n-d".into(), 1)),
-                None, // another stage entry: not claimed
-                Some((b.into(), "n-b".into(), 1)),
-                Some((a.into(), "n-a".into(), 1)),
-            ]
-        );
-        // Live leases: claiming again takes nothing.
-        let again = claims
-            .run(&[claim(a, 0, "x"), claim(b, 0, "x")])
-            .await
-            .unwrap();
-        assert!(again.iter().all(Option::is_none));
-
-        let advances = Advances(pool.clone());
-        let got = advances
-            .run(&[
-                advance(d, 1, "d"),
-                advance(b, 2, "b"),
-                advance(a, 1, "a"),
-                advance(c, 1, "c"),
-            ])
-            .await
-            .unwrap();
-        // b's token is wrong, c was never claimed.
-        assert_eq!(got, vec![Some(1), None, Some(1), None]);
-        for (id, out) in [(a, "a"), (d, "d")] {
-            let j = store.job(id).await.unwrap().unwrap();
-            assert_eq!(
-                (j.status, j.stage, j.epoch, j.route.as_deref()),
-                (
-                    Status::Queued,
-                    Stage::Run,
-                    1,
-                    Some(format!("route-{out}").as_str())
-                )
-            );
-            assert_eq!(j.init_output, Some(serde_json::json!({ "out": out })));
-            assert_eq!(
-                (j.timings.init.finished_at, j.timings.run.queued_at),
-                (Some(3_000), Some(3_000))
-            );
-        }
-        let b_job = store.job(b).await.unwrap().unwrap();
-        assert_eq!((b_job.status, b_job.stage), (Status::Running, Stage::Init));
-
-        // The history has a row per job per change, written by the statements' triggers:
-        // nothing for the claims that did not apply or the hand-off with a wrong token.
-        for id in [a, d] {
-            assert_eq!(
-                history(&store, id).await,
-                vec![
-                    ev("queued", "init", 0, 0),
-                    ev("running", "init", 0, 1),
-                    ev("queued", "run", 1, 1)
-                ]
-            );
-        }
-        assert_eq!(
-            history(&store, b).await,
-            vec![ev("queued", "init", 0, 0), ev("running", "init", 0, 1)]
-        );
-        assert_eq!(history(&store, c).await, vec![ev("queued", "init", 0, 0)]);
+        multi_row_writes_apply_each_to_its_own_job(
+            &store,
+            &Claims(pool.clone()),
+            &Advances(pool.clone()),
+        )
+        .await;
         drop(store);
         unit.remove().await;
     }

@@ -188,14 +188,19 @@ pub(super) const UNPUBLISHED: &str = concat!(
     " FROM results WHERE published_at IS NULL AND created_at < $1 ORDER BY seq LIMIT CAST($2 AS INTEGER)"
 );
 
+/// Queued jobs untouched since `$1` and running ones whose lease ended before it.
+/// `finished_at IS NULL` holds for exactly the queued and running jobs; it is there so
+/// Postgres reads them through its partial index `jobs_unfinished` (its jobs have no
+/// index on `status`, which would stop their updates from being HOT).
 pub(super) const SELECT_STALE: &str = "SELECT id, stage, epoch, route, status, attempts FROM jobs \
-     WHERE (status = 'queued' AND updated_at < $1) OR (status = 'running' AND lease_until < $1) \
+     WHERE finished_at IS NULL \
+     AND ((status = 'queued' AND updated_at < $1) OR (status = 'running' AND lease_until < $1)) \
      ORDER BY updated_at LIMIT CAST($2 AS INTEGER)";
 
 /// Queued jobs whose hand-off is between `$2` and `$1` old and untouched since (so each
 /// is checked once per hand-off): `updated_at` still equals the stage's queued time.
 pub(super) const SELECT_OVERDUE: &str = "SELECT id, stage, epoch, route, status, attempts FROM jobs \
-     WHERE status = 'queued' AND updated_at < $1 AND updated_at >= $2 \
+     WHERE finished_at IS NULL AND status = 'queued' AND updated_at < $1 AND updated_at >= $2 \
      AND updated_at = CASE stage WHEN 'init' THEN init_queued_at WHEN 'run' THEN run_queued_at \
      ELSE eval_queued_at END \
      ORDER BY updated_at LIMIT CAST($3 AS INTEGER)";
@@ -373,38 +378,90 @@ pub(super) const MARK_PUBLISHED_SQLITE: &str = "UPDATE results SET published_at 
 pub(super) const MARK_PUBLISHED_POSTGRES: &str =
     "UPDATE results SET published_at = $1 WHERE seq = ANY($2) AND published_at IS NULL";
 
-/// [`CLAIM`] for many stage entries at once (Postgres; one array per parameter, in
-/// `CLAIM`'s order, one element per claim, distinct jobs). Returns the claimed rows.
-pub(super) const CLAIM_MANY_POSTGRES: &str = concat!(
-    "UPDATE jobs SET status = 'running', attempts = attempts + 1, \
-     stage_attempts = stage_attempts + 1, node = c_node, lease_until = c_lease, \
-     updated_at = c_now, \
-     init_started_at = CASE WHEN stage = 'init' THEN c_now ELSE init_started_at END, \
-     run_started_at = CASE WHEN stage = 'run' THEN c_now ELSE run_started_at END, \
-     eval_started_at = CASE WHEN stage = 'eval' THEN c_now ELSE eval_started_at END \
-     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[]) \
-     AS c(c_id, c_stage, c_epoch, c_node, c_lease, c_now) \
-     WHERE id = c_id AND stage = c_stage AND epoch = c_epoch \
-     AND (status = 'queued' OR (status = 'running' AND lease_until < c_now)) RETURNING ",
-    job_cols!()
+/// [`CLAIM`] for many stage entries at once, over the rows `$from` yields (columns
+/// `c_id`, `c_stage`, `c_epoch`, `c_node`, `c_lease`, `c_now`; one row per claim, distinct
+/// jobs). Returns the claimed rows. `$status` is how the conditions name the `status`
+/// column: SQLite's planner, given a status test it can answer from the `jobs_status`
+/// index, scans every queued job and the array inside it instead of looking each
+/// job up by id; `+status` is SQLite's way to keep an index out of a plan.
+macro_rules! claim_many {
+    ($from:literal, $status:literal) => {
+        concat!(
+            "UPDATE jobs SET status = 'running', attempts = attempts + 1, \
+             stage_attempts = stage_attempts + 1, node = c_node, lease_until = c_lease, \
+             updated_at = c_now, \
+             init_started_at = CASE WHEN stage = 'init' THEN c_now ELSE init_started_at END, \
+             run_started_at = CASE WHEN stage = 'run' THEN c_now ELSE run_started_at END, \
+             eval_started_at = CASE WHEN stage = 'eval' THEN c_now ELSE eval_started_at END ",
+            $from,
+            " WHERE id = c_id AND stage = c_stage AND epoch = c_epoch AND (",
+            $status,
+            " = 'queued' OR (",
+            $status,
+            " = 'running' AND lease_until < c_now)) RETURNING ",
+            job_cols!()
+        )
+    };
+}
+
+/// [`ADVANCE`] for many stage entries at once, over the rows `$from` yields (columns
+/// `c_id`, `c_stage`, `c_epoch`, `c_next`, `c_now`, `c_route`, `c_output`, `c_attempt`;
+/// distinct jobs). Returns each advanced job's id and new epoch. `$status` as for
+/// [`claim_many!`].
+macro_rules! advance_many {
+    ($from:literal, $status:literal) => {
+        concat!(
+            "UPDATE jobs SET status = 'queued', stage = c_next, \
+             epoch = epoch + 1, stage_attempts = 0, \
+             lease_until = NULL, updated_at = c_now, route = COALESCE(c_route, route), \
+             init_output = CASE WHEN stage = 'init' THEN c_output ELSE init_output END, \
+             run_output = CASE WHEN stage = 'run' THEN c_output ELSE run_output END, \
+             init_finished_at = CASE WHEN stage = 'init' THEN c_now ELSE init_finished_at END, \
+             run_finished_at = CASE WHEN stage = 'run' THEN c_now ELSE run_finished_at END, \
+             run_queued_at = CASE WHEN c_next = 'run' THEN c_now ELSE run_queued_at END, \
+             eval_queued_at = CASE WHEN c_next = 'eval' THEN c_now ELSE eval_queued_at END ",
+            $from,
+            " WHERE id = c_id AND stage = c_stage AND epoch = c_epoch AND ",
+            $status,
+            " = 'running' AND attempts = c_attempt RETURNING id, epoch"
+        )
+    };
+}
+
+/// Postgres: [`claim_many!`] over one array per column, in `CLAIM`'s parameter order.
+pub(super) const CLAIM_MANY_POSTGRES: &str = claim_many!(
+    "FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[]) \
+     AS c(c_id, c_stage, c_epoch, c_node, c_lease, c_now)",
+    "status"
 );
 
-/// [`ADVANCE`] for many stage entries at once (Postgres; one array per parameter, in
-/// `ADVANCE`'s order, distinct jobs). Returns each advanced job's id and new epoch.
-pub(super) const ADVANCE_MANY_POSTGRES: &str = "UPDATE jobs SET status = 'queued', stage = c_next, \
-     epoch = epoch + 1, stage_attempts = 0, \
-     lease_until = NULL, updated_at = c_now, route = COALESCE(c_route, route), \
-     init_output = CASE WHEN stage = 'init' THEN c_output ELSE init_output END, \
-     run_output = CASE WHEN stage = 'run' THEN c_output ELSE run_output END, \
-     init_finished_at = CASE WHEN stage = 'init' THEN c_now ELSE init_finished_at END, \
-     run_finished_at = CASE WHEN stage = 'run' THEN c_now ELSE run_finished_at END, \
-     run_queued_at = CASE WHEN c_next = 'run' THEN c_now ELSE run_queued_at END, \
-     eval_queued_at = CASE WHEN c_next = 'eval' THEN c_now ELSE eval_queued_at END \
-     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[], \
+/// SQLite: [`claim_many!`] over the JSON array `$1` of objects with the keys `id`,
+/// `stage`, `epoch`, `node`, `lease`, `now`.
+pub(super) const CLAIM_MANY_SQLITE: &str = claim_many!(
+    "FROM (SELECT value ->> 'id' AS c_id, value ->> 'stage' AS c_stage, \
+     value ->> 'epoch' AS c_epoch, value ->> 'node' AS c_node, value ->> 'lease' AS c_lease, \
+     value ->> 'now' AS c_now FROM json_each($1)) AS c",
+    "+status"
+);
+
+/// Postgres: [`advance_many!`] over one array per column, in `ADVANCE`'s parameter order.
+pub(super) const ADVANCE_MANY_POSTGRES: &str = advance_many!(
+    "FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[], \
      $7::text[], $8::bigint[]) \
-     AS c(c_id, c_stage, c_epoch, c_next, c_now, c_route, c_output, c_attempt) \
-     WHERE id = c_id AND stage = c_stage AND epoch = c_epoch AND status = 'running' \
-     AND attempts = c_attempt RETURNING id, epoch";
+     AS c(c_id, c_stage, c_epoch, c_next, c_now, c_route, c_output, c_attempt)",
+    "status"
+);
+
+/// SQLite: [`advance_many!`] over the JSON array `$1` of objects with the keys `id`,
+/// `stage`, `epoch`, `next`, `now`, `route`, `output` (the output's JSON as a string),
+/// `attempt`.
+pub(super) const ADVANCE_MANY_SQLITE: &str = advance_many!(
+    "FROM (SELECT value ->> 'id' AS c_id, value ->> 'stage' AS c_stage, \
+     value ->> 'epoch' AS c_epoch, value ->> 'next' AS c_next, value ->> 'now' AS c_now, \
+     value ->> 'route' AS c_route, value ->> 'output' AS c_output, \
+     value ->> 'attempt' AS c_attempt FROM json_each($1)) AS c",
+    "+status"
+);
 
 /// Takes a transaction-scoped advisory lock (Postgres); the key is `$1`.
 pub(super) const ADVISORY_XACT_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";

@@ -12,6 +12,14 @@
 //! SQLite's busy handler while the lock sat free, and pay a commit each; one writer
 //! committing groups does neither, so throughput grows with load while a write alone
 //! still commits at once.
+//!
+//! **Coalesced claims and hand-offs.** Each statement is a round trip between the
+//! calling task and the connection's own thread (sqlx runs every SQLite connection on a
+//! thread of its own), and the writer runs its group's statements one after another;
+//! so the writer's pace is set by those round trips, not by SQLite. The writes every
+//! stage of every job makes (a claim and a hand-off) therefore go through a
+//! [`Coalescer`] each, which turns whatever has queued up into one multi-row statement
+//! over a JSON array, run by the writer like any other write.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -25,9 +33,11 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Sqlite, SqlitePool};
 
-use super::dialect::Dialect;
+use super::coalesce::{Batch, Coalescer};
+use super::dialect::{Dialect, StageAdvance, StageClaim, advance_one, claim_one, in_request_order};
 use super::group::{GroupWriter, Txn, exec};
 use super::query::query;
+use super::rows::JobRow;
 use super::{StoreError, StoreResult, sql};
 use crate::domain::EpochMs;
 
@@ -49,6 +59,10 @@ pub(crate) struct SqliteDb {
     opts: SqliteConnectOptions,
     /// Marks are coalesced: every result would otherwise cost a statement of its own.
     marks: Arc<Mutex<PendingMarks>>,
+    /// Claims, run many to a statement under load.
+    claims: Coalescer<Claims>,
+    /// Hand-offs, run many to a statement under load.
+    advances: Coalescer<Advances>,
 }
 
 impl SqliteDb {
@@ -83,6 +97,8 @@ impl SqliteDb {
         let writer = GroupWriter::start(WriterConn(writer), "SQLite");
         Ok(Self {
             pool,
+            claims: Coalescer::start(Claims(writer.clone())),
+            advances: Coalescer::start(Advances(writer.clone())),
             writer,
             opts,
             marks: Arc::default(),
@@ -135,11 +151,19 @@ impl Dialect for SqliteDb {
     async fn write_result<T, F>(&self, op: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, StoreResult<T>>
-            + Send
-            + 'static,
+        F: for<'c> Fn(&'c mut SqliteConnection) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
     {
         self.writer.write(true, op).await
+    }
+
+    /// Through the claim coalescer, then the writer (see the module's documentation).
+    async fn claim(&self, c: StageClaim) -> StoreResult<Option<JobRow>> {
+        self.claims.write(c).await
+    }
+
+    /// Through the hand-off coalescer, as claims.
+    async fn advance(&self, a: StageAdvance) -> StoreResult<Option<i64>> {
+        self.advances.write(a).await
     }
 
     /// The single writer already runs one assignment at a time.
@@ -194,6 +218,139 @@ impl Dialect for SqliteDb {
             });
         }
         Ok(())
+    }
+}
+
+/// One claim in [`sql::CLAIM_MANY_SQLITE`]'s JSON array.
+#[derive(serde::Serialize)]
+struct ClaimArg<'a> {
+    id: &'a str,
+    stage: &'a str,
+    epoch: i64,
+    node: &'a str,
+    lease: i64,
+    now: i64,
+}
+
+/// One hand-off in [`sql::ADVANCE_MANY_SQLITE`]'s JSON array.
+#[derive(serde::Serialize)]
+struct AdvanceArg<'a> {
+    id: &'a str,
+    stage: &'a str,
+    epoch: i64,
+    next: &'a str,
+    now: i64,
+    route: Option<&'a str>,
+    output: &'a str,
+    attempt: i64,
+}
+
+/// Claims as one write of the writer: [`sql::CLAIM`] for one,
+/// [`sql::CLAIM_MANY_SQLITE`] for more.
+pub(super) struct Claims(GroupWriter<SqliteConnection>);
+
+impl Batch for Claims {
+    type Req = StageClaim;
+    type Resp = Option<JobRow>;
+
+    type Key = String;
+
+    fn key(req: &StageClaim) -> String {
+        req.job_id.clone()
+    }
+
+    async fn run(&self, reqs: &[StageClaim]) -> StoreResult<Vec<Option<JobRow>>> {
+        if let [c] = reqs {
+            let c = c.clone();
+            let row = self
+                .0
+                .write(false, move |conn: &mut SqliteConnection| {
+                    Box::pin(async move { claim_one(conn, &c).await })
+                })
+                .await?;
+            return Ok(vec![row]);
+        }
+        let args: Vec<ClaimArg> = reqs
+            .iter()
+            .map(|c| ClaimArg {
+                id: &c.job_id,
+                stage: c.stage.as_str(),
+                epoch: c.epoch,
+                node: &c.node,
+                lease: c.lease_until.as_millis(),
+                now: c.now.as_millis(),
+            })
+            .collect();
+        let json = serde_json::to_string(&args).expect("claims serialise");
+        let rows = self
+            .0
+            .write(false, move |conn: &mut SqliteConnection| {
+                Box::pin(async move {
+                    let rows: Vec<JobRow> = query(sql::CLAIM_MANY_SQLITE)
+                        .bind(&json)
+                        .fetch_all(conn)
+                        .await?;
+                    Ok(rows)
+                })
+            })
+            .await?;
+        let rows = rows.into_iter().map(|r| (r.id().to_string(), r)).collect();
+        Ok(in_request_order(reqs, rows, |c| &c.job_id))
+    }
+}
+
+/// Hand-offs as one write of the writer: [`sql::ADVANCE`] for one,
+/// [`sql::ADVANCE_MANY_SQLITE`] for more.
+pub(super) struct Advances(GroupWriter<SqliteConnection>);
+
+impl Batch for Advances {
+    type Req = StageAdvance;
+    type Resp = Option<i64>;
+
+    type Key = String;
+
+    fn key(req: &StageAdvance) -> String {
+        req.job_id.clone()
+    }
+
+    async fn run(&self, reqs: &[StageAdvance]) -> StoreResult<Vec<Option<i64>>> {
+        if let [a] = reqs {
+            let a = a.clone();
+            let epoch = self
+                .0
+                .write(false, move |conn: &mut SqliteConnection| {
+                    Box::pin(async move { advance_one(conn, &a).await })
+                })
+                .await?;
+            return Ok(vec![epoch]);
+        }
+        let args: Vec<AdvanceArg> = reqs
+            .iter()
+            .map(|a| AdvanceArg {
+                id: &a.job_id,
+                stage: a.stage.as_str(),
+                epoch: a.epoch,
+                next: a.next.as_str(),
+                now: a.now.as_millis(),
+                route: a.route.as_deref(),
+                output: &a.output,
+                attempt: a.attempt,
+            })
+            .collect();
+        let json = serde_json::to_string(&args).expect("hand-offs serialise");
+        let rows = self
+            .0
+            .write(false, move |conn: &mut SqliteConnection| {
+                Box::pin(async move {
+                    let rows: Vec<(String, i64)> = query(sql::ADVANCE_MANY_SQLITE)
+                        .bind(&json)
+                        .fetch_all(conn)
+                        .await?;
+                    Ok(rows)
+                })
+            })
+            .await?;
+        Ok(in_request_order(reqs, rows, |a| &a.job_id))
     }
 }
 
@@ -257,6 +414,58 @@ fn lock_file(path: &Path) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::dialect::SqlStore;
+    use crate::store::dialect::checks::multi_row_writes_apply_each_to_its_own_job;
+
+    /// The JSON-array statements apply each claim and hand-off to its own job only,
+    /// under the one-row statements' conditions, answered in request order.
+    #[tokio::test]
+    async fn claims_and_hand_offs_of_several_jobs_in_one_statement_apply_each_to_its_own_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("r.db").display());
+        let db = SqliteDb::connect(&url, 2).await.unwrap();
+        db.migrate().await.unwrap();
+        let writer = db.writer.clone();
+        let store = SqlStore::new(db);
+        multi_row_writes_apply_each_to_its_own_job(
+            &store,
+            &Claims(writer.clone()),
+            &Advances(writer),
+        )
+        .await;
+    }
+
+    /// The multi-row statements look each job up by id. A plan that reaches `jobs`
+    /// another way (through `jobs_status`, which SQLite prefers when it may) reads every
+    /// queued job for each statement, so the statements' cost would grow with the
+    /// backlog instead of with the batch.
+    #[tokio::test]
+    async fn multi_row_statements_find_their_jobs_by_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("r.db").display());
+        let db = SqliteDb::connect(&url, 2).await.unwrap();
+        db.migrate().await.unwrap();
+        let mut conn = db.reader().await.unwrap();
+        for statement in [sql::CLAIM_MANY_SQLITE, sql::ADVANCE_MANY_SQLITE] {
+            let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "EXPLAIN QUERY PLAN {statement}"
+            )))
+            .bind("[]")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+            let jobs: Vec<&str> = plan
+                .iter()
+                .map(|(.., detail)| detail.as_str())
+                .filter(|d| d.contains("jobs"))
+                .collect();
+            assert_eq!(
+                jobs,
+                vec!["SEARCH jobs USING INDEX sqlite_autoindex_jobs_1 (id=?)"],
+                "{plan:?}"
+            );
+        }
+    }
 
     /// Six processes' worth of stores opening one fresh database at once, five times:
     /// every one migrates (without the lock, most trials lost some to `table … already
