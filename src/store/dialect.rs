@@ -55,6 +55,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     const FINISH: &'static str;
     /// Ends a job as failed without its output (see `sql::finish_bare!`).
     const FINISH_BARE: &'static str;
+    /// Inserts a submit's jobs from a JSON array (see `sql::insert_jobs!`).
+    const INSERT_JOBS: &'static str;
 
     /// Applies pending migrations.
     fn migrate(&self) -> impl Future<Output = StoreResult<()>> + Send;

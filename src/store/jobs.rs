@@ -5,7 +5,7 @@
 //! the claim's token: a worker whose lease lapsed and was taken over can no longer
 //! renew, release, advance or end the new claim.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -266,12 +266,23 @@ impl<D: Dialect> SqlStore<D> {
 /// `conn`, inside the caller's transaction: a submit's whole work, shared by a plain
 /// submit and a sampling batch's launch. A job whose `client_id` exists already is
 /// answered with that job, `duplicate = true`.
-pub(super) async fn insert_jobs<C: Conn>(
-    conn: &mut C,
+pub(super) async fn insert_jobs<D: Dialect>(
+    conn: &mut D::Conn,
     batch_id: &str,
     jobs: &[NewJob],
     now: EpochMs,
 ) -> StoreResult<Vec<Submitted>> {
+    /// Jobs in one statement.
+    const CHUNK: usize = 1_000;
+    /// One job in `D::INSERT_JOBS`'s JSON array.
+    #[derive(Serialize)]
+    struct JobArg<'a> {
+        id: &'a str,
+        group_id: Option<&'a str>,
+        client_id: Option<&'a str>,
+        kind: &'a str,
+        task: String,
+    }
     query(sql::INSERT_BATCH)
         .bind(batch_id)
         .bind(now)
@@ -286,48 +297,57 @@ pub(super) async fn insert_jobs<C: Conn>(
     let mut out: Vec<Option<Submitted>> = vec![None; jobs.len()];
     let mut inserted_count = 0i64;
     let mut groups = BTreeMap::<&str, i64>::new();
-    for i in order {
-        let job = &jobs[i];
-        let task = job.task.to_string();
-        let inserted: Option<(String,)> = query(sql::INSERT_JOB)
-            .bind(&job.id)
+    for chunk in order.chunks(CHUNK) {
+        let args: Vec<JobArg> = chunk
+            .iter()
+            .map(|&i| JobArg {
+                id: &jobs[i].id,
+                group_id: jobs[i].group_id.as_deref(),
+                client_id: jobs[i].client_id.as_deref(),
+                kind: &jobs[i].kind,
+                task: jobs[i].task.to_string(),
+            })
+            .collect();
+        let args = serde_json::to_string(&args).expect("jobs serialise");
+        let inserted: Vec<(String,)> = query(D::INSERT_JOBS)
+            .bind(&args)
             .bind(batch_id)
-            .bind(&job.group_id)
-            .bind(&job.client_id)
-            .bind(&job.kind)
-            .bind(&task)
             .bind(now)
-            .fetch_optional(conn)
+            .fetch_all(conn)
             .await?;
-        out[i] = Some(if inserted.is_some() {
-            inserted_count += 1;
-            if let Some(group) = &job.group_id {
-                *groups.entry(group.as_str()).or_default() += 1;
-            }
-            Submitted {
-                id: job.id.clone(),
-                client_id: job.client_id.clone(),
-                status: Status::Queued,
-                stage: Stage::Init,
-                epoch: 0,
-                duplicate: false,
-            }
-        } else {
-            let (id, status, stage, epoch): (String, String, String, i64) =
-                query(sql::SELECT_BY_CLIENT)
-                    .bind(&job.client_id)
-                    .fetch_optional(conn)
-                    .await?
-                    .ok_or(sqlx::Error::RowNotFound)?;
-            Submitted {
-                id,
-                client_id: job.client_id.clone(),
-                status: parse_status(&status)?,
-                stage: parse_stage(&stage)?,
-                epoch,
-                duplicate: true,
-            }
-        });
+        let inserted: HashSet<String> = inserted.into_iter().map(|(id,)| id).collect();
+        for &i in chunk {
+            let job = &jobs[i];
+            out[i] = Some(if inserted.contains(&job.id) {
+                inserted_count += 1;
+                if let Some(group) = &job.group_id {
+                    *groups.entry(group.as_str()).or_default() += 1;
+                }
+                Submitted {
+                    id: job.id.clone(),
+                    client_id: job.client_id.clone(),
+                    status: Status::Queued,
+                    stage: Stage::Init,
+                    epoch: 0,
+                    duplicate: false,
+                }
+            } else {
+                let (id, status, stage, epoch): (String, String, String, i64) =
+                    query(sql::SELECT_BY_CLIENT)
+                        .bind(&job.client_id)
+                        .fetch_optional(conn)
+                        .await?
+                        .ok_or(sqlx::Error::RowNotFound)?;
+                Submitted {
+                    id,
+                    client_id: job.client_id.clone(),
+                    status: parse_status(&status)?,
+                    stage: parse_stage(&stage)?,
+                    epoch,
+                    duplicate: true,
+                }
+            });
+        }
     }
     for (group, n) in groups {
         query(sql::INSERT_GROUP)
@@ -385,7 +405,7 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         let batch_id = batch_id.to_string();
         let jobs = jobs.to_vec();
         self.write_atomic(move |conn: &mut D::Conn| {
-            Box::pin(async move { insert_jobs(conn, &batch_id, &jobs, now).await })
+            Box::pin(async move { insert_jobs::<D>(conn, &batch_id, &jobs, now).await })
         })
         .await
     }

@@ -81,6 +81,7 @@ impl Dialect for PostgresDb {
 
     const FINISH: &'static str = sql::FINISH_POSTGRES;
     const FINISH_BARE: &'static str = sql::FINISH_BARE_POSTGRES;
+    const INSERT_JOBS: &'static str = sql::INSERT_JOBS_POSTGRES;
 
     async fn migrate(&self) -> StoreResult<()> {
         Self::MIGRATOR.run(&self.pool).await?;

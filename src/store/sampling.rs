@@ -447,7 +447,7 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
                 )
                 .await?;
                 let jobs: Vec<NewJob> = groups.iter().flat_map(|(_, j)| j.clone()).collect();
-                let submitted = insert_jobs(conn, &batch_id, &jobs, now).await?;
+                let submitted = insert_jobs::<D>(conn, &batch_id, &jobs, now).await?;
                 for (idx, _) in &groups {
                     query(sql::INSERT_SAMPLING_GROUP)
                         .bind(&batch_id)

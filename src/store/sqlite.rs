@@ -127,6 +127,7 @@ impl Dialect for SqliteDb {
 
     const FINISH: &'static str = sql::FINISH_SQLITE;
     const FINISH_BARE: &'static str = sql::FINISH_BARE_SQLITE;
+    const INSERT_JOBS: &'static str = sql::INSERT_JOBS_SQLITE;
 
     async fn migrate(&self) -> StoreResult<()> {
         self.run_migrations().await

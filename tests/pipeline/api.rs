@@ -203,13 +203,17 @@ async fn submit_with_client_ids_is_idempotent() {
         r.jobs.iter().map(|j| j.id.clone()).collect::<Vec<_>>()
     };
     assert_eq!(ids(&first), ids(&second));
-    // A mixed resubmit creates only the new one.
+    // A mixed resubmit creates only the new one, once even where the request repeats
+    // it (the repeat is answered as a duplicate of it).
     let mut more = tasks.clone();
     let mut extra = synthetic(serde_json::json!({}));
     extra.client_id = Some("step1-p5".into());
+    more.push(extra.clone());
     more.push(extra);
     let third = env.client.submit(&more, Some("idem")).await.unwrap();
     assert_eq!(third.jobs.iter().filter(|j| !j.duplicate).count(), 1);
+    assert!(!third.jobs[5].duplicate && third.jobs[6].duplicate);
+    assert_eq!(third.jobs[5].id, third.jobs[6].id);
     assert_eq!(total_jobs(&env).await, 6);
     let batch = env
         .client
