@@ -2,9 +2,10 @@
 //!
 //! [`SqlStore`] holds every method body once; a [`Dialect`] supplies the handful of
 //! things that differ: how a write runs (SQLite queues it for its single group-commit
-//! writer; Postgres gives it a pooled transaction of its own), how a job's end is
-//! written so that result sequence numbers become visible in commit order, how backend
-//! assignments take turns, how a list of results is marked published, and the two
+//! writer; Postgres runs it on a pooled connection, in a transaction of its own when it
+//! is several statements), how a job's end is written so that result sequence numbers
+//! become visible in commit order, how claims and hand-offs are coalesced, how backend
+//! assignments take turns, how a list of results is marked published, and the
 //! statements whose SQL differs.
 
 use std::future::Future;
@@ -12,9 +13,9 @@ use std::ops::DerefMut;
 
 use futures::future::BoxFuture;
 
-use super::query::{Conn, query};
+use super::StoreResult;
+use super::query::Conn;
 use super::rows::JobRow;
-use super::{StoreResult, sql};
 use crate::domain::{EpochMs, Stage};
 
 /// A claim of a job's stage entry (see `sql::CLAIM`): the hottest write with the hand-off,
@@ -96,21 +97,14 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         batch_id: &str,
     ) -> impl Future<Output = StoreResult<()>> + Send;
 
-    /// Claims a stage entry; returns the job's row if the claim applied. One statement
-    /// (see [`write`](Dialect::write)) unless a dialect does better.
-    fn claim(&self, c: StageClaim) -> impl Future<Output = StoreResult<Option<JobRow>>> + Send {
-        self.write(false, move |conn: &mut Self::Conn| {
-            Box::pin(async move { claim_one(conn, &c).await })
-        })
-    }
+    /// Claims a stage entry; returns the job's row if the claim applied. Every stage of
+    /// every job starts with one, so both dialects run whatever claims have queued up
+    /// as one statement (see [`coalesce`](super::coalesce)).
+    fn claim(&self, c: StageClaim) -> impl Future<Output = StoreResult<Option<JobRow>>> + Send;
 
     /// Hands a claimed stage to the next; returns the new stage entry's epoch if it
-    /// applied. One statement unless a dialect does better.
-    fn advance(&self, a: StageAdvance) -> impl Future<Output = StoreResult<Option<i64>>> + Send {
-        self.write(false, move |conn: &mut Self::Conn| {
-            Box::pin(async move { advance_one(conn, &a).await })
-        })
-    }
+    /// applied. Coalesced as claims are.
+    fn advance(&self, a: StageAdvance) -> impl Future<Output = StoreResult<Option<i64>>> + Send;
 
     /// Marks results (never an empty list) as published; may apply shortly after it
     /// returns (see [`ResultStore::mark_published`](super::ResultStore::mark_published)).
@@ -119,41 +113,6 @@ pub(crate) trait Dialect: Send + Sync + 'static {
         seqs: &[i64],
         now: EpochMs,
     ) -> impl Future<Output = StoreResult<()>> + Send;
-}
-
-/// Runs one claim as its own statement.
-pub(super) async fn claim_one<C: Conn>(
-    conn: &mut C,
-    c: &StageClaim,
-) -> StoreResult<Option<JobRow>> {
-    Ok(query(sql::CLAIM)
-        .bind(&c.job_id)
-        .bind(c.stage.as_str())
-        .bind(c.epoch)
-        .bind(&c.node)
-        .bind(c.lease_until)
-        .bind(c.now)
-        .fetch_optional(conn)
-        .await?)
-}
-
-/// Runs one hand-off as its own statement.
-pub(super) async fn advance_one<C: Conn>(
-    conn: &mut C,
-    a: &StageAdvance,
-) -> StoreResult<Option<i64>> {
-    let row: Option<(i64,)> = query(sql::ADVANCE)
-        .bind(&a.job_id)
-        .bind(a.stage.as_str())
-        .bind(a.epoch)
-        .bind(a.next.as_str())
-        .bind(a.now)
-        .bind(&a.route)
-        .bind(&a.output)
-        .bind(a.attempt)
-        .fetch_optional(conn)
-        .await?;
-    Ok(row.map(|(epoch,)| epoch))
 }
 
 /// Answers a multi-row write's callers in request order from the `(job id, value)` rows

@@ -24,7 +24,7 @@ use sqlx::postgres::{PgConnection, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
 use super::coalesce::{Batch, Coalescer};
-use super::dialect::{Dialect, StageAdvance, StageClaim, advance_one, claim_one, in_request_order};
+use super::dialect::{Dialect, StageAdvance, StageClaim, in_request_order};
 use super::group::{GroupWriter, Txn};
 use super::query::query;
 use super::rows::JobRow;
@@ -227,7 +227,7 @@ impl Batch for Claims {
     async fn run(&self, reqs: &[StageClaim]) -> StoreResult<Vec<Option<JobRow>>> {
         let mut conn = self.0.acquire().await?;
         if let [c] = reqs {
-            return Ok(vec![claim_one(&mut *conn, c).await?]);
+            return Ok(vec![claim_one(&mut conn, c).await?]);
         }
         let mut order: Vec<&StageClaim> = reqs.iter().collect();
         order.sort_by(|a, b| a.job_id.cmp(&b.job_id));
@@ -267,7 +267,7 @@ impl Batch for Advances {
     async fn run(&self, reqs: &[StageAdvance]) -> StoreResult<Vec<Option<i64>>> {
         let mut conn = self.0.acquire().await?;
         if let [a] = reqs {
-            return Ok(vec![advance_one(&mut *conn, a).await?]);
+            return Ok(vec![advance_one(&mut conn, a).await?]);
         }
         let mut order: Vec<&StageAdvance> = reqs.iter().collect();
         order.sort_by(|a, b| a.job_id.cmp(&b.job_id));
@@ -284,6 +284,35 @@ impl Batch for Advances {
             .await?;
         Ok(in_request_order(reqs, rows, |a| &a.job_id))
     }
+}
+
+/// Runs one claim as its own statement.
+async fn claim_one(conn: &mut PgConnection, c: &StageClaim) -> StoreResult<Option<JobRow>> {
+    Ok(query(sql::CLAIM)
+        .bind(&c.job_id)
+        .bind(c.stage.as_str())
+        .bind(c.epoch)
+        .bind(&c.node)
+        .bind(c.lease_until)
+        .bind(c.now)
+        .fetch_optional(conn)
+        .await?)
+}
+
+/// Runs one hand-off as its own statement.
+async fn advance_one(conn: &mut PgConnection, a: &StageAdvance) -> StoreResult<Option<i64>> {
+    let row: Option<(i64,)> = query(sql::ADVANCE)
+        .bind(&a.job_id)
+        .bind(a.stage.as_str())
+        .bind(a.epoch)
+        .bind(a.next.as_str())
+        .bind(a.now)
+        .bind(&a.route)
+        .bind(&a.output)
+        .bind(a.attempt)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(|(epoch,)| epoch))
 }
 
 /// Published marks as one statement (the lists bind as one Postgres array, which the

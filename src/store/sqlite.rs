@@ -34,7 +34,7 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Sqlite, SqlitePool};
 
 use super::coalesce::{Batch, Coalescer};
-use super::dialect::{Dialect, StageAdvance, StageClaim, advance_one, claim_one, in_request_order};
+use super::dialect::{Dialect, StageAdvance, StageClaim, in_request_order};
 use super::group::{GroupWriter, Txn, exec};
 use super::query::query;
 use super::rows::JobRow;
@@ -246,8 +246,8 @@ struct AdvanceArg<'a> {
     attempt: i64,
 }
 
-/// Claims as one write of the writer: [`sql::CLAIM`] for one,
-/// [`sql::CLAIM_MANY_SQLITE`] for more.
+/// Claims as one write of the writer, [`sql::CLAIM_MANY_SQLITE`], however many (one
+/// statement is one round trip to the connection's thread either way).
 pub(super) struct Claims(GroupWriter<SqliteConnection>);
 
 impl Batch for Claims {
@@ -261,16 +261,6 @@ impl Batch for Claims {
     }
 
     async fn run(&self, reqs: &[StageClaim]) -> StoreResult<Vec<Option<JobRow>>> {
-        if let [c] = reqs {
-            let c = c.clone();
-            let row = self
-                .0
-                .write(false, move |conn: &mut SqliteConnection| {
-                    Box::pin(async move { claim_one(conn, &c).await })
-                })
-                .await?;
-            return Ok(vec![row]);
-        }
         let args: Vec<ClaimArg> = reqs
             .iter()
             .map(|c| ClaimArg {
@@ -300,8 +290,7 @@ impl Batch for Claims {
     }
 }
 
-/// Hand-offs as one write of the writer: [`sql::ADVANCE`] for one,
-/// [`sql::ADVANCE_MANY_SQLITE`] for more.
+/// Hand-offs as one write of the writer, [`sql::ADVANCE_MANY_SQLITE`], as claims.
 pub(super) struct Advances(GroupWriter<SqliteConnection>);
 
 impl Batch for Advances {
@@ -315,16 +304,6 @@ impl Batch for Advances {
     }
 
     async fn run(&self, reqs: &[StageAdvance]) -> StoreResult<Vec<Option<i64>>> {
-        if let [a] = reqs {
-            let a = a.clone();
-            let epoch = self
-                .0
-                .write(false, move |conn: &mut SqliteConnection| {
-                    Box::pin(async move { advance_one(conn, &a).await })
-                })
-                .await?;
-            return Ok(vec![epoch]);
-        }
         let args: Vec<AdvanceArg> = reqs
             .iter()
             .map(|a| AdvanceArg {
