@@ -42,6 +42,9 @@ pub(super) trait Batch: Send + Sync + 'static {
     /// What names the row a write changes.
     type Key: Eq + std::hash::Hash;
 
+    /// Most statements of this kind running at once.
+    const IN_FLIGHT: usize = IN_FLIGHT;
+
     /// The row a write changes: two writes with the same key never share a statement.
     fn key(req: &Self::Req) -> Self::Key;
 
@@ -106,7 +109,7 @@ async fn run<B: Batch>(batch: Arc<B>, mut rx: mpsc::Receiver<Queued<B>>) {
         if !open && held.is_empty() && running.is_empty() {
             return;
         }
-        let can_start = running.len() < IN_FLIGHT;
+        let can_start = running.len() < B::IN_FLIGHT;
         tokio::select! {
             // Held writes are already here: start them without waiting for new ones.
             first = rx.recv(), if can_start && open && held.is_empty() => match first {

@@ -10,10 +10,13 @@
 
 use std::future::Future;
 use std::ops::DerefMut;
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
 use super::StoreResult;
+use super::coalesce::Coalescer;
+use super::ends::Ends;
 use super::query::Conn;
 use super::rows::JobRow;
 use crate::domain::{EpochMs, Stage};
@@ -54,6 +57,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 
     /// Ends a job by inserting its result (see `sql::FINISH_SQLITE`).
     const FINISH: &'static str;
+    /// Ends many jobs by inserting their results (see `sql::finish_many!`).
+    const FINISH_MANY: &'static str;
     /// Ends a job as failed without its output (see `sql::finish_bare!`).
     const FINISH_BARE: &'static str;
     /// Inserts a submit's jobs from a JSON array (see `sql::insert_jobs!`).
@@ -77,7 +82,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// Runs `op`, a write of several statements (all or nothing) that inserts a result,
     /// and returns once it is committed. Result sequence numbers must become visible in
     /// the order they are handed out, so a reader paging by `seq` never skips one; and
-    /// every job's end goes through here, so this is the service's hottest write.
+    /// every job's end goes through here (many ends to a write under load: see
+    /// [`ends`](super::ends)), so this is the service's hottest write.
     /// `op` may run more than once (a dialect may roll a run of it back with its group
     /// and run it again), so it is `Fn`.
     fn write_result<T, F>(&self, op: F) -> impl Future<Output = StoreResult<T>> + Send
@@ -129,14 +135,19 @@ pub(super) fn in_request_order<R, T>(
 
 /// The [`Store`](super::Store) over a database of dialect `D`.
 #[derive(Debug, Clone)]
-pub(crate) struct SqlStore<D> {
-    pub(super) db: D,
+pub(crate) struct SqlStore<D: Dialect> {
+    pub(super) db: Arc<D>,
+    /// Job ends, coalesced (see [`ends`](super::ends)).
+    pub(super) ends: Coalescer<Ends<D>>,
 }
 
 impl<D: Dialect> SqlStore<D> {
-    /// A store over `db`.
+    /// A store over `db`; starts the task that coalesces job ends, so it must be called
+    /// inside a Tokio runtime.
     pub(crate) fn new(db: D) -> Self {
-        Self { db }
+        let db = Arc::new(db);
+        let ends = Coalescer::start(Ends(db.clone()));
+        Self { db, ends }
     }
 
     /// Runs a single-statement write `op`; returns once it is committed.

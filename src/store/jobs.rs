@@ -6,18 +6,16 @@
 //! renew, release, advance or end the new claim.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::dialect::{Dialect, SqlStore, StageAdvance, StageClaim};
-use super::query::{Conn, query};
-use super::rows::{
-    BatchRow, CountRow, EventRow, GroupRow, JobRow, ResultRow, parse_stage, parse_status,
-};
-use super::sampling::{Ended, on_result};
+use super::ends::{JobEnd, end_bare};
+use super::query::query;
+use super::rows::{BatchRow, CountRow, EventRow, GroupRow, JobRow, parse_stage, parse_status};
+use super::sampling::Ended;
 use super::{StoreResult, sql};
 use crate::domain::EpochMs;
 use crate::domain::{BatchCounters, GroupCounters, Job, Outcome, Stage, Status, WorkMessage};
@@ -368,32 +366,6 @@ pub(super) async fn insert_jobs<D: Dialect>(
     Ok(out.into_iter().flatten().collect())
 }
 
-/// A job's end as recorded: its result row, and what it decided for a sampling group
-/// (run in the same transaction).
-async fn ended<C: Conn>(
-    conn: &mut C,
-    row: Option<ResultRow>,
-    now: EpochMs,
-) -> StoreResult<Option<Ended>> {
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let result = row.into_result()?;
-    let decided = on_result(conn, &result, now).await?;
-    Ok(Some(Ended { result, decided }))
-}
-
-/// Which stage entry (and claim) a job's end is restricted to; `None` fields do not
-/// restrict (see `sql::FINISH_SQLITE`).
-#[derive(Debug, Clone)]
-struct EndOf {
-    job_id: String,
-    stage: Option<&'static str>,
-    epoch: Option<i64>,
-    attempt: Option<i64>,
-    unleased_at: Option<EpochMs>,
-}
-
 #[async_trait]
 impl<D: Dialect> JobStore for SqlStore<D> {
     async fn submit(
@@ -569,56 +541,31 @@ impl<D: Dialect> JobStore for SqlStore<D> {
             FinishIf::Unleased(msg) => (Some(msg.stage.as_str()), Some(msg.epoch), None, Some(now)),
             FinishIf::Live => (None, None, None, None),
         };
-        let end = EndOf {
+        let status = outcome.status;
+        let end = JobEnd {
             job_id: job_id.to_string(),
             stage,
             epoch,
             attempt,
             unleased_at,
+            status,
+            error: outcome.error.as_deref().map(|e| nul::scrub(e).into()),
+            reward: if status == Status::Done {
+                outcome.reward
+            } else {
+                None
+            },
+            eval_output: outcome
+                .eval_output
+                .as_ref()
+                .map(|v| nul::scrub_json(v.to_string()).into()),
+            run_output: outcome
+                .run_output
+                .as_ref()
+                .map(|v| nul::scrub_json(v.to_string()).into()),
+            now,
         };
-        let status = outcome.status;
-        // Shared, not copied, by each run of the write (it may run twice: see
-        // `Dialect::write_result`).
-        let error: Option<Arc<str>> = outcome.error.as_deref().map(|e| nul::scrub(e).into());
-        let reward = if status == Status::Done {
-            outcome.reward
-        } else {
-            None
-        };
-        let eval_output: Option<Arc<str>> = outcome
-            .eval_output
-            .as_ref()
-            .map(|v| nul::scrub_json(v.to_string()).into());
-        let run_output: Option<Arc<str>> = outcome
-            .run_output
-            .as_ref()
-            .map(|v| nul::scrub_json(v.to_string()).into());
-        let first_end = end.clone();
-        let first = self
-            .db
-            .write_result(move |conn: &mut D::Conn| {
-                let (end, error) = (first_end.clone(), error.clone());
-                let (eval_output, run_output) = (eval_output.clone(), run_output.clone());
-                Box::pin(async move {
-                    let row: Option<ResultRow> = query(D::FINISH)
-                        .bind(&end.job_id)
-                        .bind(end.stage)
-                        .bind(end.epoch)
-                        .bind(status.as_str())
-                        .bind(error.as_deref())
-                        .bind(now)
-                        .bind(reward)
-                        .bind(eval_output.as_deref())
-                        .bind(end.attempt)
-                        .bind(end.unleased_at)
-                        .bind(run_output.as_deref())
-                        .fetch_optional(conn)
-                        .await?;
-                    ended(conn, row, now).await
-                })
-            })
-            .await;
-        let rejected = match first {
+        let rejected = match self.ends.write(end.clone()).await {
             Err(e) if e.is_rejected() => e,
             other => return other,
         };
@@ -634,23 +581,14 @@ impl<D: Dialect> JobStore for SqlStore<D> {
                 .map(|e| format!("{e}; "))
                 .unwrap_or_default()
         );
-        let error: Arc<str> = nul::scrub(&error).into();
+        let bare = JobEnd {
+            error: Some(nul::scrub(&error).into()),
+            ..end
+        };
         self.db
             .write_result(move |conn: &mut D::Conn| {
-                let (end, error) = (end.clone(), error.clone());
-                Box::pin(async move {
-                    let row: Option<ResultRow> = query(D::FINISH_BARE)
-                        .bind(&end.job_id)
-                        .bind(end.stage)
-                        .bind(end.epoch)
-                        .bind(&*error)
-                        .bind(now)
-                        .bind(end.attempt)
-                        .bind(end.unleased_at)
-                        .fetch_optional(conn)
-                        .await?;
-                    ended(conn, row, now).await
-                })
+                let bare = bare.clone();
+                Box::pin(async move { end_bare::<D>(conn, &bare).await })
             })
             .await
     }

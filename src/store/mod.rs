@@ -30,6 +30,7 @@ mod backends;
 mod coalesce;
 mod dashboard;
 mod dialect;
+mod ends;
 mod group;
 mod jobs;
 mod postgres;

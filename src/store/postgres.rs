@@ -10,7 +10,9 @@
 //! would make one commit (one WAL flush) per job the whole service's ceiling, whatever
 //! the number of nodes; so each process hands its ends to a [`GroupWriter`] that takes
 //! the lock once for whatever has queued up and commits the lot together. Under load, a
-//! group grows while the previous one holds the lock.
+//! group grows while the previous one holds the lock; and since every statement in a
+//! group is a round trip made while every other process's ends wait for the lock, the
+//! ends themselves arrive coalesced, many to a statement (see [`ends`](super::ends)).
 //!
 //! The other writes every job makes — three claims, two hand-offs, the published mark
 //! — go through a [`Coalescer`] each, which runs whatever has queued up as one
@@ -80,6 +82,7 @@ impl Dialect for PostgresDb {
     type Reader = PoolConnection<Postgres>;
 
     const FINISH: &'static str = sql::FINISH_POSTGRES;
+    const FINISH_MANY: &'static str = sql::FINISH_MANY_POSTGRES;
     const FINISH_BARE: &'static str = sql::FINISH_BARE_POSTGRES;
     const INSERT_JOBS: &'static str = sql::INSERT_JOBS_POSTGRES;
 
@@ -399,6 +402,10 @@ mod tests {
     use super::*;
     use crate::store::dialect::SqlStore;
     use crate::store::dialect::checks::multi_row_writes_apply_each_to_its_own_job;
+    use crate::store::ends::checks::{
+        ends_of_whole_groups_in_one_statement_decide_each_once,
+        several_ends_in_one_statement_apply_each_to_its_own_job,
+    };
 
     /// The multi-row statements apply each write to its own job only, under the same
     /// conditions as the one-row ones, and answer each in request order (not the job-id
@@ -418,6 +425,23 @@ mod tests {
             &Advances(pool.clone()),
         )
         .await;
+        drop(store);
+        unit.remove().await;
+    }
+
+    /// Several job ends in one statement apply each to its own job, and whole sampling
+    /// groups ended together are decided as ending them one at a time decides them.
+    /// Runs when `ROLLOUT_TEST_DATABASE_URL` names a server.
+    #[tokio::test]
+    async fn several_job_ends_in_one_statement_apply_each_to_its_own_job() {
+        let Some(unit) = UnitDb::create().await else {
+            return;
+        };
+        let db = PostgresDb::connect(&unit.url, 4).await.unwrap();
+        db.migrate().await.unwrap();
+        let store = SqlStore::new(db);
+        several_ends_in_one_statement_apply_each_to_its_own_job(&store).await;
+        ends_of_whole_groups_in_one_statement_decide_each_once(&store).await;
         drop(store);
         unit.remove().await;
     }

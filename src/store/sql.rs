@@ -365,6 +365,64 @@ pub(super) const FINISH_POSTGRES: &str = concat!(
     result_cols!()
 );
 
+/// [`FINISH_SQLITE`] for many jobs at once, over the rows `$from` yields (columns
+/// `e_id`, `e_stage`, `e_epoch`, `e_attempt`, `e_unleased`, `e_status`, `e_error`,
+/// `e_reward`, `e_eval`, `e_run`, `e_now`: one row per end, distinct jobs, meaning what
+/// `$1`, `$2`, `$3`, `$9`, `$10`, `$4`, `$5`, `$7`, `$8`, `$11` and `$6` mean there).
+/// Returns the results written; an end without one did not apply. `$output` builds a
+/// result's output as `FINISH` does, `$status` names the status column (see
+/// [`claim_many!`]), and `$lock` is Postgres's row lock (see [`FINISH_POSTGRES`]).
+macro_rules! finish_many {
+    ($output:literal, $from:literal, $status:literal, $lock:literal) => {
+        concat!(
+            "INSERT INTO results (job_id, batch_id, group_id, client_id, \
+             status, reward, error, output, created_at) \
+             SELECT id, batch_id, group_id, client_id, e_status, e_reward, e_error, ",
+            $output,
+            ", e_now FROM ",
+            $from,
+            ", jobs WHERE id = e_id AND ",
+            $status,
+            " IN ('queued', 'running') \
+             AND (e_stage IS NULL OR (stage = e_stage AND epoch = e_epoch)) \
+             AND (e_attempt IS NULL OR attempts = e_attempt) \
+             AND (e_unleased IS NULL OR ",
+            $status,
+            " = 'queued' OR lease_until < e_unleased)",
+            $lock,
+            " ON CONFLICT (job_id) DO NOTHING RETURNING ",
+            result_cols!()
+        )
+    };
+}
+
+/// SQLite: [`finish_many!`] over the JSON array `$1` of objects whose keys are the
+/// column names.
+pub(super) const FINISH_MANY_SQLITE: &str = finish_many!(
+    "json_object('init', json(init_output), 'run', json(COALESCE(e_run, run_output)), \
+     'eval', json(e_eval), 'metadata', json_extract(task, '$.metadata'))",
+    "(SELECT value ->> 'e_id' AS e_id, value ->> 'e_stage' AS e_stage, \
+     value ->> 'e_epoch' AS e_epoch, value ->> 'e_attempt' AS e_attempt, \
+     value ->> 'e_unleased' AS e_unleased, value ->> 'e_status' AS e_status, \
+     value ->> 'e_error' AS e_error, value ->> 'e_reward' AS e_reward, \
+     value ->> 'e_eval' AS e_eval, value ->> 'e_run' AS e_run, value ->> 'e_now' AS e_now \
+     FROM json_each($1)) AS e",
+    "+status",
+    ""
+);
+
+/// Postgres: [`finish_many!`] over the JSON array `$1`, as [`FINISH_MANY_SQLITE`]. The
+/// rows are locked in the array's order.
+pub(super) const FINISH_MANY_POSTGRES: &str = finish_many!(
+    "json_build_object('init', init_output::json, 'run', COALESCE(e_run, run_output)::json, \
+     'eval', e_eval::json, 'metadata', task::json -> 'metadata')::text",
+    "json_to_recordset(CAST($1 AS json)) AS e(e_id text, e_stage text, e_epoch bigint, \
+     e_attempt bigint, e_unleased bigint, e_status text, e_error text, \
+     e_reward double precision, e_eval text, e_run text, e_now bigint)",
+    "status",
+    " FOR UPDATE OF jobs"
+);
+
 /// The last resort of a job's end the database refused: the job fails with `$4` as its
 /// error and an empty output, reading nothing of the job's own data. `$2`/`$3`, `$6`
 /// and `$7` restrict it as `$2`/`$3`, `$9` and `$10` do [`FINISH_SQLITE`]. The macro

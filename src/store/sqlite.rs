@@ -126,6 +126,7 @@ impl Dialect for SqliteDb {
     type Reader = PoolConnection<Sqlite>;
 
     const FINISH: &'static str = sql::FINISH_SQLITE;
+    const FINISH_MANY: &'static str = sql::FINISH_MANY_SQLITE;
     const FINISH_BARE: &'static str = sql::FINISH_BARE_SQLITE;
     const INSERT_JOBS: &'static str = sql::INSERT_JOBS_SQLITE;
 
@@ -396,6 +397,10 @@ mod tests {
     use super::*;
     use crate::store::dialect::SqlStore;
     use crate::store::dialect::checks::multi_row_writes_apply_each_to_its_own_job;
+    use crate::store::ends::checks::{
+        ends_of_whole_groups_in_one_statement_decide_each_once,
+        several_ends_in_one_statement_apply_each_to_its_own_job,
+    };
 
     /// The JSON-array statements apply each claim and hand-off to its own job only,
     /// under the one-row statements' conditions, answered in request order.
@@ -415,6 +420,19 @@ mod tests {
         .await;
     }
 
+    /// Several job ends in one statement apply each to its own job, and whole sampling
+    /// groups ended together are decided as ending them one at a time decides them.
+    #[tokio::test]
+    async fn several_job_ends_in_one_statement_apply_each_to_its_own_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("r.db").display());
+        let db = SqliteDb::connect(&url, 2).await.unwrap();
+        db.migrate().await.unwrap();
+        let store = SqlStore::new(db);
+        several_ends_in_one_statement_apply_each_to_its_own_job(&store).await;
+        ends_of_whole_groups_in_one_statement_decide_each_once(&store).await;
+    }
+
     /// The multi-row statements look each job up by id. A plan that reaches `jobs`
     /// another way (through `jobs_status`, which SQLite prefers when it may) reads every
     /// queued job for each statement, so the statements' cost would grow with the
@@ -426,7 +444,11 @@ mod tests {
         let db = SqliteDb::connect(&url, 2).await.unwrap();
         db.migrate().await.unwrap();
         let mut conn = db.reader().await.unwrap();
-        for statement in [sql::CLAIM_MANY_SQLITE, sql::ADVANCE_MANY_SQLITE] {
+        for statement in [
+            sql::CLAIM_MANY_SQLITE,
+            sql::ADVANCE_MANY_SQLITE,
+            sql::FINISH_MANY_SQLITE,
+        ] {
             let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "EXPLAIN QUERY PLAN {statement}"
             )))
