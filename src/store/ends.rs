@@ -217,29 +217,30 @@ pub(super) mod checks {
     use crate::store::dialect::{SqlStore, StageClaim};
     use crate::store::{JobStore, NewJob, NewSampling, ResultStore, SamplingStore};
 
-    #[allow(clippy::too_many_arguments)]
-    fn end(
-        job_id: &str,
-        entry: Option<(i64, Option<i64>)>,
-        unleased_at: Option<i64>,
-        status: Status,
-        error: Option<&str>,
-        reward: Option<f64>,
-        eval: Option<&str>,
-        run: Option<&str>,
-    ) -> JobEnd {
+    /// An unrestricted end of `job_id` with `status` and nothing else, at 9 s.
+    fn end(job_id: &str, status: Status) -> JobEnd {
         JobEnd {
             job_id: job_id.into(),
-            stage: entry.map(|_| "init"),
-            epoch: entry.map(|(e, _)| e),
-            attempt: entry.and_then(|(_, a)| a),
-            unleased_at: unleased_at.map(EpochMs),
+            stage: None,
+            epoch: None,
+            attempt: None,
+            unleased_at: None,
             status,
-            error: error.map(Into::into),
-            reward,
-            eval_output: eval.map(Into::into),
-            run_output: run.map(Into::into),
+            error: None,
+            reward: None,
+            eval_output: None,
+            run_output: None,
             now: EpochMs(9_000),
+        }
+    }
+
+    /// `end` restricted to INIT's entry `epoch` (and the claim `attempt`, if given).
+    fn at_init(end: JobEnd, epoch: i64, attempt: Option<i64>) -> JobEnd {
+        JobEnd {
+            stage: Some("init"),
+            epoch: Some(epoch),
+            attempt,
+            ..end
         }
     }
 
@@ -286,69 +287,30 @@ pub(super) mod checks {
         // statement's job-id order.
         let ends = [
             // NaN cannot travel in JSON: this one runs as its own statement.
-            end(
-                f,
-                None,
-                None,
-                Status::Done,
-                None,
-                Some(f64::NAN),
-                None,
-                None,
-            ),
-            end(
-                e,
-                None,
-                None,
-                Status::Failed,
-                Some(awkward),
-                None,
-                None,
-                None,
-            ),
+            JobEnd {
+                reward: Some(f64::NAN),
+                ..end(f, Status::Done)
+            },
+            JobEnd {
+                error: Some(awkward.into()),
+                ..end(e, Status::Failed)
+            },
             // Another stage entry.
-            end(
-                d,
-                Some((3, None)),
-                None,
-                Status::Done,
-                None,
-                Some(1.0),
-                None,
-                None,
-            ),
+            at_init(end(d, Status::Done), 3, None),
             // Queued, so nobody holds a lease on it.
-            end(
-                c,
-                Some((0, None)),
-                Some(9_000),
-                Status::Cancelled,
-                Some("no"),
-                None,
-                None,
-                None,
-            ),
+            JobEnd {
+                unleased_at: Some(EpochMs(9_000)),
+                error: Some("no".into()),
+                ..at_init(end(c, Status::Cancelled), 0, None)
+            },
             // Another claim's token.
-            end(
-                b,
-                Some((0, Some(2))),
-                None,
-                Status::Done,
-                None,
-                Some(1.0),
-                None,
-                None,
-            ),
-            end(
-                a,
-                Some((0, Some(1))),
-                None,
-                Status::Done,
-                None,
-                Some(0.5),
-                Some(r#"{"score":1}"#),
-                Some(r#"{"partial":true}"#),
-            ),
+            at_init(end(b, Status::Done), 0, Some(2)),
+            JobEnd {
+                reward: Some(0.5),
+                eval_output: Some(r#"{"score":1}"#.into()),
+                run_output: Some(r#"{"partial":true}"#.into()),
+                ..at_init(end(a, Status::Done), 0, Some(1))
+            },
         ];
         let got = Ends(store.db.clone()).run(&ends).await.unwrap();
         let got: Vec<Option<(String, Status)>> = got
@@ -444,16 +406,10 @@ pub(super) mod checks {
                     Some("p0") => p0_rewards.next().unwrap(),
                     _ => 1.0,
                 };
-                ends.push(end(
-                    &s.id,
-                    None,
-                    None,
-                    Status::Done,
-                    None,
-                    Some(reward),
-                    None,
-                    None,
-                ));
+                ends.push(JobEnd {
+                    reward: Some(reward),
+                    ..end(&s.id, Status::Done)
+                });
             }
             ends.sort_by(|x, y| x.job_id.cmp(&y.job_id));
             let ended: Vec<Ended> = if together {
