@@ -5,7 +5,8 @@
 //! verdict. Ends take turns — result sequence numbers must become visible in the order
 //! they are handed out (see [`Dialect::write_result`]) — so whatever one end costs the
 //! one writer that runs them, all of them wait for: a round trip per end made that
-//! writer the ceiling on a Postgres server's throughput. Ends therefore queue up in a
+//! writer the ceiling on a Postgres server's throughput (what remains is each row's
+//! own cost; BENCHMARKS.md has the measurements). Ends therefore queue up in a
 //! [`Coalescer`](super::coalesce::Coalescer), and whatever has queued runs as one
 //! write of the job-ends writer: one `INSERT … SELECT` over a JSON array of the ends
 //! (`sql::FINISH_SQLITE`'s conditions, per row), then each written result's sampling

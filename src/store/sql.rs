@@ -412,7 +412,9 @@ pub(super) const FINISH_MANY_SQLITE: &str = finish_many!(
 );
 
 /// Postgres: [`finish_many!`] over the JSON array `$1`, as [`FINISH_MANY_SQLITE`]. The
-/// rows are locked in the array's order.
+/// rows are usually locked in the array's order (a nested loop over it); if two
+/// statements ever wait on each other, Postgres fails one and its ends are tried again
+/// one by one.
 pub(super) const FINISH_MANY_POSTGRES: &str = finish_many!(
     "json_build_object('init', init_output::json, 'run', COALESCE(e_run, run_output)::json, \
      'eval', e_eval::json, 'metadata', task::json -> 'metadata')::text",
