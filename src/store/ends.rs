@@ -17,12 +17,11 @@
 //! looked at, so that one decides the group, over the same rewards the last would have
 //! seen; deciding is once only (`sql::DECIDE_GROUP`), so the rest find it decided.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::StoreResult;
 use super::coalesce::Batch;
-use super::dialect::Dialect;
+use super::dialect::{Dialect, in_request_order};
 use super::query::{Conn, query};
 use super::rows::ResultRow;
 use super::sampling::{Ended, on_result};
@@ -141,18 +140,18 @@ async fn end_many<D: Dialect>(
         .map(ResultRow::into_result)
         .collect::<StoreResult<Vec<_>>>()?;
     results.sort_by_key(|r| r.seq);
-    let mut by_job: HashMap<String, Ended> = HashMap::with_capacity(ends.len());
+    let mut written = Vec::with_capacity(ends.len());
     for result in results {
         // A result is written at its end's `now`.
         let decided = on_result(conn, &result, EpochMs(result.created_at)).await?;
-        by_job.insert(result.job_id.clone(), Ended { result, decided });
+        written.push((result.job_id.clone(), Ended { result, decided }));
     }
     for end in alone {
         if let Some(ended) = end_one::<D>(conn, end).await? {
-            by_job.insert(end.job_id.clone(), ended);
+            written.push((end.job_id.clone(), ended));
         }
     }
-    Ok(ends.iter().map(|e| by_job.remove(&e.job_id)).collect())
+    Ok(in_request_order(ends, written, |e| &e.job_id))
 }
 
 /// Runs one end as its own statement, [`Dialect::FINISH`].
