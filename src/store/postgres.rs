@@ -17,12 +17,16 @@
 //! The other writes every job makes — three claims, two hand-offs, the published mark
 //! — go through a [`Coalescer`] each, which runs whatever has queued up as one
 //! multi-row statement: the server's cost is mostly per statement, not per row.
+//!
+//! Every pooled TCP connection has Nagle's algorithm off ([`nodelay`]): sqlx 0.9.0
+//! leaves it on, and a batched statement could then wait up to 40 ms for the server's
+//! acknowledgement, inside the result-ordering lock for job ends.
 
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnection, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
 use super::coalesce::{Batch, Coalescer};
@@ -30,7 +34,7 @@ use super::dialect::{Dialect, StageAdvance, StageClaim, in_request_order};
 use super::group::{GroupWriter, Txn};
 use super::query::query;
 use super::rows::JobRow;
-use super::{StoreResult, sql};
+use super::{StoreResult, nodelay, sql};
 use crate::domain::EpochMs;
 
 /// Advisory-lock key serialising result inserts (see the module's documentation).
@@ -58,10 +62,21 @@ impl PostgresDb {
 
     /// Connects to the database at `url`.
     pub(crate) async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
+        let options: PgConnectOptions = url.parse()?;
+        // A Unix socket has no Nagle's algorithm to turn off.
+        let tcp_port = options.get_socket().is_none().then(|| options.get_port());
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(30))
-            .connect(url)
+            .after_connect(move |_conn, _meta| {
+                Box::pin(async move {
+                    if let Some(port) = tcp_port {
+                        nodelay::on_sockets_to(port);
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options)
             .await?;
         let results = GroupWriter::start(ResultsTxn::new(pool.clone()), "Postgres job ends");
         let claims = Coalescer::start(Claims(pool.clone()));
@@ -406,6 +421,36 @@ mod tests {
         ends_of_whole_groups_in_one_statement_decide_each_once,
         several_ends_in_one_statement_apply_each_to_its_own_job,
     };
+
+    /// Every connection of the store's pool has Nagle's algorithm off (see
+    /// [`nodelay`]): the server names each one's client port, and this process's
+    /// socket on that port has `TCP_NODELAY`.
+    #[tokio::test]
+    async fn every_pooled_connection_has_nagle_off() {
+        let Some(unit) = UnitDb::create().await else {
+            return;
+        };
+        let db = PostgresDb::connect(&unit.url, 3).await.unwrap();
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            conns.push(db.pool.acquire().await.unwrap());
+        }
+        for conn in &mut conns {
+            let port: Option<i32> = sqlx::query_scalar("SELECT inet_client_port()")
+                .fetch_one(&mut **conn)
+                .await
+                .unwrap();
+            let Some(port) = port else {
+                // A Unix socket: no Nagle to turn off.
+                continue;
+            };
+            let port = u16::try_from(port).unwrap();
+            assert_eq!(nodelay::nodelay_of_local_port(port), Some(true));
+        }
+        drop(conns);
+        drop(db);
+        unit.remove().await;
+    }
 
     /// The multi-row statements apply each write to its own job only, under the same
     /// conditions as the one-row ones, and answer each in request order (not the job-id
