@@ -15,13 +15,18 @@
 //! same row never share a statement (a multi-row `UPDATE` changes a row once). If a
 //! statement of several writes fails, each write is tried again alone, so one write the
 //! database refuses cannot fail the others, and each caller gets its own error.
+//!
+//! A panic while a statement runs (a bug in its code) fails that statement's writes
+//! alone: the task that coalesces outlives it, where dying would close the queue and
+//! fail every later write of the kind while the process looked alive.
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{StoreError, StoreResult};
@@ -160,7 +165,7 @@ fn take_group<B: Batch>(
 /// fails, tries each write alone.
 async fn run_group<B: Batch>(batch: Arc<B>, group: Vec<Queued<B>>) {
     let (reqs, replies): (Vec<B::Req>, Vec<_>) = group.into_iter().unzip();
-    match batch.run(&reqs).await {
+    match run_caught(batch.as_ref(), &reqs).await {
         Ok(answers) if answers.len() == reqs.len() => {
             for (reply, answer) in replies.into_iter().zip(answers) {
                 let _ = reply.send(Ok(answer));
@@ -183,8 +188,7 @@ async fn run_group<B: Batch>(batch: Arc<B>, group: Vec<Queued<B>>) {
         Err(e) => {
             tracing::debug!(error = %e, writes = reqs.len(), "a coalesced statement failed; trying its writes one by one");
             for (req, reply) in reqs.into_iter().zip(replies) {
-                let answer = batch
-                    .run(std::slice::from_ref(&req))
+                let answer = run_caught(batch.as_ref(), std::slice::from_ref(&req))
                     .await
                     .and_then(|mut a| {
                         a.pop().ok_or_else(|| {
@@ -195,6 +199,26 @@ async fn run_group<B: Batch>(batch: Arc<B>, group: Vec<Queued<B>>) {
             }
         }
     }
+}
+
+/// `batch.run(reqs)`, a panic in it turned into an error of these writes.
+fn run_caught<'a, B: Batch>(
+    batch: &'a B,
+    reqs: &'a [B::Req],
+) -> impl Future<Output = StoreResult<Vec<B::Resp>>> + Send + 'a {
+    let n = reqs.len();
+    AssertUnwindSafe(batch.run(reqs))
+        .catch_unwind()
+        .map(move |ran| {
+            ran.unwrap_or_else(|panic| {
+                let e = format!(
+                    "a statement of {n} writes panicked: {}",
+                    crate::supervise::panic_message(panic)
+                );
+                tracing::error!(error = %e, "coalesced write failed");
+                Err(StoreError::Batch(e))
+            })
+        })
 }
 
 #[cfg(test)]
@@ -218,6 +242,7 @@ mod tests {
             if reqs.iter().any(|r| r == "bad") {
                 return Err(StoreError::Corrupt("refused".into()));
             }
+            assert!(!reqs.iter().any(|r| r == "boom"), "boom in a statement");
             Ok(reqs.iter().map(String::len).collect())
         }
     }
@@ -277,6 +302,23 @@ mod tests {
             statements.iter().any(|s| s.len() > 1),
             "writes queued behind running statements were coalesced: {statements:?}"
         );
+    }
+
+    /// A statement that panics fails its own writes with an error naming the panic,
+    /// and the coalescer goes on: a later write still runs.
+    #[tokio::test]
+    async fn a_statement_that_panics_fails_its_writes_and_the_next_write_still_runs() {
+        let rec = Arc::new(Recorder {
+            statements: Mutex::default(),
+            gate: tokio::sync::Semaphore::new(1_000),
+        });
+        let c = Coalescer::start(Shared(rec.clone()));
+        let e = c.write("boom".to_string()).await.unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Batch(m) if m.contains("boom in a statement")),
+            "{e}"
+        );
+        assert_eq!(c.write("after".to_string()).await.unwrap(), 5);
     }
 
     /// The recorder as a kind of coalesced write (the test keeps a handle on it).

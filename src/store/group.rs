@@ -15,9 +15,14 @@
 //! a savepoint; writes queued as repeatable ones (job ends) skip them while nothing
 //! fails, and a group with a failure is rolled back and run again under savepoints
 //! (see [`run_group`]).
+//!
+//! A write that panics (a bug in its code) fails its group as an error would, and the
+//! writer task goes on with the next group.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 
@@ -235,7 +240,20 @@ async fn run_writer<T: Txn>(
                 Err(_) => break,
             }
         }
-        run_group(&mut txn, &mut group, what).await;
+        let ran = AssertUnwindSafe(run_group(&mut txn, &mut group, what))
+            .catch_unwind()
+            .await;
+        if let Err(panic) = ran {
+            // A write panicked (a bug in its code) mid-group: nothing of the group is
+            // committed, and the writer goes on. Dying would fail every later write
+            // of the process while it looked alive.
+            txn.rollback().await;
+            let e = format!(
+                "a write panicked: {}",
+                crate::supervise::panic_message(panic)
+            );
+            fail_group(&mut group, &e, what);
+        }
     }
 }
 
@@ -451,6 +469,51 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(stored, expected());
+    }
+
+    /// A write that panics fails its group with an error naming the panic, nothing of
+    /// it is committed, and the writer goes on to the next write.
+    #[tokio::test]
+    async fn a_write_that_panics_fails_alone_and_the_writer_goes_on() {
+        fn a_bug() -> StoreResult<()> {
+            panic!("a bug in a write")
+        }
+        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE group_test (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let writer = GroupWriter::start(super::super::sqlite::WriterConn(conn), "test");
+        let e = writer
+            .write(false, |conn: &mut sqlx::SqliteConnection| {
+                Box::pin(async move {
+                    let insert = "INSERT INTO group_test (id, v) VALUES (1, 'before the panic')";
+                    conn.execute(query(insert)).await?;
+                    a_bug()
+                })
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Batch(m) if m.contains("a bug in a write")),
+            "{e}"
+        );
+        let stored: Vec<i64> = writer
+            .write(false, |conn: &mut sqlx::SqliteConnection| {
+                Box::pin(async move {
+                    conn.execute(query("INSERT INTO group_test (id, v) VALUES (2, 'after')"))
+                        .await?;
+                    let rows: Vec<(i64,)> = conn
+                        .fetch_all(query("SELECT id FROM group_test ORDER BY id"))
+                        .await?;
+                    Ok(rows.into_iter().map(|r| r.0).collect())
+                })
+            })
+            .await
+            .unwrap();
+        assert_eq!(stored, vec![2], "the panicked write's row is not committed");
     }
 
     /// On Postgres a refused statement aborts the whole transaction: without a
