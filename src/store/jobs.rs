@@ -209,8 +209,15 @@ pub trait JobStore: Send + Sync {
         outcome: &Outcome,
         now: EpochMs,
     ) -> StoreResult<Option<Ended>>;
-    /// Job counts by status and stage.
+    /// Job counts by status and stage. Reads every job (of the batch): for an API call,
+    /// not for something polled for the life of the service (see [`totals`](Self::totals)).
     async fn counts(&self, batch: Option<&str>) -> StoreResult<Vec<StatusCount>>;
+    /// Jobs by status over the whole store, every status listed (zero where none).
+    /// Unlike [`counts`](Self::counts) it reads no finished job's row (the finished are
+    /// summed from their batches' counters), so its cost follows the unfinished jobs
+    /// and the batches, not everything a long training run ever submitted: it is what a
+    /// metrics scrape every few seconds may call.
+    async fn totals(&self) -> StoreResult<Vec<(Status, i64)>>;
     /// A batch's counters.
     async fn batch(&self, id: &str) -> StoreResult<Option<BatchCounters>>;
     /// A prompt group's counters.
@@ -613,6 +620,19 @@ impl<D: Dialect> JobStore for SqlStore<D> {
                 })
             })
             .collect()
+    }
+
+    async fn totals(&self) -> StoreResult<Vec<(Status, i64)>> {
+        let mut conn = self.reader().await?;
+        let rows: Vec<(String, i64)> = query(sql::TOTALS).fetch_all(&mut *conn).await?;
+        let mut totals: Vec<(Status, i64)> = Status::ALL.iter().map(|s| (*s, 0)).collect();
+        for (status, n) in rows {
+            let status = parse_status(&status)?;
+            if let Some(total) = totals.iter_mut().find(|(s, _)| *s == status) {
+                total.1 += n;
+            }
+        }
+        Ok(totals)
     }
 
     async fn batch(&self, id: &str) -> StoreResult<Option<BatchCounters>> {

@@ -452,6 +452,35 @@ mod tests {
         unit.remove().await;
     }
 
+    /// The metrics scrape's totals can reach `jobs` through the partial index of
+    /// unfinished jobs alone: with sequential scans priced out, the plan uses it (a
+    /// query whose conditions did not imply its predicate could not, and would still
+    /// read every job).
+    #[tokio::test]
+    async fn totals_can_read_only_unfinished_jobs() {
+        let Some(unit) = UnitDb::create().await else {
+            return;
+        };
+        let db = PostgresDb::connect(&unit.url, 1).await.unwrap();
+        db.migrate().await.unwrap();
+        let mut conn = db.pool.acquire().await.unwrap();
+        sqlx::query("SET enable_seqscan = off")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let plan: Vec<String> =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {}", sql::TOTALS)))
+                .fetch_all(&mut *conn)
+                .await
+                .unwrap();
+        let on_jobs: Vec<&String> = plan.iter().filter(|l| l.contains(" on jobs")).collect();
+        assert_eq!(on_jobs.len(), 1, "{plan:#?}");
+        assert!(on_jobs[0].contains("using jobs_unfinished"), "{plan:#?}");
+        drop(conn);
+        drop(db);
+        unit.remove().await;
+    }
+
     /// The multi-row statements apply each write to its own job only, under the same
     /// conditions as the one-row ones, and answer each in request order (not the job-id
     /// order they run in). Runs when `ROLLOUT_TEST_DATABASE_URL` names a server.

@@ -247,6 +247,18 @@ pub(super) const REQUEUE: &str = "UPDATE jobs SET status = 'queued', epoch = epo
 pub(super) const COUNTS: &str =
     "SELECT status, stage, COUNT(*) AS n FROM jobs GROUP BY status, stage ORDER BY status, stage";
 
+/// Jobs by status without reading a finished job's row: the unfinished ones counted
+/// through an index of them (`jobs_unfinished` on Postgres, whose predicate
+/// `finished_at IS NULL` this implies; `jobs_status` on SQLite), the finished ones
+/// summed from their batches' counters, which the results trigger keeps as each job
+/// ends (every end inserts a result).
+pub(super) const TOTALS: &str = "SELECT status, CAST(COUNT(*) AS BIGINT) AS n FROM jobs \
+     WHERE finished_at IS NULL AND status IN ('queued', 'running') GROUP BY status \
+     UNION ALL SELECT 'done', CAST(COALESCE(SUM(done), 0) AS BIGINT) FROM batches \
+     UNION ALL SELECT 'failed', CAST(COALESCE(SUM(failed), 0) AS BIGINT) FROM batches \
+     UNION ALL SELECT 'cancelled', CAST(COALESCE(SUM(cancelled), 0) AS BIGINT) FROM batches \
+     UNION ALL SELECT 'timed_out', CAST(COALESCE(SUM(timed_out), 0) AS BIGINT) FROM batches";
+
 pub(super) const COUNTS_IN_BATCH: &str = "SELECT status, stage, COUNT(*) AS n FROM jobs \
      WHERE batch_id = $1 GROUP BY status, stage ORDER BY status, stage";
 

@@ -469,6 +469,34 @@ mod tests {
         }
     }
 
+    /// The metrics scrape's totals reach `jobs` only through `jobs_status` (the live
+    /// statuses), never by reading every job.
+    #[tokio::test]
+    async fn totals_read_only_live_jobs_through_their_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("r.db").display());
+        let db = SqliteDb::connect(&url, 2).await.unwrap();
+        db.migrate().await.unwrap();
+        let mut conn = db.reader().await.unwrap();
+        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN QUERY PLAN {}",
+            sql::TOTALS
+        )))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        let jobs: Vec<&str> = plan
+            .iter()
+            .map(|(.., detail)| detail.as_str())
+            .filter(|d| d.contains("jobs"))
+            .collect();
+        assert_eq!(jobs.len(), 1, "{plan:?}");
+        assert!(
+            jobs[0].starts_with("SEARCH jobs USING") && jobs[0].contains("INDEX jobs_status"),
+            "{plan:?}"
+        );
+    }
+
     /// Six processes' worth of stores opening one fresh database at once, five times:
     /// every one migrates (without the lock, most trials lost some to `table … already
     /// exists`).

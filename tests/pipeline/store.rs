@@ -366,6 +366,76 @@ async fn a_job_ends_once_with_one_result_and_counts_once() {
     assert_eq!((job.status, job.finished_at), (Status::Done, Some(2_500)));
 }
 
+/// `totals` (what the metrics scrape reads) agrees with the job rows counted by
+/// `counts`, over several batches and every status, though it takes the finished jobs
+/// from their batches' counters.
+#[tokio::test]
+async fn totals_by_status_agree_with_the_job_rows() {
+    let f = fixture().await;
+    let store = f.store.as_ref();
+    let submit_to = |batch: &'static str| async move {
+        let s = store
+            .submit(batch, &[new_job(None, None)], EpochMs(1_000))
+            .await
+            .unwrap();
+        WorkMessage {
+            job_id: s[0].id.clone(),
+            stage: Stage::Init,
+            epoch: 0,
+        }
+    };
+    for (batch, status) in [
+        ("a", Status::Done),
+        ("a", Status::Failed),
+        ("b", Status::Cancelled),
+        ("b", Status::TimedOut),
+        ("b", Status::Done),
+    ] {
+        let msg = submit_to(batch).await;
+        let attempt = claim(store, &msg, "n1", 2_000).await;
+        let outcome = match status {
+            Status::Done => Outcome::done(1.0, json!({})),
+            s => Outcome::ended(s, "ended by the test"),
+        };
+        let cond = FinishIf::Claimed {
+            msg: msg.clone(),
+            attempt,
+        };
+        store
+            .finish(&cond, &msg.job_id, &outcome, EpochMs(2_500))
+            .await
+            .unwrap()
+            .expect("the holder ends the job");
+    }
+    let running = submit_to("b").await;
+    claim(store, &running, "n1", 2_000).await;
+    submit_to("c").await;
+    submit_to("c").await;
+
+    let totals = store.totals().await.unwrap();
+    let counts = store.counts(None).await.unwrap();
+    for (status, n) in &totals {
+        let rows: i64 = counts
+            .iter()
+            .filter(|c| c.status == *status)
+            .map(|c| c.count)
+            .sum();
+        assert_eq!(*n, rows, "{status:?}: totals {totals:?}, counts {counts:?}");
+    }
+    let expected = [
+        (Status::Queued, 2),
+        (Status::Running, 1),
+        (Status::Done, 2),
+        (Status::Failed, 1),
+        (Status::Cancelled, 1),
+        (Status::TimedOut, 1),
+    ];
+    for (status, n) in expected {
+        assert!(totals.contains(&(status, n)), "{status:?}: {totals:?}");
+    }
+    assert_eq!(totals.len(), Status::ALL.len(), "{totals:?}");
+}
+
 #[tokio::test]
 async fn giving_up_on_a_message_waits_for_its_lease() {
     let f = fixture().await;
