@@ -37,8 +37,17 @@ use super::rows::JobRow;
 use super::{StoreResult, nodelay, sql};
 use crate::domain::EpochMs;
 
-/// Advisory-lock key serialising result inserts (see the module's documentation).
-const RESULTS_LOCK: i64 = 0x0072_6f6c_6c6f_7574; // "rollout" in ASCII
+/// Advisory-lock key serialising result inserts (see the module's documentation):
+/// 0x00726f6c6c6f7574, "rollout" in ASCII, written out for [`BEGIN_RESULTS`].
+macro_rules! results_lock {
+    () => {
+        "32210658811409780"
+    };
+}
+
+/// Opens a job-ends transaction and takes the result-ordering lock in one round trip (a
+/// simple query may hold several statements).
+const BEGIN_RESULTS: &str = concat!("BEGIN; SELECT pg_advisory_xact_lock(", results_lock!(), ")");
 
 /// Advisory-lock key serialising backend assignments (see [`PostgresDb::lock_pool`]).
 const POOL_LOCK: i64 = 0x0072_6f6c_6c70_6f6f; // "rollpoo"
@@ -196,10 +205,9 @@ impl Txn for ResultsTxn {
     const SAVEPOINT_EVERY_WRITE: bool = true;
 
     async fn begin(&mut self) -> Result<(), String> {
-        let mut tx = self.pool.begin().await.map_err(|e| e.to_string())?;
-        query(sql::ADVISORY_XACT_LOCK)
-            .bind(RESULTS_LOCK)
-            .execute(&mut *tx)
+        let tx = self
+            .pool
+            .begin_with(BEGIN_RESULTS)
             .await
             .map_err(|e| e.to_string())?;
         self.open = Some(tx);
@@ -449,6 +457,37 @@ mod tests {
         }
         drop(conns);
         drop(db);
+        unit.remove().await;
+    }
+
+    /// A job-ends transaction holds the result-ordering lock from its start until it
+    /// commits: another session cannot take it meanwhile, and can after.
+    #[tokio::test]
+    async fn a_job_ends_transaction_holds_the_results_lock_until_it_commits() {
+        async fn free(conn: &mut PgConnection, key: i64) -> bool {
+            sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_xact_lock($1)")
+                .bind(key)
+                .fetch_one(conn)
+                .await
+                .unwrap()
+        }
+        let key: i64 = results_lock!().parse().unwrap();
+        assert_eq!(key.to_be_bytes(), *b"\0rollout");
+        let Some(unit) = UnitDb::create().await else {
+            return;
+        };
+        let pool = PgPool::connect(&unit.url).await.unwrap();
+        let mut other = pool.acquire().await.unwrap();
+        let mut txn = ResultsTxn::new(pool.clone());
+        txn.begin().await.unwrap();
+        assert!(
+            !free(&mut other, key).await,
+            "taken while the transaction is open"
+        );
+        txn.commit().await.unwrap();
+        assert!(free(&mut other, key).await, "free once it committed");
+        drop(other);
+        pool.close().await;
         unit.remove().await;
     }
 
