@@ -445,8 +445,8 @@ mod tests {
         (0..60).filter(|i| kind(*i) == Kind::Good).collect()
     }
 
-    #[tokio::test]
-    async fn sqlite_writes_in_one_group_fail_alone() {
+    /// A group writer over an in-memory SQLite database with an empty `group_test`.
+    async fn sqlite_writer() -> GroupWriter<sqlx::SqliteConnection> {
         let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
             .await
             .unwrap();
@@ -454,7 +454,12 @@ mod tests {
             .execute(&mut conn)
             .await
             .unwrap();
-        let writer = GroupWriter::start(super::super::sqlite::WriterConn(conn), "test");
+        GroupWriter::start(super::super::sqlite::WriterConn(conn), "test")
+    }
+
+    #[tokio::test]
+    async fn sqlite_writes_in_one_group_fail_alone() {
+        let writer = sqlite_writer().await;
         let applied = one_group_of_mixed_writes(writer.clone(), false).await;
         assert_eq!(applied, expected());
         let stored: Vec<i64> = writer
@@ -478,14 +483,7 @@ mod tests {
         fn a_bug() -> StoreResult<()> {
             panic!("a bug in a write")
         }
-        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
-            .await
-            .unwrap();
-        sqlx::query("CREATE TABLE group_test (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        let writer = GroupWriter::start(super::super::sqlite::WriterConn(conn), "test");
+        let writer = sqlite_writer().await;
         let e = writer
             .write(false, |conn: &mut sqlx::SqliteConnection| {
                 Box::pin(async move {

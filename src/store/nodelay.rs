@@ -29,39 +29,36 @@ use nix::sys::socket::{SockaddrStorage, getpeername, setsockopt, sockopt};
 /// skip that descriptor: the option is an optimisation, never a reason to fail a
 /// connection.
 pub(super) fn on_sockets_to(port: u16) -> usize {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return 0;
-    };
-    let mut found = 0;
-    for entry in dir.flatten() {
-        let Some(fd) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<RawFd>().ok())
-        else {
-            continue;
-        };
-        if peer_port(fd) != Some(port) {
-            continue;
-        }
-        // SAFETY: `fd` was open when listed and is only borrowed for this one call; if
-        // it was closed and reused since, the call fails or sets the option on another
-        // socket, neither of which touches memory (see the module's documentation).
-        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-        if setsockopt(&borrowed, sockopt::TcpNoDelay, &true).is_ok() {
-            found += 1;
-        }
-    }
-    found
+    open_fds()
+        .filter(|fd| inet_port(getpeername(*fd)) == Some(port))
+        .filter(|fd| {
+            // SAFETY: `fd` was open when listed and is only borrowed for this one call;
+            // if it was closed and reused since, the call fails or sets the option on
+            // another socket, neither of which touches memory (see the module's
+            // documentation).
+            let borrowed = unsafe { BorrowedFd::borrow_raw(*fd) };
+            setsockopt(&borrowed, sockopt::TcpNoDelay, &true).is_ok()
+        })
+        .count()
 }
 
-/// The peer port of `fd` if it is a connected IPv4 or IPv6 socket.
-fn peer_port(fd: RawFd) -> Option<u16> {
-    let peer: SockaddrStorage = getpeername(fd).ok()?;
-    if let Some(v4) = peer.as_sockaddr_in() {
-        return Some(v4.port());
-    }
-    peer.as_sockaddr_in6().map(|v6| v6.port())
+/// This process's open file descriptors, as listed a moment ago (none if the list
+/// cannot be read).
+fn open_fds() -> impl Iterator<Item = RawFd> {
+    std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<RawFd>().ok())
+}
+
+/// The port of a socket address if it is an IPv4 or IPv6 one (`getpeername` or
+/// `getsockname` of a descriptor; an error, or another family, is `None`).
+fn inet_port(addr: nix::Result<SockaddrStorage>) -> Option<u16> {
+    let addr = addr.ok()?;
+    addr.as_sockaddr_in()
+        .map(|a| a.port())
+        .or_else(|| addr.as_sockaddr_in6().map(|a| a.port()))
 }
 
 /// Whether this process's TCP socket bound to local `port` has `TCP_NODELAY`; `None`
@@ -70,28 +67,10 @@ fn peer_port(fd: RawFd) -> Option<u16> {
 #[cfg(test)]
 pub(super) fn nodelay_of_local_port(port: u16) -> Option<bool> {
     use nix::sys::socket::{getsockname, getsockopt};
-    for entry in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
-        let Some(fd) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<RawFd>().ok())
-        else {
-            continue;
-        };
-        let Ok(local) = getsockname::<SockaddrStorage>(fd) else {
-            continue;
-        };
-        let local_port = local
-            .as_sockaddr_in()
-            .map(|a| a.port())
-            .or_else(|| local.as_sockaddr_in6().map(|a| a.port()));
-        if local_port == Some(port) {
-            // SAFETY: as in `on_sockets_to`.
-            let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-            return getsockopt(&borrowed, sockopt::TcpNoDelay).ok();
-        }
-    }
-    None
+    let fd = open_fds().find(|fd| inet_port(getsockname(*fd)) == Some(port))?;
+    // SAFETY: as in `on_sockets_to`.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    getsockopt(&borrowed, sockopt::TcpNoDelay).ok()
 }
 
 #[cfg(test)]

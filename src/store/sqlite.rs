@@ -433,38 +433,45 @@ mod tests {
         ends_of_whole_groups_in_one_statement_decide_each_once(&store).await;
     }
 
+    /// The lines of `statement`'s query plan on a fresh database that mention `jobs`,
+    /// and the whole plan (for messages); `json_array`: the statement's one parameter,
+    /// a JSON array, bound to an empty one.
+    async fn plan_on_jobs(statement: &str, json_array: bool) -> (Vec<String>, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("r.db").display());
+        let db = SqliteDb::connect(&url, 2).await.unwrap();
+        db.migrate().await.unwrap();
+        let mut conn = db.reader().await.unwrap();
+        let explain = format!("EXPLAIN QUERY PLAN {statement}");
+        let mut plan = sqlx::query_as::<_, (i64, i64, i64, String)>(sqlx::AssertSqlSafe(explain));
+        if json_array {
+            plan = plan.bind("[]");
+        }
+        let plan = plan.fetch_all(&mut *conn).await.unwrap();
+        let jobs = plan
+            .iter()
+            .map(|(.., detail)| detail.clone())
+            .filter(|d| d.contains("jobs"))
+            .collect();
+        (jobs, format!("{plan:?}"))
+    }
+
     /// The multi-row statements look each job up by id. A plan that reaches `jobs`
     /// another way (through `jobs_status`, which SQLite prefers when it may) reads every
     /// queued job for each statement, so the statements' cost would grow with the
     /// backlog instead of with the batch.
     #[tokio::test]
     async fn multi_row_statements_find_their_jobs_by_id() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("r.db").display());
-        let db = SqliteDb::connect(&url, 2).await.unwrap();
-        db.migrate().await.unwrap();
-        let mut conn = db.reader().await.unwrap();
         for statement in [
             sql::CLAIM_MANY_SQLITE,
             sql::ADVANCE_MANY_SQLITE,
             sql::FINISH_MANY_SQLITE,
         ] {
-            let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "EXPLAIN QUERY PLAN {statement}"
-            )))
-            .bind("[]")
-            .fetch_all(&mut *conn)
-            .await
-            .unwrap();
-            let jobs: Vec<&str> = plan
-                .iter()
-                .map(|(.., detail)| detail.as_str())
-                .filter(|d| d.contains("jobs"))
-                .collect();
+            let (jobs, plan) = plan_on_jobs(statement, true).await;
             assert_eq!(
                 jobs,
                 vec!["SEARCH jobs USING INDEX sqlite_autoindex_jobs_1 (id=?)"],
-                "{plan:?}"
+                "{plan}"
             );
         }
     }
@@ -473,27 +480,11 @@ mod tests {
     /// statuses), never by reading every job.
     #[tokio::test]
     async fn totals_read_only_live_jobs_through_their_index() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("r.db").display());
-        let db = SqliteDb::connect(&url, 2).await.unwrap();
-        db.migrate().await.unwrap();
-        let mut conn = db.reader().await.unwrap();
-        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "EXPLAIN QUERY PLAN {}",
-            sql::TOTALS
-        )))
-        .fetch_all(&mut *conn)
-        .await
-        .unwrap();
-        let jobs: Vec<&str> = plan
-            .iter()
-            .map(|(.., detail)| detail.as_str())
-            .filter(|d| d.contains("jobs"))
-            .collect();
-        assert_eq!(jobs.len(), 1, "{plan:?}");
+        let (jobs, plan) = plan_on_jobs(sql::TOTALS, false).await;
+        assert_eq!(jobs.len(), 1, "{plan}");
         assert!(
             jobs[0].starts_with("SEARCH jobs USING") && jobs[0].contains("INDEX jobs_status"),
-            "{plan:?}"
+            "{plan}"
         );
     }
 

@@ -40,10 +40,15 @@ fn new_job(client_id: Option<&str>, group: Option<&str>) -> NewJob {
     }
 }
 
-/// Submits one job and returns its INIT message.
+/// Submits one job (of group "g") and returns its INIT message.
 async fn submit_one(store: &dyn Store, batch: &str) -> WorkMessage {
+    submit_in(store, batch, Some("g")).await
+}
+
+/// Submits one job of `group` and returns its INIT message.
+async fn submit_in(store: &dyn Store, batch: &str, group: Option<&str>) -> WorkMessage {
     let s = store
-        .submit(batch, &[new_job(None, Some("g"))], EpochMs(1_000))
+        .submit(batch, &[new_job(None, group)], EpochMs(1_000))
         .await
         .unwrap();
     WorkMessage {
@@ -373,17 +378,7 @@ async fn a_job_ends_once_with_one_result_and_counts_once() {
 async fn totals_by_status_agree_with_the_job_rows() {
     let f = fixture().await;
     let store = f.store.as_ref();
-    let submit_to = |batch: &'static str| async move {
-        let s = store
-            .submit(batch, &[new_job(None, None)], EpochMs(1_000))
-            .await
-            .unwrap();
-        WorkMessage {
-            job_id: s[0].id.clone(),
-            stage: Stage::Init,
-            epoch: 0,
-        }
-    };
+    let submit_to = |batch| submit_in(store, batch, None);
     for (batch, status) in [
         ("a", Status::Done),
         ("a", Status::Failed),
