@@ -12,7 +12,7 @@ use rollout::agent::model::ModelFiles;
 use rollout::agent::template::python_json;
 use rollout::domain::backend::{BackendSpec, WireKind};
 use rollout::domain::sampling::SamplingStatus;
-use rollout::domain::{Job, JobResult, Status, Task};
+use rollout::domain::{Job, JobResult, Stage, Status, Task};
 use rollout::scripted::policy::Policy;
 use rollout::scripted::{Control, FaultMode, ScriptedConfig, ScriptedServer, demo};
 use serde_json::{Value, json};
@@ -788,17 +788,19 @@ fn processes_running(needle: &str) -> usize {
 async fn a_sampling_batch_early_cancel_closes_generating_requests_and_removes_sandboxes() {
     // 30 ms a token: the long essay takes many seconds to generate.
     let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, c| c.token_us = 30_000).await;
-    stand.env.workers_in_process(1);
+    // No EVAL workers yet: no sample can be scored, so the batch cannot end, until the
+    // agent prompts are where the test needs them. Timing alone raced on a loaded machine.
+    stand.env.stage_workers_in_process(Stage::Init, 1);
+    stand.env.stage_workers_in_process(Stage::Run, 1);
     // Two agent prompts that outlast the batch: one still generating, one asleep in a
-    // tool call in its sandbox. Then synthetic prompts that pass half the time, after a
-    // slow INIT, so the first informative group (K = 1) comes while those two are busy.
+    // tool call in its sandbox. Then synthetic prompts that pass half the time, so the
+    // first informative group (K = 1) comes while those two are busy.
     let mut prompts = vec![
         task("Write a long essay.", "demo", json!({})),
         task("Sit in the sandbox.", "demo", json!({})),
     ];
-    prompts.extend(
-        (0..30).map(|_| Task::new("synthetic", json!({"init_ms": 4000, "pass_rate": 0.5}))),
-    );
+    prompts
+        .extend((0..30).map(|_| Task::new("synthetic", json!({"init_ms": 500, "pass_rate": 0.5}))));
     let request = rollout::gateway::batches::BatchRequest {
         batch_id: Some("early".into()),
         prompts,
@@ -811,19 +813,31 @@ async fn a_sampling_batch_early_cancel_closes_generating_requests_and_removes_sa
     };
     let client = &stand.env.client;
     client.submit_sampling(&request).await.unwrap();
-    // Watch the sleeping tool call start, and the batch end.
-    let mut saw_sleep = false;
-    let view = eventually("the batch completed", Duration::from_secs(120), || {
-        saw_sleep |= processes_running("sleep 117") > 0;
-        async move {
+    // Both sleeping tool calls start and both essays generate; then scoring begins.
+    eventually(
+        "both sleeping tool calls started",
+        Duration::from_secs(120),
+        || async {
+            let n = processes_running("sleep 117");
+            holds(n == 2, n)
+        },
+    )
+    .await;
+    let server = stand.servers[0].as_ref().unwrap();
+    wait_stats(server, "both essays generating", |s| s.in_flight == 2).await;
+    stand.env.stage_workers_in_process(Stage::Eval, 1);
+    let view = eventually(
+        "the batch completed",
+        Duration::from_secs(120),
+        || async move {
             let view = client.sampling_batch("early").await.unwrap();
             if view.batch.status.is_final() {
                 Ok(view)
             } else {
                 Err(view.batch.counters)
             }
-        }
-    })
+        },
+    )
     .await;
     assert_eq!(
         view.batch.status,
@@ -831,7 +845,6 @@ async fn a_sampling_batch_early_cancel_closes_generating_requests_and_removes_sa
         "{:?}",
         view.batch
     );
-    assert!(saw_sleep, "the sleeping tool call never started");
     let agents: Vec<Job> = client
         .batch_jobs("early")
         .await
@@ -840,7 +853,6 @@ async fn a_sampling_batch_early_cancel_closes_generating_requests_and_removes_sa
         .filter(|j| j.kind == "agent")
         .collect();
     assert_eq!(agents.len(), 4, "both agent groups launched");
-    let server = stand.servers[0].as_ref().unwrap();
     // Both essays were generating: the server saw their requests closed.
     wait_stats(server, "saw both essays closed", |s| {
         s.aborted == 2 && s.in_flight == 0
