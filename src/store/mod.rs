@@ -33,7 +33,7 @@ mod dialect;
 mod ends;
 mod group;
 mod jobs;
-mod nodelay;
+pub(crate) mod nodelay;
 mod postgres;
 mod query;
 mod recovery;

@@ -66,11 +66,24 @@ fn inet_port(addr: nix::Result<SockaddrStorage>) -> Option<u16> {
 /// its client port.
 #[cfg(test)]
 pub(super) fn nodelay_of_local_port(port: u16) -> Option<bool> {
-    use nix::sys::socket::{getsockname, getsockopt};
-    let fd = open_fds().find(|fd| inet_port(getsockname(*fd)) == Some(port))?;
+    nodelay_where(nix::sys::socket::getsockname, port)
+}
+
+/// Whether this process's TCP socket whose peer is on `port` has `TCP_NODELAY`; `None`
+/// if there is no such socket. For tests of a server in this process: its side of a
+/// connection is the socket whose peer port is the client's local port.
+#[cfg(test)]
+pub(crate) fn nodelay_of_peer_port(port: u16) -> Option<bool> {
+    nodelay_where(getpeername, port)
+}
+
+/// `TCP_NODELAY` of the first socket whose address, as `name` reads it, is on `port`.
+#[cfg(test)]
+fn nodelay_where(name: fn(RawFd) -> nix::Result<SockaddrStorage>, port: u16) -> Option<bool> {
+    let fd = open_fds().find(|fd| inet_port(name(*fd)) == Some(port))?;
     // SAFETY: as in `on_sockets_to`.
     let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-    getsockopt(&borrowed, sockopt::TcpNoDelay).ok()
+    nix::sys::socket::getsockopt(&borrowed, sockopt::TcpNoDelay).ok()
 }
 
 #[cfg(test)]
