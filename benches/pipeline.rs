@@ -16,6 +16,12 @@
 //!    init+run+eval of a job in sequence (as in-trainer rollout loops do), with stage
 //!    times 0.2 s / 1.0 s / 0.8 s.
 //!
+//! 4. **dashboard**: one read of the status page's dashboard (as `GET /v1/dashboard`
+//!    makes it, at a fixed time) after 1,000,000 finished jobs of history, beside the
+//!    same read after 20,000, on SQLite and on Postgres. The last 15 minutes hold the
+//!    same jobs in both (20 a second); only older history grows. A refreshing status
+//!    page must not cost more as a training run goes on.
+//!
 //! Set `BENCH_QUICK=1` for a short smoke run.
 
 use std::sync::Arc;
@@ -27,6 +33,8 @@ use rollout::kinds::{StageContext, TaskKind, synthetic::Synthetic};
 use tokio_util::sync::CancellationToken;
 
 mod common;
+#[path = "common/dashboard.rs"]
+mod dashboard;
 #[path = "../tests/common/fresh_postgres.rs"]
 #[allow(dead_code)] // remove_blocking is for tests' Drop
 mod fresh_postgres;
@@ -337,6 +345,20 @@ fn main() {
         }
         if want("pipeline") {
             println!("{}", pipelined_vs_coupled(quick).await);
+        }
+        if want("dashboard") {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("sqlite://{}", dir.path().join("dash.db").display());
+            println!("{}", dashboard::reads(quick, &url).await);
+            let admin = std::env::var("ROLLOUT_BENCH_DATABASE_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+            match FreshPostgres::create(&admin).await.ok() {
+                Some(db) => {
+                    println!("{}", dashboard::reads(quick, &db.url).await);
+                    db.remove().await;
+                }
+                None => eprintln!("no Postgres answers: the Postgres dashboard row is skipped"),
+            }
         }
     });
 }

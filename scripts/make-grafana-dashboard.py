@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes deploy/grafana/rollout.json, the Grafana dashboard of the rollout service.
 
-Its SQL panels read the dashboard views (migrations/*/0009_dashboard_views.sql) through
+Its SQL panels read the dashboard views (migrations/*/0009_dashboard_views.sql and
+*_bounded_dashboard.sql) through
 a Postgres data source; its metric panels read the Prometheus metrics the gateway and
 workers export at /metrics. Both data sources are import-time inputs. The dashboard's
 SQL is run against a real database by the test suite (tests/pipeline/views.rs), so a
@@ -22,6 +23,19 @@ PROM = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 def ms(col):
     """An epoch-milliseconds column as a timestamp."""
     return f"to_timestamp({col} / 1000.0)"
+
+
+def in_range(col):
+    """An epoch-milliseconds column within the dashboard's time range, compared as it is
+    stored so that the views' indexes find the range (a `$__timeFilter` over a converted
+    column would read every row)."""
+    return f"{col} BETWEEN {epoch_ms('$__unixEpochFrom()')} AND {epoch_ms('$__unixEpochTo()')}"
+
+
+def epoch_ms(seconds):
+    """Grafana's epoch-seconds macro as milliseconds (Grafana writes the seconds as a
+    literal, which Postgres reads as a 32-bit integer: times 1000 it would overflow)."""
+    return f"CAST({seconds} AS BIGINT) * 1000"
 
 
 def sql_panel(title, kind, sql, x, y, w, h, fmt="table", description=""):
@@ -64,8 +78,8 @@ panels = [
         """, 16, 0, 8, 8, description="Jobs waiting in and held by each stage (view stage_queue)."),
     sql_panel("Results per minute", "timeseries", """
         SELECT {minute} AS time, status AS metric, jobs FROM throughput_per_minute
-        WHERE $__timeFilter({minute}) ORDER BY 1
-        """.format(minute=ms("minute")), 0, 8, 12, 8, fmt="time_series",
+        WHERE {range} ORDER BY 1
+        """.format(minute=ms("minute"), range=in_range("minute")), 0, 8, 12, 8, fmt="time_series",
         description="Finished jobs per minute by final status (view throughput_per_minute)."),
     sql_panel("Stage latency (ms)", "table", """
         SELECT stage, count(*) AS jobs,
@@ -74,14 +88,16 @@ panels = [
                percentile_cont(0.5) WITHIN GROUP (ORDER BY work_ms) AS work_p50,
                percentile_cont(0.9) WITHIN GROUP (ORDER BY work_ms) AS work_p90,
                percentile_cont(0.99) WITHIN GROUP (ORDER BY work_ms) AS work_p99
-        FROM stage_timings WHERE $__timeFilter({finished}) GROUP BY stage ORDER BY stage
-        """.format(finished=ms("finished_at")), 12, 8, 12, 8,
-        description="Queue wait and work time percentiles of stages finished in the range (view stage_timings)."),
+        FROM stage_timings WHERE {range} AND job_finished_at >= {start}
+        GROUP BY stage ORDER BY stage
+        """.format(range=in_range("finished_at"), start=epoch_ms("$__unixEpochFrom()")), 12, 8, 12, 8,
+        description="Queue wait and work time percentiles of stages finished in the range, of jobs that have ended (view stage_timings)."),
     sql_panel("Failures by reason", "table", """
-        SELECT status, kind, reason, jobs, {last} AS last, example_job_id
-        FROM failures_by_reason ORDER BY last_at DESC LIMIT 50
-        """.format(last=ms("last_at")), 0, 16, 16, 8,
-        description="Failed and timed-out jobs grouped by kind and error (view failures_by_reason)."),
+        SELECT status, kind, reason, count(*) AS jobs, {last} AS last, max(job_id) AS example_job_id
+        FROM failed_results WHERE {range}
+        GROUP BY status, kind, reason ORDER BY max(ended_at) DESC LIMIT 50
+        """.format(last=ms("max(ended_at)"), range=in_range("ended_at")), 0, 16, 16, 8,
+        description="Failed and timed-out jobs of the range grouped by kind and error, as failures_by_reason groups them (view failed_results)."),
     sql_panel("Backends", "table", """
         SELECT backend_id, model, url, healthy, in_flight, weight, last_error,
                {checked} AS checked FROM backend_load ORDER BY backend_id

@@ -2,8 +2,12 @@
 //! dashboard views (so the page agrees with Grafana and with a user's own SQL).
 //!
 //! Stage latency percentiles are computed here over the stages that finished within
-//! the window (the views keep each row; percentiles are the reader's choice), from at
-//! most [`MAX_TIMINGS`] of the latest, so the page's cost does not grow with history.
+//! the window, of jobs that have ended (the views keep each row; percentiles are the
+//! reader's choice), from at most [`MAX_TIMINGS`] of the latest; failure reasons are
+//! grouped here from at most [`MAX_FAILURES`] of the window's latest failures. Every
+//! read goes through an index to what it answers for (batch counters, unfinished jobs,
+//! the window's results and ended jobs), so the page's cost does not grow with history
+//! (BENCHMARKS.md, "Dashboard reads at a million jobs").
 
 use axum::Json;
 use axum::extract::State;
@@ -16,11 +20,13 @@ use super::params::{self, ApiQuery, CheckQuery};
 use crate::domain::EpochMs;
 use crate::store::{
     BackendLoad, BatchProgress, FailureReason, SamplingProgress, SandboxCount, StageQueue,
-    StageTiming, ThroughputMinute,
+    StageTiming, Store, StoreResult, ThroughputMinute,
 };
 
 /// The latest stage timings the percentiles are computed from.
 pub const MAX_TIMINGS: i64 = 20_000;
+/// The latest failures the list of failure reasons is grouped from.
+pub const MAX_FAILURES: i64 = 2_000;
 /// The default window of throughput and latencies: 15 minutes.
 const DEFAULT_WINDOW_MS: i64 = 15 * 60_000;
 /// The longest window: a day.
@@ -89,7 +95,8 @@ impl Percentiles {
 pub struct StageView {
     /// The `stage_queue` row.
     pub queue: StageQueue,
-    /// Queued → started, of the stages that finished in the window (ms).
+    /// Queued → started, of the stages that finished in the window, of jobs that have
+    /// ended (ms).
     pub wait_ms: Percentiles,
     /// Started → finished, of the same (ms).
     pub work_ms: Percentiles,
@@ -111,7 +118,7 @@ pub struct Throughput {
 pub struct Dashboard {
     /// When it was read (epoch ms).
     pub generated_at: i64,
-    /// The window of `throughput` and the stages' times (ms).
+    /// The window of `throughput`, the stages' times and `failures` (ms).
     pub window_ms: i64,
     /// The latest batches (`batch_progress`).
     pub batches: Vec<BatchProgress>,
@@ -121,7 +128,8 @@ pub struct Dashboard {
     pub throughput: Throughput,
     /// Inference backends with health and load (`backend_load`).
     pub backends: Vec<BackendLoad>,
-    /// The latest failure reasons (`failures_by_reason`).
+    /// Failure reasons over the window, as `failures_by_reason` groups them, most
+    /// recent first (grouped from the window's latest 2,000 failures).
     pub failures: Vec<FailureReason>,
     /// Live RUN sandboxes per node (`sandbox_counts`).
     pub sandboxes: Vec<SandboxCount>,
@@ -136,7 +144,7 @@ pub struct Dashboard {
     path = "/v1/dashboard",
     tag = "service",
     params(
-        ("window_ms" = Option<i64>, Query, description = "Window of throughput and latencies (ms, default 15 minutes)", minimum = 0, maximum = 86_400_000),
+        ("window_ms" = Option<i64>, Query, description = "Window of throughput, latencies and failures (ms, default 15 minutes)", minimum = 0, maximum = 86_400_000),
         ("limit" = Option<i64>, Query, description = "How many of the latest batches, failure reasons and sampling batches (default 20)", minimum = 0, maximum = 500),
     ),
     responses(
@@ -149,10 +157,21 @@ pub async fn dashboard(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<DashboardQuery>,
 ) -> Result<Json<Dashboard>, ApiError> {
-    let store = &state.store;
     let now = EpochMs::now().as_millis();
     let window_ms = q.window_ms.unwrap_or(DEFAULT_WINDOW_MS);
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
+    Ok(Json(read(&*state.store, now, window_ms, limit).await?))
+}
+
+/// The dashboard as of `now` (epoch ms) over `window_ms`, with `limit` rows of the
+/// lists that can grow: what `GET /v1/dashboard` answers, apart from HTTP (the
+/// benchmark of its cost at a long history reads it here, at a fixed `now`).
+pub async fn read(
+    store: &dyn Store,
+    now: i64,
+    window_ms: i64,
+    limit: i64,
+) -> StoreResult<Dashboard> {
     let since = now - window_ms;
     let timings = store.stage_timings(since, MAX_TIMINGS).await?;
     let stages = store
@@ -163,17 +182,17 @@ pub async fn dashboard(
         .collect();
     let per_minute = store.throughput(since - since.rem_euclid(60_000)).await?;
     let throughput = throughput(per_minute, since, now);
-    Ok(Json(Dashboard {
+    Ok(Dashboard {
         generated_at: now,
         window_ms,
         batches: store.batch_progress(limit).await?,
         stages,
         throughput,
         backends: store.backend_load().await?,
-        failures: store.failures(limit).await?,
+        failures: store.failures(since, MAX_FAILURES, limit).await?,
         sandboxes: store.sandbox_counts().await?,
         sampling: store.sampling_progress(limit).await?,
-    }))
+    })
 }
 
 /// A stage's queue with the percentiles of its timings.

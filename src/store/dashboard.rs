@@ -187,13 +187,16 @@ pub trait DashboardStore: Send + Sync {
     async fn batch_progress(&self, limit: i64) -> StoreResult<Vec<BatchProgress>>;
     /// The three stages' queues, in pipeline order.
     async fn stage_queues(&self) -> StoreResult<Vec<StageQueue>>;
-    /// Wait and work times of stages that finished at or after `since` (epoch ms), the
-    /// latest `limit`.
+    /// Wait and work times of stages that finished at or after `since` (epoch ms), of
+    /// jobs that have ended, the latest `limit`. A job still running shows its stages
+    /// when it ends: that is what lets the read go through the ended jobs' index rather
+    /// than every job there ever was.
     async fn stage_timings(&self, since: i64, limit: i64) -> StoreResult<Vec<StageTiming>>;
     /// Results per minute and status, for the minutes at or after `since` (epoch ms).
     async fn throughput(&self, since: i64) -> StoreResult<Vec<ThroughputMinute>>;
-    /// Failure reasons, the most recent `limit`.
-    async fn failures(&self, limit: i64) -> StoreResult<Vec<FailureReason>>;
+    /// Failure reasons (as `failures_by_reason` groups them) of the latest `scan`
+    /// failures that ended at or after `since` (epoch ms), the most recent `limit`.
+    async fn failures(&self, since: i64, scan: i64, limit: i64) -> StoreResult<Vec<FailureReason>>;
     /// Every backend's health and load.
     async fn backend_load(&self) -> StoreResult<Vec<BackendLoad>>;
     /// Live RUN sandboxes per node and sandbox backend.
@@ -234,9 +237,11 @@ impl<D: Dialect> DashboardStore for SqlStore<D> {
             .await?)
     }
 
-    async fn failures(&self, limit: i64) -> StoreResult<Vec<FailureReason>> {
+    async fn failures(&self, since: i64, scan: i64, limit: i64) -> StoreResult<Vec<FailureReason>> {
         let mut conn = self.reader().await?;
         Ok(query(sql::DASHBOARD_FAILURES)
+            .bind(since)
+            .bind(scan)
             .bind(limit)
             .fetch_all(&mut *conn)
             .await?)

@@ -520,6 +520,53 @@ mod tests {
         unit.remove().await;
     }
 
+    /// The status page's reads can reach `jobs` and `results` without reading either
+    /// whole: with sequential scans priced out, no plan scans them, and each read that
+    /// is bounded by time uses the index made for it (a query whose conditions did not
+    /// match its index would still scan).
+    #[tokio::test]
+    async fn dashboard_reads_can_reach_jobs_and_results_through_indexes() {
+        let Some(unit) = UnitDb::create().await else {
+            return;
+        };
+        let db = PostgresDb::connect(&unit.url, 1).await.unwrap();
+        db.migrate().await.unwrap();
+        let mut conn = db.pool.acquire().await.unwrap();
+        sqlx::query("SET enable_seqscan = off")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        for (statement, params, index) in [
+            (sql::DASHBOARD_BATCHES, 1, None),
+            (sql::DASHBOARD_QUEUES, 0, Some("jobs_unfinished")),
+            (sql::DASHBOARD_TIMINGS, 2, Some("jobs_finished")),
+            (sql::DASHBOARD_THROUGHPUT, 1, Some("results_minute")),
+            (sql::DASHBOARD_FAILURES, 3, Some("results_failures")),
+        ] {
+            let explain = format!("EXPLAIN {statement}");
+            let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(explain));
+            for _ in 0..params {
+                query = query.bind(1_000_i64);
+            }
+            let plan: Vec<String> = query.fetch_all(&mut *conn).await.unwrap();
+            assert!(
+                !plan
+                    .iter()
+                    .any(|l| l.contains("Seq Scan on jobs") || l.contains("Seq Scan on results")),
+                "{statement}: {plan:#?}"
+            );
+            if let Some(index) = index {
+                assert!(
+                    plan.iter().any(|l| l.contains(&format!(" {index} "))),
+                    "{statement}: {plan:#?}"
+                );
+            }
+        }
+        drop(conn);
+        drop(db);
+        unit.remove().await;
+    }
+
     /// The multi-row statements apply each write to its own job only, under the same
     /// conditions as the one-row ones, and answer each in request order (not the job-id
     /// order they run in). Runs when `ROLLOUT_TEST_DATABASE_URL` names a server.

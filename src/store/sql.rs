@@ -706,7 +706,8 @@ pub(super) const RELEASE_GROUP_PUBLISHER: &str = "UPDATE sampling_batches \
 pub(super) const MARK_GROUP_PUBLISHED: &str = "UPDATE sampling_groups SET published_at = $3 \
      WHERE batch_id = $1 AND accepted_rank = $2 AND published_at IS NULL";
 
-// The status page's reads: the dashboard views (0009), newest first.
+// The status page's reads: the dashboard views (0009, and 0012 on Postgres / 0010 on
+// SQLite), newest first.
 
 pub(super) const DASHBOARD_BATCHES: &str = "SELECT batch_id, created_at, submitted, finished, \
      in_flight, done, failed, cancelled, timed_out, rewarded, reward_mean, last_result_at \
@@ -715,15 +716,24 @@ pub(super) const DASHBOARD_BATCHES: &str = "SELECT batch_id, created_at, submitt
 pub(super) const DASHBOARD_QUEUES: &str = "SELECT stage, position, queued, running, \
      oldest_queued_at FROM stage_queue ORDER BY position";
 
+/// Stages that finished at or after `$1`, of jobs that ended then too: the condition on
+/// the job's end is what reaches `jobs` through its partial index `jobs_finished` (0012)
+/// instead of reading every job.
 pub(super) const DASHBOARD_TIMINGS: &str = "SELECT stage, wait_ms, work_ms FROM stage_timings \
-     WHERE finished_at >= $1 ORDER BY finished_at DESC LIMIT CAST($2 AS INTEGER)";
+     WHERE finished_at >= $1 AND job_finished_at >= $1 \
+     ORDER BY finished_at DESC LIMIT CAST($2 AS INTEGER)";
 
 pub(super) const DASHBOARD_THROUGHPUT: &str = "SELECT minute, status, jobs, reward_mean \
      FROM throughput_per_minute WHERE minute >= $1 ORDER BY minute, status";
 
-pub(super) const DASHBOARD_FAILURES: &str = "SELECT status, kind, reason, jobs, last_at, \
-     example_job_id FROM failures_by_reason ORDER BY last_at DESC, reason \
-     LIMIT CAST($1 AS INTEGER)";
+/// `failures_by_reason`'s rows over the latest `$2` failures that ended at or after `$1`
+/// (read newest first through the partial index `results_failures`), the `$3` most
+/// recent.
+pub(super) const DASHBOARD_FAILURES: &str = "SELECT status, kind, reason, COUNT(*) AS jobs, \
+     MAX(ended_at) AS last_at, MAX(job_id) AS example_job_id \
+     FROM (SELECT job_id, kind, status, reason, ended_at FROM failed_results \
+           WHERE ended_at >= $1 ORDER BY ended_at DESC LIMIT CAST($2 AS INTEGER)) f \
+     GROUP BY status, kind, reason ORDER BY last_at DESC, reason LIMIT CAST($3 AS INTEGER)";
 
 pub(super) const DASHBOARD_BACKENDS: &str = "SELECT backend_id, kind, model, url, weight, \
      healthy, checked_at, last_error, source, in_flight FROM backend_load ORDER BY backend_id";

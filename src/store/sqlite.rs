@@ -437,6 +437,18 @@ mod tests {
     /// and the whole plan (for messages); `json_array`: the statement's one parameter,
     /// a JSON array, bound to an empty one.
     async fn plan_on_jobs(statement: &str, json_array: bool) -> (Vec<String>, String) {
+        let plan = query_plan(statement, json_array).await;
+        let jobs = plan
+            .iter()
+            .filter(|d| d.contains("jobs"))
+            .cloned()
+            .collect();
+        (jobs, format!("{plan:?}"))
+    }
+
+    /// The lines of `statement`'s query plan on a fresh database (parameters unbound,
+    /// but for `json_array` as in [`plan_on_jobs`]).
+    async fn query_plan(statement: &str, json_array: bool) -> Vec<String> {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("r.db").display());
         let db = SqliteDb::connect(&url, 2).await.unwrap();
@@ -448,12 +460,7 @@ mod tests {
             plan = plan.bind("[]");
         }
         let plan = plan.fetch_all(&mut *conn).await.unwrap();
-        let jobs = plan
-            .iter()
-            .map(|(.., detail)| detail.clone())
-            .filter(|d| d.contains("jobs"))
-            .collect();
-        (jobs, format!("{plan:?}"))
+        plan.into_iter().map(|(.., detail)| detail).collect()
     }
 
     /// The multi-row statements look each job up by id. A plan that reaches `jobs`
@@ -486,6 +493,97 @@ mod tests {
             jobs[0].starts_with("SEARCH jobs USING") && jobs[0].contains("INDEX jobs_status"),
             "{plan}"
         );
+    }
+
+    /// The status page's reads reach `jobs` and `results` only through an index (a
+    /// table scan of either reads every job or result there ever was, every time the
+    /// page refreshes); each read that can be bounded by time is, by the index made for
+    /// it.
+    #[tokio::test]
+    async fn dashboard_reads_reach_jobs_and_results_only_through_indexes() {
+        for (statement, index) in [
+            (sql::DASHBOARD_BATCHES, None),
+            (sql::DASHBOARD_QUEUES, Some("jobs_status")),
+            (sql::DASHBOARD_TIMINGS, Some("jobs_finished")),
+            (sql::DASHBOARD_THROUGHPUT, Some("results_minute")),
+            (sql::DASHBOARD_FAILURES, Some("results_failures")),
+        ] {
+            let plan = query_plan(statement, false).await;
+            let scans: Vec<&String> = plan
+                .iter()
+                .filter(|l| {
+                    let mut words = l.split(' ');
+                    words.next() == Some("SCAN")
+                        && matches!(words.next(), Some("jobs" | "results" | "j" | "r"))
+                })
+                .collect();
+            assert!(scans.is_empty(), "{statement}: {plan:#?}");
+            if let Some(index) = index {
+                assert!(
+                    plan.iter().any(|l| l.contains(&format!("INDEX {index} "))),
+                    "{statement}: {plan:#?}"
+                );
+            }
+        }
+    }
+
+    /// Upgrading a database that has results counts their rewards into their batches
+    /// (the batch rows read the same before and after), and results after it are
+    /// counted by the trigger that ends their jobs.
+    #[tokio::test]
+    async fn the_upgrade_counts_existing_rewards_into_their_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("r.db").display());
+        let db = SqliteDb::connect(&url, 2).await.unwrap();
+        SqliteDb::MIGRATOR.run_to(9, &db.pool).await.unwrap();
+        let end = |job: &'static str, status: &'static str, reward: Option<f64>, at: i64| {
+            let pool = db.pool.clone();
+            async move {
+                sqlx::query(
+                    "INSERT INTO jobs (id, batch_id, kind, task, status, stage, created_at, \
+                     updated_at) VALUES ($1, 'b', 'synthetic', '{}', 'running', 'eval', 1, 1)",
+                )
+                .bind(job)
+                .execute(&pool)
+                .await
+                .unwrap();
+                sqlx::query(
+                    "INSERT INTO results (job_id, batch_id, status, reward, output, created_at) \
+                     VALUES ($1, 'b', $2, $3, '{}', $4)",
+                )
+                .bind(job)
+                .bind(status)
+                .bind(reward)
+                .bind(at)
+                .execute(&pool)
+                .await
+                .unwrap();
+            }
+        };
+        let progress = || async {
+            sqlx::query_as::<_, (i64, i64, Option<f64>, Option<i64>)>(
+                "SELECT finished, rewarded, reward_mean, last_result_at FROM batch_progress",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        };
+        sqlx::query("INSERT INTO batches (id, created_at) VALUES ('b', 1)")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        end("j1", "done", Some(1.0), 100).await;
+        end("j2", "done", Some(0.0), 300).await;
+        end("j3", "failed", None, 200).await;
+        let before = progress().await;
+        assert_eq!(before, (3, 2, Some(0.5), Some(300)));
+
+        db.migrate().await.unwrap();
+        assert_eq!(progress().await, before);
+        end("j4", "done", Some(1.0), 250).await;
+        let (finished, rewarded, mean, last) = progress().await;
+        assert_eq!((finished, rewarded, last), (4, 3, Some(300)));
+        assert!((mean.unwrap() - 2.0 / 3.0).abs() < 1e-12, "{mean:?}");
     }
 
     /// Six processes' worth of stores opening one fresh database at once, five times:

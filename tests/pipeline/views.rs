@@ -51,6 +51,7 @@ const VIEWS: &[(&str, &[&str])] = &[
             "finished_at",
             "wait_ms",
             "work_ms",
+            "job_finished_at",
         ],
     ),
     (
@@ -67,6 +68,10 @@ const VIEWS: &[(&str, &[&str])] = &[
             "last_at",
             "example_job_id",
         ],
+    ),
+    (
+        "failed_results",
+        &["job_id", "batch_id", "kind", "status", "reason", "ended_at"],
     ),
     (
         "backend_load",
@@ -366,6 +371,21 @@ async fn batch_views_agree_with_the_api(env: &TestEnv, db: &Db) {
         assert!(r["min_wait"].as_i64().unwrap() >= 0, "{r:?}");
         assert!(r["min_work"].as_i64().unwrap() >= 0, "{r:?}");
     }
+    // Each stage row carries its job's end: the time of the job's result.
+    let ends = db
+        .rows("SELECT job_id, MIN(job_finished_at) AS lo, MAX(job_finished_at) AS hi FROM stage_timings WHERE batch_id = 'views' GROUP BY job_id")
+        .await;
+    assert_eq!(ends.len(), results.len());
+    for e in &ends {
+        let r = results
+            .iter()
+            .find(|r| json!(r.job_id) == e["job_id"])
+            .unwrap();
+        assert_eq!(
+            (&e["lo"], &e["hi"]),
+            (&json!(r.created_at), &json!(r.created_at))
+        );
+    }
 
     result_views_agree(db, &results).await;
 }
@@ -408,6 +428,28 @@ async fn result_views_agree(db: &Db, results: &[rollout::domain::JobResult]) {
         results
             .iter()
             .any(|r| r.job_id == example && r.status == Status::Failed)
+    );
+
+    // `failed_results` has each of those jobs, under the same reason, at its end.
+    let failed = db
+        .rows("SELECT * FROM failed_results ORDER BY job_id")
+        .await;
+    let mut expected: Vec<_> = results
+        .iter()
+        .filter(|r| r.status == Status::Failed)
+        .map(|r| (json!(r.job_id), json!(r.created_at)))
+        .collect();
+    expected.sort_by_key(|(id, _)| id.as_str().unwrap().to_string());
+    let got: Vec<_> = failed
+        .iter()
+        .map(|r| (r["job_id"].clone(), r["ended_at"].clone()))
+        .collect();
+    assert_eq!(got, expected);
+    assert!(
+        failed.iter().all(|r| r["reason"] == f["reason"]
+            && r["kind"] == "synthetic"
+            && r["batch_id"] == "views"),
+        "{failed:?}"
     );
 }
 
@@ -553,34 +595,14 @@ async fn grafana_panels_run(db: &Db) {
     }
 }
 
-/// `sql` with Grafana's `$__timeFilter(expr)` macro expanded as Grafana would for a
-/// range of the last day.
+/// `sql` with Grafana's time-range macros expanded as Grafana would for a range from a
+/// day ago to an hour ahead (whole epoch seconds).
 fn grafana_macros(sql: &str) -> String {
-    const MACRO: &str = "$__timeFilter(";
-    let mut out = String::new();
-    let mut rest = sql;
-    while let Some(at) = rest.find(MACRO) {
-        out.push_str(&rest[..at]);
-        let inner = &rest[at + MACRO.len()..];
-        let mut depth = 1;
-        let end = inner
-            .char_indices()
-            .find(|&(_, c)| {
-                depth += match c {
-                    '(' => 1,
-                    ')' => -1,
-                    _ => 0,
-                };
-                depth == 0
-            })
-            .map(|(i, _)| i)
-            .expect("a closed $__timeFilter(");
-        let expr = &inner[..end];
-        out.push_str(&format!(
-            "({expr} BETWEEN now() - interval '1 day' AND now() + interval '1 hour')"
-        ));
-        rest = &inner[end + 1..];
-    }
-    out.push_str(rest);
-    out
+    let now = EpochMs::now().as_millis() / 1000;
+    assert!(
+        !sql.contains("$__timeFilter"),
+        "a filter no index can use: {sql}"
+    );
+    sql.replace("$__unixEpochFrom()", &(now - 86_400).to_string())
+        .replace("$__unixEpochTo()", &(now + 3_600).to_string())
 }
