@@ -31,16 +31,18 @@ pub async fn reads(quick: bool, url: &str) -> String {
     let now = rollout::domain::EpochMs::now().as_millis();
     let first = now - large * SPACING_MS;
     db.fill(large - small, large, first).await;
-    db.analyze().await;
+    db.settle().await;
     let at_small = median_read(&*store, now).await;
+    breakdown(&*store, now, &format!("{small} jobs")).await;
     for from in (0..large - small).step_by(100_000) {
         db.fill(from, (from + 100_000).min(large - small), first)
             .await;
         let written = (from + 100_000).min(large - small) + small;
         eprintln!("dashboard: {written} of {large} jobs of history");
     }
-    db.analyze().await;
+    db.settle().await;
     let at_large = median_read(&*store, now).await;
+    breakdown(&*store, now, &format!("{large} jobs")).await;
     let d = dashboard::read(&*store, now, WINDOW_MS, 20).await.unwrap();
     // The window's whole minutes hold its jobs but for part of one minute.
     let in_window = WINDOW_MS / SPACING_MS;
@@ -53,6 +55,42 @@ pub async fn reads(quick: bool, url: &str) -> String {
         "| dashboard read, {large} jobs of history ({}) | {at_large:.1} ms | {at_small:.1} ms at {small} | {ratio:.2} | ≤ 2 |",
         db.name()
     )
+}
+
+/// Prints how long each of the dashboard's reads takes (stderr), to show which one
+/// grows if the total does.
+async fn breakdown(store: &dyn rollout::store::Store, now: i64, label: &str) {
+    let since = now - WINDOW_MS;
+    let mut parts = Vec::new();
+    let t = Instant::now();
+    store.batch_progress(20).await.unwrap();
+    parts.push(("batches", t.elapsed()));
+    let t = Instant::now();
+    store.stage_queues().await.unwrap();
+    parts.push(("queues", t.elapsed()));
+    let t = Instant::now();
+    store
+        .stage_timings(since, dashboard::MAX_TIMINGS)
+        .await
+        .unwrap();
+    parts.push(("timings", t.elapsed()));
+    let t = Instant::now();
+    store.throughput(since).await.unwrap();
+    parts.push(("throughput", t.elapsed()));
+    let t = Instant::now();
+    store
+        .failures(since, dashboard::MAX_FAILURES, 20)
+        .await
+        .unwrap();
+    parts.push(("failures", t.elapsed()));
+    let t = Instant::now();
+    store.sampling_progress(20).await.unwrap();
+    parts.push(("sampling", t.elapsed()));
+    let shown: Vec<String> = parts
+        .iter()
+        .map(|(name, d)| format!("{name} {:.1} ms", d.as_secs_f64() * 1e3))
+        .collect();
+    eprintln!("dashboard ({label}): {}", shown.join(", "));
 }
 
 /// The median of 15 reads (after 3 to warm the caches), in ms.
@@ -147,12 +185,15 @@ impl Db {
         }
     }
 
-    /// Fresh planner statistics, as autovacuum (Postgres) or `PRAGMA optimize` would
-    /// have them after this much writing.
-    async fn analyze(&self) {
+    /// The state a long run reaches on its own. Postgres: autovacuum's, with dead row
+    /// versions (every result updates its batch's row; every end retires its job from
+    /// `jobs_unfinished`) cleaned up and statistics fresh. SQLite: nothing, since the
+    /// store never analyzes it and SQLite plans without statistics then; an analysis
+    /// taken while the history was small would be kept by connections already open.
+    async fn settle(&self) {
         match self {
-            Db::Sqlite(p) => sqlx::query("ANALYZE").execute(p).await.map(drop),
-            Db::Postgres(p) => sqlx::query("ANALYZE").execute(p).await.map(drop),
+            Db::Sqlite(_) => Ok(()),
+            Db::Postgres(p) => sqlx::query("VACUUM ANALYZE").execute(p).await.map(drop),
         }
         .unwrap();
     }

@@ -73,6 +73,11 @@ SELECT id AS batch_id,
        last_result_at
 FROM batches;
 
+-- The latest batches are read through an index of their creation, never by reading
+-- every batch (a batch's row is rewritten by each of its results, so until vacuum a
+-- long run's table holds many dead versions of each).
+CREATE INDEX batches_created ON batches (created_at);
+
 -- Stage timings gain the end of their job, and ended jobs are found by it through a
 -- partial index. `finished_at` is set once, by the update that ends the job, which
 -- already changes the predicate of `jobs_unfinished`: claims and hand-offs stay HOT.

@@ -65,6 +65,11 @@ SELECT id AS batch_id,
        last_result_at
 FROM batches;
 
+-- The latest batches are read through an index of their creation, never by reading
+-- every batch (a batch's row is rewritten by each of its results, so until vacuum a
+-- long run's table holds many dead versions of each).
+CREATE INDEX batches_created ON batches (created_at);
+
 -- Stage timings gain the end of their job, and ended jobs are found by it through a
 -- partial index (`finished_at` is set once, when the job ends).
 CREATE INDEX jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
@@ -87,6 +92,36 @@ SELECT id, batch_id, kind, 'eval', node,
        eval_started_at - eval_queued_at, eval_finished_at - eval_started_at,
        finished_at
 FROM jobs WHERE eval_finished_at IS NOT NULL AND eval_started_at IS NOT NULL;
+
+-- Unfinished jobs are found through an index of them alone, as on Postgres (0011
+-- there): `jobs_status` cannot tell SQLite that few of a million jobs are queued or
+-- running, and once the database has been analyzed the planner reads the whole table
+-- for the stage queues instead. The view now names its rows as the index does.
+CREATE INDEX jobs_unfinished ON jobs (created_at) WHERE finished_at IS NULL;
+DROP VIEW stage_queue;
+CREATE VIEW stage_queue AS
+WITH stages(stage, position) AS (
+    VALUES ('init', CAST(1 AS BIGINT)), ('run', CAST(2 AS BIGINT)), ('eval', CAST(3 AS BIGINT))
+)
+SELECT s.stage,
+       s.position,
+       COALESCE(j.queued, 0) AS queued,
+       COALESCE(j.running, 0) AS running,
+       j.oldest_queued_at
+FROM stages s
+LEFT JOIN (
+    SELECT stage,
+           SUM(CASE WHEN status = 'queued' THEN 1 ELSE 0 END) AS queued,
+           SUM(CASE WHEN status = 'running' THEN 1 ELSE 0 END) AS running,
+           MIN(CASE WHEN status = 'queued' THEN
+               CASE stage WHEN 'init' THEN init_queued_at
+                          WHEN 'run' THEN run_queued_at
+                          ELSE eval_queued_at END
+           END) AS oldest_queued_at
+    FROM jobs
+    WHERE finished_at IS NULL
+    GROUP BY stage
+) j ON j.stage = s.stage;
 
 -- Results are found by their minute (the view's grouping) and failures apart from the
 -- rest: a window of throughput reads that window's results, and the failure reasons

@@ -537,7 +537,7 @@ mod tests {
             .await
             .unwrap();
         for (statement, params, index) in [
-            (sql::DASHBOARD_BATCHES, 1, None),
+            (sql::DASHBOARD_BATCHES, 1, Some("batches_created")),
             (sql::DASHBOARD_QUEUES, 0, Some("jobs_unfinished")),
             (sql::DASHBOARD_TIMINGS, 2, Some("jobs_finished")),
             (sql::DASHBOARD_THROUGHPUT, 1, Some("results_minute")),
