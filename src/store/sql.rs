@@ -248,8 +248,8 @@ pub(super) const COUNTS: &str =
     "SELECT status, stage, COUNT(*) AS n FROM jobs GROUP BY status, stage ORDER BY status, stage";
 
 /// Jobs by status without reading a finished job's row: the unfinished ones counted
-/// through an index of them (`jobs_unfinished` on Postgres, whose predicate
-/// `finished_at IS NULL` this implies; `jobs_status` on SQLite), the finished ones
+/// through an index of them (`jobs_unfinished`, whose predicate `finished_at IS NULL`
+/// this implies, or on SQLite possibly the live statuses of `jobs_status`), the finished ones
 /// summed from their batches' counters, which the results trigger keeps as each job
 /// ends (every end inserts a result).
 pub(super) const TOTALS: &str = "SELECT status, CAST(COUNT(*) AS BIGINT) AS n FROM jobs \

@@ -162,7 +162,7 @@ function overview(d) {
       cell("last_error", b.last_error || ""))),
     "No inference backends registered."));
 
-  view.append(el("h2", {}, "Recent failures"));
+  view.append(el("h2", {}, "Failures in the last " + fmtMs(d.window_ms)));
   view.append(table("failures",
     ["status", "kind", "#jobs", "last", "error", "example"],
     d.failures.map(f => el("tr", { "data-reason": f.reason },
@@ -170,7 +170,7 @@ function overview(d) {
       num("jobs", f.jobs), cell("last_at", fmtAgo(f.last_at, now)),
       cell("reason", el("pre", {}, f.reason || "(no error)")),
       cell("example_job_id", link("#/jobs/" + encodeURIComponent(f.example_job_id), "job")))),
-    "No failed or timed-out jobs."));
+    "No failed or timed-out jobs in the last " + fmtMs(d.window_ms) + "."));
 
   view.append(el("h2", {}, "Sandboxes"));
   view.append(table("sandboxes",
