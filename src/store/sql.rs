@@ -717,7 +717,7 @@ pub(super) const DASHBOARD_QUEUES: &str = "SELECT stage, position, queued, runni
      oldest_queued_at FROM stage_queue ORDER BY position";
 
 /// Stages that finished at or after `$1`, of jobs that ended then too: the condition on
-/// the job's end is what reaches `jobs` through its partial index `jobs_finished` (0012)
+/// the job's end is what reaches `jobs` through its partial index `jobs_finished`
 /// instead of reading every job.
 pub(super) const DASHBOARD_TIMINGS: &str = "SELECT stage, wait_ms, work_ms FROM stage_timings \
      WHERE finished_at >= $1 AND job_finished_at >= $1 \
