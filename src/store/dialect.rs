@@ -180,6 +180,7 @@ impl<D: Dialect> SqlStore<D> {
 pub(super) mod checks {
     use super::*;
     use crate::domain::Status;
+    use crate::store::query::query;
     use crate::store::{JobStore, NewJob};
 
     fn claim(job_id: &str, epoch: i64, node: &str) -> StageClaim {
@@ -332,5 +333,66 @@ pub(super) mod checks {
             vec![ev("queued", "init", 0, 0), ev("running", "init", 0, 1)]
         );
         assert_eq!(history(store, c).await, vec![ev("queued", "init", 0, 0)]);
+    }
+    /// The check both dialects' upgrades pass (their unit tests call it, with `db`
+    /// migrated to just before the bounded-dashboard migration): a database that has
+    /// results has their rewards counted into their batches by the upgrade (the batch
+    /// rows read the same before and after), and results after it are counted by the
+    /// trigger that ends their jobs.
+    pub(in crate::store) async fn upgrade_counts_existing_rewards_into_their_batches<D: Dialect>(
+        db: &D,
+    ) {
+        async fn end<D: Dialect>(db: &D, job: &str, status: &str, reward: Option<f64>, at: i64) {
+            let mut conn = db.reader().await.unwrap();
+            conn.execute(
+                query(
+                    "INSERT INTO jobs (id, batch_id, kind, task, status, stage, created_at, \
+                     updated_at) VALUES ($1, 'b', 'synthetic', '{}', 'running', 'eval', 1, 1)",
+                )
+                .bind(job),
+            )
+            .await
+            .unwrap();
+            conn.execute(
+                query(
+                    "INSERT INTO results (job_id, batch_id, status, reward, output, created_at) \
+                     VALUES ($1, 'b', $2, $3, '{}', $4)",
+                )
+                .bind(job)
+                .bind(status)
+                .bind(reward)
+                .bind(at),
+            )
+            .await
+            .unwrap();
+        }
+        async fn progress<D: Dialect>(db: &D) -> (i64, i64, Option<f64>, Option<i64>) {
+            let mut conn = db.reader().await.unwrap();
+            conn.fetch_optional(query(
+                "SELECT finished, rewarded, reward_mean, last_result_at FROM batch_progress",
+            ))
+            .await
+            .unwrap()
+            .expect("the batch's row")
+        }
+        let mut conn = db.reader().await.unwrap();
+        conn.execute(query(
+            "INSERT INTO batches (id, created_at) VALUES ('b', 1)",
+        ))
+        .await
+        .unwrap();
+        drop(conn);
+        end(db, "j1", "done", Some(1.0), 100).await;
+        end(db, "j2", "done", Some(0.0), 300).await;
+        end(db, "j3", "failed", None, 200).await;
+        let before = progress(db).await;
+        assert_eq!(before, (3, 2, Some(0.5), Some(300)));
+
+        db.migrate().await.unwrap();
+        assert_eq!(progress(db).await, before);
+        end(db, "j4", "done", Some(1.0), 250).await;
+        let (finished, rewarded, mean, last) = progress(db).await;
+        assert_eq!((finished, rewarded, last), (4, 3, Some(300)));
+        assert!((mean.unwrap() - 2.0 / 3.0).abs() < 1e-12, "{mean:?}");
     }
 }

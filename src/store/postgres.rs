@@ -424,7 +424,10 @@ impl UnitDb {
 mod tests {
     use super::*;
     use crate::store::dialect::SqlStore;
-    use crate::store::dialect::checks::multi_row_writes_apply_each_to_its_own_job;
+    use crate::store::dialect::checks::{
+        multi_row_writes_apply_each_to_its_own_job,
+        upgrade_counts_existing_rewards_into_their_batches,
+    };
     use crate::store::ends::checks::{
         ends_of_whole_groups_in_one_statement_decide_each_once,
         several_ends_in_one_statement_apply_each_to_its_own_job,
@@ -488,6 +491,20 @@ mod tests {
         assert!(free(&mut other, key).await, "free once it committed");
         drop(other);
         pool.close().await;
+        unit.remove().await;
+    }
+
+    /// Upgrading a database that has results counts their rewards into their batches
+    /// (see the check; the Postgres migration's backfill is its own SQL).
+    #[tokio::test]
+    async fn the_upgrade_counts_existing_rewards_into_their_batches() {
+        let Some(unit) = UnitDb::create().await else {
+            return;
+        };
+        let db = PostgresDb::connect(&unit.url, 2).await.unwrap();
+        PostgresDb::MIGRATOR.run_to(11, &db.pool).await.unwrap();
+        upgrade_counts_existing_rewards_into_their_batches(&db).await;
+        drop(db);
         unit.remove().await;
     }
 
