@@ -35,10 +35,9 @@ pub async fn reads(quick: bool, url: &str) -> String {
     let at_small = median_read(&*store, now).await;
     breakdown(&*store, now, &format!("{small} jobs")).await;
     for from in (0..large - small).step_by(100_000) {
-        db.fill(from, (from + 100_000).min(large - small), first)
-            .await;
-        let written = (from + 100_000).min(large - small) + small;
-        eprintln!("dashboard: {written} of {large} jobs of history");
+        let to = (from + 100_000).min(large - small);
+        db.fill(from, to, first).await;
+        eprintln!("dashboard: {} of {large} jobs of history", to + small);
     }
     db.settle().await;
     let at_large = median_read(&*store, now).await;
