@@ -6,11 +6,16 @@
 //!   would (in-process, milliseconds per answer, no sandbox);
 //! - [`code`]: comparing a program's output with a test case's, and finding the program
 //!   in a model's answer (the program runs in EVAL's sandbox);
-//! - [`logs`]: test results read out of a test runner's log, for code and SWE tasks;
+//! - [`logs`]: test results read out of a test runner's log (pytest, Django, sympy,
+//!   unittest) with SWE-bench's semantics, and whether the log can be trusted, for
+//!   code and SWE tasks;
 //! - [`swe`]: SWE-bench instances, the files a test patch touches, and the verdict on
-//!   their named tests.
+//!   their named tests;
+//! - [`swe_repos`]: per-repository defaults as SWE-bench has them: the log parser, the
+//!   test command and the test patch's files as its arguments.
 
 pub mod code;
 pub mod logs;
 pub mod math;
 pub mod swe;
+pub mod swe_repos;

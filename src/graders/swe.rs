@@ -8,14 +8,15 @@
 //! the HuggingFace exports hold. Other fields (`problem_statement`, `hints_text`,
 //! `version`, …) are kept as they are.
 //!
-//! The reward is 1 iff every named test passed in the log; a test the log does not
+//! The reward is 1 iff every named test passed in the log by SWE-bench's grading
+//! ([`verdict`]), and the log can be trusted as evidence; a test the log does not
 //! mention did not pass (a run that crashed, or an agent that deleted it).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::logs::TestStatus;
+use super::logs::{Report, TestStatus};
 
 /// A SWE-bench instance.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -198,58 +199,124 @@ fn unquote(s: &str) -> String {
 /// How the named tests came out.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Verdict {
-    /// Every `FAIL_TO_PASS` and `PASS_TO_PASS` test passed.
+    /// Every `FAIL_TO_PASS` test passed and every `PASS_TO_PASS` test was kept, in a
+    /// log that can be trusted.
     pub resolved: bool,
     /// `FAIL_TO_PASS` tests that passed, of how many.
     pub fail_to_pass_passed: usize,
     /// How many `FAIL_TO_PASS` tests there are.
     pub fail_to_pass_total: usize,
-    /// `PASS_TO_PASS` tests that passed.
+    /// `PASS_TO_PASS` tests kept: passed, or skipped (which SWE-bench does not count
+    /// as breaking a test).
     pub pass_to_pass_passed: usize,
     /// How many `PASS_TO_PASS` tests there are.
     pub pass_to_pass_total: usize,
-    /// The named tests that did not pass, with what the log says (`failed`, `skipped`,
-    /// `missing` when it does not mention them), at most [`MAX_LISTED`].
+    /// The named tests that count against the instance, with what the log says
+    /// (`failed`, `error`, `skipped`, …, or `missing` when it does not mention them),
+    /// at most [`MAX_LISTED`].
     pub not_passed: BTreeMap<String, String>,
+    /// Why it is not resolved, in words for a user: the log's distrust reason (a log
+    /// that cannot be trusted resolves nothing), or the tests missing from the log and
+    /// those that did not pass, named (a few of each).
+    pub failure: Option<String>,
 }
 
 /// How many tests that did not pass a verdict lists by name.
 pub const MAX_LISTED: usize = 50;
 
-/// The verdict on `instance` from a run's parsed `results`.
-pub fn verdict(instance: &Instance, results: &BTreeMap<String, TestStatus>) -> Verdict {
+/// How many names a verdict's `failure` sentence gives of each kind.
+const NAMED_IN_FAILURE: usize = 5;
+
+/// The verdict on `instance` from a run's parsed log, by SWE-bench's grading: a
+/// `FAIL_TO_PASS` test resolves when it passed or failed as expected
+/// ([`TestStatus::passed`]); a `PASS_TO_PASS` test is kept when it did so or was
+/// skipped; an absent test did neither. An expected id cut inside its `[…]` (more `[`
+/// than `]`, as older SWE-bench lists hold) stands for the ids it begins when they
+/// agree on passing. A report [`Report::distrust`]s never resolves.
+pub fn verdict(instance: &Instance, report: &Report) -> Verdict {
+    let distrust = report.distrust();
     let mut not_passed = BTreeMap::new();
-    let mut count = |names: &[String]| {
+    let mut missing: Vec<String> = Vec::new();
+    let mut failing: Vec<String> = Vec::new();
+    let mut count = |names: &[String], skip_keeps: bool| -> usize {
         let mut passed = 0;
         for name in names {
-            match results.get(name) {
-                Some(TestStatus::Passed) => passed += 1,
-                other => {
-                    if not_passed.len() < MAX_LISTED {
-                        let what = match other {
-                            Some(TestStatus::Failed) => "failed",
-                            Some(TestStatus::Skipped) => "skipped",
-                            _ => "missing",
-                        };
-                        not_passed.insert(name.clone(), what.to_string());
-                    }
-                }
+            let status = lookup(name, &report.results);
+            let ok = status.is_some_and(|s| s.passed() || (skip_keeps && s == TestStatus::Skipped));
+            if ok {
+                passed += 1;
+                continue;
+            }
+            let what = status.map_or("missing", TestStatus::name);
+            match status {
+                None => missing.push(name.clone()),
+                Some(_) => failing.push(format!("{name} ({what})")),
+            }
+            if not_passed.len() < MAX_LISTED {
+                not_passed.insert(name.clone(), what.to_string());
             }
         }
         passed
     };
-    let f2p = count(&instance.fail_to_pass);
-    let p2p = count(&instance.pass_to_pass);
+    let f2p = count(&instance.fail_to_pass, false);
+    let p2p = count(&instance.pass_to_pass, true);
+    let all_passed = f2p == instance.fail_to_pass.len() && p2p == instance.pass_to_pass.len();
+    let resolved = all_passed && !instance.fail_to_pass.is_empty() && distrust.is_none();
+    let failure = if resolved {
+        None
+    } else if let Some(why) = distrust {
+        Some(why)
+    } else if instance.fail_to_pass.is_empty() {
+        Some("the instance names no FAIL_TO_PASS test, so nothing can resolve it".to_string())
+    } else {
+        let mut parts = Vec::new();
+        if !missing.is_empty() {
+            parts.push(format!("tests missing from the log: {}", named(&missing)));
+        }
+        if !failing.is_empty() {
+            parts.push(format!("tests that did not pass: {}", named(&failing)));
+        }
+        Some(parts.join("; "))
+    };
     Verdict {
-        resolved: f2p == instance.fail_to_pass.len()
-            && p2p == instance.pass_to_pass.len()
-            && !instance.fail_to_pass.is_empty(),
+        resolved,
         fail_to_pass_passed: f2p,
         fail_to_pass_total: instance.fail_to_pass.len(),
         pass_to_pass_passed: p2p,
         pass_to_pass_total: instance.pass_to_pass.len(),
         not_passed,
+        failure,
     }
+}
+
+/// A few names and how many more there are (`a, b, c, … (12 in all)`).
+fn named(names: &[String]) -> String {
+    let shown = names[..names.len().min(NAMED_IN_FAILURE)].join(", ");
+    if names.len() > NAMED_IN_FAILURE {
+        format!("{shown}, … ({} in all)", names.len())
+    } else {
+        shown
+    }
+}
+
+/// The status of the expected id `name`: its own, or, for an id cut inside its
+/// brackets, that of the ids it begins when they agree on passing (SWE-bench's
+/// `_resolve_case`; of agreeing ids the first in name order stands for them all).
+fn lookup(name: &str, results: &BTreeMap<String, TestStatus>) -> Option<TestStatus> {
+    if let Some(s) = results.get(name) {
+        return Some(*s);
+    }
+    if name.matches('[').count() <= name.matches(']').count() {
+        return None;
+    }
+    let mut matches = results
+        .range::<str, _>((std::ops::Bound::Included(name), std::ops::Bound::Unbounded))
+        .take_while(|(k, _)| k.starts_with(name))
+        .map(|(_, s)| *s);
+    let first = matches.next()?;
+    matches
+        .all(|s| s.passed() == first.passed())
+        .then_some(first)
 }
 
 #[cfg(test)]
@@ -344,44 +411,198 @@ diff --git \"a/tests/sp ace\\303\\244.py\" \"b/tests/sp ace\\303\\244.py\"
         assert!(bad.unwrap_err().to_string().contains("JSON list"));
     }
 
+    /// A report of `v` from a log whose summary is there and nothing is doubted.
+    fn report(v: &[(&str, TestStatus)]) -> Report {
+        Report {
+            results: v.iter().map(|(n, s)| (n.to_string(), *s)).collect(),
+            summary: Some(crate::graders::logs::Summary::default()),
+            ..Report::default()
+        }
+    }
+
+    fn instance(f2p: &[&str], p2p: &[&str]) -> Instance {
+        serde_json::from_value(serde_json::json!({
+            "instance_id": "i", "repo": "o/r", "base_commit": "abc", "test_patch": "",
+            "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p,
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn only_every_named_test_passing_resolves() {
-        let inst: Instance = serde_json::from_value(serde_json::json!({
-            "instance_id": "i", "repo": "o/r", "base_commit": "abc", "test_patch": "",
-            "FAIL_TO_PASS": ["t.py::a"], "PASS_TO_PASS": ["t.py::b", "t.py::c"],
-        }))
-        .unwrap();
-        let results = |v: &[(&str, TestStatus)]| -> BTreeMap<String, TestStatus> {
-            v.iter().map(|(n, s)| (n.to_string(), *s)).collect()
-        };
         use TestStatus::*;
+        let inst = instance(&["t.py::a"], &["t.py::b", "t.py::c"]);
         let all = verdict(
             &inst,
-            &results(&[
+            &report(&[
                 ("t.py::a", Passed),
                 ("t.py::b", Passed),
                 ("t.py::c", Passed),
             ]),
         );
         assert!(all.resolved);
-        let missing = verdict(&inst, &results(&[("t.py::a", Passed), ("t.py::b", Passed)]));
+        assert_eq!(all.failure, None);
+        let missing = verdict(&inst, &report(&[("t.py::a", Passed), ("t.py::b", Passed)]));
         assert!(!missing.resolved);
         assert_eq!(missing.not_passed["t.py::c"], "missing");
+        assert_eq!(
+            missing.failure.as_deref(),
+            Some("tests missing from the log: t.py::c")
+        );
         let skipped = verdict(
             &inst,
-            &results(&[
+            &report(&[
                 ("t.py::a", Skipped),
                 ("t.py::b", Passed),
-                ("t.py::c", Failed),
+                ("t.py::c", Error),
             ]),
         );
         assert!(!skipped.resolved);
         assert_eq!(skipped.fail_to_pass_passed, 0);
         assert_eq!(skipped.not_passed.len(), 2);
+        assert_eq!(
+            skipped.failure.as_deref(),
+            Some("tests that did not pass: t.py::a (skipped), t.py::c (error)")
+        );
         // An instance that names no test to fix resolves nothing.
-        let mut none = inst.clone();
-        none.fail_to_pass.clear();
-        none.pass_to_pass.clear();
-        assert!(!verdict(&none, &BTreeMap::new()).resolved);
+        let none = instance(&[], &[]);
+        let v = verdict(&none, &report(&[]));
+        assert!(!v.resolved && v.failure.unwrap().contains("no FAIL_TO_PASS"));
+    }
+
+    #[test]
+    fn swebenchs_grading_xfail_passes_skips_keep_pass_to_pass() {
+        use TestStatus::*;
+        let inst = instance(&["t.py::a"], &["t.py::b"]);
+        // An expected failure passes; a skipped PASS_TO_PASS test is kept.
+        let v = verdict(&inst, &report(&[("t.py::a", XFail), ("t.py::b", Skipped)]));
+        assert!(v.resolved, "{v:?}");
+        assert_eq!(v.pass_to_pass_passed, 1);
+        // An unexpected pass is no pass; neither is a failure or an error.
+        for bad in [XPass, Failed, Error, Skipped] {
+            let v = verdict(&inst, &report(&[("t.py::a", bad), ("t.py::b", Passed)]));
+            assert!(!v.resolved, "{bad:?}");
+            assert_eq!(v.not_passed["t.py::a"], bad.name());
+        }
+        for bad in [XPass, Failed, Error] {
+            let v = verdict(&inst, &report(&[("t.py::a", Passed), ("t.py::b", bad)]));
+            assert!(!v.resolved, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ids_cut_inside_brackets_match_the_ids_they_begin() {
+        use TestStatus::*;
+        let inst = instance(&["t.py::test_grammar[log(photon"], &[]);
+        let both = report(&[
+            ("t.py::test_grammar[log(photon s)]", Passed),
+            ("t.py::test_grammar[log(photon m)]", XFail),
+        ]);
+        assert!(verdict(&inst, &both).resolved);
+        let disagree = report(&[
+            ("t.py::test_grammar[log(photon s)]", Passed),
+            ("t.py::test_grammar[log(photon m)]", Failed),
+        ]);
+        assert_eq!(
+            verdict(&inst, &disagree).not_passed["t.py::test_grammar[log(photon"],
+            "missing"
+        );
+        // A whole id never matches by prefix.
+        let whole = instance(&["t.py::x"], &[]);
+        assert!(!verdict(&whole, &report(&[("t.py::x2", Passed)])).resolved);
+    }
+
+    #[test]
+    fn failures_name_a_few_tests_and_count_the_rest() {
+        let names: Vec<String> = (0..8).map(|i| format!("t.py::m{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let v = verdict(&instance(&refs, &[]), &report(&[]));
+        let f = v.failure.unwrap();
+        assert!(
+            f.starts_with("tests missing from the log: t.py::m0, t.py::m1"),
+            "{f}"
+        );
+        assert!(f.ends_with(", … (8 in all)"), "{f}");
+        assert!(!f.contains("t.py::m5"));
+    }
+
+    #[test]
+    fn a_log_that_cannot_be_trusted_resolves_nothing() {
+        use TestStatus::*;
+        let inst = instance(&["t.py::a"], &[]);
+        let mut r = report(&[("t.py::a", Passed)]);
+        r.summary = None;
+        let v = verdict(&inst, &r);
+        assert!(!v.resolved);
+        assert_eq!(v.fail_to_pass_passed, 1);
+        assert!(v.failure.unwrap().contains("no closing summary"));
+        // A real log with lines forged after pytest's summary.
+        let log = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/logs/pytest/forged.log"
+        ));
+        let r = crate::graders::logs::parse("pytest", log).unwrap();
+        let v = verdict(&instance(&["tests/test_forged.py::test_target"], &[]), &r);
+        assert!(!v.resolved);
+        assert!(
+            v.failure
+                .unwrap()
+                .contains("after the test runner's closing summary")
+        );
+    }
+
+    #[test]
+    fn gold_runs_of_each_runner_resolve() {
+        use crate::graders::logs::parse;
+        let fixture = |p: &str| {
+            std::fs::read_to_string(format!(
+                "{}/tests/fixtures/logs/{p}",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .unwrap()
+        };
+        // Lists as SWE-bench makes them from such runs: Django's docstring names, the
+        // pytest parser's ids cut at a space, sympy's bare names.
+        let django = instance(
+            &["A docstring's first line stands for the test."],
+            &[
+                "test_pass (outcomes.tests.Outcomes)",
+                "test_skip (outcomes.tests.Outcomes)",
+                "Uses the test database.",
+            ],
+        );
+        let r = parse("django", &fixture("django/django32.log")).unwrap();
+        assert!(verdict(&django, &r).resolved);
+        let unittest = instance(
+            &["test_docstring (outcomes.tests.Outcomes.test_docstring)"],
+            &["test_expected_failure (outcomes.tests.Outcomes.test_expected_failure)"],
+        );
+        let r = parse("unittest", &fixture("django/django52.log")).unwrap();
+        assert!(verdict(&unittest, &r).resolved);
+        let pytest = instance(
+            &["tests/test_sample.py::test_param[a"],
+            &[
+                "tests/test_sample.py::test_pass",
+                "tests/test_sample.py::test_xfail",
+            ],
+        );
+        // The teardown error makes the log one that cannot be trusted; a log without it
+        // (the passing run of the matplotlib fixture) resolves.
+        let r = parse("pytest", &fixture("pytest/rA.log")).unwrap();
+        let v = verdict(&pytest, &r);
+        assert!(!v.resolved && v.failure.unwrap().contains("test_teardown_error"));
+        let mouse = instance(&["tests/test_mouse.py::test_click[1]"], &[]);
+        let r = parse("matplotlib", &fixture("pytest/mouse.log")).unwrap();
+        assert!(verdict(&mouse, &r).resolved);
+        let sympy = instance(&["test_expand", "test_rational"], &[]);
+        let r = parse("sympy", &fixture("sympy/passing.log")).unwrap();
+        assert!(verdict(&sympy, &r).resolved);
+        // The file's last test is never read by SWE-bench's sympy parser.
+        let last = instance(&["test_last"], &[]);
+        let v = verdict(&last, &r);
+        assert_eq!(
+            v.failure.as_deref(),
+            Some("tests missing from the log: test_last")
+        );
     }
 }

@@ -530,10 +530,17 @@ async fn run_tests(
         )
         .await
         .map_err(|e| sandboxed::stage_error("the test command could not run", e))?;
-    let parsed = logs::parse(&c.log_parser, &r.output).unwrap_or_default();
+    let parsed = logs::parse(&c.log_parser, &r.output)
+        .map(|report| report.results)
+        .unwrap_or_default();
     let failed: Vec<&String> = parsed
         .iter()
-        .filter(|(_, s)| **s == logs::TestStatus::Failed)
+        .filter(|(_, s)| {
+            matches!(
+                s,
+                logs::TestStatus::Failed | logs::TestStatus::Error | logs::TestStatus::XPass
+            )
+        })
         .map(|(n, _)| n)
         .collect();
     let ok = parsed

@@ -246,22 +246,18 @@ async fn run(
     )
     .await?
     .output;
-    let results = logs::parse(&g.log_parser, &log).unwrap_or_default();
-    let verdict = swe::verdict(&g.instance, &results);
+    let report = logs::parse(&g.log_parser, &log).unwrap_or_default();
+    let verdict = swe::verdict(&g.instance, &report);
     let failure = if verdict.resolved {
         None
-    } else if results.is_empty() {
+    } else if report.results.is_empty() {
         Some(if ran.timed_out {
             "the tests timed out before reporting a result".to_string()
         } else {
             "the test log reports no test results".to_string()
         })
     } else {
-        verdict
-            .not_passed
-            .iter()
-            .next()
-            .map(|(name, what)| format!("test {name}: {what}"))
+        verdict.failure.clone()
     };
     let tail_from = log.floor_char_boundary(log.len().saturating_sub(LOG_TAIL_BYTES));
     let mut details = serde_json::to_value(&verdict).unwrap_or_default();
