@@ -389,9 +389,10 @@ impl TaskKind for Agent {
                     "the job is no longer held by this worker".into(),
                 ));
             }
-            Err(EpisodeError::Sandbox { message, .. }) => {
+            Err(EpisodeError::Sandbox { message, partial }) => {
                 drop(client);
-                return Err(sandboxed::lost(&self.sandboxes, job, message).await);
+                let partial = serde_json::to_value(partial).unwrap_or_default();
+                return sandboxed::died(&self.sandboxes, job, message, partial).await;
             }
             Err(
                 EpisodeError::Backend { message, partial }

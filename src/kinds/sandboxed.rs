@@ -11,6 +11,14 @@
 //! Whatever the agent did, a finished episode is scored: changes that cannot be exported
 //! (too large, the sandbox gone) or applied (`git apply` refuses them) give reward 0 with
 //! the reason in `details`, never a failed job without its trajectory.
+//!
+//! A sandbox that dies under a stage is asked why ([`NodeSandboxes::cause_of_death`]).
+//! The infrastructure's faults (the node shutting down, the host out of memory) send the
+//! job back to INIT for a fresh sandbox. An episode that ended its own sandbox (`kill -9
+//! -1`, its own memory limit) is over: it is scored 0 with that reason, never run again,
+//! so breaking the sandbox is neither a free re-roll of a bad episode nor a way to have a
+//! sampling group thrown away. The same holds in EVAL for graded code that kills the
+//! evaluation sandbox.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,8 +28,13 @@ use serde::{Deserialize, Serialize};
 use super::{EvalOutput, InitOutput, Route, SpecError, StageContext, StageError};
 use crate::domain::{Job, Stage};
 use crate::sandbox::client::SandboxClient;
-use crate::sandbox::protocol::{ApplyArgs, ErrorCode, ExecArgs, ExportArgs, ExportResult};
-use crate::sandbox::{NodeSandboxes, Purpose, SandboxError, SandboxSpec};
+use crate::sandbox::protocol::{
+    ApplyArgs, ErrorCode, ExecArgs, ExecResult, ExportArgs, ExportResult,
+};
+use crate::sandbox::{Death, NodeSandboxes, Purpose, SandboxError, SandboxSpec};
+
+/// Where RUN's output says the episode ended its own sandbox (read by every grader).
+pub const SANDBOX_ENDED: &str = "sandbox_ended";
 
 /// The scoring command.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -163,6 +176,39 @@ pub async fn lost(sandboxes: &NodeSandboxes, job: &Job, why: String) -> StageErr
     StageError::Restart(format!("{why}; starting again from INIT"))
 }
 
+/// RUN's sandbox died under the episode (`why`): when the infrastructure killed it, the
+/// job goes back to INIT ([`lost`]); when the episode did, the episode is over and
+/// `output` (the episode so far) is RUN's output, marked [`SANDBOX_ENDED`] with no
+/// export, for EVAL to score 0.
+pub async fn died(
+    sandboxes: &NodeSandboxes,
+    job: &Job,
+    why: String,
+    mut output: serde_json::Value,
+) -> Result<serde_json::Value, StageError> {
+    match sandboxes
+        .cause_of_death(&job.id, Purpose::Run, run_generation(job))
+        .await
+    {
+        Death::Infrastructure(cause) => Err(lost(sandboxes, job, format!("{why}: {cause}")).await),
+        Death::Workload => {
+            sandboxes
+                .remove(&job.id, Purpose::Run, Some(run_generation(job)))
+                .await;
+            let reason = format!("the episode ended its own sandbox ({why})");
+            tracing::warn!(job_id = %job.id, reason, "scoring the episode as it stands");
+            output["export"] = serde_json::Value::Null;
+            output[SANDBOX_ENDED] = reason.into();
+            Ok(output)
+        }
+    }
+}
+
+/// The reason RUN's output gives for an episode that ended its own sandbox, if it did.
+pub fn sandbox_ended(job: &Job) -> Option<&str> {
+    job.run_output.as_ref()?[SANDBOX_ENDED].as_str()
+}
+
 /// RUN's end: exports the workspace's changes and stops the sandbox.
 ///
 /// The inner result is the episode's: the changes, or why the sandbox refused them (too
@@ -177,7 +223,7 @@ pub async fn finish(
     sandboxes: &NodeSandboxes,
     job: &Job,
     client: SandboxClient,
-) -> Result<Result<ExportResult, String>, StageError> {
+) -> Result<Result<ExportResult, NoExport>, StageError> {
     use backon::Retryable;
     /// One export attempt: retried only on `Err` (the server's own fault).
     enum Ended {
@@ -206,31 +252,58 @@ pub async fn finish(
     drop(client);
     let export = match ended {
         Ended::Exported(e) => Ok(e),
-        Ended::Refused(e) => Err(format!("cannot export the workspace's changes: {e}")),
+        Ended::Refused(e) => Err(NoExport::Refused(format!(
+            "cannot export the workspace's changes: {e}"
+        ))),
         Ended::Gone(e) => {
             let why = format!(
                 "the sandbox failed at the end of the episode, before its changes were exported ({e})"
             );
-            return Err(lost(sandboxes, job, why).await);
+            let cause = sandboxes
+                .cause_of_death(&job.id, Purpose::Run, run_generation(job))
+                .await;
+            match cause {
+                Death::Infrastructure(cause) => {
+                    return Err(lost(sandboxes, job, format!("{why}: {cause}")).await);
+                }
+                Death::Workload => Err(NoExport::SandboxEnded(format!(
+                    "the episode ended its own sandbox ({why})"
+                ))),
+            }
         }
     };
     sandboxes
         .remove(&job.id, Purpose::Run, Some(run_generation(job)))
         .await;
     if let Err(e) = &export {
-        tracing::warn!(job_id = %job.id, error = %e, "the sandbox refused the export; the episode is kept and will score 0");
+        tracing::warn!(job_id = %job.id, error = %e, "no export; the episode is kept and will score 0");
     }
     Ok(export)
 }
 
+/// Why an episode has no export: it is kept, and scores 0 with this reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoExport {
+    /// The sandbox refused it (too large, a diff git refused).
+    #[error("{0}")]
+    Refused(String),
+    /// The episode ended its own sandbox before the export.
+    #[error("{0}")]
+    SandboxEnded(String),
+}
+
 /// Puts RUN's export (or why there is none) into its output under `export` /
-/// `export_error`.
-pub fn record_export(out: &mut serde_json::Value, export: Result<ExportResult, String>) {
+/// `export_error` (or [`SANDBOX_ENDED`]).
+pub fn record_export(out: &mut serde_json::Value, export: Result<ExportResult, NoExport>) {
     match export {
         Ok(e) => out["export"] = serde_json::to_value(e).unwrap_or_default(),
-        Err(e) => {
+        Err(NoExport::Refused(e)) => {
             out["export"] = serde_json::Value::Null;
             out["export_error"] = e.into();
+        }
+        Err(NoExport::SandboxEnded(e)) => {
+            out["export"] = serde_json::Value::Null;
+            out[SANDBOX_ENDED] = e.into();
         }
     }
 }
@@ -254,14 +327,27 @@ pub struct EvalSetup {
     /// Files written after the changes (hidden tests, test inputs, a program taken from
     /// the answer), replacing whatever the changes put there.
     pub files: BTreeMap<String, String>,
+    /// A command run after setup and before the changes are applied, to learn about the
+    /// environment the task built while none of the agent's code is there (which test
+    /// runner plugins it has); its result goes to the scorer.
+    pub probe: Option<String>,
 }
 
-/// The scoring step run in EVAL's prepared sandbox: given its client and what `apply`
-/// reported, the reward. It owns what it needs (the future borrows only the client).
+/// What the scoring step is given besides the sandbox.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// What `apply` reported.
+    pub applied: serde_json::Value,
+    /// The probe's result, when [`EvalSetup::probe`] asked for one and it ran.
+    pub probe: Option<ExecResult>,
+}
+
+/// The scoring step run in EVAL's prepared sandbox: given its client and what was
+/// prepared, the reward. It owns what it needs (the future borrows only the client).
 pub type Scorer = Box<
     dyn for<'a> FnOnce(
             &'a SandboxClient,
-            serde_json::Value,
+            Prepared,
         ) -> futures::future::BoxFuture<'a, Result<EvalOutput, StageError>>
         + Send,
 >;
@@ -290,13 +376,33 @@ pub async fn in_fresh_sandbox(
         .start(job_id, &spec, Purpose::Eval, ctx.job.attempts)
         .await
         .map_err(|e| stage_error("cannot start the evaluation sandbox", e))?;
+    let probe = match &setup.probe {
+        Some(command) => probe(&sb.client, command, job_id).await,
+        None => None,
+    };
     let args = ApplyArgs {
         changes: changes.unwrap_or(ExportResult::Files { files: Vec::new() }),
         protect: setup.protect,
         files: setup.files,
     };
     let scored = match apply(&sb.client, &args).await {
-        Ok(Ok(applied)) => score(&sb.client, applied).await,
+        Ok(Ok(applied)) => match score(&sb.client, Prepared { applied, probe }).await {
+            // The graded code ran in there: if the sandbox is gone, ask why.
+            Err(e) if sb.client.ping().await.is_err() => {
+                match sandboxes
+                    .cause_of_death(job_id, Purpose::Eval, ctx.job.attempts)
+                    .await
+                {
+                    Death::Workload => Ok(zero(format!(
+                        "the graded code ended its own evaluation sandbox ({e})"
+                    ))),
+                    Death::Infrastructure(cause) => {
+                        Err(StageError::Transient(format!("{e}: {cause}")))
+                    }
+                }
+            }
+            other => other,
+        },
         Ok(Err(zeroed)) => Ok(zeroed),
         Err(e) => Err(e),
     };
@@ -320,12 +426,31 @@ pub async fn eval(
         env,
         protect: check.protect.clone(),
         files: check.files.clone(),
+        probe: None,
     };
     let check = check.clone();
-    let score: Scorer = Box::new(move |client, applied| {
-        Box::pin(async move { run_check(client, &check, applied).await })
+    let score: Scorer = Box::new(move |client, prepared| {
+        Box::pin(async move { run_check(client, &check, prepared.applied).await })
     });
     in_fresh_sandbox(sandboxes, ctx, spec, setup, score).await
+}
+
+/// Runs the probe command (from the shell's state, as the check will run); `None`, with
+/// a warning, when it cannot.
+async fn probe(client: &SandboxClient, command: &str, job_id: &str) -> Option<ExecResult> {
+    let args = ExecArgs {
+        command: command.to_string(),
+        max_output_bytes: Some(64 * 1024),
+        shell_state: true,
+        printable: true,
+    };
+    match client.exec(&args, Some(Duration::from_secs(120))).await {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(job_id, error = %e, "the evaluation sandbox's probe could not run");
+            None
+        }
+    }
 }
 
 /// Applies the changes: what `apply` reported, or reward 0 when they cannot be applied.
@@ -366,15 +491,24 @@ async fn run_check(
                 command: check.command.clone(),
                 max_output_bytes: None,
                 shell_state: true,
+                printable: false,
             },
             Some(Duration::from_millis(check.timeout_ms)),
         )
         .await
         .map_err(|e| stage_error("the check command could not run", e))?;
     let passed = r.exit_code == Some(0) && !r.timed_out;
+    let failure = match (r.timed_out, r.exit_code, r.signal) {
+        (true, _, _) => Some(format!("the check timed out after {} ms", check.timeout_ms)),
+        (false, Some(0), _) => None,
+        (false, Some(code), _) => Some(format!("the check exited with status {code}")),
+        (false, None, Some(sig)) => Some(format!("the check was killed by signal {sig}")),
+        (false, None, None) => Some("the check did not report an exit status".to_string()),
+    };
     Ok(EvalOutput {
         reward: if passed { 1.0 } else { 0.0 },
         details: serde_json::json!({
+            "failure": failure,
             "exit_code": r.exit_code,
             "signal": r.signal,
             "timed_out": r.timed_out,

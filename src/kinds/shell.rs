@@ -164,7 +164,8 @@ impl TaskKind for Shell {
                 Ok(r) => r,
                 Err(e @ (SandboxError::Closed | SandboxError::Io(_))) => {
                     let why = format!("the sandbox died during step {} ({e})", steps.len() + 1);
-                    return Err(sandboxed::lost(&self.sandboxes, &ctx.job, why).await);
+                    let so_far = serde_json::json!({"steps": steps});
+                    return sandboxed::died(&self.sandboxes, &ctx.job, why, so_far).await;
                 }
                 Err(e) => return Err(sandboxed::stage_error("tool call failed", e)),
             };

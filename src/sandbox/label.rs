@@ -62,6 +62,11 @@ pub struct Label {
     pub instance: Option<String>,
     /// When the sandbox was started (ms since the Unix epoch).
     pub created_ms: i64,
+    /// The host's count of OOM-killer kills (`/proc/vmstat` `oom_kill`) when the
+    /// sandbox started: a sandbox that dies after it grew, without having hit its own
+    /// memory limit, may have been a victim of the host running out of memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_oom_kills: Option<u64>,
 }
 
 impl Label {
@@ -90,7 +95,24 @@ impl Label {
             uid: None,
             instance: None,
             created_ms: EpochMs::now().as_millis(),
+            host_oom_kills: host_oom_kills(),
         }
+    }
+
+    /// Why the sandbox died, judged after the fact (see [`Death`]): the host's OOM killer
+    /// ran since it started and the sandbox's own cgroups never hit their memory limit,
+    /// or neither, which leaves what ran inside it.
+    pub fn death(&self) -> Death {
+        let (Some(then), Some(now)) = (self.host_oom_kills, host_oom_kills()) else {
+            return Death::Workload;
+        };
+        if now <= then || self.cgroups.iter().any(|c| own_oom(c)) {
+            return Death::Workload;
+        }
+        Death::Infrastructure(format!(
+            "the host's OOM killer killed {} process(es) while the sandbox ran, and the sandbox was within its own memory limit",
+            now - then
+        ))
     }
 
     /// Records `pid` (and its start time) as the sandbox's root process.
@@ -294,6 +316,40 @@ pub fn kill_tree(pid: i32) {
     for p in all {
         let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
     }
+}
+
+/// Why a sandbox died while a stage was using it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Death {
+    /// Something outside it: the node shutting down, the host out of memory. The job's
+    /// stage starts again in a fresh sandbox.
+    Infrastructure(String),
+    /// What ran inside it (the episode killed its own processes, or ran into its own
+    /// limits): the episode is scored as it stands, never run again.
+    Workload,
+}
+
+/// The host's `oom_kill` counter, where the kernel has one.
+pub fn host_oom_kills() -> Option<u64> {
+    let vmstat = std::fs::read_to_string("/proc/vmstat").ok()?;
+    vmstat
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// Whether the cgroup in `dir` hit its own memory limit (`oom` in `memory.events` on
+/// cgroup v2, `under_oom`'s history in `memory.oom_control` on v1).
+fn own_oom(dir: &Path) -> bool {
+    let count = |file: &str, key: &str| -> Option<u64> {
+        std::fs::read_to_string(dir.join(file))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|n| n.trim().parse().ok())
+    };
+    count("memory.events", "oom ").is_some_and(|n| n > 0)
+        || count("memory.oom_control", "oom_kill ").is_some_and(|n| n > 0)
 }
 
 #[cfg(test)]

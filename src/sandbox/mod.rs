@@ -29,7 +29,7 @@ pub mod server;
 pub mod spec;
 
 pub use client::SandboxClient;
-pub use label::Label;
+pub use label::{Death, Label};
 pub use node::{LimitReport, NodeSandboxes, Purpose, SandboxReport};
 pub use spec::SandboxSpec;
 

@@ -17,7 +17,9 @@
 //! reconciler then sends the waiting job back to INIT.
 
 use super::spec::SandboxSpec;
-use super::{Label, RuntimeKind, Runtimes, Sandbox, SandboxClient, SandboxError, StartRequest};
+use super::{
+    Death, Label, RuntimeKind, Runtimes, Sandbox, SandboxClient, SandboxError, StartRequest,
+};
 use crate::config::SandboxSettings;
 use crate::domain::EpochMs;
 use crate::store::{SandboxRecord, Store};
@@ -92,7 +94,15 @@ pub struct NodeSandboxes {
     store: Arc<dyn Store>,
     node: String,
     quota: super::quota::WorkspaceQuota,
+    /// Set when this process starts shutting down: a sandbox that dies from then on may
+    /// have died with the node (a scheduler signals every process of its job).
+    stopping: std::sync::atomic::AtomicBool,
 }
+
+/// How long a stage waits after its sandbox died before asking why: a signal that
+/// stops the whole node reaches the sandbox and this process at about the same time,
+/// and this process must have seen it before the death is put down to the workload.
+const DEATH_SETTLE: Duration = Duration::from_secs(1);
 
 impl NodeSandboxes {
     /// The sandboxes of node `node`, configured by `s`: started from `server_bin` (the
@@ -135,6 +145,29 @@ impl NodeSandboxes {
             store,
             node: node.to_string(),
             quota: super::quota::WorkspaceQuota::probe(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Marks this process as shutting down (see [`NodeSandboxes::cause_of_death`]).
+    pub fn set_stopping(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Why the job's sandbox of `purpose` and `generation` died while a stage was using
+    /// it: the node shutting down, the host's OOM killer (with the sandbox inside its own
+    /// memory limit) or the sandbox being removed under the stage are the
+    /// infrastructure's; anything else is the workload's (an episode that killed its
+    /// own processes or ran into its own limits), and is never run again for free.
+    pub async fn cause_of_death(&self, job_id: &str, purpose: Purpose, generation: i64) -> Death {
+        tokio::time::sleep(DEATH_SETTLE).await;
+        if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            return Death::Infrastructure("the node is shutting down".into());
+        }
+        match Label::read(&self.dir(job_id, purpose, generation)) {
+            Ok(Some(label)) if label.generation == Some(generation) => label.death(),
+            _ => Death::Infrastructure("the sandbox was removed while the stage ran".into()),
         }
     }
 
@@ -545,7 +578,10 @@ impl NodeSandboxes {
             }
             at_start = false;
             tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => {
+                    self.set_stopping();
+                    return;
+                }
                 _ = tokio::time::sleep(every) => {}
             }
         }

@@ -188,6 +188,12 @@ pub struct ExecArgs {
     /// sandbox's initial environment and the workspace.
     #[serde(default)]
     pub shell_state: bool,
+    /// Keep only printable text: ANSI escape sequences and other control characters
+    /// (all but newline and tab) are dropped. A grader reading a test log asks for this:
+    /// such characters carry nothing a log parser reads, and each would take six bytes
+    /// as JSON, so a log of them could not come back within a frame.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub printable: bool,
 }
 
 /// Result of the `exec` tool.
@@ -369,6 +375,10 @@ pub struct ApplyResult {
     pub changed: Vec<String>,
     /// Of those, the protected ones that were put back as they were.
     pub restored: Vec<String>,
+    /// Compiled Python bytecode files and `__pycache__` directories removed from the
+    /// workspace afterwards (bytecode is never trusted in EVAL).
+    #[serde(default)]
+    pub removed_bytecode: usize,
 }
 
 /// The workspace's changes since the sandbox started.

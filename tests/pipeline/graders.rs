@@ -294,7 +294,7 @@ async fn unit_tests_decide_from_the_log_and_a_program_cannot_fake_or_edit_them()
         eval("c-exit-zero")["failure"]
             .as_str()
             .unwrap()
-            .contains("no test results")
+            .contains("no closing summary")
     );
     // The rewritten test file is replaced by the task's: the wrong program fails it.
     let edited = by_name(&results, "d-edits-tests");

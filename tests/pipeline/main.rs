@@ -19,6 +19,7 @@ mod backends;
 mod examples;
 mod faults;
 mod flow;
+mod forgeries;
 mod graders;
 mod helpers;
 mod hostile;

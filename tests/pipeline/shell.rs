@@ -469,6 +469,7 @@ async fn sh(client: &rollout::sandbox::SandboxClient, command: &str) -> String {
         command: command.into(),
         max_output_bytes: None,
         shell_state: false,
+        printable: false,
     };
     client.exec(&args, None).await.unwrap().output
 }

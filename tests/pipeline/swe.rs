@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use crate::helpers::TestEnv;
 
 /// The instances, by id.
-fn instances() -> BTreeMap<String, Value> {
+pub(crate) fn instances() -> BTreeMap<String, Value> {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/swe/instances.jsonl"
@@ -30,7 +30,7 @@ fn instances() -> BTreeMap<String, Value> {
 }
 
 /// The patches an agent might send, by instance id then name.
-fn patches() -> BTreeMap<String, BTreeMap<String, String>> {
+pub(crate) fn patches() -> BTreeMap<String, BTreeMap<String, String>> {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/examples/swe/patches.json"
@@ -40,7 +40,7 @@ fn patches() -> BTreeMap<String, BTreeMap<String, String>> {
 }
 
 /// Builds the example repositories under `dir` (and checks their commits).
-fn build_repos(dir: &Path) {
+pub(crate) fn build_repos(dir: &Path) {
     let out = std::process::Command::new("python3")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -63,7 +63,7 @@ fn shell_quote(s: &str) -> String {
 
 /// A shell task that checks it starts at `base_commit`, applies `patch`, and is graded
 /// by the instance cloned from `repo`.
-fn task(name: &str, instance: &Value, repo: &Path, patch: &str) -> Task {
+pub(crate) fn task(name: &str, instance: &Value, repo: &Path, patch: &str) -> Task {
     let mut steps = vec![json!({"tool": "bash", "args": {"command": "git rev-parse HEAD"}})];
     if !patch.is_empty() {
         steps.push(json!({"tool": "bash", "args": {"command": format!(
@@ -185,7 +185,10 @@ fn check(r: &JobResult, instances: &BTreeMap<String, Value>) {
             "{name}: {eval:#}"
         );
         let failure = eval["failure"].as_str().unwrap();
-        assert!(failure.starts_with("test "), "{name}: {failure}");
+        assert!(
+            failure.starts_with("tests that did not pass: tests/test_"),
+            "{name}: {failure}"
+        );
     }
     let restored: Vec<&str> = eval["applied"]["restored"]
         .as_array()

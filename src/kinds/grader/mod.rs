@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod runner;
 pub mod swe;
 
 use super::sandboxed::{self, Check, EvalSetup, Scorer};
@@ -100,8 +101,12 @@ pub struct CodeGrader {
     #[serde(default)]
     pub reward: RewardMode,
     /// Workspace globs the agent's changes may not alter (restored before grading).
-    #[serde(default)]
-    pub protect: Vec<String>,
+    /// When absent, the test runner's configuration and start-up files
+    /// ([`runner::default_protect`]: every `conftest.py`, pytest's configuration files,
+    /// the `__init__.py` of the test files' directories, …); a list given here replaces
+    /// that default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protect: Option<Vec<String>>,
 }
 
 fn default_log_parser() -> String {
@@ -261,7 +266,7 @@ impl CodeGrader {
                 std::iter::once(&p.path),
             )?;
         }
-        sandboxed::check_protect(prefix, &self.protect)
+        sandboxed::check_protect(prefix, self.protect.as_deref().unwrap_or_default())
     }
 }
 
@@ -322,6 +327,11 @@ pub async fn eval(
     response: Option<Response>,
     env: BTreeMap<String, String>,
 ) -> Result<EvalOutput, StageError> {
+    if let Some(why) = sandboxed::sandbox_ended(&ctx.job) {
+        let mut out = sandboxed::zero(why.to_string());
+        out.details["grader"] = grader.kind().into();
+        return Ok(out);
+    }
     let mut out = match grader {
         Grader::Command(check) => sandboxed::eval(sandboxes, ctx, spec, check, env).await?,
         Grader::Math(m) => grade_math(m, response.as_ref()),
@@ -358,14 +368,22 @@ async fn grade_code(
     for (i, case) in c.cases.iter().enumerate() {
         files.insert(input_path(i), case.stdin.clone());
     }
+    let protect = c
+        .protect
+        .clone()
+        .unwrap_or_else(|| runner::default_protect(c.tests.keys().map(String::as_str)));
     let setup = EvalSetup {
         env,
-        protect: c.protect.clone(),
+        protect,
         files,
+        probe: c
+            .test_command
+            .is_some()
+            .then(|| runner::PLUGIN_PROBE.to_string()),
     };
     let c = c.clone();
-    let score: Scorer = Box::new(move |client, applied| {
-        Box::pin(async move { run_code(client, &c, applied).await })
+    let score: Scorer = Box::new(move |client, prepared| {
+        Box::pin(async move { run_code(client, &c, prepared).await })
     });
     sandboxed::in_fresh_sandbox(sandboxes, ctx, spec, setup, score).await
 }
@@ -414,8 +432,9 @@ impl Tally {
 async fn run_code(
     client: &SandboxClient,
     c: &CodeGrader,
-    applied: serde_json::Value,
+    prepared: sandboxed::Prepared,
 ) -> Result<EvalOutput, StageError> {
+    let applied = prepared.applied;
     let mut tally = Tally::default();
     let mut cases = Vec::new();
     for (i, case) in c.cases.iter().enumerate() {
@@ -431,7 +450,10 @@ async fn run_code(
         Some(_) if tally.failure.is_some() && c.reward == RewardMode::All => {
             serde_json::json!({"skipped": "a case failed"})
         }
-        Some(cmd) => run_tests(client, c, cmd, &mut tally).await?,
+        Some(cmd) => {
+            let plugins = runner::plugins(prepared.probe.as_ref());
+            run_tests(client, c, cmd, &plugins, &mut tally).await?
+        }
         None => serde_json::Value::Null,
     };
     let reward = match c.reward {
@@ -475,6 +497,7 @@ async fn run_case(
                 ),
                 max_output_bytes: Some(cap),
                 shell_state: true,
+                printable: false,
             },
             Some(Duration::from_millis(c.time_limit_ms)),
         )
@@ -510,44 +533,55 @@ async fn run_case(
     })
 }
 
-/// Runs the unit tests and reads their results from the log: its entry for `details`.
-/// Every test the log names counts; a log that names none is one failure (the program
-/// ended the run, or the tests did not load).
+/// How much of a test run's output the code grader reads (head and tail).
+const TEST_LOG_BYTES: usize = 4 * 1024 * 1024;
+
+/// Runs the unit tests (with the runner [`runner::hardened`]) and reads their results
+/// from the log: its entry for `details`. The log must be evidence: the runner's own
+/// summary there and agreeing with the per-test lines, no test reported with two
+/// outcomes, and, when the task gave the test files, no test the files do not define.
+/// A log that fails any of that, or names no test, is one failure with the reason.
 async fn run_tests(
     client: &SandboxClient,
     c: &CodeGrader,
     cmd: &str,
+    plugins: &[String],
     tally: &mut Tally,
 ) -> Result<serde_json::Value, StageError> {
     let r = client
         .exec(
             &ExecArgs {
-                command: limited(cmd, c.memory_limit_mb, "2>&1"),
-                max_output_bytes: Some(256 * 1024),
+                command: limited(&runner::hardened(cmd, plugins), c.memory_limit_mb, "2>&1"),
+                max_output_bytes: Some(TEST_LOG_BYTES),
                 shell_state: true,
+                printable: true,
             },
             Some(Duration::from_millis(c.test_timeout_ms)),
         )
         .await
         .map_err(|e| sandboxed::stage_error("the test command could not run", e))?;
-    let parsed = logs::parse(&c.log_parser, &r.output)
-        .map(|report| report.results)
-        .unwrap_or_default();
-    let failed: Vec<&String> = parsed
-        .iter()
-        .filter(|(_, s)| {
-            matches!(
-                s,
-                logs::TestStatus::Failed | logs::TestStatus::Error | logs::TestStatus::XPass
+    let mut report = logs::parse(&c.log_parser, &r.output).unwrap_or_default();
+    report.exit_code = r.exit_code;
+    let unknown = unknown_tests(&c.tests, report.results.keys());
+    let distrust = report.distrust().or_else(|| {
+        (!unknown.is_empty()).then(|| {
+            format!(
+                "the log names tests the task's test files do not define: {}",
+                list(&unknown)
             )
         })
+    });
+    let failed: Vec<&String> = report
+        .results
+        .iter()
+        .filter(|(_, s)| !s.passed() && **s != logs::TestStatus::Skipped)
         .map(|(n, _)| n)
         .collect();
-    let ok = parsed
-        .values()
-        .filter(|s| **s == logs::TestStatus::Passed)
-        .count();
-    if ok + failed.len() == 0 {
+    let ok = report.results.values().filter(|s| s.passed()).count();
+    if let Some(why) = &distrust {
+        tally.total += 1;
+        tally.fail(|| format!("the test log cannot be trusted: {why}"));
+    } else if ok + failed.len() == 0 {
         tally.total += 1;
         tally.fail(|| {
             if r.timed_out {
@@ -564,11 +598,86 @@ async fn run_tests(
         }
     }
     Ok(serde_json::json!({
-        "results": parsed,
+        "results": report.results,
+        "summary": report.summary.as_ref().map(|s| s.line.clone()),
+        "distrust": distrust,
+        "plugins": plugins,
         "exit_code": r.exit_code,
         "timed_out": r.timed_out,
         "log": r.output,
     }))
+}
+
+/// At most the first ten of `names`, comma-separated, with how many more there are.
+fn list(names: &[String]) -> String {
+    let mut out = names
+        .iter()
+        .take(10)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > 10 {
+        out.push_str(&format!(" and {} more", names.len() - 10));
+    }
+    out
+}
+
+/// The reported test ids that the task's own test files (`tests`, path → source) do
+/// not define: a pytest id's file must be one of them and each of its names (classes,
+/// then the function, parameters aside) a `class` or `def` in that file; another
+/// runner's id must start with a `def` of one of them; a file's own path (a module
+/// that failed to import) is known. Empty when the task gave no test files (nothing to
+/// know them by).
+fn unknown_tests<'a>(
+    tests: &BTreeMap<String, String>,
+    reported: impl Iterator<Item = &'a String>,
+) -> Vec<String> {
+    if tests.is_empty() {
+        return Vec::new();
+    }
+    let defined: BTreeMap<&str, std::collections::BTreeSet<&str>> = tests
+        .iter()
+        .map(|(path, source)| (path.trim_start_matches("./"), python_names(source)))
+        .collect();
+    let known = |id: &str| -> bool {
+        if defined.contains_key(id.trim_start_matches("./")) {
+            // A whole file (pytest's id of a module that failed to import).
+            return true;
+        }
+        match id.split_once("::") {
+            Some((file, rest)) => {
+                let Some(names) = defined.get(file.trim_start_matches("./")) else {
+                    return false;
+                };
+                let rest = rest.split('[').next().unwrap_or(rest);
+                rest.split("::").all(|n| names.contains(n))
+            }
+            None => {
+                let first = id.split([' ', '(', '.']).next().unwrap_or(id);
+                defined.values().any(|names| names.contains(first))
+            }
+        }
+    };
+    reported.filter(|id| !known(id)).cloned().collect()
+}
+
+/// The names Python source defines with `def`/`async def`/`class` at any indentation.
+fn python_names(source: &str) -> std::collections::BTreeSet<&str> {
+    source
+        .lines()
+        .filter_map(|line| {
+            let t = line.trim_start();
+            let t = t.strip_prefix("async ").map(str::trim_start).unwrap_or(t);
+            let rest = t
+                .strip_prefix("def ")
+                .or_else(|| t.strip_prefix("class "))?;
+            let rest = rest.trim_start();
+            let end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            (end > 0).then(|| &rest[..end])
+        })
+        .collect()
 }
 
 /// The last 2 KiB of a file in the workspace (a case's stderr), or nothing.
@@ -577,6 +686,7 @@ async fn tail(client: &SandboxClient, path: &str) -> String {
         command: format!("tail -c 2048 {path} 2>/dev/null"),
         max_output_bytes: Some(4096),
         shell_state: false,
+        printable: false,
     };
     match client.exec(&args, Some(Duration::from_secs(10))).await {
         Ok(r) => r.output,
@@ -619,6 +729,39 @@ mod tests {
         // Cut off while thinking: nothing final was said.
         assert_eq!(r(run(None, "<think>it is \\boxed{6} or")), "");
         assert_eq!(agent_response(None), None);
+    }
+
+    #[test]
+    fn only_tests_the_task_files_define_are_known() {
+        let tests = BTreeMap::from([(
+            "tests/test_a.py".to_string(),
+            "import pytest\n\nclass TestA:\n    def test_x(self):\n        pass\n\n@pytest.mark.parametrize('n', [1])\nasync def test_y(n):\n    pass\n".to_string(),
+        )]);
+        let ids = [
+            "tests/test_a.py::TestA::test_x",
+            "tests/test_a.py::test_y[1]",
+            "tests/test_a.py::test_made_up",
+            "tests/test_b.py::test_y",
+            "tests/test_a.py::TestB::test_x",
+            "test_y (tests.test_a)",
+            "test_other (tests.test_a.TestA)",
+            "tests/test_a.py",
+        ]
+        .map(String::from);
+        assert_eq!(
+            unknown_tests(&tests, ids.iter()),
+            [
+                "tests/test_a.py::test_made_up",
+                "tests/test_b.py::test_y",
+                "tests/test_a.py::TestB::test_x",
+                "test_other (tests.test_a.TestA)"
+            ]
+        );
+        assert!(unknown_tests(&BTreeMap::new(), ids.iter()).is_empty());
+        assert_eq!(
+            list(&(0..12).map(|i| i.to_string()).collect::<Vec<_>>()),
+            "0, 1, 2, 3, 4, 5, 6, 7, 8, 9 and 2 more"
+        );
     }
 
     #[test]

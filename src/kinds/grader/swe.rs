@@ -2,22 +2,29 @@
 //!
 //! INIT's sandbox holds the instance's repository at `base_commit` ([`sandbox_for`]
 //! fills the task's `sandbox.repo` in from the instance). EVAL starts a fresh sandbox
-//! from the same spec, applies the episode's diff, puts back every file the test patch
-//! touches (and `protect`'s globs, by default every `conftest.py`) as they were at
-//! `base_commit` — removing those the agent added — then applies `test_patch`, runs the
-//! tests and reads the results from the log: reward 1 iff every `FAIL_TO_PASS` and
-//! `PASS_TO_PASS` test passed. An agent that edits, deletes or pre-creates the tests
-//! gains nothing; a patch that does not apply is reward 0 with the reason.
+//! from the same spec, lists the environment's test-runner plugins while none of the
+//! agent's code is there, applies the episode's diff, puts back every file the test
+//! patch touches and everything the runner reads before the first test
+//! ([`runner::default_protect`], unless the task lists `protect`) as they were at
+//! `base_commit` — removing those the agent added — then applies `test_patch` and runs
+//! the tests the way SWE-bench runs the instance's repository (its test command and
+//! log parser, [`crate::graders::swe_repos`]), hardened ([`runner::hardened`]). The
+//! log comes back through the sandbox server's pipe and must be evidence: every
+//! `FAIL_TO_PASS` and `PASS_TO_PASS` id reported, passing, once, and the runner's own
+//! summary there and agreeing; anything else is reward 0 with the reason
+//! ([`crate::graders::swe::verdict`]). A patch that does not apply is reward 0 with the
+//! reason.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::super::sandboxed::{self, EvalSetup, Scorer};
+use super::super::sandboxed::{self, EvalSetup, Prepared, Scorer};
 use super::super::{EvalOutput, SpecError, StageContext, StageError};
-use crate::graders::logs;
+use super::runner;
 use crate::graders::swe::{self, Instance};
+use crate::graders::{logs, swe_repos};
 use crate::sandbox::client::SandboxClient;
 use crate::sandbox::protocol::ExecArgs;
 use crate::sandbox::spec::RepoSpec;
@@ -25,13 +32,11 @@ use crate::sandbox::{NodeSandboxes, SandboxSpec};
 
 /// Where the test patch is written in EVAL's workspace (then applied and removed).
 const TEST_PATCH_PATH: &str = ".grader/test.patch";
-/// Where the test run's log goes.
-const LOG_PATH: &str = ".grader/test.log";
-/// How much of the end of the test log is parsed (pytest's `-rA` summary is at the end).
-const LOG_READ_BYTES: usize = 8 * 1024 * 1024;
+/// How much of the test run's output is read (head and tail; the log comes back in one
+/// frame of the sandbox protocol, printable text only).
+const LOG_READ_BYTES: usize = 6 * 1024 * 1024;
 /// How much of the log's end `details` keeps.
 const LOG_TAIL_BYTES: usize = 4096;
-
 /// The `swe` grader's settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,34 +49,30 @@ pub struct SweGrader {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repo_url: Option<String>,
     /// The command that runs the tests, in the repository's root; `{tests}` is replaced
-    /// by the files the test patch adds or changes, shell-quoted. Default
-    /// `python3 -m pytest -rA -p no:cacheprovider {tests}`.
-    #[serde(default = "default_test_command")]
-    pub test_command: String,
-    /// The log parser for the command's output (`pytest`).
-    #[serde(default = "default_log_parser")]
-    pub log_parser: String,
+    /// by the test directives SWE-bench derives from the test patch, shell-quoted.
+    /// Default: SWE-bench's command for the instance's repository and `version`, else
+    /// `python3 -m pytest -rA {tests}`. Either way it runs with pytest's plugin
+    /// autoloading off, the environment's plugins named, and no bytecode written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_command: Option<String>,
+    /// The log parser for the command's output; default SWE-bench's for the repository
+    /// (`pytest` for repositories it does not know).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_parser: Option<String>,
     /// Time limit of the test run (ms).
     #[serde(default = "default_timeout")]
     pub timeout_ms: u64,
     /// Workspace globs the agent's changes may not alter besides the test patch's files
-    /// (restored before the tests run). Default `["**/conftest.py"]`: a conftest is code
-    /// pytest runs before any test and could report every test passed.
-    #[serde(default = "default_protect")]
-    pub protect: Vec<String>,
+    /// (restored before the tests run). When absent, everything the test runner reads
+    /// or runs before the first test ([`runner::default_protect`]): every
+    /// `conftest.py`, pytest's configuration files, `sitecustomize.py`, distribution
+    /// metadata, and the `__init__.py` of the test files' directories.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protect: Option<Vec<String>>,
 }
 
-fn default_test_command() -> String {
-    "python3 -m pytest -rA -p no:cacheprovider {tests}".into()
-}
-fn default_log_parser() -> String {
-    "pytest".into()
-}
 fn default_timeout() -> u64 {
     1_800_000
-}
-fn default_protect() -> Vec<String> {
-    vec!["**/conftest.py".into(), "conftest.py".into()]
 }
 
 impl SweGrader {
@@ -113,29 +114,68 @@ impl SweGrader {
                 "must be `owner/name`, or give grader.repo_url or sandbox.repo",
             ));
         }
-        if self.test_command.trim().is_empty() {
+        if self
+            .test_command
+            .as_deref()
+            .is_some_and(|c| c.trim().is_empty())
+        {
             return Err(SpecError::new(
                 format!("{prefix}.test_command"),
                 "must not be empty",
             ));
         }
-        super::check_log_parser(prefix, &self.log_parser)?;
+        let parser = self.parser();
+        super::check_log_parser(prefix, &parser)?;
+        swe_repos::parseable(&parser, &i.fail_to_pass, &i.pass_to_pass).map_err(|why| {
+            SpecError::new(
+                field("FAIL_TO_PASS"),
+                format!("the `{parser}` log parser cannot report these tests: {why}"),
+            )
+        })?;
         if self.timeout_ms == 0 {
             return Err(SpecError::new(
                 format!("{prefix}.timeout_ms"),
                 "must be positive",
             ));
         }
-        sandboxed::check_protect(prefix, &self.protect)
+        sandboxed::check_protect(prefix, self.protect.as_deref().unwrap_or_default())
     }
 
-    /// The test command with `{tests}` filled in.
+    /// The instance's `version`, as SWE-bench's specs key it.
+    fn version(&self) -> Option<String> {
+        match self.instance.other.get("version")? {
+            serde_json::Value::String(v) => Some(v.clone()),
+            serde_json::Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
+    }
+
+    /// The log parser: the task's, else SWE-bench's for the repository.
+    fn parser(&self) -> String {
+        self.log_parser.clone().unwrap_or_else(|| {
+            swe_repos::defaults(&self.instance.repo, self.version().as_deref())
+                .log_parser
+                .to_string()
+        })
+    }
+
+    /// The test command with `{tests}` filled in, after the commands SWE-bench runs
+    /// before it for the repository (a locale for Django's older versions).
     fn command(&self) -> String {
-        let files: Vec<String> = swe::patched_files(&self.instance.test_patch)
-            .iter()
-            .map(|f| shell_quote(f))
-            .collect();
-        self.test_command.replace("{tests}", &files.join(" "))
+        let repo = &self.instance.repo;
+        let defaults = swe_repos::defaults(repo, self.version().as_deref());
+        let template = self
+            .test_command
+            .as_deref()
+            .unwrap_or(&defaults.test_command);
+        let directives = swe_repos::test_directives(repo, &self.instance.test_patch);
+        let mut command = String::new();
+        for line in &defaults.eval_setup {
+            command.push_str(line);
+            command.push('\n');
+        }
+        command.push_str(&swe_repos::fill_command(template, &directives));
+        command
     }
 }
 
@@ -144,11 +184,6 @@ impl SweGrader {
 fn same_commit(a: &str, b: &str) -> bool {
     let (a, b) = (a.trim(), b.trim());
     a == b || (a.len().min(b.len()) >= 7 && (a.starts_with(b) || b.starts_with(a)))
-}
-
-/// `s` quoted for a POSIX shell.
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// The task's sandbox spec with the instance's repository at `base_commit`: the spec's
@@ -187,16 +222,20 @@ pub async fn grade(
 ) -> Result<EvalOutput, StageError> {
     let touched = swe::patch_paths(&g.instance.test_patch);
     let mut protect: Vec<String> = touched.iter().map(|p| globset::escape(p)).collect();
-    protect.extend(g.protect.iter().cloned());
+    match &g.protect {
+        Some(p) => protect.extend(p.iter().cloned()),
+        None => protect.extend(runner::default_protect(touched.iter().map(String::as_str))),
+    }
     let setup = EvalSetup {
         env,
         protect,
         files: BTreeMap::from([(TEST_PATCH_PATH.to_string(), g.instance.test_patch.clone())]),
+        probe: Some(runner::PLUGIN_PROBE.to_string()),
     };
     let sandbox = sandbox_for(spec, g);
     let g = g.clone();
-    let score: Scorer = Box::new(move |client, applied| {
-        Box::pin(async move { run(client, &g, touched, applied).await })
+    let score: Scorer = Box::new(move |client, prepared| {
+        Box::pin(async move { run(client, &g, touched, prepared).await })
     });
     sandboxed::in_fresh_sandbox(sandboxes, ctx, &sandbox, setup, score).await
 }
@@ -206,12 +245,14 @@ async fn run(
     client: &SandboxClient,
     g: &SweGrader,
     touched: Vec<String>,
-    applied: serde_json::Value,
+    prepared: Prepared,
 ) -> Result<EvalOutput, StageError> {
+    let plugins = runner::plugins(prepared.probe.as_ref());
     let base = serde_json::json!({
         "instance_id": g.instance.instance_id,
         "test_patch_files": touched,
-        "applied": applied,
+        "applied": prepared.applied,
+        "plugins": plugins,
     });
     let patched = exec(
         client,
@@ -231,38 +272,31 @@ async fn run(
         return Ok(out);
     }
     let command = g.command();
+    let parser = g.parser();
     let ran = exec(
         client,
-        format!("( {command} ) > {LOG_PATH} 2>&1"),
-        4096,
+        format!(
+            "{} 2>&1",
+            runner::hardened(&format!("( {command} )"), &plugins)
+        ),
+        LOG_READ_BYTES,
         Duration::from_millis(g.timeout_ms),
     )
     .await?;
-    let log = exec(
-        client,
-        format!("tail -c {LOG_READ_BYTES} {LOG_PATH}"),
-        LOG_READ_BYTES + 1024,
-        Duration::from_secs(60),
-    )
-    .await?
-    .output;
-    let report = logs::parse(&g.log_parser, &log).unwrap_or_default();
+    let log = ran.output;
+    let mut report = logs::parse(&parser, &log).unwrap_or_default();
+    report.exit_code = ran.exit_code;
     let verdict = swe::verdict(&g.instance, &report);
-    let failure = if verdict.resolved {
-        None
-    } else if report.results.is_empty() {
-        Some(if ran.timed_out {
-            "the tests timed out before reporting a result".to_string()
-        } else {
-            "the test log reports no test results".to_string()
-        })
-    } else {
-        verdict.failure.clone()
+    let failure = match (&verdict.failure, ran.timed_out) {
+        (Some(f), true) => Some(format!("the tests timed out: {f}")),
+        (f, _) => f.clone(),
     };
     let tail_from = log.floor_char_boundary(log.len().saturating_sub(LOG_TAIL_BYTES));
     let mut details = serde_json::to_value(&verdict).unwrap_or_default();
     details["failure"] = failure.into();
     details["command"] = command.into();
+    details["log_parser"] = parser.into();
+    details["summary"] = report.summary.as_ref().map(|s| s.line.clone()).into();
     details["exit_code"] = ran.exit_code.into();
     details["timed_out"] = ran.timed_out.into();
     details["log_tail"] = log[tail_from..].into();
@@ -292,7 +326,8 @@ async fn exec(
             &ExecArgs {
                 command,
                 max_output_bytes: Some(max_output),
-                shell_state: false,
+                shell_state: true,
+                printable: true,
             },
             Some(timeout),
         )

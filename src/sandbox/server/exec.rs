@@ -3,9 +3,12 @@
 //! The persistent shell learns a command's status from a marker printed into its
 //! terminal; that is fine for the agent's own tools, but a score must not depend on
 //! anything a process in the sandbox can print. `exec` starts `bash -c <command>` in a
-//! process group of its own with standard input closed and stdout and stderr on one pipe,
-//! and takes the status from `waitpid`. At the end (exit or timeout) the whole group is
-//! killed, so nothing the command left behind outlives the call.
+//! session of its own (so it has no controlling terminal: `/dev/tty` cannot be opened,
+//! and nothing reaches a terminal a grader might read) with standard input closed and
+//! stdout and stderr on one pipe, and takes the status from `waitpid`. The output is
+//! held in the server's memory, never in a file the command could append to. At the
+//! end (exit or timeout) the whole process group is killed, so nothing the command left
+//! behind outlives the call.
 
 use super::output::{CappedOutput, DEFAULT_MAX_OUTPUT};
 use super::stream::{nonblocking, read, reset_signals};
@@ -50,14 +53,19 @@ pub async fn run(
         .stdin(Stdio::null())
         .stdout(Stdio::from(out_write.try_clone()?))
         .stderr(Stdio::from(out_write))
-        .process_group(0)
         .kill_on_drop(true);
     if let Some(env) = &start.env {
         cmd.env_clear().envs(env);
     }
-    // SAFETY: only async-signal-safe calls (signal) between fork and exec.
+    // SAFETY: only async-signal-safe calls (signal, setsid) between fork and exec.
+    // setsid makes the child the leader of a new session and process group (so the
+    // group can be killed whole) with no controlling terminal.
     unsafe {
-        cmd.pre_exec(reset_signals);
+        cmd.pre_exec(|| {
+            reset_signals()?;
+            nix::unistd::setsid().map_err(io::Error::from)?;
+            Ok(())
+        });
     }
     let (mut child, pid) = super::spawn(cmd, shell)?;
     let fd = nonblocking(out_read)?;
@@ -92,7 +100,10 @@ pub async fn run(
         }
     }
     let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-    let (output, omitted_bytes) = out.finish();
+    let (mut output, omitted_bytes) = out.finish();
+    if args.printable {
+        output = printable(&output);
+    }
     Ok(ExecResult {
         output,
         exit_code: status.and_then(|s| s.code()),
@@ -101,6 +112,39 @@ pub async fn run(
         timed_out,
         elapsed_us: duration_us(started.elapsed()),
     })
+}
+
+/// `text` without ANSI escape sequences (CSI `ESC [ … final`, OSC `ESC ] … BEL/ST`,
+/// two-byte `ESC x`) and without control characters other than newline and tab.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\x1b' => match chars.next() {
+                Some('[') => {
+                    // Parameters and intermediates, then one final byte in @..~.
+                    for f in chars.by_ref() {
+                        if ('@'..='~').contains(&f) {
+                            break;
+                        }
+                    }
+                }
+                Some(']') => {
+                    while let Some(f) = chars.next() {
+                        if f == '\x07' || (f == '\x1b' && chars.next_if_eq(&'\\').is_some()) {
+                            break;
+                        }
+                    }
+                }
+                _ => {}
+            },
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Parses `env -0` output into a map.
@@ -180,6 +224,39 @@ mod tests {
             r.output, "early\n",
             "the call waited for the background job"
         );
+    }
+
+    #[tokio::test]
+    async fn the_command_has_no_controlling_terminal() {
+        let r = run(
+            "bash",
+            &args("( : >/dev/tty ) 2>/dev/null && echo opened || echo refused"),
+            &here(),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+        assert!(r.output.contains("refused"), "{r:?}");
+        // A session of its own: the command leads it.
+        let r = run(
+            "bash",
+            &args("[ \"$(ps -o sid= -p $$ | tr -d ' ')\" = \"$$\" ] && echo leader"),
+            &here(),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.output, "leader\n", "{r:?}");
+    }
+
+    #[test]
+    fn printable_text_keeps_lines_and_drops_escapes() {
+        assert_eq!(
+            printable("\x1b[32mPASSED\x1b[0m a\r\n\x1b]0;title\x07b\tc\x00\x08\n"),
+            "PASSED a\nb\tc\n"
+        );
+        assert_eq!(printable("ok\x1b"), "ok");
+        assert_eq!(printable("é ✓"), "é ✓");
     }
 
     #[test]

@@ -15,6 +15,13 @@
 //! agent's code could run there: it applies an export, then puts back every protected
 //! path the export touched (whatever the check's globs name) from the baseline and writes
 //! the check's own files, so an episode cannot pass its check by editing the tests.
+//!
+//! Compiled Python bytecode (`__pycache__/`, `*.pyc`, `*.pyo`) never travels: Python
+//! loads an unchecked-hash `.pyc` without looking at its source, and a sourceless
+//! `.pyc` in place of a module, so bytecode would let an episode replace a protected or
+//! hidden file's code. Exports leave it out (even if the agent added it to git's
+//! index), `apply` refuses to write it, and then removes every bytecode file left in
+//! the workspace, so EVAL's Python compiles what it runs from the sources it sees.
 
 use crate::sandbox::protocol::{
     ApplyArgs, ApplyResult, BaselineResult, ChangedFile, DEFAULT_MAX_EXPORT_BYTES, ErrorCode,
@@ -30,6 +37,25 @@ use std::time::{Duration, SystemTime};
 const MAX_SNAPSHOT_FILES: usize = 100_000;
 /// `git` calls longer than this fail the export.
 const GIT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Git pathspecs of compiled Python bytecode, which never travels (see the module docs).
+const BYTECODE_PATHSPECS: [&str; 3] = [
+    ":(glob)**/__pycache__/**",
+    ":(glob)**/*.pyc",
+    ":(glob)**/*.pyo",
+];
+/// `git apply --exclude` patterns of the same (these match across `/`).
+const BYTECODE_EXCLUDES: [&str; 3] = [
+    "--exclude=*__pycache__/*",
+    "--exclude=*.pyc",
+    "--exclude=*.pyo",
+];
+
+/// Whether `path` (relative, `/`-separated) is compiled Python bytecode.
+pub fn is_bytecode(path: &str) -> bool {
+    path.ends_with(".pyc")
+        || path.ends_with(".pyo")
+        || path.split('/').any(|segment| segment == "__pycache__")
+}
 
 type Snapshot = BTreeMap<PathBuf, (u64, SystemTime)>;
 
@@ -142,16 +168,26 @@ impl Exporter {
     }
 
     /// Stages the whole working tree (tracked and untracked, not ignored) in a private
-    /// copy of the index, so the agent's own staging is left alone, and runs `git args`
-    /// against that index; returns its output.
+    /// copy of the index, so the agent's own staging is left alone, with bytecode as
+    /// the baseline has it, and runs `git args` against that index; returns its output.
     async fn staged(&self, args: &[&str]) -> Result<Vec<u8>, ToolError> {
+        let base = match self.current()? {
+            Baseline::Git(base) => base,
+            Baseline::Files(_) => String::new(),
+        };
         let index = self
             .ctl_dir
             .join(format!("index-{}", uuid::Uuid::new_v4().simple()));
         let env = self.private_index(&index).await?;
         let env = [("GIT_INDEX_FILE", env.as_os_str())];
+        let mut reset = vec!["reset", "-q", base.as_str(), "--"];
+        reset.extend(BYTECODE_PATHSPECS);
         let out = match git(&self.git, &self.workdir, &env, &["add", "-A"]).await {
-            Ok(_) => git(&self.git, &self.workdir, &env, args).await,
+            Ok(_) if base.is_empty() => git(&self.git, &self.workdir, &env, args).await,
+            Ok(_) => match git(&self.git, &self.workdir, &env, &reset).await {
+                Ok(_) => git(&self.git, &self.workdir, &env, args).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         let _ = std::fs::remove_file(&index);
@@ -243,6 +279,9 @@ impl Exporter {
                 let mut files = Vec::new();
                 let mut total = 0usize;
                 for (path, meta) in &now {
+                    if is_bytecode(&path.to_string_lossy()) {
+                        continue;
+                    }
                     let status = match before.get(path) {
                         None => "added",
                         Some(old) if old != meta => "modified",
@@ -257,7 +296,10 @@ impl Exporter {
                     }
                     files.push(self.changed(path, status)?);
                 }
-                for path in before.keys().filter(|p| !now.contains_key(*p)) {
+                let gone = before
+                    .keys()
+                    .filter(|p| !now.contains_key(*p) && !is_bytecode(&p.to_string_lossy()));
+                for path in gone {
                     files.push(ChangedFile {
                         path: path.to_string_lossy().into_owned(),
                         status: "deleted".into(),
@@ -309,6 +351,7 @@ impl Exporter {
         }
         result.restored.sort();
         result.restored.dedup();
+        result.removed_bytecode = remove_bytecode(&self.workdir);
         Ok(result)
     }
 
@@ -325,18 +368,11 @@ impl Exporter {
         let patch = self.ctl_dir.join("apply.patch");
         std::fs::write(&patch, diff)
             .map_err(|e| internal(format!("cannot write the patch: {e}")))?;
-        let applied = git(
-            &self.git,
-            &self.workdir,
-            &[],
-            &[
-                "apply",
-                "--binary",
-                "--whitespace=nowarn",
-                &patch.to_string_lossy(),
-            ],
-        )
-        .await;
+        let patch_arg = patch.to_string_lossy();
+        let mut apply = vec!["apply", "--binary", "--whitespace=nowarn"];
+        apply.extend(BYTECODE_EXCLUDES);
+        apply.push(&patch_arg);
+        let applied = git(&self.git, &self.workdir, &[], &apply).await;
         let _ = std::fs::remove_file(&patch);
         applied.map_err(context("the changes do not apply"))?;
         // What changed, against the baseline, as git sees the working tree now.
@@ -406,7 +442,7 @@ impl Exporter {
         protect: &Protect,
     ) -> Result<ApplyResult, ToolError> {
         let mut result = ApplyResult::default();
-        for f in files {
+        for f in files.iter().filter(|f| !is_bytecode(&f.path)) {
             inside(&self.workdir, &f.path)?;
             result.changed.push(f.path.clone());
             if protect.matches(&f.path) {
@@ -516,6 +552,32 @@ fn write_fresh(root: &Path, rel: &str, bytes: &[u8]) -> Result<(), ToolError> {
     remove_any(&target)?;
     std::fs::write(&target, bytes)
         .map_err(|e| failed(format!("cannot write {}: {e}", target.display())))
+}
+
+/// Removes every compiled-bytecode file and `__pycache__` directory under `root`
+/// (`.git` aside), never following symlinks; returns how many it removed.
+fn remove_bytecode(root: &Path) -> usize {
+    let mut removed = 0;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            let Ok(kind) = e.file_type() else { continue };
+            let path = e.path();
+            if kind.is_dir() && name == "__pycache__" {
+                removed += usize::from(std::fs::remove_dir_all(&path).is_ok());
+            } else if kind.is_dir() && !(dir == root && name == ".git") {
+                stack.push(path);
+            } else if !kind.is_dir() && is_bytecode(&name) {
+                removed += usize::from(std::fs::remove_file(&path).is_ok());
+            }
+        }
+    }
+    removed
 }
 
 fn split_z(bytes: &[u8]) -> Vec<String> {
@@ -686,6 +748,72 @@ mod tests {
             broken.apply(&apply).await.unwrap_err().code,
             ErrorCode::Internal
         );
+    }
+
+    /// Bytecode never travels: not in an export (even added to the agent's index), not
+    /// written by an apply, and whatever bytecode the workspace held is gone after it.
+    #[tokio::test]
+    async fn bytecode_is_neither_exported_nor_applied_nor_left_behind() {
+        let (_dir, ws, ctl) = repo();
+        let ex = Exporter::start(ws.clone(), ctl).await;
+        std::fs::create_dir_all(ws.join("pkg/__pycache__")).unwrap();
+        std::fs::write(ws.join("pkg/__pycache__/m.cpython-311.pyc"), b"\x00forged").unwrap();
+        std::fs::write(ws.join("sourceless.pyc"), b"\x00forged").unwrap();
+        std::fs::write(ws.join("a.txt"), "two\n").unwrap();
+        let added = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&ws)
+            .args(["add", "-f", "-A"])
+            .status()
+            .unwrap();
+        assert!(added.success());
+        let ExportResult::GitDiff { diff, .. } = ex.run(&ExportArgs::default()).await.unwrap()
+        else {
+            panic!("a repository exports a diff")
+        };
+        assert!(diff.contains("a.txt"), "{diff}");
+        assert!(!diff.contains("pyc"), "{diff}");
+
+        // A diff made elsewhere that carries bytecode: applied without it.
+        let (_dir2, ws2, ctl2) = repo();
+        std::fs::write(ws2.join("stale.pyc"), b"old").unwrap();
+        let fresh = Exporter::start(ws2.clone(), ctl2).await;
+        let mut with_pyc = diff.clone();
+        with_pyc.push_str("diff --git a/evil.pyc b/evil.pyc\nnew file mode 100644\n--- /dev/null\n+++ b/evil.pyc\n@@ -0,0 +1 @@\n+x\n");
+        let files = ExportResult::Files {
+            files: vec![ChangedFile {
+                path: "x/__pycache__/y.pyc".into(),
+                status: "added".into(),
+                text: Some("x".into()),
+                base64: None,
+            }],
+        };
+        let r = fresh
+            .apply(&ApplyArgs {
+                changes: ExportResult::GitDiff {
+                    base: "HEAD".into(),
+                    diff: with_pyc,
+                },
+                protect: Vec::new(),
+                files: BTreeMap::new(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.changed, ["a.txt"]);
+        assert_eq!(r.removed_bytecode, 1, "the stale .pyc");
+        assert!(!ws2.join("evil.pyc").exists() && !ws2.join("stale.pyc").exists());
+        assert_eq!(std::fs::read_to_string(ws2.join("a.txt")).unwrap(), "two\n");
+        let (_dir3, ws3, ctl3) = repo();
+        let r = Exporter::start(ws3.clone(), ctl3)
+            .await
+            .apply(&ApplyArgs {
+                changes: files,
+                protect: Vec::new(),
+                files: BTreeMap::new(),
+            })
+            .await
+            .unwrap();
+        assert!(r.changed.is_empty() && !ws3.join("x").exists(), "{r:?}");
     }
 
     /// A git that runs and refuses (a diff that does not apply) is the tool failing.
