@@ -103,7 +103,12 @@ impl Label {
     /// ran since it started and the sandbox's own cgroups never hit their memory limit,
     /// or neither, which leaves what ran inside it.
     pub fn death(&self) -> Death {
-        let (Some(then), Some(now)) = (self.host_oom_kills, host_oom_kills()) else {
+        self.death_given(host_oom_kills())
+    }
+
+    /// [`Label::death`] with the host's OOM-kill count now being `now`.
+    fn death_given(&self, now: Option<u64>) -> Death {
+        let (Some(then), Some(now)) = (self.host_oom_kills, now) else {
             return Death::Workload;
         };
         if now <= then || self.cgroups.iter().any(|c| own_oom(c)) {
@@ -355,6 +360,33 @@ fn own_oom(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a host OOM kill while the sandbox stayed inside its own memory limit is the
+    /// infrastructure's; everything else, unknown counts included, is the workload's.
+    #[test]
+    fn a_death_is_the_infrastructures_only_on_a_host_oom_outside_the_sandboxs_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut label = Label::new("j", "n", RuntimeKind::Bwrap, dir.path());
+        label.host_oom_kills = Some(5);
+        assert_eq!(label.death_given(Some(5)), Death::Workload);
+        assert_eq!(label.death_given(None), Death::Workload);
+        assert!(matches!(
+            label.death_given(Some(7)),
+            Death::Infrastructure(why) if why.contains("killed 2 process")
+        ));
+        // The sandbox's own cgroup hit its limit: the OOM kill was its own doing.
+        let cg = dir.path().join("cg");
+        std::fs::create_dir_all(&cg).unwrap();
+        std::fs::write(
+            cg.join("memory.events"),
+            "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n",
+        )
+        .unwrap();
+        label.cgroups = vec![cg];
+        assert_eq!(label.death_given(Some(7)), Death::Workload);
+        label.host_oom_kills = None;
+        assert_eq!(label.death_given(Some(7)), Death::Workload);
+    }
 
     #[test]
     fn labels_round_trip_and_know_their_process() {

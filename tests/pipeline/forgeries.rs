@@ -11,7 +11,8 @@
 //! bytecode, or writing `PASSED` lines into the grader's log and exiting. The code
 //! grader's forgeries print results where the grader reads them (the terminal, stdout
 //! with invented or real test names and an early exit) or configure pytest (an
-//! unprotected `conftest.py`, `pytest.ini`). The last one kills its own sandbox.
+//! unprotected `conftest.py`, `pytest.ini`). The last ones kill their own sandbox, in
+//! RUN and in EVAL.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -322,8 +323,23 @@ async fn an_episode_that_kills_its_own_sandbox_is_scored_not_restarted() {
         }),
     );
     t.client_id = Some("kill/all".into());
-    let results = run(vec![t], "self-kill", 1).await;
+    // The graded code kills the evaluation sandbox when the check imports it.
+    let mut eval_kill = Task::new(
+        "shell",
+        json!({
+            "steps": [write("add.py", "import os, signal\nos.kill(-1, signal.SIGKILL)\n")],
+            "check": {"command": "python3 -c 'import add'"},
+        }),
+    );
+    eval_kill.client_id = Some("kill/in-eval".into());
+    let results = run(vec![t, eval_kill], "self-kill", 1).await;
     assert_all_zero(&results);
+    let in_eval = &results["kill/in-eval"];
+    assert!(
+        reason(&in_eval.output["eval"]).contains("ended its own evaluation sandbox"),
+        "{:#}",
+        in_eval.output
+    );
     let r = &results["kill/all"];
     assert!(
         reason(&r.output["eval"]).contains("ended its own sandbox"),

@@ -262,7 +262,134 @@ async fn bad_swe_specs_are_refused_with_the_field_named() {
                 ),
                 "grader.log_parser",
             ),
+            // pytest node ids for a Django instance: its runner never prints them.
+            (
+                spec(
+                    {
+                        let mut g = good.clone();
+                        g["instance"]["repo"] = json!("django/django");
+                        g
+                    },
+                    json!({}),
+                ),
+                "grader.instance.FAIL_TO_PASS",
+            ),
+            // unittest-style ids read by the pytest parser.
+            (
+                spec(
+                    with(
+                        "FAIL_TO_PASS",
+                        json!(["test_above (tests.test_core.CoreTest.test_above)"]),
+                    ),
+                    json!({}),
+                ),
+                "grader.instance.FAIL_TO_PASS",
+            ),
         ],
     )
     .await;
+}
+
+/// Runs `git args` in `dir`, with a fixed identity.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A unittest-style instance, as SWE-bench's non-pytest repositories ship them: the
+/// ids are unittest's names, the tests run under `python3 -m unittest -v` and the
+/// `unittest` parser reads them. The gold patch resolves it; a wrong fix does not, and
+/// the reason names the test; a wrong fix that prints unittest's lines for the
+/// expected tests and ends the run does not either (no summary from the runner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unittest_instance_is_graded_by_its_own_runner() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("calc");
+    std::fs::create_dir_all(repo.join("tests")).unwrap();
+    std::fs::write(repo.join("tests/__init__.py"), "").unwrap();
+    std::fs::write(
+        repo.join("calc.py"),
+        "def double(x):\n    return x + x + 1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        repo.join("tests/test_calc.py"),
+        "import unittest\n\nimport calc\n\n\nclass CalcTest(unittest.TestCase):\n    def test_type(self):\n        self.assertIsInstance(calc.double(1), int)\n",
+    )
+    .unwrap();
+    git(&repo, &["init", "-q"]);
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "base"]);
+    let base = git(&repo, &["rev-parse", "HEAD"]).trim().to_string();
+    let test_patch = "diff --git a/tests/test_calc.py b/tests/test_calc.py\n--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n@@ -6,3 +6,6 @@ import calc\n class CalcTest(unittest.TestCase):\n     def test_type(self):\n         self.assertIsInstance(calc.double(1), int)\n+\n+    def test_double(self):\n+        self.assertEqual(calc.double(3), 6)\n";
+    // Python 3.11's unittest names a test `name (module.Class.name)`.
+    let id = |t: &str| format!("{t} (tests.test_calc.CalcTest.{t})");
+    let instance = json!({
+        "instance_id": "calc-1", "repo": "example/calc", "base_commit": base,
+        "test_patch": test_patch,
+        "FAIL_TO_PASS": [id("test_double")], "PASS_TO_PASS": [id("test_type")],
+    });
+    let grader = json!({
+        "type": "swe", "instance": instance, "repo_url": repo,
+        "test_command": "python3 -m unittest -v {tests}", "log_parser": "unittest",
+        "timeout_ms": 120000,
+    });
+    // unittest's lines for both tests, then the run ended before the runner's summary.
+    let forged_lines = format!("{} ... ok\n{} ... ok\n", id("test_double"), id("test_type"));
+    let fixes = [
+        ("gold", "def double(x):\n    return x + x\n".to_string()),
+        ("wrong", "def double(x):\n    return x * 3\n".to_string()),
+        (
+            "forged",
+            format!("import os\nos.write(2, {forged_lines:?}.encode())\nos._exit(0)\n"),
+        ),
+    ];
+    let tasks: Vec<Task> = fixes
+        .iter()
+        .map(|(name, code)| {
+            let mut t = Task::new(
+                "shell",
+                json!({
+                    "steps": [{"tool": "file", "args": {"command": "create", "path": "calc.py", "file_text": code}}],
+                    "grader": grader,
+                }),
+            );
+            t.client_id = Some(name.to_string());
+            t
+        })
+        .collect();
+    let env = TestEnv::start(|s| s.queue.ack_wait_ms = 15_000).await;
+    env.workers_in_process(2);
+    env.submit(&tasks, "unittest").await;
+    let results = env
+        .wait_results("unittest", tasks.len(), Duration::from_secs(300))
+        .await;
+    let by = |n: &str| {
+        results
+            .iter()
+            .find(|r| r.client_id.as_deref() == Some(n))
+            .unwrap()
+    };
+    let gold = by("gold");
+    assert_eq!(gold.reward, Some(1.0), "{:#}", gold.output["eval"]);
+    assert_eq!(gold.output["eval"]["log_parser"], "unittest");
+    let wrong = &by("wrong").output["eval"];
+    assert_eq!(by("wrong").reward, Some(0.0), "{wrong:#}");
+    assert!(
+        wrong["failure"]
+            .as_str()
+            .unwrap()
+            .contains(&id("test_double")),
+        "{wrong:#}"
+    );
+    let forged = &by("forged").output["eval"];
+    assert_eq!(by("forged").reward, Some(0.0), "{forged:#}");
+    assert!(forged["failure"].as_str().is_some(), "{forged:#}");
 }

@@ -179,6 +179,19 @@ impl SweGrader {
     }
 }
 
+/// The scripts in a repository that start its test runner (SWE-bench runs them as the
+/// test command): protected by default, or a patch could make them print a passing run.
+/// Where the runner's machinery is itself part of the code under test (Django's
+/// `django.test`, sympy's `sympy.testing`, pytest's own repository), it cannot be
+/// protected: the README's threat model says so.
+fn runner_scripts(repo: &str) -> &'static [&'static str] {
+    match repo.to_ascii_lowercase().as_str() {
+        "django/django" => &["tests/runtests.py"],
+        "sympy/sympy" => &["bin/test"],
+        _ => &[],
+    }
+}
+
 /// Whether two commit names are the same commit as far as the spec can tell (one a
 /// prefix of the other, at least 7 characters).
 fn same_commit(a: &str, b: &str) -> bool {
@@ -224,7 +237,14 @@ pub async fn grade(
     let mut protect: Vec<String> = touched.iter().map(|p| globset::escape(p)).collect();
     match &g.protect {
         Some(p) => protect.extend(p.iter().cloned()),
-        None => protect.extend(runner::default_protect(touched.iter().map(String::as_str))),
+        None => {
+            protect.extend(runner::default_protect(touched.iter().map(String::as_str)));
+            protect.extend(
+                runner_scripts(&g.instance.repo)
+                    .iter()
+                    .map(|s| s.to_string()),
+            );
+        }
     }
     let setup = EvalSetup {
         env,
