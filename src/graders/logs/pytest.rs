@@ -11,7 +11,7 @@
 //! section only.
 
 use super::text::{
-    balanced, cut_message, is_skip_count, leading_number, lines, py_split, strip_ansi, v2_clean,
+    cut_message, is_skip_count, leading_number, lines, py_split, strip_ansi, v2_clean,
 };
 use super::{Reading, SWEBENCH_WORDS, Summary, TestStatus};
 
@@ -95,13 +95,64 @@ pub(super) fn read(log: &str, flavor: Flavor) -> Reading {
             .into_iter()
             .map(|(st, counted)| (st, listed(st), counted))
             .collect();
-        for (st, n, counted) in listed {
-            r.check_count("pytest", st.pytest_word(), n, counted);
+        let complete = |st: TestStatus| {
+            listed
+                .iter()
+                .any(|(x, n, counted)| *x == st && *n == counted.unwrap_or(0))
+        };
+        let (passes_listed, xfails_listed) =
+            (complete(TestStatus::Passed), complete(TestStatus::XFail));
+        for (st, n, counted) in &listed {
+            r.check_count("pytest", st.pytest_word(), *n, *counted);
         }
         r.check_count("pytest", "SKIPPED", skipped_listed, s.skipped);
+        if let Some(doubt) = unlisted_pass(&r, &list, passes_listed, xfails_listed) {
+            r.doubts.push(doubt);
+        }
     }
     r.summary = summaries.into_iter().last().map(|(i, s)| (s, i));
     r
+}
+
+/// A doubt when output captured before pytest's own list claims a pass for a test of
+/// a file that list names, while the list (complete for passes: as many `PASSED`
+/// lines as the summary counts) does not name that test: code under test printed it
+/// (a module that fails to import can print `PASSED` lines for its own tests, which
+/// SWE-bench's map takes). Runs of pytest inside a test name files of their own
+/// temporary directories, which the outer list does not.
+fn unlisted_pass(
+    r: &Reading,
+    list: &std::ops::Range<usize>,
+    passes_listed: bool,
+    xfails_listed: bool,
+) -> Option<String> {
+    let listed: std::collections::BTreeSet<&str> = r
+        .sightings
+        .iter()
+        .filter(|x| list.contains(&x.line))
+        .map(|x| x.id.as_str())
+        .collect();
+    let files: std::collections::BTreeSet<&str> = listed
+        .iter()
+        .map(|id| id.split_once("::").map_or(*id, |(file, _)| file))
+        .collect();
+    r.sightings.iter().find_map(|x| {
+        let claimed = match x.status {
+            TestStatus::Passed => passes_listed,
+            TestStatus::XFail => xfails_listed,
+            _ => false,
+        };
+        let (file, _) = x.id.split_once("::")?;
+        (claimed && x.line < list.start && !listed.contains(x.id.as_str()) && files.contains(file))
+            .then(|| {
+                format!(
+                    "`{}` is reported {} in output captured before pytest's own list of outcomes, \
+                     which names `{file}` but not this test: pytest did not write that line",
+                    x.id,
+                    x.status.name()
+                )
+            })
+    })
 }
 
 /// One line through SWE-bench's (or SWE-smith's) parser for `flavor`.
@@ -240,26 +291,51 @@ fn sighting(line: &str) -> Option<Seen> {
                 let n = count.trim_matches(['[', ']']).parse().unwrap_or(0);
                 return Some(Seen::Skips(n));
             }
-            let id = cut_message(rest);
+            let id = node_id(rest);
             return (!id.is_empty()).then(|| Seen::Test(id.to_string(), status));
         }
     }
     if line.starts_with(' ') || !line.contains("::") {
         return None;
     }
-    // `id STATUS…`: the first status word after a space, outside brackets.
-    for (i, _) in line.match_indices(' ') {
-        let before = &line[..i];
-        let after = &line[i + 1..];
-        let word = after.split(' ').next().unwrap_or_default();
-        if let Some(status) = WORDS.into_iter().find(|s| s.pytest_word() == word)
-            && before.contains("::")
-            && balanced(before)
-        {
-            return Some(Seen::Test(before.trim().to_string(), status));
+    // `id STATUS…`: the first status word after a space, outside brackets, once the
+    // id so far has its `::` (one pass: the bracket depth and `::` kept as it goes).
+    let colons = line.find("::")?;
+    let mut depth = 0i64;
+    for (i, c) in line.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ' ' if depth == 0 && i > colons => {
+                let word = line[i + 1..].split(' ').next().unwrap_or_default();
+                if let Some(status) = WORDS.into_iter().find(|s| s.pytest_word() == word) {
+                    return Some(Seen::Test(line[..i].trim().to_string(), status));
+                }
+            }
+            _ => {}
+        }
+        if depth < 0 {
+            return None;
         }
     }
     None
+}
+
+/// The node id a short-summary line starts with: up to its first space outside
+/// brackets, before ` - message` (pytest 5 and later) or a bare reason (pytest 4's
+/// `XPASS id reason`).
+fn node_id(rest: &str) -> &str {
+    let rest = rest.trim_start();
+    let mut depth = 0i64;
+    for (i, c) in rest.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ' ' if depth <= 0 => return &rest[..i],
+            _ => {}
+        }
+    }
+    cut_message(rest)
 }
 
 /// pytest's closing summary line (`=== 1 failed, 2 passed, 1 warning in 0.12s ===`,
@@ -289,7 +365,12 @@ fn summary(line: &str) -> Option<Summary> {
     }
     for item in items.split(", ") {
         let (n, word) = leading_number(item)?;
-        if word.is_empty() || !word.chars().all(|c| c.is_ascii_lowercase() || c == ' ') {
+        // Words such as pytest 3's `pytest-warnings` or pytest 9's `subtests passed`.
+        if word.is_empty()
+            || !word
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c == ' ' || c == '-')
+        {
             return None;
         }
         let slot = match word {

@@ -95,24 +95,6 @@ pub(super) fn is_skip_count(s: &str) -> bool {
         .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Whether `[` and `]` balance in `s` (never closing more than were opened).
-pub(super) fn balanced(s: &str) -> bool {
-    let mut depth = 0i64;
-    for c in s.chars() {
-        match c {
-            '[' => depth += 1,
-            ']' => {
-                depth -= 1;
-                if depth < 0 {
-                    return false;
-                }
-            }
-            _ => {}
-        }
-    }
-    depth == 0
-}
-
 /// The leading unsigned integer of `s` (`"12 passed"` → 12), if any.
 pub(super) fn leading_number(s: &str) -> Option<(u64, &str)> {
     let s = s.trim_start();
@@ -149,7 +131,6 @@ mod tests {
         assert_eq!(cut_message("t.py::x[a - b] - boom"), "t.py::x[a - b]");
         assert_eq!(cut_message(" t.py::x "), "t.py::x");
         assert!(is_skip_count("[12]") && !is_skip_count("[]") && !is_skip_count("[1a]"));
-        assert!(balanced("a[b[c]]") && !balanced("a[b") && !balanced("a]b["));
         assert_eq!(leading_number(" 12 passed"), Some((12, "passed")));
         assert_eq!(leading_number("x"), None);
         assert_eq!(leading_number("99999999999999999999999 passed"), None);

@@ -314,6 +314,8 @@ fn interleaved(log: &str, tail: Tail) -> Vec<String> {
             .collect(),
         _ => Vec::new(),
     };
+    // Every `\n`'s position, to find the end of a match's line without rescanning.
+    let line_ends: Vec<usize> = log.match_indices('\n').map(|(i, _)| i).collect();
     let mut found = Vec::new();
     let mut from = 0usize;
     let mut start = 0usize;
@@ -341,7 +343,7 @@ fn interleaved(log: &str, tail: Tail) -> Vec<String> {
                     continue;
                 };
                 let q = log.len() - after.len() + c2.len_utf8();
-                if let Some(end) = tail_match(log, q, tail, &silenced) {
+                if let Some(end) = tail_match(log, q, tail, &silenced, &line_ends) {
                     matched = Some((e, end));
                     break;
                 }
@@ -371,7 +373,13 @@ fn at_line_end(log: &str, at: usize) -> bool {
 }
 
 /// Where `tail` matches from byte `q` of `log`, if it does.
-fn tail_match(log: &str, q: usize, tail: Tail, silenced: &[usize]) -> Option<usize> {
+fn tail_match(
+    log: &str,
+    q: usize,
+    tail: Tail,
+    silenced: &[usize],
+    line_ends: &[usize],
+) -> Option<usize> {
     let rest = log.get(q..)?;
     match tail {
         Tail::TestingAgainst => {
@@ -384,7 +392,7 @@ fn tail_match(log: &str, q: usize, tail: Tail, silenced: &[usize]) -> Option<usi
         Tail::ServerError => {
             let body = rest.strip_prefix("Internal Server Error: /")?;
             let from = log.len() - body.len();
-            let nl = from + body.find('\n')?;
+            let nl = *line_ends.get(line_ends.partition_point(|&n| n < from))?;
             // `(.*)\/\nok$`: the line ends in `/`, the next line starts `ok` and ends there.
             if nl == from || !log[..nl].ends_with('/') {
                 return None;

@@ -285,7 +285,7 @@ pub struct Response {
 /// Checks `prefix.log_parser` names a parser of [`logs::PARSERS`] (the code and SWE
 /// graders').
 fn check_log_parser(prefix: &str, name: &str) -> Result<(), SpecError> {
-    if logs::PARSERS.contains(&name) {
+    if logs::canonical(name).is_some() {
         return Ok(());
     }
     Err(SpecError::new(

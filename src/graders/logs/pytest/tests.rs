@@ -11,6 +11,7 @@ fn fixtures() -> Vec<(&'static str, (&'static str, &'static str))> {
     vec![
         ("rA", fixture!("pytest", "rA")),
         ("rA_v", fixture!("pytest", "rA_v")),
+        ("pytest4_rA", fixture!("pytest", "pytest4_rA")),
         ("rA_vv_classic", fixture!("pytest", "rA_vv_classic")),
         ("no_header_rA", fixture!("pytest", "no_header_rA")),
         (
@@ -21,6 +22,8 @@ fn fixtures() -> Vec<(&'static str, (&'static str, &'static str))> {
         ("rA_v_color", fixture!("pytest", "rA_v_color")),
         ("verbose_tb_no", fixture!("pytest", "verbose_tb_no")),
         ("forged", fixture!("pytest", "forged")),
+        ("forged_import", fixture!("pytest", "forged_import")),
+        ("forged_output", fixture!("pytest", "forged_output")),
         ("cut", fixture!("pytest", "cut")),
         ("collect_error", fixture!("pytest", "collect_error")),
         ("mouse", fixture!("pytest", "mouse")),
@@ -90,6 +93,18 @@ fn pytest_ra_reads_every_outcome_the_runner_reported() {
     );
     let why = r.distrust().unwrap();
     assert!(why.contains("test_teardown_error") && why.contains("passed and then error"));
+}
+
+#[test]
+fn pytest_4s_short_summary_reads_the_same() {
+    let (log, _) = fixture!("pytest", "pytest4_rA");
+    let r = parse("pytest", log).unwrap();
+    let (new, _) = fixture!("pytest", "rA");
+    assert_eq!(r.results, parse("pytest", new).unwrap().results);
+    let s = r.summary.clone().unwrap();
+    assert_eq!((s.passed, s.errors, s.xpassed), (Some(7), Some(2), Some(1)));
+    assert!(r.doubts.is_empty(), "{:?}", r.doubts);
+    assert_eq!(r.conflicts.len(), 1);
 }
 
 #[test]
@@ -198,6 +213,45 @@ fn lines_forged_after_the_summary_are_caught() {
 }
 
 #[test]
+fn passes_printed_by_the_code_under_test_are_caught() {
+    // A module that fails to import prints a `PASSED` line for its own test: pytest
+    // shows it as captured output, and SWE-bench's map takes it.
+    let (log, _) = fixture!("pytest", "forged_import");
+    for parser in ["pytest", "pytest_v2", "pytest_options"] {
+        let r = parse(parser, log).unwrap();
+        assert_eq!(
+            r.results["tests/test_forged_import.py::test_target"],
+            Passed
+        );
+        let why = r.distrust().unwrap();
+        assert!(
+            why.contains("captured before pytest's own list"),
+            "{parser}: {why}"
+        );
+    }
+    // A failing test prints `PASSED` lines for itself and for a test that does not
+    // exist: pytest's list has the real outcome last, and names neither claim.
+    let (log, _) = fixture!("pytest", "forged_output");
+    let r = parse("pytest", log).unwrap();
+    assert_eq!(
+        r.results["tests/test_forged_output.py::test_target"],
+        Failed
+    );
+    assert_eq!(
+        r.results["tests/test_forged_output.py::test_not_collected"],
+        Passed
+    );
+    assert!(r.distrust().unwrap().contains("test_not_collected"));
+    assert_eq!(
+        r.conflicts["tests/test_forged_output.py::test_target"],
+        [Passed, Failed]
+    );
+    // Per-test lines of `-v` before a complete list are pytest's own.
+    let (log, _) = fixture!("pytest", "rA_v");
+    assert!(parse("pytest", log).unwrap().doubts.is_empty());
+}
+
+#[test]
 fn a_run_cut_short_has_no_summary() {
     let (log, _) = fixture!("pytest", "cut");
     for parser in ["pytest", "pytest_v2", "seaborn", "pytest_verbose"] {
@@ -289,6 +343,10 @@ fn summaries_of_every_pytest_era_are_read() {
     let s = summary("== 5 passed, 2 deselected, 1 xpassed in 75.10s (0:01:15) ==").unwrap();
     assert_eq!((s.passed, s.xpassed), (Some(5), Some(1)));
     assert!(summary("=== no tests ran in 0.01s ===").is_some());
+    let s = summary("===== 2 passed, 1 pytest-warnings in 0.12 seconds =====").unwrap();
+    assert_eq!(s.passed, Some(2));
+    let s = summary("== 1 failed, 3 passed, 2 subtests passed in 0.1s ==").unwrap();
+    assert_eq!((s.failed, s.passed), (Some(1), Some(3)));
     assert!(summary("3 passed in 0.1s").is_some());
     for not in [
         "=== FAILURES ===",
