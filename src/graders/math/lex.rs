@@ -2,8 +2,11 @@
 //! tokens: the spellings of one thing become one token (`\dfrac`, `\tfrac` and `\frac`;
 //! `−`, `–` and `-`; `\le`, `\leq` and `≤`; `^\circ`, `°` and "degrees"), spacing and
 //! sizing commands go, and digit groups split by thin spaces (`1\,000`, `1{,}000`,
-//! U+2009) join. A comma stays a comma: whether `1,000` is a thousand or a pair depends
-//! on the ground truth, which the comparison knows and the lexer does not.
+//! `1,\!000`, U+2009) join. A comma stays a comma: whether `1,000` is a thousand or a
+//! pair depends on the other side of the comparison, which the comparison knows and the
+//! lexer does not ([`separators`]).
+
+use super::separators;
 
 /// One token of an answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -325,20 +328,12 @@ fn word_token(word: String) -> Tok {
     }
 }
 
-/// At `chars[i]` (just after a digit): the length of a thin space or `{,}` followed by
-/// exactly three digits, if that is what is there.
+/// At `chars[i]` (just after a digit): the length of a separator that is only ever
+/// written inside a number (a thin space, `{,}`, `,\!`) followed by exactly three
+/// digits, if that is what is there.
 fn thin_group(chars: &[char], i: usize) -> Option<usize> {
-    let sep = match (chars.get(i), chars.get(i + 1), chars.get(i + 2)) {
-        (Some('\\'), Some(',' | ' ' | '!' | ';'), _) => 2,
-        (Some('{'), Some(','), Some('}')) => 3,
-        (Some('\u{2009}' | '\u{202f}' | '\u{00a0}' | '\u{2006}' | '\''), _, _) => 1,
-        _ => return None,
-    };
-    let digits = chars[i + sep..]
-        .iter()
-        .take_while(|c| c.is_ascii_digit())
-        .count();
-    (digits == 3).then_some(sep)
+    let (len, kind) = separators::at(chars, i)?;
+    (kind == separators::Kind::Sure && separators::digits_from(chars, i + len) == 3).then_some(len)
 }
 
 /// After the `e` of calculator notation at `chars[i - 1]`: the exponent (signed
@@ -556,6 +551,10 @@ mod tests {
         assert_eq!(lex("1\\,000\\,000"), vec![num("1000000")]);
         assert_eq!(lex("12\u{2009}345"), vec![num("12345")]);
         assert_eq!(lex("1{,}000"), vec![num("1000")]);
+        assert_eq!(lex("1,\\!000,\\!000"), vec![num("1000000")]);
+        assert_eq!(lex("1~000"), vec![num("1000")]);
+        // A comma with a negative space before anything but a digit group is a comma.
+        assert_eq!(lex("1,\\!00"), vec![num("1"), Tok::Comma, num("00")]);
         assert_eq!(lex("6.02e23"), vec![num("6.02e23")]);
         assert_eq!(lex("2.5E−4"), vec![num("2.5e-4")]);
         // `2e` and `2e^x` keep Euler's number.

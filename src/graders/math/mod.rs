@@ -2,8 +2,9 @@
 //! ground truth into expressions and answer shapes ([`lex`], [`expr`]), and decides
 //! whether they mean the same thing ([`compare`], with exact values from [`value`]).
 //!
-//! The ground truth leads where the answer alone is ambiguous: a truth that is one
-//! number lets `1,000` and `1 000` be a thousand (and not the pair (1, 0)); a truth
+//! The other side leads where one side alone is ambiguous: a truth that is one number
+//! lets `1,000` and `1 000` be a thousand (and not the pair (1, 0)), and a truth
+//! written `1,000` is a thousand when that makes it one number ([`separators`]); a truth
 //! written as an interval accepts the inequality that says the same; a truth that is a
 //! choice letter lets a final letter count as the answer.
 
@@ -11,6 +12,7 @@ pub mod compare;
 pub mod expr;
 pub mod extract;
 pub mod lex;
+pub mod separators;
 pub mod value;
 
 use serde::Serialize;
@@ -108,6 +110,15 @@ fn judge(
 ) -> (bool, String) {
     let same_text = || normalize_text(given) == normalize_text(truth);
     let as_text = "the answer is the ground truth's text";
+    // A truth written with digit groups (`1,000,000`, `12 345`) reads as a list or not
+    // at all; when joining them makes it one value, it is that value.
+    let truth_answer = match truth_answer {
+        Ok(Answer::List(_)) | Err(_) => match separators::join(truth).map(|t| read(&t)) {
+            Some(Ok(joined)) if one_value(&joined) => Ok(joined),
+            _ => truth_answer,
+        },
+        read => read,
+    };
     let Ok(truth_answer) = truth_answer else {
         // A truth the grader cannot read (a word, a name): compare as text.
         return if same_text() {
@@ -125,10 +136,10 @@ fn judge(
     {
         return (true, "the answer means the ground truth".into());
     }
-    // A truth that is one number: digit groups separated by commas or spaces are one
+    // A truth that is one value: digit groups separated by commas or spaces are one
     // number (`1,000`, `12 345`), which the answer read alone could not know.
-    if matches!(truth_answer, Answer::Expr(_))
-        && let Some(joined) = join_thousands(given)
+    if one_value(&truth_answer)
+        && let Some(joined) = separators::join(given)
         && let Ok(g) = read(&joined)
         && equal(&truth_answer, &g)
     {
@@ -145,6 +156,12 @@ fn judge(
         Err(_) if same_text() => (true, as_text.into()),
         Err(e) => (false, format!("{e} (the answer was {given:?})")),
     }
+}
+
+/// One number or expression, or a relation such as `x = 1000`: an answer whose digit
+/// groups are one number, not the items of a list.
+fn one_value(a: &Answer) -> bool {
+    matches!(a, Answer::Expr(_) | Answer::Relation(..))
 }
 
 /// Whether `given` means `truth`, also across the two ways of writing a range: an
@@ -198,43 +215,6 @@ fn interval_of(sides: &[Expr], rels: &[Rel]) -> Option<Answer> {
     }
 }
 
-/// `1,000,000` and `12 345.5` with their separators taken out, when the text has digit
-/// groups of three after a first group of one to three digits; `None` when it has none.
-fn join_thousands(text: &str) -> Option<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = String::new();
-    let mut changed = false;
-    // Digits since the number began or since its last joined separator, and whether
-    // this number has had one joined (then every group must be exactly three long).
-    let (mut run, mut grouped) = (0usize, false);
-    let mut after_dot = false;
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        out.push(c);
-        i += 1;
-        if !c.is_ascii_digit() {
-            after_dot = c == '.' && run > 0;
-            (run, grouped) = (0, false);
-            continue;
-        }
-        run += 1;
-        if after_dot || !matches!(chars.get(i), Some(',' | ' ')) {
-            continue;
-        }
-        let first_ok = if grouped { run == 3 } else { run <= 3 };
-        let group = chars[i + 1..]
-            .iter()
-            .take_while(|c| c.is_ascii_digit())
-            .count();
-        if first_ok && group == 3 {
-            i += 1; // drop the separator
-            (run, grouped, changed) = (0, true, true);
-        }
-    }
-    changed.then_some(out)
-}
-
 /// Text compared as text: case, spaces, `$`, `\text{}` and a final period ignored.
 fn normalize_text(s: &str) -> String {
     let toks = lex::lex(s);
@@ -251,18 +231,3 @@ fn normalize_text(s: &str) -> String {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod join_tests {
-    use super::join_thousands;
-
-    #[test]
-    fn digit_groups_join_only_in_threes() {
-        assert_eq!(join_thousands("1,000,000").as_deref(), Some("1000000"));
-        assert_eq!(join_thousands("12 345.5").as_deref(), Some("12345.5"));
-        assert_eq!(join_thousands("2 500 000").as_deref(), Some("2500000"));
-        assert_eq!(join_thousands("1234,567"), None);
-        assert_eq!(join_thousands("1,23"), None);
-        assert_eq!(join_thousands("0.123 456"), None);
-    }
-}

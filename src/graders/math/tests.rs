@@ -33,6 +33,47 @@ fn numbers_and_their_spellings() {
 }
 
 #[test]
+fn thousands_separators_on_either_side_in_any_spelling() {
+    // Separators in the truth, none in the answer.
+    for truth in [
+        "1,000,000",
+        "1{,}000{,}000",
+        "1,\\!000,\\!000",
+        "1\\,000\\,000",
+        "1\\ 000\\ 000",
+        "1 000 000",
+        "1\u{2009}000\u{2009}000",
+    ] {
+        yes("\\boxed{1000000}", truth);
+        no("\\boxed{1000}", truth);
+        no("\\boxed{1, 0, 0}", truth);
+    }
+    yes("\\boxed{12345}", "12\\,345");
+    yes("\\boxed{x = 1000}", "x = 1{,}000");
+    // Separators in the answer, none in the truth.
+    for answer in [
+        "1{,}000", "1,\\!000", "1\\,000", "1\\ 000", "1,000", "1 000",
+    ] {
+        yes(&format!("\\boxed{{{answer}}}"), "1000");
+        no(&format!("\\boxed{{{answer}}}"), "100");
+    }
+    // Different spellings on the two sides, and mixed in one number.
+    yes("\\boxed{1,000,000}", "1{,}000{,}000");
+    yes("\\boxed{1\\,000\\,000}", "1,\\!000,\\!000");
+    yes("\\boxed{12 345}", "12,345");
+    yes("\\boxed{1,000\\,000}", "1000000");
+    yes("\\boxed{2,500.5}", "2{,}500.5");
+    // Lists and tuples stay lists and tuples.
+    yes("\\boxed{(1,2)}", "(1,2)");
+    no("\\boxed{12}", "(1,2)");
+    no("\\boxed{123}", "1, 2, 3");
+    yes("\\boxed{1, 250}", "1, 250");
+    no("\\boxed{1250}", "1, 250");
+    no("\\boxed{1250}", "(1,250)");
+    no("\\boxed{0.123456}", "0.123 456");
+}
+
+#[test]
 fn units_and_text_follow_the_truth() {
     yes("\\boxed{50\\%}", "50\\%");
     yes("\\boxed{50}", "50\\%");
