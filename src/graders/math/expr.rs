@@ -6,7 +6,9 @@
 //! `0.\overline{3}` is 1/3), so a rounded decimal is never mistaken for the exact value
 //! it approximates. Juxtaposition multiplies (`2x`, `2\pi`, `x(y+1)`), except that a
 //! whole number right before a fraction of whole numbers is a mixed number (`3\frac12`
-//! and `3 1/2` are 7/2), as a reader takes them.
+//! and `3 1/2` are 7/2), as a reader takes them. So does a function written without
+//! parentheses: it applies to the product that follows it (`\sin 2x` is sin(2x), not
+//! sin(2)·x; `\sin x \cos x` is sin(x)·cos(x)).
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
@@ -668,10 +670,6 @@ impl Parser<'_> {
 
     /// A name: a function (applied to what follows), `\log_b`, or a variable/constant.
     fn name(&mut self, n: String) -> Result<Expr> {
-        const FUNCS: &[&str] = &[
-            "sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh",
-            "tanh", "ln", "exp", "lg", "log",
-        ];
         if !FUNCS.contains(&n.as_str()) {
             return Ok(Expr::Name(n));
         }
@@ -681,12 +679,24 @@ impl Parser<'_> {
             None
         };
         // `\sin^2 x` is (sin x)².
-        let power = if self.eat(&Tok::Caret) {
+        let mut power = if self.eat(&Tok::Caret) {
             Some(self.group()?)
         } else {
             None
         };
-        let arg = self.postfix()?;
+        let mut n = n;
+        // `\sin^{-1} x` is arcsin x, as a reader takes it; for the functions whose
+        // inverse the grader does not evaluate, it is neither that nor a reciprocal.
+        if power.as_ref().is_some_and(is_minus_one) {
+            match n.as_str() {
+                "sin" | "cos" | "tan" => {
+                    n = format!("arc{n}");
+                    power = None;
+                }
+                _ => return err(format!("the inverse {n}^{{-1}}")),
+            }
+        }
+        let arg = self.argument()?;
         let applied = match (n.as_str(), base) {
             (_, Some(b)) => Expr::Log(Box::new(b), Box::new(arg)),
             // Unmarked `log` is taken as natural, as in most competition answers' CAS.
@@ -702,6 +712,34 @@ impl Parser<'_> {
             None => applied,
         })
     }
+
+    /// A function's argument. In brackets, what they hold (`\sin(2x)`, `\sin{2x}`; so
+    /// `\sin(x)^2` is (sin x)², the power after the application). Without them, the
+    /// usual reading: the product that follows, a coefficient and then names and their
+    /// powers (`\sin 2x` is sin(2x), `\ln 2\pi r` is ln(2πr), `\sin x^2` is sin(x²)),
+    /// ending at anything else: `+`, `-`, a relation, `\cdot`, `/`, a bracket, a
+    /// number, or another function (`\sin x \cos x` is sin(x)·cos(x)).
+    fn argument(&mut self) -> Result<Expr> {
+        if matches!(self.peek(), Some(Tok::Open('(' | '[') | Tok::GroupOpen)) {
+            return self.atom();
+        }
+        let mut arg = self.unary()?;
+        while matches!(self.peek(), Some(Tok::Name(m)) if !FUNCS.contains(&m.as_str())) {
+            arg = Expr::Mul(Box::new(arg), Box::new(self.postfix()?));
+        }
+        Ok(arg)
+    }
+}
+
+/// The names applied to what follows them.
+const FUNCS: &[&str] = &[
+    "sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh",
+    "ln", "exp", "lg", "log",
+];
+
+/// Whether `e` is `-1` as written (`^{-1}`).
+fn is_minus_one(e: &Expr) -> bool {
+    matches!(e, Expr::Neg(a) if matches!(&**a, Expr::Num(r) if r.is_one()))
 }
 
 /// Whether `t` can start a factor multiplied by juxtaposition.

@@ -110,6 +110,41 @@ fn symbolic() {
 }
 
 #[test]
+fn functions_without_parentheses_take_the_product_that_follows() {
+    yes("\\boxed{\\sin 2x}", "2\\sin x\\cos x");
+    yes("\\boxed{\\sin 2x}", "\\sin(2x)");
+    no("\\boxed{\\sin 2x}", "2\\sin x");
+    no("\\boxed{2\\sin x}", "\\sin 2x");
+    no("\\boxed{\\sin 2x}", "x\\sin 2");
+    yes("\\boxed{\\cos x}", "\\cos(x)");
+    yes("\\boxed{\\ln 2x}", "\\ln 2 + \\ln x");
+    no("\\boxed{\\ln 2x}", "x\\ln 2");
+    yes("\\boxed{\\ln x + 1}", "1 + \\ln(x)");
+    yes("\\boxed{\\sin^2 x}", "(\\sin x)^2");
+    yes("\\boxed{\\sin^2 x}", "1 - \\cos^2 x");
+    yes("\\boxed{\\sin(x)^2}", "\\sin^2 x");
+    no("\\boxed{\\sin^2 x}", "\\sin(x^2)");
+    yes("\\boxed{\\sin x^2}", "\\sin(x^2)");
+    yes("\\boxed{\\log_2 8}", "3");
+    no("\\boxed{\\log_2 8}", "\\log(16)");
+    yes(
+        "\\boxed{\\tan\\theta}",
+        "\\frac{\\sin\\theta}{\\cos\\theta}",
+    );
+    yes("\\boxed{\\sin x \\cos x}", "\\frac{1}{2}\\sin 2x");
+    yes("\\boxed{\\sin x \\cos x}", "\\sin(x)\\cos(x)");
+    no("\\boxed{\\sin x \\cos x}", "\\sin(x\\cos x)");
+    yes("\\boxed{\\cos 2\\pi x}", "\\cos(2\\pi x)");
+    yes("\\boxed{\\sin x / 2}", "\\frac{\\sin x}{2}");
+    yes("\\boxed{\\sin 30^\\circ}", "\\frac12");
+    // `^{-1}` on a trigonometric function is its inverse, not a reciprocal.
+    yes("\\boxed{\\sin^{-1} \\frac{1}{2}}", "\\frac{\\pi}{6}");
+    yes("\\boxed{\\tan^{-1} x}", "\\arctan x");
+    no("\\boxed{\\tan^{-1} x}", "\\frac{1}{\\tan x}");
+    no("\\boxed{\\sec^{-1} 2}", "\\frac{1}{\\sec 2}");
+}
+
+#[test]
 fn commitment_and_letters() {
     no("It is \\boxed{2} or \\boxed{3}.", "2");
     no("I am not sure.", "2");
