@@ -9,12 +9,19 @@
 //! and `3 1/2` are 7/2), as a reader takes them. So does a function written without
 //! parentheses: it applies to the product that follows it (`\sin 2x` is sin(2x), not
 //! sin(2)·x; `\sin x \cos x` is sin(x)·cos(x)).
+//!
+//! Beyond arithmetic, roots, powers and the elementary functions, an answer may use
+//! binomial coefficients (`\binom`, `{n \choose k}`), floors and ceilings, `\min`,
+//! `\max`, `\gcd` and `lcm`, factorials and absolute values; a factorial or binomial
+//! coefficient of constants too large to compute makes the answer unreadable
+//! ([`integer`](super::integer)).
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::{One, Zero};
 
 use super::lex::{Rel, Tok};
+use super::value;
 
 /// An expression.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +48,14 @@ pub enum Expr {
     Log(Box<Expr>, Box<Expr>),
     /// `a!`.
     Fact(Box<Expr>),
+    /// `\binom{n}{k}`, `{n \choose k}`: (n, k).
+    Binom(Box<Expr>, Box<Expr>),
+    /// `\lfloor a \rfloor`.
+    Floor(Box<Expr>),
+    /// `\lceil a \rceil`.
+    Ceil(Box<Expr>),
+    /// `\max(a, b, …)` and the like: one value of several.
+    Fold(Fold, Vec<Expr>),
     /// `|a|`.
     Abs(Box<Expr>),
     /// `a%`: a hundredth of `a`, remembered as written so `50\%` can match `50`.
@@ -49,6 +64,31 @@ pub enum Expr {
     Degrees(Box<Expr>),
     /// `\infty`.
     Infinity,
+}
+
+/// A function of any number of arguments that folds them into one value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fold {
+    /// `\min`.
+    Min,
+    /// `\max`.
+    Max,
+    /// `\gcd` (of integers).
+    Gcd,
+    /// `\operatorname{lcm}` (of integers).
+    Lcm,
+}
+
+impl Fold {
+    fn named(name: &str) -> Option<Fold> {
+        Some(match name {
+            "min" => Fold::Min,
+            "max" => Fold::Max,
+            "gcd" => Fold::Gcd,
+            "lcm" => Fold::Lcm,
+            _ => return None,
+        })
+    }
 }
 
 /// The shape of a whole answer.
@@ -135,6 +175,9 @@ struct Parser<'a> {
     pos: usize,
     /// How deeply nested the parse is now: bounded by [`MAX_DEPTH`].
     depth: usize,
+    /// How many `|…|` are open here: inside one, a `|` closes it rather than starting
+    /// a juxtaposed `|…|` (`2|x|` is 2·|x|, but `|x|` is not x·|…).
+    bars: usize,
 }
 
 /// The deepest nesting of brackets and groups read. A policy can write `((((…))))` a
@@ -150,6 +193,13 @@ pub fn parse(toks: &[Tok]) -> Result<Answer> {
     let toks: Vec<Tok> = strip_words(toks);
     if toks.is_empty() {
         return err("nothing to read");
+    }
+    // A command the grader does not know may mean anything (`\neg 5` is not -5): the
+    // answer is unreadable rather than read without it.
+    if let Some(Tok::Unknown(command)) = toks.iter().find(|t| matches!(t, Tok::Unknown(_))) {
+        return err(format!(
+            "the command \\{command} is not one the grader reads"
+        ));
     }
     if toks.len() > MAX_TOKENS {
         return err(format!(
@@ -172,6 +222,7 @@ pub fn parse(toks: &[Tok]) -> Result<Answer> {
         toks: &toks,
         pos: 0,
         depth: 0,
+        bars: 0,
     };
     let a = p.answer()?;
     if p.pos < toks.len() {
@@ -180,14 +231,30 @@ pub fn parse(toks: &[Tok]) -> Result<Answer> {
     Ok(a)
 }
 
+/// Words of functions that are applied when a bracket follows them (`max(3, 5)`,
+/// `\text{lcm}(4, 6)`, `\operatorname{floor}(x)`); without one they are words ("5 min").
+const APPLIED_WORDS: &[&str] = &["min", "max", "gcd", "lcm", "floor", "ceil", "abs"];
+
+/// Words of functions the grader does not evaluate: applied (`\mathrm{sgn}(x)`), they
+/// make the answer unreadable instead of dropping out and leaving their argument.
+const UNREAD_WORDS: &[&str] = &["sgn", "sign", "det", "tr", "arg", "erf", "Re", "Im"];
+
 /// Drops words that are units or filler at the end or between a number and what
-/// follows; keeps "and"/"or" as list separators (a comma).
+/// follows; keeps "and"/"or" as list separators (a comma), and a function's word
+/// before its bracket as the function.
 fn strip_words(toks: &[Tok]) -> Vec<Tok> {
     let mut out = Vec::with_capacity(toks.len());
     let mut i = 0;
     while i < toks.len() {
+        let bracket_next = matches!(toks.get(i + 1), Some(Tok::Open('(' | '{')));
         match &toks[i] {
             Tok::Word(w) if w == "and" || w == "or" => out.push(Tok::Comma),
+            Tok::Word(w) if bracket_next && APPLIED_WORDS.contains(&w.as_str()) => {
+                out.push(Tok::Name(w.clone()));
+            }
+            Tok::Word(w) if bracket_next && UNREAD_WORDS.contains(&w.as_str()) => {
+                out.push(Tok::Unknown(w.clone()));
+            }
             Tok::Word(_) => {
                 // A unit's power goes with it: `\text{cm}^2`, `\text{m}^{3}`.
                 if toks.get(i + 1) == Some(&Tok::Caret) {
@@ -212,7 +279,10 @@ fn choice_letter(toks: &[Tok]) -> Option<char> {
         .filter(|t| {
             !matches!(
                 t,
-                Tok::Open(_) | Tok::Close(_) | Tok::GroupOpen | Tok::GroupClose
+                Tok::Open('(' | '[' | '{' | '<')
+                    | Tok::Close(')' | ']' | '}' | '>')
+                    | Tok::GroupOpen
+                    | Tok::GroupClose
             )
         })
         .collect();
@@ -333,7 +403,7 @@ impl Parser<'_> {
     fn item_inner(&mut self) -> Result<Answer> {
         match self.peek() {
             Some(Tok::BeginMatrix) => return self.matrix(),
-            Some(Tok::Open(c)) if self.is_list_ahead() => {
+            Some(Tok::Open(c @ ('(' | '[' | '{' | '<'))) if self.is_list_ahead() => {
                 let open = *c;
                 self.pos += 1;
                 let mut items = vec![self.union()?];
@@ -370,7 +440,9 @@ impl Parser<'_> {
             }
             _ => {}
         }
+        // `10 \choose 2` boxed: TeX's `\choose` and `\over` take the whole group.
         let e = self.expr()?;
+        let e = self.infix_group_op(e)?;
         if self.eat(&Tok::PlusMinus) {
             let d = self.expr()?;
             return Ok(Answer::List(vec![
@@ -473,7 +545,7 @@ impl Parser<'_> {
                     self.pos += 1;
                     e = Expr::Div(Box::new(e), Box::new(self.unary()?));
                 }
-                Some(t) if starts_factor(t) => {
+                Some(t) if starts_factor(t) || (*t == Tok::Bar && self.bars == 0) => {
                     let number_next = matches!(t, Tok::Num(_));
                     if let Some(mixed) = self.mixed_number(&e)? {
                         e = mixed;
@@ -564,7 +636,11 @@ impl Parser<'_> {
         let mut e = self.power()?;
         loop {
             match self.peek() {
-                Some(Tok::Bang) => e = Expr::Fact(Box::new(e)),
+                // `5!!` is a double factorial, not (5!)!.
+                Some(Tok::Bang) if self.peek_at(1) == Some(&Tok::Bang) => {
+                    return err("a double factorial");
+                }
+                Some(Tok::Bang) => e = sized(Expr::Fact(Box::new(e)))?,
                 Some(Tok::Percent) => e = Expr::Percent(Box::new(e)),
                 Some(Tok::Degree) => e = Expr::Degrees(Box::new(e)),
                 _ => return Ok(e),
@@ -594,9 +670,7 @@ impl Parser<'_> {
         match self.peek().cloned() {
             Some(Tok::GroupOpen) => {
                 self.pos += 1;
-                let e = self.expr()?;
-                self.expect(&Tok::GroupClose)?;
-                Ok(e)
+                self.group_body()
             }
             Some(Tok::Num(n)) => {
                 // `\frac12`: the lexer splits the digits.
@@ -609,7 +683,31 @@ impl Parser<'_> {
         }
     }
 
-    /// atom := number | name | function | `\frac` | `\sqrt` | ( expr ) | { expr } | |expr| | ∞
+    /// The rest of a `{…}` group after its `{`: an expression, or TeX's infix
+    /// `{n \choose k}` and `{a \over b}`.
+    fn group_body(&mut self) -> Result<Expr> {
+        let e = self.with_bars(0, Self::expr)?;
+        let e = self.infix_group_op(e)?;
+        self.expect(&Tok::GroupClose)?;
+        Ok(e)
+    }
+
+    /// After `e`, TeX's infix `\choose` or `\over` and its second operand, if one is
+    /// there: `e` choose it, or `e` over it.
+    fn infix_group_op(&mut self, e: Expr) -> Result<Expr> {
+        if self.eat(&Tok::Choose) {
+            let k = self.expr()?;
+            return sized(Expr::Binom(Box::new(e), Box::new(k)));
+        }
+        if self.eat(&Tok::Over) {
+            let d = self.expr()?;
+            return Ok(Expr::Div(Box::new(e), Box::new(d)));
+        }
+        Ok(e)
+    }
+
+    /// atom := number | name | function | `\frac` | `\binom` | `\sqrt` | ( expr ) |
+    /// { expr } | |expr| | ⌊expr⌋ | ⌈expr⌉ | ∞
     fn atom(&mut self) -> Result<Expr> {
         let Some(t) = self.next() else {
             return err("the answer ends too early");
@@ -648,18 +746,29 @@ impl Parser<'_> {
                 Ok(Expr::Root(Box::new(index), Box::new(radicand)))
             }
             Tok::Open(c @ ('(' | '[')) => {
-                let e = self.expr()?;
+                let e = self.with_bars(0, Self::expr)?;
                 let close = if c == '(' { ')' } else { ']' };
                 self.expect(&Tok::Close(close))?;
                 Ok(e)
             }
-            Tok::GroupOpen => {
-                let e = self.expr()?;
-                self.expect(&Tok::GroupClose)?;
-                Ok(e)
+            Tok::GroupOpen => self.group_body(),
+            Tok::Binom => {
+                let n = self.group()?;
+                let k = self.group()?;
+                sized(Expr::Binom(Box::new(n), Box::new(k)))
+            }
+            Tok::Open(c @ ('⌊' | '⌈' | '|')) => {
+                let e = self.with_bars(0, Self::expr)?;
+                let (close, f): (char, fn(Box<Expr>) -> Expr) = match c {
+                    '⌊' => ('⌋', Expr::Floor),
+                    '⌈' => ('⌉', Expr::Ceil),
+                    _ => ('|', Expr::Abs),
+                };
+                self.expect(&Tok::Close(close))?;
+                Ok(f(Box::new(e)))
             }
             Tok::Bar => {
-                let e = self.expr()?;
+                let e = self.with_bars(self.bars + 1, Self::expr)?;
                 self.expect(&Tok::Bar)?;
                 Ok(Expr::Abs(Box::new(e)))
             }
@@ -670,6 +779,16 @@ impl Parser<'_> {
 
     /// A name: a function (applied to what follows), `\log_b`, or a variable/constant.
     fn name(&mut self, n: String) -> Result<Expr> {
+        if let Some(fold) = Fold::named(&n) {
+            return Ok(Expr::Fold(fold, self.bracketed_args()?));
+        }
+        if let Some(f) = bracketed_function(&n) {
+            let mut args = self.bracketed_args()?;
+            return match (args.pop(), args.is_empty()) {
+                (Some(arg), true) => Ok(f(Box::new(arg))),
+                _ => err(format!("{n} of more than one argument")),
+            };
+        }
         if !FUNCS.contains(&n.as_str()) {
             return Ok(Expr::Name(n));
         }
@@ -724,10 +843,62 @@ impl Parser<'_> {
             return self.atom();
         }
         let mut arg = self.unary()?;
-        while matches!(self.peek(), Some(Tok::Name(m)) if !FUNCS.contains(&m.as_str())) {
+        while matches!(self.peek(), Some(Tok::Name(m)) if !is_function(m)) {
             arg = Expr::Mul(Box::new(arg), Box::new(self.postfix()?));
         }
         Ok(arg)
+    }
+
+    /// The arguments of `\max(a, b)`, `\gcd\{a, b\}`, `\min{a, b}`: at least one, in
+    /// brackets (`\max 3, 5` could be the list of `\max 3` and 5).
+    fn bracketed_args(&mut self) -> Result<Vec<Expr>> {
+        let close = match self.next() {
+            Some(Tok::Open('(')) => Tok::Close(')'),
+            Some(Tok::Open('{')) => Tok::Close('}'),
+            Some(Tok::GroupOpen) => Tok::GroupClose,
+            other => return err(format!("a function's arguments in brackets, not {other:?}")),
+        };
+        let mut args = vec![self.with_bars(0, Self::expr)?];
+        while self.eat(&Tok::Comma) {
+            args.push(self.with_bars(0, Self::expr)?);
+        }
+        self.expect(&close)?;
+        Ok(args)
+    }
+
+    /// Runs `f` with `bars` plain `|…|` open: one more inside `|…|`, none inside a
+    /// bracket or group (whose own `|` start new absolute values: `(2|x|)`).
+    fn with_bars<T>(&mut self, bars: usize, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        let outer = std::mem::replace(&mut self.bars, bars);
+        let out = f(self);
+        self.bars = outer;
+        out
+    }
+}
+
+/// Whether a name is a function's: it is applied to what follows, and ends the
+/// argument of a function before it (`\sin x \max(…)`).
+fn is_function(name: &str) -> bool {
+    FUNCS.contains(&name) || Fold::named(name).is_some() || bracketed_function(name).is_some()
+}
+
+/// The functions of one argument written by name with brackets (`floor(x)`, from plain
+/// text or `\operatorname{}`): what they build.
+fn bracketed_function(name: &str) -> Option<fn(Box<Expr>) -> Expr> {
+    Some(match name {
+        "floor" => Expr::Floor,
+        "ceil" => Expr::Ceil,
+        "abs" => Expr::Abs,
+        _ => return None,
+    })
+}
+
+/// `e` itself, unless it is a factorial or binomial coefficient of constants too large
+/// to compute: then the answer is unreadable (a reader cannot write it out either).
+fn sized(e: Expr) -> Result<Expr> {
+    match value::too_large(&e) {
+        Some(t) => err(t.to_string()),
+        None => Ok(e),
     }
 }
 
@@ -750,8 +921,9 @@ fn starts_factor(t: &Tok) -> bool {
             | Tok::Name(_)
             | Tok::Frac
             | Tok::Sqrt
-            | Tok::Open('(')
+            | Tok::Open('(' | '⌊' | '⌈' | '|')
             | Tok::GroupOpen
+            | Tok::Binom
             | Tok::Infinity
     )
 }

@@ -5,6 +5,12 @@
 //! `1,\!000`, U+2009) join. A comma stays a comma: whether `1,000` is a thousand or a
 //! pair depends on the other side of the comparison, which the comparison knows and the
 //! lexer does not ([`separators`]).
+//!
+//! Every command is one the lexer knows: a spelling of a token, a name, a function, a
+//! wrapper of text or a group, or a command that only spaces, sizes or styles (dropped).
+//! Any other becomes [`Tok::Unknown`], which makes the answer unreadable: dropping
+//! `\neg` from `\neg 5` or `\binom` from `\binom{10}{2}` would read an answer that
+//! was never written.
 
 use super::separators;
 
@@ -37,9 +43,12 @@ pub enum Tok {
     Underscore,
     /// A relation: `=`, `<`, `>`, `≤`, `≥`, `≠`.
     Rel(Rel),
-    /// `(`, `[`, `\{` (a literal brace), `\langle`.
+    /// `(`, `[`, `\{` (a literal brace), `\langle`; and as `⌊`, `⌈` and `|` the
+    /// openings of a floor (`\lfloor`), a ceiling (`\lceil`) and an absolute value that
+    /// says it opens one (`\left|`, `\lvert`).
     Open(char),
-    /// `)`, `]`, `\}`, `\rangle`.
+    /// `)`, `]`, `\}`, `\rangle`; `⌋` (`\rfloor`), `⌉` (`\rceil`), and `|` (`\right|`,
+    /// `\rvert`).
     Close(char),
     /// `{`: a LaTeX group.
     GroupOpen,
@@ -55,6 +64,12 @@ pub enum Tok {
     Frac,
     /// `\sqrt` (`√`).
     Sqrt,
+    /// `\binom` (and `\dbinom`, `\tbinom`).
+    Binom,
+    /// `\choose`: TeX's infix binomial coefficient, `{n \choose k}`.
+    Choose,
+    /// `\over`: TeX's infix fraction, `{a \over b}`.
+    Over,
     /// `%`, `\%`, "percent".
     Percent,
     /// `^\circ`, `°`, "degrees".
@@ -76,6 +91,10 @@ pub enum Tok {
     /// A word of text (`\text{cm}`, "or", "and"), kept so the parser can tell units and
     /// trailing words from answers that are words.
     Word(String),
+    /// A command the grader does not read (`\neg`, `\mathbb`, `\foo`), without its
+    /// backslash. Unlike a word it is never dropped: what it does to the answer is
+    /// unknown, so the answer cannot be read.
+    Unknown(String),
 }
 
 /// A relation between two sides.
@@ -95,7 +114,8 @@ pub enum Rel {
     Ge,
 }
 
-/// Commands that only size or space: dropped.
+/// Commands that only size, space or style what they stand before: dropped (their
+/// argument, if any, stays a group).
 const DROPPED: &[&str] = &[
     "left",
     "right",
@@ -107,13 +127,46 @@ const DROPPED: &[&str] = &[
     "bigr",
     "Bigl",
     "Bigr",
+    "biggl",
+    "biggr",
+    "Biggl",
+    "Biggr",
+    "bigm",
+    "Bigm",
     "displaystyle",
     "textstyle",
     "scriptstyle",
+    "scriptscriptstyle",
     "limits",
     "nolimits",
     "quad",
     "qquad",
+    "thinspace",
+    "medspace",
+    "thickspace",
+    "enspace",
+    "negthinspace",
+    "negmedspace",
+    "negthickspace",
+    "hfill",
+    "nonumber",
+    "notag",
+    "hline",
+    "ensuremath",
+    "underline",
+    "bm",
+    "pmb",
+    "mathnormal",
+    "space",
+    "nobreakspace",
+    // Currency signs, dropped as `\$` is: units do not change the number.
+    "textdollar",
+    "pounds",
+    "textsterling",
+    "euro",
+    "texteuro",
+    "yen",
+    "textyen",
     "mathrm",
     "mathbf",
     "mathit",
@@ -124,9 +177,16 @@ const DROPPED: &[&str] = &[
     "mathsf",
     "mathtt",
     "hbox",
-    "vphantom",
-    "phantom",
 ];
+
+/// Commands whose argument is not part of the answer (spacing, invisible boxes, a
+/// colour): dropped with it.
+const DROPPED_WITH_ARG: &[&str] = &[
+    "hspace", "vspace", "phantom", "hphantom", "vphantom", "color",
+];
+
+/// Commands of functions that fold several arguments into one value.
+const FOLDS: &[&str] = &["min", "max", "gcd", "lcm"];
 
 /// Commands that name things (kept as [`Tok::Name`]).
 const NAMES: &[&str] = &[
@@ -166,6 +226,11 @@ const NAMES: &[&str] = &[
     "Phi",
     "Psi",
     "Omega",
+    "Upsilon",
+    "varpi",
+    "varrho",
+    "varsigma",
+    "ell",
     "sin",
     "cos",
     "tan",
@@ -304,6 +369,10 @@ fn symbol(c: char) -> Option<Tok> {
         ',' => Tok::Comma,
         ';' => Tok::Semicolon,
         '|' => Tok::Bar,
+        '⌊' => Tok::Open('⌊'),
+        '⌋' => Tok::Close('⌋'),
+        '⌈' => Tok::Open('⌈'),
+        '⌉' => Tok::Close('⌉'),
         '&' => Tok::Amp,
         '%' => Tok::Percent,
         '°' | 'º' => Tok::Degree,
@@ -413,20 +482,32 @@ fn named_token(name: &str) -> Option<Tok> {
         "times" | "cdot" | "ast" => Tok::Times,
         "div" => Tok::Slash,
         "pm" => Tok::PlusMinus,
-        "le" | "leq" | "leqslant" => Tok::Rel(Rel::Le),
-        "ge" | "geq" | "geqslant" => Tok::Rel(Rel::Ge),
+        "le" | "leq" | "leqslant" | "leqq" => Tok::Rel(Rel::Le),
+        "ge" | "geq" | "geqslant" | "geqq" => Tok::Rel(Rel::Ge),
         "lt" => Tok::Rel(Rel::Lt),
         "gt" => Tok::Rel(Rel::Gt),
         "ne" | "neq" => Tok::Rel(Rel::Ne),
         "infty" | "infin" => Tok::Infinity,
         "cup" => Tok::Cup,
         "cap" => Tok::Cap,
-        "circ" | "degree" => Tok::Degree,
+        "circ" | "degree" | "textdegree" => Tok::Degree,
         "langle" => Tok::Open('<'),
         "rangle" => Tok::Close('>'),
         "lbrace" => Tok::Open('{'),
         "rbrace" => Tok::Close('}'),
-        "lvert" | "rvert" | "vert" | "mid" => Tok::Bar,
+        "lbrack" => Tok::Open('['),
+        "rbrack" => Tok::Close(']'),
+        "lparen" => Tok::Open('('),
+        "rparen" => Tok::Close(')'),
+        "lfloor" => Tok::Open('⌊'),
+        "rfloor" => Tok::Close('⌋'),
+        "lceil" => Tok::Open('⌈'),
+        "rceil" => Tok::Close('⌉'),
+        "lvert" => Tok::Open('|'),
+        "rvert" => Tok::Close('|'),
+        "vert" | "mid" => Tok::Bar,
+        "choose" => Tok::Choose,
+        "over" => Tok::Over,
         _ => return None,
     })
 }
@@ -437,17 +518,7 @@ fn command(chars: &[char], i: usize, out: &mut Vec<Tok>) -> usize {
         return i;
     };
     if !first.is_ascii_alphabetic() {
-        // One-character commands.
-        match first {
-            '{' => out.push(Tok::Open('{')),
-            '}' => out.push(Tok::Close('}')),
-            '%' => out.push(Tok::Percent),
-            '\\' => out.push(Tok::RowSep),
-            '$' => {}
-            '(' | ')' | '[' | ']' => {} // math delimiters \( \) \[ \]
-            '|' => out.push(Tok::Bar),
-            _ => {} // spacing: \, \; \: \! and `\ `
-        }
+        out.extend(one_char_command(first));
         return i + 1;
     }
     let mut j = i;
@@ -456,23 +527,14 @@ fn command(chars: &[char], i: usize, out: &mut Vec<Tok>) -> usize {
     }
     let name: String = chars[i..j].iter().collect();
     match name.as_str() {
-        "frac" | "dfrac" | "tfrac" | "cfrac" => {
-            out.push(Tok::Frac);
-            // `\frac12` and `\frac 1 2`: one digit per argument.
-            let mut k = j;
-            for _ in 0..2 {
-                while chars.get(k).is_some_and(|c| *c == ' ') {
-                    k += 1;
-                }
-                match chars.get(k) {
-                    Some(d) if d.is_ascii_digit() => {
-                        out.push(Tok::Num(d.to_string()));
-                        k += 1;
-                    }
-                    _ => return if k == j { j } else { k },
-                }
-            }
-            return k;
+        "frac" | "dfrac" | "tfrac" | "cfrac" | "nicefrac" | "sfrac" | "binom" | "dbinom"
+        | "tbinom" => {
+            out.push(if name.ends_with("binom") {
+                Tok::Binom
+            } else {
+                Tok::Frac
+            });
+            return digit_args(chars, j, out);
         }
         "overline" | "bar" | "dot" => {
             // A repeating decimal's period: `0.\overline{3}`, `0.\dot{3}`.
@@ -482,9 +544,13 @@ fn command(chars: &[char], i: usize, out: &mut Vec<Tok>) -> usize {
                 ));
                 return after;
             }
+            // `\bar x`: a mean or a conjugate, not x.
+            out.push(Tok::Unknown(name.clone()));
         }
-        "text" | "textbf" | "textit" | "mbox" | "textrm" | "operatorname" | "mathrm" | "mathbf"
-        | "mathit" => {
+        "operatorname" | "abs" | "textcolor" => return argument_command(&name, chars, j, out),
+        n if DROPPED_WITH_ARG.contains(&n) => return argument_command(n, chars, j, out),
+        "text" | "textbf" | "textit" | "textnormal" | "textrm" | "textsf" | "texttt" | "textup"
+        | "emph" | "mbox" | "mathrm" | "mathbf" | "mathit" => {
             if let Some((arg, after)) = group_arg(chars, j) {
                 // `\mathrm{e}` and `\operatorname{sin}` are names; a word of text stays
                 // a word (a unit, "or", "and", a choice letter).
@@ -519,13 +585,118 @@ fn command(chars: &[char], i: usize, out: &mut Vec<Tok>) -> usize {
                 return after;
             }
         }
+        "left" | "right" | "bigl" | "bigr" | "Bigl" | "Bigr" | "biggl" | "biggr" | "Biggl"
+        | "Biggr" => {
+            // `\left|` and `\right|` say which side of an absolute value they are, which
+            // a bare `|` does not.
+            if let Some(after) = bar_after(chars, j) {
+                let opens = name == "left" || name.ends_with('l');
+                out.push(if opens {
+                    Tok::Open('|')
+                } else {
+                    Tok::Close('|')
+                });
+                return after;
+            }
+        }
         "boxed" | "fbox" => {} // the box's group stays a group
         n if DROPPED.contains(&n) => {}
         n if named_token(n).is_some() => out.extend(named_token(n)),
-        n if NAMES.contains(&n) => out.push(Tok::Name(name.clone())),
-        _ => out.push(Tok::Word(name.clone())),
+        n if NAMES.contains(&n) || FOLDS.contains(&n) => out.push(Tok::Name(name.clone())),
+        _ => out.push(Tok::Unknown(name.clone())),
     }
     j
+}
+
+/// The token of a one-character command (`\{`, `\%`, `\,`), if it stands for one.
+fn one_char_command(c: char) -> Option<Tok> {
+    Some(match c {
+        '{' => Tok::Open('{'),
+        '}' => Tok::Close('}'),
+        '%' => Tok::Percent,
+        '\\' => Tok::RowSep,
+        '|' => Tok::Bar,
+        // `\$`; the math delimiters `\(` `\)` `\[` `\]`; spacing (`\,` `\;` `\:` `\!`
+        // `\>`, `\ `) and the italic correction `\/`.
+        '$' | '(' | ')' | '[' | ']' | ',' | ';' | ':' | '!' | '>' | '/' => return None,
+        c if c.is_whitespace() => return None,
+        // `\#`, `\&`, `\_`, accents: not read.
+        c => Tok::Unknown(c.to_string()),
+    })
+}
+
+/// After `\frac` or `\binom` at `chars[j]`: LaTeX's shorthand of one digit per argument
+/// (`\frac12`, `\binom 5 2`) split into its digits; the index after what was taken.
+fn digit_args(chars: &[char], j: usize, out: &mut Vec<Tok>) -> usize {
+    let mut k = j;
+    for _ in 0..2 {
+        while chars.get(k).is_some_and(|c| *c == ' ') {
+            k += 1;
+        }
+        match chars.get(k) {
+            Some(d) if d.is_ascii_digit() => {
+                out.push(Tok::Num(d.to_string()));
+                k += 1;
+            }
+            _ => return if k == j { j } else { k },
+        }
+    }
+    k
+}
+
+/// A command read through its `{…}` argument (`chars[j]` on, after a `*` that
+/// `\operatorname*` and `\hspace*` may have): pushes its tokens and returns the index
+/// after the argument; without one it is unknown.
+fn argument_command(name: &str, chars: &[char], j: usize, out: &mut Vec<Tok>) -> usize {
+    let star = usize::from(chars.get(j) == Some(&'*') && name != "abs" && name != "textcolor");
+    let Some((arg, after)) = group_arg(chars, j + star) else {
+        out.push(Tok::Unknown(name.to_string()));
+        return j;
+    };
+    match name {
+        // `\operatorname*{max}` is the same operator, its limits placed otherwise.
+        "operatorname" => out.push(operator(&arg)),
+        // `\abs{x}` (the physics package's).
+        "abs" => {
+            out.push(Tok::Open('|'));
+            out.extend(lex(&arg));
+            out.push(Tok::Close('|'));
+        }
+        // `\textcolor{red}{5}`: the colour goes, the coloured group stays; the other
+        // commands here go with their argument.
+        _ => {}
+    }
+    after
+}
+
+/// The token of `\operatorname{name}`: a function the grader evaluates, or unknown
+/// (`\operatorname{sgn}` dropped would leave its argument as the answer).
+fn operator(name: &str) -> Tok {
+    let name = name.trim();
+    let known =
+        NAMES.contains(&name) || FOLDS.contains(&name) || ["floor", "ceil", "abs"].contains(&name);
+    if known {
+        Tok::Name(name.to_string())
+    } else {
+        Tok::Unknown(format!("operatorname{{{name}}}"))
+    }
+}
+
+/// After `\left` (or `\bigl`, …) at `chars[i]`: the index after a bar there (`|`,
+/// `\vert`, `\lvert`, `\rvert`), if one is.
+fn bar_after(chars: &[char], mut i: usize) -> Option<usize> {
+    while chars.get(i).is_some_and(|c| c.is_whitespace()) {
+        i += 1;
+    }
+    if chars.get(i) == Some(&'|') {
+        return Some(i + 1);
+    }
+    let rest: String = chars.get(i..)?.iter().take(7).collect();
+    ["\\vert", "\\lvert", "\\rvert"].iter().find_map(|cmd| {
+        let end = i + cmd.len();
+        (rest.starts_with(cmd) && !chars.get(end).is_some_and(char::is_ascii_alphabetic))
+            .then_some(end)
+    })
 }
 
 #[cfg(test)]
@@ -562,6 +733,41 @@ mod tests {
         assert_eq!(lex("1,000"), vec![num("1"), Tok::Comma, num("000")]);
         // Not three digits after the space: two numbers.
         assert_eq!(lex("1\\,00"), vec![num("1"), num("00")]);
+    }
+
+    #[test]
+    fn unknown_commands_are_kept_as_unknown_and_known_ones_are_tokens() {
+        let unknown = |s: &str| Tok::Unknown(s.into());
+        assert_eq!(lex("\\neg 5"), vec![unknown("neg"), num("5")]);
+        assert_eq!(
+            lex("\\foo{3}"),
+            vec![unknown("foo"), Tok::GroupOpen, num("3"), Tok::GroupClose]
+        );
+        assert_eq!(lex("\\bar x"), vec![unknown("bar"), Tok::Name("x".into())]);
+        assert_eq!(lex("\\#1"), vec![unknown("#"), num("1")]);
+        assert_eq!(
+            lex("\\operatorname{sgn}(x)")[0],
+            unknown("operatorname{sgn}")
+        );
+        assert_eq!(lex("\\operatorname*{max}")[0], Tok::Name("max".into()));
+        assert_eq!(lex("\\gcd")[0], Tok::Name("gcd".into()));
+        assert_eq!(lex("\\dbinom{5}{2}"), lex("\\binom{5}{2}"));
+        assert_eq!(lex("\\binom52"), vec![Tok::Binom, num("5"), num("2")]);
+        assert_eq!(
+            lex("\\left\\lfloor x \\right\\rfloor"),
+            vec![Tok::Open('⌊'), Tok::Name("x".into()), Tok::Close('⌋')]
+        );
+        assert_eq!(lex("\\lceil x\\rceil"), lex("⌈x⌉"));
+        let abs = vec![Tok::Open('|'), Tok::Name("x".into()), Tok::Close('|')];
+        assert_eq!(lex("\\left| x \\right|"), abs);
+        assert_eq!(lex("\\left\\vert x \\right\\vert"), abs);
+        assert_eq!(lex("\\lvert x \\rvert"), abs);
+        assert_eq!(lex("\\abs{x}"), abs);
+        assert_eq!(lex("|x|"), vec![Tok::Bar, Tok::Name("x".into()), Tok::Bar]);
+        // Spacing, invisible and colour commands go, with their arguments.
+        assert_eq!(lex("\\hspace*{1em}7\\phantom{0}"), vec![num("7")]);
+        assert_eq!(lex("\\textcolor{red}{7}"), lex("{7}"));
+        assert_eq!(lex("\\left. 7 \\right."), lex(". 7 ."));
     }
 
     #[test]

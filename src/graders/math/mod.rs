@@ -11,6 +11,7 @@
 pub mod compare;
 pub mod expr;
 pub mod extract;
+pub mod integer;
 pub mod lex;
 pub mod separators;
 pub mod value;

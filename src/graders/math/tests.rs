@@ -186,3 +186,164 @@ fn a_reward_cannot_be_forged_by_answering_everything() {
     no("\\boxed{0/0}", "7");
     no("\\boxed{\\infty}", "7");
 }
+
+/// Graded wrong because the answer cannot be read (and the verdict says so).
+fn unreadable(response: &str, truth: &str) {
+    let v = grade(response, truth);
+    assert!(
+        !v.correct && v.reason.contains("cannot read"),
+        "{response:?} vs {truth:?} should be unreadable: {v:?}"
+    );
+}
+
+#[test]
+fn binomials_floors_extremes_divisors_factorials_and_absolute_values() {
+    yes("\\boxed{\\binom{10}{2}}", "45");
+    yes("\\boxed{\\dbinom{10}{2}}", "45");
+    yes("\\boxed{\\tbinom{10}{8}}", "45");
+    yes("\\boxed{{10 \\choose 2}}", "45");
+    yes("\\boxed{10 \\choose 2}", "\\binom{10}{2}");
+    yes("\\boxed{\\binom52}", "10");
+    yes("\\boxed{\\binom{n}{2}}", "\\frac{n(n-1)}{2}");
+    no("\\boxed{\\binom{10}{2}}", "102");
+    no("\\boxed{\\binom{10}{2}}", "20");
+    no("\\boxed{\\binom{10}{2}}", "(10, 2)");
+
+    yes("\\boxed{\\lfloor 7/2 \\rfloor}", "3");
+    no("\\boxed{\\lfloor 7/2 \\rfloor}", "7/2");
+    no("\\boxed{\\lfloor 7/2 \\rfloor}", "4");
+    yes("\\boxed{\\left\\lfloor \\frac{7}{2} \\right\\rfloor}", "3");
+    yes("\\boxed{⌊3.5⌋}", "3");
+    yes("\\boxed{\\lceil 7/2 \\rceil}", "4");
+    no("\\boxed{\\lceil 7/2 \\rceil}", "3");
+    yes("\\boxed{\\lfloor -7/2 \\rfloor}", "-4");
+    yes("\\boxed{\\lfloor \\pi \\rfloor}", "3");
+    yes("\\boxed{\\lfloor \\log_{10} 1000 \\rfloor}", "3");
+    yes("\\boxed{2\\lfloor 2.5 \\rfloor}", "4");
+    yes("\\boxed{\\operatorname{floor}(7/2)}", "3");
+
+    yes("\\boxed{\\max(3,5)}", "5");
+    no("\\boxed{\\max(3,5)}", "35");
+    no("\\boxed{\\max(3,5)}", "(3,5)");
+    no("\\boxed{\\max(3,5)}", "3");
+    yes("\\boxed{\\min(3,5)}", "3");
+    yes("\\boxed{\\max\\{3, 5, 4\\}}", "5");
+    yes("\\boxed{\\operatorname{max}(3, 5)}", "5");
+    yes("\\boxed{\\max \\left( -1, -2 \\right)}", "-1");
+    yes("\\boxed{\\max(\\pi, 3)}", "\\pi");
+    yes("The answer is max(3, 5).", "5");
+
+    yes("\\boxed{\\gcd(12,18)}", "6");
+    no("\\boxed{\\gcd(12,18)}", "1218");
+    no("\\boxed{\\gcd(12,18)}", "(12, 18)");
+    yes("\\boxed{\\operatorname{lcm}(4,6)}", "12");
+    yes("\\boxed{\\mathrm{lcm}(4,6)}", "12");
+    yes("\\boxed{\\text{lcm}(4, 6, 10)}", "60");
+    no("\\boxed{\\text{lcm}(4,6)}", "24");
+    no("\\boxed{\\gcd(1.5, 3)}", "1.5");
+
+    yes("\\boxed{5!}", "120");
+    yes("\\boxed{(2+3)!}", "120");
+    yes("\\boxed{\\frac{10!}{8!}}", "90");
+    yes("\\boxed{0!}", "1");
+    no("\\boxed{5!}", "5");
+    no("\\boxed{(-1)!}", "1");
+    no("\\boxed{(1/2)!}", "1");
+    unreadable("\\boxed{5!!}", "15");
+
+    yes("\\boxed{|-3|}", "3");
+    yes("\\boxed{\\left| -3 \\right|}", "3");
+    yes("\\boxed{\\lvert -3 \\rvert}", "3");
+    yes("\\boxed{\\left\\lvert -3 \\right\\rvert}", "3");
+    yes("\\boxed{\\abs{-3}}", "3");
+    yes("\\boxed{2|x|}", "|2x|");
+    yes("\\boxed{|x| + \\left| y \\right|}", "|y| + |x|");
+    yes("\\boxed{||x| - 5|}", "|5 - |x||");
+    yes("\\boxed{|(2|x|)|}", "2|x|");
+    yes("\\boxed{|x||y|}", "|x \\cdot y|");
+    no("\\boxed{|x - 3|}", "x - 3");
+    // Written the same way, they are the same, though defined only at integers.
+    yes("\\boxed{n!}", "n!");
+    yes("\\boxed{\\binom{n}{k}}", "\\dbinom{n}{k}");
+    no("\\boxed{\\binom{n}{k}}", "\\binom{k}{n}");
+}
+
+#[test]
+fn unknown_commands_make_the_answer_unreadable_not_dropped() {
+    unreadable("\\boxed{\\foo{3}}", "3");
+    unreadable("\\boxed{\\neg 5}", "-5");
+    unreadable("\\boxed{\\neg 5}", "5");
+    unreadable("\\boxed{\\operatorname{sgn}(-2)}", "-2");
+    unreadable("\\boxed{\\mathrm{sgn}(-2)}", "-2");
+    unreadable("\\boxed{1, 2, \\ldots}", "1, 2");
+    unreadable("\\boxed{\\sum 3}", "3");
+    unreadable("\\boxed{\\mathbb{R}}", "(-\\infty, \\infty)");
+    unreadable("\\boxed{\\max 3, 5}", "5");
+    // The commands that only format, space or size still do, and keep what they
+    // format.
+    yes("\\boxed{\\displaystyle \\dfrac{1}{2}}", "0.5");
+    yes("\\boxed{\\left( \\tfrac{1}{2} \\right)}", "\\frac12");
+    yes("\\boxed{\\bigl( 1, 2 \\bigr)}", "(1,2)");
+    yes("\\boxed{5\\ \\mathrm{cm}}", "5");
+    yes("\\boxed{5 \\, \\text{min}}", "5");
+    yes("\\boxed{\\hspace{1em} 7 \\quad}", "7");
+    yes("\\boxed{\\textcolor{red}{7}}", "7");
+    yes("\\boxed{\\mathbf{7}}", "7");
+    yes("\\boxed{\\phantom{0}7}", "7");
+    yes("\\boxed{\\underline{7}}", "7");
+    yes("\\boxed{\\operatorname{sin}(\\pi/2)}", "1");
+    yes("\\boxed{\\textdollar 5}", "5");
+    yes("\\boxed{30\\textdegree}", "30^\\circ");
+    yes("\\boxed{x \\leqq 3}", "x \\le 3");
+    // A truth that cannot be read is still matched by the same text.
+    yes("\\boxed{\\mathbb{R}}", "\\mathbb{R}");
+}
+
+#[test]
+fn huge_factorials_and_binomials_are_refused_quickly_as_unreadable() {
+    for answer in [
+        "\\binom{10^{9}}{5*10^8}",
+        "\\binom{10^{9}}{5 \\cdot 10^{8}}",
+        "{10^{9} \\choose 5 \\cdot 10^{8}}",
+        "\\binom{2^{256}}{2^{255}}",
+        "1000000!",
+        "(10^{300})!",
+        "((10!)!)!",
+        "1001!",
+    ] {
+        let start = std::time::Instant::now();
+        unreadable(&format!("\\boxed{{{answer}}}"), "1");
+        let took = start.elapsed();
+        assert!(took.as_secs_f64() < 2.0, "{answer}: {took:?}");
+    }
+    // Large but within bounds: exact.
+    yes("\\boxed{\\frac{1000!}{999!}}", "1000");
+    yes("\\boxed{\\binom{1000}{998}}", "499500");
+    yes("\\boxed{\\binom{10^{9}}{10^{9} - 1}}", "10^9");
+    // Nesting and length past any answer's: refused, not a stack overflow or a stall.
+    let start = std::time::Instant::now();
+    for (open, close) in [
+        ("\\lfloor ", "\\rfloor "),
+        ("\\left|", "\\right|"),
+        ("|", "|"),
+        ("\\binom{", "}{1}"),
+        ("\\max(", ")"),
+        ("{1 \\choose ", "}"),
+    ] {
+        let deep = format!(
+            "\\boxed{{{}1{}}}",
+            open.repeat(20_000),
+            close.repeat(20_000)
+        );
+        no(&deep, "1");
+    }
+    let lcm = format!(
+        "\\boxed{{\\operatorname{{lcm}}({})}}",
+        vec!["(10^{77})^{256}+1"; 25].join(", ")
+    );
+    no(&lcm, "1");
+    let many = format!("\\boxed{{{}}}", "\\binom{1000}{500}".repeat(60));
+    no(&many, "1");
+    let took = start.elapsed();
+    assert!(took.as_secs_f64() < 5.0, "{took:?}");
+}

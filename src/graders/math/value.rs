@@ -10,7 +10,8 @@ use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::{One, Signed, ToPrimitive, Zero};
 
-use super::expr::Expr;
+use super::expr::{Expr, Fold};
+use super::integer::{self, TooLarge};
 
 /// A value.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,21 +128,9 @@ pub fn eval(e: &Expr, vars: &dyn Bindings) -> Option<Num> {
             }
             Num::approx(x.ln() / b.ln())?
         }
-        Expr::Fact(a) => match eval(a, vars)? {
-            Exact(r)
-                if r.is_integer()
-                    && !r.is_negative()
-                    && r <= BigRational::from_integer(1000.into()) =>
-            {
-                let n = r.to_integer().to_u32()?;
-                let mut acc = BigInt::one();
-                for k in 2..=n {
-                    acc *= k;
-                }
-                Exact(BigRational::from_integer(acc))
-            }
-            _ => return None,
-        },
+        Expr::Fact(_) | Expr::Binom(..) | Expr::Floor(_) | Expr::Ceil(_) | Expr::Fold(..) => {
+            discrete(e, vars)?
+        }
         Expr::Abs(a) => match eval(a, vars)? {
             Exact(r) => Exact(r.abs()),
             Approx(f) => Approx(f.abs()),
@@ -153,6 +142,111 @@ pub fn eval(e: &Expr, vars: &dyn Bindings) -> Option<Num> {
         Expr::Degrees(a) => Num::approx(eval(a, vars)?.to_f64()?.to_radians())?,
         Expr::Infinity => return None,
     })
+}
+
+/// The value of a factorial, binomial coefficient, floor, ceiling or fold: exact on
+/// exact arguments, and a floor or ceiling exact even of an approximate one.
+fn discrete(e: &Expr, vars: &dyn Bindings) -> Option<Num> {
+    use Num::{Approx, Exact};
+    Some(match e {
+        Expr::Fact(a) => match eval(a, vars)? {
+            Exact(r) => Exact(BigRational::from_integer(integer::factorial(&r).ok()??)),
+            Approx(_) => return None,
+        },
+        Expr::Binom(n, k) => {
+            let Exact(k) = eval(k, vars)? else {
+                return None;
+            };
+            if !k.is_integer() {
+                return None;
+            }
+            let k = k.to_integer();
+            match eval(n, vars)? {
+                Exact(n) => Exact(integer::binomial(&n, &k).ok()?),
+                Approx(x) => Num::approx(integer::binomial_f64(x, &k)?)?,
+            }
+        }
+        Expr::Floor(a) => match eval(a, vars)? {
+            Exact(r) => Exact(r.floor()),
+            Approx(f) => Exact(BigRational::from_integer(integer::floor_f64(f)?)),
+        },
+        Expr::Ceil(a) => match eval(a, vars)? {
+            Exact(r) => Exact(r.ceil()),
+            Approx(f) => Exact(BigRational::from_integer(integer::ceil_f64(f)?)),
+        },
+        Expr::Fold(fold, args) => {
+            let values = args
+                .iter()
+                .map(|a| eval(a, vars))
+                .collect::<Option<Vec<Num>>>()?;
+            folded(*fold, values)?
+        }
+        _ => return None,
+    })
+}
+
+/// `\min`, `\max`, `\gcd` or `\operatorname{lcm}` of values: the extremes keep the
+/// chosen value as it is (exact or not), gcd and lcm are of integers only.
+fn folded(fold: Fold, values: Vec<Num>) -> Option<Num> {
+    match fold {
+        Fold::Min | Fold::Max => {
+            let mut best: Option<Num> = None;
+            for v in values {
+                let better = match &best {
+                    None => true,
+                    Some(b) => {
+                        let less = match (&v, b) {
+                            (Num::Exact(x), Num::Exact(y)) => x < y,
+                            _ => v.to_f64()? < b.to_f64()?,
+                        };
+                        less == (fold == Fold::Min) && !same(&v, b)
+                    }
+                };
+                if better {
+                    best = Some(v);
+                }
+            }
+            best
+        }
+        Fold::Gcd | Fold::Lcm => {
+            let ints = values
+                .into_iter()
+                .map(|v| match v {
+                    Num::Exact(r) if r.is_integer() => Some(r.to_integer()),
+                    _ => None,
+                })
+                .collect::<Option<Vec<BigInt>>>()?;
+            let n = if fold == Fold::Gcd {
+                integer::gcd(&ints)
+            } else {
+                integer::lcm(&ints)?
+            };
+            Some(Num::Exact(BigRational::from_integer(n)))
+        }
+    }
+}
+
+/// Whether `e` is a factorial or binomial coefficient of constants past what the grader
+/// computes, and which; its arguments with variables are not (their values are only
+/// ever sampled ones).
+pub fn too_large(e: &Expr) -> Option<TooLarge> {
+    let constant = |a: &Expr| match eval(a, &NoVars) {
+        Some(Num::Exact(r)) => Some(r),
+        // An approximate argument (`(10^{300})!`) is as large as its float.
+        Some(Num::Approx(f)) => BigRational::from_float(f.round()),
+        None => None,
+    };
+    match e {
+        Expr::Fact(a) => integer::check_factorial(&constant(a)?).err(),
+        Expr::Binom(n, k) => {
+            let (n, k) = (constant(n)?, constant(k)?);
+            if !k.is_integer() {
+                return None;
+            }
+            integer::check_binomial(&n, &k.to_integer()).err()
+        }
+        _ => None,
+    }
 }
 
 fn pow(base: Num, exp: Num) -> Option<Num> {
