@@ -49,8 +49,11 @@ const RUNNER_FILES: &[&str] = &[
 
 /// The protect globs a code or SWE grader uses when its task lists none: every
 /// [`RUNNER_FILES`] name at any depth, distribution metadata made in the workspace,
-/// and the `__init__.py` of each directory holding a test file (and of those above
-/// it), which runs when the tests are imported as a package.
+/// and the `__init__.py` of each test directory holding a test file: the file's own
+/// directory and those above it up to the topmost one named like a test directory
+/// (`tests`, `test`, `testing`, `unit_tests`, …), which run when the tests are
+/// imported as a package. A package's own `__init__.py` above its `tests` is code
+/// under test (a fix may change it) and is not protected.
 pub fn default_protect<'a>(test_files: impl IntoIterator<Item = &'a str>) -> Vec<String> {
     let mut globs: Vec<String> = RUNNER_FILES
         .iter()
@@ -63,17 +66,32 @@ pub fn default_protect<'a>(test_files: impl IntoIterator<Item = &'a str>) -> Vec
     );
     let mut inits = BTreeSet::new();
     for file in test_files {
-        for dir in std::path::Path::new(file).ancestors().skip(1) {
-            let d = dir.to_string_lossy();
-            inits.insert(if d.is_empty() {
-                "__init__.py".to_string()
-            } else {
-                format!("{}/__init__.py", globset::escape(&d))
-            });
+        let dirs: Vec<&std::path::Path> = std::path::Path::new(file)
+            .ancestors()
+            .skip(1)
+            .filter(|d| !d.as_os_str().is_empty())
+            .collect();
+        let Some(top) = dirs.iter().rposition(|d| is_test_dir(d)) else {
+            continue;
+        };
+        for d in &dirs[..=top] {
+            inits.insert(format!(
+                "{}/__init__.py",
+                globset::escape(&d.to_string_lossy())
+            ));
         }
     }
     globs.extend(inits);
     globs
+}
+
+/// Whether a directory's name says it holds tests.
+fn is_test_dir(dir: &std::path::Path) -> bool {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    name.starts_with("test") || name.ends_with("tests") || name.ends_with("_test")
 }
 
 /// The marker before each plugin module [`PLUGIN_PROBE`] prints.
@@ -145,7 +163,12 @@ mod tests {
 
     #[test]
     fn defaults_cover_runner_files_anywhere_and_test_packages() {
-        let globs = default_protect(["tests/unit/test_a.py", "test_top.py"]);
+        let globs = default_protect([
+            "tests/unit/test_a.py",
+            "test_top.py",
+            "pkg/sub/tests/test_b.py",
+            "pkg/test_c.py",
+        ]);
         for g in [
             "conftest.py",
             "**/conftest.py",
@@ -157,11 +180,19 @@ mod tests {
             "**/*.dist-info/**",
             "tests/unit/__init__.py",
             "tests/__init__.py",
-            "__init__.py",
+            "pkg/sub/tests/__init__.py",
         ] {
             assert!(globs.iter().any(|x| x == g), "{g} missing from {globs:?}");
         }
-        assert!(!globs.iter().any(|x| x == "tests/unit/test_a.py"));
+        // The package's own code above its tests, and the root, are not the tests'.
+        for g in [
+            "tests/unit/test_a.py",
+            "pkg/sub/__init__.py",
+            "pkg/__init__.py",
+            "__init__.py",
+        ] {
+            assert!(!globs.iter().any(|x| x == g), "{g} in {globs:?}");
+        }
     }
 
     #[test]
