@@ -19,6 +19,12 @@ pub const MAX_FACTORIAL: u32 = 1000;
 /// and `k`; `\binom{1000}{500}` takes under 10,000.
 pub const MAX_BINOMIAL_BITS: u64 = 1 << 16;
 
+/// The largest integers (in bits) whose gcd is taken, and the largest fraction reduced
+/// by one (num-rational reduces with a binary gcd, whose time grows with the square of
+/// the size and which takes a step per bit against a small number): past this, the
+/// grader has no exact value.
+pub const MAX_GCD_BITS: u64 = 1 << 13;
+
 /// A value the grader will not compute because it is too large.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TooLarge {
@@ -91,9 +97,16 @@ pub fn check_binomial(n: &BigRational, k: &BigInt) -> Result<(), TooLarge> {
         return Ok(());
     };
     let size = n.numer().bits() + n.denom().bits() + factors.bits();
+    // A whole `n` gives a whole coefficient, found by an exact division; a fractional one
+    // a fraction to reduce.
+    let max = if n.is_integer() {
+        MAX_BINOMIAL_BITS
+    } else {
+        MAX_GCD_BITS
+    };
     let within = factors
         .to_u64()
-        .is_some_and(|f| f.saturating_mul(size) <= MAX_BINOMIAL_BITS);
+        .is_some_and(|f| f.saturating_mul(size) <= max);
     if within {
         Ok(())
     } else {
@@ -121,7 +134,11 @@ pub fn binomial(n: &BigRational, k: &BigInt) -> Result<BigRational, TooLarge> {
         top *= p - q * i;
         bottom *= q * (i + 1);
     }
-    Ok(BigRational::new(top, bottom))
+    Ok(if n.is_integer() {
+        BigRational::from_integer(top / bottom)
+    } else {
+        BigRational::new(top, bottom)
+    })
 }
 
 /// The floating-point `\binom{x}{k}` for a non-negative integer `k` up to
@@ -136,34 +153,35 @@ pub fn binomial_f64(x: f64, k: &BigInt) -> Option<f64> {
     acc.is_finite().then_some(acc)
 }
 
-/// The greatest common divisor of two integers, non-negative. A fraction is reduced by
-/// it, so reducing `a/b` finds it (with num-integer's fast algorithm, reached through
-/// num-rational).
+/// The greatest common divisor of two integers, non-negative, by Euclid's algorithm
+/// (one division when one is small, where the binary algorithm takes a step per bit).
 fn gcd2(a: &BigInt, b: &BigInt) -> BigInt {
-    if a.is_zero() {
-        return b.abs();
+    let (mut a, mut b) = (a.abs(), b.abs());
+    while !b.is_zero() {
+        let r = &a % &b;
+        a = std::mem::replace(&mut b, r);
     }
-    if b.is_zero() {
-        return a.abs();
-    }
-    let reduced = BigRational::new(a.clone(), b.clone());
-    a.abs() / reduced.numer().abs()
+    a
 }
 
-/// The greatest common divisor of integers (0 for none, or all zero).
-pub fn gcd(values: &[BigInt]) -> BigInt {
-    values.iter().fold(BigInt::zero(), |acc, v| gcd2(&acc, v))
+/// The greatest common divisor of integers (0 for none, or all zero); `None` when one
+/// is larger than [`MAX_GCD_BITS`] bits.
+pub fn gcd(values: &[BigInt]) -> Option<BigInt> {
+    if values.iter().any(|v| v.bits() > MAX_GCD_BITS) {
+        return None;
+    }
+    Some(values.iter().fold(BigInt::zero(), |acc, v| gcd2(&acc, v)))
 }
 
-/// The least common multiple of integers (0 if one is 0); `None` when it would be
-/// larger than [`MAX_BINOMIAL_BITS`] bits.
+/// The least common multiple of integers (0 if one is 0); `None` when it, or one of
+/// them, would be larger than [`MAX_GCD_BITS`] bits.
 pub fn lcm(values: &[BigInt]) -> Option<BigInt> {
     let mut acc = BigInt::one();
     for v in values {
         if v.is_zero() {
             return Some(BigInt::zero());
         }
-        if acc.bits() + v.bits() > MAX_BINOMIAL_BITS {
+        if acc.bits() + v.bits() > MAX_GCD_BITS {
             return None;
         }
         acc = (&acc * v).abs() / gcd2(&acc, v);
@@ -212,8 +230,9 @@ mod tests {
         assert_eq!(binomial(&r(10), &(-1).into()).unwrap(), r(0));
         assert_eq!(binomial(&r(-2), &3.into()).unwrap(), r(-4));
         assert_eq!(binomial(&(r(1) / r(2)), &2.into()).unwrap(), r(-1) / r(8));
-        assert_eq!(gcd(&[12.into(), 18.into()]), 6.into());
-        assert_eq!(gcd(&[(-4).into(), 6.into()]), 2.into());
+        assert_eq!(gcd(&[12.into(), 18.into()]), Some(6.into()));
+        assert_eq!(gcd(&[(-4).into(), 6.into()]), Some(2.into()));
+        assert_eq!(gcd(&[0.into(), 0.into()]), Some(0.into()));
         assert_eq!(lcm(&[4.into(), 6.into(), 10.into()]), Some(60.into()));
         assert_eq!(floor_f64(2.999_999_999_999_999_6), Some(3.into()));
         assert_eq!(floor_f64(-0.5), Some((-1).into()));
@@ -243,6 +262,7 @@ mod tests {
         // A fractional `n` has no symmetry: its `k` is bounded as it is.
         assert!(binomial(&(r(1) / r(3)), &5000.into()).is_err());
         let huge = BigInt::from(2).pow(70_000);
+        assert_eq!(gcd(&[huge.clone(), huge.clone() + 1]), None);
         assert_eq!(lcm(&[huge.clone(), huge + 1]), None);
     }
 }

@@ -347,3 +347,28 @@ fn huge_factorials_and_binomials_are_refused_quickly_as_unreadable() {
     let took = start.elapsed();
     assert!(took.as_secs_f64() < 5.0, "{took:?}");
 }
+
+#[test]
+fn exact_arithmetic_on_huge_values_stays_quick_and_never_panics() {
+    // Products of whole numbers take no gcd, and fractions past a size become floats:
+    // when every exact operation reduced its result, the first of these took a minute.
+    let start = std::time::Instant::now();
+    let products = format!("\\boxed{{{}}}", vec!["(10^{76})^{256}"; 30].join("\\cdot "));
+    no(&products, "1");
+    let fractions = format!(
+        "\\boxed{{{}}}",
+        vec!["\\frac{(10^{76})^{256}}{3^{100}}"; 15].join("+")
+    );
+    no(&fractions, "1");
+    let gcds = format!(
+        "\\boxed{{\\gcd({})}}",
+        vec!["(10^{76})^{256}+1"; 25].join(", ")
+    );
+    no(&gcds, "1");
+    no("\\boxed{\\binom{2^{200}}{300}}", "1");
+    // Undefined, not a panic (a negative power of 0 took a reciprocal of 0).
+    no("\\boxed{0^{-1/2}}", "1");
+    no("\\boxed{\\frac{1}{0}}", "1");
+    let took = start.elapsed();
+    assert!(took.as_secs_f64() < 5.0, "{took:?}");
+}

@@ -4,7 +4,9 @@
 //!
 //! Exactness is what lets the grader refuse a rounded approximation of an exact answer
 //! (`1.414` for `\sqrt{2}`, `0.33` for `\frac13`) while accepting every exact spelling of
-//! it (`0.\overline{3}`, `\frac{2}{6}`).
+//! it (`0.\overline{3}`, `\frac{2}{6}`). Exact values are bounded in size (whole numbers
+//! at 65,536 bits, other fractions at 8,192): past that an answer's value is a float, so
+//! a policy cannot make the grader spend its time on arithmetic no answer needs.
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
@@ -54,8 +56,9 @@ impl Bindings for NoVars {
 /// The biggest exponent computed exactly; past it, a float.
 const MAX_EXACT_EXP: u32 = 256;
 
-/// The biggest power computed exactly, in bits of numerator and denominator; past it, a
-/// float (which overflows to "no value" for the truly huge).
+/// The biggest whole number computed exactly (a power, a sum, a product), in bits of
+/// numerator and denominator; past it, a float (which overflows to "no value" for the
+/// truly huge).
 const MAX_EXACT_BITS: u64 = 1 << 16;
 
 /// The value of `e`, or `None` where it is undefined or not a real number.
@@ -76,16 +79,16 @@ pub fn eval(e: &Expr, vars: &dyn Bindings) -> Option<Num> {
             Approx(f) => Approx(-f),
         },
         Expr::Add(a, b) => match (eval(a, vars)?, eval(b, vars)?) {
-            (Exact(x), Exact(y)) => Exact(x + y),
+            (Exact(x), Exact(y)) if let Some(r) = exact(Op::Add, &x, &y) => Exact(r),
             (x, y) => Num::approx(x.to_f64()? + y.to_f64()?)?,
         },
         Expr::Mul(a, b) => match (eval(a, vars)?, eval(b, vars)?) {
-            (Exact(x), Exact(y)) => Exact(x * y),
+            (Exact(x), Exact(y)) if let Some(r) = exact(Op::Mul, &x, &y) => Exact(r),
             (x, y) => Num::approx(x.to_f64()? * y.to_f64()?)?,
         },
         Expr::Div(a, b) => match (eval(a, vars)?, eval(b, vars)?) {
             (_, Exact(y)) if y.is_zero() => return None,
-            (Exact(x), Exact(y)) => Exact(x / y),
+            (Exact(x), Exact(y)) if let Some(r) = exact(Op::Div, &x, &y) => Exact(r),
             (x, y) => {
                 let d = y.to_f64()?;
                 if d == 0.0 {
@@ -217,7 +220,7 @@ fn folded(fold: Fold, values: Vec<Num>) -> Option<Num> {
                 })
                 .collect::<Option<Vec<BigInt>>>()?;
             let n = if fold == Fold::Gcd {
-                integer::gcd(&ints)
+                integer::gcd(&ints)?
             } else {
                 integer::lcm(&ints)?
             };
@@ -249,6 +252,55 @@ pub fn too_large(e: &Expr) -> Option<TooLarge> {
     }
 }
 
+/// An exact operation of two numbers.
+enum Op {
+    Add,
+    Mul,
+    Div,
+}
+
+/// Bits of a fraction's numerator and denominator.
+fn bits(r: &BigRational) -> u64 {
+    r.numer().bits() + r.denom().bits()
+}
+
+/// `x op y` exactly, while that is cheap; `None` (the caller computes a float) past it.
+/// Whole numbers up to [`MAX_EXACT_BITS`] add, multiply and divide evenly without a gcd;
+/// other fractions are reduced by one, whose time grows with the square of their size,
+/// so they stay within [`integer::MAX_GCD_BITS`]. Unbounded, a chain of products of
+/// `(10^{76})^{256}` took a minute.
+fn exact(op: Op, x: &BigRational, y: &BigRational) -> Option<BigRational> {
+    if matches!(op, Op::Div) && y.is_zero() {
+        return None;
+    }
+    let size = bits(x) + bits(y);
+    if x.is_integer() && y.is_integer() && size <= MAX_EXACT_BITS {
+        let (a, b) = (x.numer(), y.numer());
+        match op {
+            Op::Add => return Some(BigRational::from_integer(a + b)),
+            Op::Mul => return Some(BigRational::from_integer(a * b)),
+            Op::Div if !b.is_zero() && (a % b).is_zero() => {
+                return Some(BigRational::from_integer(a / b));
+            }
+            Op::Div => {}
+        }
+    }
+    (size <= integer::MAX_GCD_BITS).then(|| match op {
+        Op::Add => x + y,
+        Op::Mul => x * y,
+        Op::Div => x / y,
+    })
+}
+
+/// `b^k`, its parts raised apart (a reduced fraction's powers stay reduced: no gcd).
+fn power(b: &BigRational, k: u32) -> Option<BigRational> {
+    let k = usize::try_from(k).ok()?;
+    Some(BigRational::new_raw(
+        num_traits::pow(b.numer().clone(), k),
+        num_traits::pow(b.denom().clone(), k),
+    ))
+}
+
 fn pow(base: Num, exp: Num) -> Option<Num> {
     if let (Num::Exact(b), Num::Exact(x)) = (&base, &exp) {
         if x.is_integer() {
@@ -263,7 +315,7 @@ fn pow(base: Num, exp: Num) -> Option<Num> {
                 if b.is_zero() && n.is_negative() {
                     return None;
                 }
-                let p = num_traits::pow(b.clone(), usize::try_from(k).ok()?);
+                let p = power(b, k)?;
                 return Some(Num::Exact(if n.is_negative() { p.recip() } else { p }));
             }
         }
@@ -283,7 +335,8 @@ fn pow(base: Num, exp: Num) -> Option<Num> {
 fn exact_rational_power(b: &BigRational, x: &BigRational) -> Option<BigRational> {
     let q = x.denom().to_u32().filter(|q| (2..=16).contains(q))?;
     let p = x.numer().to_i32()?;
-    if b.is_negative() && q % 2 == 0 {
+    // A negative power of 0 (`0^{-1/2}`) is undefined, not a reciprocal to take.
+    if (b.is_negative() && q % 2 == 0) || (b.is_zero() && p < 0) {
         return None;
     }
     let root = |n: &BigInt| -> Option<BigInt> {
@@ -291,14 +344,15 @@ fn exact_rational_power(b: &BigRational, x: &BigRational) -> Option<BigRational>
         (num_traits::pow(r.clone(), usize::try_from(q).ok()?) == n.abs())
             .then(|| if n.is_negative() { -r } else { r })
     };
-    let base = BigRational::new(root(b.numer())?, root(b.denom())?);
+    // The roots of a reduced fraction's coprime parts are coprime: no gcd to take.
+    let base = BigRational::new_raw(root(b.numer())?, root(b.denom())?);
     let bits = base.numer().bits() + base.denom().bits();
     if p.unsigned_abs() > MAX_EXACT_EXP
         || bits.saturating_mul(u64::from(p.unsigned_abs())) > MAX_EXACT_BITS
     {
         return None;
     }
-    let powed = num_traits::pow(base, usize::try_from(p.unsigned_abs()).ok()?);
+    let powed = power(&base, p.unsigned_abs())?;
     Some(if p < 0 { powed.recip() } else { powed })
 }
 
