@@ -196,10 +196,17 @@ pub fn parse(toks: &[Tok]) -> Result<Answer> {
     }
     // A command the grader does not know may mean anything (`\neg 5` is not -5): the
     // answer is unreadable rather than read without it.
-    if let Some(Tok::Unknown(command)) = toks.iter().find(|t| matches!(t, Tok::Unknown(_))) {
-        return err(format!(
-            "the command \\{command} is not one the grader reads"
-        ));
+    match toks
+        .iter()
+        .find(|t| matches!(t, Tok::Unknown(_) | Tok::TooDeep))
+    {
+        Some(Tok::Unknown(command)) => {
+            return err(format!(
+                "the command \\{command} is not one the grader reads"
+            ));
+        }
+        Some(_) => return err("commands nested too deep"),
+        None => {}
     }
     if toks.len() > MAX_TOKENS {
         return err(format!(

@@ -95,6 +95,8 @@ pub enum Tok {
     /// backslash. Unlike a word it is never dropped: what it does to the answer is
     /// unknown, so the answer cannot be read.
     Unknown(String),
+    /// Arguments nested past what the lexer reads (`\text{\text{…}}` thousands deep).
+    TooDeep,
 }
 
 /// A relation between two sides.
@@ -252,6 +254,15 @@ const NAMES: &[&str] = &[
 /// Splits `text` into tokens. Never fails: what it does not know becomes a
 /// [`Tok::Word`], which the parser refuses or skips.
 pub fn lex(text: &str) -> Vec<Tok> {
+    lex_nested(text, 0)
+}
+
+/// How deeply arguments lexed on their own (`\text{\text{…}}`, `\abs{\abs{…}}`) may
+/// nest: each level is a call deeper, and a policy can nest a hundred thousand.
+const MAX_NESTED: usize = 16;
+
+/// [`lex`] inside `depth` arguments lexed on their own.
+fn lex_nested(text: &str, depth: usize) -> Vec<Tok> {
     let chars: Vec<char> = text.chars().collect();
     let mut out = Vec::new();
     let mut i = 0;
@@ -299,7 +310,7 @@ pub fn lex(text: &str) -> Vec<Tok> {
                 }
                 out.push(Tok::Num(num));
             }
-            '\\' => i = command(&chars, i, &mut out),
+            '\\' => i = command(&chars, i, &mut out, depth),
             '{' => {
                 // `{,}` is a LaTeX way to write a thousands comma.
                 if chars.get(i) == Some(&',') && chars.get(i + 1) == Some(&'}') {
@@ -513,7 +524,7 @@ fn named_token(name: &str) -> Option<Tok> {
 }
 
 /// A command after `\` at `chars[i]`: pushes its tokens, returns the index after it.
-fn command(chars: &[char], i: usize, out: &mut Vec<Tok>) -> usize {
+fn command(chars: &[char], i: usize, out: &mut Vec<Tok>, depth: usize) -> usize {
     let Some(&first) = chars.get(i) else {
         return i;
     };
@@ -547,14 +558,16 @@ fn command(chars: &[char], i: usize, out: &mut Vec<Tok>) -> usize {
             // `\bar x`: a mean or a conjugate, not x.
             out.push(Tok::Unknown(name.clone()));
         }
-        "operatorname" | "abs" | "textcolor" => return argument_command(&name, chars, j, out),
-        n if DROPPED_WITH_ARG.contains(&n) => return argument_command(n, chars, j, out),
+        "operatorname" | "abs" | "textcolor" => {
+            return argument_command(&name, chars, j, out, depth);
+        }
+        n if DROPPED_WITH_ARG.contains(&n) => return argument_command(n, chars, j, out, depth),
         "text" | "textbf" | "textit" | "textnormal" | "textrm" | "textsf" | "texttt" | "textup"
         | "emph" | "mbox" | "mathrm" | "mathbf" | "mathit" => {
             if let Some((arg, after)) = group_arg(chars, j) {
                 // `\mathrm{e}` and `\operatorname{sin}` are names; a word of text stays
                 // a word (a unit, "or", "and", a choice letter).
-                for tok in lex(&arg) {
+                for tok in lex_argument(&arg, depth) {
                     out.push(match tok {
                         Tok::Name(n) if n.chars().count() > 1 && !NAMES.contains(&n.as_str()) => {
                             Tok::Word(n)
@@ -647,7 +660,13 @@ fn digit_args(chars: &[char], j: usize, out: &mut Vec<Tok>) -> usize {
 /// A command read through its `{…}` argument (`chars[j]` on, after a `*` that
 /// `\operatorname*` and `\hspace*` may have): pushes its tokens and returns the index
 /// after the argument; without one it is unknown.
-fn argument_command(name: &str, chars: &[char], j: usize, out: &mut Vec<Tok>) -> usize {
+fn argument_command(
+    name: &str,
+    chars: &[char],
+    j: usize,
+    out: &mut Vec<Tok>,
+    depth: usize,
+) -> usize {
     let star = usize::from(chars.get(j) == Some(&'*') && name != "abs" && name != "textcolor");
     let Some((arg, after)) = group_arg(chars, j + star) else {
         out.push(Tok::Unknown(name.to_string()));
@@ -659,7 +678,7 @@ fn argument_command(name: &str, chars: &[char], j: usize, out: &mut Vec<Tok>) ->
         // `\abs{x}` (the physics package's).
         "abs" => {
             out.push(Tok::Open('|'));
-            out.extend(lex(&arg));
+            out.extend(lex_argument(&arg, depth));
             out.push(Tok::Close('|'));
         }
         // `\textcolor{red}{5}`: the colour goes, the coloured group stays; the other
@@ -667,6 +686,15 @@ fn argument_command(name: &str, chars: &[char], j: usize, out: &mut Vec<Tok>) ->
         _ => {}
     }
     after
+}
+
+/// The tokens of a command's argument lexed on its own, one level deeper than `depth`;
+/// past [`MAX_NESTED`], [`Tok::TooDeep`].
+fn lex_argument(arg: &str, depth: usize) -> Vec<Tok> {
+    if depth >= MAX_NESTED {
+        return vec![Tok::TooDeep];
+    }
+    lex_nested(arg, depth + 1)
 }
 
 /// The token of `\operatorname{name}`: a function the grader evaluates, or unknown
@@ -677,8 +705,11 @@ fn operator(name: &str) -> Tok {
         NAMES.contains(&name) || FOLDS.contains(&name) || ["floor", "ceil", "abs"].contains(&name);
     if known {
         Tok::Name(name.to_string())
-    } else {
+    } else if name.len() <= 16 && name.chars().all(|c| c.is_ascii_alphabetic()) {
         Tok::Unknown(format!("operatorname{{{name}}}"))
+    } else {
+        // Not an operator's name at all; not repeated in the verdict either.
+        Tok::Unknown("operatorname".into())
     }
 }
 

@@ -333,6 +333,10 @@ fn huge_factorials_and_binomials_are_refused_as_unreadable() {
         );
         no(&deep, "1");
     }
+    for open in ["\\text{", "\\abs{", "\\mathrm{", "\\operatorname{"] {
+        let deep = format!("\\boxed{{{}1{}}}", open.repeat(20_000), "}".repeat(20_000));
+        unreadable(&deep, "1");
+    }
     let lcm = format!(
         "\\boxed{{\\operatorname{{lcm}}({})}}",
         vec!["(10^{77})^{256}+1"; 25].join(", ")
