@@ -99,21 +99,6 @@ pub fn patch_paths(patch: &str) -> Vec<String> {
     out
 }
 
-/// The files a test patch leaves in place (added or changed, not deleted): the test
-/// files to run when the task names no command.
-pub fn patched_files(patch: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for line in patch.lines() {
-        if let Some(rest) = line.strip_prefix("+++ ")
-            && let Some(p) = side_path(rest, "b/")
-            && !out.contains(&p)
-        {
-            out.push(p);
-        }
-    }
-    out
-}
-
 /// A `---`/`+++` line's path without its `a/`/`b/` side, or `None` for `/dev/null`.
 fn side_path(rest: &str, side: &str) -> Option<String> {
     // Git ends the name with a tab when it holds spaces; anything after is a timestamp.
@@ -372,14 +357,6 @@ diff --git \"a/tests/sp ace\\303\\244.py\" \"b/tests/sp ace\\303\\244.py\"
                 "t/a.txt",
                 "t/b.txt",
                 "tests/sp aceä.py",
-            ]
-        );
-        assert_eq!(
-            patched_files(TEST_PATCH),
-            [
-                "tests/test_calc.py",
-                "tests/test_new.py",
-                "tests/sp aceä.py"
             ]
         );
     }

@@ -267,10 +267,7 @@ pub fn parseable(
             return Err(why);
         }
     }
-    let pytest_family = matches!(
-        name,
-        "pytest" | "pytest_options" | "pytest_v2" | "matplotlib" | "seaborn" | "pytest_verbose"
-    );
+    let pytest_family = logs::PYTEST_FAMILY.contains(&name);
     let mut all = fail_to_pass.iter().chain(pass_to_pass);
     if pytest_family
         && let Some(first) = fail_to_pass.first()

@@ -272,6 +272,17 @@ impl Report {
     }
 }
 
+/// The parsers that read pytest's output (their test ids are pytest node ids,
+/// `path::name`).
+pub const PYTEST_FAMILY: &[&str] = &[
+    "pytest",
+    "pytest_options",
+    "pytest_v2",
+    "matplotlib",
+    "seaborn",
+    "pytest_verbose",
+];
+
 /// The log parsers by name: SWE-bench's families (`pytest`, `pytest_options`,
 /// `pytest_v2`, `matplotlib`, `seaborn`, `django`, `sympy`), SWE-smith's
 /// `pytest_verbose`, and `unittest`.

@@ -40,14 +40,7 @@ fn id(name: &str) -> String {
 #[test]
 fn every_pytest_parser_gives_swebenchs_map_on_every_fixture() {
     for (name, (log, json)) in fixtures() {
-        for parser in [
-            "pytest",
-            "pytest_options",
-            "pytest_v2",
-            "matplotlib",
-            "seaborn",
-            "pytest_verbose",
-        ] {
+        for parser in super::super::PYTEST_FAMILY {
             assert_conforms(parser, log, json, name);
         }
     }
