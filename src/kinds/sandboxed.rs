@@ -336,6 +336,8 @@ pub struct EvalSetup {
 /// What the scoring step is given besides the sandbox.
 #[derive(Debug, Clone)]
 pub struct Prepared {
+    /// The job's id, for the scorer's log lines.
+    pub job_id: String,
     /// What `apply` reported.
     pub applied: serde_json::Value,
     /// The probe's result, when [`EvalSetup::probe`] asked for one and it ran.
@@ -386,7 +388,16 @@ pub async fn in_fresh_sandbox(
         files: setup.files,
     };
     let scored = match apply(&sb.client, &args).await {
-        Ok(Ok(applied)) => match score(&sb.client, Prepared { applied, probe }).await {
+        Ok(Ok(applied)) => match score(
+            &sb.client,
+            Prepared {
+                job_id: job_id.clone(),
+                applied,
+                probe,
+            },
+        )
+        .await
+        {
             // The graded code ran in there: if the sandbox is gone, ask why.
             Err(e) if sb.client.ping().await.is_err() => {
                 match sandboxes

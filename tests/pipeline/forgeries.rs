@@ -8,9 +8,11 @@
 //! workspace (an ini file at the root or in the test directory, `pyproject.toml`,
 //! `setup.cfg`, `tox.ini`, a `*.dist-info` entry point pytest autoloads, a new
 //! `__init__.py` in the test directory), shipping the fix only as unchecked-hash
-//! bytecode, or writing `PASSED` lines into the grader's log and exiting. The code
-//! grader's forgeries print results where the grader reads them (the terminal, stdout
-//! with invented or real test names and an early exit) or configure pytest (an
+//! bytecode, or writing `PASSED` lines into the grader's log and exiting, or writing a
+//! whole log with the runner's summary and ending the run early (`os._exit`, the exit
+//! handlers run by hand, a signal to itself). The code grader's forgeries print results
+//! where the grader reads them (the terminal, stdout with invented or real test names,
+//! with and without the summary, and an early exit) or configure pytest (an
 //! unprotected `conftest.py`, `pytest.ini`). The last ones kill their own sandbox, in
 //! RUN and in EVAL.
 
@@ -106,26 +108,18 @@ fn reason(eval: &Value) -> String {
         .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn swe_forgeries_score_zero() {
-    let repos = tempfile::tempdir().unwrap();
-    build_repos(repos.path());
-    let instances = instances();
-    let id = "rollout-examples__clamp-1";
-    let inst = &instances[id];
-    let repo = repos.path().join("clamp");
-    let wrong = &patches()[id]["wrong"];
-    let gold_core = "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n";
-    // The lists as the HuggingFace exports hold them: JSON strings of lists.
-    let named: Vec<String> = ["FAIL_TO_PASS", "PASS_TO_PASS"]
-        .iter()
-        .flat_map(|k| serde_json::from_str::<Vec<String>>(inst[*k].as_str().unwrap()).unwrap())
-        .collect();
-    let passed_lines: String = named.iter().map(|n| format!("PASSED {n}\n")).collect();
+/// The SWE forgeries by name: each one's steps after the wrong fix. `passed_lines` are
+/// `PASSED` lines for every expected test, `complete` the same with pytest's summary,
+/// `gold_core` the right fix's source.
+fn swe_forgeries(
+    passed_lines: &str,
+    complete: &str,
+    gold_core: &str,
+) -> Vec<(&'static str, Vec<Value>)> {
     let log_forger = format!(
         "import os\nos.makedirs('.grader', exist_ok=True)\nwith open('.grader/test.log', 'a') as f:\n    f.write({passed_lines:?})\nos._exit(0)\n"
     );
-    let forgeries: Vec<(&str, Vec<Value>)> = vec![
+    vec![
         (
             "ini-root",
             vec![
@@ -186,9 +180,57 @@ async fn swe_forgeries_score_zero() {
         ("log-append", vec![write("numkit/core.py", &log_forger)]),
         (
             "log-stdout",
-            vec![write("numkit/core.py", &printer("stdout", &passed_lines))],
+            vec![write("numkit/core.py", &printer("stdout", passed_lines))],
         ),
-    ];
+        // A whole log, the runner's summary included, then an early end three ways.
+        (
+            "log-complete-exit",
+            vec![write("numkit/core.py", &printer("stdout", complete))],
+        ),
+        (
+            "log-complete-exit-handlers",
+            vec![write(
+                "numkit/core.py",
+                &printer("stdout", complete).replace(
+                    "os._exit(0)",
+                    "import atexit\natexit._run_exitfuncs()\nos._exit(0)",
+                ),
+            )],
+        ),
+        (
+            "log-complete-kill",
+            vec![write(
+                "numkit/core.py",
+                &printer("stdout", complete).replace(
+                    "os._exit(0)",
+                    "import signal\nos.kill(os.getpid(), signal.SIGKILL)",
+                ),
+            )],
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swe_forgeries_score_zero() {
+    let repos = tempfile::tempdir().unwrap();
+    build_repos(repos.path());
+    let instances = instances();
+    let id = "rollout-examples__clamp-1";
+    let inst = &instances[id];
+    let repo = repos.path().join("clamp");
+    let wrong = &patches()[id]["wrong"];
+    let gold_core = "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n";
+    // The lists as the HuggingFace exports hold them: JSON strings of lists.
+    let named: Vec<String> = ["FAIL_TO_PASS", "PASS_TO_PASS"]
+        .iter()
+        .flat_map(|k| serde_json::from_str::<Vec<String>>(inst[*k].as_str().unwrap()).unwrap())
+        .collect();
+    let passed_lines: String = named.iter().map(|n| format!("PASSED {n}\n")).collect();
+    let complete = format!(
+        "{passed_lines}============================== {} passed in 0.02s ==============================\n",
+        named.len()
+    );
+    let forgeries = swe_forgeries(&passed_lines, &complete, gold_core);
     let mut tasks = Vec::new();
     for (name, steps) in forgeries {
         let mut t = swe_task(&format!("swe/{name}"), inst, &repo, wrong);
@@ -248,6 +290,12 @@ async fn code_grader_forgeries_score_zero() {
         code_task(
             "code/real-names-no-summary",
             &printer("stdout", real),
+            vec![],
+            code_grader(),
+        ),
+        code_task(
+            "code/complete-log-exit",
+            &printer("stdout", &format!("{real}{summary}")),
             vec![],
             code_grader(),
         ),

@@ -303,15 +303,9 @@ fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// A unittest-style instance, as SWE-bench's non-pytest repositories ship them: the
-/// ids are unittest's names, the tests run under `python3 -m unittest -v` and the
-/// `unittest` parser reads them. The gold patch resolves it; a wrong fix does not, and
-/// the reason names the test; a wrong fix that prints unittest's lines for the
-/// expected tests and ends the run does not either (no summary from the runner).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_unittest_instance_is_graded_by_its_own_runner() {
-    let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("calc");
+/// A small unittest-style repository at `repo` (a `calc` module whose `double` is
+/// wrong, one passing test); its base commit.
+fn calc_repo(repo: &Path) -> String {
     std::fs::create_dir_all(repo.join("tests")).unwrap();
     std::fs::write(repo.join("tests/__init__.py"), "").unwrap();
     std::fs::write(
@@ -324,10 +318,23 @@ async fn a_unittest_instance_is_graded_by_its_own_runner() {
         "import unittest\n\nimport calc\n\n\nclass CalcTest(unittest.TestCase):\n    def test_type(self):\n        self.assertIsInstance(calc.double(1), int)\n",
     )
     .unwrap();
-    git(&repo, &["init", "-q"]);
-    git(&repo, &["add", "-A"]);
-    git(&repo, &["commit", "-qm", "base"]);
-    let base = git(&repo, &["rev-parse", "HEAD"]).trim().to_string();
+    git(repo, &["init", "-q"]);
+    git(repo, &["add", "-A"]);
+    git(repo, &["commit", "-qm", "base"]);
+    git(repo, &["rev-parse", "HEAD"]).trim().to_string()
+}
+
+/// A unittest-style instance, as SWE-bench's non-pytest repositories ship them: the
+/// ids are unittest's names, the tests run under `python3 -m unittest -v` and the
+/// `unittest` parser reads them. The gold patch resolves it; a wrong fix does not, and
+/// the reason names the test; a wrong fix that prints unittest's lines for the
+/// expected tests and ends the run does not either (no summary from the runner), nor
+/// one that prints the runner's summary too (no completion seal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unittest_instance_is_graded_by_its_own_runner() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("calc");
+    let base = calc_repo(&repo);
     let test_patch = "diff --git a/tests/test_calc.py b/tests/test_calc.py\n--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n@@ -6,3 +6,6 @@ import calc\n class CalcTest(unittest.TestCase):\n     def test_type(self):\n         self.assertIsInstance(calc.double(1), int)\n+\n+    def test_double(self):\n+        self.assertEqual(calc.double(3), 6)\n";
     // Python 3.11's unittest names a test `name (module.Class.name)`.
     let id = |t: &str| format!("{t} (tests.test_calc.CalcTest.{t})");
@@ -343,12 +350,21 @@ async fn a_unittest_instance_is_graded_by_its_own_runner() {
     });
     // unittest's lines for both tests, then the run ended before the runner's summary.
     let forged_lines = format!("{} ... ok\n{} ... ok\n", id("test_double"), id("test_type"));
+    let complete = format!(
+        "{forged_lines}\n----------------------------------------------------------------------\nRan 2 tests in 0.001s\n\nOK\n"
+    );
     let fixes = [
         ("gold", "def double(x):\n    return x + x\n".to_string()),
         ("wrong", "def double(x):\n    return x * 3\n".to_string()),
         (
             "forged",
             format!("import os\nos.write(2, {forged_lines:?}.encode())\nos._exit(0)\n"),
+        ),
+        // The same lines and the runner's own summary: a whole log, every line of it well
+        // formed, then the same early exit. Only the missing seal gives it away.
+        (
+            "forged-complete",
+            format!("import os\nos.write(2, {complete:?}.encode())\nos._exit(0)\n"),
         ),
     ];
     let tasks: Vec<Task> = fixes
@@ -380,6 +396,12 @@ async fn a_unittest_instance_is_graded_by_its_own_runner() {
     let gold = by("gold");
     assert_eq!(gold.reward, Some(1.0), "{:#}", gold.output["eval"]);
     assert_eq!(gold.output["eval"]["log_parser"], "unittest");
+    // The run was sealed: the check below is the seal's, not a log without it.
+    assert_eq!(
+        gold.output["eval"]["seal"], "sealed",
+        "{:#}",
+        gold.output["eval"]
+    );
     let wrong = &by("wrong").output["eval"];
     assert_eq!(by("wrong").reward, Some(0.0), "{wrong:#}");
     assert!(
@@ -392,4 +414,14 @@ async fn a_unittest_instance_is_graded_by_its_own_runner() {
     let forged = &by("forged").output["eval"];
     assert_eq!(by("forged").reward, Some(0.0), "{forged:#}");
     assert!(forged["failure"].as_str().is_some(), "{forged:#}");
+    let complete = &by("forged-complete").output["eval"];
+    assert_eq!(by("forged-complete").reward, Some(0.0), "{complete:#}");
+    assert_eq!(complete["seal"], "missing", "{complete:#}");
+    assert!(
+        complete["failure"]
+            .as_str()
+            .unwrap()
+            .contains("did not end normally"),
+        "{complete:#}"
+    );
 }

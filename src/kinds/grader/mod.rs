@@ -24,6 +24,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub mod runner;
+pub mod seal;
 pub mod swe;
 
 use super::sandboxed::{self, Check, EvalSetup, Scorer};
@@ -452,7 +453,7 @@ async fn run_code(
         }
         Some(cmd) => {
             let plugins = runner::plugins(prepared.probe.as_ref());
-            run_tests(client, c, cmd, &plugins, &mut tally).await?
+            run_tests(client, c, cmd, &plugins, &prepared.job_id, &mut tally).await?
         }
         None => serde_json::Value::Null,
     };
@@ -546,12 +547,19 @@ async fn run_tests(
     c: &CodeGrader,
     cmd: &str,
     plugins: &[String],
+    job_id: &str,
     tally: &mut Tally,
 ) -> Result<serde_json::Value, StageError> {
+    let seal = seal::Seal::new();
+    let sealed = seal.install(client, job_id).await.then_some(&seal);
     let r = client
         .exec(
             &ExecArgs {
-                command: limited(&runner::hardened(cmd, plugins), c.memory_limit_mb, "2>&1"),
+                command: limited(
+                    &runner::hardened(cmd, plugins, sealed),
+                    c.memory_limit_mb,
+                    "2>&1",
+                ),
                 max_output_bytes: Some(TEST_LOG_BYTES),
                 shell_state: true,
                 printable: true,
@@ -560,8 +568,10 @@ async fn run_tests(
         )
         .await
         .map_err(|e| sandboxed::stage_error("the test command could not run", e))?;
-    let mut report = logs::parse(&c.log_parser, &r.output).unwrap_or_default();
+    let reading = seal.read(&r.output, &c.log_parser);
+    let mut report = logs::parse(&c.log_parser, &reading.log).unwrap_or_default();
     report.exit_code = r.exit_code;
+    report.doubts.splice(0..0, reading.doubt);
     let unknown = unknown_tests(&c.tests, report.results.keys());
     let distrust = report.distrust().or_else(|| {
         (!unknown.is_empty()).then(|| {
@@ -602,9 +612,10 @@ async fn run_tests(
         "summary": report.summary.as_ref().map(|s| s.line.clone()),
         "distrust": distrust,
         "plugins": plugins,
+        "seal": reading.state,
         "exit_code": r.exit_code,
         "timed_out": r.timed_out,
-        "log": r.output,
+        "log": reading.log,
     }))
 }
 

@@ -20,16 +20,19 @@
 //! - **Bytecode.** The sandbox server's `apply` removes all bytecode; the run is told
 //!   not to write any (`PYTHONDONTWRITEBYTECODE`), and pytest's cache plugin is off.
 //! - **The log.** The command runs through `exec` (a session without a terminal, its
-//!   output on a pipe held by the server), never into a file the tests could append to.
+//!   output on a pipe held by the server), never into a file the tests could append to,
+//!   and its Python is sealed ([`super::seal`]): a run ended before the runner's own end
+//!   is told from one that finished.
 //!
 //! What this cannot close: the code under test runs inside the runner's process, so a
 //! module the tests import can patch the runner itself. The log's own consistency
 //! (the runner's summary present and agreeing with the per-test lines, every expected
-//! id reported once) catches the crude forms of that; the README's threat model says
-//! what remains.
+//! id reported once, the seal) catches the crude forms of that; the README's threat
+//! model says what remains.
 
 use std::collections::BTreeSet;
 
+use super::seal::Seal;
 use crate::sandbox::protocol::ExecResult;
 
 /// File names a Python test run reads or runs before the first test, wherever they are
@@ -145,15 +148,17 @@ pub fn plugins(probe: Option<&ExecResult>) -> Vec<String> {
 
 /// `command` with the run's environment set first: plugin autoloading off, the
 /// environment's `plugins` and no cache plugin in `PYTEST_ADDOPTS` (added to any the
-/// sandbox sets), and no bytecode written.
-pub fn hardened(command: &str, plugins: &[String]) -> String {
+/// sandbox sets), no bytecode written, and the run's Pythons loading the `seal`'s
+/// bootstrap when there is one ([`super::seal`]).
+pub fn hardened(command: &str, plugins: &[String], seal: Option<&Seal>) -> String {
     let mut addopts = String::from("-p no:cacheprovider");
     for p in plugins {
         addopts.push_str(" -p ");
         addopts.push_str(p);
     }
+    let seal = seal.map(|s| format!("{}\n", s.env())).unwrap_or_default();
     format!(
-        "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTEST_ADDOPTS=\"${{PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }}{addopts}\"\n{command}"
+        "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTEST_ADDOPTS=\"${{PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }}{addopts}\"\n{seal}{command}"
     )
 }
 
@@ -207,7 +212,7 @@ mod tests {
         };
         assert_eq!(plugins(Some(&probe)), ["pytest_cov.plugin", "xdist.plugin"]);
         assert!(plugins(None).is_empty());
-        let cmd = hardened("pytest -rA t.py", &plugins(Some(&probe)));
+        let cmd = hardened("pytest -rA t.py", &plugins(Some(&probe)), None);
         assert!(cmd.contains("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1"), "{cmd}");
         assert!(
             cmd.contains("-p no:cacheprovider -p pytest_cov.plugin -p xdist.plugin\""),

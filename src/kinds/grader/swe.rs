@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::super::sandboxed::{self, EvalSetup, Prepared, Scorer};
 use super::super::{EvalOutput, SpecError, StageContext, StageError};
 use super::runner;
+use super::seal::Seal;
 use crate::graders::swe::{self, Instance};
 use crate::graders::{logs, swe_repos};
 use crate::sandbox::client::SandboxClient;
@@ -293,19 +294,26 @@ async fn run(
     }
     let command = g.command();
     let parser = g.parser();
+    let seal = Seal::new();
+    let sealed = seal
+        .install(client, &prepared.job_id)
+        .await
+        .then_some(&seal);
     let ran = exec(
         client,
         format!(
             "{} 2>&1",
-            runner::hardened(&format!("( {command} )"), &plugins)
+            runner::hardened(&format!("( {command} )"), &plugins, sealed)
         ),
         LOG_READ_BYTES,
         Duration::from_millis(g.timeout_ms),
     )
     .await?;
-    let log = ran.output;
+    let reading = seal.read(&ran.output, &parser);
+    let log = reading.log;
     let mut report = logs::parse(&parser, &log).unwrap_or_default();
     report.exit_code = ran.exit_code;
+    report.doubts.splice(0..0, reading.doubt);
     let verdict = swe::verdict(&g.instance, &report);
     let failure = match (&verdict.failure, ran.timed_out) {
         (Some(f), true) => Some(format!("the tests timed out: {f}")),
@@ -317,6 +325,7 @@ async fn run(
     details["command"] = command.into();
     details["log_parser"] = parser.into();
     details["summary"] = report.summary.as_ref().map(|s| s.line.clone()).into();
+    details["seal"] = reading.state.into();
     details["exit_code"] = ran.exit_code.into();
     details["timed_out"] = ran.timed_out.into();
     details["log_tail"] = log[tail_from..].into();
