@@ -11,7 +11,12 @@
 //! - **early cancel**: once the batch has ended (its K-th informative group, `max_groups`
 //!   reached, or the trainer's cancel), cancel every job of it that has not ended, with
 //!   its `cancelled` result, and broadcast each cancel so a running stage stops (its
-//!   inference request closed, its sandbox removed, EVAL skipped);
+//!   inference request closed, its sandbox removed, EVAL skipped). A trainer's cancel
+//!   is itself a fence: from its commit, the database lets none of the batch's jobs
+//!   start a stage, move on or be scored (an end written after it is recorded
+//!   `cancelled`), so nothing of a cancelled batch is scored however long the
+//!   cancelling takes. The same [`Driver::cancel_live`] cancels what is left of a plain
+//!   batch the trainer cancels;
 //! - **publish** accepted groups on `<prefix>.groups.<batch>`.
 //!
 //! Drivers run in every gateway, woken on `<prefix>.batches.wake` (sent when a group is
@@ -22,11 +27,14 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::sampling::{SamplingBatch, SamplingStatus};
+use crate::domain::sampling::SamplingStatus;
 use crate::domain::{EpochMs, Outcome};
 use crate::ending::{publish_result, queue_submitted};
 use crate::queue::{Queue, QueueError};
 use crate::store::{FinishIf, Store, StoreError};
+
+/// The reason a plain batch's jobs carry when the trainer cancels it.
+pub const BATCH_CANCELLED: &str = "the batch was cancelled";
 
 /// Jobs cancelled per database read while cancelling the rest of a batch.
 const CANCEL_CHUNK: i64 = 256;
@@ -70,7 +78,15 @@ impl Driver {
         };
         if batch.status.is_final() && batch.counters.groups_decided < batch.counters.groups_launched
         {
-            self.cancel_rest(&batch).await?;
+            let reason = match batch.status {
+                SamplingStatus::Complete => format!(
+                    "not needed: the sampling batch has its {} informative groups",
+                    batch.params.target_groups
+                ),
+                SamplingStatus::Exhausted => "the sampling batch gave up (max_groups)".to_string(),
+                _ => "the sampling batch was cancelled".to_string(),
+            };
+            self.cancel_live(id, &reason).await?;
         }
         self.publish_groups(id).await?;
         if launched > 0 {
@@ -98,45 +114,53 @@ impl Driver {
         Ok(submitted.len())
     }
 
-    /// Cancels every job of an ended batch that has not ended, each with its result,
-    /// and tells running workers to stop.
-    async fn cancel_rest(&self, batch: &SamplingBatch) -> Result<(), DriveError> {
-        let reason = match batch.status {
-            SamplingStatus::Complete => format!(
-                "not needed: the sampling batch has its {} informative groups",
-                batch.params.target_groups
-            ),
-            SamplingStatus::Exhausted => "the sampling batch gave up (max_groups)".to_string(),
-            _ => "the sampling batch was cancelled".to_string(),
-        };
+    /// Cancels every job of ended batch `id` (a sampling batch or a plain one) that has
+    /// not ended, each with its `cancelled` result carrying `reason`, and tells running
+    /// workers to stop; how many it cancelled. A cancelled batch's end already stops its
+    /// jobs in the database (none starts a stage, moves on or is scored after it), so
+    /// the broadcasts go first, to close generations and kill tools at once, and the
+    /// ends are handed to the job-ends writer together, which writes them as one
+    /// statement rather than one round of the writer each.
+    pub async fn cancel_live(&self, id: &str, reason: &str) -> Result<usize, DriveError> {
         let outcome = Outcome::cancelled(reason);
         let mut cancelled = 0usize;
         loop {
-            let ids = self.store.live_jobs(&batch.id, CANCEL_CHUNK).await?;
+            let ids = self.store.live_jobs(id, CANCEL_CHUNK).await?;
             if ids.is_empty() {
                 break;
             }
-            for id in ids {
-                let ended = self
-                    .store
-                    .finish(&FinishIf::Live, &id, &outcome, EpochMs::now())
-                    .await?;
-                let Some(ended) = ended else {
-                    continue; // it ended on its own meanwhile
-                };
-                cancelled += 1;
-                metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "cancelled")
-                    .increment(1);
-                if let Err(e) = self.queue.publish_cancel(&id).await {
-                    tracing::warn!(job_id = %id, error = %e, "cancel broadcast failed; the worker will notice at its next turn or lease renewal");
+            for job in &ids {
+                if let Err(e) = self.queue.publish_cancel(job).await {
+                    tracing::warn!(job_id = %job, error = %e, "cancel broadcast failed; the worker will notice at its next turn or lease renewal");
                 }
-                publish_result(&self.queue, self.store.as_ref(), &ended).await;
+            }
+            let now = EpochMs::now();
+            let ends = futures::future::join_all(
+                ids.iter()
+                    .map(|job| self.store.finish(&FinishIf::Live, job, &outcome, now)),
+            )
+            .await;
+            let mut failed = None;
+            for end in ends {
+                match end {
+                    Ok(Some(ended)) => {
+                        cancelled += 1;
+                        metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "cancelled")
+                            .increment(1);
+                        publish_result(&self.queue, self.store.as_ref(), &ended).await;
+                    }
+                    Ok(None) => {} // it ended on its own meanwhile
+                    Err(e) => failed = Some(e),
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e.into());
             }
         }
         if cancelled > 0 {
-            tracing::info!(batch_id = %batch.id, jobs = cancelled, status = batch.status.as_str(), "rest of the sampling batch cancelled");
+            tracing::info!(batch_id = %id, jobs = cancelled, "rest of the batch cancelled");
         }
-        Ok(())
+        Ok(cancelled)
     }
 
     /// Publishes the batch's accepted groups not yet published, in rank order, while
@@ -182,7 +206,9 @@ impl Driver {
         Ok(())
     }
 
-    /// Drives every sampling batch that has work (the reconciler's sweep); how many.
+    /// Drives every sampling batch that has work, then cancels what is left of every
+    /// ended batch (a canceller that died, jobs submitted as their batch ended): the
+    /// reconciler's sweep. How many batches it acted on.
     pub async fn sweep(&self) -> Result<usize, DriveError> {
         let ids = self.store.sampling_to_drive().await?;
         for id in &ids {
@@ -190,7 +216,15 @@ impl Driver {
                 tracing::warn!(batch_id = %id, error = %e, "cannot drive the sampling batch; the next sweep retries");
             }
         }
-        Ok(ids.len())
+        let ended = self.store.ended_batches_with_live_jobs().await?;
+        for id in &ended {
+            let reason = self.store.batch(id).await?.and_then(|b| b.end_reason);
+            let reason = reason.as_deref().unwrap_or(BATCH_CANCELLED);
+            if let Err(e) = self.cancel_live(id, reason).await {
+                tracing::warn!(batch_id = %id, error = %e, "cannot cancel the rest of the ended batch; the next sweep retries");
+            }
+        }
+        Ok(ids.len() + ended.len())
     }
 
     /// Drives batches as their wakes arrive on `<prefix>.batches.wake` (one gateway of

@@ -7,7 +7,8 @@
 //! hand-offs. [`spawn_essential`] runs such a loop under a watcher: if it ends before
 //! shutdown, its cause is logged as an error and the process's shutdown token is
 //! cancelled, so the process drains and exits with an error (and Slurm, systemd or the
-//! user starts it again) instead of running on without it.
+//! user starts it again) instead of running on without it. [`spawn_logged`] runs a
+//! one-off piece of work a request does not wait for, so that its panic is logged.
 
 use std::future::Future;
 
@@ -64,6 +65,25 @@ where
         shutdown.cancel();
         Err(failed)
     }))
+}
+
+/// Spawns `future`, one piece of work a request started and does not wait for (the
+/// rest of a cancel), whose failure something else repairs (the reconciler's sweep): a
+/// panic is logged as an error with `task` and its message rather than lost with the
+/// task. The future logs its own errors.
+pub fn spawn_logged<F>(task: &'static str, future: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let handle = tokio::spawn(future);
+    tokio::spawn(async move {
+        if let Err(e) = handle.await
+            && e.is_panic()
+        {
+            let how = panic_message(e.into_panic());
+            tracing::error!(task, panic = %how, "a background task panicked; the reconciler's sweep repairs its work");
+        }
+    });
 }
 
 /// The text a panic was raised with, when it was a string.

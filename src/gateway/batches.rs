@@ -31,7 +31,7 @@ use crate::batches::Driver;
 use crate::domain::sampling::{
     AcceptedGroup, InformativeRule, SamplingBatch, SamplingParams, SamplingStatus,
 };
-use crate::domain::{EpochMs, Task};
+use crate::domain::{BatchCounters, EpochMs, Task};
 use crate::store::{Created, NewSampling};
 
 /// Body of `POST /v1/batches`.
@@ -81,6 +81,30 @@ pub struct BatchView {
     /// True when the id existed and this request created nothing.
     #[serde(default)]
     pub duplicate: bool,
+    /// In the answer to a cancel: how many of the batch's jobs had not ended when it was
+    /// cancelled. They end `cancelled` shortly after the answer; none is scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelling: Option<i64>,
+}
+
+/// The answer to cancelling a plain batch (one made by `POST /v1/jobs`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PlainBatchCancelled {
+    /// The batch's counters, with `ended_at` and `end_reason` set.
+    pub batch: BatchCounters,
+    /// How many of its jobs had not ended when it was cancelled. They end `cancelled`
+    /// shortly after the answer; none is scored.
+    pub cancelling: i64,
+}
+
+/// The answer to `POST /v1/batches/{id}/cancel`: the sampling batch, or the plain one.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum CancelledBatch {
+    /// A sampling batch.
+    Sampling(Box<BatchView>),
+    /// A plain batch.
+    Plain(PlainBatchCancelled),
 }
 
 /// Response of `GET /v1/batches/{id}/groups`.
@@ -307,6 +331,7 @@ async fn view(state: &AppState, id: &str) -> Result<BatchView, ApiError> {
         batch,
         groups,
         duplicate: false,
+        cancelling: None,
     })
 }
 
@@ -358,17 +383,20 @@ pub async fn get_batch(
     Ok(Json(view(&state, &id).await?))
 }
 
-/// Cancel a sampling batch.
+/// Cancel a batch: a sampling batch, or a plain one made by `POST /v1/jobs`.
 ///
-/// No more groups are launched or accepted; every job of the batch that has not ended is
-/// cancelled (with its `cancelled` result). Groups accepted before stay accepted.
+/// From the answer on, none of the batch's jobs starts a stage, moves on or is scored:
+/// the ones that had not ended (`cancelling`) are stopped where they run (generation
+/// closed, tools killed, no EVAL) and end `cancelled` shortly after. For a sampling
+/// batch no more groups are launched or accepted; groups accepted before stay accepted.
+/// A plain batch takes no more jobs.
 #[utoipa::path(
     post,
     path = "/v1/batches/{id}/cancel",
     tag = "batches",
     params(("id" = String, Path, description = "Batch id", pattern = "^[^\\u0000]{1,256}$")),
     responses(
-        (status = 200, body = BatchView),
+        (status = 200, body = CancelledBatch),
         (status = 400, body = ApiErrorBody),
         (status = 404, body = ApiErrorBody),
         (status = 409, description = "The batch already ended", body = ApiErrorBody),
@@ -377,31 +405,82 @@ pub async fn get_batch(
 pub async fn cancel_batch(
     State(state): State<AppState>,
     IdPath(id): IdPath,
-) -> Result<Json<BatchView>, ApiError> {
-    let ended = state
-        .store
-        .end_sampling(
-            &id,
-            SamplingStatus::Cancelled,
-            "cancelled by request",
-            EpochMs::now(),
-        )
-        .await?;
-    if !ended {
-        let batch = state
+) -> Result<Json<CancelledBatch>, ApiError> {
+    let now = EpochMs::now();
+    if let Some(batch) = state.store.sampling_batch(&id).await? {
+        let ended = state
             .store
-            .sampling_batch(&id)
-            .await?
-            .ok_or_else(|| no_batch(&id))?;
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!("sampling batch already ended `{}`", batch.status.as_str()),
-            None,
-        ));
+            .end_sampling(&id, SamplingStatus::Cancelled, "cancelled by request", now)
+            .await?;
+        if !ended {
+            let status = state
+                .store
+                .sampling_batch(&id)
+                .await?
+                .map_or(batch.status, |b| b.status);
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!("sampling batch already ended `{}`", status.as_str()),
+                None,
+            ));
+        }
+        let cancelling = live_count(&state, &id).await?;
+        tracing::info!(batch_id = %id, jobs = cancelling, "sampling batch cancelled");
+        let driver = Driver::new(state.store.clone(), state.queue.clone());
+        let id2 = id.clone();
+        crate::supervise::spawn_logged("batch cancel", async move {
+            if let Err(e) = driver.drive(&id2).await {
+                tracing::warn!(batch_id = %id2, error = %e, "cannot cancel the rest of the sampling batch yet; the reconciler's sweep will");
+            }
+        });
+        let mut view = view(&state, &id).await?;
+        view.cancelling = Some(cancelling);
+        return Ok(Json(CancelledBatch::Sampling(Box::new(view))));
     }
-    tracing::info!(batch_id = %id, "sampling batch cancelled");
-    drive(&state, &id).await;
-    Ok(Json(view(&state, &id).await?))
+    match state
+        .store
+        .end_batch(&id, crate::batches::BATCH_CANCELLED, now)
+        .await?
+    {
+        None => Err(ApiError::not_found(format!("no batch with id `{id}`"))),
+        Some(false) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("batch `{id}` was cancelled already"),
+            None,
+        )),
+        Some(true) => {
+            let cancelling = live_count(&state, &id).await?;
+            tracing::info!(batch_id = %id, jobs = cancelling, "batch cancelled");
+            let driver = Driver::new(state.store.clone(), state.queue.clone());
+            let id2 = id.clone();
+            crate::supervise::spawn_logged("batch cancel", async move {
+                if let Err(e) = driver
+                    .cancel_live(&id2, crate::batches::BATCH_CANCELLED)
+                    .await
+                {
+                    tracing::warn!(batch_id = %id2, error = %e, "cannot cancel the rest of the batch yet; the reconciler's sweep will");
+                }
+            });
+            let batch = state
+                .store
+                .batch(&id)
+                .await?
+                .ok_or_else(|| ApiError::not_found(format!("no batch with id `{id}`")))?;
+            Ok(Json(CancelledBatch::Plain(PlainBatchCancelled {
+                batch,
+                cancelling,
+            })))
+        }
+    }
+}
+
+/// How many of batch `id`'s jobs have not ended (from its counters).
+async fn live_count(state: &AppState, id: &str) -> Result<i64, ApiError> {
+    Ok(state
+        .store
+        .batch(id)
+        .await?
+        .map_or(0, |b| (b.submitted - b.finished).max(0)))
 }
 
 /// Accepted groups after a rank, waiting up to `wait_ms` while none is ready and the

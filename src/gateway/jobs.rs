@@ -275,6 +275,22 @@ pub(super) fn too_large(state: &AppState) -> ApiError {
 /// queues them for INIT.
 pub async fn submit_body(state: &AppState, body: &[u8]) -> Result<SubmitResponse, ApiError> {
     let (batch_id, jobs) = parse_submit(state, body)?;
+    // A batch that has ended takes no more jobs (any that raced in with its end are
+    // cancelled by the reconciler, never run).
+    if let Some(ended) = state
+        .store
+        .batch(&batch_id)
+        .await?
+        .and_then(|b| b.end_reason)
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "batch `{batch_id}` has ended ({ended}) and takes no more jobs: submit to another batch"
+            ),
+            Some("batch_id".into()),
+        ));
+    }
     // Submits take their rows in one order, so they should not deadlock; should the
     // database still abort one for colliding with another, it is run again here rather
     // than handed to the caller as a 503.

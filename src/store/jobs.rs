@@ -67,6 +67,10 @@ pub enum Claim {
     Busy(EpochMs),
     /// No such job.
     Missing,
+    /// The job has not ended but its batch has (cancelled, or a sampling batch that has
+    /// what it needs): it starts nothing more, and the batch's canceller (or the
+    /// reconciler) ends it. Drop the message.
+    BatchEnded,
 }
 
 /// Which jobs a terminal transition may apply to.
@@ -220,6 +224,17 @@ pub trait JobStore: Send + Sync {
     async fn totals(&self) -> StoreResult<Vec<(Status, i64)>>;
     /// A batch's counters.
     async fn batch(&self, id: &str) -> StoreResult<Option<BatchCounters>>;
+    /// Ends batch `id` before its jobs (a trainer's cancel): from this commit on, none of
+    /// its jobs starts a stage, renews a lease, moves on, or is scored (an end written
+    /// later records the job `cancelled` with `reason`); the caller then cancels the
+    /// jobs left. `None` if there is no such batch, `Some(false)` if it had ended
+    /// already. A sampling batch ends through
+    /// [`SamplingStore::end_sampling`](super::SamplingStore::end_sampling), which ends
+    /// its batch row too.
+    async fn end_batch(&self, id: &str, reason: &str, now: EpochMs) -> StoreResult<Option<bool>>;
+    /// Batches that have ended with jobs of theirs still live: the work a canceller
+    /// left (it died, or jobs were submitted as the batch ended), for the reconciler.
+    async fn ended_batches_with_live_jobs(&self) -> StoreResult<Vec<String>>;
     /// A prompt group's counters.
     async fn group(&self, batch_id: &str, id: &str) -> StoreResult<Option<GroupCounters>>;
     /// A job's event log, oldest first.
@@ -434,6 +449,14 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         let Some(job) = self.job(&msg.job_id).await? else {
             return Ok(Claim::Missing);
         };
+        if !job.status.is_terminal()
+            && self
+                .batch(&job.batch_id)
+                .await?
+                .is_some_and(|b| b.ended_at.is_some())
+        {
+            return Ok(Claim::BatchEnded);
+        }
         let same_entry = job.stage == msg.stage && job.epoch == msg.epoch;
         Ok(match job.status {
             // Someone holds a live lease: this claim lost the race.
@@ -642,6 +665,37 @@ impl<D: Dialect> JobStore for SqlStore<D> {
             .fetch_optional(&mut *conn)
             .await?;
         Ok(row.map(Into::into))
+    }
+
+    async fn end_batch(&self, id: &str, reason: &str, now: EpochMs) -> StoreResult<Option<bool>> {
+        let (id, reason) = (id.to_string(), reason.to_string());
+        self.write(move |conn: &mut D::Conn| {
+            Box::pin(async move {
+                let ended = query(sql::END_BATCH)
+                    .bind(&id)
+                    .bind(&reason)
+                    .bind(now)
+                    .execute(&mut *conn)
+                    .await?;
+                if ended == 1 {
+                    return Ok(Some(true));
+                }
+                let exists: Option<(String,)> = query(sql::BATCH_EXISTS)
+                    .bind(&id)
+                    .fetch_optional(conn)
+                    .await?;
+                Ok(exists.map(|_| false))
+            })
+        })
+        .await
+    }
+
+    async fn ended_batches_with_live_jobs(&self) -> StoreResult<Vec<String>> {
+        let mut conn = self.reader().await?;
+        let rows: Vec<(String,)> = query(sql::ENDED_WITH_LIVE_JOBS)
+            .fetch_all(&mut *conn)
+            .await?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 
     async fn group(&self, batch_id: &str, id: &str) -> StoreResult<Option<GroupCounters>> {

@@ -149,6 +149,8 @@ pub(crate) struct BatchRow {
     failed: i64,
     cancelled: i64,
     timed_out: i64,
+    ended_at: Option<i64>,
+    end_reason: Option<String>,
 }
 
 impl From<BatchRow> for BatchCounters {
@@ -161,6 +163,8 @@ impl From<BatchRow> for BatchCounters {
             failed: r.failed,
             cancelled: r.cancelled,
             timed_out: r.timed_out,
+            ended_at: r.ended_at,
+            end_reason: r.end_reason,
         }
     }
 }

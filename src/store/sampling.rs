@@ -518,8 +518,11 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
         now: EpochMs,
     ) -> StoreResult<bool> {
         let (id, reason) = (id.to_string(), reason.to_string());
-        self.write(move |conn: &mut D::Conn| {
+        self.write_atomic(move |conn: &mut D::Conn| {
             Box::pin(async move {
+                // The batch's row first, as a job's end takes it (its counters) before
+                // the sampling rows: a cancel ends the batch row too (a trigger).
+                D::lock_batch(conn, &id).await?;
                 Ok(query(sql::END_SAMPLING)
                     .bind(&id)
                     .bind(status.as_str())

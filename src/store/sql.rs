@@ -80,8 +80,42 @@ pub(super) const LIST_JOBS: &str = concat!(
      AND id > $3 ORDER BY id LIMIT CAST($4 AS INTEGER)"
 );
 
+/// The condition that the job's batch has not ended (see the `batch_ends` migration):
+/// once it has, no job of it starts a stage, renews a lease or moves on.
+macro_rules! batch_open {
+    () => {
+        " AND NOT EXISTS (SELECT 1 FROM batches eb WHERE eb.id = jobs.batch_id \
+         AND eb.ended_at IS NOT NULL)"
+    };
+}
+
+/// What an end records when the job's batch has ended: `cancelled`, no reward, the
+/// batch's reason. `eb` is the job's batch when it has ended (a left join), else NULL;
+/// `$status`, `$reward` and `$error` are what the end asked for.
+macro_rules! end_values {
+    ($status:literal, $reward:literal, $error:literal) => {
+        concat!(
+            "CASE WHEN eb.id IS NULL THEN ",
+            $status,
+            " ELSE 'cancelled' END, CASE WHEN eb.id IS NULL THEN ",
+            $reward,
+            " END, CASE WHEN eb.id IS NULL THEN ",
+            $error,
+            " ELSE eb.end_reason END"
+        )
+    };
+}
+
+/// The join that gives [`end_values!`] the job's batch when it has ended.
+macro_rules! ended_batch {
+    () => {
+        " LEFT JOIN batches eb ON eb.id = jobs.batch_id AND eb.ended_at IS NOT NULL"
+    };
+}
+
 /// Starts a stage: only from `queued`, or from `running` whose lease has ended (the
-/// previous holder died). Sets the stage's start time to this start.
+/// previous holder died), and only while the job's batch has not ended. Sets the
+/// stage's start time to this start.
 pub(super) const CLAIM: &str = concat!(
     "UPDATE jobs SET status = 'running', attempts = attempts + 1, \
      stage_attempts = stage_attempts + 1, node = $4, lease_until = $5, \
@@ -90,18 +124,27 @@ pub(super) const CLAIM: &str = concat!(
      run_started_at = CASE WHEN stage = 'run' THEN $6 ELSE run_started_at END, \
      eval_started_at = CASE WHEN stage = 'eval' THEN $6 ELSE eval_started_at END \
      WHERE id = $1 AND stage = $2 AND epoch = $3 \
-     AND (status = 'queued' OR (status = 'running' AND lease_until < $6)) RETURNING ",
+     AND (status = 'queued' OR (status = 'running' AND lease_until < $6))",
+    batch_open!(),
+    " RETURNING ",
     job_cols!()
 );
 
 // Statements of a claimed stage entry also match `attempts`: the claim's token. A worker
 // whose lease lapsed and was taken over cannot renew, release or advance the new claim.
 
-pub(super) const EXTEND_LEASE: &str = "UPDATE jobs SET lease_until = $4 \
-     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5";
+/// Renews a claim's lease; refused once the job's batch has ended, which stops the
+/// stage even when the cancel broadcast was missed.
+pub(super) const EXTEND_LEASE: &str = concat!(
+    "UPDATE jobs SET lease_until = $4 \
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $5",
+    batch_open!()
+);
 
-/// Finishes the current stage and queues the next one in a single compare-and-set.
-pub(super) const ADVANCE: &str = "UPDATE jobs SET status = 'queued', stage = $4, epoch = epoch + 1, \
+/// Finishes the current stage and queues the next one in a single compare-and-set, while
+/// the job's batch has not ended.
+pub(super) const ADVANCE: &str = concat!(
+    "UPDATE jobs SET status = 'queued', stage = $4, epoch = epoch + 1, \
      stage_attempts = 0, \
      lease_until = NULL, updated_at = $5, route = COALESCE($6, route), \
      init_output = CASE WHEN stage = 'init' THEN $7 ELSE init_output END, \
@@ -110,8 +153,10 @@ pub(super) const ADVANCE: &str = "UPDATE jobs SET status = 'queued', stage = $4,
      run_finished_at = CASE WHEN stage = 'run' THEN $5 ELSE run_finished_at END, \
      run_queued_at = CASE WHEN $4 = 'run' THEN $5 ELSE run_queued_at END, \
      eval_queued_at = CASE WHEN $4 = 'eval' THEN $5 ELSE eval_queued_at END \
-     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $8 \
-     RETURNING epoch";
+     WHERE id = $1 AND stage = $2 AND epoch = $3 AND status = 'running' AND attempts = $8",
+    batch_open!(),
+    " RETURNING epoch"
+);
 
 /// Hands a claimed stage back; `$6` = 1 takes the start back too (a graceful hand-back is
 /// not a failed attempt), 0 keeps it (a transient fault is).
@@ -262,8 +307,19 @@ pub(super) const TOTALS: &str = "SELECT status, CAST(COUNT(*) AS BIGINT) AS n FR
 pub(super) const COUNTS_IN_BATCH: &str = "SELECT status, stage, COUNT(*) AS n FROM jobs \
      WHERE batch_id = $1 GROUP BY status, stage ORDER BY status, stage";
 
-pub(super) const SELECT_BATCH: &str =
-    "SELECT id, submitted, finished, done, failed, cancelled, timed_out FROM batches WHERE id = $1";
+pub(super) const SELECT_BATCH: &str = "SELECT id, submitted, finished, done, failed, cancelled, timed_out, ended_at, end_reason \
+     FROM batches WHERE id = $1";
+
+/// Ends a batch before its jobs (see the `batch_ends` migration), once.
+pub(super) const END_BATCH: &str = "UPDATE batches SET ended_at = $3, end_reason = $2 \
+     WHERE id = $1 AND ended_at IS NULL";
+
+pub(super) const BATCH_EXISTS: &str = "SELECT id FROM batches WHERE id = $1";
+
+/// Ended batches with jobs that have not ended (the partial index keeps this to the few
+/// ended batches).
+pub(super) const ENDED_WITH_LIVE_JOBS: &str = "SELECT id FROM batches \
+     WHERE ended_at IS NOT NULL AND finished < submitted ORDER BY ended_at, id";
 
 pub(super) const SELECT_GROUP: &str = "SELECT id, batch_id, submitted, finished, rewarded, reward_sum, \
      reward_min, reward_max FROM prompt_groups WHERE batch_id = $1 AND id = $2";
@@ -348,10 +404,13 @@ pub(super) const DELETE_ASSIGNMENT: &str = "DELETE FROM backend_assignments WHER
 pub(super) const FINISH_SQLITE: &str = concat!(
     "INSERT INTO results (job_id, batch_id, group_id, client_id, \
      status, reward, error, output, created_at) \
-     SELECT id, batch_id, group_id, client_id, $4, $7, $5, \
-     json_object('init', json(init_output), 'run', json(COALESCE($11, run_output)), 'eval', json($8), \
+     SELECT jobs.id, jobs.batch_id, jobs.group_id, jobs.client_id, ",
+    end_values!("$4", "$7", "$5"),
+    ", json_object('init', json(init_output), 'run', json(COALESCE($11, run_output)), 'eval', json($8), \
                  'metadata', json_extract(task, '$.metadata')), $6 \
-     FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
+     FROM jobs",
+    ended_batch!(),
+    " WHERE jobs.id = $1 AND status IN ('queued', 'running') \
      AND ($2 IS NULL OR (stage = $2 AND epoch = $3)) \
      AND ($9 IS NULL OR attempts = $9) \
      AND ($10 IS NULL OR status = 'queued' OR lease_until < $10) \
@@ -365,14 +424,17 @@ pub(super) const FINISH_SQLITE: &str = concat!(
 pub(super) const FINISH_POSTGRES: &str = concat!(
     "INSERT INTO results (job_id, batch_id, group_id, client_id, \
      status, reward, error, output, created_at) \
-     SELECT id, batch_id, group_id, client_id, $4, $7, $5, \
-     json_build_object('init', init_output::json, 'run', COALESCE($11::text, run_output)::json, 'eval', $8::json, \
+     SELECT jobs.id, jobs.batch_id, jobs.group_id, jobs.client_id, ",
+    end_values!("$4", "$7", "$5"),
+    ", json_build_object('init', init_output::json, 'run', COALESCE($11::text, run_output)::json, 'eval', $8::json, \
                        'metadata', task::json -> 'metadata')::text, $6 \
-     FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
+     FROM jobs",
+    ended_batch!(),
+    " WHERE jobs.id = $1 AND status IN ('queued', 'running') \
      AND ($2::text IS NULL OR (stage = $2 AND epoch = $3)) \
      AND ($9::bigint IS NULL OR attempts = $9) \
      AND ($10::bigint IS NULL OR status = 'queued' OR lease_until < $10) \
-     FOR UPDATE \
+     FOR UPDATE OF jobs \
      ON CONFLICT (job_id) DO NOTHING RETURNING ",
     result_cols!()
 );
@@ -389,11 +451,15 @@ macro_rules! finish_many {
         concat!(
             "INSERT INTO results (job_id, batch_id, group_id, client_id, \
              status, reward, error, output, created_at) \
-             SELECT id, batch_id, group_id, client_id, e_status, e_reward, e_error, ",
+             SELECT jobs.id, jobs.batch_id, jobs.group_id, jobs.client_id, ",
+            end_values!("e_status", "e_reward", "e_error"),
+            ", ",
             $output,
             ", e_now FROM ",
             $from,
-            ", jobs WHERE id = e_id AND ",
+            ", jobs",
+            ended_batch!(),
+            " WHERE jobs.id = e_id AND ",
             $status,
             " IN ('queued', 'running') \
              AND (e_stage IS NULL OR (stage = e_stage AND epoch = e_epoch)) \
@@ -447,9 +513,12 @@ macro_rules! finish_bare {
         concat!(
             "INSERT INTO results (job_id, batch_id, group_id, client_id, \
              status, reward, error, output, created_at) \
-             SELECT id, batch_id, group_id, client_id, 'failed', NULL, $4, \
-             '{\"init\":null,\"run\":null,\"eval\":null,\"metadata\":null}', $5 \
-             FROM jobs WHERE id = $1 AND status IN ('queued', 'running') \
+             SELECT jobs.id, jobs.batch_id, jobs.group_id, jobs.client_id, ",
+            end_values!("'failed'", "NULL", "$4"),
+            ", '{\"init\":null,\"run\":null,\"eval\":null,\"metadata\":null}', $5 \
+             FROM jobs",
+            ended_batch!(),
+            " WHERE jobs.id = $1 AND status IN ('queued', 'running') \
              AND ($2",
             $text,
             " IS NULL OR (stage = $2 AND epoch = $3)) AND ($6",
@@ -468,7 +537,8 @@ macro_rules! finish_bare {
 pub(super) const FINISH_BARE_SQLITE: &str = finish_bare!("", "", "");
 
 /// Postgres's [`finish_bare!`].
-pub(super) const FINISH_BARE_POSTGRES: &str = finish_bare!("::text", "::bigint", " FOR UPDATE");
+pub(super) const FINISH_BARE_POSTGRES: &str =
+    finish_bare!("::text", "::bigint", " FOR UPDATE OF jobs");
 
 /// SQLite: marks the results whose `seq` is in the JSON array `$2` as published at `$1`.
 pub(super) const MARK_PUBLISHED_SQLITE: &str = "UPDATE results SET published_at = $1 \
@@ -498,7 +568,9 @@ macro_rules! claim_many {
             $status,
             " = 'queued' OR (",
             $status,
-            " = 'running' AND lease_until < c_now)) RETURNING ",
+            " = 'running' AND lease_until < c_now))",
+            batch_open!(),
+            " RETURNING ",
             job_cols!()
         )
     };
@@ -523,7 +595,9 @@ macro_rules! advance_many {
             $from,
             " WHERE id = c_id AND stage = c_stage AND epoch = c_epoch AND ",
             $status,
-            " = 'running' AND attempts = c_attempt RETURNING id, epoch"
+            " = 'running' AND attempts = c_attempt",
+            batch_open!(),
+            " RETURNING id, epoch"
         )
     };
 }

@@ -87,6 +87,12 @@ impl Worker {
                 return ack(&msg, AckKind::Nak(Some(wait))).await;
             }
             Ok(Claim::Stale(job)) => return self.repair_stale(&msg, &work, &job).await,
+            Ok(Claim::BatchEnded) => {
+                tracing::info!(
+                    "the job's batch has ended: message dropped, the job is being cancelled"
+                );
+                return ack(&msg, AckKind::Ack).await;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot claim the stage; will retry");
                 return ack(&msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;

@@ -705,3 +705,134 @@ async fn check_verdict_counters(store: &dyn rollout::store::Store) {
         json!(3)
     );
 }
+
+/// Asserts that nothing of batch `id` was scored after its cancel: in result order
+/// (`seq`, the order the ends committed), no `done` result follows a `cancelled` one,
+/// and every job that had not ended by then ended `cancelled`. Returns how many were
+/// done and how many cancelled.
+fn nothing_scored_after_the_cancel(id: &str, results: &[JobResult]) -> (usize, usize) {
+    let mut sorted: Vec<&JobResult> = results.iter().collect();
+    sorted.sort_by_key(|r| r.seq);
+    let first_cancel = sorted
+        .iter()
+        .position(|r| r.status == Status::Cancelled)
+        .unwrap_or(sorted.len());
+    let late: Vec<String> = sorted[first_cancel..]
+        .iter()
+        .filter(|r| r.status != Status::Cancelled)
+        .map(|r| format!("{} {:?} seq {}", r.job_id, r.status, r.seq))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "{id}: {} jobs ended otherwise after the cancel's first: {late:?}",
+        late.len()
+    );
+    (first_cancel, sorted.len() - first_cancel)
+}
+
+/// A cancel under load (64 samples in flight, each finishing RUN and EVAL within a few
+/// hundred ms, so ends race the cancel) answers at once with how many jobs it is
+/// cancelling, and nothing of the batch is scored after it: the batch's end is a fence
+/// in the database, however long the cancelling of its jobs takes. The same for a plain
+/// batch, which then takes no more jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_under_load_lets_nothing_of_the_batch_be_scored_after_it() {
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(64);
+    let spec = json!({"run_ms": 150, "run_sigma": 0.6, "eval_ms": 50});
+    let body = json!({
+        "batch_id": "busy",
+        "prompts": prompts(400, &[0.5], &spec),
+        "group_size": 4,
+        "target_groups": 400,
+        "max_groups_in_flight": 16,
+    });
+    create(&env.base, &body).await;
+    let tasks: Vec<_> = (0..64)
+        .map(|_| crate::helpers::synthetic(spec.clone()))
+        .collect();
+    env.submit(&tasks, "plain").await;
+    // Let both batches get going: results arriving, more in flight.
+    eventually(
+        "both batches have results",
+        Duration::from_secs(60),
+        || async {
+            let s = env
+                .client
+                .status(Some("busy"))
+                .await
+                .unwrap()
+                .batch
+                .unwrap();
+            let p = env
+                .client
+                .status(Some("plain"))
+                .await
+                .unwrap()
+                .batch
+                .unwrap();
+            holds(s.finished >= 16 && p.finished >= 4, format!("{s:?} {p:?}"))
+        },
+    )
+    .await;
+
+    let (status, answer) = json_answer(
+        reqwest::Client::new().post(format!("{}/v1/batches/busy/cancel", env.base)),
+        "cancel the sampling batch",
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["batch"]["status"], "cancelled", "{answer}");
+    assert!(answer["cancelling"].as_i64().unwrap() > 0, "{answer}");
+    let (status, answer) = json_answer(
+        reqwest::Client::new().post(format!("{}/v1/batches/plain/cancel", env.base)),
+        "cancel the plain batch",
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["batch"]["end_reason"], "the batch was cancelled",
+        "{answer}"
+    );
+    let cancelling = answer["cancelling"].as_i64().unwrap();
+    let (status, _) = json_answer(
+        reqwest::Client::new().post(format!("{}/v1/batches/plain/cancel", env.base)),
+        "cancel it again",
+    )
+    .await;
+    assert_eq!(status, 409);
+    // The plain batch takes no more jobs.
+    let (status, answer) = json_answer(
+        reqwest::Client::new()
+            .post(format!("{}/v1/jobs", env.base))
+            .json(&json!({"batch_id": "plain", "tasks": [crate::helpers::synthetic(json!({}))]})),
+        "submit to the cancelled batch",
+    )
+    .await;
+    assert_eq!(
+        (status, answer["field"].as_str()),
+        (409, Some("batch_id")),
+        "{answer}"
+    );
+
+    let (view, results) = wait_settled(&env, "busy", Duration::from_secs(120)).await;
+    assert_eq!(view.batch.status, SamplingStatus::Cancelled);
+    let (done, cancelled) = nothing_scored_after_the_cancel("busy", &results);
+    assert!(
+        done > 0 && cancelled > 0,
+        "{done} done, {cancelled} cancelled"
+    );
+    let plain = env
+        .wait_results("plain", 64, Duration::from_secs(120))
+        .await;
+    let (done, cancelled) = nothing_scored_after_the_cancel("plain", &plain);
+    assert!(done > 0, "{done} done");
+    // Every job live at the answer ended cancelled (and any whose end raced the
+    // cancel's commit too).
+    assert!(
+        i64::try_from(cancelled).unwrap() >= cancelling,
+        "{cancelled} cancelled, {cancelling} live at the cancel"
+    );
+    // No cancelled job reached EVAL after the cancel, and nothing is left running.
+    env.wait_work_drained().await;
+}

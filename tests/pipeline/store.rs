@@ -698,3 +698,135 @@ async fn results_marked_published_at_once_by_many_tasks_are_all_marked_and_no_ot
     )
     .await;
 }
+
+/// A batch's end is a fence in the database: from its commit, none of the batch's jobs
+/// starts a stage, renews its lease, moves on, or is scored (a worker's end written
+/// after it is recorded `cancelled` with the batch's reason, whatever it asked for), so
+/// however long the cancelling takes, nothing of a cancelled batch is scored after the
+/// cancel. Jobs of other batches are untouched; the ended batch with jobs left is found
+/// for the reconciler until they have ended.
+#[tokio::test]
+async fn nothing_of_an_ended_batch_starts_moves_on_or_is_scored() {
+    let f = fixture().await;
+    let store = f.store.as_ref();
+    let running = submit_one(store, "b").await;
+    let in_run = submit_one(store, "b").await;
+    let queued = submit_one(store, "b").await;
+    let other = submit_one(store, "other").await;
+    let held = claim(store, &running, "n1", 2_000).await;
+    let a = claim(store, &in_run, "n1", 2_000).await;
+    let run = store
+        .advance(&in_run, a, &json!({}), Some("n1"), EpochMs(2_100))
+        .await
+        .unwrap()
+        .expect("advances before the end");
+    let in_run_claim = claim(store, &run, "n1", 2_200).await;
+
+    assert_eq!(
+        store
+            .end_batch("b", "the batch was cancelled", EpochMs(2_500))
+            .await
+            .unwrap(),
+        Some(true)
+    );
+    assert_eq!(
+        store.end_batch("b", "again", EpochMs(2_600)).await.unwrap(),
+        Some(false),
+        "a batch ends once"
+    );
+    assert_eq!(
+        store.end_batch("nope", "x", EpochMs(2_600)).await.unwrap(),
+        None
+    );
+    let b = store.batch("b").await.unwrap().unwrap();
+    assert_eq!(
+        (b.ended_at, b.end_reason.as_deref()),
+        (Some(2_500), Some("the batch was cancelled"))
+    );
+
+    // A queued job does not start; its message is to be dropped.
+    assert!(matches!(
+        store
+            .claim(&queued, "n2", EpochMs(9_000), EpochMs(2_700))
+            .await
+            .unwrap(),
+        Claim::BatchEnded
+    ));
+    // A running stage cannot renew its lease or move on to the next stage.
+    assert!(
+        !store
+            .extend_lease(&running, held, EpochMs(3_500))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store
+            .advance(&running, held, &json!({}), None, EpochMs(2_800))
+            .await
+            .unwrap(),
+        None
+    );
+    // A worker's end after the batch's end is a cancel, not a score.
+    let claimed = FinishIf::Claimed {
+        msg: run.clone(),
+        attempt: in_run_claim,
+    };
+    let ended = store
+        .finish(
+            &claimed,
+            &run.job_id,
+            &Outcome::done(1.0, json!({"passed": true})),
+            EpochMs(2_900),
+        )
+        .await
+        .unwrap()
+        .expect("the end applies, as a cancel");
+    assert_eq!(
+        (
+            ended.result.status,
+            ended.result.reward,
+            ended.result.error.as_deref()
+        ),
+        (Status::Cancelled, None, Some("the batch was cancelled"))
+    );
+    cancel_the_rest(store, &[&running, &queued]).await;
+
+    // Another batch's job is untouched.
+    let c = claim(store, &other, "n1", 3_000).await;
+    let next = store
+        .advance(&other, c, &json!({}), Some("n1"), EpochMs(3_100))
+        .await
+        .unwrap();
+    assert!(next.is_some());
+}
+
+/// What a canceller does with the jobs of ended batch "b" that are left (`left`): the
+/// batch is listed for the reconciler until they have ended.
+async fn cancel_the_rest(store: &dyn Store, left: &[&WorkMessage]) {
+    assert_eq!(
+        store.ended_batches_with_live_jobs().await.unwrap(),
+        ["b"],
+        "jobs of the ended batch are left"
+    );
+    for msg in left {
+        store
+            .finish(
+                &FinishIf::Live,
+                &msg.job_id,
+                &Outcome::cancelled("x"),
+                EpochMs(3_000),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert!(
+        store
+            .ended_batches_with_live_jobs()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let b = store.batch("b").await.unwrap().unwrap();
+    assert_eq!((b.finished, b.cancelled, b.done), (3, 3, 0));
+}
