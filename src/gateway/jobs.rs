@@ -90,7 +90,8 @@ impl CheckQuery for ListQuery {
 pub struct CancelResponse {
     /// The job.
     pub id: String,
-    /// Its status now (`cancelled`).
+    /// The status recorded: `cancelled`, or `failed` when the database refused the
+    /// cancelled end (the result's `error` says why).
     pub status: Status,
 }
 
@@ -390,16 +391,17 @@ pub async fn cancel_job(
         .await?
     {
         Some(result) => {
-            tracing::info!(job_id = %id, "job cancelled");
-            metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "cancelled").increment(1);
+            // What was recorded: `failed` when the database refused the cancelled end
+            // (see `JobStore::finish`), and the answer must say so.
+            let status = result.result.status;
+            tracing::info!(job_id = %id, %status, "job cancelled");
+            metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => status.as_str())
+                .increment(1);
             if let Err(e) = state.queue.publish_cancel(&id).await {
                 tracing::warn!(job_id = %id, error = %e, "cancel broadcast failed; the worker will notice at its next lease renewal");
             }
             crate::ending::publish_result(&state.queue, state.store.as_ref(), &result).await;
-            Ok(Json(CancelResponse {
-                id,
-                status: Status::Cancelled,
-            }))
+            Ok(Json(CancelResponse { id, status }))
         }
         None => match state.store.job(&id).await? {
             None => Err(ApiError::not_found(format!("no job with id `{id}`"))),
