@@ -22,6 +22,8 @@
 //!   it: the node died) is sent back to INIT for a new sandbox elsewhere, at most
 //!   `sandbox.max_restarts` times, then failed;
 //! - results written but never marked published are published;
+//! - backend assignments of jobs that left RUN or ended (written by a version that did
+//!   not check) are deleted, so backends' active counts are right again;
 //! - a message that reached the consumer's delivery maximum without a worker giving up on
 //!   it (deliveries wasted on workers that died) is reported by the server's
 //!   max-deliveries advisory; the reconciler dead-letters it and fails its job — unless
@@ -72,6 +74,9 @@ pub struct Sweep {
     /// Fresh hand-offs published again in case they were lost (see
     /// `reconciler.republish_after_ms`).
     pub handoffs_checked: usize,
+    /// Backend assignments of jobs no longer in RUN deleted (see
+    /// [`BackendStore::release_leaked_assignments`](crate::store::BackendStore::release_leaked_assignments)).
+    pub assignments_released: usize,
     /// Jobs that could not be repaired this time (each logged with its id).
     pub errors: usize,
 }
@@ -134,6 +139,7 @@ pub async fn run(
                 restarted = s.restarted,
                 results_published = s.results_published,
                 handoffs_checked = s.handoffs_checked,
+                assignments_released = s.assignments_released,
                 errors = s.errors,
                 "reconciler repaired hand-offs"
             ),
@@ -216,6 +222,16 @@ pub async fn sweep(
         } else {
             let done = restart_abandoned(store, queue, &run, max, now).await;
             count(&id, "restart", done, &mut out.restarted, &mut out.errors);
+        }
+    }
+    // Backend counts leaked by assignments written after their job left RUN: routing
+    // reads these counts, so they are put right at once. A failure is counted, and the
+    // sweep goes on.
+    match store.release_leaked_assignments().await {
+        Ok(n) => out.assignments_released = usize::try_from(n).unwrap_or(usize::MAX),
+        Err(e) => {
+            out.errors += 1;
+            tracing::warn!(error = %e, "reconciler cannot release leaked backend assignments");
         }
     }
     // Results are normally marked within milliseconds; give in-flight publishes time.

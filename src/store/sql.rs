@@ -327,10 +327,25 @@ pub(super) const SET_BACKEND_HEALTH: &str = "UPDATE backends SET healthy = $2, l
 pub(super) const SELECT_ASSIGNMENT: &str =
     "SELECT backend_id, model FROM backend_assignments WHERE job_id = $1";
 
+/// Records a job's backend, in the same statement that checks the job is still in RUN
+/// and has not ended: the trigger that deletes assignments fires only when a job leaves
+/// RUN or ends, so one written after that (a job cancelled while its worker was picking
+/// a backend) would count against the backend for ever. A job this database does not
+/// hold (a benchmark's) is assigned as before and releases its own. Postgres first locks
+/// the job's row (see `Dialect::lock_job`), so an end committing meanwhile is either
+/// seen here or waits for this commit and then deletes the row. No row: not assigned.
 pub(super) const PUT_ASSIGNMENT: &str = "INSERT INTO backend_assignments (job_id, backend_id, \
-     group_key, model, assigned_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id) DO UPDATE \
+     group_key, model, assigned_at) SELECT $1, $2, $3, $4, $5 WHERE NOT EXISTS (SELECT 1 \
+     FROM jobs WHERE id = $1 AND (stage <> 'run' OR finished_at IS NOT NULL)) \
+     ON CONFLICT (job_id) DO UPDATE \
      SET backend_id = excluded.backend_id, group_key = excluded.group_key, \
-     model = excluded.model, assigned_at = excluded.assigned_at";
+     model = excluded.model, assigned_at = excluded.assigned_at RETURNING job_id";
+
+/// Assignments whose job has left RUN or ended: leaked by a version that assigned
+/// without checking (see [`PUT_ASSIGNMENT`]), deleted by the reconciler.
+pub(super) const DELETE_LEAKED_ASSIGNMENTS: &str = "DELETE FROM backend_assignments \
+     WHERE job_id IN (SELECT j.id FROM jobs j JOIN backend_assignments a ON a.job_id = j.id \
+     WHERE j.stage <> 'run' OR j.finished_at IS NOT NULL)";
 
 pub(super) const PUT_GROUP_HOME: &str = "INSERT INTO backend_group_homes (group_key, \
      backend_id, updated_at) VALUES ($1, $2, $3) ON CONFLICT (group_key) DO UPDATE \
@@ -601,6 +616,10 @@ pub(super) const SELECT_SAMPLING: &str = concat!(
 /// first, in the order a job's end takes its rows (the batch's counters, then the
 /// sampling rows), so the two can never wait on each other in a cycle.
 pub(super) const LOCK_BATCH_POSTGRES: &str = "SELECT id FROM batches WHERE id = $1 FOR UPDATE";
+
+/// Postgres: holds a job's row against changes (its end, its hand-off) for the rest of
+/// the transaction; see `Dialect::lock_job`.
+pub(super) const LOCK_JOB_POSTGRES: &str = "SELECT id FROM jobs WHERE id = $1 FOR SHARE";
 
 /// Claims prompts `$3 .. $3 + $2` for launching: a compare-and-set on `next_prompt`, so
 /// two launchers can never both take one prompt.
