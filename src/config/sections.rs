@@ -311,7 +311,10 @@ pub struct ReconcilerSettings {
     /// `queue.duplicate_window_ms` (hand-offs older than half of it are left to
     /// `stale_after_ms`). 0 turns this check off.
     pub republish_after_ms: u64,
-    /// Most jobs re-published per sweep.
+    /// Most jobs each of the sweep's reads lists (stale jobs, lapsed leases, abandoned
+    /// runs, unpublished results: at most this many of each per sweep). Overdue
+    /// hand-offs (`republish_after_ms`) are read in pages of this size until none is
+    /// left, so a crash that orphaned any number of them is repaired in one sweep.
     pub batch_limit: i64,
 }
 
