@@ -121,9 +121,10 @@ pub struct GatewaySettings {
     pub max_tasks_per_request: usize,
     /// Longest `wait_ms` a long-poll may ask for.
     pub max_wait_ms: u64,
-    /// Largest page of results in bytes (their stored output and error): a page ends
-    /// before the result that would take it over this, whatever `limit` asked for, but
-    /// always holds at least one result. Bounds the gateway's memory and the response.
+    /// Largest page of results or jobs in bytes (stored output and error; for jobs also
+    /// the task and stage outputs): a page of `GET /v1/results` or `GET /v1/jobs` ends
+    /// before the entry that would take it over this, whatever `limit` asked for, but
+    /// always holds at least one. Bounds the gateway's memory and the response.
     pub max_page_bytes: u64,
 }
 

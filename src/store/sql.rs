@@ -73,12 +73,27 @@ pub(super) const SELECT_BY_CLIENT: &str =
 
 pub(super) const SELECT_JOB: &str = concat!("SELECT ", job_cols!(), " FROM jobs WHERE id = $1");
 
+/// A page of jobs after the id `$3`: at most `$4`, and none after the job with which the
+/// page's stored bytes (task, stage outputs, error) reach `$5` (as result pages keep
+/// theirs: the budget plus at most one job), never empty when a job exists. The sizes come from `OCTET_LENGTH`, which neither database reads the
+/// value for (Postgres takes a TOASTed value's size from its header, SQLite skips the
+/// content); only the jobs on the page are then read whole, so a page of one 15 MB job
+/// never reads the other 999.
 pub(super) const LIST_JOBS: &str = concat!(
     "SELECT ",
     job_cols!(),
-    " FROM jobs WHERE ($1 IS NULL OR batch_id = $1) AND ($2 IS NULL OR status = $2) \
-     AND id > $3 ORDER BY id LIMIT CAST($4 AS INTEGER)"
+    " FROM jobs WHERE id IN (SELECT id FROM (SELECT id, SUM(size) OVER (ORDER BY id) - size \
+     AS bytes_before FROM (SELECT id, OCTET_LENGTH(task) \
+     + COALESCE(OCTET_LENGTH(init_output), 0) + COALESCE(OCTET_LENGTH(run_output), 0) \
+     + COALESCE(OCTET_LENGTH(error), 0) AS size FROM jobs \
+     WHERE ($1 IS NULL OR batch_id = $1) AND ($2 IS NULL OR status = $2) AND id > $3 \
+     ORDER BY id LIMIT CAST($4 AS INTEGER)) AS first_rows) AS page \
+     WHERE bytes_before < $5 OR bytes_before = 0) ORDER BY id"
 );
+
+/// Whether a job of [`LIST_JOBS`]'s filter follows the id `$3` (ids only).
+pub(super) const LIST_JOBS_MORE: &str = "SELECT id FROM jobs WHERE ($1 IS NULL OR batch_id = $1) \
+     AND ($2 IS NULL OR status = $2) AND id > $3 ORDER BY id LIMIT 1";
 
 /// Starts a stage: only from `queued`, or from `running` whose lease has ended (the
 /// previous holder died). Sets the stage's start time to this start.
@@ -180,25 +195,22 @@ pub(super) const SANDBOXES_OF_NODE: &str = concat!(
 pub(super) const RENEW_SANDBOXES: &str =
     "UPDATE sandboxes SET lease_until = $2 WHERE node = $1 AND lease_until < $2";
 
-/// A page of results after `$1`: at most `$2` rows, ending before the row that would
-/// take the page's stored bytes (output and error) over `$3`, but never empty when a
-/// row exists. The running total is taken over the `$2` rows only, never over the
-/// whole table after the cursor.
+/// A page of results after `$1`: at most `$2` rows, and none after the row with which
+/// the page's stored bytes (output and error) reach `$3`, never empty when a row
+/// exists. The running total is taken over the `$2` rows only, never over the
+/// whole table after the cursor, and from the sizes alone (`OCTET_LENGTH`, which reads
+/// no value, see [`LIST_JOBS`]): only the rows on the page are read whole.
 macro_rules! results_page {
     ($filter:literal) => {
         concat!(
             "SELECT ",
             result_cols!(),
-            " FROM (SELECT ",
-            result_cols!(),
-            ", SUM(LENGTH(output) + COALESCE(LENGTH(error), 0)) OVER (ORDER BY seq) \
-             - LENGTH(output) - COALESCE(LENGTH(error), 0) AS bytes_before \
-             FROM (SELECT ",
-            result_cols!(),
-            " FROM results WHERE seq > $1",
+            " FROM results WHERE seq IN (SELECT seq FROM (SELECT seq, SUM(size) OVER \
+             (ORDER BY seq) - size AS bytes_before FROM (SELECT seq, OCTET_LENGTH(output) \
+             + COALESCE(OCTET_LENGTH(error), 0) AS size FROM results WHERE seq > $1",
             $filter,
             " ORDER BY seq LIMIT CAST($2 AS INTEGER)) AS first_rows) AS page \
-             WHERE bytes_before < $3 ORDER BY seq"
+             WHERE bytes_before < $3 OR bytes_before = 0) ORDER BY seq"
         )
     };
 }
