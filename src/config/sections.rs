@@ -379,8 +379,13 @@ pub struct SandboxSettings {
     /// Host paths bound read-only at the same place in every sandbox (a Python
     /// environment outside /usr, a dataset).
     pub ro_binds: Vec<PathBuf>,
-    /// Default resource limits; a task may lower or raise them.
+    /// Default resource limits; a task may lower or raise them, up to `max_limits`.
     pub limits: crate::domain::sandbox::SandboxLimits,
+    /// The most a task may ask for, limit by limit: a task above one gets a 400 naming
+    /// the limit and the maximum at submit. A task may ask for 0 (no limit) only where
+    /// the maximum is 0 too, which lifts the ceiling. The defaults in `limits` must keep
+    /// within these.
+    pub max_limits: crate::domain::sandbox::SandboxLimits,
     /// How long a sandbox may take to answer its first ping (ms).
     pub ready_timeout_ms: u64,
     /// How long a node vouches for its sandboxes between renewals (ms); the reaper
@@ -411,6 +416,7 @@ impl Default for SandboxSettings {
             unprivileged_gid: 65534,
             ro_binds: Vec::new(),
             limits: crate::domain::sandbox::SandboxLimits::default(),
+            max_limits: crate::domain::sandbox::SandboxLimits::default_maximums(),
             ready_timeout_ms: 30_000,
             lease_ms: 60_000,
             reaper_interval_ms: 500,
