@@ -163,9 +163,11 @@ async fn measure(env: &service::Env, case: &Case, n: usize, batch: &str) -> Figu
             status: Some(Status::Done),
             cursor: None,
             limit: 100_000,
+            max_bytes: i64::MAX,
         })
         .await
-        .unwrap();
+        .unwrap()
+        .jobs;
     let ms = |a: Option<i64>, b: Option<i64>| (b.unwrap() - a.unwrap()) as f64;
     let mut evals: Vec<f64> = jobs
         .iter()

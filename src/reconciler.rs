@@ -22,6 +22,8 @@
 //!   it: the node died) is sent back to INIT for a new sandbox elsewhere, at most
 //!   `sandbox.max_restarts` times, then failed;
 //! - results written but never marked published are published;
+//! - backend assignments of jobs that left RUN or ended (written by a version that did
+//!   not check) are deleted, so backends' active counts are right again;
 //! - a message that reached the consumer's delivery maximum without a worker giving up on
 //!   it (deliveries wasted on workers that died) is reported by the server's
 //!   max-deliveries advisory; the reconciler dead-letters it and fails its job — unless
@@ -72,6 +74,9 @@ pub struct Sweep {
     /// Fresh hand-offs published again in case they were lost (see
     /// `reconciler.republish_after_ms`).
     pub handoffs_checked: usize,
+    /// Backend assignments of jobs no longer in RUN deleted (see
+    /// [`BackendStore::release_leaked_assignments`](crate::store::BackendStore::release_leaked_assignments)).
+    pub assignments_released: usize,
     /// Jobs that could not be repaired this time (each logged with its id).
     pub errors: usize,
 }
@@ -134,6 +139,7 @@ pub async fn run(
                 restarted = s.restarted,
                 results_published = s.results_published,
                 handoffs_checked = s.handoffs_checked,
+                assignments_released = s.assignments_released,
                 errors = s.errors,
                 "reconciler repaired hand-offs"
             ),
@@ -192,20 +198,15 @@ pub async fn sweep(
     let window = Duration::from_millis(settings.duplicate_window_ms) / 2;
     let after = Duration::from_millis(r.republish_after_ms);
     if !after.is_zero() && after < window {
-        for job in store
-            .overdue_handoffs(now.before(after), now.before(window), r.batch_limit)
-            .await?
-        {
-            let id = job.msg.job_id.clone();
-            let done = republish(store, queue, &job, now, false).await;
-            count(
-                &id,
-                "re-publish",
-                done,
-                &mut out.handoffs_checked,
-                &mut out.errors,
-            );
-        }
+        republish_overdue(
+            store,
+            queue,
+            (now.before(after), now.before(window)),
+            r.batch_limit,
+            now,
+            &mut out,
+        )
+        .await?;
     }
     for run in store.abandoned_runs(now, r.batch_limit).await? {
         let id = run.msg.job_id.clone();
@@ -216,6 +217,16 @@ pub async fn sweep(
         } else {
             let done = restart_abandoned(store, queue, &run, max, now).await;
             count(&id, "restart", done, &mut out.restarted, &mut out.errors);
+        }
+    }
+    // Backend counts leaked by assignments written after their job left RUN: routing
+    // reads these counts, so they are put right at once. A failure is counted, and the
+    // sweep goes on.
+    match store.release_leaked_assignments().await {
+        Ok(n) => out.assignments_released = usize::try_from(n).unwrap_or(usize::MAX),
+        Err(e) => {
+            out.errors += 1;
+            tracing::warn!(error = %e, "reconciler cannot release leaked backend assignments");
         }
     }
     // Results are normally marked within milliseconds; give in-flight publishes time.
@@ -239,6 +250,54 @@ pub async fn sweep(
         );
     }
     Ok(out)
+}
+
+/// How many re-publications of overdue hand-offs run at once: each is a write (the
+/// touch) and a publish awaiting its ack, so a backlog of thousands is worked through
+/// in parallel rather than one round trip after another.
+const REPUBLISH_CONCURRENCY: usize = 64;
+
+/// Re-publishes every queued job handed off between `since` and `before` and untouched
+/// since (oldest first), page by page of `limit`, until none is left: the
+/// whole backlog in this sweep, however many jobs a crash orphaned (a gateway killed
+/// between the commit and the publish of a 10,000-task submit), so none of them ages
+/// out of the window into the `stale_after_ms` wait. Each re-published job is touched,
+/// so the next page does not list it again; a page in which nothing could be touched
+/// (every job failed to publish, or moved on under another reconciler) ends the loop,
+/// which the next sweep takes up again.
+async fn republish_overdue(
+    store: &dyn Store,
+    queue: &Queue,
+    (before, since): (EpochMs, EpochMs),
+    limit: i64,
+    now: EpochMs,
+    out: &mut Sweep,
+) -> Result<(), ReconcileError> {
+    use futures::StreamExt;
+    loop {
+        let page = store.overdue_handoffs(before, since, limit).await?;
+        let full = i64::try_from(page.len()).unwrap_or(i64::MAX) >= limit;
+        let mut done = futures::stream::iter(page)
+            .map(|job| async move {
+                let r = republish(store, queue, &job, now, false).await;
+                (job.msg.job_id, r)
+            })
+            .buffer_unordered(REPUBLISH_CONCURRENCY);
+        let mut progressed = false;
+        while let Some((id, r)) = done.next().await {
+            progressed |= matches!(r, Ok(true));
+            count(
+                &id,
+                "re-publish",
+                r,
+                &mut out.handoffs_checked,
+                &mut out.errors,
+            );
+        }
+        if !full || !progressed {
+            return Ok(());
+        }
+    }
 }
 
 /// Adds one job's repair to its counter, or logs why it failed and counts the error.

@@ -384,6 +384,30 @@ mod tests {
     }
 
     #[test]
+    fn default_limits_keep_within_their_maximums() {
+        let e = Settings::load_from(
+            None,
+            env(&[("ROLLOUT__SANDBOX__MAX_LIMITS__MEMORY_BYTES", "1073741824")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`sandbox.limits.memory_bytes`"), "{e}");
+        assert!(e.contains("1073741824"), "{e}");
+        let e = Settings::load_from(None, env(&[("ROLLOUT__SANDBOX__LIMITS__PROCESSES", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`sandbox.limits.processes`"), "{e}");
+        Settings::load_from(
+            None,
+            env(&[
+                ("ROLLOUT__SANDBOX__LIMITS__PROCESSES", "0"),
+                ("ROLLOUT__SANDBOX__MAX_LIMITS__PROCESSES", "0"),
+            ]),
+        )
+        .unwrap();
+    }
+
+    #[test]
     fn node_names_become_subject_tokens() {
         assert_eq!(sanitize_node_name("n1.cluster.local"), "n1-cluster-local");
         assert_eq!(sanitize_node_name("any"), "node");

@@ -121,9 +121,10 @@ pub struct GatewaySettings {
     pub max_tasks_per_request: usize,
     /// Longest `wait_ms` a long-poll may ask for.
     pub max_wait_ms: u64,
-    /// Largest page of results in bytes (their stored output and error): a page ends
-    /// before the result that would take it over this, whatever `limit` asked for, but
-    /// always holds at least one result. Bounds the gateway's memory and the response.
+    /// Largest page of results or jobs in bytes (stored output and error; for jobs also
+    /// the task and stage outputs): a page of `GET /v1/results` or `GET /v1/jobs` ends
+    /// before the entry that would take it over this, whatever `limit` asked for, but
+    /// always holds at least one. Bounds the gateway's memory and the response.
     pub max_page_bytes: u64,
 }
 
@@ -311,7 +312,10 @@ pub struct ReconcilerSettings {
     /// `queue.duplicate_window_ms` (hand-offs older than half of it are left to
     /// `stale_after_ms`). 0 turns this check off.
     pub republish_after_ms: u64,
-    /// Most jobs re-published per sweep.
+    /// Most jobs each of the sweep's reads lists (stale jobs, lapsed leases, abandoned
+    /// runs, unpublished results: at most this many of each per sweep). Overdue
+    /// hand-offs (`republish_after_ms`) are read in pages of this size until none is
+    /// left, so a crash that orphaned any number of them is repaired in one sweep.
     pub batch_limit: i64,
 }
 
@@ -375,8 +379,13 @@ pub struct SandboxSettings {
     /// Host paths bound read-only at the same place in every sandbox (a Python
     /// environment outside /usr, a dataset).
     pub ro_binds: Vec<PathBuf>,
-    /// Default resource limits; a task may lower or raise them.
+    /// Default resource limits; a task may lower or raise them, up to `max_limits`.
     pub limits: crate::domain::sandbox::SandboxLimits,
+    /// The most a task may ask for, limit by limit: a task above one gets a 400 naming
+    /// the limit and the maximum at submit. A task may ask for 0 (no limit) only where
+    /// the maximum is 0 too, which lifts the ceiling. The defaults in `limits` must keep
+    /// within these.
+    pub max_limits: crate::domain::sandbox::SandboxLimits,
     /// How long a sandbox may take to answer its first ping (ms).
     pub ready_timeout_ms: u64,
     /// How long a node vouches for its sandboxes between renewals (ms); the reaper
@@ -407,6 +416,7 @@ impl Default for SandboxSettings {
             unprivileged_gid: 65534,
             ro_binds: Vec::new(),
             limits: crate::domain::sandbox::SandboxLimits::default(),
+            max_limits: crate::domain::sandbox::SandboxLimits::default_maximums(),
             ready_timeout_ms: 30_000,
             lease_ms: 60_000,
             reaper_interval_ms: 500,

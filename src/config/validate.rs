@@ -210,6 +210,12 @@ impl Settings {
                 "must be at least 1, and base + count must fit in 32 bits",
             );
         }
+        let (limits, max) = (&self.sandbox.limits, &self.sandbox.max_limits);
+        for ((name, value), (_, ceiling)) in limits.named().into_iter().zip(max.named()) {
+            if let Some(problem) = crate::domain::sandbox::limit_problem(name, value, ceiling) {
+                return bad(&format!("sandbox.limits.{name}"), &problem);
+            }
+        }
         if self.sandbox.max_restarts < 0 {
             return bad("sandbox.max_restarts", "must be 0 or more");
         }

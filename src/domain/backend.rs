@@ -102,12 +102,19 @@ pub struct BackendSpec {
     pub kind: WireKind,
     /// The model it serves; for vLLM also the `model` field of requests. Jobs only move
     /// between backends of the same model.
-    #[schema(pattern = "^[^\\u0000]*\\S[^\\u0000]*$")]
+    // Not blank and no NUL, as `validate` checks: whitespace is spelled out as Rust's
+    // `char::is_whitespace` has it, since `\s` differs between regex engines, and `\S`
+    // would take a NUL.
+    #[schema(
+        pattern = "^[^\\u0000]*[^\\u0000\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\u0000]*$"
+    )]
     pub model: String,
     /// The model's directory holding `tokenizer.json` and `tokenizer_config.json` (or the
     /// path of `tokenizer.json`, with `tokenizer_config.json` beside it), as seen by the
     /// RUN workers.
-    #[schema(pattern = "^[^\\u0000]*\\S[^\\u0000]*$")]
+    #[schema(
+        pattern = "^[^\\u0000]*[^\\u0000\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\u0000]*$"
+    )]
     pub tokenizer: String,
     /// Relative capacity: a backend of weight 2 gets twice the jobs of one of weight 1.
     #[serde(default = "default_weight")]
@@ -117,7 +124,9 @@ pub struct BackendSpec {
     /// `--served-model-name`): sent as each request's `model`, and looked for in the
     /// server's `GET /v1/models`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(pattern = "^[^\\u0000]*\\S[^\\u0000]*$")]
+    #[schema(
+        pattern = "^[^\\u0000]*[^\\u0000\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000][^\\u0000]*$"
+    )]
     pub served_model_name: Option<String>,
     /// The server's API key, when it was started with `--api-key`. Write-only: the API
     /// answers with `api_key_set` instead. It is kept in the `backends` table, which

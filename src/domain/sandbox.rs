@@ -74,6 +74,74 @@ impl Default for SandboxLimits {
     }
 }
 
+impl SandboxLimits {
+    /// The operator's default ceilings (`sandbox.max_limits`): generous for a training
+    /// node, but no task can lift a limit (0) or ask for what no node has.
+    pub fn default_maximums() -> Self {
+        SandboxLimits {
+            processes: 4096,
+            memory_bytes: 64 << 30,
+            file_size_bytes: 64 << 30,
+            cpu_seconds: 86_400,
+            tmp_bytes: 16 << 30,
+            shm_bytes: 16 << 30,
+            workspace_bytes: 256 << 30,
+        }
+    }
+
+    /// Each limit with its name (the key under `limits`), in declaration order.
+    pub fn named(&self) -> [(&'static str, u64); 7] {
+        [
+            ("processes", self.processes),
+            ("memory_bytes", self.memory_bytes),
+            ("file_size_bytes", self.file_size_bytes),
+            ("cpu_seconds", self.cpu_seconds),
+            ("tmp_bytes", self.tmp_bytes),
+            ("shm_bytes", self.shm_bytes),
+            ("workspace_bytes", self.workspace_bytes),
+        ]
+    }
+}
+
+/// The smallest workspace a node can give its own filesystem: `mkfs.ext4` refuses to
+/// format less (64 KiB fails, 1 MiB works), so a smaller `workspace_bytes` would fail
+/// every INIT.
+pub const MIN_WORKSPACE_BYTES: u64 = 1 << 20;
+
+/// The largest workspace image a node can make: the image is one sparse file, and ext4
+/// (with 4 KiB blocks) holds no file over 16 TiB, so a larger `workspace_bytes` would
+/// fail every INIT ("File too large").
+pub const MAX_WORKSPACE_BYTES: u64 = 16 << 40;
+
+/// Why `value` cannot be the limit `name` under the ceiling `max` (0: none), or `None`
+/// when it can. 0 means "no limit", allowed only where the ceiling is 0 too; a
+/// workspace size must also be one a node can make (see [`MIN_WORKSPACE_BYTES`]).
+/// Shared by the configuration's check of its defaults and the submit-time check of a
+/// task's overrides, so both refuse the same values.
+pub fn limit_problem(name: &str, value: u64, max: u64) -> Option<String> {
+    if value == 0 && max > 0 {
+        return Some(format!(
+            "0 (no limit) is above this service's maximum of {max} (sandbox.max_limits.{name}); \
+             ask for at most {max}"
+        ));
+    }
+    if max > 0 && value > max {
+        return Some(format!(
+            "{value} is above this service's maximum of {max} (sandbox.max_limits.{name})"
+        ));
+    }
+    if name == "workspace_bytes"
+        && value != 0
+        && !(MIN_WORKSPACE_BYTES..=MAX_WORKSPACE_BYTES).contains(&value)
+    {
+        return Some(format!(
+            "{name} = {value} is not a workspace a node can make: its filesystem takes \
+             {MIN_WORKSPACE_BYTES} to {MAX_WORKSPACE_BYTES} bytes"
+        ));
+    }
+    None
+}
+
 /// An IPv4 network, `addr/prefix`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Ipv4Net {

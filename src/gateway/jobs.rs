@@ -55,7 +55,8 @@ pub struct JobView {
 pub struct JobPage {
     /// Jobs in id (creation) order.
     pub jobs: Vec<Job>,
-    /// Pass as `cursor` to get the next page; absent on the last page.
+    /// Pass as `cursor` to get the next page; absent on the last page (a page cut short
+    /// by the byte budget has one).
     pub next_cursor: Option<String>,
 }
 
@@ -69,7 +70,9 @@ pub struct ListQuery {
     pub batch: Option<String>,
     /// Only jobs with this status.
     pub status: Option<Status>,
-    /// Page size (default 100, at most 1000; 0 means 1).
+    /// Page size (default 100, at most 1000; 0 means 1). A page also ends before it
+    /// would exceed `gateway.max_page_bytes` (16 MiB by default) of stored task, outputs
+    /// and error, but holds at least one job; `next_cursor` is then given.
     #[param(minimum = 0, maximum = 1000)]
     pub limit: Option<i64>,
     /// `next_cursor` of the previous page.
@@ -90,7 +93,8 @@ impl CheckQuery for ListQuery {
 pub struct CancelResponse {
     /// The job.
     pub id: String,
-    /// Its status now (`cancelled`).
+    /// The status recorded: `cancelled`, or `failed` when the database refused the
+    /// cancelled end (the result's `error` says why).
     pub status: Status,
 }
 
@@ -370,12 +374,17 @@ pub async fn list_jobs(
         status: q.status,
         cursor: q.cursor,
         limit,
+        max_bytes: super::results::page_bytes(&state),
     };
-    let jobs = state.store.list_jobs(&query).await?;
-    let next_cursor = (i64::try_from(jobs.len()) == Ok(limit))
-        .then(|| jobs.last().map(|j| j.id.clone()))
+    let page = state.store.list_jobs(&query).await?;
+    let next_cursor = page
+        .more
+        .then(|| page.jobs.last().map(|j| j.id.clone()))
         .flatten();
-    Ok(Json(JobPage { jobs, next_cursor }))
+    Ok(Json(JobPage {
+        jobs: page.jobs,
+        next_cursor,
+    }))
 }
 
 /// Cancel a job.
@@ -406,16 +415,17 @@ pub async fn cancel_job(
         .await?
     {
         Some(result) => {
-            tracing::info!(job_id = %id, "job cancelled");
-            metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "cancelled").increment(1);
+            // What was recorded: `failed` when the database refused the cancelled end
+            // (see `JobStore::finish`), and the answer must say so.
+            let status = result.result.status;
+            tracing::info!(job_id = %id, %status, "job cancelled");
+            metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => status.as_str())
+                .increment(1);
             if let Err(e) = state.queue.publish_cancel(&id).await {
                 tracing::warn!(job_id = %id, error = %e, "cancel broadcast failed; the worker will notice at its next lease renewal");
             }
             crate::ending::publish_result(&state.queue, state.store.as_ref(), &result).await;
-            Ok(Json(CancelResponse {
-                id,
-                status: Status::Cancelled,
-            }))
+            Ok(Json(CancelResponse { id, status }))
         }
         None => match state.store.job(&id).await? {
             None => Err(ApiError::not_found(format!("no job with id `{id}`"))),

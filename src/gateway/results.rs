@@ -85,8 +85,8 @@ impl CheckQuery for StreamQuery {
 
 const RECHECK: Duration = Duration::from_millis(500);
 
-/// The byte budget of one read of results (`gateway.max_page_bytes`).
-fn page_bytes(state: &AppState) -> i64 {
+/// The byte budget of one read of results or jobs (`gateway.max_page_bytes`).
+pub(super) fn page_bytes(state: &AppState) -> i64 {
     i64::try_from(state.settings.gateway.max_page_bytes).unwrap_or(i64::MAX)
 }
 

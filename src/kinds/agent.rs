@@ -318,8 +318,7 @@ impl TaskKind for Agent {
                 return Err(SpecError::new(format!("limits.{name}"), "must be above 0"));
             }
         }
-        s.sandbox
-            .validate("sandbox", self.sandboxes.allow_local())?;
+        s.sandbox.validate("sandbox", self.sandboxes.settings())?;
         grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
     }
 

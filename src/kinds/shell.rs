@@ -132,8 +132,7 @@ impl TaskKind for Shell {
 
     fn validate(&self, spec: &serde_json::Value) -> Result<(), SpecError> {
         let s: ShellSpec = SpecError::parse(spec)?;
-        s.sandbox
-            .validate("sandbox", self.sandboxes.allow_local())?;
+        s.sandbox.validate("sandbox", self.sandboxes.settings())?;
         for (i, step) in s.steps.iter().enumerate() {
             check_step(i, step)?;
         }

@@ -279,6 +279,12 @@ impl NodeSandboxes {
         self.settings.allow_local
     }
 
+    /// This node's sandbox settings, which a task's sandbox spec is checked against at
+    /// submit (see [`SandboxSpec::validate`]).
+    pub fn settings(&self) -> &SandboxSettings {
+        &self.settings
+    }
+
     /// Starts a sandbox for `job_id` from `spec`, replacing any earlier one of the same
     /// purpose, runs the spec's setup commands, and makes the state they leave the
     /// baseline of later exports (what setup made is the task's, not the agent's).
@@ -299,6 +305,11 @@ impl NodeSandboxes {
                 "the local sandbox backend runs the agent's commands unsandboxed on the host; this node refuses it (set sandbox.allow_local = true to allow it)".into(),
             ));
         }
+        // Checked at submit too; a job stored before (or by a gateway with other
+        // settings) fails here for good rather than at every retry of INIT.
+        spec.limits
+            .check("sandbox", &self.settings.max_limits)
+            .map_err(|e| SandboxError::Config(e.to_string()))?;
         let workspace = dir.join("workspace");
         super::sandboxes_root(&self.root)?;
         super::private_dir(&dir)?;

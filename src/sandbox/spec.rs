@@ -5,6 +5,7 @@
 //! setup), so EVAL scores what the agent did in a sandbox the agent never touched.
 
 use super::{RuntimeKind, SandboxLimits};
+use crate::config::SandboxSettings;
 use crate::domain::SpecError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -104,11 +105,56 @@ impl LimitOverrides {
     }
 }
 
+impl LimitOverrides {
+    /// Checks each limit the task sets against the operator's ceiling in `max` (see
+    /// [`crate::domain::sandbox::limit_problem`]): what INIT would refuse or fail on is
+    /// refused here, at submit. `prefix` is the spec's path in the task.
+    pub fn check(&self, prefix: &str, max: &SandboxLimits) -> Result<(), SpecError> {
+        // Unset limits keep the node's defaults, which the configuration keeps within
+        // `max`; only the task's own values are checked (and named).
+        let unset = SandboxLimits {
+            processes: 1,
+            memory_bytes: 1,
+            file_size_bytes: 1,
+            cpu_seconds: 1,
+            tmp_bytes: 1,
+            shm_bytes: 1,
+            workspace_bytes: crate::domain::sandbox::MIN_WORKSPACE_BYTES,
+        };
+        let asked = self.apply(unset).named();
+        let set = [
+            self.processes,
+            self.memory_bytes,
+            self.file_size_bytes,
+            self.cpu_seconds,
+            self.tmp_bytes,
+            self.shm_bytes,
+            self.workspace_bytes,
+        ];
+        for (((name, value), (_, ceiling)), given) in asked.into_iter().zip(max.named()).zip(set) {
+            if given.is_none() {
+                continue;
+            }
+            if let Some(message) = crate::domain::sandbox::limit_problem(name, value, ceiling) {
+                return Err(SpecError {
+                    path: format!("{prefix}.limits.{name}"),
+                    message,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 impl SandboxSpec {
-    /// Checks what serde cannot; `prefix` is the spec's path in the task (for messages).
-    /// `allow_local` is the node's `sandbox.allow_local`: without it a task may not ask
-    /// for the `local` backend, which would run the agent unsandboxed on the host.
-    pub fn validate(&self, prefix: &str, allow_local: bool) -> Result<(), SpecError> {
+    /// Checks what serde cannot, and what the node's `settings` would refuse at INIT;
+    /// `prefix` is the spec's path in the task (for messages). Without
+    /// `sandbox.allow_local` a task may not ask for the `local` backend, which would run
+    /// the agent unsandboxed on the host; its limits must keep within
+    /// `sandbox.max_limits`; a `network: true` task on the `apptainer` backend needs
+    /// `sandbox.apptainer_host_network`.
+    pub fn validate(&self, prefix: &str, settings: &SandboxSettings) -> Result<(), SpecError> {
+        let allow_local = settings.allow_local;
         let err = |path: &str, message: String| SpecError {
             path: format!("{prefix}.{path}"),
             message,
@@ -151,7 +197,17 @@ impl SandboxSpec {
         {
             return Err(err("repo.url", "must not be empty".into()));
         }
-        Ok(())
+        let default = RuntimeKind::parse(&settings.backend).unwrap_or(RuntimeKind::Bwrap);
+        if self.network
+            && self.backend_or(default) == RuntimeKind::Apptainer
+            && !settings.apptainer_host_network
+        {
+            return Err(err(
+                "network",
+                "network: true on the apptainer backend would share the host's network, which this service refuses (an operator may allow it with sandbox.apptainer_host_network = true)".into(),
+            ));
+        }
+        self.limits.check(prefix, &settings.max_limits)
     }
 
     /// The backend to use: the task's, else the node's default.
@@ -245,16 +301,21 @@ mod tests {
 
     #[test]
     fn specs_are_checked_with_paths() {
+        let strict = SandboxSettings::default();
+        let local_ok = SandboxSettings {
+            allow_local: true,
+            ..SandboxSettings::default()
+        };
         let spec: SandboxSpec = serde_json::from_value(serde_json::json!({
             "files": {"../escape": "x"}
         }))
         .unwrap();
-        let e = spec.validate("sandbox", false).unwrap_err();
+        let e = spec.validate("sandbox", &strict).unwrap_err();
         assert_eq!(e.path, "sandbox.files.../escape");
         let spec: SandboxSpec =
             serde_json::from_value(serde_json::json!({"backend": "docker"})).unwrap();
         assert!(
-            spec.validate("sandbox", false)
+            spec.validate("sandbox", &strict)
                 .unwrap_err()
                 .message
                 .contains("unknown backend")
@@ -263,12 +324,57 @@ mod tests {
             serde_json::json!({"files": {"a/b.py": ""}, "env": {"A_1": "x"}}),
         )
         .unwrap();
-        spec.validate("sandbox", false).unwrap();
+        spec.validate("sandbox", &strict).unwrap();
         let local: SandboxSpec =
             serde_json::from_value(serde_json::json!({"backend": "local"})).unwrap();
-        let e = local.validate("sandbox", false).unwrap_err();
+        let e = local.validate("sandbox", &strict).unwrap_err();
         assert_eq!(e.path, "sandbox.backend");
-        local.validate("sandbox", true).unwrap();
+        local.validate("sandbox", &local_ok).unwrap();
+    }
+
+    #[test]
+    fn limits_keep_within_the_operators_maximums() {
+        let settings = SandboxSettings::default();
+        let check = |limits: serde_json::Value| {
+            let spec: SandboxSpec =
+                serde_json::from_value(serde_json::json!({ "limits": limits })).unwrap();
+            spec.validate("sandbox", &settings)
+        };
+        check(serde_json::json!({"memory_bytes": 1u64 << 30, "processes": 64})).unwrap();
+        let max = settings.max_limits.workspace_bytes;
+        check(serde_json::json!({ "workspace_bytes": max })).unwrap();
+        for (limits, field, words) in [
+            (
+                serde_json::json!({"workspace_bytes": 1_000_000_000_000_000u64}),
+                "workspace_bytes",
+                max.to_string(),
+            ),
+            (
+                serde_json::json!({"processes": 0}),
+                "processes",
+                "0 (no limit)".to_string(),
+            ),
+            (
+                serde_json::json!({"workspace_bytes": 4096}),
+                "workspace_bytes",
+                "not a workspace a node can make".to_string(),
+            ),
+        ] {
+            let e = check(limits.clone()).unwrap_err();
+            assert_eq!(e.path, format!("sandbox.limits.{field}"), "{limits}");
+            assert!(e.message.contains(&words), "{limits}: {}", e.message);
+        }
+        // A maximum of 0 lets tasks lift the limit.
+        let lifted = SandboxSettings {
+            max_limits: SandboxLimits {
+                processes: 0,
+                ..SandboxLimits::default_maximums()
+            },
+            ..SandboxSettings::default()
+        };
+        let spec: SandboxSpec =
+            serde_json::from_value(serde_json::json!({"limits": {"processes": 0}})).unwrap();
+        spec.validate("sandbox", &lifted).unwrap();
     }
 
     #[test]

@@ -45,7 +45,8 @@ pub trait BackendStore: Send + Sync {
     /// Gives the job a backend in one transaction: the one it has when that is healthy,
     /// not excluded and of the wanted model (sticky), else one chosen by
     /// [`placement::choose`] from the healthy ones, recorded as its assignment. `None`
-    /// (and no assignment) when no backend qualifies. Assignments are deleted by the
+    /// (and no assignment) when no backend qualifies, or when the job is no longer in
+    /// RUN or has ended (a cancel that came first). Assignments are deleted by the
     /// database when the job leaves RUN or ends.
     async fn assign_backend(
         &self,
@@ -58,6 +59,11 @@ pub trait BackendStore: Send + Sync {
     /// Deletes a job's assignment (jobs that are not rows of this database, such as a
     /// benchmark's, release their own).
     async fn release_backend(&self, job_id: &str) -> StoreResult<()>;
+    /// Deletes the assignments of jobs that have left RUN or ended, which an older
+    /// version could leave behind (it assigned without checking the job was still in
+    /// RUN), so that `active` counts and least-loaded routing are right again; returns
+    /// how many went. Run by the reconciler.
+    async fn release_leaked_assignments(&self) -> StoreResult<u64>;
 }
 
 /// A backend that may serve an assignment, with its load.
@@ -225,14 +231,19 @@ impl<D: Dialect> BackendStore for SqlStore<D> {
                     return Ok(None);
                 };
                 let spec = usable.swap_remove(i).spec;
-                query(sql::PUT_ASSIGNMENT)
+                D::lock_job(conn, &req.job_id).await?;
+                let put: Option<(String,)> = query(sql::PUT_ASSIGNMENT)
                     .bind(&req.job_id)
                     .bind(&spec.id)
                     .bind(&req.group_key)
                     .bind(&spec.model)
                     .bind(now)
-                    .execute(conn)
+                    .fetch_optional(conn)
                     .await?;
+                if put.is_none() {
+                    // The job left RUN or ended (cancelled) meanwhile: nothing to serve.
+                    return Ok(None);
+                }
                 if let Some(g) = &req.group_key {
                     query(sql::PUT_GROUP_HOME)
                         .bind(g)
@@ -259,6 +270,13 @@ impl<D: Dialect> BackendStore for SqlStore<D> {
                     .execute(conn)
                     .await?)
             })
+        })
+        .await
+    }
+
+    async fn release_leaked_assignments(&self) -> StoreResult<u64> {
+        self.write(move |conn: &mut D::Conn| {
+            Box::pin(async move { Ok(query(sql::DELETE_LEAKED_ASSIGNMENTS).execute(conn).await?) })
         })
         .await
     }

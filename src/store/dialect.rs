@@ -95,6 +95,17 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// assignments must not both see the same counts.
     fn lock_pool(conn: &mut Self::Conn) -> impl Future<Output = StoreResult<()>> + Send;
 
+    /// Called in an assignment after [`Dialect::lock_pool`], before it records the job's
+    /// backend: holds the job's row until commit where rows are locked (Postgres), so
+    /// the job cannot end between the check that it is still in RUN and the commit
+    /// (see `sql::PUT_ASSIGNMENT`). Only the pool lock's holder takes such a lock, so
+    /// two assignments never wait on each other's rows. SQLite's single writer needs
+    /// nothing.
+    fn lock_job(
+        conn: &mut Self::Conn,
+        job_id: &str,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+
     /// Called first in a sampling batch's launch: holds the batch's row until commit
     /// where rows are locked (Postgres), so a launch takes its rows in the order a job's
     /// end does. SQLite's single writer needs nothing.

@@ -102,6 +102,21 @@ pub struct JobQuery {
     pub cursor: Option<String>,
     /// Page size.
     pub limit: i64,
+    /// The page's byte budget: no job follows the one with which the stored bytes of
+    /// the page's jobs (task, stage outputs, error) reach this, so a page holds at most
+    /// this plus one job, and at least one job however large. Only the jobs on the page
+    /// are read whole.
+    pub max_bytes: i64,
+}
+
+/// A page of jobs (see [`JobStore::list_jobs`]).
+#[derive(Debug, Clone, Default)]
+pub struct JobsPage {
+    /// The jobs, in id order.
+    pub jobs: Vec<Job>,
+    /// Whether jobs of the query may follow the last one: the page is full, or it ended
+    /// at its byte budget with jobs left.
+    pub more: bool,
 }
 
 /// One line of `rollout status`: how many jobs have this status in this stage.
@@ -147,8 +162,8 @@ pub trait JobStore: Send + Sync {
     ) -> StoreResult<Vec<Submitted>>;
     /// One job.
     async fn job(&self, id: &str) -> StoreResult<Option<Job>>;
-    /// A page of jobs in id (= creation) order.
-    async fn list_jobs(&self, q: &JobQuery) -> StoreResult<Vec<Job>>;
+    /// A page of jobs in id (= creation) order, within the query's byte budget.
+    async fn list_jobs(&self, q: &JobQuery) -> StoreResult<JobsPage>;
     /// Starts the stage named by `msg` on `node` with a lease until `lease_until`.
     async fn claim(
         &self,
@@ -413,16 +428,36 @@ impl<D: Dialect> JobStore for SqlStore<D> {
         row.map(JobRow::into_job).transpose()
     }
 
-    async fn list_jobs(&self, q: &JobQuery) -> StoreResult<Vec<Job>> {
+    async fn list_jobs(&self, q: &JobQuery) -> StoreResult<JobsPage> {
         let mut conn = self.reader().await?;
         let rows: Vec<JobRow> = query(sql::LIST_JOBS)
             .bind(&q.batch)
             .bind(q.status.map(|s| s.as_str()))
             .bind(q.cursor.as_deref().unwrap_or(""))
             .bind(q.limit)
+            .bind(q.max_bytes)
             .fetch_all(&mut *conn)
             .await?;
-        rows.into_iter().map(JobRow::into_job).collect()
+        let jobs = rows
+            .into_iter()
+            .map(JobRow::into_job)
+            .collect::<StoreResult<Vec<Job>>>()?;
+        let full = i64::try_from(jobs.len()).is_ok_and(|n| n >= q.limit);
+        let more = match jobs.last() {
+            None => false,
+            Some(_) if full => true,
+            // Cut short by the budget, or the end: ask for one id past the page.
+            Some(last) => {
+                let next: Option<(String,)> = query(sql::LIST_JOBS_MORE)
+                    .bind(&q.batch)
+                    .bind(q.status.map(|s| s.as_str()))
+                    .bind(&last.id)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                next.is_some()
+            }
+        };
+        Ok(JobsPage { jobs, more })
     }
 
     async fn claim(

@@ -50,7 +50,9 @@ pub use dashboard::{
     StageQueue, StageTiming, ThroughputMinute,
 };
 use dialect::{Dialect, SqlStore};
-pub use jobs::{Claim, FinishIf, JobEvent, JobQuery, JobStore, NewJob, StatusCount, Submitted};
+pub use jobs::{
+    Claim, FinishIf, JobEvent, JobQuery, JobStore, JobsPage, NewJob, StatusCount, Submitted,
+};
 use query::query;
 pub use recovery::{AbandonedRun, RecoveryStore, StaleJob};
 pub use results::ResultStore;

@@ -179,6 +179,14 @@ impl Dialect for PostgresDb {
         Ok(())
     }
 
+    async fn lock_job(conn: &mut PgConnection, job_id: &str) -> StoreResult<()> {
+        query(sql::LOCK_JOB_POSTGRES)
+            .bind(job_id)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
     /// Through the process's marks coalescer: every job's end marks its result, and
     /// one statement marks whatever marks have queued up.
     async fn mark_published(&self, seqs: &[i64], now: EpochMs) -> StoreResult<()> {

@@ -73,12 +73,27 @@ pub(super) const SELECT_BY_CLIENT: &str =
 
 pub(super) const SELECT_JOB: &str = concat!("SELECT ", job_cols!(), " FROM jobs WHERE id = $1");
 
+/// A page of jobs after the id `$3`: at most `$4`, and none after the job with which the
+/// page's stored bytes (task, stage outputs, error) reach `$5` (as result pages keep
+/// theirs: the budget plus at most one job), never empty when a job exists. The sizes come from `OCTET_LENGTH`, which neither database reads the
+/// value for (Postgres takes a TOASTed value's size from its header, SQLite skips the
+/// content); only the jobs on the page are then read whole, so a page of one 15 MB job
+/// never reads the other 999.
 pub(super) const LIST_JOBS: &str = concat!(
     "SELECT ",
     job_cols!(),
-    " FROM jobs WHERE ($1 IS NULL OR batch_id = $1) AND ($2 IS NULL OR status = $2) \
-     AND id > $3 ORDER BY id LIMIT CAST($4 AS INTEGER)"
+    " FROM jobs WHERE id IN (SELECT id FROM (SELECT id, SUM(size) OVER (ORDER BY id) - size \
+     AS bytes_before FROM (SELECT id, OCTET_LENGTH(task) \
+     + COALESCE(OCTET_LENGTH(init_output), 0) + COALESCE(OCTET_LENGTH(run_output), 0) \
+     + COALESCE(OCTET_LENGTH(error), 0) AS size FROM jobs \
+     WHERE ($1 IS NULL OR batch_id = $1) AND ($2 IS NULL OR status = $2) AND id > $3 \
+     ORDER BY id LIMIT CAST($4 AS INTEGER)) AS first_rows) AS page \
+     WHERE bytes_before < $5 OR bytes_before = 0) ORDER BY id"
 );
+
+/// Whether a job of [`LIST_JOBS`]'s filter follows the id `$3` (ids only).
+pub(super) const LIST_JOBS_MORE: &str = "SELECT id FROM jobs WHERE ($1 IS NULL OR batch_id = $1) \
+     AND ($2 IS NULL OR status = $2) AND id > $3 ORDER BY id LIMIT 1";
 
 /// The condition that the job's batch has not ended (see the `batch_ends` migration):
 /// once it has, no job of it starts a stage, renews a lease or moves on.
@@ -225,25 +240,22 @@ pub(super) const SANDBOXES_OF_NODE: &str = concat!(
 pub(super) const RENEW_SANDBOXES: &str =
     "UPDATE sandboxes SET lease_until = $2 WHERE node = $1 AND lease_until < $2";
 
-/// A page of results after `$1`: at most `$2` rows, ending before the row that would
-/// take the page's stored bytes (output and error) over `$3`, but never empty when a
-/// row exists. The running total is taken over the `$2` rows only, never over the
-/// whole table after the cursor.
+/// A page of results after `$1`: at most `$2` rows, and none after the row with which
+/// the page's stored bytes (output and error) reach `$3`, never empty when a row
+/// exists. The running total is taken over the `$2` rows only, never over the
+/// whole table after the cursor, and from the sizes alone (`OCTET_LENGTH`, which reads
+/// no value, see [`LIST_JOBS`]): only the rows on the page are read whole.
 macro_rules! results_page {
     ($filter:literal) => {
         concat!(
             "SELECT ",
             result_cols!(),
-            " FROM (SELECT ",
-            result_cols!(),
-            ", SUM(LENGTH(output) + COALESCE(LENGTH(error), 0)) OVER (ORDER BY seq) \
-             - LENGTH(output) - COALESCE(LENGTH(error), 0) AS bytes_before \
-             FROM (SELECT ",
-            result_cols!(),
-            " FROM results WHERE seq > $1",
+            " FROM results WHERE seq IN (SELECT seq FROM (SELECT seq, SUM(size) OVER \
+             (ORDER BY seq) - size AS bytes_before FROM (SELECT seq, OCTET_LENGTH(output) \
+             + COALESCE(OCTET_LENGTH(error), 0) AS size FROM results WHERE seq > $1",
             $filter,
             " ORDER BY seq LIMIT CAST($2 AS INTEGER)) AS first_rows) AS page \
-             WHERE bytes_before < $3 ORDER BY seq"
+             WHERE bytes_before < $3 OR bytes_before = 0) ORDER BY seq"
         )
     };
 }
@@ -383,10 +395,25 @@ pub(super) const SET_BACKEND_HEALTH: &str = "UPDATE backends SET healthy = $2, l
 pub(super) const SELECT_ASSIGNMENT: &str =
     "SELECT backend_id, model FROM backend_assignments WHERE job_id = $1";
 
+/// Records a job's backend, in the same statement that checks the job is still in RUN
+/// and has not ended: the trigger that deletes assignments fires only when a job leaves
+/// RUN or ends, so one written after that (a job cancelled while its worker was picking
+/// a backend) would count against the backend for ever. A job this database does not
+/// hold (a benchmark's) is assigned as before and releases its own. Postgres first locks
+/// the job's row (see `Dialect::lock_job`), so an end committing meanwhile is either
+/// seen here or waits for this commit and then deletes the row. No row: not assigned.
 pub(super) const PUT_ASSIGNMENT: &str = "INSERT INTO backend_assignments (job_id, backend_id, \
-     group_key, model, assigned_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (job_id) DO UPDATE \
+     group_key, model, assigned_at) SELECT $1, $2, $3, $4, $5 WHERE NOT EXISTS (SELECT 1 \
+     FROM jobs WHERE id = $1 AND (stage <> 'run' OR finished_at IS NOT NULL)) \
+     ON CONFLICT (job_id) DO UPDATE \
      SET backend_id = excluded.backend_id, group_key = excluded.group_key, \
-     model = excluded.model, assigned_at = excluded.assigned_at";
+     model = excluded.model, assigned_at = excluded.assigned_at RETURNING job_id";
+
+/// Assignments whose job has left RUN or ended: leaked by a version that assigned
+/// without checking (see [`PUT_ASSIGNMENT`]), deleted by the reconciler.
+pub(super) const DELETE_LEAKED_ASSIGNMENTS: &str = "DELETE FROM backend_assignments \
+     WHERE job_id IN (SELECT j.id FROM jobs j JOIN backend_assignments a ON a.job_id = j.id \
+     WHERE j.stage <> 'run' OR j.finished_at IS NOT NULL)";
 
 pub(super) const PUT_GROUP_HOME: &str = "INSERT INTO backend_group_homes (group_key, \
      backend_id, updated_at) VALUES ($1, $2, $3) ON CONFLICT (group_key) DO UPDATE \
@@ -675,6 +702,10 @@ pub(super) const SELECT_SAMPLING: &str = concat!(
 /// first, in the order a job's end takes its rows (the batch's counters, then the
 /// sampling rows), so the two can never wait on each other in a cycle.
 pub(super) const LOCK_BATCH_POSTGRES: &str = "SELECT id FROM batches WHERE id = $1 FOR UPDATE";
+
+/// Postgres: holds a job's row against changes (its end, its hand-off) for the rest of
+/// the transaction; see `Dialect::lock_job`.
+pub(super) const LOCK_JOB_POSTGRES: &str = "SELECT id FROM jobs WHERE id = $1 FOR SHARE";
 
 /// Claims prompts `$3 .. $3 + $2` for launching: a compare-and-set on `next_prompt`, so
 /// two launchers can never both take one prompt.

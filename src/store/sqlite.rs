@@ -177,6 +177,10 @@ impl Dialect for SqliteDb {
         Ok(())
     }
 
+    async fn lock_job(_conn: &mut SqliteConnection, _job_id: &str) -> StoreResult<()> {
+        Ok(())
+    }
+
     /// Adds `seqs` to the pending marks and makes sure one flush op is queued; the op
     /// takes every mark pending when the writer reaches it and sets them in one
     /// statement. Returns at once: a mark lost to a crash only makes the reconciler

@@ -262,6 +262,76 @@ async fn listing_pages_by_cursor() {
     assert_eq!(seen, ids);
 }
 
+/// Job listings keep to the byte budget result pages have (`gateway.max_page_bytes`):
+/// `limit=1000` over jobs with large outputs gives pages that stop at the job that
+/// reaches the budget, each with at least one job (one larger than the budget on a page
+/// of its own), and the cursor walks them all, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_listings_keep_to_the_page_byte_budget() {
+    const MB: usize = 1 << 20;
+    let budget = 10 * MB;
+    let env = TestEnv::start(|s| {
+        s.reconciler.enabled = false;
+        s.gateway.max_page_bytes = budget as u64;
+    })
+    .await;
+    let tasks: Vec<_> = (0..6).map(|_| synthetic(serde_json::json!({}))).collect();
+    let ids = env.submit(&tasks, "big").await;
+    // Outputs of 4 MB each, and one of 12 MB (over the budget by itself): a JSON
+    // string of that many zeros, written as a finished RUN would leave it.
+    let postgres = env.deps.settings.database.url.starts_with("postgres");
+    for (i, id) in ids.iter().enumerate() {
+        let bytes = if i == 3 { 12 * MB } else { 4 * MB };
+        let zeros = if postgres {
+            format!("repeat('0', {bytes})")
+        } else {
+            format!("hex(zeroblob({}))", bytes / 2)
+        };
+        crate::helpers::sql(
+            &env,
+            &format!("UPDATE jobs SET run_output = '\"' || {zeros} || '\"' WHERE id = '{id}'"),
+        )
+        .await;
+    }
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut url = format!("{}/v1/jobs?batch=big&limit=1000", env.base);
+        if let Some(c) = &cursor {
+            url.push_str(&format!("&cursor={c}"));
+        }
+        let body = reqwest::get(url).await.unwrap().bytes().await.unwrap();
+        let page: rollout::gateway::jobs::JobPage = serde_json::from_slice(&body).unwrap();
+        pages += 1;
+        assert!(!page.jobs.is_empty(), "page {pages} is empty");
+        // Stopped at the job that reached the budget: what came before it is under.
+        let before_last: usize = page.jobs[..page.jobs.len() - 1]
+            .iter()
+            .map(|j| {
+                j.run_output
+                    .as_ref()
+                    .map_or(0, |o| o.as_str().unwrap().len())
+            })
+            .sum();
+        assert!(
+            before_last < budget,
+            "page {pages}: {} jobs, {} bytes",
+            page.jobs.len(),
+            body.len()
+        );
+        seen.extend(page.jobs.iter().map(|j| j.id.clone()));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+        assert!(pages < 20, "the cursor does not advance");
+    }
+    assert_eq!(seen, ids);
+    // 4+4+4, 12 (alone: over the budget by itself), 4+4 MB.
+    assert_eq!(pages, 3);
+}
+
 /// Health reports both dependencies; metrics are Prometheus text with the promised
 /// series; the OpenAPI document describes every route.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -372,3 +372,96 @@ async fn assignments_are_sticky_group_affine_and_released_when_jobs_leave_run() 
         3
     );
 }
+
+/// A job that leaves RUN or ends (cancelled) while its worker is picking a backend gets
+/// no assignment: one written after the job left RUN would never be released, and its
+/// backend would count it as active for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_left_run_gets_no_assignment() {
+    let env = TestEnv::start(|s| s.reconciler.enabled = false).await;
+    let store = env.deps.store.as_ref();
+    store
+        .upsert_backend(&spec("a", "m"), "api", EpochMs::now())
+        .await
+        .unwrap();
+    let jobs = jobs_in_run(store, "left", "g", 3).await;
+    // One cancelled, one advanced to EVAL, one still in RUN.
+    let (cancelled, _) = &jobs[0];
+    store
+        .finish(
+            &FinishIf::Live,
+            &cancelled.job_id,
+            &Outcome::cancelled("cancelled"),
+            EpochMs::now(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let (advanced, attempt) = &jobs[1];
+    store
+        .advance(
+            advanced,
+            *attempt,
+            &serde_json::json!({}),
+            None,
+            EpochMs::now(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let now = EpochMs::now();
+    for (msg, _) in &jobs[..2] {
+        let got = store
+            .assign_backend(&ask(&msg.job_id, "left/g", Some("m"), &[]), now)
+            .await
+            .unwrap();
+        assert!(got.is_none(), "{}: {got:?}", msg.job_id);
+    }
+    assert_eq!(active(store).await, vec![("a".into(), 0)]);
+    let live = assign(store, &jobs[2].0.job_id, "left/g", Some("m"), &[], now).await;
+    assert_eq!(live.backend.id, "a");
+    assert_eq!(active(store).await, vec![("a".into(), 1)]);
+}
+
+/// Assignments leaked before (written for jobs that had already left RUN, which the
+/// release trigger never saw) are deleted by the reconciler's next sweep; a running
+/// job's assignment stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_releases_leaked_assignments() {
+    let env = TestEnv::start(|s| s.reconciler.enabled = false).await;
+    let store = env.deps.store.as_ref();
+    store
+        .upsert_backend(&spec("a", "m"), "api", EpochMs::now())
+        .await
+        .unwrap();
+    let jobs = jobs_in_run(store, "leak", "g", 2).await;
+    let now = EpochMs::now();
+    assign(store, &jobs[1].0.job_id, "leak/g", Some("m"), &[], now).await;
+    let (ended, _) = &jobs[0];
+    store
+        .finish(
+            &FinishIf::Live,
+            &ended.job_id,
+            &Outcome::cancelled("cancelled"),
+            now,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    // What the old assignment left behind: a row for the cancelled job.
+    crate::helpers::sql(
+        &env,
+        &format!(
+            "INSERT INTO backend_assignments (job_id, backend_id, group_key, model, \
+             assigned_at) VALUES ('{}', 'a', 'leak/g', 'm', {})",
+            ended.job_id, now.0
+        ),
+    )
+    .await;
+    assert_eq!(active(store).await, vec![("a".into(), 2)]);
+    let settings = rollout::reconciler::SweepSettings::from_settings(&env.deps.settings);
+    rollout::reconciler::sweep(store, &env.deps.queue, &settings)
+        .await
+        .unwrap();
+    assert_eq!(active(store).await, vec![("a".into(), 1)]);
+}

@@ -123,6 +123,43 @@ async fn a_lost_hand_off_is_repaired_within_seconds() {
     }
 }
 
+/// Twenty thousand hand-offs orphaned at once (two 10,000-task submits whose gateway
+/// died between commit and publish), all overdue, are published again by one sweep of
+/// the reconciler: the repair is sized to the backlog, not to `batch_limit` per sweep,
+/// so none of them ages out of the re-publish window into the stale wait. Sweeps are
+/// counted, not timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_orphaned_hand_offs_are_republished_in_one_sweep() {
+    const ORPHANS: u64 = 20_000;
+    let env = TestEnv::start(|s| {
+        // Sweeps are run by the test, one at a time; the defaults otherwise.
+        s.reconciler.enabled = false;
+        s.reconciler.stale_after_ms = 300_000;
+        s.reconciler.republish_after_ms = 10_000;
+        s.reconciler.batch_limit = 1_000;
+    })
+    .await;
+    // Committed 15 s ago, never published.
+    let then = EpochMs::now().before(Duration::from_secs(15));
+    for batch in ["crash-1", "crash-2"] {
+        let jobs: Vec<_> = (0..ORPHANS / 2)
+            .map(|_| unpublished_synthetic(None))
+            .collect();
+        env.deps.store.submit(batch, &jobs, then).await.unwrap();
+    }
+    assert_eq!(env.stream_len("WORK").await, 0);
+    let settings = rollout::reconciler::SweepSettings::from_settings(&env.deps.settings);
+    let mut sweeps = 0;
+    while env.stream_len("WORK").await < ORPHANS && sweeps < 30 {
+        rollout::reconciler::sweep(env.deps.store.as_ref(), &env.deps.queue, &settings)
+            .await
+            .unwrap();
+        sweeps += 1;
+    }
+    assert_eq!(env.stream_len("WORK").await, ORPHANS);
+    assert_eq!(sweeps, 1, "the backlog took {sweeps} sweeps");
+}
+
 /// A hand-off lost between the database and NATS (a gateway that died after writing the
 /// job but before publishing it) is repaired by the reconciler, and every result ends up
 /// marked published.

@@ -342,6 +342,20 @@ async fn spawn_gateway(
     (base, stop)
 }
 
+/// Runs one SQL statement on the test's own database, whichever it is.
+pub async fn sql(env: &TestEnv, statement: &str) {
+    use sqlx::Connection;
+    let url = &env.deps.settings.database.url;
+    let statement = sqlx::AssertSqlSafe(statement.to_string());
+    if url.starts_with("postgres") {
+        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query(statement).execute(&mut c).await.unwrap();
+    } else {
+        let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query(statement).execute(&mut c).await.unwrap();
+    }
+}
+
 /// A synthetic task from its spec.
 /// Submits a `kind` task with each spec and checks it is refused with a 400 naming its
 /// field (or saying its words).

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rollout::domain::{Status, Task};
 
-use crate::helpers::{TestEnv, json_answer, synthetic, unpublished_synthetic};
+use crate::helpers::{TestEnv, json_answer, sql, synthetic, unpublished_synthetic};
 use rollout::domain::EpochMs;
 
 async fn get(env: &TestEnv, path: &str) -> (u16, serde_json::Value) {
@@ -15,20 +15,6 @@ async fn get(env: &TestEnv, path: &str) -> (u16, serde_json::Value) {
         path,
     )
     .await
-}
-
-/// Runs one SQL statement on the test's own database, whichever it is.
-async fn sql(env: &TestEnv, statement: &str) {
-    use sqlx::Connection;
-    let url = &env.deps.settings.database.url;
-    let statement = sqlx::AssertSqlSafe(statement.to_string());
-    if url.starts_with("postgres") {
-        let mut c = sqlx::PgConnection::connect(url).await.unwrap();
-        sqlx::query(statement).execute(&mut c).await.unwrap();
-    } else {
-        let mut c = sqlx::SqliteConnection::connect(url).await.unwrap();
-        sqlx::query(statement).execute(&mut c).await.unwrap();
-    }
 }
 
 /// A task with NUL anywhere (spec, metadata, a key) is refused with the field named, on
@@ -325,4 +311,38 @@ async fn a_submit_in_progress_does_not_hold_up_results() {
         .batch
         .unwrap();
     assert_eq!((live.submitted, live.finished), (502, 1), "{live:?}");
+}
+
+/// Cancelling a job whose cancelled end the database refuses (its row's task is not
+/// JSON) records it `failed`, and the answer says `failed`, what was recorded, not
+/// `cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_the_database_refuses_answers_what_was_recorded() {
+    let env = TestEnv::start(|s| s.reconciler.enabled = false).await;
+    let job = unpublished_synthetic(None);
+    env.deps
+        .store
+        .submit("refused", std::slice::from_ref(&job), EpochMs::now())
+        .await
+        .unwrap();
+    sql(
+        &env,
+        &format!("UPDATE jobs SET task = 'not json' WHERE id = '{}'", job.id),
+    )
+    .await;
+    let (status, body) = json_answer(
+        reqwest::Client::new().post(format!("{}/v1/jobs/{}/cancel", env.base, job.id)),
+        "cancel",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let recorded = env
+        .deps
+        .store
+        .results_after(Some("refused"), 0, 10, i64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].status, Status::Failed);
+    assert_eq!(body["status"], "failed", "{body}");
 }

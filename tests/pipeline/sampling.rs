@@ -205,9 +205,11 @@ async fn exactly_k_informative_groups_are_accepted_and_the_rest_is_cancelled() {
             status: None,
             cursor: None,
             limit: 10_000,
+            max_bytes: i64::MAX,
         })
         .await
-        .unwrap();
+        .unwrap()
+        .jobs;
     assert!(jobs.iter().all(|j| j.status.is_terminal()));
     // Sandbox time used is what the samples that ran to their end spent, INIT start to
     // result; the cancelled ones are counted as saved.

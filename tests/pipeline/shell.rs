@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use rollout::domain::{Stage, Status, Task};
 use rollout::sandbox::Label;
 
-use crate::helpers::{TestEnv, wait_gone};
+use crate::helpers::{TestEnv, json_answer, wait_gone};
 
 fn shell(spec: serde_json::Value) -> Task {
     Task::new("shell", spec)
@@ -472,4 +472,93 @@ async fn sh(client: &rollout::sandbox::SandboxClient, command: &str) -> String {
         printable: false,
     };
     client.exec(&args, None).await.unwrap().output
+}
+
+/// A task's `sandbox.limits` above the operator's maximums (`sandbox.max_limits`) — a
+/// 1e15-byte workspace, a limit lifted with 0 where the operator set a ceiling, a
+/// workspace too small for a filesystem — is refused at submit with a 400 naming the
+/// limit and the maximum, by `POST /v1/jobs` and `POST /v1/batches` alike, rather than
+/// failing INIT five times; limits within them, and 0 where the operator's maximum is
+/// 0, are accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_limits_above_the_operators_maximums_are_refused_at_submit() {
+    let env = TestEnv::start(|s| {
+        s.reconciler.enabled = false;
+        s.sandbox.max_limits.workspace_bytes = 100 << 30;
+        s.sandbox.max_limits.cpu_seconds = 0; // no ceiling: 0 (unlimited) allowed
+    })
+    .await;
+    let task = |limits: serde_json::Value| {
+        serde_json::json!({
+            "kind": "shell",
+            "spec": {
+                "sandbox": {"limits": limits},
+                "steps": [],
+                "check": {"command": "true"}
+            }
+        })
+    };
+    let max = (100u64 << 30).to_string();
+    let refused = [
+        (
+            serde_json::json!({"workspace_bytes": 1_000_000_000_000_000u64}),
+            "workspace_bytes",
+            max.as_str(),
+        ),
+        (
+            serde_json::json!({"memory_bytes": 0}),
+            "memory_bytes",
+            "0 (no limit)",
+        ),
+        (
+            serde_json::json!({"processes": 0}),
+            "processes",
+            "0 (no limit)",
+        ),
+        (
+            serde_json::json!({"workspace_bytes": 4096}),
+            "workspace_bytes",
+            "not a workspace",
+        ),
+    ];
+    let http = reqwest::Client::new();
+    for (limits, name, words) in &refused {
+        let field = format!("spec.sandbox.limits.{name}");
+        let (status, body) = json_answer(
+            http.post(format!("{}/v1/jobs", env.base))
+                .json(&serde_json::json!({"tasks": [task(limits.clone())]})),
+            "submit",
+        )
+        .await;
+        assert_eq!(status, 400, "{limits}: {body}");
+        assert_eq!(body["field"], format!("tasks[0].{field}"), "{body}");
+        let error = body["error"].as_str().unwrap();
+        assert!(error.contains(words) && error.contains(name), "{error}");
+        let (status, body) = json_answer(
+            http.post(format!("{}/v1/batches", env.base))
+                .json(&serde_json::json!({
+                    "prompts": [task(limits.clone())],
+                    "group_size": 2,
+                    "target_groups": 1,
+                })),
+            "batch",
+        )
+        .await;
+        assert_eq!(status, 400, "{limits}: {body}");
+        assert_eq!(body["field"], format!("prompts[0].{field}"), "{body}");
+    }
+    let (status, body) = json_answer(
+        http.post(format!("{}/v1/jobs", env.base))
+            .json(&serde_json::json!({
+                "batch_id": "within",
+                "tasks": [task(serde_json::json!({
+                    "workspace_bytes": 100u64 << 30,
+                    "memory_bytes": 1u64 << 30,
+                    "cpu_seconds": 0,
+                }))]
+            })),
+        "submit within the maximums",
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
 }
