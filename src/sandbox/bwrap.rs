@@ -140,6 +140,8 @@ impl BwrapRuntime {
             Path::new(CTL_DIR),
         ));
         a.extend(["--shell".into(), SHELL_PATH.into()]);
+        // bwrap's PID namespace holds the sandbox's processes and nothing else.
+        a.push("--own-pid-namespace".into());
         a
     }
 }
