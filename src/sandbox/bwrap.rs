@@ -308,7 +308,9 @@ fn environment_args(a: &mut Vec<OsString>, req: &StartRequest) {
 /// The node's copy of bash for the sandboxes' persistent shells: execute-only (mode
 /// 0111), so inside a sandbox it can be run but not read. The kernel marks a process
 /// whose program it may not read as undumpable, so the agent's processes can neither
-/// ptrace the shell nor read its memory, and cannot learn the token its end markers carry.
+/// ptrace the shell nor read its memory. (Code the shell runs itself, a `DEBUG` trap
+/// say, sees the marker's command line and so its token: the status a `bash` call
+/// reports is the shell's word, which is why nothing scored depends on it.)
 pub fn shell_copy(root: &Path) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let source = ["/usr/bin/bash", "/bin/bash"]

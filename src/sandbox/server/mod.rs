@@ -82,8 +82,10 @@ struct Tools {
 }
 
 /// Makes this process undumpable: processes of the same user (the agent's) can then
-/// neither ptrace it nor read its memory or environment through `/proc`, so they cannot
-/// learn the tools' marker tokens. Children get the flag back when they exec.
+/// neither ptrace it nor read its memory or environment through `/proc`. Children get
+/// the flag back when they exec. (Code the shell or the interpreter runs in-process can
+/// still learn their marker tokens; nothing scored relies on those markers, see
+/// [`exec`].)
 pub fn make_undumpable() -> std::io::Result<()> {
     // SAFETY: prctl with PR_SET_DUMPABLE takes plain integers.
     if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
