@@ -53,6 +53,11 @@ enum Command {
         /// `auto` (IPython when importable), `ipython` or `cpython`.
         #[arg(long, env = "ROLLOUT_SANDBOX_PYTHON_ENGINE", default_value = "auto")]
         python_engine: String,
+        /// The server has the sandbox's PID namespace to itself: every process in /proc
+        /// is the sandbox's, so exec ends whatever its command left behind, in any
+        /// session. Never on a host's own namespace.
+        #[arg(long)]
+        own_pid_namespace: bool,
     },
     /// Send one request to a running server and print its response as JSON.
     Call {
@@ -87,6 +92,7 @@ fn main() -> anyhow::Result<()> {
                 shell,
                 python,
                 python_engine,
+                own_pid_namespace,
             } => {
                 tracing_subscriber::fmt()
                     .with_writer(std::io::stderr)
@@ -116,6 +122,7 @@ fn main() -> anyhow::Result<()> {
                         shell,
                         python,
                         python_engine,
+                        own_pid_namespace,
                     },
                     shutdown,
                 )

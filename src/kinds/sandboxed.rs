@@ -18,7 +18,8 @@
 //! -1`, its own memory limit) is over: it is scored 0 with that reason, never run again,
 //! so breaking the sandbox is neither a free re-roll of a bad episode nor a way to have a
 //! sampling group thrown away. The same holds in EVAL for graded code that kills the
-//! evaluation sandbox.
+//! evaluation sandbox. A task whose setup ends its own sandbox fails its stage at once
+//! (see `NodeSandboxes::start`): setup is the task's, and would end the same way again.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

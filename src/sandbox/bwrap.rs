@@ -5,7 +5,8 @@
 //! directories (`/usr` and its `/bin`, `/lib`… links) and a short list of `/etc` files
 //! programs need are bound read-only; the workspace (`/workspace`) is the only writable
 //! bind, beside size-limited private tmpfs mounts (`/tmp`, `/dev/shm`, the server's own
-//! directory). The server's listening socket is passed in as a descriptor, and bwrap
+//! directory). `/dev` holds the usual device nodes and is read-only, so it cannot hold
+//! files. The server's listening socket is passed in as a descriptor, and bwrap
 //! starts with an empty environment, so nothing of the worker's is readable inside.
 //! Memory and processes are limited per sandbox by a cgroup where the worker may make
 //! one (see [`super::cgroup`]); process, memory, file-size and CPU rlimits are set on
@@ -139,6 +140,8 @@ impl BwrapRuntime {
             Path::new(CTL_DIR),
         ));
         a.extend(["--shell".into(), SHELL_PATH.into()]);
+        // bwrap's PID namespace holds the sandbox's processes and nothing else.
+        a.push("--own-pid-namespace".into());
         a
     }
 }
@@ -230,6 +233,11 @@ fn writable_args(a: &mut Vec<OsString>, req: &StartRequest, by_fd: bool, shell: 
         }
         push_args(a, &["--tmpfs".as_ref(), path.as_ref()]);
     }
+    // `/dev` is a tmpfs bwrap made for the device nodes; writable, it would hold files
+    // of any size in the host's memory, counted by no limit. Read-only, it keeps its
+    // devices (binds of the host's nodes, writable as ever) and the mounts below it
+    // (`/dev/shm`, `/dev/pts`); the remount is not recursive.
+    push_args(a, &["--remount-ro".as_ref(), "/dev".as_ref()]);
     if by_fd {
         // Descriptors the worker opened (see `start`): the sandbox's own user needs no
         // permission on the directories above them.
@@ -300,7 +308,9 @@ fn environment_args(a: &mut Vec<OsString>, req: &StartRequest) {
 /// The node's copy of bash for the sandboxes' persistent shells: execute-only (mode
 /// 0111), so inside a sandbox it can be run but not read. The kernel marks a process
 /// whose program it may not read as undumpable, so the agent's processes can neither
-/// ptrace the shell nor read its memory, and cannot learn the token its end markers carry.
+/// ptrace the shell nor read its memory. (Code the shell runs itself, a `DEBUG` trap
+/// say, sees the marker's command line and so its token: the status a `bash` call
+/// reports is the shell's word, which is why nothing scored depends on it.)
 pub fn shell_copy(root: &Path) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let source = ["/usr/bin/bash", "/bin/bash"]

@@ -260,6 +260,8 @@ pub struct ProcessRow {
     pub threads: u64,
     /// Its (effective) user id.
     pub uid: u32,
+    /// Its start time in clock ticks since boot: with the pid, its identity.
+    pub start: u64,
 }
 
 /// Every process visible in `/proc`, read once.
@@ -282,6 +284,7 @@ pub fn process_table() -> Vec<ProcessRow> {
                 session: fields.get(3)?.parse().ok()?,
                 threads: fields.get(17)?.parse().ok()?,
                 uid,
+                start: fields.get(19)?.parse().ok()?,
             })
         })
         .collect()

@@ -366,6 +366,10 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         become_user,
     } = launch;
     let started = Instant::now();
+    // From here until the server answers, whatever this start made (the cgroups, then
+    // the process tree) goes if the start does not finish: an error, or this future
+    // dropped because the job was cancelled or the worker is stopping.
+    let mut unfinished = Unfinished::new(&label);
     if pass_fds.len() > MAX_PASS_FDS {
         return Err(SandboxError::Config("too many descriptors to pass".into()));
     }
@@ -375,24 +379,28 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         .stdout(log.try_clone()?)
         .stderr(log);
     set_up_child(&mut cmd, &pass_fds, cgroup_procs, rlimits, become_user);
-    let mut child = cmd.spawn().map_err(|e| {
-        cgroup::kill_and_remove(&label.cgroups);
-        SandboxError::Start {
-            backend,
-            message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
-        }
+    let mut child = cmd.spawn().map_err(|e| SandboxError::Start {
+        backend,
+        message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
     })?;
     label.set_process(server::child_pid(&child));
+    unfinished.update(&label);
+    // On disk before anything is awaited, so a stop or the reaper that reads the label
+    // after this start was abandoned finds the process (and the cgroups) to end.
+    label.write()?;
     drop(pass_fds);
     if let Some(read) = info_read {
         // bwrap reports the host pid of the namespace's init, which must die with it.
         if let Some(pid) = read_child_pid(read, started + req.ready_timeout).await {
             label.ns_init = Some(pid);
             label.ns_init_start = label::process_start(pid);
+            unfinished.update(&label);
         }
     }
     if let Some(plan) = net {
-        attach_network(&mut label, plan, backend, started + req.ready_timeout).await?;
+        let attached = attach_network(&mut label, plan, backend, started + req.ready_timeout).await;
+        unfinished.update(&label);
+        attached?;
     }
     label.write()?;
     let exited = std::sync::Arc::new(std::sync::Mutex::new(None));
@@ -424,14 +432,50 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
     )
     .await;
     match ready {
-        Ok((client, ready_after)) => Ok(Sandbox {
-            label,
-            client,
-            ready_after,
-        }),
-        Err(e) => {
+        Ok((client, ready_after)) => {
+            unfinished.finish();
+            Ok(Sandbox {
+                label,
+                client,
+                ready_after,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A sandbox whose start has not finished: dropped before [`Unfinished::finish`] (the
+/// start failed, or its future was dropped part-way because the job was cancelled or
+/// the worker is stopping), it kills every process the label names with their
+/// descendants (bwrap's namespace init among them, which takes everything inside with
+/// it) and the sandbox's cgroups. The directory, its mounted workspace and the record
+/// go with the stop that follows ([`Runtimes::stop`]), which reads the label this start
+/// wrote as soon as it had a process.
+struct Unfinished(Option<Label>);
+
+impl Unfinished {
+    fn new(label: &Label) -> Self {
+        Unfinished(Some(label.clone()))
+    }
+
+    /// The label now names more (a process, the namespace init, the network helper).
+    fn update(&mut self, label: &Label) {
+        self.0 = Some(label.clone());
+    }
+
+    /// The start finished: the sandbox is the caller's to stop.
+    fn finish(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(label) = self.0.take() {
+            if label.pid.is_some() {
+                tracing::info!(job_id = %label.job_id, pid = ?label.pid, "ending the processes of a sandbox whose start did not finish");
+            }
             label.kill();
-            Err(e)
         }
     }
 }

@@ -368,7 +368,14 @@ impl NodeSandboxes {
             ready_ms = sandbox.ready_after.as_secs_f64() * 1000.0,
             "sandbox ready"
         );
-        if let Err(e) = run_setup(&sandbox, spec).await {
+        if let Err(end) = run_setup(&sandbox, spec).await {
+            let e = match end {
+                SetupEnd::Failed(e) => e,
+                SetupEnd::SandboxFailed { which, error } => {
+                    self.setup_death(job_id, purpose, generation, &sandbox, which, error)
+                        .await
+                }
+            };
             self.remove(job_id, purpose, mine).await;
             return Err(e);
         }
@@ -377,6 +384,37 @@ impl NodeSandboxes {
             return Err(e);
         }
         Ok(sandbox)
+    }
+
+    /// What to report when the sandbox failed under setup command `which`: a sandbox
+    /// that died of what ran inside it (the task's own setup ended it, `kill -9 -1`,
+    /// or ran into its limits) is the task's fault, [`SandboxError::Setup`], and
+    /// starting it again would end the same way; one the infrastructure ended (the node
+    /// shutting down, the host out of memory) or that still answers is worth another
+    /// try.
+    async fn setup_death(
+        &self,
+        job_id: &str,
+        purpose: Purpose,
+        generation: i64,
+        sandbox: &Sandbox,
+        which: String,
+        error: SandboxError,
+    ) -> SandboxError {
+        if sandbox.client.ping().await.is_ok() {
+            return error;
+        }
+        match self.cause_of_death(job_id, purpose, generation).await {
+            Death::Workload => {
+                tracing::warn!(job_id, which, "the task's setup ended its own sandbox");
+                SandboxError::Setup(format!(
+                    "{which} ended its own sandbox ({error}); a setup command must leave the sandbox running"
+                ))
+            }
+            Death::Infrastructure(cause) => {
+                SandboxError::Unavailable(format!("{which} did not finish: {error}: {cause}"))
+            }
+        }
     }
 
     /// Records a RUN sandbox in the store, leased to this node, so a later stage can
@@ -599,9 +637,23 @@ impl NodeSandboxes {
     }
 }
 
+/// How the setup commands ended, when not all of them succeeded.
+enum SetupEnd {
+    /// A command failed (its error names it and has its output), or the sandbox could
+    /// not be asked to run one.
+    Failed(SandboxError),
+    /// The sandbox itself failed while command `which` ran (it may have ended it).
+    SandboxFailed {
+        /// "setup command N (`...`)".
+        which: String,
+        /// What the call said.
+        error: SandboxError,
+    },
+}
+
 /// Runs the spec's setup commands in order in the new sandbox; the first that fails
 /// (exits non-zero or times out) is the error, naming the command and its output.
-async fn run_setup(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SandboxError> {
+async fn run_setup(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SetupEnd> {
     for (i, command) in spec.setup.iter().enumerate() {
         let r = sandbox
             .client
@@ -610,7 +662,7 @@ async fn run_setup(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SandboxE
         match r {
             Ok(r) if r.exit_code == Some(0) && !r.timed_out => {}
             Ok(r) => {
-                return Err(SandboxError::Setup(format!(
+                return Err(SetupEnd::Failed(SandboxError::Setup(format!(
                     "setup command {} (`{command}`) failed with exit code {}{}:\n{}",
                     i + 1,
                     r.exit_code
@@ -618,10 +670,15 @@ async fn run_setup(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SandboxE
                         .unwrap_or_else(|| "none".into()),
                     if r.timed_out { " after timing out" } else { "" },
                     r.output
-                )));
+                ))));
             }
-            // The sandbox itself failed (not the command): say so as it is.
-            Err(e) => return Err(e),
+            // The sandbox itself failed (not the command): the caller asks why.
+            Err(error) => {
+                return Err(SetupEnd::SandboxFailed {
+                    which: format!("setup command {} (`{command}`)", i + 1),
+                    error,
+                });
+            }
         }
     }
     Ok(())

@@ -17,7 +17,7 @@ use rollout::scripted::policy::Policy;
 use rollout::scripted::{Control, FaultMode, ScriptedConfig, ScriptedServer, demo};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestEnv, wait_gone};
+use crate::helpers::{TestEnv, processes_running, wait_gone};
 
 /// A Hermes tool call exactly as the chat template's `tojson` writes it back, so a
 /// re-rendered conversation agrees with what the model emitted.
@@ -762,26 +762,6 @@ async fn cancel_mid_generation_closes_the_request_and_the_sandbox() {
     wait_gone(&root.join(&ids[0]), Duration::from_secs(15)).await;
     let backends = stand.env.client.backends().await.unwrap();
     assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
-}
-
-/// How many processes of this machine have `needle` in their command line.
-fn processes_running(needle: &str) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|c| {
-            String::from_utf8_lossy(c)
-                .replace('\0', " ")
-                .contains(needle)
-        })
-        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

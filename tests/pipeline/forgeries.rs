@@ -400,3 +400,47 @@ async fn an_episode_that_kills_its_own_sandbox_is_scored_not_restarted() {
         "working\n"
     );
 }
+
+/// A task whose setup ends its own sandbox (`kill -9 -1` in INIT) fails at once with
+/// that reason: no sandbox was broken from outside, so starting it again would only
+/// end the same way. Nothing of it is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setup_that_kills_its_own_sandbox_fails_the_job_without_retries() {
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(1);
+    let mark = uuid::Uuid::new_v4().simple().to_string();
+    let mut t = Task::new(
+        "shell",
+        json!({
+            "sandbox": {"env": {"ROLLOUT_TEST_MARK": &mark}, "setup": ["echo preparing", "kill -9 -1"]},
+            "steps": [bash("echo never")],
+            "check": {"command": "true"},
+        }),
+    );
+    t.client_id = Some("kill/in-setup".into());
+    let ids = env.submit(&[t], "setup-kill").await;
+    let results = env
+        .wait_results("setup-kill", 1, Duration::from_secs(120))
+        .await;
+    let r = &results[0];
+    assert_eq!(r.status, Status::Failed, "{r:?}");
+    let error = r.error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("setup command 2") && error.contains("ended its own sandbox"),
+        "{error}"
+    );
+    let job = env.client.job(&ids[0]).await.unwrap().job;
+    assert_eq!(job.attempts, 1, "INIT ran again: {job:?}");
+    let root = env.deps.settings.sandbox_root();
+    assert!(
+        rollout::sandbox::Label::dirs(&root).is_empty(),
+        "left: {:?}",
+        rollout::sandbox::Label::dirs(&root)
+    );
+    assert_eq!(crate::helpers::processes_running(&mark), 0);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(root.to_str().unwrap()),
+        "a workspace is still mounted: {mounts}"
+    );
+}

@@ -383,3 +383,51 @@ async fn bad_grader_specs_are_refused_with_the_field_named() {
     ];
     crate::helpers::assert_specs_refused(&env, "shell", &bad).await;
 }
+
+/// A program that, given `start`, leaves a detached writer behind (a double fork into a
+/// session of its own, as a daemon does) and, given `check`, says whether it is alive.
+const LEAVES_A_WRITER: &str = r#"import os
+if input().strip() == "start":
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            fd = os.open("/dev/null", os.O_RDWR)
+            for i in (0, 1, 2):
+                os.dup2(fd, i)
+            os.execvp("sh", ["sh", "-c", "while :; do echo beat >> /tmp/beat; sleep 0.05; done # heartbeat-writer"])
+        os._exit(0)
+    os.wait()
+    print("started")
+else:
+    alive = 0
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                alive += b"heartbeat-writer" in open(f"/proc/{p}/cmdline", "rb").read()
+            except OSError:
+                pass
+    print("alive" if alive else "gone")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_case_started_ends_with_it_even_in_a_session_of_its_own() {
+    let env = TestEnv::start(|_| {}).await;
+    env.workers_in_process(1);
+    let grader = serde_json::json!({
+        "type": "code",
+        "run": "python3 solution.py",
+        "cases": [
+            {"name": "start", "stdin": "start\n", "stdout": "started\n"},
+            {"name": "check", "stdin": "check\n", "stdout": "gone\n"},
+        ],
+        "time_limit_ms": 10000,
+    });
+    let results = run_all(
+        &env,
+        &[task("writer", LEAVES_A_WRITER, "", grader)],
+        "strays",
+    )
+    .await;
+    let eval = &by_name(&results, "writer").output["eval"];
+    assert_eq!(results[0].reward, Some(1.0), "{eval:#}");
+}

@@ -12,6 +12,7 @@ mod host;
 #[path = "../common/rack.rs"]
 mod rack;
 
+mod abandoned;
 mod agent;
 mod api;
 mod auth;

@@ -260,3 +260,38 @@ async fn the_label_finds_the_namespace_even_after_bwrap_itself_died() {
             || rollout::sandbox::label::is_zombie(init)
     );
 }
+
+/// `/dev` holds the device nodes and nothing else: a file written there would be
+/// memory the sandbox's limits do not count (a tmpfs of no size, on the host).
+#[tokio::test]
+async fn dev_holds_no_files_and_its_devices_still_work() {
+    let (root, mut req) = request(RuntimeKind::Bwrap, &[]);
+    // No file-size limit: only the filesystem may refuse.
+    req.limits.file_size_bytes = 0;
+    let t = start_with(root, req).await;
+    for target in ["/dev/fill", "/dev/pts/../fill2"] {
+        let r =
+            t.sb.client
+                .bash(&format!("head -c 67108864 /dev/zero > {target}"), None)
+                .await
+                .unwrap();
+        assert_ne!(r.exit_code, Some(0), "{target}: {r:?}");
+        assert!(
+            r.output.contains("Read-only file system"),
+            "{target}: {r:?}"
+        );
+    }
+    let r =
+        t.sb.client
+            .bash(
+                "mkdir /dev/d 2>&1; ls /dev | grep -c fill; echo x > /dev/null && \
+                 head -c 3 /dev/urandom | wc -c && echo y > /dev/shm/ok && cat /dev/shm/ok",
+                None,
+            )
+            .await
+            .unwrap();
+    assert!(r.output.contains("Read-only file system"), "{r:?}");
+    assert!(r.output.ends_with("0\n3\ny\n"), "{r:?}");
+    host_and_sandbox_fine(&t).await;
+    t.stop().await;
+}

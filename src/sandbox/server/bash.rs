@@ -7,6 +7,13 @@
 //! after the command, `\x1e<session token>:<sequence>:<status>\x1e`, so the server never
 //! polls a screen and a command costs one write and the reads of its own output.
 //!
+//! The marker is the shell's word, and the shell runs the agent's code: a `trap … DEBUG`
+//! (which sees each command line before it runs, the marker's included) or a function
+//! named `printf` learns the token and can print a marker of its own, so a command can
+//! fake the status and the end of output its own call reports. That only misleads the
+//! agent about its own step; graders never read it (they use `exec`, whose status comes
+//! from the kernel).
+//!
 //! Each command is typed as one line (`eval '<command>'; printf marker "$?"`), or, when it
 //! has several lines or is long, written to a file in the server's control directory and
 //! sourced by such a line (`. file; printf marker "$?"`): the shell reads only that line

@@ -7,8 +7,9 @@
 //! and nothing reaches a terminal a grader might read) with standard input closed and
 //! stdout and stderr on one pipe, and takes the status from `waitpid`. The output is
 //! held in the server's memory, never in a file the command could append to. At the
-//! end (exit or timeout) the whole process group is killed, so nothing the command left
-//! behind outlives the call.
+//! end (exit or timeout) the whole process group is killed and, in a sandbox with a PID
+//! namespace of its own, every process the command left behind in another session too
+//! (see [`super::leftovers`]), so nothing it started outlives the call.
 
 use super::output::{CappedOutput, DEFAULT_MAX_OUTPUT};
 use super::stream::{nonblocking, read, reset_signals};
@@ -33,6 +34,10 @@ pub struct Start {
     pub cwd: PathBuf,
     /// The whole environment, when it is to replace the server's.
     pub env: Option<BTreeMap<String, String>>,
+    /// Whether the server has the sandbox's PID namespace to itself, so that at the end
+    /// every process the command left behind, in whatever session, can be found and
+    /// killed (see [`super::leftovers`]); otherwise only its process group is.
+    pub end_leftovers: bool,
 }
 
 /// Runs `args.command` to completion or `timeout`.
@@ -67,6 +72,7 @@ pub async fn run(
             Ok(())
         });
     }
+    let before = start.end_leftovers.then(super::leftovers::Snapshot::now);
     let (mut child, pid) = super::spawn(cmd, shell)?;
     let fd = nonblocking(out_read)?;
     let mut out = CappedOutput::new(args.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT));
@@ -100,6 +106,9 @@ pub async fn run(
         }
     }
     let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    if let Some(before) = &before {
+        super::leftovers::end(before).await;
+    }
     let (mut output, omitted_bytes) = out.finish();
     if args.printable {
         output = printable(&output);
@@ -174,6 +183,7 @@ mod tests {
         Start {
             cwd: std::env::temp_dir(),
             env: None,
+            end_leftovers: false,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod bash;
 pub mod exec;
 pub mod export;
 pub mod files;
+pub mod leftovers;
 pub mod output;
 pub mod python;
 pub mod stream;
@@ -64,6 +65,9 @@ pub struct ServerOptions {
     pub python: String,
     /// `auto`, `ipython` or `cpython`.
     pub python_engine: String,
+    /// Whether the server has the sandbox's PID namespace to itself (every process in
+    /// `/proc` is the sandbox's), so `exec` may end whatever its command left behind.
+    pub own_pid_namespace: bool,
 }
 
 struct Tools {
@@ -74,11 +78,14 @@ struct Tools {
     export: export::Exporter,
     workdir: PathBuf,
     started: Instant,
+    own_pid_namespace: bool,
 }
 
 /// Makes this process undumpable: processes of the same user (the agent's) can then
-/// neither ptrace it nor read its memory or environment through `/proc`, so they cannot
-/// learn the tools' marker tokens. Children get the flag back when they exec.
+/// neither ptrace it nor read its memory or environment through `/proc`. Children get
+/// the flag back when they exec. (Code the shell or the interpreter runs in-process can
+/// still learn their marker tokens; nothing scored relies on those markers, see
+/// [`exec`].)
 pub fn make_undumpable() -> std::io::Result<()> {
     // SAFETY: prctl with PR_SET_DUMPABLE takes plain integers.
     if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
@@ -135,6 +142,7 @@ pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io:
         export: export::Exporter::start(opts.workdir.clone(), opts.ctl_dir.clone()).await,
         workdir: opts.workdir.clone(),
         started: Instant::now(),
+        own_pid_namespace: opts.own_pid_namespace,
     });
     tracing::info!(listen = ?opts.listen, "sandbox server ready");
     let drain = tools.clone();
@@ -284,6 +292,7 @@ async fn shell_state(tools: &Tools) -> std::io::Result<exec::Start> {
     Ok(exec::Start {
         cwd: PathBuf::from(cwd),
         env: Some(env),
+        end_leftovers: tools.own_pid_namespace,
     })
 }
 
@@ -390,6 +399,7 @@ async fn run_exec(tools: &Tools, id: u64, a: &ExecArgs, timeout: Duration) -> Re
         exec::Start {
             cwd: tools.workdir.clone(),
             env: None,
+            end_leftovers: tools.own_pid_namespace,
         }
     };
     match exec::run(EXEC_SHELL, a, &start, timeout).await {
