@@ -377,9 +377,8 @@ pub struct BatchCounters {
     pub cancelled: i64,
     /// Jobs that ended `timed_out`.
     pub timed_out: i64,
-    /// When the batch ended before its jobs (cancelled, or a sampling batch that has
-    /// what it needs), epoch ms: from then on none of its jobs starts a stage or is
-    /// scored, and those left are cancelled.
+    /// When the trainer cancelled the batch (epoch ms): from then on none of its jobs
+    /// starts a stage or is scored, and those left are cancelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<i64>,
     /// Why it ended: the error its cancelled jobs carry.
