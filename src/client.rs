@@ -298,6 +298,16 @@ impl Client {
         let url = format!("{}/v1/batches/{id}/cancel", self.base);
         self.send(self.http.post(&url), url).await
     }
+
+    /// `POST /v1/batches/{id}/cancel` for any batch, a plain one or a sampling batch:
+    /// nothing of it is scored from the answer on, and its live jobs end `cancelled`.
+    pub async fn cancel_batch(
+        &self,
+        id: &str,
+    ) -> Result<crate::gateway::batches::CancelledBatch, ClientError> {
+        let url = format!("{}/v1/batches/{id}/cancel", self.base);
+        self.send(self.http.post(&url), url).await
+    }
 }
 
 /// What a followed batch ended with.
