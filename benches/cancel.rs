@@ -2,17 +2,18 @@
 //!
 //! How long a trainer's cancel takes to stop a batch under load, and whether anything
 //! of the batch is scored after it. The service runs in this process (as `rollout up`
-//! runs it, SQLite) with 128 slots per stage; a batch keeps 128 samples in flight, each
-//! carrying 64 KiB of metadata (so every end writes a large result row, and cancels
-//! wait behind those writes as they did when the problem was found), RUN log-normal
-//! around 300 ms, EVAL 100 ms. Once results flow, the batch is cancelled, and three
+//! runs it, SQLite) with 128 slots per stage; a batch of 512 samples keeps 128 in
+//! flight, each carrying 48 KiB of metadata (so every end writes a large result row,
+//! and cancels wait behind those writes as they did when the problem was found), RUN
+//! log-normal around 300 ms, EVAL 100 ms. Once results flow, the batch is cancelled
+//! (`POST /v1/batches/{id}/cancel`), and three
 //! things are measured: the answer's latency, the time from the cancel to the last of
 //! the batch's jobs ended, and how many jobs were scored (`done`) after the first job
 //! the cancel ended (in the order results committed: must be 0).
 //!
-//! The baseline, in the same run on the same service: the same load in a plain batch,
-//! stopped the way a trainer had to stop one before batches could be cancelled, each
-//! live job cancelled with its own `POST /v1/jobs/{id}/cancel`, one after another.
+//! The baseline, in the same run on the same service: the same load stopped the way a
+//! trainer had to stop a plain batch before batches could be cancelled, each live job
+//! cancelled with its own `POST /v1/jobs/{id}/cancel`, one after another.
 //! Three runs of each, interleaved; medians reported.
 //!
 //! Set `BENCH_QUICK=1` for a short smoke run (one run each, 64 in flight).
@@ -20,7 +21,7 @@
 use std::time::{Duration, Instant};
 
 use rollout::domain::{JobResult, Status, Task};
-use rollout::gateway::batches::{BatchRequest, CancelledBatch};
+use rollout::gateway::batches::CancelledBatch;
 
 mod common;
 #[path = "common/service.rs"]
@@ -40,12 +41,14 @@ struct Run {
     late: usize,
 }
 
+/// Bytes of metadata each sample carries (and its result row with it).
+const PAD: usize = 48 * 1024;
 /// One sample: the shared spec and a large metadata payload.
 fn sample(i: usize) -> Task {
     let mut t: Task = serde_json::from_value(serde_json::json!({
         "kind": "synthetic",
         "spec": {"run_ms": 300, "run_sigma": 0.5, "eval_ms": 100, "pass_rate": 0.5},
-        "metadata": {"prompt": i, "pad": "x".repeat(64 * 1024)},
+        "metadata": {"prompt": i, "pad": "x".repeat(PAD)},
     }))
     .expect("a synthetic task");
     t.client_id = None;
@@ -87,19 +90,39 @@ fn late(results: &mut [JobResult]) -> usize {
         .count()
 }
 
-/// The service's batch cancel of a sampling batch keeping `in_flight` samples running.
-async fn batch_cancel(env: &Env, tag: &str, in_flight: usize) -> Run {
-    let group = 4;
-    let req: BatchRequest = serde_json::from_value(serde_json::json!({
-        "batch_id": tag,
-        "prompts": (0..4096).map(sample).collect::<Vec<_>>(),
-        "group_size": group,
-        "target_groups": 4096,
-        "max_groups_in_flight": in_flight / group,
-    }))
-    .unwrap();
-    env.client.submit_sampling(&req).await.unwrap();
+/// Submits the load: `in_flight` × 4 samples in plain batch `tag` (the slots keep
+/// `in_flight` of them running, the rest queued), and waits until results flow.
+async fn load(env: &Env, tag: &str, in_flight: usize) -> usize {
+    let tasks: Vec<Task> = (0..in_flight * 4).map(sample).collect();
+    for chunk in tasks.chunks(64) {
+        env.client.submit(chunk, Some(tag)).await.unwrap();
+    }
     warm(env, tag, i64::try_from(in_flight).unwrap()).await;
+    tasks.len()
+}
+
+/// What the run measured once the batch has ended: its results in commit order.
+async fn measured(
+    env: &Env,
+    tag: &str,
+    n: usize,
+    answer: Duration,
+    t: Instant,
+    live: usize,
+) -> Run {
+    let ended = all_ended(env, tag, t).await;
+    let mut results = env.client.collect_results(tag, n).await.unwrap();
+    Run {
+        answer,
+        all_ended: ended,
+        live,
+        late: late(&mut results),
+    }
+}
+
+/// The service's batch cancel.
+async fn batch_cancel(env: &Env, tag: &str, in_flight: usize) -> Run {
+    let n = load(env, tag, in_flight).await;
     let t = Instant::now();
     let answer = env.client.cancel_batch(tag).await.unwrap();
     let answered = t.elapsed();
@@ -107,26 +130,12 @@ async fn batch_cancel(env: &Env, tag: &str, in_flight: usize) -> Run {
         CancelledBatch::Sampling(v) => v.cancelling.unwrap_or(0),
         CancelledBatch::Plain(p) => p.cancelling,
     };
-    let ended = all_ended(env, tag, t).await;
-    let n = env.deps.store.batch(tag).await.unwrap().unwrap().submitted;
-    let mut results = env
-        .client
-        .collect_results(tag, usize::try_from(n).unwrap())
-        .await
-        .unwrap();
-    Run {
-        answer: answered,
-        all_ended: ended,
-        live: usize::try_from(live).unwrap(),
-        late: late(&mut results),
-    }
+    measured(env, tag, n, answered, t, usize::try_from(live).unwrap()).await
 }
 
-/// The baseline: the same load in a plain batch, each live job cancelled on its own.
+/// The baseline: each live job cancelled on its own, one after another.
 async fn one_by_one(env: &Env, tag: &str, in_flight: usize) -> Run {
-    let tasks: Vec<Task> = (0..in_flight * 4).map(sample).collect();
-    env.client.submit(&tasks, Some(tag)).await.unwrap();
-    warm(env, tag, i64::try_from(in_flight).unwrap()).await;
+    let n = load(env, tag, in_flight).await;
     let t = Instant::now();
     let live = env.deps.store.live_jobs(tag, 100_000).await.unwrap();
     let mut answered = Duration::ZERO;
@@ -136,14 +145,7 @@ async fn one_by_one(env: &Env, tag: &str, in_flight: usize) -> Run {
         let _ = env.client.cancel(id).await;
         answered = a.elapsed();
     }
-    let ended = all_ended(env, tag, t).await;
-    let mut results = env.client.collect_results(tag, tasks.len()).await.unwrap();
-    Run {
-        answer: answered,
-        all_ended: ended,
-        live: live.len(),
-        late: late(&mut results),
-    }
+    measured(env, tag, n, answered, t, live.len()).await
 }
 
 /// The median of `runs` by `key`.
@@ -193,7 +195,8 @@ async fn compare(quick: bool) -> Vec<String> {
     let base_late: usize = base.iter().map(|r| r.late).sum();
     vec![
         format!(
-            "| batch cancel with {in_flight} samples in flight (64 KiB each): cancel to every job ended | {o_end:.0} ms (answer {:.0} ms; {:.0} live) | each live job cancelled on its own: {b_end:.0} ms (last answer {:.0} ms; {:.0} live) | {:.2}× the baseline's time | reported |",
+            "| batch cancel, {in_flight} of {} samples in flight (48 KiB each): cancel to every job ended | {o_end:.0} ms (answer {:.0} ms; {:.0} live) | each live job cancelled on its own: {b_end:.0} ms (last answer {:.0} ms; {:.0} live) | {:.2}× the baseline's time | reported |",
+            in_flight * 4,
             median(&ours, |r| ms(r.answer)),
             median(&ours, |r| r.live as f64),
             median(&base, |r| ms(r.answer)),
