@@ -541,7 +541,8 @@ macro_rules! finish_bare {
             "INSERT INTO results (job_id, batch_id, group_id, client_id, \
              status, reward, error, output, created_at) \
              SELECT jobs.id, jobs.batch_id, jobs.group_id, jobs.client_id, ",
-            end_values!("'failed'", "NULL", "$4"),
+            "CASE WHEN eb.id IS NULL THEN 'failed' ELSE 'cancelled' END, NULL, \
+             CASE WHEN eb.id IS NULL THEN $4 ELSE eb.end_reason END",
             ", '{\"init\":null,\"run\":null,\"eval\":null,\"metadata\":null}', $5 \
              FROM jobs",
             ended_batch!(),
