@@ -1,7 +1,9 @@
-//! A three-server JetStream cluster losing the server that leads the work stream in the
-//! middle of a batch: with three copies of every stream, the batch still ends with every
-//! job ended exactly once and nothing lost, the service's connection moves to another
-//! server, and the killed server, started again, catches up and rejoins.
+//! NATS clusters: a three-server JetStream cluster losing the server that leads the
+//! work stream in the middle of a batch (with three copies of every stream, the batch
+//! still ends with every job ended exactly once and nothing lost, the service's
+//! connection moves to another server, and the killed server, started again, catches up
+//! and rejoins); streams scaled to `nats.replicas`; and copies a single server cannot
+//! keep refused with advice.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -229,4 +231,64 @@ async fn wait_rejoined(queue: &Queue, server: &str) {
         },
     )
     .await;
+}
+
+/// Streams made with one copy are scaled to `nats.replicas` when a process starts with
+/// three, and so are the consumers on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn existing_streams_are_scaled_to_the_configured_replicas() {
+    let cluster_dir = tempfile::tempdir().expect("temp dir");
+    let cluster = NatsCluster::start(cluster_dir.path(), 3).await;
+    let env = TestEnv::start_on_nats(cluster.url(), |s| s.nats.replicas = 1).await;
+    let one = &env.deps.queue;
+    one.consumers(Stage::Init, "test-node").await.unwrap();
+    for suffix in STREAMS {
+        let info = stream_cluster(one, suffix).await.unwrap();
+        assert!(info.replicas.is_empty(), "{suffix}: {info:?}");
+    }
+
+    let mut settings = (*env.deps.settings).clone();
+    settings.nats.replicas = 3;
+    let three = Queue::connect(&settings, "scaled", true).await.unwrap();
+    three.consumers(Stage::Init, "test-node").await.unwrap();
+    eventually(
+        "every stream and the consumer have three copies",
+        Duration::from_secs(60),
+        || async {
+            let mut short = Vec::new();
+            for suffix in STREAMS {
+                match stream_cluster(&three, suffix).await {
+                    Ok(c) if c.replicas.len() == 2 => {}
+                    other => short.push(format!("{suffix}: {other:?}")),
+                }
+            }
+            match consumer_cluster(&three, "init").await {
+                Ok(c) if c.replicas.len() == 2 => {}
+                other => short.push(format!("consumer init: {other:?}")),
+            }
+            holds(short.is_empty(), short)
+        },
+    )
+    .await;
+}
+
+/// Three copies asked of a single nats-server (no cluster) stop the start with an error
+/// that names `nats.replicas` and says what to do; one copy works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_a_single_server_cannot_keep_are_refused_with_advice() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = rollout::natsd::NatsServer::start(dir.path(), "127.0.0.1:0".parse().unwrap())
+        .expect("start nats-server (is it installed? see README)");
+    let mut settings = rollout::config::Settings::default();
+    settings.nats.url = server.url();
+    settings.nats.prefix = format!("t{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
+    settings.nats.replicas = 3;
+    let e = Queue::connect(&settings, "test", false)
+        .await
+        .expect_err("three copies on one server")
+        .to_string();
+    assert!(e.contains("nats.replicas = 3"), "{e}");
+    assert!(e.contains("not part of a JetStream cluster"), "{e}");
+    settings.nats.replicas = 1;
+    Queue::connect(&settings, "test", false).await.unwrap();
 }
