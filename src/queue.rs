@@ -396,23 +396,35 @@ impl Queue {
     }
 
     /// Creates the stream `cfg` describes, or updates it to `cfg`. An existing stream
-    /// with another replica count is scaled to `nats.replicas` (the server copies its
-    /// messages to the new peers, or drops the extra ones), with a log line saying so,
-    /// since scaling a large stream takes a while.
-    async fn create_or_scale(&self, cfg: stream::Config) -> Result<(), QueueError> {
+    /// with fewer copies than `nats.replicas` is scaled up to it (the server copies its
+    /// messages to the new peers; logged, since a large stream takes a while). One with
+    /// more keeps them, also logged: a process started with the default of 1 (a worker
+    /// someone forgot to configure) must not take a cluster's redundancy away. Reducing
+    /// the count is an operator's decision, made on the server (`nats stream edit
+    /// --replicas`).
+    async fn create_or_scale(&self, mut cfg: stream::Config) -> Result<(), QueueError> {
         let name = cfg.name.clone();
-        let replicas = cfg.num_replicas;
         if let Ok(existing) = self.js.get_stream(&name).await {
             let had = existing.cached_info().config.num_replicas.max(1);
-            if had != replicas {
+            if had < cfg.num_replicas {
                 tracing::warn!(
                     stream = %name,
                     from = had,
-                    to = replicas,
-                    "stream has another replica count than nats.replicas; scaling it"
+                    to = cfg.num_replicas,
+                    "stream has fewer copies than nats.replicas; scaling it up"
                 );
+            } else if had > cfg.num_replicas {
+                tracing::warn!(
+                    stream = %name,
+                    copies = had,
+                    nats_replicas = cfg.num_replicas,
+                    "stream has more copies than nats.replicas; keeping them (set \
+                     nats.replicas alike in every process; reduce with `nats stream edit`)"
+                );
+                cfg.num_replicas = had;
             }
         }
+        let replicas = cfg.num_replicas;
         self.js.create_or_update_stream(cfg).await.map_err(|e| {
             replicas_err(&name, replicas, &e)
                 .unwrap_or_else(|| js_err("stream provisioning")(format!("{name}: {e}")))

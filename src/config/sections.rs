@@ -27,7 +27,10 @@ pub struct NatsSettings {
     /// their consumers, which follow their stream): 1 for a single server, 3 for a
     /// three-server cluster, which survives the loss of any one server with nothing
     /// lost. At most 5, and never more than the cluster has servers. Applied at every
-    /// start: an existing stream with another count is scaled to this one.
+    /// start: an existing stream with fewer copies is scaled up to this many; one with
+    /// more keeps them (reducing is for the operator, `nats stream edit --replicas`), so
+    /// a process left at the default cannot take a cluster's redundancy away. Set it
+    /// alike in every process all the same.
     pub replicas: usize,
     /// Prefix of every subject (`<prefix>.init`, …) and stream name. Two deployments (or
     /// two test runs) with different prefixes share a NATS server without interfering.

@@ -234,7 +234,8 @@ async fn wait_rejoined(queue: &Queue, server: &str) {
 }
 
 /// Streams made with one copy are scaled to `nats.replicas` when a process starts with
-/// three, and so are the consumers on them.
+/// three, and so are the consumers on them; a process started later with one copy
+/// leaves them at three.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn existing_streams_are_scaled_to_the_configured_replicas() {
     let cluster_dir = tempfile::tempdir().expect("temp dir");
@@ -270,6 +271,15 @@ async fn existing_streams_are_scaled_to_the_configured_replicas() {
         },
     )
     .await;
+
+    // A process still configured for one copy does not take the copies away.
+    Queue::connect(&env.deps.settings, "unscaled", false)
+        .await
+        .unwrap();
+    for suffix in STREAMS {
+        let info = stream_cluster(&three, suffix).await.unwrap();
+        assert_eq!(info.replicas.len(), 2, "{suffix} lost copies: {info:?}");
+    }
 }
 
 /// Three copies asked of a single nats-server (no cluster) stop the start with an error
