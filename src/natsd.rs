@@ -6,6 +6,9 @@
 //! dropped. [`NatsServer::start_with_token`] also makes it require a token, which is
 //! what `rollout up` does: otherwise any process on the machine, sandboxed agent code
 //! included, could connect to it and read or inject work.
+//! [`NatsServer::start_in_cluster`] starts one member of a JetStream cluster on this
+//! machine (routes on loopback ports), which is how the tests check that the service
+//! survives the loss of a server; `rollout up` itself always runs a single server.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -51,6 +54,23 @@ impl NatsServer {
         Self::spawn(dir, addr, None)
     }
 
+    /// Starts `member` of a JetStream cluster: `nats-server -js` on `addr` (a fixed port:
+    /// a restarted member must come back where the others and the clients expect it),
+    /// with its store and log under `dir`, routes to the other members, and monitoring
+    /// on `member.monitor`. Started again on the same `dir` after a kill, it finds its
+    /// store and rejoins the cluster. Returns once clients can connect, which is before
+    /// the cluster has elected its JetStream leader.
+    pub fn start_in_cluster(
+        dir: &Path,
+        addr: SocketAddr,
+        member: &ClusterMember,
+    ) -> Result<NatsServer, NatsdError> {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join("nats-server.conf");
+        std::fs::write(&path, member.config())?;
+        Self::spawn(dir, addr, Some(path))
+    }
+
     /// Like [`NatsServer::start`], but clients must present `token` (letters, digits,
     /// `-`, `_` and `.`; connect with `nats.token`). The token is passed in a
     /// configuration file under `dir` that only the owner can read, not on the command
@@ -70,10 +90,18 @@ impl NatsServer {
                 "the nats-server token must be letters, digits, `-`, `_` or `.`",
             )));
         }
-        Self::spawn(dir, addr, Some(token))
+        std::fs::create_dir_all(dir)?;
+        let config = write_auth_config(dir, token)?;
+        Self::spawn(dir, addr, Some(config))
     }
 
-    fn spawn(dir: &Path, addr: SocketAddr, token: Option<&str>) -> Result<NatsServer, NatsdError> {
+    /// Runs `nats-server -js` on `addr` with its store and log under `dir` and, if
+    /// given, the configuration file `config`; waits until it accepts connections.
+    fn spawn(
+        dir: &Path,
+        addr: SocketAddr,
+        config: Option<PathBuf>,
+    ) -> Result<NatsServer, NatsdError> {
         let addr = if addr.port() == 0 {
             let l = TcpListener::bind(addr)?;
             l.local_addr()?
@@ -84,8 +112,8 @@ impl NatsServer {
         let log = dir.join("nats-server.log");
         let store = dir.join("jetstream");
         let mut cmd = Command::new("nats-server");
-        if let Some(token) = token {
-            cmd.arg("-c").arg(write_auth_config(dir, token)?);
+        if let Some(config) = config {
+            cmd.arg("-c").arg(config);
         }
         let child = cmd
             .arg("-js")
@@ -134,6 +162,44 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// One member of a JetStream cluster whose servers run on this machine (see
+/// [`NatsServer::start_in_cluster`]).
+#[derive(Debug, Clone)]
+pub struct ClusterMember {
+    /// The cluster's name, the same on every member.
+    pub cluster: String,
+    /// This server's name, unique in the cluster: JetStream names stream leaders and
+    /// replicas by it.
+    pub name: String,
+    /// Where this member listens for routes from the others.
+    pub routes_listen: SocketAddr,
+    /// Every member's route address, this one's included (a server ignores the route
+    /// to itself), so all members share one list.
+    pub routes: Vec<SocketAddr>,
+    /// Where this member serves its HTTP monitoring endpoints (`/jsz`, `/varz`).
+    pub monitor: SocketAddr,
+}
+
+impl ClusterMember {
+    /// The member's configuration file (nats-server 2.9 syntax).
+    fn config(&self) -> String {
+        let routes: Vec<String> = self
+            .routes
+            .iter()
+            .map(|r| format!("    \"nats-route://{r}\""))
+            .collect();
+        format!(
+            "server_name: \"{name}\"\nhttp: \"{monitor}\"\ncluster {{\n  name: \"{cluster}\"\n  \
+             listen: \"{listen}\"\n  routes: [\n{routes}\n  ]\n}}\n",
+            name = self.name,
+            monitor = self.monitor,
+            cluster = self.cluster,
+            listen = self.routes_listen,
+            routes = routes.join("\n"),
+        )
     }
 }
 
@@ -186,5 +252,30 @@ mod tests {
             Some("127.0.0.1:5000".parse().unwrap())
         );
         assert_eq!(local_addr_of("nats://10.1.2.3:4222"), None);
+    }
+
+    #[test]
+    fn cluster_member_config_names_the_server_and_its_routes() {
+        let member = ClusterMember {
+            cluster: "c1".into(),
+            name: "n2".into(),
+            routes_listen: "127.0.0.1:6002".parse().unwrap(),
+            routes: vec![
+                "127.0.0.1:6001".parse().unwrap(),
+                "127.0.0.1:6002".parse().unwrap(),
+            ],
+            monitor: "127.0.0.1:8002".parse().unwrap(),
+        };
+        let text = member.config();
+        for line in [
+            "server_name: \"n2\"",
+            "http: \"127.0.0.1:8002\"",
+            "name: \"c1\"",
+            "listen: \"127.0.0.1:6002\"",
+            "\"nats-route://127.0.0.1:6001\"",
+            "\"nats-route://127.0.0.1:6002\"",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
     }
 }

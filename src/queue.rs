@@ -8,6 +8,14 @@
 //! | `P_RESULTS` | limits | `P.done.<batch>` | read by trainers |
 //! | `P_DEAD` | limits | `P.dead` | kept for inspection |
 //!
+//! Every stream is created with `nats.replicas` copies (1 on a single server, 3 on a
+//! three-server cluster); consumers follow their stream's count. With three copies a
+//! server can die at any moment: a message the server acknowledged is on a majority of
+//! the servers, the clients reconnect to the others (`nats.url` lists them), and what
+//! was in flight on the dead one is recovered the usual way: a failed publish is
+//! retried by nak or by the reconciler, a lost ack or pull request ends in a
+//! redelivery, which the compare-and-set on the job row makes harmless.
+//!
 //! Cancels are broadcast on the core subject `P.cancel` (no stream: a worker that misses
 //! one still finds the job cancelled in the database at its next lease renewal).
 //!
@@ -68,6 +76,21 @@ pub enum QueueError {
         /// What was wrong with it.
         detail: String,
     },
+    /// The servers cannot keep the configured number of copies of a stream.
+    #[error(
+        "cannot keep {replicas} copies of stream {stream} (nats.replicas = {replicas}): \
+         {detail}; {advice}"
+    )]
+    Replicas {
+        /// The stream.
+        stream: String,
+        /// The configured count.
+        replicas: usize,
+        /// The server's error.
+        detail: String,
+        /// What to do about it.
+        advice: &'static str,
+    },
     /// A JetStream request failed.
     #[error("JetStream {what} failed: {detail}")]
     JetStream {
@@ -80,6 +103,44 @@ pub enum QueueError {
 
 fn js_err(what: &'static str) -> impl FnOnce(String) -> QueueError {
     move |detail| QueueError::JetStream { what, detail }
+}
+
+/// The [`QueueError::Replicas`] of a stream request the server refused for its replica
+/// count, if that is why it refused.
+fn replicas_err(
+    stream: &str,
+    replicas: usize,
+    e: &jetstream::context::CreateStreamError,
+) -> Option<QueueError> {
+    use jetstream::ErrorCode;
+    let jetstream::context::CreateStreamErrorKind::JetStream(js) = e.kind() else {
+        return None;
+    };
+    let advice = match js.error_code() {
+        ErrorCode::STREAM_REPLICAS_NOT_SUPPORTED => {
+            "this nats-server is not part of a JetStream cluster: set nats.replicas = 1, or \
+             run three servers as a cluster (see the README's production setup) and list \
+             them all in nats.url"
+        }
+        ErrorCode::INSUFFICIENT_RESOURCES
+        | ErrorCode::CLUSTER_NO_PEERS
+        | ErrorCode::CLUSTER_INCOMPLETE => {
+            "the JetStream cluster has fewer servers up than copies asked for: start the \
+             missing servers, or set nats.replicas to at most the number of servers"
+        }
+        ErrorCode::STREAM_REPLICAS_NOT_UPDATABLE => {
+            "this nats-server cannot change an existing stream's replica count: set \
+             nats.replicas back to the stream's count, or remove the stream once it is \
+             empty (`nats stream rm`) so it is created again with the new count"
+        }
+        _ => return None,
+    };
+    Some(QueueError::Replicas {
+        stream: stream.to_string(),
+        replicas,
+        detail: js.to_string(),
+        advice,
+    })
 }
 
 /// Subject and stream names under one prefix.
@@ -185,6 +246,7 @@ pub struct Queue {
     max_deliver: i64,
     duplicate_window: Duration,
     max_result_bytes: usize,
+    replicas: usize,
 }
 
 impl std::fmt::Debug for Queue {
@@ -196,9 +258,11 @@ impl std::fmt::Debug for Queue {
 }
 
 impl Queue {
-    /// Connects to the server in `settings` with its credentials (`nats.user` and
-    /// `nats.password`, `nats.token` or `nats.creds_file`, whichever is set) and
-    /// provisions the streams. Every process connects through here, so a server with
+    /// Connects to one of the servers in `settings` (`nats.url` may list a cluster's) with
+    /// its credentials (`nats.user` and `nats.password`, `nats.token` or
+    /// `nats.creds_file`, whichever is set) and provisions the streams. The client
+    /// reconnects on its own, to any listed server or one the cluster told it of, for as
+    /// long as the process runs. Every process connects through here, so a server with
     /// authorization needs only the settings. `name` labels the connection in the
     /// server's monitoring. With `wait_for_server`, keeps retrying until the server
     /// answers (workers started before NATS); otherwise fails at once with an error
@@ -208,7 +272,7 @@ impl Queue {
         name: &str,
         wait_for_server: bool,
     ) -> Result<Queue, QueueError> {
-        let url = settings.nats.url.clone();
+        let urls = settings.nats.urls();
         let mut opts =
             async_nats::ConnectOptions::new()
                 .name(name)
@@ -238,9 +302,9 @@ impl Queue {
                 }
             })?;
         }
-        let shown_url = crate::config::redact_url(&url);
+        let shown_url = crate::config::redact_url(&urls.join(","));
         let client = opts
-            .connect(url.as_str())
+            .connect(urls.as_slice())
             .await
             .map_err(|e| match e.kind() {
                 async_nats::ConnectErrorKind::AuthorizationViolation
@@ -266,6 +330,7 @@ impl Queue {
             max_deliver: 4 * settings.queue.delivery_limit + 10,
             duplicate_window: Duration::from_millis(settings.queue.duplicate_window_ms),
             max_result_bytes: settings.queue.max_result_bytes,
+            replicas: settings.nats.replicas,
         };
         // A worker started before the server (a Slurm job on a fresh allocation) keeps
         // trying; everything else reports the problem at once.
@@ -323,12 +388,47 @@ impl Queue {
             max_age: Duration::from_secs(7 * 24 * 3600),
             ..Default::default()
         };
-        for cfg in [work, results, dead, groups] {
-            self.js
-                .create_or_update_stream(cfg)
-                .await
-                .map_err(|e| js_err("stream provisioning")(e.to_string()))?;
+        for mut cfg in [work, results, dead, groups] {
+            cfg.num_replicas = self.replicas;
+            self.create_or_scale(cfg).await?;
         }
+        Ok(())
+    }
+
+    /// Creates the stream `cfg` describes, or updates it to `cfg`. An existing stream
+    /// with fewer copies than `nats.replicas` is scaled up to it (the server copies its
+    /// messages to the new peers; logged, since a large stream takes a while). One with
+    /// more keeps them, also logged: a process started with the default of 1 (a worker
+    /// someone forgot to configure) must not take a cluster's redundancy away. Reducing
+    /// the count is an operator's decision, made on the server (`nats stream edit
+    /// --replicas`).
+    async fn create_or_scale(&self, mut cfg: stream::Config) -> Result<(), QueueError> {
+        let name = cfg.name.clone();
+        if let Ok(existing) = self.js.get_stream(&name).await {
+            let had = existing.cached_info().config.num_replicas.max(1);
+            if had < cfg.num_replicas {
+                tracing::warn!(
+                    stream = %name,
+                    from = had,
+                    to = cfg.num_replicas,
+                    "stream has fewer copies than nats.replicas; scaling it up"
+                );
+            } else if had > cfg.num_replicas {
+                tracing::warn!(
+                    stream = %name,
+                    copies = had,
+                    nats_replicas = cfg.num_replicas,
+                    "stream has more copies than nats.replicas; keeping them (set \
+                     nats.replicas alike in every process; reduce with `nats stream edit`)"
+                );
+                cfg.num_replicas = had;
+            }
+        }
+        let replicas = cfg.num_replicas;
+        self.js.create_or_update_stream(cfg).await.map_err(|e| {
+            replicas_err(&name, replicas, &e)
+                .unwrap_or_else(|| js_err("stream provisioning")(format!("{name}: {e}")))
+        })?;
         Ok(())
     }
 

@@ -248,12 +248,19 @@ pub async fn run_workers(
 }
 
 /// Starts a private nats-server under the state directory if nothing answers at the
-/// configured URL, returning it (keep it alive) and updating `settings.nats`: its URL,
+/// configured URL (a single local one: a list of URLs names a cluster, which is used
+/// as it is), returning it (keep it alive) and updating `settings.nats`: its URL,
 /// and a fresh random token the server requires, so processes on the machine that are
 /// not part of this one (sandboxed agent code among them) cannot reach the queue. A
 /// server that already answers is used with the configured credentials.
 pub fn ensure_nats(settings: &mut Settings) -> Result<Option<NatsServer>, StartError> {
-    let Some(addr) = crate::natsd::local_addr_of(&settings.nats.url) else {
+    // Several URLs name a cluster run by someone else: never stand in for it with a
+    // private single server.
+    let urls = settings.nats.urls();
+    let [url] = urls.as_slice() else {
+        return Ok(None);
+    };
+    let Some(addr) = crate::natsd::local_addr_of(url) else {
         return Ok(None);
     };
     if crate::natsd::answers(addr) {

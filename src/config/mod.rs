@@ -146,6 +146,49 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+        assert_eq!(
+            redact_url("nats://u:one@h1:4222,nats://u:two@h2:4222,nats://h3:4222"),
+            "nats://u:***@h1:4222,nats://u:***@h2:4222,nats://h3:4222"
+        );
+    }
+
+    #[test]
+    fn nats_url_may_list_a_clusters_servers() {
+        let s = Settings::load_from(
+            None,
+            env(&[
+                (
+                    "ROLLOUT__NATS__URL",
+                    "nats://n1:4222, nats://n2:4222,nats://n3:4222,",
+                ),
+                ("ROLLOUT__NATS__REPLICAS", "3"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            s.nats.urls(),
+            ["nats://n1:4222", "nats://n2:4222", "nats://n3:4222"]
+        );
+        assert_eq!(s.nats.replicas, 3);
+        let single = Settings::load_from(None, env(&[])).unwrap();
+        assert_eq!(single.nats.urls(), ["nats://127.0.0.1:4222"]);
+        assert_eq!(single.nats.replicas, 1);
+        for bad in [
+            "nats://n1:4222,n2:4222",
+            ",",
+            "nats://n1:4222;nats://n2:4222x,http://n3",
+        ] {
+            let e = Settings::load_from(None, env(&[("ROLLOUT__NATS__URL", bad)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("`nats.url`"), "{bad}: {e}");
+        }
+        for bad in ["0", "6"] {
+            let e = Settings::load_from(None, env(&[("ROLLOUT__NATS__REPLICAS", bad)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("`nats.replicas`"), "{bad}: {e}");
+        }
     }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {

@@ -55,8 +55,17 @@ impl Settings {
     }
 }
 
-/// Hides the password of a URL (a database's, NATS's) for logs and errors.
+/// Hides the password of a URL (a database's, NATS's) for logs and errors. A list of
+/// URLs separated by commas (a NATS cluster's) has each one's password hidden.
 pub fn redact_url(url: &str) -> String {
+    if url.contains(',') {
+        return url.split(',').map(redact_one).collect::<Vec<_>>().join(",");
+    }
+    redact_one(url)
+}
+
+/// [`redact_url`] of a single URL.
+fn redact_one(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let creds = &url[s + 3..at];

@@ -17,8 +17,21 @@ use crate::domain::Stage;
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsSettings {
-    /// Server URL, e.g. `nats://127.0.0.1:4222`.
+    /// Server URL, e.g. `nats://127.0.0.1:4222`, or the URLs of a cluster's servers
+    /// separated by commas (`nats://n1:4222,nats://n2:4222,nats://n3:4222`): the client
+    /// connects to any one of them and, when that server goes away, reconnects to
+    /// another, so one server's failure does not stop the service. One string rather
+    /// than a list so that `ROLLOUT__NATS__URL` can carry it.
     pub url: String,
+    /// Copies the JetStream cluster keeps of every stream the service creates (and of
+    /// their consumers, which follow their stream): 1 for a single server, 3 for a
+    /// three-server cluster, which survives the loss of any one server with nothing
+    /// lost. At most 5, and never more than the cluster has servers. Applied at every
+    /// start: an existing stream with fewer copies is scaled up to this many; one with
+    /// more keeps them (reducing is for the operator, `nats stream edit --replicas`), so
+    /// a process left at the default cannot take a cluster's redundancy away. Set it
+    /// alike in every process all the same.
+    pub replicas: usize,
     /// Prefix of every subject (`<prefix>.init`, …) and stream name. Two deployments (or
     /// two test runs) with different prefixes share a NATS server without interfering.
     pub prefix: String,
@@ -38,6 +51,7 @@ impl Default for NatsSettings {
     fn default() -> Self {
         Self {
             url: "nats://127.0.0.1:4222".into(),
+            replicas: 1,
             prefix: "rollout".into(),
             user: String::new(),
             password: String::new(),
@@ -47,10 +61,22 @@ impl Default for NatsSettings {
     }
 }
 
+impl NatsSettings {
+    /// The server URLs of `url`, in order, without surrounding blanks or empty entries.
+    pub fn urls(&self) -> Vec<&str> {
+        self.url
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .collect()
+    }
+}
+
 impl std::fmt::Debug for NatsSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NatsSettings")
             .field("url", &redact_url(&self.url))
+            .field("replicas", &self.replicas)
             .field("prefix", &self.prefix)
             .field("user", &self.user)
             .field("password", &Redacted(&self.password))

@@ -4,6 +4,9 @@
 use super::{ConfigError, MIN_GATEWAY_TOKEN_LEN, Settings};
 use crate::domain::{Stage, is_subject_token};
 
+/// The most copies JetStream keeps of a stream.
+const MAX_NATS_REPLICAS: usize = 5;
+
 /// The error for `key`, which has `problem`.
 fn bad(key: &str, problem: &str) -> Result<(), ConfigError> {
     Err(ConfigError::Invalid {
@@ -25,14 +28,26 @@ impl Settings {
     /// The NATS and database connections: URLs, the subject prefix, the pool size, and
     /// at most one NATS authentication method, complete.
     fn validate_connections(&self) -> Result<(), ConfigError> {
-        if !(self.nats.url.starts_with("nats://")
-            || self.nats.url.starts_with("tls://")
-            || self.nats.url.starts_with("ws://")
-            || self.nats.url.starts_with("wss://"))
-        {
+        let urls = self.nats.urls();
+        let is_nats_url = |u: &&str| {
+            ["nats://", "tls://", "ws://", "wss://"]
+                .iter()
+                .any(|scheme| u.starts_with(scheme))
+        };
+        if urls.is_empty() || !urls.iter().all(is_nats_url) {
             return bad(
                 "nats.url",
-                "must be a NATS URL such as nats://127.0.0.1:4222",
+                "must be a NATS URL such as nats://127.0.0.1:4222, or a cluster's URLs \
+                 separated by commas (nats://n1:4222,nats://n2:4222,nats://n3:4222)",
+            );
+        }
+        if !(1..=MAX_NATS_REPLICAS).contains(&self.nats.replicas) {
+            return bad(
+                "nats.replicas",
+                &format!(
+                    "must be 1 to {MAX_NATS_REPLICAS} (JetStream's limit): 1 for a single \
+                     nats-server, 3 for a three-server cluster"
+                ),
             );
         }
         if !is_subject_token(&self.nats.prefix) {

@@ -86,7 +86,9 @@ impl Worker {
                 tracing::debug!(?wait, "stage is leased by another delivery; retrying later");
                 return ack(&msg, AckKind::Nak(Some(wait))).await;
             }
-            Ok(Claim::Stale(job)) => return self.repair_stale(&msg, &work, &job).await,
+            Ok(Claim::Stale(job)) => {
+                return self.repair_stale(&msg, &work, &job, delivered).await;
+            }
             Ok(Claim::BatchEnded) => {
                 tracing::info!(
                     "the job's batch has ended: message dropped, the job is being cancelled"

@@ -15,6 +15,11 @@ use super::Worker;
 /// Most messages asked for in one pull request.
 const MAX_BATCH: usize = 256;
 
+/// The longest a worker waits for the answer to a fetch (a pull that the server answers
+/// at once, with the messages it has or with none). Far above a live server's answer
+/// time, and short enough that a request lost with its server costs little.
+const FETCH_LIMIT: Duration = Duration::from_secs(5);
+
 impl Worker {
     /// Pulls from the stage's consumers, never asking for more messages than free slots.
     ///
@@ -59,11 +64,25 @@ impl Worker {
                     }
                     match c.fetch().max_messages(permits.len()).messages().await {
                         Ok(mut batch) => {
-                            while let Some(Ok(msg)) = batch.next().await {
-                                let permit = permits.pop().expect("one permit per message");
-                                tracker.spawn(self.clone().handle(msg, permit));
-                                got = true;
-                                primary = i;
+                            // A fetch has no expiry, so the client never gives up on
+                            // it by itself: if the server that took the request dies
+                            // (a cluster's consumer leader), no answer ever comes.
+                            // Waiting at most FETCH_LIMIT keeps the loop going; what
+                            // the lost request would have delivered is redelivered.
+                            let drained = tokio::time::timeout(FETCH_LIMIT, async {
+                                while let Some(Ok(msg)) = batch.next().await {
+                                    let permit = permits.pop().expect("one permit per message");
+                                    tracker.spawn(self.clone().handle(msg, permit));
+                                    got = true;
+                                    primary = i;
+                                }
+                            })
+                            .await;
+                            if drained.is_err() {
+                                tracing::warn!(
+                                    ?FETCH_LIMIT,
+                                    "fetch unanswered (server lost?); pulling again"
+                                );
                             }
                         }
                         Err(e) => tracing::debug!(error = %e, "fetch failed"),

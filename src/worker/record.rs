@@ -312,12 +312,16 @@ impl Worker {
         }
     }
 
-    /// A message whose job moved on: make sure the job's current hand-off exists.
+    /// A message whose job moved on: make sure the job's current hand-off exists. While
+    /// the re-publish keeps failing (a cluster electing a new stream leader refuses
+    /// publishes for a few seconds), the message comes back after the nak delay of its
+    /// `delivered`-th delivery, so the retries back off as any other's do.
     pub(super) async fn repair_stale(
         &self,
         msg: &jetstream::Message,
         work: &WorkMessage,
         job: &Job,
+        delivered: i64,
     ) {
         if !job.status.is_terminal() && (job.stage, job.epoch) != (work.stage, work.epoch) {
             let current = WorkMessage {
@@ -332,7 +336,7 @@ impl Worker {
                     .await
             {
                 tracing::warn!(error = %e, "cannot re-publish the job's hand-off; will retry");
-                ack(msg, AckKind::Nak(Some(self.nak_delay(1)))).await;
+                ack(msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
                 return;
             }
         }

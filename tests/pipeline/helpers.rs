@@ -104,6 +104,25 @@ impl TestEnv {
                 (Some(server), url)
             }
         };
+        Self::start_inner(dir, nats, nats_url, false, tweak).await
+    }
+
+    /// [`TestEnv::start`] against NATS servers the test runs itself (a cluster):
+    /// `nats_url` may list several. Connecting waits until the servers accept the
+    /// streams (a young cluster has no JetStream leader yet).
+    pub async fn start_on_nats(nats_url: String, tweak: impl FnOnce(&mut Settings)) -> TestEnv {
+        init_logging();
+        let dir = tempfile::tempdir().expect("temp dir");
+        Self::start_inner(dir, None, nats_url, true, tweak).await
+    }
+
+    async fn start_inner(
+        dir: tempfile::TempDir,
+        nats: Option<NatsServer>,
+        nats_url: String,
+        wait_for_nats: bool,
+        tweak: impl FnOnce(&mut Settings),
+    ) -> TestEnv {
         let db = TestDb::new(dir.path()).await;
         let db_url = db.url.clone();
         let mut settings = Settings::default();
@@ -134,7 +153,7 @@ impl TestEnv {
             toml::to_string(&settings).expect("settings to TOML"),
         )
         .expect("write config");
-        let deps = rollout::wiring::connect(Arc::new(settings.clone()), "test", false)
+        let deps = rollout::wiring::connect(Arc::new(settings.clone()), "test", wait_for_nats)
             .await
             .expect("connect");
         let shutdown = CancellationToken::new();

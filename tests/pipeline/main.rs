@@ -9,6 +9,8 @@ mod eventually;
 mod fresh_postgres;
 #[path = "../common/host.rs"]
 mod host;
+#[path = "../common/nats_cluster.rs"]
+mod nats_cluster;
 #[path = "../common/rack.rs"]
 mod rack;
 
@@ -17,6 +19,7 @@ mod agent;
 mod api;
 mod auth;
 mod backends;
+mod cluster;
 mod examples;
 mod faults;
 mod flow;
