@@ -3,7 +3,9 @@
 //! `rollout up` uses this when nothing answers at the configured NATS URL, and the tests
 //! and benchmarks use it to get a private server on a free port. The server runs with
 //! JetStream, stores its data in the given directory, and is killed when the handle is
-//! dropped. [`NatsServer::start_with_token`] also makes it require a token, which is
+//! dropped — or when the thread that started it ends, the process's death included (a
+//! SIGKILL runs no destructor, and a server left behind would hold its port and its
+//! store for good; see [`die_with_parent`]). [`NatsServer::start_with_token`] also makes it require a token, which is
 //! what `rollout up` does: otherwise any process on the machine, sandboxed agent code
 //! included, could connect to it and read or inject work.
 
@@ -87,6 +89,7 @@ impl NatsServer {
         if let Some(token) = token {
             cmd.arg("-c").arg(write_auth_config(dir, token)?);
         }
+        die_with_parent(&mut cmd);
         let child = cmd
             .arg("-js")
             .arg("-a")
@@ -134,6 +137,28 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Has the child started by `cmd` receive SIGKILL when its parent ends, however it ends
+/// (`PR_SET_PDEATHSIG`): a child of `rollout up`, or of a test, must not outlive it. The
+/// kernel ties this to the *thread* that starts the child, so start such children from
+/// a thread that lives as long as they should (the main thread, a runtime's worker
+/// thread). If the parent is already gone when the child gets there, the child ends at
+/// once rather than run unowned.
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = nix::unistd::getpid();
+    // SAFETY: prctl, getppid and _exit are async-signal-safe; nothing allocates.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)?;
+            if nix::unistd::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
     }
 }
 
