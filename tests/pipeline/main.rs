@@ -9,6 +9,9 @@ mod eventually;
 mod fresh_postgres;
 #[path = "../common/host.rs"]
 mod host;
+#[path = "../common/leftovers.rs"]
+#[allow(dead_code)] // the nodes' test checks what is left; it starts no `Service`
+mod leftovers;
 #[path = "../common/rack.rs"]
 mod rack;
 
