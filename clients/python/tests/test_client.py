@@ -142,7 +142,7 @@ class Stopping(unittest.TestCase):
         svc = LocalService(bin_dir, str(ROOT / "examples" / "agent-policy.json"), workers=1)
         svc.__enter__()
         try:
-            svc.client().submit_batch(agent_prompts(), group_size=4, target_groups=1000,
+            svc.client().submit_batch(agent_prompts(), group_size=4, target_groups=32,
                                       max_groups_in_flight=8, batch_id="py-stopped")
             deadline = time.monotonic() + 120
             while not any("rollout-sandbox serve" in p
