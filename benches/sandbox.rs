@@ -70,6 +70,7 @@ fn request(root: &Path, kind: RuntimeKind, env: &[(&str, &str)]) -> StartRequest
         image: None,
         fakeroot: false,
         ro_binds: Vec::new(),
+        die_with_parent: false,
         ready_timeout: Duration::from_secs(30),
     }
 }

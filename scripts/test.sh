@@ -6,9 +6,31 @@
 # (scripts/setup.sh, schemathesis, transformers with jinja2, math-verify, and Debian's
 # chromium, chromium-driver, slurm-wlm, munge and docker-compose). Formatting and
 # clippy's lints are checked first; the Python client's tests run after the SQLite ones.
+# It ends with a check that nothing the run started (a process, a mount, a loop device)
+# is left on the machine; the run fails if something is (scripts/leftovers.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
+
+# Everything the run starts carries its id in the environment and keeps its files under
+# a temporary root of its own, so the final check finds what this run left, and only
+# that: other runs and the developers' own services share the machine. The root is
+# short (sandbox socket paths below it must stay under 100 bytes) and reachable by
+# sandboxes that run as users of their own.
+ROLLOUT_TEST_RUN="rr-$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')"
+run_root="/tmp/$ROLLOUT_TEST_RUN"
+mkdir -m 755 "$run_root"
+export ROLLOUT_TEST_RUN TMPDIR="$run_root"
+finish() {
+  local rc=$?
+  python3 scripts/leftovers.py --run "$ROLLOUT_TEST_RUN" --root "$run_root" || rc=1
+  # Never below a mount that could not be removed (it would empty a workspace in use).
+  if [ -z "${ROLLOUT_KEEP_STATE:-}" ] && ! grep -qF " $run_root/" /proc/self/mountinfo; then
+    rm -rf "$run_root"
+  fi
+  exit "$rc"
+}
+trap finish EXIT
 # The API is checked against its own OpenAPI document by schemathesis (tests/pipeline/openapi.rs).
 if ! command -v schemathesis >/dev/null 2>&1; then
   echo "== installing schemathesis (Python) for the API document test" >&2

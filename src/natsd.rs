@@ -3,9 +3,12 @@
 //! `rollout up` uses this when nothing answers at the configured NATS URL, and the tests
 //! and benchmarks use it to get a private server on a free port. The server runs with
 //! JetStream, stores its data in the given directory, and is killed when the handle is
-//! dropped. [`NatsServer::start_with_token`] also makes it require a token, which is
-//! what `rollout up` does: otherwise any process on the machine, sandboxed agent code
-//! included, could connect to it and read or inject work.
+//! dropped — or when the thread that started it ends, the process's death included (a
+//! SIGKILL runs no destructor, and a server left behind would hold its port and its
+//! store for good; see [`die_with_parent`]). [`NatsServer::start_with_token`] also
+//! makes it require a token, which is what `rollout up` does: otherwise any process on
+//! the machine, sandboxed agent code included, could connect to it and read or inject
+//! work.
 //! [`NatsServer::start_in_cluster`] starts one member of a JetStream cluster on this
 //! machine (routes on loopback ports), which is how the tests check that the service
 //! survives the loss of a server; `rollout up` itself always runs a single server.
@@ -115,6 +118,7 @@ impl NatsServer {
         if let Some(config) = config {
             cmd.arg("-c").arg(config);
         }
+        die_with_parent(&mut cmd);
         let child = cmd
             .arg("-js")
             .arg("-a")
@@ -200,6 +204,28 @@ impl ClusterMember {
             listen = self.routes_listen,
             routes = routes.join("\n"),
         )
+    }
+}
+
+/// Has the child started by `cmd` receive SIGKILL when its parent ends, however it ends
+/// (`PR_SET_PDEATHSIG`): a child of `rollout up`, or of a test, must not outlive it. The
+/// kernel ties this to the *thread* that starts the child, so start such children from
+/// a thread that lives as long as they should (the main thread, a runtime's worker
+/// thread). If the parent is already gone when the child gets there, the child ends at
+/// once rather than run unowned.
+pub fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = nix::unistd::getpid();
+    // SAFETY: prctl, getppid and _exit are async-signal-safe; nothing allocates.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)?;
+            if nix::unistd::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
     }
 }
 

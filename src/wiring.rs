@@ -310,6 +310,8 @@ pub async fn up(
     let _nats = ensure_nats(&mut settings)?;
     let settings = Arc::new(settings);
     let deps = connect(settings.clone(), "rollout-up", false).await?;
+    // Nothing but this process uses its sandboxes: they end with it, however it ends.
+    deps.sandboxes.end_with_this_process();
     let listener = bind(&settings.gateway.listen).await?;
     let addr: SocketAddr = listener.local_addr().map_err(|source| StartError::Io {
         context: "listener address".into(),
@@ -375,12 +377,36 @@ pub async fn up(
             _ = shutdown.cancelled() => {}
         }
     }
+    let failed = join_all(tasks, &shutdown).await;
+    let reaped = reaper.finish().await;
+    // Every worker has handed its work back: nothing of this process's may outlive it,
+    // so its sandboxes go, with their mounts and loop devices, before it exits (the
+    // nats-server child goes when `_nats` is dropped).
+    deps.sandboxes.remove_all().await;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    reaped?;
+    match refused {
+        Some(e) => Err(StartError::Submit(e)),
+        None => Ok(summary),
+    }
+}
+
+/// Waits for every task of `rollout up` (the gateway, the workers), cancelling
+/// `shutdown` when one fails or panics so the others stop too; returns the first error.
+/// Never returns early: what runs must have stopped before the sandboxes are removed.
+async fn join_all(
+    mut tasks: JoinSet<Result<(), StartError>>,
+    shutdown: &CancellationToken,
+) -> Option<StartError> {
+    let mut failed = None;
     while let Some(r) = tasks.join_next().await {
         match r {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 shutdown.cancel();
-                return Err(e);
+                failed.get_or_insert(e);
             }
             Err(e) => {
                 tracing::error!(error = %e, "task panicked");
@@ -388,11 +414,7 @@ pub async fn up(
             }
         }
     }
-    reaper.finish().await?;
-    match refused {
-        Some(e) => Err(StartError::Submit(e)),
-        None => Ok(summary),
-    }
+    failed
 }
 
 /// Command line of the three worker binaries.
@@ -454,6 +476,13 @@ pub async fn worker_process(
     let names: Vec<&str> = stages.iter().map(|s| s.as_str()).collect();
     let name = format!("rollout-{}-worker", names.join("+"));
     let deps = connect(Arc::new(settings), &name, true).await?;
+    // A process running the node's INIT and RUN owns its RUN sandboxes: nothing else
+    // uses them, so they end with it however it ends (a restarted node sends their jobs
+    // back to INIT), and at a stop it removes them (below).
+    let owns_sandboxes = stages.contains(&Stage::Init) && stages.contains(&Stage::Run);
+    if owns_sandboxes {
+        deps.sandboxes.end_with_this_process();
+    }
     // Every worker looks after the sandboxes of its node (EVAL's fresh ones included).
     essentials.push(spawn_essential(
         "sandbox reaper",
@@ -477,9 +506,15 @@ pub async fn worker_process(
         .find(Result::is_err)
         .unwrap_or(Ok(()));
     shutdown.cancel();
+    let finished = finish_all(essentials).await;
+    // Stopped, the owner of the node's sandboxes leaves none behind, nor their mounts
+    // and loop devices.
+    if owns_sandboxes {
+        deps.sandboxes.remove_all().await;
+    }
     if let Err(e) = deps.queue.client().drain().await {
         tracing::warn!(error = %e, "NATS drain failed");
     }
     worked?;
-    finish_all(essentials).await
+    finished
 }

@@ -11,7 +11,7 @@
 //! under `target/tmp/status-page/` (`CARGO_TARGET_TMPDIR`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use fantoccini::{Client as Browser, ClientBuilder, Locator};
@@ -24,20 +24,13 @@ use serde_json::{Value, json};
 mod eventually;
 #[path = "common/host.rs"]
 mod host;
+#[path = "common/leftovers.rs"]
+mod leftovers;
 use eventually::eventually;
 use host::{free_port, shared_tempdir, which};
+use leftovers::{Service as Proc, assert_nothing_left};
 
 const TOKEN: &str = "status-page-test-token-0123456789";
-
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Waits for a line starting with `prefix` in the file at `path`; returns the rest.
 async fn wait_line(path: &Path, prefix: &str) -> String {
@@ -52,7 +45,8 @@ async fn wait_line(path: &Path, prefix: &str) -> String {
     .await
 }
 
-/// The stand-in inference server and `rollout up` in `dir`, with a gateway token.
+/// The stand-in inference server and `rollout up` in `dir`, with a gateway token;
+/// stopped with SIGTERM when dropped (`rollout up` first).
 struct Service {
     _procs: Vec<Proc>,
     url: String,
@@ -86,7 +80,7 @@ impl Service {
             .stderr(std::fs::File::create(dir.join("scripted.log")).unwrap())
             .spawn()
             .unwrap();
-        let scripted = Proc(scripted);
+        let scripted = Proc::new(scripted, "the stand-in inference server");
         let backend = wait_line(&out, "listening on ").await;
         let port = free_port();
         let config = dir.join("rollout.toml");
@@ -114,15 +108,11 @@ impl Service {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let mut up = Proc(up);
+        let mut up = Proc::new(up, "rollout up");
         let url = format!("http://127.0.0.1:{port}");
         let health = format!("{url}/healthz");
         eventually("rollout up answers", Duration::from_secs(90), || {
-            assert!(
-                up.0.try_wait().unwrap().is_none(),
-                "rollout up exited: {}",
-                tail(&log)
-            );
+            assert!(up.try_wait().is_none(), "rollout up exited: {}", tail(&log));
             let (health, log) = (health.clone(), log.clone());
             async move {
                 match reqwest::get(&health).await {
@@ -201,13 +191,14 @@ async fn browser() -> (Proc, Browser) {
         )
     });
     let port = free_port();
-    let proc = Proc(
+    let proc = Proc::new(
         Command::new(driver)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
+        "chromedriver",
     );
     let mut caps = serde_json::Map::new();
     let mut chrome = json!({"args": [
@@ -369,6 +360,13 @@ async fn the_status_page_shows_what_the_api_says_and_a_job_turn_by_turn() {
     );
     assert_ne!(b.title().await.unwrap(), "pwned");
     b.close().await.unwrap();
+    // Stopped as an operator stops it, the service leaves nothing of its own behind.
+    drop(svc);
+    assert_nothing_left(
+        dir.path(),
+        "the status page's rollout up, stopped with SIGTERM",
+    )
+    .await;
 }
 
 /// Every number the overview shows for batches, stages, backends and failures is the

@@ -131,6 +131,11 @@ impl BwrapRuntime {
         if let Some(fd) = sync_fd {
             a.extend(["--sync-fd".into(), fd.to_string().into()]);
         }
+        if req.die_with_parent {
+            // bwrap itself gets SIGKILL with the worker (see `launch`); this has the
+            // namespace's init, and with it everything inside, end with bwrap.
+            a.push("--die-with-parent".into());
+        }
         // bwrap reports the namespace init's host pid on fd 3 (see `launch`).
         a.extend(["--info-fd".into(), "3".into()]);
         a.push(SERVER_PATH.into());
@@ -434,6 +439,7 @@ impl SandboxRuntime for BwrapRuntime {
                 net,
                 cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
                 become_user,
+                die_with_parent: req.die_with_parent,
             },
         )
         .await

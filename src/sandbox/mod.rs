@@ -63,6 +63,12 @@ pub struct StartRequest {
     pub ro_binds: Vec<PathBuf>,
     /// How long the server may take to answer its first ping.
     pub ready_timeout: Duration,
+    /// Whether the sandbox ends with the process that starts it, however that ends
+    /// (SIGKILL included): for `rollout up`, whose sandboxes no other process uses, and
+    /// where one that outlived it would run on unowned (see
+    /// [`NodeSandboxes::end_with_this_process`]). The `local` and `bwrap` backends hold
+    /// to it; Apptainer's instances are daemons of their own and do not.
+    pub die_with_parent: bool,
 }
 
 impl StartRequest {
@@ -348,6 +354,9 @@ pub(crate) struct Launch {
     /// per-sandbox user); set here rather than with `Command::uid`, which would switch
     /// before the join, when the cgroup is no longer writable.
     pub become_user: Option<(u32, u32)>,
+    /// Whether the process gets SIGKILL when the worker thread that starts it ends
+    /// ([`StartRequest::die_with_parent`]).
+    pub die_with_parent: bool,
 }
 
 /// Starts `cmd` as the sandbox's root process in a session of its own (so a signal to
@@ -364,6 +373,7 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         net,
         cgroup_procs,
         become_user,
+        die_with_parent,
     } = launch;
     let started = Instant::now();
     // From here until the server answers, whatever this start made (the cgroups, then
@@ -378,7 +388,13 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
     cmd.stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    set_up_child(&mut cmd, &pass_fds, cgroup_procs, rlimits, become_user);
+    set_up_child(
+        &mut cmd,
+        &pass_fds,
+        cgroup_procs,
+        rlimits,
+        (become_user, die_with_parent),
+    );
     let mut child = cmd.spawn().map_err(|e| SandboxError::Start {
         backend,
         message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
@@ -481,14 +497,16 @@ impl Drop for Unfinished {
 }
 
 /// Has `cmd`'s child, between fork and exec, start a session of its own, join its
-/// cgroups, take its resource limits, find `pass_fds` at [`FIRST_PASSED_FD`] onwards and
-/// become its user, in that order (it joins the cgroups while it may still write them).
+/// cgroups, take its resource limits, find `pass_fds` at [`FIRST_PASSED_FD`] onwards,
+/// become its user and, with `die_with_parent`, ask for SIGKILL when its parent ends, in
+/// that order (it joins the cgroups while it may still write them; the death signal is
+/// asked for last because a change of user clears it).
 fn set_up_child(
     cmd: &mut tokio::process::Command,
     pass_fds: &[std::os::fd::OwnedFd],
     cgroup_procs: Vec<std::ffi::CString>,
     rlimits: Option<SandboxLimits>,
-    become_user: Option<(u32, u32)>,
+    (become_user, die_with_parent): (Option<(u32, u32)>, bool),
 ) {
     use std::os::fd::AsRawFd;
     let mut raw = [-1i32; MAX_PASS_FDS];
@@ -496,8 +514,9 @@ fn set_up_child(
         *slot = fd.as_raw_fd();
     }
     let count = pass_fds.len();
-    // SAFETY: setsid, open/write/close, setrlimit, fcntl, dup2 and the set*id calls are
-    // async-signal-safe.
+    let parent = nix::unistd::getpid();
+    // SAFETY: setsid, open/write/close, setrlimit, fcntl, dup2, the set*id calls, prctl,
+    // getppid and _exit are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
@@ -525,6 +544,14 @@ fn set_up_child(
                     || libc::setresuid(uid, uid, uid) != 0)
             {
                 return Err(std::io::Error::last_os_error());
+            }
+            if die_with_parent {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)?;
+                // The parent may have ended before the request took hold.
+                if nix::unistd::getppid() != parent {
+                    libc::_exit(1);
+                }
             }
             Ok(())
         });

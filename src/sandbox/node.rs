@@ -97,6 +97,8 @@ pub struct NodeSandboxes {
     /// Set when this process starts shutting down: a sandbox that dies from then on may
     /// have died with the node (a scheduler signals every process of its job).
     stopping: std::sync::atomic::AtomicBool,
+    /// Set by [`NodeSandboxes::end_with_this_process`].
+    die_with_process: std::sync::atomic::AtomicBool,
 }
 
 /// How long a stage waits after its sandbox died before asking why: a signal that
@@ -146,7 +148,51 @@ impl NodeSandboxes {
             node: node.to_string(),
             quota: super::quota::WorkspaceQuota::probe(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            die_with_process: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Makes every sandbox started from now on end with this process, however it ends
+    /// (SIGKILL included; see [`super::StartRequest::die_with_parent`]). For a process
+    /// that owns its sandboxes (`rollout up`, a `rollout node` running INIT and RUN):
+    /// no other process uses them, and one that outlived its owner would run on with
+    /// nobody to remove it (its state directory perhaps deleted). A node made of
+    /// separate stage processes does not: there one process's sandbox is another's work,
+    /// and the reaper of the survivors removes what a dead one left.
+    pub fn end_with_this_process(&self) {
+        self.die_with_process
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Removes every sandbox of this node under its root (processes, workspace mounts
+    /// and their loop devices, cgroups, directories) and lets the leases of their
+    /// records lapse at once, so the reconciler sends their waiting jobs back to INIT
+    /// (elsewhere, or here when the node is back) without waiting out the lease. What a
+    /// process that owns the node's sandboxes (`rollout up`, a `rollout node` running
+    /// INIT and RUN) does once its workers have handed their work back at shutdown: a
+    /// stopped node must leave no mount or loop device behind, those being a finite
+    /// resource of the machine. Returns how many sandboxes it removed.
+    pub async fn remove_all(&self) -> usize {
+        self.set_stopping();
+        let mut removed = 0;
+        for dir in Label::dirs(&self.root) {
+            match Label::read(&dir) {
+                Ok(Some(label)) if label.node != self.node => continue,
+                _ => {}
+            }
+            if let Err(e) = self.runtimes.stop(&dir).await {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the sandbox at shutdown");
+                continue;
+            }
+            removed += 1;
+        }
+        if let Err(e) = self.store.renew_sandboxes(&self.node, EpochMs::now()).await {
+            tracing::warn!(error = %e, "cannot end the leases of the removed sandboxes; they lapse on their own");
+        }
+        if removed > 0 {
+            tracing::info!(removed, "removed the node's sandboxes at shutdown");
+        }
+        removed
     }
 
     /// Marks this process as shutting down (see [`NodeSandboxes::cause_of_death`]).
@@ -351,6 +397,9 @@ impl NodeSandboxes {
             fakeroot: spec.fakeroot,
             ro_binds,
             ready_timeout: Duration::from_millis(self.settings.ready_timeout_ms),
+            die_with_parent: self
+                .die_with_process
+                .load(std::sync::atomic::Ordering::SeqCst),
         };
         let sandbox = match self.runtimes.get(backend).start(&req).await {
             Ok(s) => s,

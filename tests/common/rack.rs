@@ -220,9 +220,29 @@ impl NodeProc {
     }
 }
 
+impl NodeProc {
+    /// Stops the node as an operator would: SIGTERM, then waiting for it to hand its
+    /// work back and remove its sandboxes (SIGKILL, with everything it started, only
+    /// if it outstays two minutes).
+    pub fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let pid = i32::try_from(self.child.id()).unwrap();
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
+}
+
 impl Drop for NodeProc {
     fn drop(&mut self) {
-        self.kill();
+        self.stop();
     }
 }
 

@@ -325,12 +325,45 @@ impl TestEnv {
 }
 
 impl Drop for TestEnv {
+    /// Stops the environment as an operator stops a deployment: the in-process services
+    /// are cancelled, worker processes get SIGTERM and are waited for (SIGKILL only when
+    /// one outstays its grace), and then the sandboxes the test's node still has (the
+    /// node being the test's own processes) are removed with their workspace mounts and
+    /// loop devices, which would otherwise outlive the test's deleted directory.
     fn drop(&mut self) {
         self.shutdown.cancel();
         for c in &mut self.children {
+            if let Ok(None) = c.try_wait()
+                && let Ok(pid) = i32::try_from(c.id())
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        for c in &mut self.children {
+            while matches!(c.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
+        remove_sandboxes(&self.deps.settings.sandbox_root());
+    }
+}
+
+/// Ends every sandbox under `root` (its processes and cgroups, through its label) and
+/// detaches what is mounted there, as a stopped node's workers do.
+pub fn remove_sandboxes(root: &std::path::Path) {
+    for dir in rollout::sandbox::Label::dirs(root) {
+        if let Ok(Some(label)) = rollout::sandbox::Label::read(&dir) {
+            label.kill();
+        }
+    }
+    if let Err(e) = rollout::sandbox::quota::unmount_under(root) {
+        eprintln!("cannot unmount what is left under {}: {e}", root.display());
     }
 }
 

@@ -11,6 +11,9 @@ mod fresh_postgres;
 mod host;
 #[path = "../common/nats_cluster.rs"]
 mod nats_cluster;
+#[path = "../common/leftovers.rs"]
+#[allow(dead_code)] // the nodes' test checks what is left; it starts no `Service`
+mod leftovers;
 #[path = "../common/rack.rs"]
 mod rack;
 

@@ -118,4 +118,13 @@ async fn three_namespaced_nodes_keep_run_on_its_node_and_survive_losing_one() {
         let log = std::fs::read_to_string(&n.log).unwrap_or_default();
         assert!(log.contains("worker started"), "{}: {log}", n.name);
     }
+    // Stopped with SIGTERM, the nodes leave nothing of theirs behind; nor does the one
+    // that lost its power, whose processes, mount namespace and with it its workspaces'
+    // mounts all went at once.
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    drop(nodes);
+    for name in names {
+        let state = env.dir.path().join(format!("node-{name}"));
+        crate::leftovers::assert_nothing_left(&state, &format!("node {name}")).await;
+    }
 }

@@ -77,6 +77,7 @@ pub fn request(kind: RuntimeKind, files: &[(&str, &str)]) -> (tempfile::TempDir,
         image: None,
         fakeroot: false,
         ro_binds: Vec::new(),
+        die_with_parent: false,
         ready_timeout: Duration::from_secs(20),
     };
     (root, req)

@@ -19,7 +19,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from . import RolloutClient
 
@@ -126,16 +126,99 @@ class LocalService:
         raise RuntimeError(f"no `{prefix}` line in {path}")
 
     def stop(self) -> None:
-        """Stops the processes (SIGTERM, then SIGKILL) and removes the state."""
+        """Stops the processes as an operator would: SIGTERM to ``rollout up`` first (it
+        hands its work back and removes its sandboxes, with their mounted workspaces and
+        loop devices), waiting for it, then the stand-in server; SIGKILL only for one that
+        outstays two minutes. Then removes the state, unless something of the service's
+        is still there: a workspace still mounted would have its image deleted under its
+        loop device, so that is an error naming what is left, and the state stays."""
         for p in reversed(self._procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in reversed(self._procs):
             try:
-                p.wait(timeout=20)
+                p.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
         self._procs.clear()
-        if self._dir and not os.environ.get("ROLLOUT_KEEP_STATE"):
+        if not self._dir:
+            return
+        left = self.leftovers()
+        if any(left.values()):
+            raise RuntimeError(f"the local service left behind (state kept in {self._dir}): {left}")
+        if not os.environ.get("ROLLOUT_KEEP_STATE"):
             shutil.rmtree(self._dir, ignore_errors=True)
+
+    def leftovers(self, wait: float = 30) -> Dict[str, List[str]]:
+        """What of this service is on the machine: processes naming its directory (or
+        sandboxes binding from it), mounts below it and loop devices backed by files
+        in it. Waits up to ``wait`` seconds for them to go (a loop device is released
+        once the last process holding its mount is gone)."""
+        deadline = time.monotonic() + wait
+        while True:
+            left = _leftovers(self._dir or "")
+            if not any(left.values()) or time.monotonic() > deadline:
+                return left
+            time.sleep(0.2)
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _leftovers(root: str) -> Dict[str, List[str]]:
+    """Processes, mounts and loop devices of the directory ``root`` (see ``leftovers``)."""
+    left: Dict[str, List[str]] = {"processes": [], "mounts": [], "loop_devices": []}
+    if not root:
+        return left
+    root = os.path.realpath(root)
+    name = os.path.basename(root)
+
+    def read(path: str) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError:
+            return b""
+
+    def link(path: str) -> str:
+        try:
+            return os.readlink(path)
+        except OSError:
+            return ""
+
+    my_ns = link("/proc/self/ns/mnt")
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        cmdline = read(f"/proc/{pid}/cmdline")
+        if not cmdline:
+            continue
+        named = root.encode() in cmdline or root.encode() in read(f"/proc/{pid}/environ")
+        named = named or _under(link(f"/proc/{pid}/cwd"), root)
+        if not named and link(f"/proc/{pid}/ns/mnt") not in ("", my_ns):
+            # A sandbox sees none of the host's paths; its mount table says where its
+            # binds come from.
+            for line in read(f"/proc/{pid}/mountinfo").decode(errors="replace").splitlines():
+                fields = line.split(" ")
+                if len(fields) > 3 and (_under(fields[3], root) or name in fields[3].split("/")):
+                    named = True
+                    break
+        if named:
+            cmd = cmdline.replace(b"\0", b" ").decode(errors="replace")[:200]
+            left["processes"].append(f"{pid} {cmd}")
+    for line in read("/proc/self/mountinfo").decode(errors="replace").splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:
+            point = fields[4].replace("\\040", " ")
+            if _under(point, root):
+                left["mounts"].append(point)
+    try:
+        devices = os.listdir("/sys/block")
+    except OSError:
+        devices = []
+    for dev in devices:
+        backing = read(f"/sys/block/{dev}/loop/backing_file").decode(errors="replace").strip()
+        if backing and _under(backing.removesuffix(" (deleted)"), root):
+            left["loop_devices"].append(f"/dev/{dev} -> {backing}")
+    return left

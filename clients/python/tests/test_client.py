@@ -4,6 +4,7 @@ binaries are taken from ROLLOUT_BIN_DIR, default target/debug)."""
 
 import json
 import os
+import time
 import unittest
 from pathlib import Path
 
@@ -131,3 +132,29 @@ class AgainstTheService(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Stopping(unittest.TestCase):
+    def test_a_stop_with_work_in_flight_leaves_nothing_of_the_service(self):
+        """SIGTERM to the local service mid-batch: its sandboxes, their mounted
+        workspaces and loop devices, its nats-server and its processes all go."""
+        bin_dir = os.environ.get("ROLLOUT_BIN_DIR", str(ROOT / "target" / "debug"))
+        svc = LocalService(bin_dir, str(ROOT / "examples" / "agent-policy.json"), workers=1)
+        svc.__enter__()
+        try:
+            svc.client().submit_batch(agent_prompts(), group_size=4, target_groups=32,
+                                      max_groups_in_flight=8, batch_id="py-stopped")
+            deadline = time.monotonic() + 120
+            while not any("rollout-sandbox serve" in p
+                          for p in svc.leftovers(wait=0)["processes"]):
+                self.assertLess(time.monotonic(), deadline,
+                                "no sandbox started:\n" + svc.log("up")[-3000:])
+                time.sleep(0.1)
+            state = svc._dir
+        except BaseException:
+            svc.stop()
+            raise
+        svc.stop()  # raises, naming them, if anything of the service is left
+        self.assertFalse(os.path.exists(state), "the state is removed")
+        self.assertEqual(svc.leftovers(wait=0),
+                         {"processes": [], "mounts": [], "loop_devices": []})
