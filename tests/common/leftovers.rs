@@ -99,12 +99,9 @@ impl Leftovers {
 pub fn under(dir: &Path) -> Leftovers {
     let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let text = dir.to_string_lossy().into_owned();
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let in_fs = within_its_filesystem(&text);
     Leftovers {
-        processes: processes(&text, &name),
+        processes: processes(&text, &in_fs),
         mounts: mount_points("/proc/self/mountinfo")
             .into_iter()
             .filter(|m| is_under(m, &text))
@@ -141,8 +138,36 @@ fn is_under(path: &str, dir: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('/'))
 }
 
-/// Processes naming `dir` (of base name `name`), this one aside.
-fn processes(dir: &str, name: &str) -> Vec<String> {
+/// `dir` as a mount table's `root` field names it: its path within the filesystem that
+/// holds it (the longest mount point above it, whose own root it is joined to). A
+/// sandbox's binds from `dir` show this path, whatever the sandbox calls them.
+fn within_its_filesystem(dir: &str) -> String {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut best: Option<(usize, String)> = None;
+    for line in table.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (Some(root), Some(point)) = (fields.get(3), fields.get(4)) else {
+            continue;
+        };
+        let above = *point == "/" || is_under(dir, point);
+        if !above || best.as_ref().is_some_and(|(len, _)| *len >= point.len()) {
+            continue;
+        }
+        let rest = dir
+            .strip_prefix(point)
+            .unwrap_or("")
+            .trim_start_matches('/');
+        let joined = match rest {
+            "" => (*root).to_string(),
+            _ => format!("{}/{rest}", root.trim_end_matches('/')),
+        };
+        best = Some((point.len(), joined));
+    }
+    best.map_or_else(|| dir.to_string(), |(_, p)| p)
+}
+
+/// Processes naming `dir` (`in_fs` within its filesystem), this one aside.
+fn processes(dir: &str, in_fs: &str) -> Vec<String> {
     let me = std::process::id().to_string();
     let my_ns = std::fs::read_link("/proc/self/ns/mnt").ok();
     let mut out = Vec::new();
@@ -175,9 +200,7 @@ fn processes(dir: &str, name: &str) -> Vec<String> {
                 .unwrap_or_default()
                 .lines()
                 .filter_map(|l| l.split(' ').nth(3))
-                .any(|root| {
-                    is_under(root, dir) || (!name.is_empty() && root.split('/').any(|c| c == name))
-                });
+                .any(|root| is_under(root, dir) || is_under(root, in_fs));
         if named(&cmdline) || cwd || named(&environ) || sandboxed {
             let cmd: Vec<String> = cmdline
                 .split(|&b| b == 0)

@@ -9,11 +9,11 @@ mod eventually;
 mod fresh_postgres;
 #[path = "../common/host.rs"]
 mod host;
-#[path = "../common/nats_cluster.rs"]
-mod nats_cluster;
 #[path = "../common/leftovers.rs"]
 #[allow(dead_code)] // the nodes' test checks what is left; it starts no `Service`
 mod leftovers;
+#[path = "../common/nats_cluster.rs"]
+mod nats_cluster;
 #[path = "../common/rack.rs"]
 mod rack;
 
