@@ -211,18 +211,5 @@ async fn compare(quick: bool) -> Vec<String> {
 }
 
 fn main() {
-    if !common::started_by_cargo_bench("cancel") {
-        return;
-    }
-    let quick = common::quick();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let rows = rt.block_on(compare(quick));
-    println!("| benchmark | result | baseline (same run) | ratio | goal |");
-    println!("|---|---|---|---|---|");
-    for row in rows {
-        println!("{row}");
-    }
+    common::run_table("cancel", compare);
 }
