@@ -484,20 +484,27 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
     let starts = if common::quick() { 10 } else { 100 };
     let mut ready = Vec::new();
     let mut floor = Vec::new();
+    let mut profiles = Vec::new();
     for _ in 0..starts {
         floor.push(bwrap_true());
         let req = request(root, RuntimeKind::Bwrap, &[]);
-        ready.push(timed_start(backends, &req, "bwrap sandbox").await);
+        let (t, profile) = timed_start(backends, &req, "bwrap sandbox").await;
+        ready.push(t);
+        profiles.push(profile);
     }
     // The same with `network: true`: slirp4netns and the deny routes on top.
     let mut ready_net = Vec::new();
     for _ in 0..starts {
         let mut req = request(root, RuntimeKind::Bwrap, &[]);
         req.network = true;
-        ready_net.push(timed_start(backends, &req, "networked bwrap sandbox").await);
+        ready_net.push(
+            timed_start(backends, &req, "networked bwrap sandbox")
+                .await
+                .0,
+        );
     }
     let quota = rollout::sandbox::quota::WorkspaceQuota::probe();
-    let ready_quota = quota_starts(root, backends, &quota, starts).await;
+    let (ready_quota, quota_profiles) = quota_starts(root, backends, &quota, starts).await;
     let (ready, floor, ready_net) = (stats(ready), stats(floor), stats(ready_net));
     println!(
         "| bwrap sandbox start → tools ready ({starts} starts) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap |",
@@ -528,11 +535,40 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
             quota
         );
     }
+    print_profile("plain bwrap start", &profiles);
+    if !quota_profiles.is_empty() {
+        print_profile("bwrap start with the workspace quota", &quota_profiles);
+    }
 }
 
+/// Prints the p50 of each step of `profiles` (see `rollout::sandbox::profile`), in the
+/// order the steps ended in the first start.
+fn print_profile(what: &str, profiles: &[Vec<(&'static str, Duration)>]) {
+    let Some(first) = profiles.first() else {
+        return;
+    };
+    println!();
+    println!(
+        "| step of the {what} ({} starts) | p50 | p99 |",
+        profiles.len()
+    );
+    println!("|---|---|---|");
+    for (name, _) in first {
+        let v: Vec<Duration> = profiles
+            .iter()
+            .filter_map(|p| p.iter().find(|(n, _)| n == name).map(|(_, d)| *d))
+            .collect();
+        let s = stats(v);
+        println!("| {name} | {} | {} |", us(s.p50), us(s.p99));
+    }
+}
+
+/// One start's steps and how long each took.
+type Steps = Vec<(&'static str, Duration)>;
+
 /// Starts a bwrap sandbox for `req` and stops it again; returns how long it took to be
-/// ready (`what` names it if it fails).
-async fn timed_start(backends: &Runtimes, req: &StartRequest, what: &str) -> Duration {
+/// ready (`what` names it if it fails) and its steps.
+async fn timed_start(backends: &Runtimes, req: &StartRequest, what: &str) -> (Duration, Steps) {
     let t = Instant::now();
     let sb = backends
         .get(RuntimeKind::Bwrap)
@@ -542,7 +578,7 @@ async fn timed_start(backends: &Runtimes, req: &StartRequest, what: &str) -> Dur
     let ready = t.elapsed();
     drop(sb.client);
     backends.stop(&req.dir).await.unwrap();
-    ready
+    (ready, sb.profile.steps())
 }
 
 /// Bwrap sandbox starts with the workspace's own filesystem (the disk quota of a root
@@ -553,8 +589,9 @@ async fn quota_starts(
     backends: &Runtimes,
     quota: &rollout::sandbox::quota::WorkspaceQuota,
     starts: usize,
-) -> Vec<Duration> {
+) -> (Vec<Duration>, Vec<Steps>) {
     let mut ready_quota = Vec::new();
+    let mut profiles = Vec::new();
     for _ in 0..(if quota.enforced() { starts } else { 0 }) {
         let req = request(root, RuntimeKind::Bwrap, &[]);
         let t = Instant::now();
@@ -566,14 +603,18 @@ async fn quota_starts(
             )
             .await
             .expect("workspace filesystem");
+        let mounted = t.elapsed();
         let sb = backends
             .get(RuntimeKind::Bwrap)
             .start(&req)
             .await
             .expect("bwrap sandbox with a quota");
         ready_quota.push(t.elapsed());
+        let mut steps = vec![("workspace image mounted", mounted)];
+        steps.extend(sb.profile.steps());
+        profiles.push(steps);
         drop(sb.client);
         backends.stop(&req.dir).await.unwrap();
     }
-    ready_quota
+    (ready_quota, profiles)
 }

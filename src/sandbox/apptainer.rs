@@ -182,6 +182,7 @@ impl SandboxRuntime for ApptainerRuntime {
                 net: None,
                 cgroup_procs: Vec::new(),
                 become_user: None,
+                profile: super::StartProfile::begin(),
             },
         )
         .await;

@@ -346,13 +346,16 @@ impl SandboxRuntime for BwrapRuntime {
     }
 
     async fn start(&self, req: &StartRequest) -> Result<Sandbox, SandboxError> {
+        let mut profile = super::StartProfile::begin();
         std::fs::create_dir_all(req.workspace())?;
         super::private_dir(&req.dir)?;
+        profile.mark("directories");
         let root = req.dir.parent().unwrap_or(Path::new("/"));
         let shell = shell_copy(root).map_err(|e| SandboxError::Start {
             backend: "bwrap",
             message: format!("cannot prepare the shell: {e}"),
         })?;
+        profile.mark("shell copy checked");
         let mut cmd = tokio::process::Command::new(&self.program);
         // bwrap's own process (the namespace's pid 1 among them) keeps the environment
         // it was started with, readable inside; start it with nothing of the worker's.
@@ -362,6 +365,7 @@ impl SandboxRuntime for BwrapRuntime {
         let (info_read, info_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
         let mut pass = vec![info_write, super::bind_socket(&req.socket())?];
+        profile.mark("socket bound");
         let me = nix::unistd::geteuid().as_raw();
         let mut net = None;
         let mut sync_fd = None;
@@ -382,10 +386,12 @@ impl SandboxRuntime for BwrapRuntime {
         if me == 0 {
             let uid = self.pick_uid(root);
             label.uid = Some(uid);
+            profile.mark("user id picked");
             // The sandbox's directory becomes its user's (still 0700), so bwrap, running
             // as that user, can pass through it to the workspace; no other user can.
             std::os::unix::fs::lchown(&req.dir, Some(uid), Some(self.gid))?;
             chown_tree(&req.workspace(), uid, self.gid)?;
+            profile.mark("workspace chowned");
             for p in [req.workspace(), req.server_bin.clone(), shell.clone()] {
                 pass.push(open_path(&p)?);
             }
@@ -406,7 +412,9 @@ impl SandboxRuntime for BwrapRuntime {
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned();
+        profile.mark("arguments");
         let cgroup = self.cgroups.create(&name, &req.limits)?;
+        profile.mark("cgroup created");
         if let Some(cg) = &cgroup {
             label.cgroups = cg.dirs.clone();
             // The cgroup holds the sandbox's memory as a whole; a per-process address
@@ -420,6 +428,7 @@ impl SandboxRuntime for BwrapRuntime {
                 .map(|r| r.threads)
                 .sum();
             limits.processes += running;
+            profile.mark("process budget counted");
         }
         let become_user = label.uid.map(|u| (u, self.gid));
         super::launch(
@@ -434,6 +443,7 @@ impl SandboxRuntime for BwrapRuntime {
                 net,
                 cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
                 become_user,
+                profile,
             },
         )
         .await

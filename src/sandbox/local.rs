@@ -44,6 +44,7 @@ impl SandboxRuntime for LocalRuntime {
                 net: None,
                 cgroup_procs: Vec::new(),
                 become_user: None,
+                profile: super::StartProfile::begin(),
             },
         )
         .await

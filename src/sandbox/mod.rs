@@ -23,6 +23,7 @@ pub mod label;
 pub mod local;
 pub mod net;
 pub mod node;
+pub mod profile;
 pub mod protocol;
 pub mod quota;
 pub mod server;
@@ -31,6 +32,7 @@ pub mod spec;
 pub use client::SandboxClient;
 pub use label::{Death, Label};
 pub use node::{LimitReport, NodeSandboxes, Purpose, SandboxReport};
+pub use profile::StartProfile;
 pub use spec::SandboxSpec;
 
 use std::collections::BTreeMap;
@@ -91,6 +93,8 @@ pub struct Sandbox {
     pub client: SandboxClient,
     /// Time from the start call to the first answered ping.
     pub ready_after: Duration,
+    /// Where that time went, step by step.
+    pub profile: StartProfile,
 }
 
 /// Sandbox failures: starting, talking, stopping.
@@ -268,13 +272,13 @@ pub(crate) async fn await_ready(
     started: Instant,
     timeout: Duration,
     mut alive: impl FnMut() -> Result<(), String>,
-) -> Result<(SandboxClient, Duration), SandboxError> {
+) -> Result<(SandboxClient, Duration, protocol::PingResult), SandboxError> {
     let deadline = started + timeout;
     let mut waits = crate::retry::sandbox_socket();
     loop {
         if let Ok(client) = SandboxClient::connect(socket).await {
-            client.ping().await?;
-            return Ok((client, started.elapsed()));
+            let ping = client.ping().await?;
+            return Ok((client, started.elapsed(), ping));
         }
         if let Err(message) = alive() {
             return Err(SandboxError::Start { backend, message });
@@ -342,6 +346,8 @@ pub(crate) struct Launch {
     pub info_read: Option<std::os::fd::OwnedFd>,
     /// The network to connect, for `network: true` bwrap sandboxes.
     pub net: Option<NetPlan>,
+    /// The start's profile so far (the backend's own preparation).
+    pub profile: StartProfile,
     /// `cgroup.procs` files the process joins before it execs.
     pub cgroup_procs: Vec<std::ffi::CString>,
     /// The user and group the process becomes after joining its cgroups (a root worker's
@@ -364,6 +370,7 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         net,
         cgroup_procs,
         become_user,
+        mut profile,
     } = launch;
     let started = Instant::now();
     // From here until the server answers, whatever this start made (the cgroups, then
@@ -379,16 +386,19 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         .stdout(log.try_clone()?)
         .stderr(log);
     set_up_child(&mut cmd, &pass_fds, cgroup_procs, rlimits, become_user);
+    profile.mark("server log created");
     let mut child = cmd.spawn().map_err(|e| SandboxError::Start {
         backend,
         message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
     })?;
+    profile.mark("root process spawned");
     label.set_process(server::child_pid(&child));
     unfinished.update(&label);
     // On disk before anything is awaited, so a stop or the reaper that reads the label
     // after this start was abandoned finds the process (and the cgroups) to end.
     label.write()?;
     drop(pass_fds);
+    profile.mark("label written");
     if let Some(read) = info_read {
         // bwrap reports the host pid of the namespace's init, which must die with it.
         if let Some(pid) = read_child_pid(read, started + req.ready_timeout).await {
@@ -396,13 +406,16 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
             label.ns_init_start = label::process_start(pid);
             unfinished.update(&label);
         }
+        profile.mark("bwrap reported its namespace");
     }
     if let Some(plan) = net {
         let attached = attach_network(&mut label, plan, backend, started + req.ready_timeout).await;
         unfinished.update(&label);
         attached?;
+        profile.mark("network attached");
     }
     label.write()?;
+    profile.mark("label rewritten");
     let exited = std::sync::Arc::new(std::sync::Mutex::new(None));
     let status = exited.clone();
     // Reap the process whenever it ends, so it never lingers as a zombie.
@@ -432,12 +445,17 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
     )
     .await;
     match ready {
-        Ok((client, ready_after)) => {
+        Ok((client, ready_after, ping)) => {
             unfinished.finish();
+            profile.mark("first ping answered");
+            if let Some(s) = &ping.startup {
+                profile.add_server(s);
+            }
             Ok(Sandbox {
                 label,
                 client,
                 ready_after,
+                profile,
             })
         }
         Err(e) => Err(e),

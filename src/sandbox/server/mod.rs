@@ -68,6 +68,9 @@ pub struct ServerOptions {
     /// Whether the server has the sandbox's PID namespace to itself (every process in
     /// `/proc` is the sandbox's), so `exec` may end whatever its command left behind.
     pub own_pid_namespace: bool,
+    /// When the server's `main` began ([`crate::sandbox::profile::monotonic_ns`]), for
+    /// the start profile; 0 if unknown.
+    pub main_ns: u64,
 }
 
 struct Tools {
@@ -79,6 +82,9 @@ struct Tools {
     workdir: PathBuf,
     started: Instant,
     own_pid_namespace: bool,
+    startup: protocol::ServerStartup,
+    /// When the first connection was taken (the last mark of [`Tools::startup`]).
+    serving_ns: std::sync::atomic::AtomicU64,
 }
 
 /// Makes this process undumpable: processes of the same user (the agent's) can then
@@ -122,27 +128,36 @@ pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io:
     make_undumpable()?;
     std::fs::create_dir_all(&opts.ctl_dir)?;
     let listener = listener(&opts.listen)?;
+    let mut startup = protocol::ServerStartup {
+        main_ns: opts.main_ns,
+        ..Default::default()
+    };
     let bash = bash::BashTool::start(bash::ShellOptions {
         program: opts.shell.clone(),
         workdir: opts.workdir.clone(),
         ctl_dir: opts.ctl_dir.clone(),
     })
     .await?;
+    startup.shell_ns = crate::sandbox::profile::monotonic_ns();
     let python = python::PythonTool::new(python::PythonOptions {
         program: opts.python.clone(),
         engine: opts.python_engine.clone(),
         workdir: opts.workdir.clone(),
         ctl_dir: opts.ctl_dir.clone(),
     });
+    let export = export::Exporter::start(opts.workdir.clone(), opts.ctl_dir.clone()).await;
+    startup.baseline_ns = crate::sandbox::profile::monotonic_ns();
     let tools = Arc::new(Tools {
         bash,
         ctl_dir: opts.ctl_dir.clone(),
         python,
         files: files::FileTool::new(opts.workdir.clone()),
-        export: export::Exporter::start(opts.workdir.clone(), opts.ctl_dir.clone()).await,
+        export,
         workdir: opts.workdir.clone(),
         started: Instant::now(),
         own_pid_namespace: opts.own_pid_namespace,
+        startup,
+        serving_ns: 0.into(),
     });
     tracing::info!(listen = ?opts.listen, "sandbox server ready");
     let drain = tools.clone();
@@ -158,6 +173,12 @@ pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io:
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    if tools.serving_ns.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                        tools.serving_ns.store(
+                            crate::sandbox::profile::monotonic_ns(),
+                            std::sync::atomic::Ordering::Relaxed,
+                        );
+                    }
                     tokio::spawn(connection(stream, tools.clone(), shutdown.clone()));
                 }
                 Err(e) => {
@@ -370,6 +391,10 @@ async fn handle(tools: Arc<Tools>, req: Request) -> Response {
             bash_ready: tools.bash.is_ready(),
             python_engine: tools.python.engine(),
             uptime_ms: duration_ms(tools.started.elapsed()),
+            startup: Some(protocol::ServerStartup {
+                serving_ns: tools.serving_ns.load(std::sync::atomic::Ordering::Relaxed),
+                ..tools.startup
+            }),
         })),
         other => {
             return Response::err(
