@@ -181,6 +181,7 @@ impl SandboxRuntime for ApptainerRuntime {
                 info_read: None,
                 net: None,
                 cgroup_procs: Vec::new(),
+                hold: None,
                 become_user: None,
                 profile: super::StartProfile::begin(),
             },

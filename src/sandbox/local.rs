@@ -43,6 +43,7 @@ impl SandboxRuntime for LocalRuntime {
                 info_read: None,
                 net: None,
                 cgroup_procs: Vec::new(),
+                hold: None,
                 become_user: None,
                 profile: super::StartProfile::begin(),
             },

@@ -23,6 +23,7 @@ pub mod label;
 pub mod local;
 pub mod net;
 pub mod node;
+pub mod pool;
 pub mod profile;
 pub mod protocol;
 pub mod quota;
@@ -350,10 +351,25 @@ pub(crate) struct Launch {
     pub profile: StartProfile,
     /// `cgroup.procs` files the process joins before it execs.
     pub cgroup_procs: Vec<std::ffi::CString>,
+    /// For bwrap: cgroups joined from outside while the sandbox waits (see [`Hold`]).
+    pub hold: Option<Hold>,
     /// The user and group the process becomes after joining its cgroups (a root worker's
     /// per-sandbox user); set here rather than with `Command::uid`, which would switch
     /// before the join, when the cgroup is no longer writable.
     pub become_user: Option<(u32, u32)>,
+}
+
+/// A bwrap sandbox held before its first process of its own: bwrap builds the sandbox,
+/// then its namespace's init waits on `--block-fd` (after every mount, with its
+/// privileges dropped, before it starts the server) until [`launch`] has moved bwrap and
+/// that init into the sandbox's cgroups and writes to `release`. Everything the sandbox
+/// runs descends from the init, so all of it is counted, as when bwrap joined the
+/// cgroups before its exec; the slow part of joining now runs while bwrap works.
+pub(crate) struct Hold {
+    /// The sandbox's cgroups.
+    pub cgroup: cgroup::SandboxCgroup,
+    /// The write end of bwrap's `--block-fd`.
+    pub release: std::os::fd::OwnedFd,
 }
 
 /// Starts `cmd` as the sandbox's root process in a session of its own (so a signal to
@@ -369,6 +385,7 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         info_read,
         net,
         cgroup_procs,
+        hold,
         become_user,
         mut profile,
     } = launch;
@@ -377,6 +394,12 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
     // the process tree) goes if the start does not finish: an error, or this future
     // dropped because the job was cancelled or the worker is stopping.
     let mut unfinished = Unfinished::new(&label);
+    // The guard keeps a held sandbox's go-ahead: it ends the processes before it closes
+    // the descriptor (bwrap takes end of file for the go-ahead too).
+    let held_cgroup = hold.map(|Hold { cgroup, release }| {
+        unfinished.release = Some(release);
+        cgroup
+    });
     if pass_fds.len() > MAX_PASS_FDS {
         return Err(SandboxError::Config("too many descriptors to pass".into()));
     }
@@ -408,6 +431,17 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         }
         profile.mark("bwrap reported its namespace");
     }
+    // Joined on a blocking thread while bwrap builds the filesystem and the network is
+    // attached; awaited before the sandbox is let go.
+    let joining = held_cgroup.map(|cgroup| {
+        let pids = [label.pid, label.ns_init];
+        tokio::task::spawn_blocking(move || match pids {
+            [Some(bwrap), Some(init)] => cgroup.join(&[bwrap, init]),
+            _ => Err(std::io::Error::other(
+                "bwrap did not report its namespace's init, so it cannot be put in its cgroup",
+            )),
+        })
+    });
     if let Some(plan) = net {
         let attached = attach_network(&mut label, plan, backend, started + req.ready_timeout).await;
         unfinished.update(&label);
@@ -416,6 +450,19 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
     }
     label.write()?;
     profile.mark("label rewritten");
+    if let Some(join) = joining {
+        let joined = join.await.map_err(std::io::Error::other).and_then(|r| r);
+        if let Err(e) = joined {
+            return Err(SandboxError::Start {
+                backend,
+                message: format!("cannot put the sandbox in its cgroup: {e}"),
+            });
+        }
+        profile.mark("cgroups joined");
+        if let Some(release) = unfinished.release.take() {
+            nix::unistd::write(&release, b"1").map_err(std::io::Error::from)?;
+        }
+    }
     let exited = std::sync::Arc::new(std::sync::Mutex::new(None));
     let status = exited.clone();
     // Reap the process whenever it ends, so it never lingers as a zombie.
@@ -469,27 +516,37 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
 /// it) and the sandbox's cgroups. The directory, its mounted workspace and the record
 /// go with the stop that follows ([`Runtimes::stop`]), which reads the label this start
 /// wrote as soon as it had a process.
-struct Unfinished(Option<Label>);
+///
+/// It also holds a held bwrap sandbox's go-ahead ([`Hold::release`]) until the sandbox
+/// may go: closing it would let bwrap go on too, so it is closed only after the kill.
+struct Unfinished {
+    label: Option<Label>,
+    release: Option<std::os::fd::OwnedFd>,
+}
 
 impl Unfinished {
     fn new(label: &Label) -> Self {
-        Unfinished(Some(label.clone()))
+        Unfinished {
+            label: Some(label.clone()),
+            release: None,
+        }
     }
 
     /// The label now names more (a process, the namespace init, the network helper).
     fn update(&mut self, label: &Label) {
-        self.0 = Some(label.clone());
+        self.label = Some(label.clone());
     }
 
     /// The start finished: the sandbox is the caller's to stop.
     fn finish(mut self) {
-        self.0 = None;
+        self.label = None;
     }
 }
 
 impl Drop for Unfinished {
     fn drop(&mut self) {
-        if let Some(label) = self.0.take() {
+        // The fields (the go-ahead among them) are dropped only after this body.
+        if let Some(label) = self.label.take() {
             if label.pid.is_some() {
                 tracing::info!(job_id = %label.job_id, pid = ?label.pid, "ending the processes of a sandbox whose start did not finish");
             }
