@@ -141,9 +141,9 @@ impl BwrapRuntime {
         let mut pool = self.uids.lock().expect("uid pool lock");
         pool.handed
             .retain(|(at, _)| now.duration_since(*at) < UID_HANDED_FOR);
-        if !pool
+        if pool
             .scanned
-            .is_some_and(|at| now.duration_since(at) < UID_VETTED_FOR)
+            .is_none_or(|at| now.duration_since(at) >= UID_VETTED_FOR)
         {
             pool.free.clear();
         }
@@ -174,6 +174,39 @@ impl BwrapRuntime {
             self.refill_uids(&mut pool);
         }
         uid
+    }
+
+    /// Makes the sandbox's cgroup (recorded in `label`) and the pipe bwrap waits on
+    /// until it has joined (its read end appended to `pass`, numbered `block_fd`); `None`
+    /// where this node has no cgroups.
+    fn cgroup_hold(
+        &self,
+        name: &str,
+        req: &StartRequest,
+        label: &mut Label,
+        pass: &mut Vec<std::os::fd::OwnedFd>,
+        block_fd: Option<i32>,
+    ) -> Result<Option<super::Hold>, SandboxError> {
+        let Some(cg) = self.cgroups.create(name, &req.limits)? else {
+            return Ok(None);
+        };
+        label.cgroups = cg.dirs.clone();
+        let (block_read, release) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+            Ok(p) => p,
+            Err(e) => {
+                cg.remove();
+                return Err(std::io::Error::from(e).into());
+            }
+        };
+        debug_assert_eq!(
+            block_fd,
+            Some(super::FIRST_PASSED_FD + i32::try_from(pass.len()).unwrap_or(-1))
+        );
+        pass.push(block_read);
+        Ok(Some(super::Hold {
+            cgroup: cg,
+            release,
+        }))
     }
 
     /// `n` random ids of the range, none in `used`.
@@ -540,30 +573,12 @@ impl SandboxRuntime for BwrapRuntime {
             .to_string_lossy()
             .into_owned();
         profile.mark("arguments");
-        let cgroup = self.cgroups.create(&name, &req.limits)?;
+        let hold = self.cgroup_hold(&name, req, &mut label, &mut pass, block_fd)?;
         profile.mark("cgroup created");
-        let mut hold = None;
-        if let Some(cg) = cgroup {
-            label.cgroups = cg.dirs.clone();
+        if hold.is_some() {
             // The cgroup holds the sandbox's memory as a whole; a per-process address
             // space limit on top only breaks runtimes that reserve address space.
             limits.memory_bytes = 0;
-            let (block_read, release) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
-                Ok(p) => p,
-                Err(e) => {
-                    cg.remove();
-                    return Err(std::io::Error::from(e).into());
-                }
-            };
-            debug_assert_eq!(
-                block_fd,
-                Some(super::FIRST_PASSED_FD + i32::try_from(pass.len()).unwrap_or(-1))
-            );
-            pass.push(block_read);
-            hold = Some(super::Hold {
-                cgroup: cg,
-                release,
-            });
         }
         if me != 0 && limits.processes > 0 {
             let running: u64 = super::label::process_table()

@@ -394,8 +394,7 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
     // the process tree) goes if the start does not finish: an error, or this future
     // dropped because the job was cancelled or the worker is stopping.
     let mut unfinished = Unfinished::new(&label);
-    // The guard keeps a held sandbox's go-ahead: it ends the processes before it closes
-    // the descriptor (bwrap takes end of file for the go-ahead too).
+    // The guard ends the processes before it closes a held sandbox's go-ahead.
     let held_cgroup = hold.map(|Hold { cgroup, release }| {
         unfinished.release = Some(release);
         cgroup
@@ -409,7 +408,6 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         .stdout(log.try_clone()?)
         .stderr(log);
     set_up_child(&mut cmd, &pass_fds, cgroup_procs, rlimits, become_user);
-    profile.mark("server log created");
     let mut child = cmd.spawn().map_err(|e| SandboxError::Start {
         backend,
         message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
@@ -431,17 +429,8 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         }
         profile.mark("bwrap reported its namespace");
     }
-    // Joined on a blocking thread while bwrap builds the filesystem and the network is
-    // attached; awaited before the sandbox is let go.
-    let joining = held_cgroup.map(|cgroup| {
-        let pids = [label.pid, label.ns_init];
-        tokio::task::spawn_blocking(move || match pids {
-            [Some(bwrap), Some(init)] => cgroup.join(&[bwrap, init]),
-            _ => Err(std::io::Error::other(
-                "bwrap did not report its namespace's init, so it cannot be put in its cgroup",
-            )),
-        })
-    });
+    // Joined while bwrap builds the filesystem and the network is attached.
+    let joining = held_cgroup.map(|cgroup| start_joining(cgroup, &label));
     if let Some(plan) = net {
         let attached = attach_network(&mut label, plan, backend, started + req.ready_timeout).await;
         unfinished.update(&label);
@@ -451,17 +440,8 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
     label.write()?;
     profile.mark("label rewritten");
     if let Some(join) = joining {
-        let joined = join.await.map_err(std::io::Error::other).and_then(|r| r);
-        if let Err(e) = joined {
-            return Err(SandboxError::Start {
-                backend,
-                message: format!("cannot put the sandbox in its cgroup: {e}"),
-            });
-        }
+        finish_joining(join, &mut unfinished, backend).await?;
         profile.mark("cgroups joined");
-        if let Some(release) = unfinished.release.take() {
-            nix::unistd::write(&release, b"1").map_err(std::io::Error::from)?;
-        }
     }
     let exited = std::sync::Arc::new(std::sync::Mutex::new(None));
     let status = exited.clone();
@@ -491,22 +471,53 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         },
     )
     .await;
-    match ready {
-        Ok((client, ready_after, ping)) => {
-            unfinished.finish();
-            profile.mark("first ping answered");
-            if let Some(s) = &ping.startup {
-                profile.add_server(s);
-            }
-            Ok(Sandbox {
-                label,
-                client,
-                ready_after,
-                profile,
-            })
-        }
-        Err(e) => Err(e),
+    let (client, ready_after, ping) = ready?;
+    unfinished.finish();
+    profile.mark("first ping answered");
+    if let Some(s) = &ping.startup {
+        profile.add_server(s);
     }
+    Ok(Sandbox {
+        label,
+        client,
+        ready_after,
+        profile,
+    })
+}
+
+/// Moves bwrap and its namespace's init (both in `label`) into `cgroup` on a blocking
+/// thread (see [`Hold`]).
+fn start_joining(
+    cgroup: cgroup::SandboxCgroup,
+    label: &Label,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let pids = [label.pid, label.ns_init];
+    tokio::task::spawn_blocking(move || match pids {
+        [Some(bwrap), Some(init)] => cgroup.join(&[bwrap, init]),
+        _ => Err(std::io::Error::other(
+            "bwrap did not report its namespace's init, so it cannot be put in its cgroup",
+        )),
+    })
+}
+
+/// Waits for [`start_joining`], then lets the held sandbox go; on failure it stays held
+/// (the caller's error drops `unfinished`, which kills it first).
+async fn finish_joining(
+    join: tokio::task::JoinHandle<std::io::Result<()>>,
+    unfinished: &mut Unfinished,
+    backend: &'static str,
+) -> Result<(), SandboxError> {
+    let joined = join.await.map_err(std::io::Error::other).and_then(|r| r);
+    if let Err(e) = joined {
+        return Err(SandboxError::Start {
+            backend,
+            message: format!("cannot put the sandbox in its cgroup: {e}"),
+        });
+    }
+    if let Some(release) = unfinished.release.take() {
+        nix::unistd::write(&release, b"1").map_err(std::io::Error::from)?;
+    }
+    Ok(())
 }
 
 /// A sandbox whose start has not finished: dropped before [`Unfinished::finish`] (the

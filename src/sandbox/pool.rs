@@ -9,7 +9,7 @@
 //! `nodev`, `noatime`, exactly as [`WorkspaceQuota::mount`] mounts them) under a
 //! directory of its own, `<root>/.pool-<pid>-<start time>/`. Taking one bind-mounts it
 //! onto the sandbox's `workspace/` (a bind keeps the mount's flags), detaches the pool's
-//! own mount point (so the workspace's mount is the filesystem's only one on the host,
+//! own mount point in the background (then the workspace's mount is the filesystem's only one on the host,
 //! and the sandbox's stop, [`super::quota::unmount_under`], frees it and its loop device
 //! as before) and moves the image file into the sandbox's directory, where it is removed
 //! with it. Every image is fresh: none is ever used by two sandboxes.
@@ -109,14 +109,24 @@ impl WorkspacePool {
         self.refill(bytes);
         if let Some(ready) = taken {
             let (dir, workspace) = (dir.to_path_buf(), workspace.to_path_buf());
-            let hand = tokio::task::spawn_blocking(move || hand_over(ready, &dir, &workspace));
-            return hand
+            let hand = tokio::task::spawn_blocking(move || hand_over(&ready, &dir, &workspace));
+            let pool_mount = hand
                 .await
                 .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
                 .map_err(|e| SandboxError::Start {
                     backend: "workspace quota",
                     message: format!("cannot take a prepared workspace image: {e}"),
-                });
+                })?;
+            // Detaching the pool's own mount point waits for the kernel (an RCU grace
+            // period, milliseconds): after the start, not before. `close` waits for it,
+            // and sweeps the pool directory's mounts anyway.
+            self.tasks.spawn_blocking(move || {
+                if let Err(e) = super::quota::unmount_under(&pool_mount) {
+                    tracing::warn!(error = %e, "cannot detach a pooled image's mount point");
+                }
+                let _ = std::fs::remove_dir(&pool_mount);
+            });
+            return Ok(());
         }
         self.quota.mount(dir, workspace, bytes).await
     }
@@ -228,9 +238,10 @@ async fn prepare(
 
 /// Makes the pool's mounted image `ready` the filesystem at `workspace` in sandbox
 /// directory `dir`: a bind mount of it there (which keeps `nosuid`, `nodev` and
-/// `noatime`), the pool's own mount point detached, the image file moved into `dir`.
-fn hand_over(ready: Ready, dir: &Path, workspace: &Path) -> std::io::Result<()> {
-    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+/// `noatime`) and the image file moved into `dir`. Returns the pool's own mount point,
+/// for the caller to detach (then the workspace's mount is the filesystem's only one).
+fn hand_over(ready: &Ready, dir: &Path, workspace: &Path) -> std::io::Result<PathBuf> {
+    use nix::mount::{MsFlags, mount};
     std::fs::create_dir_all(workspace)?;
     let bound = mount(
         Some(&ready.mountpoint),
@@ -240,14 +251,15 @@ fn hand_over(ready: Ready, dir: &Path, workspace: &Path) -> std::io::Result<()> 
         None::<&str>,
     );
     if let Err(e) = bound {
-        take_down(&ready);
+        take_down(ready);
         return Err(std::io::Error::other(format!("bind mount: {e}")));
     }
-    // The workspace's mount now holds the filesystem; the pool's goes.
-    let detached = umount2(&ready.mountpoint, MntFlags::MNT_DETACH);
-    let _ = std::fs::remove_dir(&ready.mountpoint);
-    std::fs::rename(&ready.image, dir.join("workspace.img"))?;
-    detached.map_err(|e| std::io::Error::other(format!("detaching the pool's mount: {e}")))
+    if let Err(e) = std::fs::rename(&ready.image, dir.join("workspace.img")) {
+        // The sandbox's stop unmounts the workspace; the image goes with the pool.
+        take_down(ready);
+        return Err(e);
+    }
+    Ok(ready.mountpoint.clone())
 }
 
 /// Unmounts a pool image (its loop device is released with the last mount) and removes
