@@ -485,27 +485,35 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
     let starts = if common::quick() { 10 } else { 100 };
     let mut ready = Vec::new();
     let mut floor = Vec::new();
+    let mut profiles = Vec::new();
     for _ in 0..starts {
         floor.push(bwrap_true());
         let req = request(root, RuntimeKind::Bwrap, &[]);
-        ready.push(timed_start(backends, &req, "bwrap sandbox").await);
+        let (t, profile) = timed_start(backends, &req, "bwrap sandbox").await;
+        ready.push(t);
+        profiles.push(profile);
     }
     // The same with `network: true`: slirp4netns and the deny routes on top.
     let mut ready_net = Vec::new();
     for _ in 0..starts {
         let mut req = request(root, RuntimeKind::Bwrap, &[]);
         req.network = true;
-        ready_net.push(timed_start(backends, &req, "networked bwrap sandbox").await);
+        ready_net.push(
+            timed_start(backends, &req, "networked bwrap sandbox")
+                .await
+                .0,
+        );
     }
     let quota = rollout::sandbox::quota::WorkspaceQuota::probe();
-    let ready_quota = quota_starts(root, backends, &quota, starts).await;
+    let (ready_quota, quota_profiles, misses) = quota_starts(root, backends, &quota, starts).await;
     let (ready, floor, ready_net) = (stats(ready), stats(floor), stats(ready_net));
     println!(
-        "| bwrap sandbox start → tools ready ({starts} starts) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap |",
+        "| bwrap sandbox start → tools ready ({starts} starts) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap; {:.2}× bare bwrap |",
         us(ready.p50),
         us(ready.p99),
         us(floor.p50),
-        us(ready.p50.saturating_sub(floor.p50))
+        us(ready.p50.saturating_sub(floor.p50)),
+        ready.p50.as_secs_f64() / floor.p50.as_secs_f64()
     );
     println!(
         "| bwrap sandbox with `network: true` start → tools ready ({starts} starts) | p50 {}, p99 {} | the same without network p50 {} | +{} for its own network |",
@@ -517,11 +525,13 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
     if !ready_quota.is_empty() {
         let q = stats(ready_quota);
         println!(
-            "| bwrap sandbox with its workspace quota (10 GiB ext4 image, root worker) start → tools ready ({starts} starts) | p50 {}, p99 {} | the same without a quota p50 {} | +{} for the workspace's filesystem |",
+            "| bwrap sandbox with its workspace quota (10 GiB ext4 image from the pool, root worker) start → tools ready ({starts} starts, {misses} found the pool empty) | p50 {}, p99 {} | the same without a quota p50 {}; bare bwrap p50 {} | +{} for the workspace's filesystem; {:.2}× bare bwrap |",
             us(q.p50),
             us(q.p99),
             us(ready.p50),
-            us(q.p50.saturating_sub(ready.p50))
+            us(floor.p50),
+            us(q.p50.saturating_sub(ready.p50)),
+            q.p50.as_secs_f64() / floor.p50.as_secs_f64()
         );
     } else {
         println!(
@@ -529,11 +539,40 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
             quota
         );
     }
+    print_profile("plain bwrap start", &profiles);
+    if !quota_profiles.is_empty() {
+        print_profile("bwrap start with the workspace quota", &quota_profiles);
+    }
 }
 
+/// Prints the p50 of each step of `profiles` (see `rollout::sandbox::profile`), in the
+/// order the steps ended in the first start.
+fn print_profile(what: &str, profiles: &[Vec<(&'static str, Duration)>]) {
+    let Some(first) = profiles.first() else {
+        return;
+    };
+    println!();
+    println!(
+        "| step of the {what} ({} starts) | p50 | p99 |",
+        profiles.len()
+    );
+    println!("|---|---|---|");
+    for (name, _) in first {
+        let v: Vec<Duration> = profiles
+            .iter()
+            .filter_map(|p| p.iter().find(|(n, _)| n == name).map(|(_, d)| *d))
+            .collect();
+        let s = stats(v);
+        println!("| {name} | {} | {} |", us(s.p50), us(s.p99));
+    }
+}
+
+/// One start's steps and how long each took.
+type Steps = Vec<(&'static str, Duration)>;
+
 /// Starts a bwrap sandbox for `req` and stops it again; returns how long it took to be
-/// ready (`what` names it if it fails).
-async fn timed_start(backends: &Runtimes, req: &StartRequest, what: &str) -> Duration {
+/// ready (`what` names it if it fails) and its steps.
+async fn timed_start(backends: &Runtimes, req: &StartRequest, what: &str) -> (Duration, Steps) {
     let t = Instant::now();
     let sb = backends
         .get(RuntimeKind::Bwrap)
@@ -543,38 +582,58 @@ async fn timed_start(backends: &Runtimes, req: &StartRequest, what: &str) -> Dur
     let ready = t.elapsed();
     drop(sb.client);
     backends.stop(&req.dir).await.unwrap();
-    ready
+    (ready, sb.profile.steps())
 }
 
 /// Bwrap sandbox starts with the workspace's own filesystem (the disk quota of a root
-/// worker): image copy and loop mount before, unmount on stop. None where `quota` is
-/// not enforced.
+/// worker), taken from a pool of images mounted ahead of time as a node keeps it (see
+/// `rollout::sandbox::pool`; filled before the first start, then topped up in the
+/// background while the next starts run), unmounted on stop. None where `quota` is not
+/// enforced. Also returns how many starts found the pool empty and mounted their own.
 async fn quota_starts(
     root: &Path,
     backends: &Runtimes,
     quota: &rollout::sandbox::quota::WorkspaceQuota,
     starts: usize,
-) -> Vec<Duration> {
+) -> (Vec<Duration>, Vec<Steps>, usize) {
     let mut ready_quota = Vec::new();
+    let mut profiles = Vec::new();
+    let bytes = SandboxLimits::default().workspace_bytes;
+    let depth = rollout::config::SandboxSettings::default().workspace_pool;
+    let pool = rollout::sandbox::pool::WorkspacePool::new(quota.clone(), root, depth);
+    if quota.enforced() {
+        pool.refill(bytes);
+        while pool.ready(bytes) < depth {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let mut misses = 0;
     for _ in 0..(if quota.enforced() { starts } else { 0 }) {
         let req = request(root, RuntimeKind::Bwrap, &[]);
+        if pool.ready(bytes) == 0 {
+            misses += 1;
+        }
         let t = Instant::now();
-        quota
-            .mount(
-                &req.dir,
-                &req.workspace(),
-                SandboxLimits::default().workspace_bytes,
-            )
-            .await
-            .expect("workspace filesystem");
+        pool.mount(
+            &req.dir,
+            &req.workspace(),
+            SandboxLimits::default().workspace_bytes,
+        )
+        .await
+        .expect("workspace filesystem");
+        let mounted = t.elapsed();
         let sb = backends
             .get(RuntimeKind::Bwrap)
             .start(&req)
             .await
             .expect("bwrap sandbox with a quota");
         ready_quota.push(t.elapsed());
+        let mut steps = vec![("workspace image mounted", mounted)];
+        steps.extend(sb.profile.steps());
+        profiles.push(steps);
         drop(sb.client);
         backends.stop(&req.dir).await.unwrap();
     }
-    ready_quota
+    pool.close().await;
+    (ready_quota, profiles, misses)
 }

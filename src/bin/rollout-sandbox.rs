@@ -76,6 +76,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    let main_ns = rollout::sandbox::profile::monotonic_ns();
     let cli = Cli::parse();
     // One thread: a server per sandbox, many sandboxes per node.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -123,6 +124,7 @@ fn main() -> anyhow::Result<()> {
                         python,
                         python_engine,
                         own_pid_namespace,
+                        main_ns,
                     },
                     shutdown,
                 )

@@ -414,6 +414,10 @@ pub struct SandboxSettings {
     pub max_limits: crate::domain::sandbox::SandboxLimits,
     /// How long a sandbox may take to answer its first ping (ms).
     pub ready_timeout_ms: u64,
+    /// When the worker enforces `limits.workspace_bytes` (root, loop devices): how many
+    /// workspace filesystems of each size asked for it keeps mounted ahead of time, so a
+    /// sandbox's start does not wait for one. 0: each is mounted as its sandbox starts.
+    pub workspace_pool: usize,
     /// How long a node vouches for its sandboxes between renewals (ms); the reaper
     /// renews every `reaper_interval_ms`.
     pub lease_ms: u64,
@@ -444,6 +448,7 @@ impl Default for SandboxSettings {
             limits: crate::domain::sandbox::SandboxLimits::default(),
             max_limits: crate::domain::sandbox::SandboxLimits::default_maximums(),
             ready_timeout_ms: 30_000,
+            workspace_pool: 2,
             lease_ms: 60_000,
             reaper_interval_ms: 500,
             max_restarts: 2,

@@ -181,8 +181,10 @@ impl SandboxRuntime for ApptainerRuntime {
                 info_read: None,
                 net: None,
                 cgroup_procs: Vec::new(),
+                hold: None,
                 become_user: None,
                 die_with_parent: false,
+                profile: super::StartProfile::begin(),
             },
         )
         .await;

@@ -77,7 +77,41 @@ pub struct BwrapRuntime {
     pub net: super::net::NetSettings,
     /// Whether (and where) sandboxes get cgroups of their own.
     pub cgroups: super::cgroup::Cgroups,
+    /// Host user ids found unused ahead of time (see [`BwrapRuntime::pick_uid`]).
+    pub uids: std::sync::Arc<std::sync::Mutex<UidPool>>,
 }
+
+/// Host user ids for root workers' sandboxes, found unused off the start path.
+///
+/// An id must be no running process's (a sandbox left by a crash, another worker's
+/// sandbox under another root): only a scan of every process tells, and on a busy node
+/// that scan was the largest single step of a start. So a scan vets many ids at once,
+/// in the background once the pool runs low, and a start takes one. Ids are taken only
+/// while their scan is recent ([`UID_VETTED_FOR`]): a process can only come to run as
+/// an id of the range by a launcher picking it, and every launcher under this root
+/// records its pick in a label, which a start still reads. Ids handed out stay out of
+/// later scans' picks until their sandboxes show in the process table.
+#[derive(Debug, Default)]
+pub struct UidPool {
+    /// Ids no process used when the scan that found them began.
+    free: Vec<u32>,
+    /// When that scan began.
+    scanned: Option<std::time::Instant>,
+    /// Ids this process handed out lately, with when.
+    handed: std::collections::VecDeque<(std::time::Instant, u32)>,
+    /// A background scan is under way.
+    refilling: bool,
+}
+
+/// How long a scan's findings are trusted.
+const UID_VETTED_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long an id handed out stays out of later picks (its sandbox's processes are in
+/// the process table long before).
+const UID_HANDED_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+/// Ids one scan vets.
+const UID_BATCH: usize = 32;
+/// Below this many vetted ids, a start asks for a background scan.
+const UID_LOW: usize = 8;
 
 impl Default for BwrapRuntime {
     fn default() -> Self {
@@ -87,27 +121,140 @@ impl Default for BwrapRuntime {
             gid: 65534,
             net: super::net::NetSettings::default(),
             cgroups: super::cgroup::Cgroups::probe(None),
+            uids: Default::default(),
         }
     }
 }
 
 impl BwrapRuntime {
     /// A host user id for a new sandbox under `root`: random in the range, and not one
-    /// that a sandbox there (by its label) or a running process uses.
+    /// that a sandbox there (by its label) or a running process uses. The processes are
+    /// scanned ahead of time (see [`UidPool`]); only when no recent scan has an id left
+    /// does this start scan them itself.
     fn pick_uid(&self, root: &Path) -> u32 {
-        let mut used: std::collections::HashSet<u32> = Label::dirs(root)
+        use std::time::Instant;
+        let labelled: std::collections::HashSet<u32> = Label::dirs(root)
             .iter()
             .filter_map(|d| Label::read(d).ok().flatten()?.uid)
             .collect();
-        used.extend(super::label::process_table().iter().map(|r| r.uid));
+        let now = Instant::now();
+        let mut pool = self.uids.lock().expect("uid pool lock");
+        pool.handed
+            .retain(|(at, _)| now.duration_since(*at) < UID_HANDED_FOR);
+        if pool
+            .scanned
+            .is_none_or(|at| now.duration_since(at) >= UID_VETTED_FOR)
+        {
+            pool.free.clear();
+        }
+        let mut picked = None;
+        while let Some(uid) = pool.free.pop() {
+            if !labelled.contains(&uid) && !pool.handed.iter().any(|(_, h)| *h == uid) {
+                picked = Some(uid);
+                break;
+            }
+        }
+        let uid = match picked {
+            Some(uid) => uid,
+            None => {
+                // Nothing vetted: scan now, and keep the rest of what the scan vets.
+                let scanned = Instant::now();
+                let mut used = super::label::process_uids();
+                used.extend(&labelled);
+                used.extend(pool.handed.iter().map(|(_, h)| *h));
+                let mut vetted = self.vet(&used, UID_BATCH + 1);
+                let uid = vetted.pop().expect("vet returns what it was asked for");
+                pool.free = vetted;
+                pool.scanned = Some(scanned);
+                uid
+            }
+        };
+        pool.handed.push_back((now, uid));
+        if pool.free.len() < UID_LOW && !pool.refilling {
+            self.refill_uids(&mut pool);
+        }
+        uid
+    }
+
+    /// Makes the sandbox's cgroup (recorded in `label`) and the pipe bwrap waits on
+    /// until it has joined (its read end appended to `pass`, numbered `block_fd`); `None`
+    /// where this node has no cgroups.
+    fn cgroup_hold(
+        &self,
+        name: &str,
+        req: &StartRequest,
+        label: &mut Label,
+        pass: &mut Vec<std::os::fd::OwnedFd>,
+        block_fd: Option<i32>,
+    ) -> Result<Option<super::Hold>, SandboxError> {
+        let Some(cg) = self.cgroups.create(name, &req.limits)? else {
+            return Ok(None);
+        };
+        label.cgroups = cg.dirs.clone();
+        let (block_read, release) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+            Ok(p) => p,
+            Err(e) => {
+                cg.remove();
+                return Err(std::io::Error::from(e).into());
+            }
+        };
+        debug_assert_eq!(
+            block_fd,
+            Some(super::FIRST_PASSED_FD + i32::try_from(pass.len()).unwrap_or(-1))
+        );
+        pass.push(block_read);
+        Ok(Some(super::Hold {
+            cgroup: cg,
+            release,
+        }))
+    }
+
+    /// `n` random ids of the range, none in `used`.
+    fn vet(&self, used: &std::collections::HashSet<u32>, n: usize) -> Vec<u32> {
         let (base, count) = self.uid_range;
-        loop {
+        let mut out: Vec<u32> = Vec::with_capacity(n);
+        // A range mostly in use would make this loop long; give up on the batch then
+        // (a start scans again when it finds none).
+        for _ in 0..n.saturating_mul(64).max(1024) {
+            if out.len() == n {
+                break;
+            }
+            let offset = uuid::Uuid::new_v4().as_u128() % u128::from(count);
+            let uid = base + u32::try_from(offset).expect("a remainder of a u32 count fits a u32");
+            if !used.contains(&uid) && !out.contains(&uid) {
+                out.push(uid);
+            }
+        }
+        while out.is_empty() {
             let offset = uuid::Uuid::new_v4().as_u128() % u128::from(count);
             let uid = base + u32::try_from(offset).expect("a remainder of a u32 count fits a u32");
             if !used.contains(&uid) {
-                return uid;
+                out.push(uid);
             }
         }
+        out
+    }
+
+    /// Scans the processes in the background and refills the pool with ids none uses.
+    fn refill_uids(&self, pool: &mut UidPool) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        pool.refilling = true;
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let scanned = std::time::Instant::now();
+            let mut used = super::label::process_uids();
+            let mut pool = me.uids.lock().expect("uid pool lock");
+            used.extend(pool.handed.iter().map(|(_, h)| *h));
+            // This scan vouches for what is left of the earlier one's ids too.
+            pool.free.retain(|u| !used.contains(u));
+            used.extend(pool.free.iter().copied());
+            let vetted = me.vet(&used, UID_BATCH);
+            pool.free.extend(vetted);
+            pool.scanned = Some(scanned);
+            pool.refilling = false;
+        });
     }
 
     /// The full `bwrap` argument list for `req`. With `by_fd`, the workspace, server
@@ -116,13 +263,16 @@ impl BwrapRuntime {
     ///
     /// A `network: true` sandbox keeps its own network namespace (slirp4netns connects it,
     /// see [`super::net`]); `sync_fd` is then the descriptor bwrap holds for as long as
-    /// the sandbox lives, and `<dir>/resolv.conf` replaces the host's.
+    /// the sandbox lives, and `<dir>/resolv.conf` replaces the host's. With `block_fd`,
+    /// the sandbox waits on that descriptor before it starts the server (see
+    /// [`super::Hold`]).
     pub fn args(
         &self,
         req: &StartRequest,
         by_fd: bool,
         shell: &Path,
         sync_fd: Option<i32>,
+        block_fd: Option<i32>,
     ) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         system_args(&mut a, req);
@@ -135,6 +285,9 @@ impl BwrapRuntime {
             // bwrap itself gets SIGKILL with the worker (see `launch`); this has the
             // namespace's init, and with it everything inside, end with bwrap.
             a.push("--die-with-parent".into());
+        }
+        if let Some(fd) = block_fd {
+            a.extend(["--block-fd".into(), fd.to_string().into()]);
         }
         // bwrap reports the namespace init's host pid on fd 3 (see `launch`).
         a.extend(["--info-fd".into(), "3".into()]);
@@ -351,13 +504,16 @@ impl SandboxRuntime for BwrapRuntime {
     }
 
     async fn start(&self, req: &StartRequest) -> Result<Sandbox, SandboxError> {
+        let mut profile = super::StartProfile::begin();
         std::fs::create_dir_all(req.workspace())?;
         super::private_dir(&req.dir)?;
+        profile.mark("directories");
         let root = req.dir.parent().unwrap_or(Path::new("/"));
         let shell = shell_copy(root).map_err(|e| SandboxError::Start {
             backend: "bwrap",
             message: format!("cannot prepare the shell: {e}"),
         })?;
+        profile.mark("shell copy checked");
         let mut cmd = tokio::process::Command::new(&self.program);
         // bwrap's own process (the namespace's pid 1 among them) keeps the environment
         // it was started with, readable inside; start it with nothing of the worker's.
@@ -367,9 +523,17 @@ impl SandboxRuntime for BwrapRuntime {
         let (info_read, info_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
         let mut pass = vec![info_write, super::bind_socket(&req.socket())?];
+        profile.mark("socket bound");
         let me = nix::unistd::geteuid().as_raw();
         let mut net = None;
         let mut sync_fd = None;
+        // Descriptors passed: the info pipe and the socket, then (root) the three binds,
+        // then (network) the sync descriptor, then (cgroups) the block descriptor.
+        let binds = if me == 0 { 3 } else { 0 };
+        let block_fd = self
+            .cgroups
+            .enforced()
+            .then(|| super::FIRST_PASSED_FD + 2 + binds + i32::from(req.network));
         if req.network {
             // Refuse at once, with the reason, rather than after starting bwrap; never
             // fall back to the host's network.
@@ -381,22 +545,24 @@ impl SandboxRuntime for BwrapRuntime {
             let (exit_read, exit_write) =
                 nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
             // Numbered after every other descriptor passed below.
-            sync_fd = Some(super::FIRST_PASSED_FD + if me == 0 { 5 } else { 2 });
+            sync_fd = Some(super::FIRST_PASSED_FD + 2 + binds);
             net = Some((exit_read, exit_write));
         }
         if me == 0 {
             let uid = self.pick_uid(root);
             label.uid = Some(uid);
+            profile.mark("user id picked");
             // The sandbox's directory becomes its user's (still 0700), so bwrap, running
             // as that user, can pass through it to the workspace; no other user can.
             std::os::unix::fs::lchown(&req.dir, Some(uid), Some(self.gid))?;
             chown_tree(&req.workspace(), uid, self.gid)?;
+            profile.mark("workspace chowned");
             for p in [req.workspace(), req.server_bin.clone(), shell.clone()] {
                 pass.push(open_path(&p)?);
             }
-            cmd.args(self.args(req, true, &shell, sync_fd));
+            cmd.args(self.args(req, true, &shell, sync_fd, block_fd));
         } else {
-            cmd.args(self.args(req, false, &shell, sync_fd));
+            cmd.args(self.args(req, false, &shell, sync_fd, block_fd));
         }
         let net = net.map(|(exit_read, exit_write)| {
             pass.push(exit_write);
@@ -411,9 +577,10 @@ impl SandboxRuntime for BwrapRuntime {
             .unwrap_or_default()
             .to_string_lossy()
             .into_owned();
-        let cgroup = self.cgroups.create(&name, &req.limits)?;
-        if let Some(cg) = &cgroup {
-            label.cgroups = cg.dirs.clone();
+        profile.mark("arguments");
+        let hold = self.cgroup_hold(&name, req, &mut label, &mut pass, block_fd)?;
+        profile.mark("cgroup created");
+        if hold.is_some() {
             // The cgroup holds the sandbox's memory as a whole; a per-process address
             // space limit on top only breaks runtimes that reserve address space.
             limits.memory_bytes = 0;
@@ -425,6 +592,7 @@ impl SandboxRuntime for BwrapRuntime {
                 .map(|r| r.threads)
                 .sum();
             limits.processes += running;
+            profile.mark("process budget counted");
         }
         let become_user = label.uid.map(|u| (u, self.gid));
         super::launch(
@@ -437,9 +605,12 @@ impl SandboxRuntime for BwrapRuntime {
                 pass_fds: pass,
                 info_read: Some(info_read),
                 net,
-                cgroup_procs: cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default(),
+                // Joined from outside while bwrap waits (see `super::Hold`).
+                cgroup_procs: Vec::new(),
+                hold,
                 become_user,
                 die_with_parent: req.die_with_parent,
+                profile,
             },
         )
         .await

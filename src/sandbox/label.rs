@@ -290,6 +290,23 @@ pub fn process_table() -> Vec<ProcessRow> {
         .collect()
 }
 
+/// The user ids of every running process: a `stat` of each `/proc/<pid>` (cheaper than
+/// [`process_table`], which reads each process's `stat` file too).
+pub fn process_uids() -> std::collections::HashSet<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Default::default();
+    };
+    dir.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|e| e.metadata().ok().map(|m| m.uid()))
+        .collect()
+}
+
 /// All descendants of `pid` (children first found, then theirs), from `/proc`.
 pub fn descendants(pid: i32) -> Vec<i32> {
     let table = process_table();

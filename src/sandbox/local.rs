@@ -43,8 +43,10 @@ impl SandboxRuntime for LocalRuntime {
                 info_read: None,
                 net: None,
                 cgroup_procs: Vec::new(),
+                hold: None,
                 become_user: None,
                 die_with_parent: req.die_with_parent,
+                profile: super::StartProfile::begin(),
             },
         )
         .await

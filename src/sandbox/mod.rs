@@ -23,6 +23,8 @@ pub mod label;
 pub mod local;
 pub mod net;
 pub mod node;
+pub mod pool;
+pub mod profile;
 pub mod protocol;
 pub mod quota;
 pub mod server;
@@ -31,6 +33,7 @@ pub mod spec;
 pub use client::SandboxClient;
 pub use label::{Death, Label};
 pub use node::{LimitReport, NodeSandboxes, Purpose, SandboxReport};
+pub use profile::StartProfile;
 pub use spec::SandboxSpec;
 
 use std::collections::BTreeMap;
@@ -97,6 +100,8 @@ pub struct Sandbox {
     pub client: SandboxClient,
     /// Time from the start call to the first answered ping.
     pub ready_after: Duration,
+    /// Where that time went, step by step.
+    pub profile: StartProfile,
 }
 
 /// Sandbox failures: starting, talking, stopping.
@@ -274,13 +279,13 @@ pub(crate) async fn await_ready(
     started: Instant,
     timeout: Duration,
     mut alive: impl FnMut() -> Result<(), String>,
-) -> Result<(SandboxClient, Duration), SandboxError> {
+) -> Result<(SandboxClient, Duration, protocol::PingResult), SandboxError> {
     let deadline = started + timeout;
     let mut waits = crate::retry::sandbox_socket();
     loop {
         if let Ok(client) = SandboxClient::connect(socket).await {
-            client.ping().await?;
-            return Ok((client, started.elapsed()));
+            let ping = client.ping().await?;
+            return Ok((client, started.elapsed(), ping));
         }
         if let Err(message) = alive() {
             return Err(SandboxError::Start { backend, message });
@@ -348,8 +353,12 @@ pub(crate) struct Launch {
     pub info_read: Option<std::os::fd::OwnedFd>,
     /// The network to connect, for `network: true` bwrap sandboxes.
     pub net: Option<NetPlan>,
+    /// The start's profile so far (the backend's own preparation).
+    pub profile: StartProfile,
     /// `cgroup.procs` files the process joins before it execs.
     pub cgroup_procs: Vec<std::ffi::CString>,
+    /// For bwrap: cgroups joined from outside while the sandbox waits (see [`Hold`]).
+    pub hold: Option<Hold>,
     /// The user and group the process becomes after joining its cgroups (a root worker's
     /// per-sandbox user); set here rather than with `Command::uid`, which would switch
     /// before the join, when the cgroup is no longer writable.
@@ -357,6 +366,19 @@ pub(crate) struct Launch {
     /// Whether the process gets SIGKILL when the worker thread that starts it ends
     /// ([`StartRequest::die_with_parent`]).
     pub die_with_parent: bool,
+}
+
+/// A bwrap sandbox held before its first process of its own: bwrap builds the sandbox,
+/// then its namespace's init waits on `--block-fd` (after every mount, with its
+/// privileges dropped, before it starts the server) until [`launch`] has moved bwrap and
+/// that init into the sandbox's cgroups and writes to `release`. Everything the sandbox
+/// runs descends from the init, so all of it is counted, as when bwrap joined the
+/// cgroups before its exec; the slow part of joining now runs while bwrap works.
+pub(crate) struct Hold {
+    /// The sandbox's cgroups.
+    pub cgroup: cgroup::SandboxCgroup,
+    /// The write end of bwrap's `--block-fd`.
+    pub release: std::os::fd::OwnedFd,
 }
 
 /// Starts `cmd` as the sandbox's root process in a session of its own (so a signal to
@@ -372,14 +394,21 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         info_read,
         net,
         cgroup_procs,
+        hold,
         become_user,
         die_with_parent,
+        mut profile,
     } = launch;
     let started = Instant::now();
     // From here until the server answers, whatever this start made (the cgroups, then
     // the process tree) goes if the start does not finish: an error, or this future
     // dropped because the job was cancelled or the worker is stopping.
     let mut unfinished = Unfinished::new(&label);
+    // The guard ends the processes before it closes a held sandbox's go-ahead.
+    let held_cgroup = hold.map(|Hold { cgroup, release }| {
+        unfinished.release = Some(release);
+        cgroup
+    });
     if pass_fds.len() > MAX_PASS_FDS {
         return Err(SandboxError::Config("too many descriptors to pass".into()));
     }
@@ -399,12 +428,14 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         backend,
         message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
     })?;
+    profile.mark("root process spawned");
     label.set_process(server::child_pid(&child));
     unfinished.update(&label);
     // On disk before anything is awaited, so a stop or the reaper that reads the label
     // after this start was abandoned finds the process (and the cgroups) to end.
     label.write()?;
     drop(pass_fds);
+    profile.mark("label written");
     if let Some(read) = info_read {
         // bwrap reports the host pid of the namespace's init, which must die with it.
         if let Some(pid) = read_child_pid(read, started + req.ready_timeout).await {
@@ -412,13 +443,22 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
             label.ns_init_start = label::process_start(pid);
             unfinished.update(&label);
         }
+        profile.mark("bwrap reported its namespace");
     }
+    // Joined while bwrap builds the filesystem and the network is attached.
+    let joining = held_cgroup.map(|cgroup| start_joining(cgroup, &label));
     if let Some(plan) = net {
         let attached = attach_network(&mut label, plan, backend, started + req.ready_timeout).await;
         unfinished.update(&label);
         attached?;
+        profile.mark("network attached");
     }
     label.write()?;
+    profile.mark("label rewritten");
+    if let Some(join) = joining {
+        finish_joining(join, &mut unfinished, backend).await?;
+        profile.mark("cgroups joined");
+    }
     let exited = std::sync::Arc::new(std::sync::Mutex::new(None));
     let status = exited.clone();
     // Reap the process whenever it ends, so it never lingers as a zombie.
@@ -447,17 +487,53 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         },
     )
     .await;
-    match ready {
-        Ok((client, ready_after)) => {
-            unfinished.finish();
-            Ok(Sandbox {
-                label,
-                client,
-                ready_after,
-            })
-        }
-        Err(e) => Err(e),
+    let (client, ready_after, ping) = ready?;
+    unfinished.finish();
+    profile.mark("first ping answered");
+    if let Some(s) = &ping.startup {
+        profile.add_server(s);
     }
+    Ok(Sandbox {
+        label,
+        client,
+        ready_after,
+        profile,
+    })
+}
+
+/// Moves bwrap and its namespace's init (both in `label`) into `cgroup` on a blocking
+/// thread (see [`Hold`]).
+fn start_joining(
+    cgroup: cgroup::SandboxCgroup,
+    label: &Label,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let pids = [label.pid, label.ns_init];
+    tokio::task::spawn_blocking(move || match pids {
+        [Some(bwrap), Some(init)] => cgroup.join(&[bwrap, init]),
+        _ => Err(std::io::Error::other(
+            "bwrap did not report its namespace's init, so it cannot be put in its cgroup",
+        )),
+    })
+}
+
+/// Waits for [`start_joining`], then lets the held sandbox go; on failure it stays held
+/// (the caller's error drops `unfinished`, which kills it first).
+async fn finish_joining(
+    join: tokio::task::JoinHandle<std::io::Result<()>>,
+    unfinished: &mut Unfinished,
+    backend: &'static str,
+) -> Result<(), SandboxError> {
+    let joined = join.await.map_err(std::io::Error::other).and_then(|r| r);
+    if let Err(e) = joined {
+        return Err(SandboxError::Start {
+            backend,
+            message: format!("cannot put the sandbox in its cgroup: {e}"),
+        });
+    }
+    if let Some(release) = unfinished.release.take() {
+        nix::unistd::write(&release, b"1").map_err(std::io::Error::from)?;
+    }
+    Ok(())
 }
 
 /// A sandbox whose start has not finished: dropped before [`Unfinished::finish`] (the
@@ -467,27 +543,37 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
 /// it) and the sandbox's cgroups. The directory, its mounted workspace and the record
 /// go with the stop that follows ([`Runtimes::stop`]), which reads the label this start
 /// wrote as soon as it had a process.
-struct Unfinished(Option<Label>);
+///
+/// It also holds a held bwrap sandbox's go-ahead ([`Hold::release`]) until the sandbox
+/// may go: closing it would let bwrap go on too, so it is closed only after the kill.
+struct Unfinished {
+    label: Option<Label>,
+    release: Option<std::os::fd::OwnedFd>,
+}
 
 impl Unfinished {
     fn new(label: &Label) -> Self {
-        Unfinished(Some(label.clone()))
+        Unfinished {
+            label: Some(label.clone()),
+            release: None,
+        }
     }
 
     /// The label now names more (a process, the namespace init, the network helper).
     fn update(&mut self, label: &Label) {
-        self.0 = Some(label.clone());
+        self.label = Some(label.clone());
     }
 
     /// The start finished: the sandbox is the caller's to stop.
     fn finish(mut self) {
-        self.0 = None;
+        self.label = None;
     }
 }
 
 impl Drop for Unfinished {
     fn drop(&mut self) {
-        if let Some(label) = self.0.take() {
+        // The fields (the go-ahead among them) are dropped only after this body.
+        if let Some(label) = self.label.take() {
             if label.pid.is_some() {
                 tracing::info!(job_id = %label.job_id, pid = ?label.pid, "ending the processes of a sandbox whose start did not finish");
             }

@@ -94,6 +94,8 @@ pub struct NodeSandboxes {
     store: Arc<dyn Store>,
     node: String,
     quota: super::quota::WorkspaceQuota,
+    /// Workspace filesystems mounted ahead of time (see [`super::pool`]).
+    pool: super::pool::WorkspacePool,
     /// Set when this process starts shutting down: a sandbox that dies from then on may
     /// have died with the node (a scheduler signals every process of its job).
     stopping: std::sync::atomic::AtomicBool,
@@ -132,12 +134,17 @@ impl NodeSandboxes {
                     ..Default::default()
                 },
                 cgroups: super::cgroup::Cgroups::probe(s.cgroup_parent.as_deref()),
+                uids: Default::default(),
             },
             apptainer: super::apptainer::ApptainerRuntime {
                 program: s.apptainer.clone(),
                 host_network: s.apptainer_host_network,
             },
         };
+        let quota = super::quota::WorkspaceQuota::probe();
+        let pool = super::pool::WorkspacePool::new(quota.clone(), &root, s.workspace_pool);
+        // The node's default size, ready before the first job asks for it.
+        pool.refill(s.limits.workspace_bytes);
         NodeSandboxes {
             runtimes,
             default_runtime: RuntimeKind::parse(&s.backend).unwrap_or(RuntimeKind::Bwrap),
@@ -146,7 +153,8 @@ impl NodeSandboxes {
             server_bin,
             store,
             node: node.to_string(),
-            quota: super::quota::WorkspaceQuota::probe(),
+            quota,
+            pool,
             stopping: std::sync::atomic::AtomicBool::new(false),
             die_with_process: std::sync::atomic::AtomicBool::new(false),
         }
@@ -371,7 +379,7 @@ impl NodeSandboxes {
         let mine = Some(generation);
         let limits = spec.limits.apply(self.settings.limits);
         if let Err(e) = self
-            .quota
+            .pool
             .mount(&dir, &workspace, limits.workspace_bytes)
             .await
         {
@@ -678,6 +686,8 @@ impl NodeSandboxes {
             tokio::select! {
                 _ = shutdown.cancelled() => {
                     self.set_stopping();
+                    // No mount, loop device or image of the pool outlives the node.
+                    self.pool.close().await;
                     return;
                 }
                 _ = tokio::time::sleep(every) => {}

@@ -431,6 +431,24 @@ pub struct PingResult {
     pub python_engine: Option<String>,
     /// Milliseconds since the server started.
     pub uptime_ms: u64,
+    /// When the server reached each step of its own start, for the launcher's start
+    /// profile (see [`crate::sandbox::profile`]); absent from older servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup: Option<ServerStartup>,
+}
+
+/// The sandbox server's start, as marks on `CLOCK_MONOTONIC` in nanoseconds (the host's
+/// clock too: bwrap does not give sandboxes a time namespace); 0 for a step not taken.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ServerStartup {
+    /// The server's `main` began (the exec and the dynamic loader before it).
+    pub main_ns: u64,
+    /// The persistent shell answered its handshake.
+    pub shell_ns: u64,
+    /// The workspace's baseline was recorded.
+    pub baseline_ns: u64,
+    /// The server took its first connection off the listening socket.
+    pub serving_ns: u64,
 }
 
 #[cfg(test)]

@@ -10,7 +10,9 @@
 //! written; a setuid file made in it is inert on the host.
 //!
 //! Formatting costs tens of milliseconds, so each size is formatted once per node, into
-//! `<root>/.tools/`, and copied (holes and all, a few megabytes) for each sandbox.
+//! `<root>/.tools/`, and copied (holes and all, a few megabytes) for each sandbox. The
+//! copy and the mount still take tens of milliseconds, so a node does them ahead of time
+//! ([`super::pool`]) and a sandbox's start takes a mounted image from there.
 //! [`unmount_under`] detaches such mounts when a sandbox is stopped, also after a worker
 //! crash, since the reaper stops through the same path. Without root (or without loop
 //! devices), the quota is reported as not enforced (see `NodeSandboxes::report`).
@@ -74,22 +76,35 @@ impl WorkspaceQuota {
         workspace: &Path,
         bytes: u64,
     ) -> Result<(), SandboxError> {
+        if bytes == 0 || !self.enforced() {
+            return Ok(());
+        }
+        let tools = dir.parent().unwrap_or(Path::new("/")).join(".tools");
+        self.mount_image(&tools, &dir.join("workspace.img"), workspace, bytes)
+            .await
+    }
+
+    /// Copies the formatted template of `bytes` (made once in `tools`) to `image` and
+    /// mounts it on `workspace` (`nosuid`, `nodev`, `noatime`), without the filesystem's
+    /// `lost+found`.
+    pub(crate) async fn mount_image(
+        &self,
+        tools: &Path,
+        image: &Path,
+        workspace: &Path,
+        bytes: u64,
+    ) -> Result<(), SandboxError> {
         let WorkspaceQuota::Loop { mkfs, mount } = self else {
             return Ok(());
         };
-        if bytes == 0 {
-            return Ok(());
-        }
         let fail = |what: String| SandboxError::Start {
             backend: "workspace quota",
             message: what,
         };
-        let tools = dir.parent().unwrap_or(Path::new("/")).join(".tools");
-        let template = ensure_template(mkfs, &tools, bytes)
+        let template = ensure_template(mkfs, tools, bytes)
             .await
             .map_err(|e| fail(format!("cannot format a {bytes}-byte workspace image: {e}")))?;
-        let image = dir.join("workspace.img");
-        let (from, to) = (template.clone(), image.clone());
+        let (from, to) = (template.clone(), image.to_path_buf());
         tokio::task::spawn_blocking(move || copy_sparse(&from, &to))
             .await
             .map_err(|e| fail(format!("the image copy panicked: {e}")))?
@@ -97,7 +112,7 @@ impl WorkspaceQuota {
         std::fs::create_dir_all(workspace)?;
         run(tokio::process::Command::new(mount)
             .args(["-t", "ext4", "-o", "loop,nosuid,nodev,noatime"])
-            .arg(&image)
+            .arg(image)
             .arg(workspace))
         .await
         .map_err(|e| fail(format!("cannot mount the workspace image: {e}")))?;

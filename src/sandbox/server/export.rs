@@ -123,6 +123,16 @@ impl Exporter {
 
     /// [`Exporter::start`] with `git` as the git program.
     pub async fn start_with_git(git_program: PathBuf, workdir: PathBuf, ctl_dir: PathBuf) -> Self {
+        if !could_be_repository(&workdir) {
+            // What git would say after a process start: not a repository.
+            let files = snapshot(&workdir);
+            return Exporter {
+                git: git_program,
+                workdir,
+                ctl_dir,
+                baseline: Mutex::new(Ok(Baseline::Files(files))),
+            };
+        }
         let mut head = Err(internal("not tried"));
         for attempt in 0..4u64 {
             if attempt > 0 {
@@ -620,6 +630,25 @@ async fn git(
         )));
     }
     Ok(out.stdout)
+}
+
+/// Whether git could take `workdir` for (part of) a repository: a `.git` (directory or
+/// file) or a `HEAD` (a bare repository) in it or in a directory above it, or a `GIT_*`
+/// variable in the environment (`GIT_DIR` and the like) that points git elsewhere.
+/// Where none is, asking git (a process, at every sandbox's start) can only answer
+/// "not a repository".
+fn could_be_repository(workdir: &Path) -> bool {
+    if !workdir.is_absolute()
+        || std::env::vars_os().any(|(k, _)| k.as_encoded_bytes().starts_with(b"GIT_"))
+    {
+        return true;
+    }
+    // Anything but "no such file" (a directory that cannot be searched, say) counts as
+    // a maybe.
+    let maybe = |p: PathBuf| !matches!(p.symlink_metadata(), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    workdir
+        .ancestors()
+        .any(|d| maybe(d.join(".git")) || maybe(d.join("HEAD")))
 }
 
 fn snapshot(root: &Path) -> Snapshot {

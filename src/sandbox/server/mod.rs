@@ -68,6 +68,9 @@ pub struct ServerOptions {
     /// Whether the server has the sandbox's PID namespace to itself (every process in
     /// `/proc` is the sandbox's), so `exec` may end whatever its command left behind.
     pub own_pid_namespace: bool,
+    /// When the server's `main` began ([`crate::sandbox::profile::monotonic_ns`]), for
+    /// the start profile; 0 if unknown.
+    pub main_ns: u64,
 }
 
 struct Tools {
@@ -79,6 +82,12 @@ struct Tools {
     workdir: PathBuf,
     started: Instant,
     own_pid_namespace: bool,
+    startup: protocol::ServerStartup,
+    /// When the first connection was taken (the last mark of [`Tools::startup`]).
+    serving_ns: std::sync::atomic::AtomicU64,
+    /// Cancelled once the first answer has been sent (the interpreter's warm-up waits
+    /// for it).
+    answered: CancellationToken,
 }
 
 /// Makes this process undumpable: processes of the same user (the agent's) can then
@@ -122,12 +131,30 @@ pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io:
     make_undumpable()?;
     std::fs::create_dir_all(&opts.ctl_dir)?;
     let listener = listener(&opts.listen)?;
-    let bash = bash::BashTool::start(bash::ShellOptions {
-        program: opts.shell.clone(),
-        workdir: opts.workdir.clone(),
-        ctl_dir: opts.ctl_dir.clone(),
-    })
-    .await?;
+    let mut startup = protocol::ServerStartup {
+        main_ns: opts.main_ns,
+        ..Default::default()
+    };
+    // The shell's start and the baseline (a `git` process for a repository) are each
+    // mostly waiting for a child process: done side by side, a start waits for the
+    // longer of the two, not both.
+    let shell = async {
+        let bash = bash::BashTool::start(bash::ShellOptions {
+            program: opts.shell.clone(),
+            workdir: opts.workdir.clone(),
+            ctl_dir: opts.ctl_dir.clone(),
+        })
+        .await;
+        (bash, crate::sandbox::profile::monotonic_ns())
+    };
+    let baseline = async {
+        let export = export::Exporter::start(opts.workdir.clone(), opts.ctl_dir.clone()).await;
+        (export, crate::sandbox::profile::monotonic_ns())
+    };
+    let ((bash, shell_ns), (export, baseline_ns)) = tokio::join!(shell, baseline);
+    let bash = bash?;
+    startup.shell_ns = shell_ns;
+    startup.baseline_ns = baseline_ns;
     let python = python::PythonTool::new(python::PythonOptions {
         program: opts.python.clone(),
         engine: opts.python_engine.clone(),
@@ -139,16 +166,28 @@ pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io:
         ctl_dir: opts.ctl_dir.clone(),
         python,
         files: files::FileTool::new(opts.workdir.clone()),
-        export: export::Exporter::start(opts.workdir.clone(), opts.ctl_dir.clone()).await,
+        export,
         workdir: opts.workdir.clone(),
         started: Instant::now(),
         own_pid_namespace: opts.own_pid_namespace,
+        startup,
+        serving_ns: 0.into(),
+        answered: CancellationToken::new(),
     });
     tracing::info!(listen = ?opts.listen, "sandbox server ready");
     let drain = tools.clone();
     tokio::spawn(async move { drain.bash.drain_between_calls().await });
     let warm = tools.clone();
+    let stop_warming = shutdown.clone();
     tokio::spawn(async move {
+        // Only once the first answer is out: the interpreter's start (IPython's imports
+        // keep a core busy for a good part of a second) must not hold up the answer
+        // that tells the launcher the sandbox is ready. A python call before then
+        // starts the interpreter itself.
+        tokio::select! {
+            _ = warm.answered.cancelled() => {}
+            _ = stop_warming.cancelled() => return,
+        }
         if let Err(e) = warm.python.warm_up().await {
             tracing::warn!(error = %e, "python interpreter did not start; python calls will retry");
         }
@@ -158,6 +197,12 @@ pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io:
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    if tools.serving_ns.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                        tools.serving_ns.store(
+                            crate::sandbox::profile::monotonic_ns(),
+                            std::sync::atomic::Ordering::Relaxed,
+                        );
+                    }
                     tokio::spawn(connection(stream, tools.clone(), shutdown.clone()));
                 }
                 Err(e) => {
@@ -178,12 +223,14 @@ pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io:
 async fn connection(stream: UnixStream, tools: Arc<Tools>, shutdown: CancellationToken) {
     let (mut sink, mut frames) = Framed::new(stream, protocol::codec()).split();
     let (tx, mut rx) = mpsc::channel::<Response>(64);
+    let answered = tools.answered.clone();
     let writer = tokio::spawn(async move {
         while let Some(resp) = rx.recv().await {
             let body = frame_of(&resp);
             if sink.send(Bytes::from(body)).await.is_err() {
                 break;
             }
+            answered.cancel();
         }
     });
     loop {
@@ -370,6 +417,10 @@ async fn handle(tools: Arc<Tools>, req: Request) -> Response {
             bash_ready: tools.bash.is_ready(),
             python_engine: tools.python.engine(),
             uptime_ms: duration_ms(tools.started.elapsed()),
+            startup: Some(protocol::ServerStartup {
+                serving_ns: tools.serving_ns.load(std::sync::atomic::Ordering::Relaxed),
+                ..tools.startup
+            }),
         })),
         other => {
             return Response::err(
