@@ -424,7 +424,7 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         rlimits,
         (become_user, die_with_parent),
     );
-    let mut child = cmd.spawn().map_err(|e| SandboxError::Start {
+    let child = cmd.spawn().map_err(|e| SandboxError::Start {
         backend,
         message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
     })?;
@@ -459,15 +459,37 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         finish_joining(join, &mut unfinished, backend).await?;
         profile.mark("cgroups joined");
     }
+    let (client, ready_after, ping) = reaped_until_ready(req, backend, started, child).await?;
+    unfinished.finish();
+    profile.mark("first ping answered");
+    if let Some(s) = &ping.startup {
+        profile.add_server(s);
+    }
+    Ok(Sandbox {
+        label,
+        client,
+        ready_after,
+        profile,
+    })
+}
+
+/// Reaps the sandbox's root process `child` whenever it ends (so it never lingers as a
+/// zombie) and waits for the server's first ping; an exit before it is the error, with
+/// what the server logged.
+async fn reaped_until_ready(
+    req: &StartRequest,
+    backend: &'static str,
+    started: Instant,
+    mut child: tokio::process::Child,
+) -> Result<(SandboxClient, Duration, protocol::PingResult), SandboxError> {
     let exited = std::sync::Arc::new(std::sync::Mutex::new(None));
     let status = exited.clone();
-    // Reap the process whenever it ends, so it never lingers as a zombie.
     tokio::spawn(async move {
         let st = child.wait().await;
         *status.lock().expect("status lock") = Some(st);
     });
     let log_path = req.dir.join("server.log");
-    let ready = await_ready(
+    await_ready(
         backend,
         &req.socket(),
         started,
@@ -486,19 +508,7 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
             }
         },
     )
-    .await;
-    let (client, ready_after, ping) = ready?;
-    unfinished.finish();
-    profile.mark("first ping answered");
-    if let Some(s) = &ping.startup {
-        profile.add_server(s);
-    }
-    Ok(Sandbox {
-        label,
-        client,
-        ready_after,
-        profile,
-    })
+    .await
 }
 
 /// Moves bwrap and its namespace's init (both in `label`) into `cgroup` on a blocking
