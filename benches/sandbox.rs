@@ -599,7 +599,8 @@ async fn quota_starts(
     let mut ready_quota = Vec::new();
     let mut profiles = Vec::new();
     let bytes = SandboxLimits::default().workspace_bytes;
-    let depth = rollout::config::SandboxSettings::default().workspace_pool;
+    // The pool an operator turns on with `sandbox.workspace_pool = 2` (off by default).
+    let depth = 2;
     let pool = rollout::sandbox::pool::WorkspacePool::new(quota.clone(), root, depth);
     if quota.enforced() {
         pool.refill(bytes);

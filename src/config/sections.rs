@@ -416,7 +416,9 @@ pub struct SandboxSettings {
     pub ready_timeout_ms: u64,
     /// When the worker enforces `limits.workspace_bytes` (root, loop devices): how many
     /// workspace filesystems of each size asked for it keeps mounted ahead of time, so a
-    /// sandbox's start does not wait for one. 0: each is mounted as its sandbox starts.
+    /// sandbox's start does not wait for one. 0 (the default): each is mounted as its
+    /// sandbox starts. Pooled images hold a loop device each for the worker's life, a
+    /// finite resource on a shared machine, so the pool is the operator's choice.
     pub workspace_pool: usize,
     /// How long a node vouches for its sandboxes between renewals (ms); the reaper
     /// renews every `reaper_interval_ms`.
@@ -448,7 +450,7 @@ impl Default for SandboxSettings {
             limits: crate::domain::sandbox::SandboxLimits::default(),
             max_limits: crate::domain::sandbox::SandboxLimits::default_maximums(),
             ready_timeout_ms: 30_000,
-            workspace_pool: 2,
+            workspace_pool: 0,
             lease_ms: 60_000,
             reaper_interval_ms: 500,
             max_restarts: 2,
