@@ -449,7 +449,12 @@ pub async fn cancel_batch(
             None,
         )),
         Some(true) => {
-            let cancelling = live_count(&state, &id).await?;
+            let batch = state
+                .store
+                .batch(&id)
+                .await?
+                .ok_or_else(|| ApiError::not_found(format!("no batch with id `{id}`")))?;
+            let cancelling = (batch.submitted - batch.finished).max(0);
             tracing::info!(batch_id = %id, jobs = cancelling, "batch cancelled");
             let driver = Driver::new(state.store.clone(), state.queue.clone());
             let id2 = id.clone();
@@ -461,11 +466,6 @@ pub async fn cancel_batch(
                     tracing::warn!(batch_id = %id2, error = %e, "cannot cancel the rest of the batch yet; the reconciler's sweep will");
                 }
             });
-            let batch = state
-                .store
-                .batch(&id)
-                .await?
-                .ok_or_else(|| ApiError::not_found(format!("no batch with id `{id}`")))?;
             Ok(Json(CancelledBatch::Plain(PlainBatchCancelled {
                 batch,
                 cancelling,
