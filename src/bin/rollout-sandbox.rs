@@ -58,6 +58,11 @@ enum Command {
         /// session. Never on a host's own namespace.
         #[arg(long)]
         own_pid_namespace: bool,
+        /// Stop when this inherited pipe descriptor reads end-of-file: the worker that
+        /// started the sandbox holds its only write end, so that is when the worker has
+        /// ended, however it ended.
+        #[arg(long)]
+        lifeline_fd: Option<i32>,
     },
     /// Send one request to a running server and print its response as JSON.
     Call {
@@ -94,6 +99,7 @@ fn main() -> anyhow::Result<()> {
                 python,
                 python_engine,
                 own_pid_namespace,
+                lifeline_fd,
             } => {
                 tracing_subscriber::fmt()
                     .with_writer(std::io::stderr)
@@ -111,6 +117,23 @@ fn main() -> anyhow::Result<()> {
                         stop.cancel();
                     }
                 });
+                if let Some(fd) = lifeline_fd {
+                    // SAFETY: the launcher passed this descriptor for exactly this use.
+                    let broken = unsafe { rollout::sandbox::lifeline::wait_broken(fd) };
+                    let stop = shutdown.clone();
+                    tokio::spawn(async move {
+                        match broken.await {
+                            Ok(()) => tracing::warn!(
+                                "the worker that started this sandbox has ended: stopping"
+                            ),
+                            Err(e) => tracing::warn!(
+                                error = %e,
+                                "the worker's lifeline cannot be read: stopping"
+                            ),
+                        }
+                        stop.cancel();
+                    });
+                }
                 serve(
                     ServerOptions {
                         listen: match (listen_fd, socket) {

@@ -111,6 +111,8 @@ impl ApptainerRuntime {
             super::ServeOn::Socket(Path::new("/run/rollout/sock")),
             Path::new("/workspace"),
             Path::new("/run/rollout/ctl"),
+            // An instance is a daemon of its own; it does not end with the worker.
+            None,
         ));
         a
     }

@@ -113,6 +113,69 @@ const UID_BATCH: usize = 32;
 /// Below this many vetted ids, a start asks for a background scan.
 const UID_LOW: usize = 8;
 
+/// Where the descriptors bwrap is passed are found, numbered from
+/// [`super::FIRST_PASSED_FD`] in this order: bwrap's report (`--info-fd`), the server's
+/// listening socket, then (a root worker) the workspace, server binary and shell to bind,
+/// then (network) the sync descriptor, then (cgroups) the go-ahead, then (a sandbox that
+/// ends with its worker) the lifeline. One plan, so the arguments and the descriptors
+/// handed over cannot disagree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Descriptors {
+    /// The workspace, server binary and shell are bound from descriptors (a root worker:
+    /// the sandbox's own user could not open their paths).
+    pub by_fd: bool,
+    /// bwrap's `--sync-fd` (a `network: true` sandbox; see [`super::net`]).
+    pub sync: Option<i32>,
+    /// bwrap's `--block-fd`, the go-ahead of a held sandbox (see [`super::Hold`]).
+    pub block: Option<i32>,
+    /// The server's `--lifeline-fd` (see [`super::lifeline`]).
+    pub lifeline: Option<i32>,
+}
+
+impl Descriptors {
+    /// The plan for a sandbox started by a root worker (`by_fd`), with its own network,
+    /// held for its cgroups, and ending with its worker, as given.
+    pub fn plan(by_fd: bool, network: bool, held: bool, lifeline: bool) -> Self {
+        let mut next = super::FIRST_PASSED_FD + 2 + if by_fd { 3 } else { 0 };
+        let mut take = |wanted: bool| {
+            wanted.then(|| {
+                next += 1;
+                next - 1
+            })
+        };
+        Descriptors {
+            by_fd,
+            sync: take(network),
+            block: take(held),
+            lifeline: take(lifeline),
+        }
+    }
+}
+
+impl BwrapRuntime {
+    /// For a `network: true` sandbox: checks the network can be set up (refused at
+    /// once, with the reason, rather than after starting bwrap; never a fall back to the
+    /// host's network), writes its `resolv.conf`, and makes the pipe whose ends are the
+    /// helper's exit signal and bwrap's `--sync-fd` (read, write).
+    fn prepare_network(
+        &self,
+        req: &StartRequest,
+    ) -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), SandboxError> {
+        super::net::probe(&self.net).map_err(|message| SandboxError::Start {
+            backend: "bwrap",
+            message,
+        })?;
+        std::fs::write(req.dir.join("resolv.conf"), super::net::resolv_conf())?;
+        Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?)
+    }
+}
+
+/// The number the next descriptor passed gets when `passed` are already in the list
+/// (for the checks that the list follows the [`Descriptors`] plan).
+fn number_of_next(passed: usize) -> i32 {
+    super::FIRST_PASSED_FD + i32::try_from(passed).unwrap_or(-1)
+}
+
 impl Default for BwrapRuntime {
     fn default() -> Self {
         BwrapRuntime {
@@ -198,10 +261,7 @@ impl BwrapRuntime {
                 return Err(std::io::Error::from(e).into());
             }
         };
-        debug_assert_eq!(
-            block_fd,
-            Some(super::FIRST_PASSED_FD + i32::try_from(pass.len()).unwrap_or(-1))
-        );
+        debug_assert_eq!(block_fd, Some(number_of_next(pass.len())));
         pass.push(block_read);
         Ok(Some(super::Hold {
             cgroup: cg,
@@ -257,28 +317,23 @@ impl BwrapRuntime {
         });
     }
 
-    /// The full `bwrap` argument list for `req`. With `by_fd`, the workspace, server
-    /// binary and shell are bound from descriptors 5, 6 and 7 rather than by `paths`
-    /// (fd 3 is always bwrap's `--info-fd`, fd 4 the server's listening socket).
+    /// The full `bwrap` argument list for `req`, with the descriptors bwrap is passed
+    /// where `fds` puts them. With [`Descriptors::by_fd`], the workspace, server binary
+    /// and shell are bound from descriptors 5, 6 and 7 rather than by `paths` (fd 3 is
+    /// always bwrap's `--info-fd`, fd 4 the server's listening socket).
     ///
     /// A `network: true` sandbox keeps its own network namespace (slirp4netns connects it,
-    /// see [`super::net`]); `sync_fd` is then the descriptor bwrap holds for as long as
-    /// the sandbox lives, and `<dir>/resolv.conf` replaces the host's. With `block_fd`,
-    /// the sandbox waits on that descriptor before it starts the server (see
-    /// [`super::Hold`]).
-    pub fn args(
-        &self,
-        req: &StartRequest,
-        by_fd: bool,
-        shell: &Path,
-        sync_fd: Option<i32>,
-        block_fd: Option<i32>,
-    ) -> Vec<OsString> {
+    /// see [`super::net`]); [`Descriptors::sync`] is then the descriptor bwrap holds for
+    /// as long as the sandbox lives, and `<dir>/resolv.conf` replaces the host's. With
+    /// [`Descriptors::block`], the sandbox waits on that descriptor before it starts the
+    /// server (see [`super::Hold`]); with [`Descriptors::lifeline`], the server stops
+    /// when the worker's lifeline there breaks (see [`super::lifeline`]).
+    pub fn args(&self, req: &StartRequest, shell: &Path, fds: &Descriptors) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         system_args(&mut a, req);
-        writable_args(&mut a, req, by_fd, shell);
+        writable_args(&mut a, req, fds.by_fd, shell);
         environment_args(&mut a, req);
-        if let Some(fd) = sync_fd {
+        if let Some(fd) = fds.sync {
             a.extend(["--sync-fd".into(), fd.to_string().into()]);
         }
         if req.die_with_parent {
@@ -286,7 +341,7 @@ impl BwrapRuntime {
             // namespace's init, and with it everything inside, end with bwrap.
             a.push("--die-with-parent".into());
         }
-        if let Some(fd) = block_fd {
+        if let Some(fd) = fds.block {
             a.extend(["--block-fd".into(), fd.to_string().into()]);
         }
         // bwrap reports the namespace init's host pid on fd 3 (see `launch`).
@@ -296,6 +351,7 @@ impl BwrapRuntime {
             super::ServeOn::Fd(4),
             Path::new(WORKSPACE),
             Path::new(CTL_DIR),
+            fds.lifeline,
         ));
         a.extend(["--shell".into(), SHELL_PATH.into()]);
         // bwrap's PID namespace holds the sandbox's processes and nothing else.
@@ -525,29 +581,19 @@ impl SandboxRuntime for BwrapRuntime {
         let mut pass = vec![info_write, super::bind_socket(&req.socket())?];
         profile.mark("socket bound");
         let me = nix::unistd::geteuid().as_raw();
-        let mut net = None;
-        let mut sync_fd = None;
-        // Descriptors passed: the info pipe and the socket, then (root) the three binds,
-        // then (network) the sync descriptor, then (cgroups) the block descriptor.
-        let binds = if me == 0 { 3 } else { 0 };
-        let block_fd = self
-            .cgroups
-            .enforced()
-            .then(|| super::FIRST_PASSED_FD + 2 + binds + i32::from(req.network));
-        if req.network {
-            // Refuse at once, with the reason, rather than after starting bwrap; never
-            // fall back to the host's network.
-            super::net::probe(&self.net).map_err(|message| SandboxError::Start {
-                backend: "bwrap",
-                message,
-            })?;
-            std::fs::write(req.dir.join("resolv.conf"), super::net::resolv_conf())?;
-            let (exit_read, exit_write) =
-                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
-            // Numbered after every other descriptor passed below.
-            sync_fd = Some(super::FIRST_PASSED_FD + 2 + binds);
-            net = Some((exit_read, exit_write));
-        }
+        // bwrap's own death signal reaches the namespace's init only once the sandbox
+        // is built; the lifeline ends a sandbox whose worker died before that.
+        let fds = Descriptors::plan(
+            me == 0,
+            req.network,
+            self.cgroups.enforced(),
+            req.die_with_parent,
+        );
+        let net = if req.network {
+            Some(self.prepare_network(req)?)
+        } else {
+            None
+        };
         if me == 0 {
             let uid = self.pick_uid(root);
             label.uid = Some(uid);
@@ -560,10 +606,8 @@ impl SandboxRuntime for BwrapRuntime {
             for p in [req.workspace(), req.server_bin.clone(), shell.clone()] {
                 pass.push(open_path(&p)?);
             }
-            cmd.args(self.args(req, true, &shell, sync_fd, block_fd));
-        } else {
-            cmd.args(self.args(req, false, &shell, sync_fd, block_fd));
         }
+        cmd.args(self.args(req, &shell, &fds));
         let net = net.map(|(exit_read, exit_write)| {
             pass.push(exit_write);
             super::NetPlan {
@@ -578,8 +622,17 @@ impl SandboxRuntime for BwrapRuntime {
             .to_string_lossy()
             .into_owned();
         profile.mark("arguments");
-        let hold = self.cgroup_hold(&name, req, &mut label, &mut pass, block_fd)?;
+        // Taken before the cgroups, whose hold must not be dropped by an early return.
+        let lifeline = fds
+            .lifeline
+            .map(|_| super::lifeline::reader())
+            .transpose()?;
+        let hold = self.cgroup_hold(&name, req, &mut label, &mut pass, fds.block)?;
         profile.mark("cgroup created");
+        if let Some(read) = lifeline {
+            debug_assert_eq!(fds.lifeline, Some(number_of_next(pass.len())));
+            pass.push(read);
+        }
         if hold.is_some() {
             // The cgroup holds the sandbox's memory as a whole; a per-process address
             // space limit on top only breaks runtimes that reserve address space.

@@ -22,12 +22,21 @@ impl SandboxRuntime for LocalRuntime {
             "the local sandbox backend does not isolate: the agent's commands run as this worker's user"
         );
         std::fs::create_dir_all(req.workspace())?;
-        let listen = super::bind_socket(&req.socket())?;
+        let mut pass_fds = vec![super::bind_socket(&req.socket())?];
+        // The parent-death signal ends the server with this process already; the
+        // lifeline is the same guarantee as every other backend's (see `lifeline`).
+        let lifeline = if req.die_with_parent {
+            pass_fds.push(super::lifeline::reader()?);
+            Some(super::FIRST_PASSED_FD + 1)
+        } else {
+            None
+        };
         let mut cmd = tokio::process::Command::new(&req.server_bin);
         cmd.args(super::serve_args(
             super::ServeOn::Fd(super::FIRST_PASSED_FD),
             &req.workspace(),
             &req.dir.join("ctl"),
+            lifeline,
         ))
         .current_dir(req.workspace());
         super::clean_env(&mut cmd, &["HOME", "USER", "TMPDIR"]);
@@ -39,7 +48,7 @@ impl SandboxRuntime for LocalRuntime {
                 cmd,
                 label: req.label.clone(),
                 rlimits: None,
-                pass_fds: vec![listen],
+                pass_fds,
                 info_read: None,
                 net: None,
                 cgroup_procs: Vec::new(),

@@ -20,6 +20,7 @@ pub mod bwrap;
 pub mod cgroup;
 pub mod client;
 pub mod label;
+pub mod lifeline;
 pub mod local;
 pub mod net;
 pub mod node;
@@ -710,8 +711,15 @@ enum ServeOn<'a> {
     Fd(i32),
 }
 
-/// The arguments of `rollout-sandbox serve` for a sandbox whose paths are as given.
-fn serve_args(on: ServeOn<'_>, workdir: &Path, ctl_dir: &Path) -> Vec<std::ffi::OsString> {
+/// The arguments of `rollout-sandbox serve` for a sandbox whose paths are as given;
+/// with `lifeline`, the server stops when the worker's lifeline at that descriptor
+/// breaks (see [`lifeline`]).
+fn serve_args(
+    on: ServeOn<'_>,
+    workdir: &Path,
+    ctl_dir: &Path,
+    lifeline: Option<i32>,
+) -> Vec<std::ffi::OsString> {
     let mut a: Vec<std::ffi::OsString> = vec!["serve".into()];
     match on {
         ServeOn::Socket(p) => a.extend(["--socket".into(), p.into()]),
@@ -723,6 +731,9 @@ fn serve_args(on: ServeOn<'_>, workdir: &Path, ctl_dir: &Path) -> Vec<std::ffi::
         "--ctl-dir".into(),
         ctl_dir.into(),
     ]);
+    if let Some(fd) = lifeline {
+        a.extend(["--lifeline-fd".into(), fd.to_string().into()]);
+    }
     a
 }
 

@@ -6,4 +6,5 @@ mod apptainer;
 mod containment;
 mod helpers;
 mod hostile;
+mod lifeline;
 mod tools;
