@@ -142,9 +142,18 @@ async fn wait_for_id_maps(pid: i32, deadline: Instant) -> Result<(), String> {
     }
 }
 
+/// How many times slirp4netns is started before a sandbox's network is given up on.
+const SLIRP_ATTEMPTS: u32 = 3;
+
 /// Connects the network namespace of `ns_pid` (the sandbox's init, on the host) to the
 /// outside and adds the deny routes. `exit_fd` is the read end of a pipe whose write end
 /// the sandbox holds: slirp4netns exits when the sandbox is gone.
+///
+/// slirp4netns is started again (up to [`SLIRP_ATTEMPTS`] times, within `deadline`)
+/// when it fails before it is ready: as an unprivileged worker, about one start in ten
+/// under load failed in its `setegid(0)` in the sandbox's user namespace although that
+/// namespace's maps were written, and a second start succeeded. A sandbox whose network
+/// cannot be brought up still fails its start, with the last error.
 pub async fn attach(
     settings: &NetSettings,
     ns_pid: i32,
@@ -155,12 +164,46 @@ pub async fn attach(
         backend: "bwrap",
         message,
     };
-    let (ready_read, ready_write) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
-    let owner = owning_userns(ns_pid).map_err(fail)?;
     // slirp4netns becomes root of that user namespace (setegid(0)), which fails until
     // bwrap has written its id maps, and bwrap may report the pid before it has.
     wait_for_id_maps(ns_pid, deadline).await.map_err(fail)?;
+    let mut attempt = 1;
+    let pid = loop {
+        let exit = exit_fd.try_clone()?;
+        match start_slirp(settings, ns_pid, exit, deadline).await {
+            Ok(pid) => break pid,
+            Err(e) if attempt < SLIRP_ATTEMPTS && Instant::now() < deadline => {
+                tracing::warn!(ns_pid, attempt, error = %e, "slirp4netns failed to start; starting it again");
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(10 * u64::from(attempt))).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    drop(exit_fd);
+    if let Err(e) = deny_routes(settings, ns_pid).await {
+        super::label::kill_tree(pid);
+        return Err(fail(e));
+    }
+    Ok(Helper { pid })
+}
+
+/// Starts one slirp4netns for the network namespace of `ns_pid` and waits until it
+/// says it is ready; returns its pid. On failure it is killed, and the error has what
+/// it wrote.
+async fn start_slirp(
+    settings: &NetSettings,
+    ns_pid: i32,
+    exit_fd: OwnedFd,
+    deadline: Instant,
+) -> Result<i32, SandboxError> {
+    let fail = |message: String| SandboxError::Start {
+        backend: "bwrap",
+        message,
+    };
+    let (ready_read, ready_write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+    let owner = owning_userns(ns_pid).map_err(fail)?;
     let mut cmd = tokio::process::Command::new(&settings.slirp4netns);
     // The network namespace belongs to bwrap's outer user namespace, not to the one its
     // processes end up in (`--disable-userns` nests another): join that owner.
@@ -208,7 +251,6 @@ pub async fn attach(
     drop(exit_fd);
     drop(owner);
     let pid = super::server::child_pid(&child);
-    let helper = Helper { pid };
     let ready = super::server::stream::nonblocking(ready_read)?;
     let mut buf = [0u8; 8];
     let said = tokio::time::timeout_at(
@@ -228,6 +270,8 @@ pub async fn attach(
             }
             None => String::new(),
         };
+        // Reaped, so a failed attempt leaves no zombie behind.
+        let _ = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
         return Err(fail(format!(
             "slirp4netns did not bring the sandbox's network up: {}",
             err.trim()
@@ -237,11 +281,7 @@ pub async fn attach(
     tokio::spawn(async move {
         let _ = child.wait().await;
     });
-    if let Err(e) = deny_routes(settings, ns_pid).await {
-        super::label::kill_tree(pid);
-        return Err(fail(e));
-    }
-    Ok(helper)
+    Ok(pid)
 }
 
 /// The user namespace that owns the network namespace of `pid` (`NS_GET_USERNS`).
