@@ -191,7 +191,7 @@ impl Driver {
         for rank in self.store.unpublished_groups(id).await? {
             let Some(group) = self
                 .store
-                .accepted_groups(id, rank - 1, 1)
+                .accepted_groups(id, rank - 1, 1, i64::MAX)
                 .await?
                 .into_iter()
                 .next()

@@ -76,8 +76,13 @@ pub struct BatchView {
     /// The batch: parameters, status, counters.
     pub batch: SamplingBatch,
     /// The accepted groups in rank order, each with its G results (exactly
-    /// `target_groups` once the batch is `complete`).
+    /// `target_groups` once the batch is `complete`), as many as fit in one page's
+    /// byte budget (`gateway.max_page_bytes`; at least one).
     pub groups: Vec<AcceptedGroup>,
+    /// Set when the accepted groups did not all fit in `groups`: pass it as `after` to
+    /// `GET /v1/batches/{id}/groups` for the rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub more_groups_after: Option<i64>,
     /// True when the id existed and this request created nothing.
     #[serde(default)]
     pub duplicate: bool,
@@ -131,7 +136,8 @@ pub struct GroupsQuery {
     /// at most `gateway.max_wait_ms`).
     #[param(minimum = 0, maximum = 60000)]
     pub wait_ms: Option<i64>,
-    /// Page size (default 16, at most 256).
+    /// Page size (default 16, at most 256); a page also holds no more groups than fit
+    /// in `gateway.max_page_bytes` of stored results (but at least one).
     #[param(minimum = 0, maximum = 256)]
     pub limit: Option<i64>,
 }
@@ -325,11 +331,20 @@ async fn view(state: &AppState, id: &str) -> Result<BatchView, ApiError> {
         .ok_or_else(|| no_batch(id))?;
     let groups = state
         .store
-        .accepted_groups(id, 0, batch.params.target_groups)
+        .accepted_groups(
+            id,
+            0,
+            batch.params.target_groups,
+            super::results::page_bytes(state),
+        )
         .await?;
+    let accepted = batch.counters.informative.min(batch.params.target_groups);
+    let more_groups_after = (i64::try_from(groups.len()).unwrap_or(i64::MAX) < accepted)
+        .then(|| groups.last().map_or(0, |g| g.rank));
     Ok(BatchView {
         batch,
         groups,
+        more_groups_after,
         duplicate: false,
         cancelling: None,
     })
@@ -515,7 +530,10 @@ pub async fn groups(
             .sampling_batch(&id)
             .await?
             .ok_or_else(|| no_batch(&id))?;
-        let groups = state.store.accepted_groups(&id, after, limit).await?;
+        let groups = state
+            .store
+            .accepted_groups(&id, after, limit, super::results::page_bytes(&state))
+            .await?;
         if !groups.is_empty()
             || batch.status.is_final()
             || tokio::time::Instant::now() >= deadline
@@ -591,7 +609,11 @@ pub async fn groups_stream(
             // accepted group already written, so the read after it finds them all.
             let read = async {
                 let batch = c.state.store.sampling_batch(&c.id).await?;
-                let groups = c.state.store.accepted_groups(&c.id, c.after, 16).await?;
+                let groups = c
+                    .state
+                    .store
+                    .accepted_groups(&c.id, c.after, 16, super::results::page_bytes(&c.state))
+                    .await?;
                 Ok::<_, crate::store::StoreError>((batch, groups))
             }
             .await;

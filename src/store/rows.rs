@@ -124,6 +124,12 @@ pub(crate) struct ResultRow {
 }
 
 impl ResultRow {
+    /// The bytes of stored output and error, which page budgets count.
+    pub(crate) fn stored_bytes(&self) -> i64 {
+        let n = self.output.len() + self.error.as_ref().map_or(0, String::len);
+        i64::try_from(n).unwrap_or(i64::MAX)
+    }
+
     pub(crate) fn into_result(self) -> StoreResult<JobResult> {
         Ok(JobResult {
             status: parse_status(&self.status)?,

@@ -82,13 +82,15 @@ pub trait SamplingStore: Send + Sync {
     async fn launch_groups(&self, batch_id: &str, now: EpochMs) -> StoreResult<Vec<Submitted>>;
     /// A sampling batch, with its counters.
     async fn sampling_batch(&self, id: &str) -> StoreResult<Option<SamplingBatch>>;
-    /// Accepted groups ranked after `after_rank`, in rank order, at most `limit`, each
-    /// with its results.
+    /// Accepted groups ranked after `after_rank`, in rank order, each with its results:
+    /// at most `limit`, and no more than fit in `max_bytes` of stored output and error
+    /// (but at least one, however large), as a page of results is bounded.
     async fn accepted_groups(
         &self,
         id: &str,
         after_rank: i64,
         limit: i64,
+        max_bytes: i64,
     ) -> StoreResult<Vec<AcceptedGroup>>;
     /// Ends a running batch as `status` (the trainer's cancel) with `reason`; false if
     /// it was not running.
@@ -477,6 +479,7 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
         id: &str,
         after_rank: i64,
         limit: i64,
+        max_bytes: i64,
     ) -> StoreResult<Vec<AcceptedGroup>> {
         let mut conn = self.reader().await?;
         let groups: Vec<(i64, String, i64, Option<f64>, Option<f64>)> = query(sql::ACCEPTED_GROUPS)
@@ -486,12 +489,17 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
             .fetch_all(&mut *conn)
             .await?;
         let mut out = Vec::with_capacity(groups.len());
+        let mut bytes = 0i64;
         for (idx, group_id, rank, mean, std) in groups {
+            if !out.is_empty() && bytes >= max_bytes {
+                break;
+            }
             let rows: Vec<ResultRow> = query(sql::RESULTS_OF_GROUP)
                 .bind(id)
                 .bind(&group_id)
                 .fetch_all(&mut *conn)
                 .await?;
+            bytes = bytes.saturating_add(rows.iter().map(ResultRow::stored_bytes).sum());
             let mut results = rows
                 .into_iter()
                 .map(ResultRow::into_result)

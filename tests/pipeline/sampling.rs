@@ -271,6 +271,89 @@ async fn exactly_k_informative_groups_are_accepted_and_the_rest_is_cancelled() {
     assert!(view.batch.counters.groups_launched >= 6);
 }
 
+/// Accepted groups keep to the byte budget result pages have (`gateway.max_page_bytes`):
+/// a page of `/groups` and the batch's own view stop at the group that reaches it (each
+/// holds at least one group), the view says where the rest starts, and paging from
+/// there returns every group once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_pages_and_the_batch_view_keep_to_the_page_byte_budget() {
+    const MB: usize = 1 << 20;
+    let budget = 3 * MB;
+    let env = TestEnv::start(|s| s.gateway.max_page_bytes = budget as u64).await;
+    env.workers_in_process(4);
+    let body = json!({
+        "batch_id": "heavy",
+        "prompts": prompts(60, &[0.5], &json!({"run_ms": 5})),
+        "group_size": 2,
+        "target_groups": 4,
+    });
+    create(&env.base, &body).await;
+    let (view, _) = wait_settled(&env, "heavy", Duration::from_secs(120)).await;
+    assert_eq!(
+        view.batch.status,
+        SamplingStatus::Complete,
+        "{:?}",
+        view.batch
+    );
+    assert_eq!(view.groups.len(), 4);
+    assert_eq!(view.more_groups_after, None);
+    // Every result of the batch now records 1 MB: a group is 2 MB, two are over the
+    // budget.
+    let zeros = if env.deps.settings.database.url.starts_with("postgres") {
+        format!("repeat('0', {MB})")
+    } else {
+        format!("hex(zeroblob({}))", MB / 2)
+    };
+    crate::helpers::sql(
+        &env,
+        &format!("UPDATE results SET output = '\"' || {zeros} || '\"' WHERE batch_id = 'heavy'"),
+    )
+    .await;
+    let group_bytes = |g: &rollout::domain::sampling::AcceptedGroup| -> usize {
+        g.results
+            .iter()
+            .map(|r| r.output.as_str().map_or(0, str::len))
+            .sum()
+    };
+    let view = get(&env, "heavy").await;
+    assert_eq!(
+        view.groups.len(),
+        2,
+        "the view stops at the group that reaches the budget"
+    );
+    assert!(group_bytes(&view.groups[0]) < budget);
+    assert_eq!(view.more_groups_after, Some(2));
+    let mut ranks = Vec::new();
+    let mut after = 0;
+    let mut pages = 0;
+    loop {
+        let (status, page) = json_answer(
+            reqwest::Client::new().get(format!(
+                "{}/v1/batches/heavy/groups?after={after}&limit=256",
+                env.base
+            )),
+            "a page of groups",
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        let page: rollout::gateway::batches::GroupPage = serde_json::from_value(page).unwrap();
+        pages += 1;
+        if page.groups.is_empty() {
+            break;
+        }
+        let before_last: usize = page.groups[..page.groups.len() - 1]
+            .iter()
+            .map(group_bytes)
+            .sum();
+        assert!(before_last < budget, "page {pages}");
+        ranks.extend(page.groups.iter().map(|g| g.rank));
+        after = page.next_cursor;
+        assert!(pages < 10, "the cursor does not advance");
+    }
+    assert_eq!(ranks, vec![1, 2, 3, 4]);
+    assert_eq!(pages, 3, "two groups a page, then the empty one");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_runs_out_of_prompts_ends_exhausted() {
     let env = TestEnv::start(|_| {}).await;
@@ -694,7 +777,10 @@ async fn check_verdict_counters(store: &dyn rollout::store::Store) {
         ),
         (6, 6, 2, 1, 1, 1, 1, 2)
     );
-    let accepted = store.accepted_groups("verdicts", 0, 10).await.unwrap();
+    let accepted = store
+        .accepted_groups("verdicts", 0, 10, i64::MAX)
+        .await
+        .unwrap();
     let names: Vec<_> = accepted
         .iter()
         .map(|g| (g.rank, g.group_id.as_str()))

@@ -118,7 +118,9 @@ class RolloutClient:
         return self._request("POST", "/v1/batches", body)
 
     def batch(self, batch_id: str) -> Json:
-        """The batch: parameters, status, counters and accepted groups."""
+        """The batch: parameters, status, counters and accepted groups (as many as
+        fit in one page; ``more_groups_after`` is then set, and :meth:`groups` from
+        there yields the rest)."""
         return self._request("GET", f"/v1/batches/{urllib.parse.quote(batch_id)}")
 
     def cancel(self, batch_id: str) -> Json:
