@@ -53,10 +53,21 @@ fn unchecked_pyc(path: &str, source: &str) -> Value {
 
 /// Runs `tasks` to their results (whole, from the job view) in a fresh environment.
 async fn run(tasks: Vec<Task>, batch: &str, workers: usize) -> BTreeMap<String, JobResult> {
+    let env = grading_env(workers).await;
+    run_in(&env, tasks, batch).await
+}
+
+/// A service with `workers` in-process workers of each stage, for grading.
+async fn grading_env(workers: usize) -> TestEnv {
     // Grading clones a repository and runs pytest per job on 2 cores beside the rest of
     // the suite: a 2 s lease lapses under that load, and takeovers are not the subject.
     let env = TestEnv::start(|s| s.queue.ack_wait_ms = 15_000).await;
     env.workers_in_process(workers);
+    env
+}
+
+/// Runs `tasks` as batch `batch` on `env` and returns each result by client id.
+async fn run_in(env: &TestEnv, tasks: Vec<Task>, batch: &str) -> BTreeMap<String, JobResult> {
     env.submit(&tasks, batch).await;
     let mut out = BTreeMap::new();
     for r in env
@@ -380,7 +391,8 @@ async fn an_episode_that_kills_its_own_sandbox_is_scored_not_restarted() {
         }),
     );
     eval_kill.client_id = Some("kill/in-eval".into());
-    let results = run(vec![t, eval_kill], "self-kill", 1).await;
+    let env = grading_env(1).await;
+    let results = run_in(&env, vec![t, eval_kill], "self-kill").await;
     assert_all_zero(&results);
     let in_eval = &results["kill/in-eval"];
     assert!(
@@ -399,6 +411,27 @@ async fn an_episode_that_kills_its_own_sandbox_is_scored_not_restarted() {
         r.output["run"]["steps"][0]["observation"]["output"],
         "working\n"
     );
+    for r in results.values() {
+        let job = env.client.job(&r.job_id).await.unwrap().job;
+        // One try of each stage, never sent back to INIT.
+        assert_eq!(
+            (job.attempts, job.restarts),
+            (3, 0),
+            "a stage ran again: {job:?}"
+        );
+    }
+    // Neither the killed RUN sandbox nor the killed EVAL one left anything behind.
+    let root = env.deps.settings.sandbox_root();
+    crate::eventually::eventually(
+        "both sandboxes removed",
+        Duration::from_secs(30),
+        || async {
+            let left = rollout::sandbox::Label::dirs(&root);
+            crate::eventually::holds(left.is_empty(), format!("{left:?}"))
+        },
+    )
+    .await;
+    crate::leftovers::assert_nothing_left(&root, "the self-killed episodes").await;
 }
 
 /// A task whose setup ends its own sandbox (`kill -9 -1` in INIT) fails at once with
