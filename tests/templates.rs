@@ -385,3 +385,56 @@ fn jinja2_edge_cases_agree() {
     }
     check(&cases);
 }
+
+/// Values printed raw (`{{ x }}`, `|string`, `|join`, inside a printed list or dict) come
+/// out as Python's `str()` writes them, floats above all: Seed-OSS prints non-string
+/// tool arguments this way, and `1e-07` printed as `0.0000001` is another prompt.
+#[test]
+fn printed_values_are_written_as_python_writes_them() {
+    let root = tempfile::tempdir().unwrap();
+    let templates = [
+        (
+            "print-args",
+            "{% for m in messages %}{% for k, v in m.args.items() %}{{ k }}={{ v }};{% endfor %}{% endfor %}",
+        ),
+        (
+            "string-filter",
+            "{% for m in messages %}{% for k, v in m.args.items() %}{{ v | string }}|{% endfor %}{% endfor %}",
+        ),
+        (
+            "print-containers",
+            "{% for m in messages %}{{ m.args }}{% endfor %}",
+        ),
+        (
+            "join",
+            "{% for m in messages %}{{ m.args.list | join(', ') }}{% endfor %}",
+        ),
+        (
+            "compare-and-print",
+            "{% for m in messages %}{% if m.args.lr < 1 %}{{ m.args.lr * 10 }} {{ m.args.n / 2 }}{% endif %}{% endfor %}",
+        ),
+    ];
+    let messages = [json!({
+        "role": "user",
+        "content": "go",
+        "args": {
+            "lr": 1e-7, "big": 1e16, "mid": 1234.5, "whole": 3.0, "n": 7, "neg": -2.5e-12,
+            "on": true, "off": null, "text": "it's \"quoted\"\n",
+            "list": [1e16, "a", null, 0.25, false],
+            "nested": {"k": [1e-5, {"x": 2e21}]}
+        }
+    })];
+    let mut cases = Vec::new();
+    for (name, source) in templates {
+        let dir = model_dir(root.path(), name, json!(source), |_| {});
+        cases.push(Case {
+            label: name.to_string(),
+            dir,
+            messages: messages.to_vec(),
+            tools: None,
+            add_generation_prompt: false,
+            extra: Default::default(),
+        });
+    }
+    check(&cases);
+}

@@ -8,9 +8,11 @@
 //! (`ensure_ascii=False`, no HTML escaping, key order kept, `", "` and `": "`
 //! separators). minijinja's own `tojson` escapes `<`, `>`, `&` and `'` and writes compact
 //! JSON, so it is replaced here; Python string methods (`strip`, `split`, `startswith`,
-//! `items`, `get`, …) come from minijinja-contrib's pycompat callback.
+//! `items`, `get`, …) come from minijinja-contrib's pycompat callback. Printed values,
+//! `string` and `join` write numbers, lists and dicts as Python's `str()` does (see
+//! `pyrepr`).
 
-use minijinja::value::{Kwargs, Serde, Value};
+use minijinja::value::{Kwargs, Serde, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 
@@ -93,6 +95,16 @@ impl ChatTemplate {
                 .map_err(|e| TemplateError::Syntax(e.to_string()))?,
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // Printed values, `string` and `join` as Python's `str()` writes them.
+        env.set_formatter(|out, state, value| match value.kind() {
+            ValueKind::Number | ValueKind::Seq | ValueKind::Map => {
+                out.write_str(&super::pyrepr::python_str(value))?;
+                Ok(())
+            }
+            _ => minijinja::escape_formatter(out, state, value),
+        });
+        env.add_filter("string", string);
+        env.add_filter("join", join);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -290,6 +302,42 @@ fn length(v: &Value) -> Result<usize, Error> {
 
 fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// Jinja2's `string`: `str(value)`, a string left as it is (safe or not).
+fn string(value: &Value) -> Value {
+    if value.kind() == ValueKind::String {
+        value.clone()
+    } else {
+        Value::from(super::pyrepr::python_str(value))
+    }
+}
+
+/// Jinja2's `join(d="", attribute=None)`: `str()` of each item (or of its `attribute`),
+/// joined by `d`.
+fn join(value: &Value, d: Option<&str>, kwargs: Kwargs) -> Result<String, Error> {
+    let attribute: Option<Value> = kwargs.get("attribute")?;
+    kwargs.assert_all_used()?;
+    if value.is_undefined() || value.is_none() {
+        return Ok(String::new());
+    }
+    if let Some(s) = value.as_str() {
+        // Joining a string joins its characters.
+        return Ok(s
+            .chars()
+            .map(String::from)
+            .collect::<Vec<_>>()
+            .join(d.unwrap_or("")));
+    }
+    let mut parts = Vec::new();
+    for item in value.try_iter()? {
+        let item = match &attribute {
+            Some(a) => item.get_item(a)?,
+            None => item,
+        };
+        parts.push(super::pyrepr::python_str(&item));
+    }
+    Ok(parts.join(d.unwrap_or("")))
 }
 
 /// `tojson` as transformers defines it: `json.dumps(value, ensure_ascii=False,
