@@ -46,8 +46,9 @@ pub const BACKEND_SWITCHES: &str = "rollout_backend_switches_total";
 pub const TURN_OVERHEAD: &str = "rollout_agent_turn_overhead_seconds";
 /// Agent episodes by how they ended (`finish_reason`).
 pub const EPISODES: &str = "rollout_agent_episodes_total";
-/// Drift checks by `model` and verdict (`drift` = `true`/`false`): the drift rate of a
-/// model is its `drift="true"` count over all of its checks.
+/// Drift checks by `model` and verdict (`drift` = `true`/`false`, or `error` when the
+/// check could not be made, e.g. the template refused to re-render the conversation):
+/// the drift rate of a model is its `drift="true"` count over all of its checks.
 pub const DRIFT_CHECKS: &str = "rollout_agent_drift_checks_total";
 
 const BUCKETS: &[f64] = &[

@@ -558,15 +558,15 @@ impl<'a> EpisodeState<'a> {
             format!("{}{}", ep.model.eos_token, glue.tail())
         };
         drop(glue);
-        let drift = drift_check(ep, schemas.to_vec(), in_tokens, traj.all_ids(), tail).await;
-        match drift {
-            Ok(d) => {
-                metrics::counter!(DRIFT_CHECKS, "model" => ep.model_name.clone(), "drift" => if d.identical { "false" } else { "true" })
-                    .increment(1);
-                traj.drift = Some(d);
-            }
-            Err(e) => tracing::warn!(error = %e, "drift check failed"),
-        }
+        let drift = drift_check(ep, schemas.to_vec(), in_tokens, traj.all_ids(), tail)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "the drift check could not be made");
+                trajectory::Drift::unchecked(e)
+            });
+        metrics::counter!(DRIFT_CHECKS, "model" => ep.model_name.clone(), "drift" => drift.label())
+            .increment(1);
+        traj.drift = Some(drift);
         traj
     }
 }
@@ -886,6 +886,35 @@ mod tests {
         let first = drift.first_difference.unwrap();
         let start = t.prompt_ids.len() + t.turns[0].model_range[0];
         assert!(first >= start && first < t.prompt_ids.len() + t.turns[0].model_range[1]);
+    }
+
+    #[tokio::test]
+    async fn a_drift_check_the_template_refuses_is_recorded_with_its_reason() {
+        // As Llama 3.1's template refuses two calls in one assistant turn.
+        let refusing = format!(
+            "{{% for m in messages %}}{{% if m.tool_calls is defined and m.tool_calls | length > 1 %}}\
+             {{{{ raise_exception('one call per turn') }}}}{{% endif %}}{{% endfor %}}{}",
+            demo::CHATML_TEMPLATE
+        );
+        let m = Arc::new(demo::model_files(&refusing, &[]).unwrap());
+        let two = format!("{}\n{}", call("ls"), call("pwd"));
+        let mut llm = script(&m, &[two, "All done.".into()]);
+        let ep = episode(m.clone(), 4096);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(t.turns[0].tools.len(), 2, "both calls ran");
+        let drift = t.drift.clone().expect("the failed check is recorded");
+        assert!(!drift.identical, "{drift:?}");
+        assert_eq!(drift.label(), "error");
+        assert!(
+            drift
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("one call per turn"),
+            "{drift:?}"
+        );
+        let json = serde_json::to_value(&t).unwrap();
+        assert!(json["drift"]["error"].is_string(), "{:#}", json["drift"]);
     }
 
     #[tokio::test]

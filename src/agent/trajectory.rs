@@ -110,8 +110,35 @@ pub struct Drift {
     /// The first index into `prompt_ids + response_ids` where they differ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_difference: Option<usize>,
-    /// Length of the re-tokenized sequence.
+    /// Length of the re-tokenized sequence (0 when the check could not be made).
     pub retokenized_len: usize,
+    /// Set when the check itself could not be made, with the reason: the chat template
+    /// refused to re-render the conversation (Llama 3.1's refuses two calls in one
+    /// turn), say. `identical` is then false: nothing was verified, and a trainer that
+    /// re-tokenizes text cannot rely on getting these tokens back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Drift {
+    /// The verdict of a check that could not be made, for `reason`.
+    pub fn unchecked(reason: String) -> Self {
+        Drift {
+            identical: false,
+            first_difference: None,
+            retokenized_len: 0,
+            error: Some(reason),
+        }
+    }
+
+    /// The verdict as the drift metric labels it: `false`, `true`, or `error`.
+    pub fn label(&self) -> &'static str {
+        match (&self.error, self.identical) {
+            (Some(_), _) => "error",
+            (None, true) => "false",
+            (None, false) => "true",
+        }
+    }
 }
 
 /// A finished (or partial) episode.
@@ -225,21 +252,25 @@ pub fn compare(ours: &[u32], again: &[u32], tail: &[u32]) -> Drift {
             identical: false,
             first_difference: Some(i),
             retokenized_len,
+            error: None,
         },
         None if again.len() == ours.len() => Drift {
             identical: true,
             first_difference: None,
             retokenized_len,
+            error: None,
         },
         None if again.len() > ours.len() && &again[ours.len()..] == tail => Drift {
             identical: true,
             first_difference: None,
             retokenized_len,
+            error: None,
         },
         None => Drift {
             identical: false,
             first_difference: Some(ours.len().min(again.len())),
             retokenized_len,
+            error: None,
         },
     }
 }

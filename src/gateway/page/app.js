@@ -284,7 +284,8 @@ function trajectory(run) {
     el("dt", {}, "response tokens"), el("dd", { "data-field": "response_tokens", "data-value": (run.response_ids || []).length },
       (run.response_ids || []).length + (modelTokens !== null ? " (" + modelTokens + " from the model)" : "")),
     el("dt", {}, "drift"), el("dd", { "data-field": "drift", class: drift ? (drift.identical ? "ok" : "warn") : "muted" },
-      drift ? (drift.identical ? "none: re-tokenizing gives the same tokens"
+      drift ? (drift.error ? "could not be checked: " + drift.error
+        : drift.identical ? "none: re-tokenizing gives the same tokens"
         : "re-tokenizing differs from token " + drift.first_difference) : "not checked"),
     run.answer ? [el("dt", {}, "answer"), el("dd", { "data-field": "answer" }, el("pre", {}, run.answer))] : null,
   ));
