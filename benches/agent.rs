@@ -667,7 +667,7 @@ fn time_steps(model: &ModelFiles, ids: &[u32], out_ids: &[u32], raw: &[u8]) -> V
         (
             "parse tool calls",
             Box::new(|| {
-                std::hint::black_box(rollout::agent::parse::parse_hermes(&text));
+                std::hint::black_box(rollout::agent::parse::parse_hermes(&text, false));
             }),
         ),
         (

@@ -41,10 +41,11 @@ pub use crate::domain::parser::Parser;
 
 /// What each parser does: the functions in [`parse`].
 impl Parser {
-    /// Parses `text`.
-    pub fn parse(self, text: &str) -> ParsedTurn {
+    /// Parses `text`, a turn whose prompt opened the model's reasoning when
+    /// `reasoning_open` (see [`parse::opens_reasoning`]).
+    pub fn parse(self, text: &str, reasoning_open: bool) -> ParsedTurn {
         match self {
-            Parser::Hermes => parse::parse_hermes(text),
+            Parser::Hermes => parse::parse_hermes(text, reasoning_open),
             Parser::BashBlock => parse::parse_bash_block(text),
         }
     }
@@ -219,6 +220,9 @@ struct EpisodeState<'a> {
     /// Whether the last model turn ended with the end-of-turn token (a re-render adds
     /// it after a turn that was cut).
     last_ended: bool,
+    /// Whether the generation prompt opens the model's reasoning (`<think>`), so a turn
+    /// without `</think>` is all reasoning and none of its calls run.
+    reasoning_open: bool,
 }
 
 impl<'a> EpisodeState<'a> {
@@ -233,7 +237,7 @@ impl<'a> EpisodeState<'a> {
             &ep.template_args,
         )
         .map_err(|e| EpisodeError::Setup(e.to_string()))?;
-        let prompt_ids = initial_prompt(ep, schemas).await?;
+        let (prompt_ids, reasoning_open) = initial_prompt(ep, schemas).await?;
         let traj = Trajectory::new(prompt_ids, &ep.model_name, ep.messages.clone());
         // Every turn stops on the model's stop tokens as well as the task's.
         let mut sampling = ep.sampling.clone();
@@ -250,6 +254,7 @@ impl<'a> EpisodeState<'a> {
             rendered: traj.messages.len(),
             traj,
             last_ended: true,
+            reasoning_open,
         })
     }
 
@@ -352,7 +357,7 @@ impl<'a> EpisodeState<'a> {
             &g.token_ids[..]
         };
         let text = model.tokenizer.decode(body).unwrap_or_default();
-        let parsed = self.ep.parser.parse(&text);
+        let parsed = self.ep.parser.parse(&text, self.reasoning_open);
         let turn = Turn {
             text,
             model_range: [model_start, traj.response_ids.len()],
@@ -572,8 +577,9 @@ impl<'a> EpisodeState<'a> {
 }
 
 /// The opening conversation rendered and tokenized, off the async threads: a long
-/// prompt (a repository's context) takes milliseconds to tokenize.
-async fn initial_prompt(ep: &Episode, schemas: &[Value]) -> Result<Vec<u32>, EpisodeError> {
+/// prompt (a repository's context) takes milliseconds to tokenize; and whether its
+/// generation prompt opened the model's reasoning (every turn's does the same).
+async fn initial_prompt(ep: &Episode, schemas: &[Value]) -> Result<(Vec<u32>, bool), EpisodeError> {
     let (model, messages, args) = (
         ep.model.clone(),
         ep.messages.clone(),
@@ -586,10 +592,11 @@ async fn initial_prompt(ep: &Episode, schemas: &[Value]) -> Result<Vec<u32>, Epi
             .template_for(offered.is_some())
             .render(&messages, offered, true, &args)
             .map_err(|e| EpisodeError::Setup(e.to_string()))?;
-        model
+        let ids = model
             .tokenizer
             .encode(&text)
-            .map_err(|e| EpisodeError::Setup(e.to_string()))
+            .map_err(|e| EpisodeError::Setup(e.to_string()))?;
+        Ok((ids, parse::opens_reasoning(&text)))
     })
     .await
     .map_err(|e| EpisodeError::Setup(format!("rendering the prompt failed: {e}")))?
@@ -915,6 +922,26 @@ mod tests {
         );
         let json = serde_json::to_value(&t).unwrap();
         assert!(json["drift"]["error"].is_string(), "{:#}", json["drift"]);
+    }
+
+    #[tokio::test]
+    async fn a_turn_after_a_prompt_that_opened_the_reasoning_runs_no_call_before_think_ends() {
+        // As Qwen3-2507's thinking template: the generation prompt opens `<think>`.
+        let opening = demo::CHATML_TEMPLATE.replace(
+            "<|im_start|>assistant\n{% if enable_thinking",
+            "<|im_start|>assistant\n<think>\n{% if enable_thinking",
+        );
+        assert_ne!(opening, demo::CHATML_TEMPLATE);
+        let m = Arc::new(demo::model_files(&opening, &[]).unwrap());
+        let mut llm = script(&m, &[format!("I could run {}", call("ls"))]);
+        let ep = episode(m.clone(), 4096);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert!(
+            t.turns[0].tools.is_empty(),
+            "a call in reasoning ran: {:?}",
+            t.turns[0]
+        );
+        assert_eq!(t.finish_reason, Some(FinishReason::NoToolCall));
     }
 
     #[tokio::test]

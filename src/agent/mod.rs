@@ -15,7 +15,7 @@ pub mod episode;
 pub mod iteration;
 pub mod model;
 pub mod parse;
-mod pyrepr;
+pub(crate) mod pyrepr;
 pub mod render;
 pub mod template;
 pub mod tokenizer;

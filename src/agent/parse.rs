@@ -44,24 +44,36 @@ const CLOSE: &str = "</tool_call>";
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
 
-/// Where the model's reasoning is in `text`, as vLLM's reasoning parsers find it:
-/// everything up to the first `</think>` (the opening tag may be in the prompt, as
-/// reasoning models' templates put it there), or, with no `</think>`, everything from
-/// an unclosed `<think>` on. Tool calls are never taken from it.
-fn reasoning_span(text: &str) -> Option<(usize, usize)> {
-    if let Some(close) = text.find(THINK_CLOSE) {
+/// Where the model's reasoning is in `text`, as the reasoning models' templates read a
+/// turn back (Qwen3's keep only what follows the last `</think>` as the answer, and drop
+/// the rest): everything up to the last `</think>`; with none, all of it when the prompt
+/// opened the reasoning (`opened`: the generation prompt ends with `<think>`, as
+/// Qwen3-2507's thinking template writes it), or everything from an unclosed `<think>`
+/// on. Tool calls are never taken from it.
+fn reasoning_span(text: &str, opened: bool) -> Option<(usize, usize)> {
+    if let Some(close) = text.rfind(THINK_CLOSE) {
         return Some((0, close + THINK_CLOSE.len()));
+    }
+    if opened {
+        return Some((0, text.len()));
     }
     text.find(THINK_OPEN).map(|open| (open, text.len()))
 }
 
+/// Whether a prompt ends inside the model's reasoning: its generation prompt opened
+/// `<think>` for the model (see [`parse_hermes`]).
+pub fn opens_reasoning(prompt: &str) -> bool {
+    prompt.trim_end().ends_with(THINK_OPEN)
+}
+
 /// Parses Hermes-style `<tool_call>` blocks outside the model's reasoning (see
-/// `reasoning_span`): a call the model only thought about is not run. The content
+/// `reasoning_span`; `reasoning_open` when the prompt opened it, see
+/// [`opens_reasoning`]): a call the model only thought about is not run. The content
 /// keeps the reasoning as written.
-pub fn parse_hermes(text: &str) -> ParsedTurn {
+pub fn parse_hermes(text: &str, reasoning_open: bool) -> ParsedTurn {
     let mut turn = ParsedTurn::default();
     let mut content = String::new();
-    let (before, reasoning, after) = match reasoning_span(text) {
+    let (before, reasoning, after) = match reasoning_span(text, reasoning_open) {
         Some((a, b)) => (&text[..a], &text[a..b], &text[b..]),
         None => (text, "", ""),
     };
@@ -215,9 +227,14 @@ pub fn parse_bash_block(text: &str) -> ParsedTurn {
 mod tests {
     use super::*;
 
+    /// A turn parsed after a prompt that did not open the reasoning.
+    fn hermes(text: &str) -> ParsedTurn {
+        parse_hermes(text, false)
+    }
+
     #[test]
     fn hermes_calls_and_surrounding_text() {
-        let t = parse_hermes(
+        let t = hermes(
             "Let me look.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>\n\
              <tool_call>{\"name\": \"python\", \"arguments\": \"{\\\"code\\\": \\\"1+1\\\"}\"}</tool_call>",
         );
@@ -239,12 +256,11 @@ mod tests {
 
     #[test]
     fn hermes_malformed_calls_become_errors_not_failures() {
-        let t = parse_hermes(
-            "<tool_call>{\"name\": \"bash\", \"arguments\": {\"command\": }</tool_call>",
-        );
+        let t =
+            hermes("<tool_call>{\"name\": \"bash\", \"arguments\": {\"command\": }</tool_call>");
         let e = t.calls[0].as_ref().unwrap_err();
         assert!(e.message.contains("not valid JSON"), "{e:?}");
-        let t = parse_hermes("<tool_call>{\"arguments\": {}}</tool_call>");
+        let t = hermes("<tool_call>{\"arguments\": {}}</tool_call>");
         assert!(
             t.calls[0]
                 .as_ref()
@@ -252,7 +268,7 @@ mod tests {
                 .message
                 .contains("no \"name\"")
         );
-        let t = parse_hermes("<tool_call>{\"name\": \"x\", \"arguments\": [1]}</tool_call>");
+        let t = hermes("<tool_call>{\"name\": \"x\", \"arguments\": [1]}</tool_call>");
         assert!(
             t.calls[0]
                 .as_ref()
@@ -260,7 +276,7 @@ mod tests {
                 .message
                 .contains("must be a JSON object")
         );
-        let t = parse_hermes("thinking... <tool_call>{\"name\": \"x\"");
+        let t = hermes("thinking... <tool_call>{\"name\": \"x\"");
         assert!(
             t.calls[0]
                 .as_ref()
@@ -269,7 +285,7 @@ mod tests {
                 .contains("not closed")
         );
         assert_eq!(t.content, "thinking...");
-        assert_eq!(parse_hermes("just an answer").calls, vec![]);
+        assert_eq!(hermes("just an answer").calls, vec![]);
     }
 
     #[test]
@@ -286,7 +302,7 @@ mod tests {
                 call.replace("rm -rf /", "ls")
             ),
         ] {
-            let t = parse_hermes(&text);
+            let t = hermes(&text);
             assert_eq!(t.calls.len(), 1, "{text}");
             assert_eq!(t.calls[0].as_ref().unwrap().arguments["command"], "ls");
             assert!(
@@ -295,18 +311,38 @@ mod tests {
             );
         }
         // Unclosed reasoning: nothing after `<think>` is run.
-        let t = parse_hermes(&format!("<think>still thinking {call}"));
+        let t = hermes(&format!("<think>still thinking {call}"));
         assert!(t.calls.is_empty());
+        // A prompt that opened `<think>` (Qwen3-2507 thinking): a turn with no
+        // `</think>` is all reasoning.
+        let t = parse_hermes(&format!("still thinking {call}"), true);
+        assert!(t.calls.is_empty(), "{t:?}");
+        let t = parse_hermes(&format!("done</think>\n{call}"), true);
+        assert_eq!(t.calls.len(), 1);
+        // A second reasoning block: everything before the last `</think>` is reasoning,
+        // as the Qwen3 templates read the turn back.
+        let text = format!(
+            "<think>a</think>\n{call}\n<think>b {call}</think>\nDone. {}",
+            call.replace("rm -rf /", "ls")
+        );
+        let t = hermes(&text);
+        assert_eq!(t.calls.len(), 1, "{t:?}");
+        assert_eq!(t.calls[0].as_ref().unwrap().arguments["command"], "ls");
+        assert!(opens_reasoning("<|im_start|>assistant\n<think>\n"));
+        assert!(!opens_reasoning(
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ));
+        assert!(!opens_reasoning("<|im_start|>assistant\n"));
     }
 
     #[test]
     fn a_call_needs_its_arguments_and_strings_may_hold_the_closing_tag() {
-        let t = parse_hermes(
+        let t = hermes(
             "<tool_call>{\"name\": \"bash\", \"parameters\": {\"command\": \"ls\"}}</tool_call>",
         );
         let e = t.calls[0].as_ref().unwrap_err();
         assert!(e.message.contains("\"arguments\""), "{e:?}");
-        let t = parse_hermes(
+        let t = hermes(
             "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"echo '</tool_call>'\"}}\n</tool_call> after",
         );
         assert_eq!(

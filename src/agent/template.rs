@@ -506,7 +506,8 @@ fn dump_str(s: &str, ensure_ascii: bool, out: &mut String) {
     out.push('"');
 }
 
-/// `repr(f)` for a float, as Python writes it.
+/// A float as Python's `json.dumps` writes it: `repr(f)` (see `pyrepr`), with `NaN`
+/// and `Infinity` for the values JSON has no numbers for.
 pub fn python_float(f: f64) -> String {
     if f.is_nan() {
         return "NaN".into();
@@ -514,41 +515,7 @@ pub fn python_float(f: f64) -> String {
     if f.is_infinite() {
         return if f > 0.0 { "Infinity" } else { "-Infinity" }.into();
     }
-    // Rust's `{:e}` gives the shortest digits that read back, as Python's repr uses.
-    let sci = format!("{f:e}");
-    let (mantissa, exp) = sci.split_once('e').expect("`{:e}` writes an exponent");
-    let exp: i32 = exp.parse().expect("`{:e}` writes an integer exponent");
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => ("-", m),
-        None => ("", mantissa),
-    };
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    if (-4..16).contains(&exp) {
-        let point = exp + 1;
-        // `point` is in -3..=16, so its magnitude fits any usize.
-        let width = usize::try_from(point.unsigned_abs()).unwrap_or(0);
-        let text = if point <= 0 {
-            format!("0.{}{digits}", "0".repeat(width))
-        } else if width >= digits.len() {
-            format!("{digits}{}.0", "0".repeat(width - digits.len()))
-        } else {
-            let (int, frac) = digits.split_at(width);
-            format!("{int}.{frac}")
-        };
-        format!("{sign}{text}")
-    } else {
-        let (first, rest) = digits.split_at(1);
-        let mantissa = if rest.is_empty() {
-            first.to_string()
-        } else {
-            format!("{first}.{rest}")
-        };
-        format!(
-            "{sign}{mantissa}e{}{:02}",
-            if exp < 0 { '-' } else { '+' },
-            exp.abs()
-        )
-    }
+    super::pyrepr::float_repr(f)
 }
 
 /// `strftime_now(format)`: the current UTC time with the C `strftime` directives chat
