@@ -270,6 +270,7 @@ impl Routing {
 /// The bench episode: the system prompt, the group's task `text`, bash and finish.
 fn bench_episode(model: Arc<ModelFiles>, text: String) -> Episode {
     Episode {
+        observations_as_text: true,
         model,
         model_name: "demo".into(),
         messages: vec![

@@ -21,6 +21,9 @@ impl TokenizerError {
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// The same tokenizer with special tokens encoded as ordinary text (see
+    /// [`Tokenizer::encode_literal`]).
+    literal: tokenizers::Tokenizer,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -32,18 +35,24 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
+    fn of(inner: tokenizers::Tokenizer) -> Self {
+        let mut literal = inner.clone();
+        literal.set_encode_special_tokens(true);
+        Tokenizer { inner, literal }
+    }
+
     /// Loads a `tokenizer.json` file.
     pub fn from_file(path: &std::path::Path) -> Result<Self, TokenizerError> {
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| TokenizerError::from_any(&format!("cannot load {}", path.display()), e))?;
-        Ok(Tokenizer { inner })
+        Ok(Tokenizer::of(inner))
     }
 
     /// Parses the contents of a `tokenizer.json`.
     pub fn from_json(json: &str) -> Result<Self, TokenizerError> {
         let inner = tokenizers::Tokenizer::from_bytes(json.as_bytes())
             .map_err(|e| TokenizerError::from_any("cannot parse tokenizer JSON", e))?;
-        Ok(Tokenizer { inner })
+        Ok(Tokenizer::of(inner))
     }
 
     /// The tokenizer as `tokenizer.json` text.
@@ -61,6 +70,32 @@ impl Tokenizer {
             .encode_fast(text, false)
             .map_err(|e| TokenizerError::from_any("cannot encode", e))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token IDs of `text` taken as plain text: what spells a special token
+    /// (`<|im_end|>`) becomes the ordinary tokens of those characters, never the
+    /// special token. For text the model did not write and the template did not add (a
+    /// tool's output), which must not be able to end a turn or open one.
+    pub fn encode_literal(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self
+            .literal
+            .encode_fast(text, false)
+            .map_err(|e| TokenizerError::from_any("cannot encode", e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token IDs of text in pieces, each `(text, literal)`: a literal piece as
+    /// [`Tokenizer::encode_literal`], the others as [`Tokenizer::encode`].
+    pub fn encode_pieces(&self, pieces: &[(String, bool)]) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = Vec::new();
+        for (text, literal) in pieces {
+            if *literal {
+                ids.extend(self.encode_literal(text)?);
+            } else {
+                ids.extend(self.encode(text)?);
+            }
+        }
+        Ok(ids)
     }
 
     /// The text of `ids`, special tokens included.
@@ -111,7 +146,7 @@ impl Tokenizer {
         inner
             .add_special_tokens(specials)
             .map_err(|e| TokenizerError::from_any("cannot add special tokens", e))?;
-        Ok(Tokenizer { inner })
+        Ok(Tokenizer::of(inner))
     }
 }
 

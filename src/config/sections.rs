@@ -534,6 +534,12 @@ pub struct AgentSettings {
     pub stop_without_tool_call: bool,
     /// The longest observation shown to the model (bytes; head and tail are kept).
     pub max_observation_bytes: usize,
+    /// Whether tool output is tokenized as plain text (the default): text a program in
+    /// the sandbox prints that spells a special token (`<|im_end|>`) becomes the tokens
+    /// of those characters, so it cannot end the tool's turn and forge the model's.
+    /// Off, observations are tokenized as the template writes them, as transformers
+    /// does by default. A task's `observations_as_text` overrides it.
+    pub observations_as_text: bool,
 }
 
 impl Default for AgentSettings {
@@ -547,6 +553,7 @@ impl Default for AgentSettings {
             parser: "hermes".into(),
             stop_without_tool_call: true,
             max_observation_bytes: 16_384,
+            observations_as_text: true,
         }
     }
 }

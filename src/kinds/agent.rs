@@ -70,6 +70,10 @@ pub struct AgentSpec {
     /// Limits; each one absent takes the `agent.*` default.
     #[serde(default)]
     pub limits: AgentLimits,
+    /// Whether tool output is tokenized as plain text, so it can never become a special
+    /// token; `agent.observations_as_text` (on) when absent.
+    #[serde(default)]
+    pub observations_as_text: Option<bool>,
     /// Extra variables for the chat template (e.g. `{"enable_thinking": false}`).
     #[serde(default)]
     pub template_args: serde_json::Map<String, serde_json::Value>,
@@ -370,6 +374,9 @@ impl TaskKind for Agent {
             sampling: spec.sampling.clone(),
             limits,
             template_args: spec.template_args.clone(),
+            observations_as_text: spec
+                .observations_as_text
+                .unwrap_or(self.settings.agent.observations_as_text),
             deadline,
         };
         let guard = StillClaimed {
