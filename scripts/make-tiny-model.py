@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Builds a tiny random-weights Qwen3 model directory that `vllm serve` loads on CPU.
+
+    python scripts/make-tiny-model.py OUT_DIR [--template PATH] [--layers 2] [--seed 0]
+
+Run it with the python printed by scripts/real-vllm-env.sh (it needs torch,
+transformers and tokenizers). Nothing is downloaded: the tokenizer is a byte-level
+BPE trained here on a few kilobytes of text, with Qwen's special tokens
+(<|endoftext|>, <|im_start|>, <|im_end|> as special tokens; <tool_call>,
+</tool_call>, <think>, </think>, <tool_response>, </tool_response> as added
+non-special tokens, as Qwen3 has them), and the chat template is one of the
+project's test templates (tests/fixtures/templates/qwen3_like.jinja by default).
+The model is Qwen3ForCausalLM with 2 layers, hidden size 64, 4 query heads and 2 KV
+heads of dimension 32 (a head size vLLM's CPU attention supports). The model's
+vocabulary is exactly the tokenizer's by default: with random weights, IDs past the
+tokenizer (real checkpoints pad their embedding matrix) do get sampled, and they
+decode to nothing; --pad-vocab-to N pads like a real checkpoint when a test wants
+that. generation_config.json names <|im_end|> as the only end-of-sequence token by
+default (--eos both adds <|endoftext|>, as Qwen3's does): when a structured-output
+grammar completes, vLLM lets the model pick any end-of-sequence token, and with
+both a random model ends about half its tool calls with <|endoftext|> instead of
+the end of turn. Weights are random from --seed, so the same arguments give
+byte-identical files. Takes about 5-10 seconds; the directory is under 1 MB.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+DEFAULT_TEMPLATE = REPO / "tests" / "fixtures" / "templates" / "qwen3_like.jinja"
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+ADDED = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>"]
+
+# Training text for the BPE: chat-ish English, JSON tool calls and code, so that
+# ordinary prompts tokenize into a reasonable number of tokens.
+CORPUS = [
+    "You are a helpful assistant. Answer the user's question, calling tools when needed.",
+    "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.",
+    "What is the weather in Paris today? It is sunny, with a high of 21 degrees.",
+    "Please read the file src/main.rs and tell me what the function does.",
+    "Let me think about this step by step. First, compute 12 * 7 = 84. Then add 16 to get 100.",
+    '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}',
+    '{"name": "read_file", "arguments": {"path": "src/lib.rs"}}',
+    '{"name": "run", "arguments": {"command": "cargo test --quiet"}}',
+    '{"type": "function", "function": {"name": "add", "description": "Add two numbers", '
+    '"parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}',
+    "fn main() {\n    println!(\"hello, world\");\n}\n",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
+    "The answer is 42. The result is 7. Done. Yes. No. OK. Thanks!",
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n",
+    "For each function call, return a json object with function name and arguments.",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 100 1000",
+]
+
+
+def build_tokenizer(out: pathlib.Path, template: str, vocab_size: int):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
+    fast.chat_template = template
+    fast.save_pretrained(out)
+    return fast
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=pathlib.Path)
+    ap.add_argument("--template", type=pathlib.Path, default=DEFAULT_TEMPLATE)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--bpe-vocab", type=int, default=1000, help="BPE vocabulary before the added tokens")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pad-vocab-to", type=int, default=0, help="round the model's vocabulary up to a multiple of this")
+    ap.add_argument("--eos", choices=["im_end", "both"], default="im_end")
+    args = ap.parse_args()
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(args.out, args.template.read_text(), args.bpe_vocab)
+    n_tokens = len(tokenizer)
+    pad = max(args.pad_vocab_to, 1)
+    vocab = (n_tokens + pad - 1) // pad * pad
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL + ADDED}
+
+    torch.manual_seed(args.seed)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 2,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        dtype="float32",
+    )
+    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    # A larger spread than the default 0.02 makes the next-token distribution
+    # less flat, so greedy decoding and logprobs are less tie-prone.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(args.out, safe_serialization=True)
+    GenerationConfig(
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=[ids["<|im_end|>"]] + ([ids["<|endoftext|>"]] if args.eos == "both" else []),
+        pad_token_id=ids["<|endoftext|>"],
+    ).save_pretrained(args.out)
+
+    summary = {"tokenizer_len": n_tokens, "vocab_size": vocab, "token_ids": ids}
+    (args.out / "rollout-tiny-model.json").write_text(json.dumps(summary, indent=2) + "\n")
+    json.dump(summary, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
