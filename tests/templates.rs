@@ -125,6 +125,37 @@ fn model_dir(root: &Path, name: &str, template: Value, tweak: impl FnOnce(&mut V
     dir
 }
 
+/// A model directory with DeepSeek-R1's template and a tokenizer that has its special
+/// tokens (the end-of-turn token must be one token of it).
+fn deepseek_r1_dir(root: &Path) -> PathBuf {
+    const SPECIAL: [&str; 13] = [
+        "<｜begin▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",
+        "<｜User｜>",
+        "<｜Assistant｜>",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁calls▁end｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁outputs▁begin｜>",
+        "<｜tool▁outputs▁end｜>",
+        "<｜tool▁output▁begin｜>",
+        "<｜tool▁output▁end｜>",
+    ];
+    let dir = model_dir(root, "r1", fixture("deepseek_r1.jinja"), |c| {
+        c["bos_token"] = SPECIAL[0].into();
+        c["eos_token"] = SPECIAL[1].into();
+    });
+    let corpus = [
+        "<think>\nLet me check the files.\n</think>\n\nRun ls, then pytest -q.",
+        "function",
+    ];
+    let tok = rollout::agent::tokenizer::Tokenizer::train_bpe(&corpus, 600, &SPECIAL).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tok.to_json().unwrap()).unwrap();
+    dir
+}
+
 fn fixture(name: &str) -> Value {
     Value::String(std::fs::read_to_string(format!("{FIXTURES}{name}")).unwrap())
 }
@@ -230,6 +261,10 @@ fn fixture_templates_render_as_transformers_renders_them() {
             }),
             llama_tools,
         ),
+        // The template DeepSeek-R1 and its distills ship: state across the whole
+        // conversation (the first tool output opens the outputs block), and call
+        // arguments written as the strings OpenAI clients send.
+        ("deepseek_r1", deepseek_r1_dir(root.path()), tools()),
     ];
     let mut cases = Vec::new();
     for (name, dir, tools) in &dirs {

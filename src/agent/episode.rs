@@ -441,16 +441,20 @@ impl<'a> EpisodeState<'a> {
     /// so, the template's own text as written.
     fn observation_ids(&self, observations: &[Value]) -> Result<Vec<u32>, String> {
         let tokenizer = &self.ep.model.tokenizer;
+        // The conversation up to the model's last turn (the observations are already
+        // appended to it).
+        let all = &self.traj.messages;
+        let history = &all[..all.len().saturating_sub(observations.len())];
         if self.ep.observations_as_text {
             let pieces = self
                 .glue
-                .between_turns_pieces(observations, self.last_ended)
+                .between_turns_pieces(history, observations, self.last_ended)
                 .map_err(|e| e.to_string())?;
             tokenizer.encode_pieces(&pieces).map_err(|e| e.to_string())
         } else {
             let text = self
                 .glue
-                .between_turns(observations, self.last_ended)
+                .between_turns_after(history, observations, self.last_ended)
                 .map_err(|e| e.to_string())?;
             tokenizer.encode(&text).map_err(|e| e.to_string())
         }
@@ -1025,6 +1029,41 @@ mod tests {
                 assert_eq!(forged, 2, "as transformers tokenizes by default");
             }
         }
+    }
+
+    #[tokio::test]
+    async fn observations_see_state_the_template_carries_across_the_conversation() {
+        // As DeepSeek-R1's template: the opening of the tool outputs is written before
+        // the first of them in the whole conversation only (a namespace flag).
+        let stateful = demo::CHATML_TEMPLATE
+            .replace(
+                "{%- set ns = namespace(system='', first=0) -%}",
+                "{%- set ns = namespace(system='', first=0, output_first=true) -%}",
+            )
+            .replace(
+                "{{ '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}",
+                "{% if ns.output_first %}{{ '\\nOUTPUTS' }}{% set ns.output_first = false %}{% endif %}\
+                 {{ '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}",
+            );
+        assert!(stateful.contains("OUTPUTS"), "the fixture's text moved");
+        let m = Arc::new(demo::model_files(&stateful, &[]).unwrap());
+        let mut llm = script(
+            &m,
+            &[call("ls"), call("pwd"), call("id"), "All done.".into()],
+        );
+        let ep = episode(m.clone(), 4096);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(t.turns.len(), 4);
+        let observation = |i: usize| {
+            let [a, b] = t.turns[i].observation_range;
+            m.tokenizer.decode(&t.response_ids[a..b]).unwrap()
+        };
+        assert!(observation(0).contains("OUTPUTS"), "{}", observation(0));
+        assert!(!observation(1).contains("OUTPUTS"), "{}", observation(1));
+        assert!(!observation(2).contains("OUTPUTS"), "{}", observation(2));
+        // Each observation is what a render of the whole conversation writes there.
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
     }
 
     #[tokio::test]

@@ -4,16 +4,17 @@
 //! The model's own tokens are never rendered again: after a turn the loop appends only
 //! what the template writes *after* the model's end-of-turn token and up to the next
 //! assistant turn's opening (ChatML's `"\n<|im_start|>user\n<tool_response>…"`). To find
-//! that text for any template, [`TurnGlue`] renders a small fixed conversation whose
-//! last assistant turn holds a sentinel, followed by the new messages and the
+//! that text for any template, [`TurnGlue`] renders the conversation so far with the
+//! model's last turn replaced by a sentinel, followed by the new messages and the
 //! generation prompt, and takes the text after the end-of-turn token that follows the
-//! sentinel. The cost is one render of a short conversation per observation (about
-//! 15 µs with a tools prompt), whatever the episode's length: the fixed conversation,
-//! the tool schemas and the template switches are converted into the renderer's values
-//! once per episode, so only the new messages are converted each time. Every
-//! observation is rendered, even the single tool result a template seems to insert
-//! unchanged: a template may branch on what a result says (refuse it, trim it), and
-//! probes cannot prove it never does.
+//! sentinel. The whole conversation, not a fixed short one: some templates carry state
+//! across it (DeepSeek-R1's writes the opening of the tool outputs only before the
+//! first of them), and an observation rendered without the earlier turns would differ
+//! from a render of the whole conversation. The tool schemas and the template switches
+//! are converted into the renderer's values once per episode. Every observation is
+//! rendered, even the single tool result a template seems to insert unchanged: a
+//! template may branch on what a result says (refuse it, trim it), and probes cannot
+//! prove it never does.
 //!
 //! Only what follows the model's turn is taken from the render, never what precedes
 //! it: real templates render earlier turns differently once messages follow them
@@ -228,7 +229,7 @@ impl<'a> TurnGlue<'a> {
         ];
         let mut first_close: Option<(String, &'static str)> = None;
         for (when, messages) in kinds {
-            let (close, _) = glue.split_after(messages, when)?;
+            let (close, _) = glue.split_after(&glue.base, messages, when)?;
             match &first_close {
                 None => first_close = Some((close, when)),
                 Some((c, w)) if *c != close => {
@@ -246,10 +247,11 @@ impl<'a> TurnGlue<'a> {
     /// (up to and including the end-of-turn token) and what follows it.
     fn split_after(
         &self,
+        base: &[PreparedMessage],
         messages: &[Value],
         when: &'static str,
     ) -> Result<(String, String), RenderError> {
-        let mut all = self.base.clone();
+        let mut all = base.to_vec();
         for m in messages {
             all.push(PreparedMessage::new(m)?);
         }
@@ -267,8 +269,65 @@ impl<'a> TurnGlue<'a> {
     }
 
     /// The full render's text after the model's end-of-turn token.
-    fn render_after(&self, messages: &[Value], when: &'static str) -> Result<String, RenderError> {
-        Ok(self.split_after(messages, when)?.1)
+    fn render_after(
+        &self,
+        base: &[PreparedMessage],
+        messages: &[Value],
+        when: &'static str,
+    ) -> Result<String, RenderError> {
+        Ok(self.split_after(base, messages, when)?.1)
+    }
+
+    /// The conversation so far (`history`, ending with the model's last turn) as the
+    /// base of a render: every earlier message as it was, so a template that carries
+    /// state across the whole conversation sees it (DeepSeek-R1's writes the opening of
+    /// its tool outputs only before the first of them), and the last turn as the
+    /// sentinel alone (its calls left out, so text in their arguments cannot be taken
+    /// for the end-of-turn token). Without a model turn at the end, the fixed base.
+    fn history_base(&self, history: &[Value]) -> Result<Vec<PreparedMessage>, RenderError> {
+        match history.split_last() {
+            Some((last, earlier)) if last["role"] == "assistant" => {
+                let mut base = earlier
+                    .iter()
+                    .map(PreparedMessage::new)
+                    .collect::<Result<Vec<_>, _>>()?;
+                base.push(PreparedMessage::new(
+                    &serde_json::json!({"role": "assistant", "content": SENTINEL}),
+                )?);
+                Ok(base)
+            }
+            _ => Ok(self.base.clone()),
+        }
+    }
+
+    /// [`TurnGlue::between_turns`] after the real conversation so far, `history`
+    /// (ending with the model's last turn): what a render of the whole conversation
+    /// writes there, also for templates whose output depends on earlier turns. An
+    /// episode uses this; it costs a render of the conversation per observation.
+    pub fn between_turns_after(
+        &self,
+        history: &[Value],
+        messages: &[Value],
+        ended_with_eos: bool,
+    ) -> Result<String, RenderError> {
+        let base = self.history_base(history)?;
+        self.glued(&base, messages, ended_with_eos)
+    }
+
+    /// The text after the model's turn in a render of `base` and `messages`, opened
+    /// with what closes a turn when the model's turn did not end with its token.
+    fn glued(
+        &self,
+        base: &[PreparedMessage],
+        messages: &[Value],
+        ended_with_eos: bool,
+    ) -> Result<String, RenderError> {
+        let after = self.render_after(base, messages, "the observation")?;
+        Ok(if ended_with_eos {
+            after
+        } else {
+            format!("{}{after}", self.close)
+        })
     }
 
     /// The text after a model turn up to and including the next generation prompt, with
@@ -280,23 +339,20 @@ impl<'a> TurnGlue<'a> {
         messages: &[Value],
         ended_with_eos: bool,
     ) -> Result<String, RenderError> {
-        let after = self.render_after(messages, "the observation")?;
-        Ok(if ended_with_eos {
-            after
-        } else {
-            format!("{}{after}", self.close)
-        })
+        self.glued(&self.base, messages, ended_with_eos)
     }
 
-    /// [`TurnGlue::between_turns`] in pieces, the tool results among `messages` apart
-    /// from the template's text (see [`locate_results`]).
+    /// [`TurnGlue::between_turns_after`] in pieces, the tool results among `messages`
+    /// apart from the template's text (see [`locate_results`]).
     pub fn between_turns_pieces(
         &self,
+        history: &[Value],
         messages: &[Value],
         ended_with_eos: bool,
     ) -> Result<Pieces, RenderError> {
-        let plain = self.between_turns(messages, ended_with_eos)?;
-        locate_results(&plain, messages, |m| self.between_turns(m, ended_with_eos))
+        let base = self.history_base(history)?;
+        let plain = self.glued(&base, messages, ended_with_eos)?;
+        locate_results(&plain, messages, |m| self.glued(&base, m, ended_with_eos))
     }
 
     /// What the template writes after an assistant turn's end-of-turn token when the
@@ -331,7 +387,7 @@ mod tests {
             let t = ChatTemplate::new(source, "", eos).unwrap();
             let glue = TurnGlue::new(&t, eos, None, &extra).unwrap();
             let plain = glue.between_turns(&obs, true).unwrap();
-            let pieces = glue.between_turns_pieces(&obs, true).unwrap();
+            let pieces = glue.between_turns_pieces(&[], &obs, true).unwrap();
             let joined: String = pieces.iter().map(|(p, _)| p.as_str()).collect();
             assert_eq!(joined, plain, "{eos}");
             let literal: Vec<&str> = pieces
