@@ -18,7 +18,8 @@
 //!    filesystem, each beside the plain start.
 //! 4. **memory**: the sandbox server's resident set after the runs above.
 //!
-//! Set `BENCH_QUICK=1` for a short smoke run.
+//! Set `BENCH_QUICK=1` for a short smoke run, `BENCH_STARTS_ONLY=1` for benchmark 3
+//! alone.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -393,6 +394,10 @@ async fn main() {
     let root = tempfile::Builder::new().prefix("rsb").tempdir().unwrap();
     println!("| benchmark | result | baseline (same run) | ratio |");
     println!("|---|---|---|---|");
+    if std::env::var_os("BENCH_STARTS_ONLY").is_some() {
+        start_rows(root.path(), &Runtimes::default()).await;
+        return;
+    }
 
     // How fast this machine wakes a blocked process right now (virtual machines vary a
     // lot: idle vCPUs are slow to wake), printed so the absolute figures can be read.
