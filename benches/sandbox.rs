@@ -11,12 +11,15 @@
 //!    beside a Jupyter kernel driven by `jupyter_client` (measured by a Python client in
 //!    the same run; needs `pip install jupyter_client ipykernel`).
 //! 3. **sandbox start**: a `bwrap` sandbox from the start call to its first answered
-//!    ping (the server's bash is up by then), beside the floor of `bwrap … /bin/true`;
-//!    then the same with `network: true` and (for a root worker) with the workspace's
-//!    own filesystem, each beside the plain start.
+//!    ping (the server's bash is up by then), beside the floor of `bwrap … /bin/true`,
+//!    with launchers made ahead of time (`sandbox.launcher_pool`, the default) and
+//!    without (each start spawns bwrap), one after the other in the same loop; then the
+//!    same with `network: true` and (for a root worker) with the workspace's own
+//!    filesystem, each beside the plain start.
 //! 4. **memory**: the sandbox server's resident set after the runs above.
 //!
-//! Set `BENCH_QUICK=1` for a short smoke run.
+//! Set `BENCH_QUICK=1` for a short smoke run, `BENCH_STARTS_ONLY=1` for benchmark 3
+//! alone.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -391,6 +394,10 @@ async fn main() {
     let root = tempfile::Builder::new().prefix("rsb").tempdir().unwrap();
     println!("| benchmark | result | baseline (same run) | ratio |");
     println!("|---|---|---|---|");
+    if std::env::var_os("BENCH_STARTS_ONLY").is_some() {
+        start_rows(root.path(), &Runtimes::default()).await;
+        return;
+    }
 
     // How fast this machine wakes a blocked process right now (virtual machines vary a
     // lot: idle vCPUs are slow to wake), printed so the absolute figures can be read.
@@ -483,16 +490,35 @@ async fn python_rows(root: &Path, local: &Sandbox, n: usize) -> Sandbox {
 /// `network: true`, and with the workspace quota where this machine enforces one.
 async fn start_rows(root: &Path, backends: &Runtimes) {
     let starts = if common::quick() { 10 } else { 100 };
+    // The same node without launchers made ahead of time: each start spawns bwrap and
+    // moves it into its cgroups while bwrap waits.
+    let spawning = Runtimes {
+        bwrap: rollout::sandbox::bwrap::BwrapRuntime {
+            launchers: rollout::sandbox::launcher::LauncherPool::new(0),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     let mut ready = Vec::new();
+    let mut ready_spawned = Vec::new();
     let mut floor = Vec::new();
     let mut profiles = Vec::new();
+    let mut profiles_spawned = Vec::new();
+    // A first start fills the pool (its own launcher is made on its path).
+    let _ = timed_start(backends, &request(root, RuntimeKind::Bwrap, &[]), "first").await;
+    let missed_before = backends.bwrap.launchers.misses();
     for _ in 0..starts {
         floor.push(bwrap_true());
+        let req = request(root, RuntimeKind::Bwrap, &[]);
+        let (t, profile) = timed_start(&spawning, &req, "bwrap sandbox, spawned").await;
+        ready_spawned.push(t);
+        profiles_spawned.push(profile);
         let req = request(root, RuntimeKind::Bwrap, &[]);
         let (t, profile) = timed_start(backends, &req, "bwrap sandbox").await;
         ready.push(t);
         profiles.push(profile);
     }
+    let missed = backends.bwrap.launchers.misses() - missed_before;
     // The same with `network: true`: slirp4netns and the deny routes on top.
     let mut ready_net = Vec::new();
     for _ in 0..starts {
@@ -507,8 +533,18 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
     let quota = rollout::sandbox::quota::WorkspaceQuota::probe();
     let (ready_quota, quota_profiles, misses) = quota_starts(root, backends, &quota, starts).await;
     let (ready, floor, ready_net) = (stats(ready), stats(floor), stats(ready_net));
+    let spawned = stats(ready_spawned);
     println!(
-        "| bwrap sandbox start → tools ready ({starts} starts) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap; {:.2}× bare bwrap |",
+        "| bwrap sandbox start, bwrap spawned at the start (`launcher_pool = 0`) → tools ready ({starts} starts) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap; {:.2}× bare bwrap |",
+        us(spawned.p50),
+        us(spawned.p99),
+        us(floor.p50),
+        us(spawned.p50.saturating_sub(floor.p50)),
+        spawned.p50.as_secs_f64() / floor.p50.as_secs_f64()
+    );
+    println!(
+        "| bwrap sandbox start from a launcher made ahead of time (`launcher_pool = {}`) → tools ready ({starts} starts, {missed} found none ready) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap; {:.2}× bare bwrap |",
+        backends.bwrap.launchers.depth(),
         us(ready.p50),
         us(ready.p99),
         us(floor.p50),
@@ -539,7 +575,8 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
             quota
         );
     }
-    print_profile("plain bwrap start", &profiles);
+    print_profile("plain bwrap start, bwrap spawned", &profiles_spawned);
+    print_profile("plain bwrap start from a launcher", &profiles);
     if !quota_profiles.is_empty() {
         print_profile("bwrap start with the workspace quota", &quota_profiles);
     }

@@ -2,7 +2,9 @@
 //! talk to one by hand.
 //!
 //! `rollout-sandbox serve` is started by the sandbox backends as the sandbox's first
-//! process; `rollout-sandbox call` sends one request to a running server and prints the
+//! process; `rollout-sandbox launch` is a launcher the worker starts ahead of time,
+//! which waits for a sandbox's bwrap arguments and becomes bwrap (see
+//! `rollout::sandbox::launcher`); `rollout-sandbox call` sends one request to a running server and prints the
 //! response, which is how to poke at a live sandbox while debugging.
 
 use anyhow::Context;
@@ -64,6 +66,14 @@ enum Command {
         #[arg(long)]
         lifeline_fd: Option<i32>,
     },
+    /// Wait on descriptor 0 (a socket the worker holds the other end of) for one
+    /// order, then carry it out: exec the sandbox's bwrap. Started by the worker ahead
+    /// of time, never by hand.
+    Launch {
+        /// The worker's pid: the launcher ends if it is not its parent.
+        #[arg(long)]
+        parent: i32,
+    },
     /// Send one request to a running server and print its response as JSON.
     Call {
         /// The server's socket.
@@ -83,6 +93,16 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let main_ns = rollout::sandbox::profile::monotonic_ns();
     let cli = Cli::parse();
+    if let Command::Launch { parent } = cli.command {
+        // No runtime and no threads: this process becomes bwrap.
+        return match rollout::sandbox::launcher::run(parent) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                eprintln!("the sandbox's launcher failed: {e}");
+                std::process::exit(127)
+            }
+        };
+    }
     // One thread: a server per sandbox, many sandboxes per node.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -154,6 +174,7 @@ fn main() -> anyhow::Result<()> {
                 .await
                 .context("the sandbox server failed")
             }
+            Command::Launch { .. } => unreachable!("handled before the runtime"),
             Command::Call {
                 socket,
                 tool,

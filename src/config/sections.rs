@@ -420,6 +420,13 @@ pub struct SandboxSettings {
     /// sandbox starts. Pooled images hold a loop device each for the worker's life, a
     /// finite resource on a shared machine, so the pool is the operator's choice.
     pub workspace_pool: usize,
+    /// How many launchers for `bwrap` sandboxes the worker keeps ready: small processes
+    /// spawned ahead of time and already moved into a fresh cgroup of their own, which a
+    /// start hands bwrap's arguments and descriptors and which then become bwrap. They
+    /// take the worker's fork and the move into the sandbox's cgroups (on cgroup v1 a
+    /// wait for the kernel of 10 ms or more) off a sandbox's start. Unused ones end with
+    /// the worker. 0: each start spawns bwrap itself.
+    pub launcher_pool: usize,
     /// How long a node vouches for its sandboxes between renewals (ms); the reaper
     /// renews every `reaper_interval_ms`.
     pub lease_ms: u64,
@@ -451,6 +458,7 @@ impl Default for SandboxSettings {
             max_limits: crate::domain::sandbox::SandboxLimits::default_maximums(),
             ready_timeout_ms: 30_000,
             workspace_pool: 0,
+            launcher_pool: 2,
             lease_ms: 60_000,
             reaper_interval_ms: 500,
             max_restarts: 2,

@@ -176,7 +176,7 @@ impl SandboxRuntime for ApptainerRuntime {
             req,
             super::Launch {
                 backend: "apptainer",
-                cmd,
+                cmd: cmd.into(),
                 label: label.clone(),
                 rlimits: Some(limits),
                 pass_fds: Vec::new(),

@@ -10,7 +10,11 @@
 //! starts with an empty environment, so nothing of the worker's is readable inside.
 //! Memory and processes are limited per sandbox by a cgroup where the worker may make
 //! one (see [`super::cgroup`]); process, memory, file-size and CPU rlimits are set on
-//! `bwrap` before it starts and inherited by everything inside.
+//! `bwrap` before it starts and inherited by everything inside. bwrap's process is a
+//! launcher the worker made ahead of time ([`super::launcher`]), already in the cgroup
+//! the sandbox gets, which sets those rlimits, becomes the sandbox's user and then execs
+//! bwrap; with no launcher pool, bwrap is spawned at the start and moved into its cgroup
+//! while it waits ([`super::Hold`]).
 //!
 //! The process limit (RLIMIT_NPROC) is counted by the kernel per *host* user, across
 //! user namespaces, and real root is exempt from it. So when the worker runs as root,
@@ -79,6 +83,9 @@ pub struct BwrapRuntime {
     pub cgroups: super::cgroup::Cgroups,
     /// Host user ids found unused ahead of time (see [`BwrapRuntime::pick_uid`]).
     pub uids: std::sync::Arc<std::sync::Mutex<UidPool>>,
+    /// Launchers made ahead of time, already in a cgroup of their own (see
+    /// [`super::launcher`]); depth 0 spawns bwrap at each start instead.
+    pub launchers: super::launcher::LauncherPool,
 }
 
 /// Host user ids for root workers' sandboxes, found unused off the start path.
@@ -185,6 +192,7 @@ impl Default for BwrapRuntime {
             net: super::net::NetSettings::default(),
             cgroups: super::cgroup::Cgroups::probe(None),
             uids: Default::default(),
+            launchers: Default::default(),
         }
     }
 }
@@ -267,6 +275,48 @@ impl BwrapRuntime {
             cgroup: cg,
             release,
         }))
+    }
+
+    /// How the sandbox's root process comes to be: from `launcher` (its cgroups become
+    /// the sandbox's, given the sandbox's limits now), or spawned at the start and held
+    /// for its cgroups (see [`BwrapRuntime::cgroup_hold`]).
+    fn root_process(
+        &self,
+        launcher: Option<super::launcher::Launcher>,
+        args: Vec<OsString>,
+        (name, req): (&str, &StartRequest),
+        label: &mut Label,
+        pass: &mut Vec<std::os::fd::OwnedFd>,
+        fds: &Descriptors,
+    ) -> Result<(Option<super::Hold>, super::Root), SandboxError> {
+        let Some(launcher) = launcher else {
+            let hold = self.cgroup_hold(name, req, label, pass, fds.block)?;
+            let mut cmd = tokio::process::Command::new(&self.program);
+            // bwrap's own process (the namespace's pid 1 among them) keeps the
+            // environment it was started with, readable inside; start it with nothing of
+            // the worker's.
+            cmd.env_clear().args(args);
+            return Ok((hold, cmd.into()));
+        };
+        if let Some(cg) = launcher.cgroup() {
+            // The launcher's cgroup becomes this sandbox's: its limits now (plain writes;
+            // the launcher is its only process yet).
+            self.cgroups.limit(&cg, &req.limits)?;
+            label.cgroups = cg.dirs;
+        }
+        let program =
+            super::launcher::resolve_program(&self.program).ok_or_else(|| SandboxError::Start {
+                backend: "bwrap",
+                message: format!("{} is not on the PATH", self.program.display()),
+            })?;
+        Ok((
+            None,
+            super::Root::Launcher {
+                launcher,
+                program,
+                args,
+            },
+        ))
     }
 
     /// `n` random ids of the range, none in `used`.
@@ -570,10 +620,10 @@ impl SandboxRuntime for BwrapRuntime {
             message: format!("cannot prepare the shell: {e}"),
         })?;
         profile.mark("shell copy checked");
-        let mut cmd = tokio::process::Command::new(&self.program);
-        // bwrap's own process (the namespace's pid 1 among them) keeps the environment
-        // it was started with, readable inside; start it with nothing of the worker's.
-        cmd.env_clear();
+        // A launcher made ahead of time, already in a cgroup of its own, when the pool
+        // is on: neither the spawn nor the cgroup join is then on this start's path.
+        let launcher = (self.launchers.take(&req.server_bin, &self.cgroups).await).transpose()?;
+        profile.mark("launcher taken");
         let mut label = req.label.clone();
         let mut limits = req.limits;
         let (info_read, info_write) =
@@ -582,11 +632,12 @@ impl SandboxRuntime for BwrapRuntime {
         profile.mark("socket bound");
         let me = nix::unistd::geteuid().as_raw();
         // bwrap's own death signal reaches the namespace's init only once the sandbox
-        // is built; the lifeline ends a sandbox whose worker died before that.
+        // is built; the lifeline ends a sandbox whose worker died before that. A
+        // launcher's sandbox is in its cgroups from its first process: no hold.
         let fds = Descriptors::plan(
             me == 0,
             req.network,
-            self.cgroups.enforced(),
+            self.cgroups.enforced() && launcher.is_none(),
             req.die_with_parent,
         );
         let net = if req.network {
@@ -607,7 +658,7 @@ impl SandboxRuntime for BwrapRuntime {
                 pass.push(open_path(&p)?);
             }
         }
-        cmd.args(self.args(req, &shell, &fds));
+        let args = self.args(req, &shell, &fds);
         let net = net.map(|(exit_read, exit_write)| {
             pass.push(exit_write);
             super::NetPlan {
@@ -627,13 +678,14 @@ impl SandboxRuntime for BwrapRuntime {
             .lifeline
             .map(|_| super::lifeline::reader())
             .transpose()?;
-        let hold = self.cgroup_hold(&name, req, &mut label, &mut pass, fds.block)?;
+        let (hold, cmd) =
+            self.root_process(launcher, args, (&name, req), &mut label, &mut pass, &fds)?;
         profile.mark("cgroup created");
         if let Some(read) = lifeline {
             debug_assert_eq!(fds.lifeline, Some(number_of_next(pass.len())));
             pass.push(read);
         }
-        if hold.is_some() {
+        if !label.cgroups.is_empty() {
             // The cgroup holds the sandbox's memory as a whole; a per-process address
             // space limit on top only breaks runtimes that reserve address space.
             limits.memory_bytes = 0;
@@ -658,7 +710,8 @@ impl SandboxRuntime for BwrapRuntime {
                 pass_fds: pass,
                 info_read: Some(info_read),
                 net,
-                // Joined from outside while bwrap waits (see `super::Hold`).
+                // Joined from outside while bwrap waits (see `super::Hold`), or by the
+                // launcher ahead of time.
                 cgroup_procs: Vec::new(),
                 hold,
                 become_user,

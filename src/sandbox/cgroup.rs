@@ -133,6 +133,32 @@ impl Cgroups {
                 ))),
             }
         };
+        let made = match self {
+            Cgroups::Unavailable { .. } => return Ok(None),
+            Cgroups::V2 { parent } => SandboxCgroup {
+                dirs: vec![mk(parent)?],
+            },
+            Cgroups::V1 { memory, pids } => {
+                let m = mk(memory)?;
+                let p = match mk(pids) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = std::fs::remove_dir(&m);
+                        return Err(e);
+                    }
+                };
+                SandboxCgroup { dirs: vec![m, p] }
+            }
+        };
+        self.limit(&made, limits)
+            .map(|_| Some(made.clone()))
+            .inspect_err(|_| made.remove())
+    }
+
+    /// Sets `limits` on `cg`, one of this node's sandbox cgroups: on a cgroup that
+    /// already holds a process (a launcher's, see [`super::launcher`]) as on a new one.
+    /// Plain writes of the limit files, quick, unlike moving a process in.
+    pub fn limit(&self, cg: &SandboxCgroup, limits: &SandboxLimits) -> Result<(), SandboxError> {
         let set = |dir: &Path, file: &str, value: String| -> Result<(), SandboxError> {
             std::fs::write(dir.join(file), &value).map_err(|e| {
                 SandboxError::Config(format!(
@@ -148,51 +174,38 @@ impl Cgroups {
                 v.to_string()
             }
         };
-        match self {
-            Cgroups::Unavailable { .. } => Ok(None),
-            Cgroups::V2 { parent } => {
-                let d = mk(parent)?;
-                let made = SandboxCgroup {
-                    dirs: vec![d.clone()],
-                };
-                let r = (|| {
-                    set(&d, "memory.max", max(limits.memory_bytes))?;
-                    if d.join("memory.swap.max").exists() {
-                        set(&d, "memory.swap.max", "0".into())?;
-                    }
-                    set(&d, "pids.max", max(limits.processes))
-                })();
-                r.map(|_| Some(made.clone())).inspect_err(|_| made.remove())
+        match (self, cg.dirs.as_slice()) {
+            (Cgroups::Unavailable { .. }, _) => Ok(()),
+            (Cgroups::V2 { .. }, [d]) => {
+                set(d, "memory.max", max(limits.memory_bytes))?;
+                if d.join("memory.swap.max").exists() {
+                    set(d, "memory.swap.max", "0".into())?;
+                }
+                set(d, "pids.max", max(limits.processes))
             }
-            Cgroups::V1 { memory, pids } => {
-                let m = mk(memory)?;
-                let p = match mk(pids) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        let _ = std::fs::remove_dir(&m);
-                        return Err(e);
+            (Cgroups::V1 { .. }, [m, p]) => {
+                if limits.memory_bytes > 0 {
+                    set(m, "memory.limit_in_bytes", limits.memory_bytes.to_string())?;
+                    // With swap accounting, swap counts too (otherwise the limit only
+                    // moves memory to swap).
+                    if m.join("memory.memsw.limit_in_bytes").exists() {
+                        set(
+                            m,
+                            "memory.memsw.limit_in_bytes",
+                            limits.memory_bytes.to_string(),
+                        )?;
                     }
-                };
-                let made = SandboxCgroup {
-                    dirs: vec![m.clone(), p.clone()],
-                };
-                let r = (|| {
-                    if limits.memory_bytes > 0 {
-                        set(&m, "memory.limit_in_bytes", limits.memory_bytes.to_string())?;
-                        // With swap accounting, swap counts too (otherwise the limit
-                        // only moves memory to swap).
-                        if m.join("memory.memsw.limit_in_bytes").exists() {
-                            set(
-                                &m,
-                                "memory.memsw.limit_in_bytes",
-                                limits.memory_bytes.to_string(),
-                            )?;
-                        }
-                    }
-                    set(&p, "pids.max", max(limits.processes))
-                })();
-                r.map(|_| Some(made.clone())).inspect_err(|_| made.remove())
+                }
+                set(p, "pids.max", max(limits.processes))
             }
+            _ => Err(SandboxError::Config(format!(
+                "{} is not a sandbox cgroup of this node's kind",
+                cg.dirs
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
         }
     }
 }

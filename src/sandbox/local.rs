@@ -45,7 +45,7 @@ impl SandboxRuntime for LocalRuntime {
             req,
             super::Launch {
                 backend: "local",
-                cmd,
+                cmd: cmd.into(),
                 label: req.label.clone(),
                 rlimits: None,
                 pass_fds,

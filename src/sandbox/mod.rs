@@ -20,6 +20,7 @@ pub mod bwrap;
 pub mod cgroup;
 pub mod client;
 pub mod label;
+pub mod launcher;
 pub mod lifeline;
 pub mod local;
 pub mod net;
@@ -301,9 +302,10 @@ pub(crate) async fn await_ready(
     }
 }
 
-/// Applies `limits` to the calling process; runs between fork and exec, so the limits
-/// are inherited by everything the sandbox starts.
-fn apply_rlimits(limits: &SandboxLimits) -> std::io::Result<()> {
+/// Applies `limits` to the calling process; runs between fork and exec (or in a
+/// launcher before its exec), so the limits are inherited by everything the sandbox
+/// starts.
+pub(crate) fn apply_rlimits(limits: &SandboxLimits) -> std::io::Result<()> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     // Never above the hard limit the worker itself runs under: raising it needs
     // privileges, and the tighter limit is the one that holds anyway.
@@ -343,7 +345,7 @@ pub(crate) struct Launch {
     /// The backend's name, for messages.
     pub backend: &'static str,
     /// The root process.
-    pub cmd: tokio::process::Command,
+    pub cmd: Root,
     /// The label to complete (process identity) and write.
     pub label: Label,
     /// Resource limits set on the process before it starts.
@@ -369,6 +371,29 @@ pub(crate) struct Launch {
     pub die_with_parent: bool,
 }
 
+/// How the sandbox's root process comes to be.
+pub(crate) enum Root {
+    /// Spawned now, from this process, with the steps of [`Launch`] between fork and
+    /// exec.
+    Spawn(tokio::process::Command),
+    /// A launcher made ahead of time, already in the sandbox's cgroups, told to exec
+    /// `program` with `args` (see [`launcher`]).
+    Launcher {
+        /// The launcher.
+        launcher: launcher::Launcher,
+        /// The program, an absolute path.
+        program: PathBuf,
+        /// Its arguments.
+        args: Vec<std::ffi::OsString>,
+    },
+}
+
+impl From<tokio::process::Command> for Root {
+    fn from(cmd: tokio::process::Command) -> Self {
+        Root::Spawn(cmd)
+    }
+}
+
 /// A bwrap sandbox held before its first process of its own: bwrap builds the sandbox,
 /// then its namespace's init waits on `--block-fd` (after every mount, with its
 /// privileges dropped, before it starts the server) until [`launch`] has moved bwrap and
@@ -388,7 +413,7 @@ pub(crate) struct Hold {
 async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxError> {
     let Launch {
         backend,
-        mut cmd,
+        cmd,
         mut label,
         rlimits,
         pass_fds,
@@ -415,20 +440,14 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
     }
     check_socket_path(&req.socket())?;
     let log = std::fs::File::create(req.dir.join("server.log"))?;
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    set_up_child(
-        &mut cmd,
+    let child = start_root(
+        cmd,
+        log,
         &pass_fds,
-        cgroup_procs,
-        rlimits,
-        (become_user, die_with_parent),
-    );
-    let child = cmd.spawn().map_err(|e| SandboxError::Start {
+        (&mut label, &mut unfinished),
+        (cgroup_procs, rlimits, become_user, die_with_parent),
         backend,
-        message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
-    })?;
+    )?;
     profile.mark("root process spawned");
     label.set_process(server::child_pid(&child));
     unfinished.update(&label);
@@ -472,6 +491,72 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         ready_after,
         profile,
     })
+}
+
+/// What is done to a sandbox's root process before it runs (see [`Launch`]): the
+/// `cgroup.procs` files it joins, its rlimits, the user it becomes, and whether it dies
+/// with its worker.
+type ChildSteps = (
+    Vec<std::ffi::CString>,
+    Option<SandboxLimits>,
+    Option<(u32, u32)>,
+    bool,
+);
+
+/// Starts the sandbox's root process as `root` says, with `log` as its standard output
+/// and error and `pass_fds` from [`FIRST_PASSED_FD`] on; the steps of
+/// [`set_up_child`] (a spawned process) or of the launcher's order. A launcher's
+/// process is named in `label` (and `unfinished`) before it is told to go, so a start
+/// dropped from then on ends it.
+fn start_root(
+    root: Root,
+    log: std::fs::File,
+    pass_fds: &[std::os::fd::OwnedFd],
+    (label, unfinished): (&mut Label, &mut Unfinished),
+    (cgroup_procs, rlimits, become_user, die_with_parent): ChildSteps,
+    backend: &'static str,
+) -> Result<tokio::process::Child, SandboxError> {
+    match root {
+        Root::Spawn(mut cmd) => {
+            cmd.stdin(std::process::Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            set_up_child(
+                &mut cmd,
+                pass_fds,
+                cgroup_procs,
+                rlimits,
+                (become_user, die_with_parent),
+            );
+            cmd.spawn().map_err(|e| SandboxError::Start {
+                backend,
+                message: format!("cannot run {:?}: {e}", cmd.as_std().get_program()),
+            })
+        }
+        Root::Launcher {
+            launcher,
+            program,
+            args,
+        } => {
+            label.set_process(launcher.pid());
+            unfinished.update(label);
+            let order = launcher::Order {
+                program,
+                args,
+                // None sets none (the launcher's own are the worker's).
+                rlimits: rlimits.unwrap_or(SandboxLimits {
+                    processes: 0,
+                    memory_bytes: 0,
+                    file_size_bytes: 0,
+                    cpu_seconds: 0,
+                    ..SandboxLimits::default()
+                }),
+                become_user,
+                die_with_parent,
+            };
+            launcher.exec(&order, &std::os::fd::OwnedFd::from(log), pass_fds)
+        }
+    }
 }
 
 /// Reaps the sandbox's root process `child` whenever it ends (so it never lingers as a

@@ -135,6 +135,7 @@ impl NodeSandboxes {
                 },
                 cgroups: super::cgroup::Cgroups::probe(s.cgroup_parent.as_deref()),
                 uids: Default::default(),
+                launchers: super::launcher::LauncherPool::new(s.launcher_pool),
             },
             apptainer: super::apptainer::ApptainerRuntime {
                 program: s.apptainer.clone(),
@@ -182,6 +183,8 @@ impl NodeSandboxes {
     /// resource of the machine. Returns how many sandboxes it removed.
     pub async fn remove_all(&self) -> usize {
         self.set_stopping();
+        // No sandbox starts from here on: the launchers kept ready go first.
+        self.runtimes.bwrap.launchers.close();
         let mut removed = 0;
         for dir in Label::dirs(&self.root) {
             match Label::read(&dir) {

@@ -1,10 +1,12 @@
 //! Sandbox tests: the tools through a real sandbox server on the `local` and `bwrap`
-//! backends, the `apptainer` command lines against a stand-in executable, and the
-//! containment and hostile-agent suites on `bwrap`.
+//! backends, the `apptainer` command lines against a stand-in executable, the
+//! containment and hostile-agent suites on `bwrap`, and the launchers bwrap sandboxes
+//! start from.
 
 mod apptainer;
 mod containment;
 mod helpers;
 mod hostile;
+mod launchers;
 mod lifeline;
 mod tools;
