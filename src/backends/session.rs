@@ -179,10 +179,18 @@ impl BackendSession {
     }
 }
 
-/// Whether a 400 answer says the request does not fit the model's context.
+/// Whether a 400 answer says the request does not fit the model's context. vLLM 0.32
+/// clamps `max_tokens` to the room left and refuses only a prompt that leaves none, in
+/// its own words: "max_tokens must be at least 1, got 0" for a prompt of exactly the
+/// context's length, "max_tokens=… cannot be greater than max_model_len=…"; older
+/// servers and SGLang speak of the context length.
 fn is_context_error(body: &str) -> bool {
     let b = body.to_ascii_lowercase();
-    b.contains("context length") || b.contains("context_length") || b.contains("too long")
+    b.contains("context length")
+        || b.contains("context_length")
+        || b.contains("too long")
+        || b.contains("max_tokens must be at least 1")
+        || b.contains("cannot be greater than max_model_len")
 }
 
 #[async_trait]
@@ -229,5 +237,25 @@ impl Generator for BackendSession {
 
     fn take_switches(&mut self) -> Vec<BackendSwitch> {
         std::mem::take(&mut self.switches)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_refusals_are_known_in_each_servers_words() {
+        // As vLLM 0.32 answers (nested error bodies), and as older servers did.
+        for body in [
+            r#"{"error": {"message": "max_tokens must be at least 1, got 0.", "type": "BadRequestError", "param": "max_tokens", "code": 400}}"#,
+            r#"{"error": {"message": "max_tokens=2048 cannot be greater than max_model_len=1024. Please request fewer output tokens.", "type": "BadRequestError", "param": "max_tokens", "code": 400}}"#,
+            r#"{"object": "error", "message": "This model's maximum context length is 1024 tokens."}"#,
+        ] {
+            assert!(is_context_error(body), "{body}");
+        }
+        assert!(!is_context_error(
+            r#"{"error": {"message": "top_k must be 0 (disable), or at least 1, got -2.", "type": "BadRequestError", "param": "top_k", "code": 400}}"#
+        ));
     }
 }
