@@ -492,13 +492,11 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
     let starts = if common::quick() { 10 } else { 100 };
     // The same node without launchers made ahead of time: each start spawns bwrap and
     // moves it into its cgroups while bwrap waits.
-    let spawning = Runtimes {
-        bwrap: rollout::sandbox::bwrap::BwrapRuntime {
-            launchers: rollout::sandbox::launcher::LauncherPool::new(0),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let spawning = bwrap_runtimes(0, true);
+    // The same with the `/etc` entries bound one by one, as before the prepared view.
+    let per_entry = bwrap_runtimes(backends.bwrap.launchers.depth(), false);
+    let _ = timed_start(&per_entry, &request(root, RuntimeKind::Bwrap, &[]), "first").await;
+    let mut ready_per_entry = Vec::new();
     let mut ready = Vec::new();
     let mut ready_spawned = Vec::new();
     let mut floor = Vec::new();
@@ -513,6 +511,9 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
         let (t, profile) = timed_start(&spawning, &req, "bwrap sandbox, spawned").await;
         ready_spawned.push(t);
         profiles_spawned.push(profile);
+        let req = request(root, RuntimeKind::Bwrap, &[]);
+        let (t, _) = timed_start(&per_entry, &req, "bwrap sandbox, /etc per entry").await;
+        ready_per_entry.push(t);
         let req = request(root, RuntimeKind::Bwrap, &[]);
         let (t, profile) = timed_start(backends, &req, "bwrap sandbox").await;
         ready.push(t);
@@ -534,22 +535,27 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
     let (ready_quota, quota_profiles, misses) = quota_starts(root, backends, &quota, starts).await;
     let (ready, floor, ready_net) = (stats(ready), stats(floor), stats(ready_net));
     let spawned = stats(ready_spawned);
-    println!(
-        "| bwrap sandbox start, bwrap spawned at the start (`launcher_pool = 0`) → tools ready ({starts} starts) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap; {:.2}× bare bwrap |",
-        us(spawned.p50),
-        us(spawned.p99),
-        us(floor.p50),
-        us(spawned.p50.saturating_sub(floor.p50)),
-        spawned.p50.as_secs_f64() / floor.p50.as_secs_f64()
+    print_vs_bare(
+        &format!(
+            "bwrap sandbox start from a launcher, `/etc` bound entry by entry (`etc_view` off) → tools ready ({starts} starts)"
+        ),
+        &stats(ready_per_entry),
+        &floor,
     );
-    println!(
-        "| bwrap sandbox start from a launcher made ahead of time (`launcher_pool = {}`) → tools ready ({starts} starts, {missed} found none ready) | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap; {:.2}× bare bwrap |",
-        backends.bwrap.launchers.depth(),
-        us(ready.p50),
-        us(ready.p99),
-        us(floor.p50),
-        us(ready.p50.saturating_sub(floor.p50)),
-        ready.p50.as_secs_f64() / floor.p50.as_secs_f64()
+    print_vs_bare(
+        &format!(
+            "bwrap sandbox start, bwrap spawned at the start (`launcher_pool = 0`) → tools ready ({starts} starts)"
+        ),
+        &spawned,
+        &floor,
+    );
+    print_vs_bare(
+        &format!(
+            "bwrap sandbox start from a launcher made ahead of time (`launcher_pool = {}`) → tools ready ({starts} starts, {missed} found none ready)",
+            backends.bwrap.launchers.depth()
+        ),
+        &ready,
+        &floor,
     );
     println!(
         "| bwrap sandbox with `network: true` start → tools ready ({starts} starts) | p50 {}, p99 {} | the same without network p50 {} | +{} for its own network |",
@@ -580,6 +586,31 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
     if !quota_profiles.is_empty() {
         print_profile("bwrap start with the workspace quota", &quota_profiles);
     }
+}
+
+/// Backends whose bwrap keeps `launchers` launchers ready and binds the prepared `/etc`
+/// (`etc_view`) or its entries one by one.
+fn bwrap_runtimes(launchers: usize, etc_view: bool) -> Runtimes {
+    Runtimes {
+        bwrap: rollout::sandbox::bwrap::BwrapRuntime {
+            launchers: rollout::sandbox::launcher::LauncherPool::new(launchers),
+            etc_view,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Prints a row of starts `s` beside bare bwrap's `floor`.
+fn print_vs_bare(what: &str, s: &Stats, floor: &Stats) {
+    println!(
+        "| {what} | p50 {}, p99 {} | `bwrap … /bin/true` p50 {} | +{} over bare bwrap; {:.2}× bare bwrap |",
+        us(s.p50),
+        us(s.p99),
+        us(floor.p50),
+        us(s.p50.saturating_sub(floor.p50)),
+        s.p50.as_secs_f64() / floor.p50.as_secs_f64()
+    );
 }
 
 /// Prints the p50 of each step of `profiles` (see `rollout::sandbox::profile`), in the

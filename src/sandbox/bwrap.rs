@@ -2,8 +2,9 @@
 //!
 //! The sandbox gets new user, PID, IPC, UTS, cgroup and (unless the task allows network)
 //! network namespaces; no capabilities; no further user namespaces. The host's system
-//! directories (`/usr` and its `/bin`, `/lib`… links) and a short list of `/etc` files
-//! programs need are bound read-only; the workspace (`/workspace`) is the only writable
+//! directories (`/usr` and its `/bin`, `/lib`… links) and a short list of `/etc` entries
+//! programs need (the node's prepared copy of them, see [`super::etc_view`]) are bound
+//! read-only; the workspace (`/workspace`) is the only writable
 //! bind, beside size-limited private tmpfs mounts (`/tmp`, `/dev/shm`, the server's own
 //! directory). `/dev` holds the usual device nodes and is read-only, so it cannot hold
 //! files. The server's listening socket is passed in as a descriptor, and bwrap
@@ -41,33 +42,6 @@ pub const CTL_DIR: &str = "/run/rollout-ctl";
 /// Size of the server's private directory (command files, an index copy for exports).
 const CTL_BYTES: u64 = 64 << 20;
 
-/// `/etc` entries programs commonly need; secrets such as `shadow` are not among them.
-const ETC: &[&str] = &[
-    "passwd",
-    "group",
-    "hosts",
-    "resolv.conf",
-    "nsswitch.conf",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "localtime",
-    "alternatives",
-    "ssl",
-    "ca-certificates",
-    "ca-certificates.conf",
-    "mime.types",
-    "protocols",
-    "services",
-    "gitconfig",
-    "bash.bashrc",
-    "profile",
-    "inputrc",
-    "python3",
-    "python3.11",
-    "pip.conf",
-];
-
 /// See the module documentation.
 #[derive(Debug, Clone)]
 pub struct BwrapRuntime {
@@ -86,6 +60,10 @@ pub struct BwrapRuntime {
     /// Launchers made ahead of time, already in a cgroup of their own (see
     /// [`super::launcher`]); depth 0 spawns bwrap at each start instead.
     pub launchers: super::launcher::LauncherPool,
+    /// Whether sandboxes get the node's prepared `/etc` in one mount (see
+    /// [`super::etc_view`]) rather than its entries bound one by one; on by default,
+    /// off only to measure what it saves.
+    pub etc_view: bool,
 }
 
 /// Host user ids for root workers' sandboxes, found unused off the start path.
@@ -123,7 +101,7 @@ const UID_LOW: usize = 8;
 /// Where the descriptors bwrap is passed are found, numbered from
 /// [`super::FIRST_PASSED_FD`] in this order: bwrap's report (`--info-fd`), the server's
 /// listening socket, then (a root worker) the workspace, server binary and shell to bind,
-/// then (network) the sync descriptor, then (cgroups) the go-ahead, then (a sandbox that
+/// then (with a prepared one) the `/etc` to bind, then (network) the sync descriptor, then (cgroups) the go-ahead, then (a sandbox that
 /// ends with its worker) the lifeline. One plan, so the arguments and the descriptors
 /// handed over cannot disagree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +109,9 @@ pub struct Descriptors {
     /// The workspace, server binary and shell are bound from descriptors (a root worker:
     /// the sandbox's own user could not open their paths).
     pub by_fd: bool,
+    /// The node's prepared `/etc`, bound whole (see [`super::etc_view`]); without it,
+    /// the entries are bound one by one.
+    pub etc: Option<i32>,
     /// bwrap's `--sync-fd` (a `network: true` sandbox; see [`super::net`]).
     pub sync: Option<i32>,
     /// bwrap's `--block-fd`, the go-ahead of a held sandbox (see [`super::Hold`]).
@@ -140,9 +121,10 @@ pub struct Descriptors {
 }
 
 impl Descriptors {
-    /// The plan for a sandbox started by a root worker (`by_fd`), with its own network,
-    /// held for its cgroups, and ending with its worker, as given.
-    pub fn plan(by_fd: bool, network: bool, held: bool, lifeline: bool) -> Self {
+    /// The plan for a sandbox started by a root worker (`by_fd`), with a prepared
+    /// `/etc`, its own network, held for its cgroups, and ending with its worker, as
+    /// given.
+    pub fn plan(by_fd: bool, etc: bool, network: bool, held: bool, lifeline: bool) -> Self {
         let mut next = super::FIRST_PASSED_FD + 2 + if by_fd { 3 } else { 0 };
         let mut take = |wanted: bool| {
             wanted.then(|| {
@@ -152,6 +134,7 @@ impl Descriptors {
         };
         Descriptors {
             by_fd,
+            etc: take(etc),
             sync: take(network),
             block: take(held),
             lifeline: take(lifeline),
@@ -159,7 +142,55 @@ impl Descriptors {
     }
 }
 
+/// How many threads user `uid` runs: a non-root worker's sandboxes share its user's
+/// process limit, so a sandbox's budget is added on top of what already runs.
+fn threads_of(uid: u32) -> u64 {
+    super::label::process_table()
+        .iter()
+        .filter(|r| r.uid == uid)
+        .map(|r| r.threads)
+        .sum()
+}
+
 impl BwrapRuntime {
+    /// For a root worker: picks the sandbox's own user, gives it the sandbox's directory
+    /// and workspace, and opens the workspace, server binary and shell to bind by
+    /// descriptor (appended to `pass`).
+    fn give_to_own_user(
+        &self,
+        req: &StartRequest,
+        shell: &Path,
+        label: &mut Label,
+        pass: &mut Vec<std::os::fd::OwnedFd>,
+        profile: &mut super::StartProfile,
+    ) -> Result<(), SandboxError> {
+        let root = req.dir.parent().unwrap_or(Path::new("/"));
+        let uid = self.pick_uid(root);
+        label.uid = Some(uid);
+        profile.mark("user id picked");
+        // The sandbox's directory becomes its user's (still 0700), so bwrap, running as
+        // that user, can pass through it to the workspace; no other user can.
+        std::os::unix::fs::lchown(&req.dir, Some(uid), Some(self.gid))?;
+        chown_tree(&req.workspace(), uid, self.gid)?;
+        profile.mark("workspace chowned");
+        for p in [req.workspace(), req.server_bin.clone(), shell.to_path_buf()] {
+            pass.push(open_path(&p)?);
+        }
+        Ok(())
+    }
+
+    /// The node's prepared `/etc` under `root`, opened for binding, or `None` to bind
+    /// its entries one by one: when the view is off or cannot be made, and when the task
+    /// binds something under `/etc` (a read-only `/etc` has no room for another mount
+    /// point in it).
+    fn etc_for(&self, req: &StartRequest, root: &Path) -> Option<std::os::fd::OwnedFd> {
+        if !self.etc_view || req.ro_binds.iter().any(|p| p.starts_with("/etc")) {
+            return None;
+        }
+        let view = super::etc_view::view(root, Path::new("/etc"))?;
+        open_path(&view).ok()
+    }
+
     /// For a `network: true` sandbox: checks the network can be set up (refused at
     /// once, with the reason, rather than after starting bwrap; never a fall back to the
     /// host's network), writes its `resolv.conf`, and makes the pipe whose ends are the
@@ -193,6 +224,7 @@ impl Default for BwrapRuntime {
             cgroups: super::cgroup::Cgroups::probe(None),
             uids: Default::default(),
             launchers: Default::default(),
+            etc_view: true,
         }
     }
 }
@@ -380,7 +412,7 @@ impl BwrapRuntime {
     /// when the worker's lifeline there breaks (see [`super::lifeline`]).
     pub fn args(&self, req: &StartRequest, shell: &Path, fds: &Descriptors) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
-        system_args(&mut a, req);
+        system_args(&mut a, req, fds.etc);
         writable_args(&mut a, req, fds.by_fd, shell);
         environment_args(&mut a, req);
         if let Some(fd) = fds.sync {
@@ -417,7 +449,7 @@ fn push_args(a: &mut Vec<OsString>, items: &[&OsStr]) {
 
 /// `bwrap` arguments, part 1: fresh namespaces without capabilities, and the host's
 /// system directories and the `/etc` files programs need, read-only.
-fn system_args(a: &mut Vec<OsString>, req: &StartRequest) {
+fn system_args(a: &mut Vec<OsString>, req: &StartRequest, etc_fd: Option<i32>) {
     push_args(a, &["--unshare-all".as_ref(), "--unshare-user".as_ref()]);
     push_args(
         a,
@@ -451,9 +483,22 @@ fn system_args(a: &mut Vec<OsString>, req: &StartRequest) {
             Err(_) => {}
         }
     }
-    for name in ETC {
-        let p = Path::new("/etc").join(name);
-        push_args(a, &["--ro-bind-try".as_ref(), p.as_os_str(), p.as_os_str()]);
+    match etc_fd {
+        // One mount for all of them (see `super::etc_view`).
+        Some(fd) => push_args(
+            a,
+            &[
+                "--ro-bind-fd".as_ref(),
+                fd.to_string().as_ref(),
+                "/etc".as_ref(),
+            ],
+        ),
+        None => {
+            for name in super::etc_view::ETC {
+                let p = Path::new("/etc").join(name);
+                push_args(a, &["--ro-bind-try".as_ref(), p.as_os_str(), p.as_os_str()]);
+            }
+        }
     }
     if req.network {
         let resolv = req.dir.join("resolv.conf");
@@ -634,8 +679,11 @@ impl SandboxRuntime for BwrapRuntime {
         // bwrap's own death signal reaches the namespace's init only once the sandbox
         // is built; the lifeline ends a sandbox whose worker died before that. A
         // launcher's sandbox is in its cgroups from its first process: no hold.
+        let etc = self.etc_for(req, root);
+        profile.mark("/etc view");
         let fds = Descriptors::plan(
             me == 0,
+            etc.is_some(),
             req.network,
             self.cgroups.enforced() && launcher.is_none(),
             req.die_with_parent,
@@ -646,17 +694,11 @@ impl SandboxRuntime for BwrapRuntime {
             None
         };
         if me == 0 {
-            let uid = self.pick_uid(root);
-            label.uid = Some(uid);
-            profile.mark("user id picked");
-            // The sandbox's directory becomes its user's (still 0700), so bwrap, running
-            // as that user, can pass through it to the workspace; no other user can.
-            std::os::unix::fs::lchown(&req.dir, Some(uid), Some(self.gid))?;
-            chown_tree(&req.workspace(), uid, self.gid)?;
-            profile.mark("workspace chowned");
-            for p in [req.workspace(), req.server_bin.clone(), shell.clone()] {
-                pass.push(open_path(&p)?);
-            }
+            self.give_to_own_user(req, &shell, &mut label, &mut pass, &mut profile)?;
+        }
+        if let Some(fd) = etc {
+            debug_assert_eq!(fds.etc, Some(number_of_next(pass.len())));
+            pass.push(fd);
         }
         let args = self.args(req, &shell, &fds);
         let net = net.map(|(exit_read, exit_write)| {
@@ -691,12 +733,7 @@ impl SandboxRuntime for BwrapRuntime {
             limits.memory_bytes = 0;
         }
         if me != 0 && limits.processes > 0 {
-            let running: u64 = super::label::process_table()
-                .iter()
-                .filter(|r| r.uid == me)
-                .map(|r| r.threads)
-                .sum();
-            limits.processes += running;
+            limits.processes += threads_of(me);
             profile.mark("process budget counted");
         }
         let become_user = label.uid.map(|u| (u, self.gid));

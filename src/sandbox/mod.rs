@@ -19,6 +19,7 @@ pub mod apptainer;
 pub mod bwrap;
 pub mod cgroup;
 pub mod client;
+pub mod etc_view;
 pub mod label;
 pub mod launcher;
 pub mod lifeline;

@@ -136,6 +136,7 @@ impl NodeSandboxes {
                 cgroups: super::cgroup::Cgroups::probe(s.cgroup_parent.as_deref()),
                 uids: Default::default(),
                 launchers: super::launcher::LauncherPool::new(s.launcher_pool),
+                etc_view: true,
             },
             apptainer: super::apptainer::ApptainerRuntime {
                 program: s.apptainer.clone(),

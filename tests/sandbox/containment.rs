@@ -104,6 +104,7 @@ async fn nothing_outside_the_workspace_is_writable() {
     for target in [
         "/usr/pwned",
         "/etc/passwd",
+        "/etc/new-file",
         "/run/rollout-sandbox",
         "/pwned",
         &host_file.display().to_string(),
@@ -123,6 +124,24 @@ async fn nothing_outside_the_workspace_is_writable() {
     }
     assert_eq!(std::fs::read_to_string(&host_file).unwrap(), "original");
     assert!(!std::path::Path::new("/usr/pwned").exists());
+    // `/etc` is the node's prepared copy of the listed entries, the same as the host's,
+    // and nothing else of it.
+    let r =
+        t.sb.client
+            .bash("cat /etc/passwd; ls /etc", None)
+            .await
+            .unwrap();
+    assert!(
+        r.output
+            .starts_with(&std::fs::read_to_string("/etc/passwd").unwrap()),
+        "{r:?}"
+    );
+    for absent in ["shadow", "gshadow", "sudoers", "machine-id"] {
+        assert!(
+            !r.output.lines().any(|l| l == absent),
+            "/etc/{absent} is visible: {r:?}"
+        );
+    }
     let r =
         t.sb.client
             .bash("echo mine > /workspace/ok && cat ok", None)

@@ -42,7 +42,7 @@ fn start_held(req: &StartRequest) -> Held {
     let (lifeline_read, lifeline) = pipe();
     let log = std::fs::File::create(req.dir.join("server.log")).unwrap();
     let mut cmd = std::process::Command::new(&rt.program);
-    let fds = Descriptors::plan(false, false, true, true);
+    let fds = Descriptors::plan(false, false, false, true, true);
     assert_eq!((fds.block, fds.lifeline), (Some(5), Some(6)));
     cmd.args(rt.args(req, &shell, &fds))
         .env_clear()
