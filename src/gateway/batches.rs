@@ -98,7 +98,8 @@ pub struct PlainBatchCancelled {
     /// The batch's counters, with `ended_at` and `end_reason` set.
     pub batch: BatchCounters,
     /// How many of its jobs had not ended when it was cancelled. They end `cancelled`
-    /// shortly after the answer; none is scored.
+    /// shortly after the answer and none is scored, but for a job whose end was being
+    /// written as the cancel came: it ends as it would have, stamped before the cancel.
     pub cancelling: i64,
 }
 

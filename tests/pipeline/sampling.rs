@@ -872,6 +872,7 @@ async fn a_cancel_under_load_lets_nothing_of_the_batch_be_scored_after_it() {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["batch"]["status"], "cancelled", "{answer}");
     assert!(answer["cancelling"].as_i64().unwrap() > 0, "{answer}");
+    let asked_at = EpochMs::now().0;
     let (status, answer) = json_answer(
         reqwest::Client::new().post(format!("{}/v1/batches/plain/cancel", env.base)),
         "cancel the plain batch",
@@ -915,11 +916,17 @@ async fn a_cancel_under_load_lets_nothing_of_the_batch_be_scored_after_it() {
         .await;
     let (done, cancelled) = nothing_scored_after_the_cancel("plain", &plain);
     assert!(done > 0, "{done} done");
-    // Every job live at the answer ended cancelled (and any whose end raced the
-    // cancel's commit too).
+    // Every job live at the answer ended cancelled, but for those whose end was being
+    // written as the cancel came (their `done` decided before the batch's end
+    // committed, and stamped before it): they may be counted live by the answer's
+    // read of the counters. Those ends are stamped around the request.
+    let raced = plain
+        .iter()
+        .filter(|r| r.status == Status::Done && r.created_at >= asked_at - 2_000)
+        .count();
     assert!(
-        i64::try_from(cancelled).unwrap() >= cancelling,
-        "{cancelled} cancelled, {cancelling} live at the cancel"
+        i64::try_from(cancelled + raced).unwrap() >= cancelling,
+        "{cancelled} cancelled and {raced} ended around the cancel, {cancelling} live at the cancel"
     );
     // No cancelled job reached EVAL after the cancel, and nothing is left running.
     env.wait_work_drained().await;
