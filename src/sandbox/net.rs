@@ -142,6 +142,14 @@ async fn wait_for_id_maps(pid: i32, deadline: Instant) -> Result<(), String> {
     }
 }
 
+/// A bwrap sandbox's start failing for `message`, a reason about its network.
+fn fail(message: String) -> SandboxError {
+    SandboxError::Start {
+        backend: "bwrap",
+        message,
+    }
+}
+
 /// How many times slirp4netns is started before a sandbox's network is given up on.
 const SLIRP_ATTEMPTS: u32 = 3;
 
@@ -160,10 +168,6 @@ pub async fn attach(
     exit_fd: OwnedFd,
     deadline: Instant,
 ) -> Result<Helper, SandboxError> {
-    let fail = |message: String| SandboxError::Start {
-        backend: "bwrap",
-        message,
-    };
     // slirp4netns becomes root of that user namespace (setegid(0)), which fails until
     // bwrap has written its id maps, and bwrap may report the pid before it has.
     wait_for_id_maps(ns_pid, deadline).await.map_err(fail)?;
@@ -197,10 +201,6 @@ async fn start_slirp(
     exit_fd: OwnedFd,
     deadline: Instant,
 ) -> Result<i32, SandboxError> {
-    let fail = |message: String| SandboxError::Start {
-        backend: "bwrap",
-        message,
-    };
     let (ready_read, ready_write) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
     let owner = owning_userns(ns_pid).map_err(fail)?;
