@@ -532,7 +532,8 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
         );
     }
     let quota = rollout::sandbox::quota::WorkspaceQuota::probe();
-    let (ready_quota, quota_profiles, misses) = quota_starts(root, backends, &quota, starts).await;
+    let back_to_back = quota_starts(root, backends, &quota, starts, false).await;
+    let settled = quota_starts(root, backends, &quota, starts, true).await;
     let (ready, floor, ready_net) = (stats(ready), stats(floor), stats(ready_net));
     let spawned = stats(ready_spawned);
     print_vs_bare(
@@ -564,27 +565,51 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
         us(ready.p50),
         us(ready_net.p50.saturating_sub(ready.p50))
     );
-    if !ready_quota.is_empty() {
-        let q = stats(ready_quota);
-        println!(
-            "| bwrap sandbox with its workspace quota (10 GiB ext4 image from the pool, root worker) start → tools ready ({starts} starts, {misses} found the pool empty) | p50 {}, p99 {} | the same without a quota p50 {}; bare bwrap p50 {} | +{} for the workspace's filesystem; {:.2}× bare bwrap |",
-            us(q.p50),
-            us(q.p99),
-            us(ready.p50),
-            us(floor.p50),
-            us(q.p50.saturating_sub(ready.p50)),
-            q.p50.as_secs_f64() / floor.p50.as_secs_f64()
-        );
-    } else {
+    print_quota_rows(&quota, starts, [&back_to_back, &settled], &ready);
+    print_profile("plain bwrap start, bwrap spawned", &profiles_spawned);
+    print_profile("plain bwrap start from a launcher", &profiles);
+    for (run, how) in [(&back_to_back, "back to back"), (&settled, "pool full")] {
+        if !run.profiles.is_empty() {
+            print_profile(
+                &format!("bwrap start with the workspace quota, {how}"),
+                &run.profiles,
+            );
+        }
+    }
+}
+
+/// The quota rows: each run of [`quota_starts`] against the bare bwrap starts that
+/// alternated with it and the plain start (`plain`, p50).
+fn print_quota_rows(
+    quota: &rollout::sandbox::quota::WorkspaceQuota,
+    starts: usize,
+    [back_to_back, settled]: [&QuotaRun; 2],
+    ready: &Stats,
+) {
+    if back_to_back.ready.is_empty() {
         println!(
             "| bwrap sandbox with its workspace quota | not measured: {:?} | — | — |",
             quota
         );
     }
-    print_profile("plain bwrap start, bwrap spawned", &profiles_spawned);
-    print_profile("plain bwrap start from a launcher", &profiles);
-    if !quota_profiles.is_empty() {
-        print_profile("bwrap start with the workspace quota", &quota_profiles);
+    for (run, how) in [
+        (&back_to_back, "starts back to back"),
+        (&settled, "the pool full before each start"),
+    ] {
+        if run.ready.is_empty() {
+            continue;
+        }
+        let (q, bare) = (stats(run.ready.clone()), stats(run.floor.clone()));
+        println!(
+            "| bwrap sandbox with its workspace quota (10 GiB ext4 image from the pool, root worker; {how}) start → tools ready ({starts} starts, {} found the pool empty) | p50 {}, p99 {} | bare bwrap alternating with it p50 {}; the plain start p50 {} | +{} over the plain start; {:.2}× bare bwrap |",
+            run.misses,
+            us(q.p50),
+            us(q.p99),
+            us(bare.p50),
+            us(ready.p50),
+            us(q.p50.saturating_sub(ready.p50)),
+            q.p50.as_secs_f64() / bare.p50.as_secs_f64()
+        );
     }
 }
 
@@ -655,54 +680,76 @@ async fn timed_start(backends: &Runtimes, req: &StartRequest, what: &str) -> (Du
 
 /// Bwrap sandbox starts with the workspace's own filesystem (the disk quota of a root
 /// worker), taken from a pool of images mounted ahead of time as a node keeps it (see
-/// `rollout::sandbox::pool`; filled before the first start, then topped up in the
-/// background while the next starts run), unmounted on stop. None where `quota` is not
-/// enforced. Also returns how many starts found the pool empty and mounted their own.
+/// `rollout::sandbox::pool`; filled before the first start, its chores done after each
+/// start as a node does them), unmounted on stop, each beside a bare `bwrap /bin/true`
+/// for the same run's floor. With `settled`, each start waits (untimed) until the pool
+/// is full again, as on a node whose starts are not back to back; without, the pool's
+/// chores of one start run into the next. None where `quota` is not enforced.
 async fn quota_starts(
     root: &Path,
     backends: &Runtimes,
     quota: &rollout::sandbox::quota::WorkspaceQuota,
     starts: usize,
-) -> (Vec<Duration>, Vec<Steps>, usize) {
-    let mut ready_quota = Vec::new();
-    let mut profiles = Vec::new();
+    settled: bool,
+) -> QuotaRun {
+    let mut run = QuotaRun::default();
     let bytes = SandboxLimits::default().workspace_bytes;
     // The pool an operator turns on with `sandbox.workspace_pool = 2` (off by default).
     let depth = 2;
     let pool = rollout::sandbox::pool::WorkspacePool::new(quota.clone(), root, depth);
     if quota.enforced() {
         pool.refill(bytes);
-        while pool.ready(bytes) < depth {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_full(&pool, bytes, depth).await;
     }
-    let mut misses = 0;
     for _ in 0..(if quota.enforced() { starts } else { 0 }) {
+        if settled {
+            wait_full(&pool, bytes, depth).await;
+        }
+        run.floor.push(bwrap_true());
         let req = request(root, RuntimeKind::Bwrap, &[]);
         if pool.ready(bytes) == 0 {
-            misses += 1;
+            run.misses += 1;
         }
         let t = Instant::now();
-        pool.mount(
-            &req.dir,
-            &req.workspace(),
-            SandboxLimits::default().workspace_bytes,
-        )
-        .await
-        .expect("workspace filesystem");
+        let taken = pool
+            .mount(&req.dir, &req.workspace(), bytes)
+            .await
+            .expect("workspace filesystem");
         let mounted = t.elapsed();
         let sb = backends
             .get(RuntimeKind::Bwrap)
             .start(&req)
             .await
             .expect("bwrap sandbox with a quota");
-        ready_quota.push(t.elapsed());
+        run.ready.push(t.elapsed());
+        // As a node does: the pool's chores after the start.
+        pool.settle(taken);
         let mut steps = vec![("workspace image mounted", mounted)];
         steps.extend(sb.profile.steps());
-        profiles.push(steps);
+        run.profiles.push(steps);
         drop(sb.client);
         backends.stop(&req.dir).await.unwrap();
     }
     pool.close().await;
-    (ready_quota, profiles, misses)
+    run
+}
+
+/// What [`quota_starts`] measured.
+#[derive(Default)]
+struct QuotaRun {
+    /// Start → tools ready, per start.
+    ready: Vec<Duration>,
+    /// Bare `bwrap /bin/true`, one before each start.
+    floor: Vec<Duration>,
+    /// Each start's steps.
+    profiles: Vec<Steps>,
+    /// Starts that found the pool empty and mounted their own image.
+    misses: usize,
+}
+
+/// Waits until the pool holds `depth` images of `bytes` (its chores done).
+async fn wait_full(pool: &rollout::sandbox::pool::WorkspacePool, bytes: u64, depth: usize) {
+    while pool.ready(bytes) < depth {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

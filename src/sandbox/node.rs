@@ -382,15 +382,19 @@ impl NodeSandboxes {
         }
         let mine = Some(generation);
         let limits = spec.limits.apply(self.settings.limits);
-        if let Err(e) = self
+        let taken = match self
             .pool
             .mount(&dir, &workspace, limits.workspace_bytes)
             .await
         {
-            self.remove(job_id, purpose, mine).await;
-            return Err(e);
-        }
+            Ok(taken) => taken,
+            Err(e) => {
+                self.remove(job_id, purpose, mine).await;
+                return Err(e);
+            }
+        };
         if let Err(message) = spec.prepare(&workspace).await {
+            self.pool.settle(taken);
             self.remove(job_id, purpose, mine).await;
             return Err(SandboxError::Config(format!(
                 "cannot prepare the workspace: {message}"
@@ -413,7 +417,10 @@ impl NodeSandboxes {
                 .die_with_process
                 .load(std::sync::atomic::Ordering::SeqCst),
         };
-        let sandbox = match self.runtimes.get(backend).start(&req).await {
+        let started = self.runtimes.get(backend).start(&req).await;
+        // The pool's chores wait until now, so they do not compete with this start.
+        self.pool.settle(taken);
+        let sandbox = match started {
             Ok(s) => s,
             Err(e) => {
                 metrics::counter!(crate::metrics::SANDBOX_START_FAILURES, "backend" => backend.as_str())

@@ -8,11 +8,17 @@
 //! path: it keeps up to `depth` images of each size asked for mounted (`nosuid`,
 //! `nodev`, `noatime`, exactly as [`WorkspaceQuota::mount`] mounts them) under a
 //! directory of its own, `<root>/.pool-<pid>-<start time>/`. Taking one bind-mounts it
-//! onto the sandbox's `workspace/` (a bind keeps the mount's flags), detaches the pool's
-//! own mount point in the background (then the workspace's mount is the filesystem's only one on the host,
-//! and the sandbox's stop, [`super::quota::unmount_under`], frees it and its loop device
-//! as before) and moves the image file into the sandbox's directory, where it is removed
-//! with it. Every image is fresh: none is ever used by two sandboxes.
+//! onto the sandbox's `workspace/` (a bind keeps the mount's flags) and moves the image
+//! file into the sandbox's directory, where it is removed with it. Every image is fresh:
+//! none is ever used by two sandboxes.
+//!
+//! Two chores follow a take, and both wait until the sandbox has started
+//! ([`WorkspacePool::settle`], given the [`Taken`] the take returned): detaching the
+//! pool's own mount point (then the workspace's mount is the filesystem's only one on the
+//! host, and the sandbox's stop, [`super::quota::unmount_under`], frees it and its loop
+//! device as before), and topping the pool up. Done at once they ran beside bwrap's own
+//! mounts, for the kernel's mount lock and the node's cores: a detach waits out an RCU
+//! grace period, and a refill copies an image and mounts it (tens of milliseconds).
 //!
 //! [`WorkspacePool::close`] (the node stopping) unmounts and removes everything the pool
 //! holds, after waiting for images being made; a pool directory left by a process that
@@ -43,6 +49,19 @@ struct State {
     /// Set by [`WorkspacePool::close`]: nothing more is made, and what a filling task
     /// finishes after this is taken down at once.
     closed: bool,
+}
+
+/// What taking a workspace left to do once its sandbox has started: the pool's own
+/// mount point to detach, and the pool to top up. Hand it to [`WorkspacePool::settle`]
+/// (on every path, a failed start too); one dropped instead leaves the mount point to
+/// [`WorkspacePool::close`] and the refill to the next take.
+#[must_use = "hand it to WorkspacePool::settle once the sandbox has started"]
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// The workspace's size; 0 when it has none (nothing to top up).
+    bytes: u64,
+    /// The pool's mount point of an image taken from it.
+    pool_mount: Option<PathBuf>,
 }
 
 /// See the module documentation.
@@ -88,16 +107,17 @@ impl WorkspacePool {
     }
 
     /// Makes `workspace` (inside the sandbox directory `dir`, empty) a filesystem of
-    /// `bytes`, from the pool when it holds one of that size, else the slow way; either
-    /// way the pool is topped up in the background. `0` leaves a plain directory.
+    /// `bytes`, from the pool when it holds one of that size, else the slow way. `0`
+    /// leaves a plain directory. What is left to do after the sandbox's start comes back
+    /// as a [`Taken`], for [`WorkspacePool::settle`].
     pub async fn mount(
         &self,
         dir: &Path,
         workspace: &Path,
         bytes: u64,
-    ) -> Result<(), SandboxError> {
+    ) -> Result<Taken, SandboxError> {
         if bytes == 0 || !self.quota.enforced() {
-            return Ok(());
+            return Ok(Taken::default());
         }
         let taken = self
             .state
@@ -106,29 +126,49 @@ impl WorkspacePool {
             .ready
             .get_mut(&bytes)
             .and_then(Vec::pop);
-        self.refill(bytes);
-        if let Some(ready) = taken {
-            let (dir, workspace) = (dir.to_path_buf(), workspace.to_path_buf());
-            let hand = tokio::task::spawn_blocking(move || hand_over(&ready, &dir, &workspace));
-            let pool_mount = hand
-                .await
-                .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
-                .map_err(|e| SandboxError::Start {
+        let Some(ready) = taken else {
+            self.quota.mount(dir, workspace, bytes).await?;
+            return Ok(Taken {
+                bytes,
+                pool_mount: None,
+            });
+        };
+        let (dir, workspace) = (dir.to_path_buf(), workspace.to_path_buf());
+        let hand = tokio::task::spawn_blocking(move || hand_over(&ready, &dir, &workspace));
+        let handed = hand
+            .await
+            .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?;
+        match handed {
+            Ok(pool_mount) => Ok(Taken {
+                bytes,
+                pool_mount: Some(pool_mount),
+            }),
+            Err(e) => {
+                self.refill(bytes);
+                Err(SandboxError::Start {
                     backend: "workspace quota",
                     message: format!("cannot take a prepared workspace image: {e}"),
-                })?;
-            // Detaching the pool's own mount point waits for the kernel (an RCU grace
-            // period, milliseconds): after the start, not before. `close` waits for it,
-            // and sweeps the pool directory's mounts anyway.
+                })
+            }
+        }
+    }
+
+    /// Does what a take left for after its sandbox's start (see [`Taken`]), in the
+    /// background: detaches the pool's mount point of the image taken (the kernel waits
+    /// out an RCU grace period for it; [`WorkspacePool::close`] waits for it and sweeps
+    /// the pool directory's mounts anyway) and tops the pool up.
+    pub fn settle(&self, taken: Taken) {
+        if let Some(pool_mount) = taken.pool_mount {
             self.tasks.spawn_blocking(move || {
                 if let Err(e) = super::quota::unmount_under(&pool_mount) {
                     tracing::warn!(error = %e, "cannot detach a pooled image's mount point");
                 }
                 let _ = std::fs::remove_dir(&pool_mount);
             });
-            return Ok(());
         }
-        self.quota.mount(dir, workspace, bytes).await
+        if taken.bytes > 0 {
+            self.refill(taken.bytes);
+        }
     }
 
     /// Mounts images of `bytes` in the background until `depth` are ready, unless that
@@ -366,7 +406,7 @@ mod tests {
         let dir = root.join("sb");
         let ws = dir.join("workspace");
         std::fs::create_dir_all(&ws).unwrap();
-        pool.mount(&dir, &ws, bytes).await.unwrap();
+        let taken = pool.mount(&dir, &ws, bytes).await.unwrap();
         let here = mounts_under(&dir);
         assert_eq!(here.len(), 1, "{here:?}");
         assert_eq!(here[0].0, ws);
@@ -376,6 +416,7 @@ mod tests {
         assert!(dir.join("workspace.img").is_file());
         assert!(!ws.join("lost+found").exists());
         std::fs::write(ws.join("a"), "x").unwrap();
+        pool.settle(taken);
         pool.close().await;
         assert_eq!(mounts_under(root).len(), 1, "{:?}", mounts_under(root));
         assert!(
@@ -410,7 +451,8 @@ mod tests {
         let dir = root.path().join("sb");
         let ws = dir.join("workspace");
         std::fs::create_dir_all(&ws).unwrap();
-        pool.mount(&dir, &ws, 1 << 30).await.unwrap();
+        let taken = pool.mount(&dir, &ws, 1 << 30).await.unwrap();
+        pool.settle(taken);
         assert_eq!(pool.ready(1 << 30), 0);
         pool.close().await;
         assert!(!root.path().join(format!("{POOL_PREFIX}x")).exists());
