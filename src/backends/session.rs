@@ -183,8 +183,8 @@ impl BackendSession {
 /// clamps `max_tokens` to the room left and refuses only a prompt that leaves none, in
 /// its own words: "max_tokens must be at least 1, got 0" for a prompt of exactly the
 /// context's length, "max_tokens=… cannot be greater than max_model_len=…"; older
-/// servers and SGLang speak of the context length.
-fn is_context_error(body: &str) -> bool {
+/// servers and SGLang speak of the context length. Public for the real-server suite.
+pub fn is_context_error(body: &str) -> bool {
     let b = body.to_ascii_lowercase();
     b.contains("context length")
         || b.contains("context_length")

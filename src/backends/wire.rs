@@ -43,6 +43,86 @@ pub struct Sampling {
     /// turn ends where the template ends turns whatever the server's defaults.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop_token_ids: Vec<u32>,
+    /// What the model may write, enforced by the server's structured-output support
+    /// (vLLM's `structured_outputs`, SGLang's `regex`/`ebnf`/`json_schema`): e.g. a
+    /// regex that makes every turn a well-formed tool call. The tokens sampled under it
+    /// are still the server's own, with their logprobs (a token the grammar forces has
+    /// logprob 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_outputs: Option<StructuredOutputs>,
+}
+
+/// One structured-output constraint: exactly one of its fields (see
+/// [`StructuredOutputs::check`]). The names are vLLM's (`structured_outputs` in
+/// `/v1/completions`); SGLang takes the same as `regex`, `ebnf` and `json_schema`, and a
+/// `choice` as a regex of the alternatives.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredOutputs {
+    /// A regular expression the whole output must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    /// A grammar (GBNF/EBNF) the output must follow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
+    /// A JSON schema the output must satisfy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<serde_json::Value>,
+    /// The output is exactly one of these strings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<Vec<String>>,
+}
+
+impl StructuredOutputs {
+    /// `Err` with the reason unless exactly one constraint is given and it can
+    /// constrain something (a non-empty regex or grammar, a JSON object schema, at
+    /// least one choice). Checked at submit: a server answers a bad one 400 (or, for
+    /// some grammar backends, 500) on every turn.
+    pub fn check(&self) -> Result<(), String> {
+        let given = [
+            self.regex.is_some(),
+            self.grammar.is_some(),
+            self.json.is_some(),
+            self.choice.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() != 1 {
+            return Err("give exactly one of regex, grammar, json, choice".into());
+        }
+        if self.regex.as_deref().is_some_and(str::is_empty)
+            || self.grammar.as_deref().is_some_and(str::is_empty)
+        {
+            return Err("must not be empty".into());
+        }
+        if self.json.as_ref().is_some_and(|j| !j.is_object()) {
+            return Err("json must be a JSON schema (an object)".into());
+        }
+        if self
+            .choice
+            .as_ref()
+            .is_some_and(|c| c.is_empty() || c.iter().any(String::is_empty))
+        {
+            return Err("choice must list at least one non-empty string".into());
+        }
+        Ok(())
+    }
+
+    /// The regex SGLang is given for a `choice`: the alternatives, each escaped.
+    fn choice_regex(choices: &[String]) -> String {
+        let alts: Vec<String> = choices.iter().map(|c| regex_escape(c)).collect();
+        format!("({})", alts.join("|"))
+    }
+}
+
+/// `text` with every regex metacharacter escaped.
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Why generation ended.
@@ -251,6 +331,12 @@ pub fn sglang_body(prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
         #[serde(skip_serializing_if = "<[u32]>::is_empty")]
         stop_token_ids: &'a [u32],
         skip_special_tokens: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        regex: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ebnf: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        json_schema: Option<String>,
     }
     #[derive(Serialize)]
     struct Body<'a> {
@@ -259,6 +345,7 @@ pub fn sglang_body(prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
         return_logprob: bool,
         stream: bool,
     }
+    let constraint = s.structured_outputs.as_ref();
     serde_json::to_vec(&Body {
         input_ids: prompt_ids,
         sampling_params: Params {
@@ -271,6 +358,14 @@ pub fn sglang_body(prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
             stop: &s.stop,
             stop_token_ids: &s.stop_token_ids,
             skip_special_tokens: false,
+            regex: constraint.and_then(|c| {
+                c.regex
+                    .clone()
+                    .or_else(|| c.choice.as_deref().map(StructuredOutputs::choice_regex))
+            }),
+            ebnf: constraint.and_then(|c| c.grammar.as_deref()),
+            // SGLang takes the schema as a JSON string.
+            json_schema: constraint.and_then(|c| c.json.as_ref().map(ToString::to_string)),
         },
         return_logprob: true,
         stream: false,
@@ -361,6 +456,76 @@ mod tests {
             stop: vec!["</tool_call>".into()],
             seed: Some(3),
             stop_token_ids: vec![7, 9],
+            structured_outputs: None,
+        }
+    }
+
+    #[test]
+    fn structured_outputs_reach_both_servers_in_their_words() {
+        let mut s = sampling();
+        s.structured_outputs = Some(StructuredOutputs {
+            regex: Some("<tool_call>[a-z]+</tool_call>".into()),
+            ..Default::default()
+        });
+        let v: serde_json::Value = serde_json::from_slice(&vllm_body("m", &[1], &s)).unwrap();
+        assert_eq!(
+            v["structured_outputs"],
+            serde_json::json!({"regex": "<tool_call>[a-z]+</tool_call>"})
+        );
+        let g: serde_json::Value = serde_json::from_slice(&sglang_body(&[1], &s)).unwrap();
+        assert_eq!(
+            g["sampling_params"]["regex"],
+            "<tool_call>[a-z]+</tool_call>"
+        );
+        s.structured_outputs = Some(StructuredOutputs {
+            choice: Some(vec!["a.b".into(), "(c)".into()]),
+            ..Default::default()
+        });
+        let g: serde_json::Value = serde_json::from_slice(&sglang_body(&[1], &s)).unwrap();
+        assert_eq!(g["sampling_params"]["regex"], r"(a\.b|\(c\))");
+        s.structured_outputs = Some(StructuredOutputs {
+            json: Some(serde_json::json!({"type": "object"})),
+            ..Default::default()
+        });
+        let g: serde_json::Value = serde_json::from_slice(&sglang_body(&[1], &s)).unwrap();
+        assert_eq!(g["sampling_params"]["json_schema"], r#"{"type":"object"}"#);
+        s.structured_outputs = Some(StructuredOutputs {
+            grammar: Some("root ::= \"x\"".into()),
+            ..Default::default()
+        });
+        let g: serde_json::Value = serde_json::from_slice(&sglang_body(&[1], &s)).unwrap();
+        assert_eq!(g["sampling_params"]["ebnf"], "root ::= \"x\"");
+        assert!(g["sampling_params"].get("regex").is_none());
+    }
+
+    #[test]
+    fn a_structured_output_gives_exactly_one_usable_constraint() {
+        let ok = StructuredOutputs {
+            regex: Some("a+".into()),
+            ..Default::default()
+        };
+        assert!(ok.check().is_ok());
+        for bad in [
+            StructuredOutputs::default(),
+            StructuredOutputs {
+                regex: Some("a".into()),
+                grammar: Some("root ::= \"a\"".into()),
+                ..Default::default()
+            },
+            StructuredOutputs {
+                regex: Some(String::new()),
+                ..Default::default()
+            },
+            StructuredOutputs {
+                json: Some(serde_json::json!("string")),
+                ..Default::default()
+            },
+            StructuredOutputs {
+                choice: Some(vec![]),
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
         }
     }
 

@@ -287,6 +287,10 @@ impl TaskKind for Agent {
                 "must fit in a signed 64-bit integer (vLLM and SGLang refuse larger seeds)",
             ));
         }
+        if let Some(c) = &s.sampling.structured_outputs {
+            c.check()
+                .map_err(|m| SpecError::new("sampling.structured_outputs", m))?;
+        }
         if s.sampling.top_k.is_some_and(|k| k < -1) {
             return Err(SpecError::new(
                 "sampling.top_k",
