@@ -105,6 +105,12 @@ impl Tokenizer {
             .map_err(|e| TokenizerError::from_any("cannot decode", e))
     }
 
+    /// How many token IDs there are, added tokens included: an ID at or above it is
+    /// not a token (inference servers refuse such prompts).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
     /// The ID of one token (a special token, say).
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

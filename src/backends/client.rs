@@ -596,6 +596,51 @@ mod tests {
         s.stop().await;
     }
 
+    /// A paused vLLM holds requests (no 503) and answers the ones its pause aborts with
+    /// `finish_reason: "abort"`: the client sends an aborted one again, which waits out
+    /// the pause inside its request, and returns the complete answer after the resume,
+    /// the same as without the pause.
+    #[tokio::test]
+    async fn a_request_aborted_by_a_pause_is_sent_again_and_answered_after_the_resume() {
+        use crate::scripted::pause::PauseMode;
+        let s = server_with(|c| c.token_us = 2_000).await;
+        let b = spec(s.url(), WireKind::Vllm);
+        let sampling = Sampling {
+            max_tokens: Some(40),
+            seed: Some(4),
+            ..Default::default()
+        };
+        let never = CancellationToken::new();
+        let calm = client(0)
+            .generate(&b, &[1, 2, 3], &sampling, &never)
+            .await
+            .unwrap()
+            .0;
+        for mode in [PauseMode::Abort, PauseMode::Keep] {
+            let (c, b2, s2) = (client(0), b.clone(), sampling.clone());
+            let pending = tokio::spawn(async move {
+                c.generate(&b2, &[1, 2, 3], &s2, &CancellationToken::new())
+                    .await
+            });
+            // Mid-generation (40 tokens at 2 ms each).
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            s.pause(mode).await;
+            if mode == PauseMode::Keep {
+                s.pause(PauseMode::Abort).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(
+                !pending.is_finished(),
+                "{mode:?}: nothing is answered while paused"
+            );
+            s.resume();
+            let (g, _) = pending.await.unwrap().unwrap();
+            assert_eq!(g, calm, "{mode:?}");
+        }
+        assert_eq!(s.stats().faulted, 0, "a pause is not a fault");
+        s.stop().await;
+    }
+
     #[tokio::test]
     async fn failures_and_dropped_connections_are_retried_until_the_budget_is_spent() {
         let s = server().await;

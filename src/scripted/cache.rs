@@ -37,6 +37,12 @@ impl PrefixCache {
         }
     }
 
+    /// Forgets every block (vLLM's `/pause` does, unless told `clear_cache=false`).
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+        self.by_use.clear();
+    }
+
     fn chain(&self, tokens: &[u32]) -> Vec<u64> {
         let mut prev = 0u64;
         tokens

@@ -7,10 +7,18 @@
 //! load), each with a deterministic pseudo-logprob. It simulates what matters for
 //! measuring the rollout service around it: per-token generation time, a prefix cache
 //! that reports cached prompt tokens as vLLM and SGLang do ([`cache::PrefixCache`]),
-//! the context limit, and faults on command (`POST /control`: fail with 5xx, stall,
-//! drop connections, go down).
+//! the context limit, vLLM's pause and abort ([`pause`]), and faults on command
+//! (`POST /control`: fail with 5xx, stall, drop connections, go down).
+//!
+//! Where it answers as vLLM, it answers as vLLM 0.32 does, checked against the real
+//! server (`tests/real_vllm.rs`, `docs/real-vllm.md`): nested error bodies naming the
+//! parameter, `max_tokens` cut to the room left in the context (and 16 when absent),
+//! a prompt that leaves no room refused in vLLM's words, token IDs outside the
+//! vocabulary refused, an integer `stop_reason` for a stop token, and a paused server
+//! that holds requests rather than refusing them.
 //!
 //! Endpoints: `POST /v1/completions`, `POST /generate`, `GET /health`, `GET /v1/models`,
+//! `POST /pause`, `POST /resume`, `GET /is_paused`, `POST /abort_requests`,
 //! `POST /control`, `GET /stats`, `GET /requests` (the last requests served, for tests
 //! that check token-exactness against what the server sent).
 
@@ -36,8 +44,11 @@ use crate::domain::duration_us;
 
 pub mod cache;
 pub mod demo;
+pub mod pause;
 pub mod policy;
 mod requests;
+#[cfg(test)]
+mod tests;
 
 use cache::PrefixCache;
 use policy::{Policy, stable_hash};
@@ -66,7 +77,9 @@ pub struct ScriptedConfig {
     pub block_size: usize,
     /// Prefix cache capacity (blocks).
     pub cache_blocks: usize,
-    /// Context length: prompt plus `max_tokens` beyond it is refused with 400.
+    /// Context length. As vLLM, `max_tokens` is cut to the room the prompt leaves and
+    /// a prompt that leaves none is refused (400); as SGLang, a prompt plus
+    /// `max_new_tokens` beyond it is refused.
     pub max_model_len: usize,
     /// Behave like a vLLM without `return_token_ids`: IDs only as `token_id:<id>`.
     pub legacy_vllm: bool,
@@ -126,8 +139,10 @@ pub enum FaultMode {
     Drop,
     /// Answer everything, `/health` included, with HTTP 503.
     Down,
-    /// Answer generation requests with HTTP 503 (as a server paused for a weight update
-    /// does), `/health` still answering.
+    /// Answer generation requests with HTTP 503, `/health` still answering: a server,
+    /// or a proxy in front of one, that is overloaded or draining. (Neither vLLM nor
+    /// SGLang answers a pause this way: a paused vLLM holds requests until it resumes,
+    /// which `POST /pause` plays; see [`pause`].)
     Paused,
     /// Abort the generation part-way, as vLLM (`finish_reason: "abort"`) and SGLang
     /// (`{"type": "abort"}`) answer a request they drop (a weight update, a pause).
@@ -200,6 +215,9 @@ struct Shared {
     in_flight: AtomicU64,
     aborted: AtomicU64,
     served: Mutex<VecDeque<Served>>,
+    pause: pause::Pause,
+    /// When it started (Unix seconds), as `/v1/models` says `created`.
+    started: u64,
     shutdown: CancellationToken,
 }
 
@@ -236,6 +254,10 @@ impl ScriptedServer {
             in_flight: AtomicU64::new(0),
             aborted: AtomicU64::new(0),
             served: Mutex::new(VecDeque::new()),
+            pause: pause::Pause::default(),
+            started: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             shutdown: CancellationToken::new(),
         });
         let app = router(shared.clone());
@@ -273,6 +295,17 @@ impl ScriptedServer {
     /// Plays a fault.
     pub fn control(&self, c: Control) {
         *self.shared.fault.lock().expect("lock") = (c.mode, c.count);
+    }
+
+    /// Pauses as `POST /pause?mode=…` does (the prefix cache kept), returning when the
+    /// pause has taken effect (for `wait`, once no request is generating).
+    pub async fn pause(&self, mode: pause::PauseMode) {
+        self.shared.pause.pause(mode).await;
+    }
+
+    /// Resumes as `POST /resume` does.
+    pub fn resume(&self) {
+        self.shared.pause.resume();
     }
 
     /// Stops serving: stalled requests end, open connections close.
@@ -329,6 +362,10 @@ fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .merge(served)
         .route("/health", get(health))
+        .route("/pause", post(pause_server))
+        .route("/resume", post(resume_server))
+        .route("/is_paused", get(is_paused))
+        .route("/abort_requests", post(abort_requests))
         .route("/control", post(control))
         .route("/stats", get(stats))
         .route("/requests", get(requests))
@@ -375,11 +412,65 @@ async fn models(State(s): State<Arc<Shared>>) -> Response {
     let data: Vec<serde_json::Value> = std::iter::once(&s.cfg.model_name)
         .chain(&s.cfg.aliases)
         .map(|name| {
-            serde_json::json!({"id": name, "object": "model", "owned_by": "rollout-scripted-llm",
-                               "max_model_len": s.cfg.max_model_len})
+            serde_json::json!({"id": name, "object": "model", "created": s.started,
+                               "owned_by": "rollout-scripted-llm", "root": name,
+                               "parent": null, "max_model_len": s.cfg.max_model_len})
         })
         .collect();
     Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// `POST /pause?mode=abort|wait|keep&clear_cache=true|false`, as vLLM's dev mode.
+async fn pause_server(
+    State(s): State<Arc<Shared>>,
+    query: Result<
+        axum::extract::Query<pause::PauseQuery>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Response {
+    let Ok(axum::extract::Query(q)) = query else {
+        return vllm_error(
+            StatusCode::BAD_REQUEST,
+            "Bad Request",
+            "1 validation error: mode: Input should be 'abort', 'wait' or 'keep'".into(),
+            Some("query.mode"),
+        );
+    };
+    tracing::info!(mode = ?q.mode, clear_cache = q.clear_cache, "paused");
+    s.pause.pause(q.mode).await;
+    if q.clear_cache {
+        s.cache.lock().expect("lock").clear();
+    }
+    Json(serde_json::json!({"status": "paused"})).into_response()
+}
+
+async fn resume_server(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+    tracing::info!("resumed");
+    s.pause.resume();
+    Json(serde_json::json!({"status": "resumed"}))
+}
+
+async fn is_paused(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({"is_paused": s.pause.is_paused()}))
+}
+
+/// `POST /abort_requests`: `{}` aborts every request in the server. vLLM's
+/// `request_ids` name its engine's ids, which the stand-in does not keep: a list
+/// aborts nothing, and is answered with its length, as vLLM answers ids it does not know.
+async fn abort_requests(
+    State(s): State<Arc<Shared>>,
+    body: Option<Json<serde_json::Value>>,
+) -> Json<serde_json::Value> {
+    let listed = body
+        .as_ref()
+        .and_then(|Json(b)| b.get("request_ids"))
+        .and_then(serde_json::Value::as_array)
+        .map(Vec::len);
+    let aborted = match listed {
+        Some(n) => n as u64,
+        None => s.pause.abort_all(),
+    };
+    Json(serde_json::json!({"status": "aborted", "aborted": aborted}))
 }
 
 async fn control(State(s): State<Arc<Shared>>, Json(c): Json<Control>) -> StatusCode {
@@ -396,23 +487,41 @@ async fn requests(State(s): State<Arc<Shared>>) -> Json<Vec<Served>> {
     Json(s.served.lock().expect("lock").iter().cloned().collect())
 }
 
-/// A 400 answer in the shape the server of `format` uses: vLLM's OpenAI-style error
-/// object, SGLang's `{"error": {"message": …}}`.
-fn bad_request_in(format: &str, message: String) -> Response {
-    let body = if format == "sglang" {
-        serde_json::json!({"error": {"message": message}})
-    } else {
-        serde_json::json!({
-            "object": "error", "message": message, "type": "BadRequestError",
-            "param": null, "code": 400,
-        })
-    };
-    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+/// vLLM 0.32's error answer: `{"error": {"message", "type", "param", "code"}}`.
+fn vllm_error(status: StatusCode, kind: &str, message: String, param: Option<&str>) -> Response {
+    let body = serde_json::json!({"error": {
+        "message": message, "type": kind, "param": param, "code": status.as_u16(),
+    }});
+    (status, Json(body)).into_response()
 }
 
-/// A 400 answer in vLLM's shape.
+/// A 400 answer in the shape the server of `format` uses: vLLM's (naming the parameter
+/// at fault, when there is one), SGLang's `{"error": {"message": …}}`.
+fn bad_request_at(format: &str, message: String, param: Option<&str>) -> Response {
+    if format == "sglang" {
+        let body = serde_json::json!({"error": {"message": message}});
+        return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+    }
+    vllm_error(StatusCode::BAD_REQUEST, "BadRequestError", message, param)
+}
+
+/// A 400 answer in `format`'s shape, naming no parameter.
+fn bad_request_in(format: &str, message: String) -> Response {
+    bad_request_at(format, message, None)
+}
+
+/// A 400 answer in vLLM's shape, naming no parameter.
 fn bad_request(message: String) -> Response {
     bad_request_in("vllm", message)
+}
+
+/// vLLM's refusal of a parameter, with its `(parameter=…, value=…)` suffix.
+fn bad_param(param: &str, value: impl std::fmt::Display, message: &str) -> Response {
+    bad_request_at(
+        "vllm",
+        format!("{message} (parameter={param}, value={value})"),
+        Some(param),
+    )
 }
 
 /// What a request asks for, from either format.
@@ -438,19 +547,130 @@ fn refuse_sampling(
         let why = if format == "sglang" {
             format!("top_k must be -1 (disable) or at least 1, got {k}.")
         } else {
-            format!("top_k must be 0 or -1 (disable), or at least 1, got {k}.")
+            format!("top_k must be 0 (disable), or at least 1, got {k}.")
         };
         return Some(bad_request_in(format, why));
     }
     if let Some(seed) = seed
         && seed.as_i64().is_none()
     {
+        if format == "vllm" {
+            // vLLM 0.32 checks the range with pydantic, and says so in its words.
+            let (kind, msg, ctx) = if seed.as_f64().is_some_and(|v| v < 0.0) {
+                (
+                    "greater_than_equal",
+                    "greater than or equal to",
+                    "'ge': -9223372036854775808",
+                )
+            } else {
+                (
+                    "less_than_equal",
+                    "less than or equal to",
+                    "'le': 9223372036854775807",
+                )
+            };
+            let bound = if kind == "less_than_equal" {
+                i64::MAX
+            } else {
+                i64::MIN
+            };
+            return Some(vllm_error(
+                StatusCode::BAD_REQUEST,
+                "Bad Request",
+                format!(
+                    "1 validation error:\n  {{'type': '{kind}', 'loc': 'body.seed', 'msg': 'Input should be {msg} {bound}', 'input': '{seed}', 'ctx': {{{ctx}}}}}"
+                ),
+                Some("body.seed"),
+            ));
+        }
         return Some(bad_request_in(
             format,
             format!("seed must be an integer in [-2**63, 2**63 - 1], got {seed}."),
         ));
     }
     None
+}
+
+/// How many tokens a request may generate, or the refusal the real server of `format`
+/// gives it. vLLM 0.32 cuts `max_tokens` (16 when absent) to the room the prompt
+/// leaves, and refuses a prompt that leaves none, a `max_tokens` of 0 and one above
+/// the context. SGLang (`max_new_tokens` 128 when absent) refuses a prompt and
+/// `max_new_tokens` that together exceed the context.
+fn room(
+    cfg: &ScriptedConfig,
+    prompt: usize,
+    asked: Option<usize>,
+    format: &str,
+) -> Result<usize, Box<Response>> {
+    let ctx = cfg.max_model_len;
+    if format == "sglang" {
+        let max_tokens = asked.unwrap_or(128);
+        if let Some(r) = refuse_length(cfg, prompt, max_tokens) {
+            return Err(Box::new(r));
+        }
+        return Ok(max_tokens);
+    }
+    let at_least_one = || {
+        Box::new(bad_param(
+            "max_tokens",
+            0,
+            "max_tokens must be at least 1, got 0.",
+        ))
+    };
+    match asked {
+        Some(0) => return Err(at_least_one()),
+        Some(m) if m > ctx => {
+            return Err(Box::new(bad_param(
+                "max_tokens",
+                m,
+                &format!(
+                    "max_tokens={m} cannot be greater than max_model_len={ctx}. Please request fewer output tokens."
+                ),
+            )));
+        }
+        _ => {}
+    }
+    if prompt > ctx {
+        return Err(Box::new(bad_param(
+            "input_tokens",
+            prompt,
+            &format!(
+                "This model's maximum context length is {ctx} tokens. However, your prompt contains {prompt} input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt."
+            ),
+        )));
+    }
+    match asked.unwrap_or(16).min(ctx - prompt) {
+        0 => Err(at_least_one()),
+        n => Ok(n),
+    }
+}
+
+/// vLLM's refusal of token IDs the model does not have, in the prompt or in
+/// `stop_token_ids`.
+fn refuse_unknown_ids(cfg: &ScriptedConfig, ask: &Ask) -> Result<(), Box<Response>> {
+    let vocab = cfg.model.tokenizer.vocab_size();
+    let known = |id: &u32| usize::try_from(*id).is_ok_and(|i| i < vocab);
+    if let Some(id) = ask.prompt.iter().find(|id| !known(id)) {
+        return Err(Box::new(bad_request(format!(
+            "Token id {id} is out of vocabulary"
+        ))));
+    }
+    let unknown: Vec<u32> = ask
+        .stop_token_ids
+        .iter()
+        .copied()
+        .filter(|id| !known(id))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(Box::new(bad_param(
+            "stop_token_ids",
+            format!("{unknown:?}"),
+            &format!(
+                "token_id(s) {unknown:?} in stop_token_ids contain out-of-vocab token ids. Vocabulary size: {vocab}"
+            ),
+        )));
+    }
+    Ok(())
 }
 
 /// What the script answers.
@@ -468,14 +688,19 @@ struct Answer {
 /// Plays faults, then the script, with the simulated timing. `Err` is the response to
 /// send instead.
 async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
-    let abort = play_fault(s).await?;
     let cfg = &s.cfg;
-    let max_tokens = ask
-        .max_tokens
-        .unwrap_or(cfg.max_model_len.saturating_sub(ask.prompt.len()));
-    if let Some(r) = refuse_length(cfg, &ask.prompt, max_tokens, format) {
-        return Err(r);
+    let max_tokens = room(cfg, ask.prompt.len(), ask.max_tokens, format).map_err(|r| *r)?;
+    if format == "vllm" {
+        refuse_unknown_ids(cfg, &ask).map_err(|r| *r)?;
     }
+    // A paused server holds the request here (see `pause`).
+    let mut ticket = s.pause.arrive();
+    let admitted = ticket.admitted().await;
+    let abort = if admitted {
+        play_fault(s).await?
+    } else {
+        false
+    };
     let vocab = &cfg.model.tokenizer;
     let prompt_text = vocab
         .decode(&ask.prompt)
@@ -521,7 +746,7 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
         finish = "abort";
         matched = None;
     }
-    let logprobs: Vec<f32> = ids
+    let mut logprobs: Vec<f32> = ids
         .iter()
         .enumerate()
         .map(|(i, &id)| pseudo_logprob(ask.prompt.len() + i, id))
@@ -531,9 +756,24 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
         (ask.prompt.len() - cached) as u64 * cfg.prefill_ns_per_token
             + ids.len() as u64 * cfg.token_us * 1000,
     );
-    if !wait.is_zero() {
-        tokio::time::sleep(wait).await;
+    let generated = if admitted {
+        ticket.generate(wait).await
+    } else {
+        Err(Duration::ZERO)
+    };
+    if let Err(done) = generated {
+        // Aborted: the tokens generated so far (none for a request still waiting).
+        let keep = if admitted {
+            generated_by(ids.len(), done, wait)
+        } else {
+            0
+        };
+        ids.truncate(keep);
+        logprobs.truncate(keep);
+        finish = "abort";
+        matched = None;
     }
+    drop(ticket);
     {
         let mut all = ask.prompt.clone();
         all.extend_from_slice(&ids);
@@ -600,43 +840,33 @@ async fn play_fault(s: &Shared) -> Result<bool, Response> {
     }
 }
 
-/// The refusal the real server of `format` gives a request whose prompt and
-/// `max_tokens` exceed the context, in its words; `None` when they fit.
-fn refuse_length(
-    cfg: &ScriptedConfig,
-    prompt: &[u32],
-    max_tokens: usize,
-    format: &str,
-) -> Option<Response> {
-    if format == "sglang" && prompt.len() + max_tokens > cfg.max_model_len {
-        // SGLang's own words (tokenizer_manager's length check).
-        let message = if prompt.len() >= cfg.max_model_len {
-            format!(
-                "The input ({} tokens) is longer than the model's context length ({} tokens).",
-                prompt.len(),
-                cfg.max_model_len
-            )
-        } else {
-            format!(
-                "Requested token count exceeds the model's maximum context length of {} tokens. You requested a total of {} tokens: {} tokens from the input messages and {} tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
-                cfg.max_model_len,
-                prompt.len() + max_tokens,
-                prompt.len(),
-                max_tokens
-            )
-        };
-        return Some(bad_request_in(format, message));
+/// SGLang's refusal of a prompt of `prompt` tokens and `max_tokens` that together
+/// exceed the context, in its words (tokenizer_manager's length check); `None` when
+/// they fit.
+fn refuse_length(cfg: &ScriptedConfig, prompt: usize, max_tokens: usize) -> Option<Response> {
+    let ctx = cfg.max_model_len;
+    if prompt + max_tokens <= ctx {
+        return None;
     }
-    if prompt.len() + max_tokens > cfg.max_model_len {
-        return Some(bad_request(format!(
-            "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
-            cfg.max_model_len,
-            prompt.len() + max_tokens,
-            prompt.len(),
-            max_tokens
-        )));
+    let message = if prompt >= ctx {
+        format!(
+            "The input ({prompt} tokens) is longer than the model's context length ({ctx} tokens)."
+        )
+    } else {
+        format!(
+            "Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested a total of {} tokens: {prompt} tokens from the input messages and {max_tokens} tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
+            prompt + max_tokens,
+        )
+    };
+    Some(bad_request_in("sglang", message))
+}
+
+/// How many of `n` tokens, generated over `wait`, were out after `done`.
+fn generated_by(n: usize, done: Duration, wait: Duration) -> usize {
+    if wait.is_zero() {
+        return n;
     }
-    None
+    usize::try_from(n as u128 * done.as_nanos() / wait.as_nanos()).map_or(n, |k| k.min(n))
 }
 
 /// Counts an answered request and keeps it in the log of served requests (the last
@@ -731,27 +961,29 @@ async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
     // vLLM serves only the names it was started with.
     let asked = body.model.as_deref().unwrap_or_default();
     if asked != s.cfg.model_name && !s.cfg.aliases.iter().any(|a| a == asked) {
-        return (
+        let names: Vec<&str> = std::iter::once(&s.cfg.model_name)
+            .chain(&s.cfg.aliases)
+            .map(String::as_str)
+            .collect();
+        return vllm_error(
             StatusCode::NOT_FOUND,
-            Json(serde_json::json!({
-                "object": "error",
-                "message": format!("The model `{asked}` does not exist."),
-                "type": "NotFoundError",
-                "param": null,
-                "code": 404,
-            })),
-        )
-            .into_response();
+            "NotFoundError",
+            format!(
+                "The model `{asked}` does not exist. Valid aliases: {}.",
+                names.join(", ")
+            ),
+            Some("model"),
+        );
     }
     let prompt = match body.prompt {
         Prompt::Text(text) => match s.cfg.model.tokenizer.encode(&text) {
             Ok(ids) => ids,
             Err(e) => return bad_request(format!("prompt: {e}")),
         },
-        Prompt::Ids(ids) => match non_empty(ids, "prompt") {
-            Ok(ids) => ids,
-            Err(m) => return bad_request(m),
-        },
+        Prompt::Ids(ids) if ids.is_empty() => {
+            return bad_request("You must pass at least one prompt".into());
+        }
+        Prompt::Ids(ids) => ids,
     };
     if let Some(r) = refuse_sampling("vllm", body.top_k, body.seed.as_ref()) {
         return r;
@@ -848,8 +1080,11 @@ fn vllm_choice(
             "top_logprobs": top,
         },
         "finish_reason": a.finish,
-        // vLLM names the stop string that ended the text; an end-of-sequence token is null.
-        "stop_reason": a.matched.clone().filter(|m| a.finish == "stop" && m.is_string()),
+        // vLLM names what stopped it: the stop string, or the stop token's ID; the
+        // tokenizer's own end-of-sequence token is null.
+        "stop_reason": a.matched.clone().filter(|m| {
+            a.finish == "stop" && m.as_u64() != Some(u64::from(s.cfg.model.eos_id))
+        }),
         "prompt_logprobs": null,
     });
     if let Some(prompt_ids) = prompt_ids {

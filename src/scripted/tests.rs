@@ -1,0 +1,259 @@
+//! The stand-in answers as vLLM 0.32 answered the same requests (`docs/real-vllm.md`,
+//! sections 5 and 8, and `tests/real_vllm.rs` against the real server): each expected
+//! body below is the real server's, with only the numbers of this smaller context.
+
+use super::*;
+use serde_json::{Value, json};
+
+/// A stand-in with a 64-token context whose every turn is long (so `max_tokens` cuts it).
+async fn server() -> ScriptedServer {
+    let model = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
+    let long = "word ".repeat(100);
+    let policy = Policy::from_json(&json!({"fallback": [{"turns": [long]}]}).to_string()).unwrap();
+    let mut cfg = ScriptedConfig::new(Arc::new(model), policy);
+    cfg.model_name = "tiny".into();
+    cfg.max_model_len = 64;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    ScriptedServer::spawn(listener, cfg).unwrap()
+}
+
+async fn post(s: &ScriptedServer, path: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", s.url()))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+fn completion(prompt: &[u32], extra: &Value) -> Value {
+    let mut b = json!({"model": "tiny", "prompt": prompt, "logprobs": 1, "return_token_ids": true});
+    if let (Value::Object(b), Value::Object(e)) = (&mut b, extra) {
+        b.extend(e.clone());
+    }
+    b
+}
+
+/// vLLM's error body: nested, with the parameter at fault.
+fn error(message: &str, kind: &str, param: Value, code: u16) -> Value {
+    json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
+}
+
+#[tokio::test]
+async fn refusals_and_limits_are_vllms() {
+    let s = server().await;
+    let ids = |n: u32| (0..n).map(|i| 3 + i % 50).collect::<Vec<u32>>();
+    let cases = [
+        (
+            completion(&ids(64), &json!({"max_tokens": 8})),
+            error(
+                "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+                "BadRequestError",
+                json!("max_tokens"),
+                400,
+            ),
+        ),
+        (
+            completion(&ids(66), &json!({"max_tokens": 8})),
+            error(
+                "This model's maximum context length is 64 tokens. However, your prompt contains 66 input tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=66)",
+                "BadRequestError",
+                json!("input_tokens"),
+                400,
+            ),
+        ),
+        (
+            completion(&ids(3), &json!({"max_tokens": 2000})),
+            error(
+                "max_tokens=2000 cannot be greater than max_model_len=64. Please request fewer output tokens. (parameter=max_tokens, value=2000)",
+                "BadRequestError",
+                json!("max_tokens"),
+                400,
+            ),
+        ),
+        (
+            completion(&ids(3), &json!({"max_tokens": 0})),
+            error(
+                "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)",
+                "BadRequestError",
+                json!("max_tokens"),
+                400,
+            ),
+        ),
+        (
+            completion(&ids(3), &json!({"model": "policy"})),
+            error(
+                "The model `policy` does not exist. Valid aliases: tiny.",
+                "NotFoundError",
+                json!("model"),
+                404,
+            ),
+        ),
+        (
+            completion(&[1, 2, 5000], &json!({})),
+            error(
+                "Token id 5000 is out of vocabulary",
+                "BadRequestError",
+                Value::Null,
+                400,
+            ),
+        ),
+        (
+            completion(&[], &json!({})),
+            error(
+                "You must pass at least one prompt",
+                "BadRequestError",
+                Value::Null,
+                400,
+            ),
+        ),
+        (
+            completion(&ids(3), &json!({"top_k": -2})),
+            error(
+                "top_k must be 0 (disable), or at least 1, got -2.",
+                "BadRequestError",
+                Value::Null,
+                400,
+            ),
+        ),
+    ];
+    for (body, want) in cases {
+        let (status, got) = post(&s, "/v1/completions", &body).await;
+        assert_eq!(u64::from(status), want["error"]["code"], "{body}");
+        assert_eq!(got, want, "{body}");
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn out_of_range_ids_and_seeds_are_refused_and_max_tokens_cut_to_fit() {
+    let s = server().await;
+    let ids = |n: u32| (0..n).map(|i| 3 + i % 50).collect::<Vec<u32>>();
+    let vocab = s.shared.cfg.model.tokenizer.vocab_size();
+    let (status, got) = post(
+        &s,
+        "/v1/completions",
+        &completion(&ids(3), &json!({"stop_token_ids": [99999]})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        got["error"]["message"],
+        format!(
+            "token_id(s) [99999] in stop_token_ids contain out-of-vocab token ids. Vocabulary size: {vocab} (parameter=stop_token_ids, value=[99999])"
+        )
+    );
+    let (status, got) = post(
+        &s,
+        "/v1/completions",
+        &completion(&ids(3), &json!({"seed": 9_223_372_036_854_775_808_u64})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(got["error"]["param"], "body.seed");
+    assert_eq!(got["error"]["type"], "Bad Request");
+    // What fits is answered, cut to the room left: 16 tokens when max_tokens is absent,
+    // and never past the context.
+    for (prompt, extra, want) in [
+        (3, json!({}), 16),
+        (60, json!({"max_tokens": 30}), 4),
+        (10, json!({"max_tokens": 5}), 5),
+    ] {
+        let (status, got) = post(&s, "/v1/completions", &completion(&ids(prompt), &extra)).await;
+        assert_eq!(status, 200, "{got}");
+        let choice = &got["choices"][0];
+        assert_eq!(
+            choice["token_ids"].as_array().unwrap().len(),
+            want,
+            "{extra}"
+        );
+        assert_eq!(choice["finish_reason"], "length");
+        assert_eq!(choice["stop_reason"], Value::Null);
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_stop_token_is_named_by_its_id() {
+    let s = server().await;
+    let free = post(
+        &s,
+        "/v1/completions",
+        &completion(&[5, 6, 7], &json!({"max_tokens": 6})),
+    )
+    .await
+    .1;
+    let free: Vec<u64> = free["choices"][0]["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let third = free[2];
+    let cut = free.iter().position(|&t| t == third).unwrap() + 1;
+    let (_, got) = post(
+        &s,
+        "/v1/completions",
+        &completion(
+            &[5, 6, 7],
+            &json!({"max_tokens": 6, "stop_token_ids": [third]}),
+        ),
+    )
+    .await;
+    let choice = &got["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop");
+    assert_eq!(choice["stop_reason"], third, "{choice}");
+    assert_eq!(choice["token_ids"].as_array().unwrap().len(), cut);
+    s.stop().await;
+}
+
+/// vLLM's dev-mode pause: a request sent while paused waits (never a 503), an abort
+/// answers it 200 with `finish_reason: "abort"` and no tokens, and a resume lets the
+/// next one through.
+#[tokio::test]
+async fn a_paused_server_holds_requests_and_aborts_answer_them() {
+    let s = server().await;
+    let (st, got) = post(&s, "/pause?mode=keep", &json!({})).await;
+    assert_eq!((st, got), (200, json!({"status": "paused"})));
+    let (st, got) = post(&s, "/pause?mode=bogus", &json!({})).await;
+    assert_eq!(st, 400);
+    assert_eq!(got["error"]["param"], "query.mode");
+    let paused: Value = reqwest::get(format!("{}/is_paused", s.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(paused, json!({"is_paused": true}));
+    let url = s.url();
+    let held = tokio::spawn(async move {
+        let r = reqwest::Client::new()
+            .post(format!("{url}/v1/completions"))
+            .json(&completion(&[5, 6, 7], &json!({"max_tokens": 6})))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!held.is_finished(), "a paused server holds the request");
+    let (st, got) = post(&s, "/abort_requests", &json!({})).await;
+    assert_eq!((st, got), (200, json!({"status": "aborted", "aborted": 1})));
+    let (st, got) = held.await.unwrap();
+    assert_eq!(st, 200);
+    assert_eq!(got["choices"][0]["finish_reason"], "abort");
+    assert_eq!(got["choices"][0]["token_ids"], json!([]));
+    let (st, got) = post(&s, "/resume", &json!({})).await;
+    assert_eq!((st, got), (200, json!({"status": "resumed"})));
+    let (st, got) = post(
+        &s,
+        "/v1/completions",
+        &completion(&[5, 6, 7], &json!({"max_tokens": 6})),
+    )
+    .await;
+    assert_eq!(st, 200);
+    assert_eq!(got["choices"][0]["finish_reason"], "length");
+    s.stop().await;
+}
