@@ -648,13 +648,18 @@ pub fn shell_copy(root: &Path) -> std::io::Result<PathBuf> {
     Ok(copy)
 }
 
-#[async_trait::async_trait]
-impl SandboxRuntime for BwrapRuntime {
-    fn kind(&self) -> RuntimeKind {
-        RuntimeKind::Bwrap
-    }
+/// Tops the launcher pool up when dropped: at the end of a start, however it ends.
+struct RefillAfter<'a>(&'a BwrapRuntime, &'a Path);
 
-    async fn start(&self, req: &StartRequest) -> Result<Sandbox, SandboxError> {
+impl Drop for RefillAfter<'_> {
+    fn drop(&mut self) {
+        self.0.launchers.refill(self.1, &self.0.cgroups);
+    }
+}
+
+impl BwrapRuntime {
+    /// [`SandboxRuntime::start`] without the launcher pool's top-up.
+    async fn start_sandbox(&self, req: &StartRequest) -> Result<Sandbox, SandboxError> {
         let mut profile = super::StartProfile::begin();
         std::fs::create_dir_all(req.workspace())?;
         super::private_dir(&req.dir)?;
@@ -757,6 +762,22 @@ impl SandboxRuntime for BwrapRuntime {
             },
         )
         .await
+    }
+}
+
+#[async_trait::async_trait]
+impl SandboxRuntime for BwrapRuntime {
+    fn kind(&self) -> RuntimeKind {
+        RuntimeKind::Bwrap
+    }
+
+    async fn start(&self, req: &StartRequest) -> Result<Sandbox, SandboxError> {
+        // The launcher pool is topped up once the start is done (or dropped, when its
+        // job is cancelled), so that making the next launcher (a spawn, a cgroup and the
+        // move into it) does not compete with this start for the cores and the
+        // kernel's locks.
+        let _refill = RefillAfter(self, &req.server_bin);
+        self.start_sandbox(req).await
     }
 
     async fn stop(&self, label: &Label) -> Result<(), SandboxError> {

@@ -25,7 +25,8 @@
 //! launcher dropped before its order (a start that failed or was cancelled, a pool
 //! closed) is killed and its cgroup removed; the cgroups of launchers whose worker was
 //! killed are removed by the next pool made on the node ([`LauncherPool`]'s first
-//! refill). A used launcher is replaced in the background.
+//! refill). A used launcher is replaced in the background once the start that used it
+//! is done, so that making it does not slow that start.
 
 use super::cgroup::{Cgroups, SandboxCgroup};
 use super::{SandboxError, SandboxLimits};
@@ -607,9 +608,10 @@ impl LauncherPool {
         self.inner.state.lock().expect("launcher pool lock").filling
     }
 
-    /// A launcher for a start: one made ahead of time, or (none ready) one made now;
-    /// either way the pool is topped up in the background. `None` when the pool is off
-    /// or closed.
+    /// A launcher for a start: one made ahead of time, or (none ready) one made now.
+    /// `None` when the pool is off or closed. The pool is not topped up here: the start
+    /// calls [`LauncherPool::refill`] once it is done, so that making the next launcher
+    /// does not compete with it.
     pub async fn take(
         &self,
         bin: &Path,
@@ -635,7 +637,6 @@ impl LauncherPool {
             }
             (found, self.next_name())
         };
-        self.refill(bin, cgroups);
         Some(match ready {
             Some(l) => Ok(l),
             None => Launcher::spawn(bin, cgroups, &name).await,
