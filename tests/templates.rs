@@ -7,7 +7,11 @@
 //! ChatML / Hermes family, a reasoning-dropping one (DeepSeek-R1 style), Llama 3.1's
 //! ipython turns, a Qwen3-style one (think blocks only in the last turn, reasoning
 //! dropped before the last user query, merged tool turns), a named template list, and
-//! small templates for Jinja2's edge cases. Each is written into a model directory that
+//! small templates for Jinja2's edge cases; and two real models' templates as they ship,
+//! DeepSeek-R1's (state carried across the conversation) and Seed-OSS-36B-Instruct's
+//! (tools as Python signatures, non-string call arguments printed with `|string`;
+//! `seed_oss.jinja`, the published template text with its Apache-2.0 model). Each is
+//! written into a model directory that
 //! both sides load as they load a real model's, so transformers also chooses the
 //! template and passes the special tokens itself. The conversations carry tools,
 //! consecutive tool messages, reasoning (inline, and in each field name transformers
@@ -156,6 +160,33 @@ fn deepseek_r1_dir(root: &Path) -> PathBuf {
     dir
 }
 
+/// A model directory with Seed-OSS's template and a tokenizer with its special tokens.
+fn seed_oss_dir(root: &Path) -> PathBuf {
+    const SPECIAL: [&str; 9] = [
+        "<seed:bos>",
+        "<seed:eos>",
+        "<seed:pad>",
+        "<seed:tool_call>",
+        "</seed:tool_call>",
+        "<seed:think>",
+        "</seed:think>",
+        "<seed:cot_budget_reflect>",
+        "</seed:cot_budget_reflect>",
+    ];
+    let dir = model_dir(root, "seed", fixture("seed_oss.jinja"), |c| {
+        c["bos_token"] = SPECIAL[0].into();
+        c["eos_token"] = SPECIAL[1].into();
+        c["pad_token"] = SPECIAL[2].into();
+    });
+    let corpus = [
+        "def bash(command: str):",
+        "<function=bash>\n<parameter=command>ls</parameter>",
+    ];
+    let tok = rollout::agent::tokenizer::Tokenizer::train_bpe(&corpus, 600, &SPECIAL).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tok.to_json().unwrap()).unwrap();
+    dir
+}
+
 fn fixture(name: &str) -> Value {
     Value::String(std::fs::read_to_string(format!("{FIXTURES}{name}")).unwrap())
 }
@@ -265,6 +296,9 @@ fn fixture_templates_render_as_transformers_renders_them() {
         // conversation (the first tool output opens the outputs block), and call
         // arguments written as the strings OpenAI clients send.
         ("deepseek_r1", deepseek_r1_dir(root.path()), tools()),
+        // The template Seed-OSS ships: tools written as Python signatures, and call
+        // arguments that are not strings printed with `|string` (Python's str()).
+        ("seed_oss", seed_oss_dir(root.path()), tools()),
     ];
     let mut cases = Vec::new();
     for (name, dir, tools) in &dirs {
@@ -275,6 +309,8 @@ fn fixture_templates_render_as_transformers_renders_them() {
                         let mut extra = serde_json::Map::new();
                         if let Some(on) = thinking {
                             extra.insert("enable_thinking".into(), on.into());
+                            // Seed-OSS's switch: a budget of 0 (no thinking) or 512.
+                            extra.insert("thinking_budget".into(), if on { 512 } else { 0 }.into());
                         }
                         // Llama 3.1 dates its system prompt; pin the date.
                         extra.insert("date_string".into(), "26 Jul 2024".into());
