@@ -47,6 +47,7 @@ impl Parser {
         match self {
             Parser::Hermes => parse::parse_hermes(text, reasoning_open),
             Parser::BashBlock => parse::parse_bash_block(text),
+            Parser::DeepseekR1 => parse::parse_deepseek_r1(text, reasoning_open),
         }
     }
 }
@@ -676,9 +677,14 @@ fn assistant_message(parsed: &ParsedTurn) -> Value {
         .calls
         .iter()
         .filter_map(|c| c.as_ref().ok())
-        .map(
-            |c| json!({"type": "function", "function": {"name": c.name, "arguments": c.arguments}}),
-        )
+        .map(|c| {
+            // The text the model wrote, where its format's template writes it back.
+            let arguments = c
+                .raw_arguments
+                .as_ref()
+                .map_or_else(|| c.arguments.clone(), |raw| Value::String(raw.clone()));
+            json!({"type": "function", "function": {"name": c.name, "arguments": arguments}})
+        })
         .collect();
     let mut m = json!({"role": "assistant", "content": parsed.content});
     if !calls.is_empty() {
@@ -1029,6 +1035,91 @@ mod tests {
                 assert_eq!(forged, 2, "as transformers tokenizes by default");
             }
         }
+    }
+
+    /// DeepSeek-R1 end to end, with the template it ships: its generation prompt opens
+    /// `<think>`, its calls are `<｜tool▁calls▁begin｜>` sections parsed by
+    /// `deepseek_r1`, and its tool outputs are opened once per conversation.
+    #[tokio::test]
+    async fn a_deepseek_r1_episode_runs_its_calls_and_sees_its_templates_state() {
+        const SPECIAL: [&str; 13] = [
+            "<｜begin▁of▁sentence｜>",
+            "<｜end▁of▁sentence｜>",
+            "<｜User｜>",
+            "<｜Assistant｜>",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>",
+            "<｜tool▁outputs▁begin｜>",
+            "<｜tool▁outputs▁end｜>",
+            "<｜tool▁output▁begin｜>",
+            "<｜tool▁output▁end｜>",
+        ];
+        let template = include_str!("../../tests/fixtures/templates/deepseek_r1.jinja");
+        let corpus = [
+            "<think>\nList first.\n</think>\n\nfunction bash ```json",
+            template,
+        ];
+        let tokenizer =
+            crate::agent::tokenizer::Tokenizer::train_bpe(&corpus, 800, &SPECIAL).unwrap();
+        let config =
+            json!({"bos_token": SPECIAL[0], "eos_token": SPECIAL[1], "chat_template": template});
+        let m = Arc::new(ModelFiles::from_parts(tokenizer, &config).unwrap());
+        let calls = |command: &str| {
+            format!(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>bash\n```json\n{{\"command\": \"{command}\"}}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            )
+        };
+        let mut llm = script(
+            &m,
+            &[
+                format!("List first.\n</think>\n\n{}", calls("ls")),
+                // A call in the reasoning is only thought about: the one after it runs.
+                format!("Maybe {}?\n</think>\n\n{}", calls("rm -rf x"), calls("pwd")),
+                "Both ran.\n</think>\n\nAll done.".into(),
+            ],
+        );
+        let mut ep = episode(m.clone(), 4096);
+        ep.parser = Parser::DeepseekR1;
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(t.turns.len(), 3, "{:?}", t.turns);
+        assert_eq!(t.finish_reason, Some(FinishReason::NoToolCall));
+        let observation = |i: usize| {
+            let [a, b] = t.turns[i].observation_range;
+            m.tokenizer.decode(&t.response_ids[a..b]).unwrap()
+        };
+        assert!(observation(0).contains("bash ran ls"), "{}", observation(0));
+        assert!(
+            observation(1).contains("bash ran pwd"),
+            "{}",
+            observation(1)
+        );
+        assert_eq!(t.turns[1].tools.len(), 1, "the thought-of call did not run");
+        // The outputs block is opened before the conversation's first output only; after
+        // outputs R1's template writes no generation prompt (the model goes on from the
+        // end of the block).
+        assert!(
+            observation(0).starts_with("<｜tool▁outputs▁begin｜>"),
+            "{}",
+            observation(0)
+        );
+        assert!(
+            !observation(1).contains("<｜tool▁outputs▁begin｜>"),
+            "{}",
+            observation(1)
+        );
+        assert!(
+            observation(1).ends_with("<｜tool▁outputs▁end｜>"),
+            "{}",
+            observation(1)
+        );
+        // The history a trainer re-renders writes each call's arguments as the model did.
+        let call = &t.turns[0].tools[0].call.as_ref().unwrap();
+        assert_eq!(call.raw_arguments.as_deref(), Some("{\"command\": \"ls\"}"));
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.error.is_none(), "{drift:?}");
     }
 
     #[tokio::test]

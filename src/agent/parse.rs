@@ -8,6 +8,10 @@
 //!   format of the Hermes / Qwen family (the default).
 //! - [`parse_bash_block`]: one fenced ```` ```bash ```` block per turn, run by the `bash`
 //!   tool (SWE-agent style scaffolds).
+//! - [`parse_deepseek_r1`]: DeepSeek-R1's (and V3's) `<｜tool▁calls▁begin｜>` section,
+//!   a call per `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` with its arguments in a
+//!   ```` ```json ```` block, as their chat template writes calls and vLLM's
+//!   `deepseek_v3` parser reads them.
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +22,11 @@ pub struct ToolCall {
     pub name: String,
     /// Its arguments: always a JSON object.
     pub arguments: serde_json::Value,
+    /// The arguments' text exactly as the model wrote it, for formats whose chat
+    /// templates write a call's arguments back as that string (DeepSeek-R1's): a
+    /// re-render of the conversation then gives the model's own text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_arguments: Option<String>,
 }
 
 /// A call the model attempted that could not be understood.
@@ -162,7 +171,11 @@ fn hermes_call(body: &str) -> Result<ToolCall, CallError> {
         }
         _ => return Err(err("\"arguments\" must be a JSON object".into())),
     };
-    Ok(ToolCall { name, arguments })
+    Ok(ToolCall {
+        name,
+        arguments,
+        raw_arguments: None,
+    })
 }
 
 /// Parses a turn that may hold one fenced bash block (```` ```bash ````, ```` ```sh ````
@@ -207,6 +220,7 @@ pub fn parse_bash_block(text: &str) -> ParsedTurn {
         [(body, true)] => turn.calls.push(Ok(ToolCall {
             name: "bash".into(),
             arguments: serde_json::json!({"command": body.trim_end_matches('\n')}),
+            raw_arguments: None,
         })),
         [(body, false)] => turn.calls.push(Err(CallError {
             message: "the ```bash block was not closed with ```".into(),
@@ -221,6 +235,113 @@ pub fn parse_bash_block(text: &str) -> ParsedTurn {
         })),
     }
     turn
+}
+
+const R1_CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
+const R1_CALLS_END: &str = "<｜tool▁calls▁end｜>";
+const R1_CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
+const R1_CALL_END: &str = "<｜tool▁call▁end｜>";
+const R1_SEP: &str = "<｜tool▁sep｜>";
+
+/// Parses DeepSeek-R1's tool calls outside the model's reasoning (as [`parse_hermes`]
+/// keeps calls in reasoning from running): a `<｜tool▁calls▁begin｜>` section holding,
+/// per call, `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>`.
+/// The content is the text before the section (and after it, if any). Each call keeps
+/// its arguments' text ([`ToolCall::raw_arguments`]), which R1's template writes back
+/// verbatim.
+pub fn parse_deepseek_r1(text: &str, reasoning_open: bool) -> ParsedTurn {
+    let mut turn = ParsedTurn::default();
+    let mut content = String::new();
+    let (before, reasoning, after) = match reasoning_span(text, reasoning_open) {
+        Some((a, b)) => (&text[..a], &text[a..b], &text[b..]),
+        None => (text, "", ""),
+    };
+    for (i, part) in [before, reasoning, after].into_iter().enumerate() {
+        if i == 1 {
+            content.push_str(part);
+        } else {
+            r1_section(part, &mut turn, &mut content);
+        }
+    }
+    turn.content = content.trim().to_string();
+    turn
+}
+
+/// The calls sections of `text` into `turn`, the text around them into `content`.
+fn r1_section(text: &str, turn: &mut ParsedTurn, content: &mut String) {
+    let mut rest = text;
+    while let Some(start) = rest.find(R1_CALLS_BEGIN) {
+        content.push_str(&rest[..start]);
+        let section = &rest[start + R1_CALLS_BEGIN.len()..];
+        let (calls, tail) = match section.find(R1_CALLS_END) {
+            Some(end) => (&section[..end], &section[end + R1_CALLS_END.len()..]),
+            // A turn cut short (max_tokens) may lack the end: its whole calls are run.
+            None => (section, ""),
+        };
+        let mut calls = calls;
+        while let Some(open) = calls.find(R1_CALL_BEGIN) {
+            let body = &calls[open + R1_CALL_BEGIN.len()..];
+            match body.find(R1_CALL_END) {
+                Some(end) => {
+                    turn.calls.push(r1_call(&body[..end]));
+                    calls = &body[end + R1_CALL_END.len()..];
+                }
+                None => {
+                    turn.calls.push(Err(CallError {
+                        message: format!(
+                            "a {R1_CALL_BEGIN} call was not closed with {R1_CALL_END}"
+                        ),
+                        raw: calls[open..].to_string(),
+                    }));
+                    calls = "";
+                }
+            }
+        }
+        rest = tail;
+    }
+    content.push_str(rest);
+}
+
+/// One call's body: `function<｜tool▁sep｜>NAME\n```json\nARGS\n````.
+fn r1_call(body: &str) -> Result<ToolCall, CallError> {
+    let err = |message: String| CallError {
+        message,
+        raw: body.to_string(),
+    };
+    let form = format!(
+        "write {R1_CALL_BEGIN}function{R1_SEP}<tool name>\n```json\n{{...}}\n```{R1_CALL_END}"
+    );
+    let (kind, rest) = body
+        .split_once(R1_SEP)
+        .ok_or_else(|| err(format!("the call has no {R1_SEP}; {form}")))?;
+    if kind.trim() != "function" {
+        return Err(err(format!(
+            "the call's type is {kind:?}, not \"function\"; {form}"
+        )));
+    }
+    let (name, fenced) = rest.split_once('\n').ok_or_else(|| {
+        err(format!(
+            "the tool name is not followed by its arguments; {form}"
+        ))
+    })?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(err(format!("the call names no tool; {form}")));
+    }
+    let raw = fenced
+        .strip_prefix("```json\n")
+        .and_then(|a| a.strip_suffix("\n```"))
+        .ok_or_else(|| err(format!("the arguments are not in a ```json block; {form}")))?;
+    let arguments = match serde_json::from_str::<serde_json::Value>(raw) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        Ok(_) => return Err(err("the arguments must be a JSON object".into())),
+        Err(e) => return Err(err(format!("the arguments are not valid JSON ({e})"))),
+    };
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments,
+        raw_arguments: Some(raw.to_string()),
+    })
 }
 
 #[cfg(test)]
@@ -244,11 +365,13 @@ mod tests {
             vec![
                 Ok(ToolCall {
                     name: "bash".into(),
-                    arguments: serde_json::json!({"command": "ls"})
+                    arguments: serde_json::json!({"command": "ls"}),
+                    raw_arguments: None,
                 }),
                 Ok(ToolCall {
                     name: "python".into(),
-                    arguments: serde_json::json!({"code": "1+1"})
+                    arguments: serde_json::json!({"code": "1+1"}),
+                    raw_arguments: None,
                 }),
             ]
         );
@@ -360,7 +483,8 @@ mod tests {
             t.calls,
             vec![Ok(ToolCall {
                 name: "bash".into(),
-                arguments: serde_json::json!({"command": "ls -la\ncd src"})
+                arguments: serde_json::json!({"command": "ls -la\ncd src"}),
+                raw_arguments: None,
             })]
         );
         let two = parse_bash_block("```bash\nls\n```\nand\n```\npwd\n```");
@@ -381,5 +505,56 @@ mod tests {
         );
         let python = parse_bash_block("```python\nprint(1)\n```");
         assert!(python.calls.is_empty());
+    }
+
+    #[test]
+    fn deepseek_r1_calls_outside_reasoning_keep_their_argument_text() {
+        let call = |name: &str, args: &str| {
+            format!("{R1_CALL_BEGIN}function{R1_SEP}{name}\n```json\n{args}\n```{R1_CALL_END}")
+        };
+        let text = format!(
+            "Let me think.\n</think>\n\nI will look.{R1_CALLS_BEGIN}{}\n{}{R1_CALLS_END}",
+            call("bash", r#"{"command": "ls"}"#),
+            call("python", "{\"code\":\"1+1\"}"),
+        );
+        let t = parse_deepseek_r1(&text, true);
+        assert_eq!(t.content, "Let me think.\n</think>\n\nI will look.");
+        assert_eq!(
+            t.calls,
+            vec![
+                Ok(ToolCall {
+                    name: "bash".into(),
+                    arguments: serde_json::json!({"command": "ls"}),
+                    raw_arguments: Some(r#"{"command": "ls"}"#.into()),
+                }),
+                Ok(ToolCall {
+                    name: "python".into(),
+                    arguments: serde_json::json!({"code": "1+1"}),
+                    raw_arguments: Some("{\"code\":\"1+1\"}".into()),
+                }),
+            ]
+        );
+        // A call the model only thought about is not run.
+        let thought = format!(
+            "<think>\n{R1_CALLS_BEGIN}{}{R1_CALLS_END}\n</think>\nNo.",
+            call("bash", "{}")
+        );
+        let t = parse_deepseek_r1(&thought, false);
+        assert!(t.calls.is_empty(), "{t:?}");
+        // Malformed calls are observations for the model, not failures.
+        for bad in [
+            format!("{R1_CALLS_BEGIN}{R1_CALL_BEGIN}function{R1_SEP}bash\n{{}}{R1_CALL_END}"),
+            format!(
+                "{R1_CALLS_BEGIN}{R1_CALL_BEGIN}function{R1_SEP}bash\n```json\n[1]\n```{R1_CALL_END}"
+            ),
+            format!("{R1_CALLS_BEGIN}{R1_CALL_BEGIN}function bash"),
+            format!(
+                "{R1_CALLS_BEGIN}{R1_CALL_BEGIN}file{R1_SEP}bash\n```json\n{{}}\n```{R1_CALL_END}"
+            ),
+        ] {
+            let t = parse_deepseek_r1(&bad, false);
+            assert_eq!(t.calls.len(), 1, "{bad}");
+            assert!(t.calls[0].is_err(), "{bad}: {t:?}");
+        }
     }
 }

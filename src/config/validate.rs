@@ -283,7 +283,7 @@ impl Settings {
             }
         }
         if crate::domain::parser::Parser::from_name(&a.parser).is_none() {
-            return bad("agent.parser", "must be hermes or bash_block");
+            return bad("agent.parser", "must be hermes, bash_block or deepseek_r1");
         }
         Ok(())
     }

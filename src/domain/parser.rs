@@ -12,14 +12,17 @@ pub enum Parser {
     Hermes,
     /// One fenced bash block per turn, run by the `bash` tool.
     BashBlock,
+    /// DeepSeek-R1's (and V3's) `<｜tool▁calls▁begin｜>` sections.
+    DeepseekR1,
 }
 
 impl Parser {
-    /// Parses `hermes` or `bash_block`.
+    /// Parses `hermes`, `bash_block` or `deepseek_r1`.
     pub fn from_name(s: &str) -> Option<Self> {
         match s {
             "hermes" => Some(Parser::Hermes),
             "bash_block" => Some(Parser::BashBlock),
+            "deepseek_r1" => Some(Parser::DeepseekR1),
             _ => None,
         }
     }

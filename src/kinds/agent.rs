@@ -64,7 +64,8 @@ pub struct AgentSpec {
     /// Sampling parameters passed to the backend (`max_tokens` is set per turn).
     #[serde(default)]
     pub sampling: Sampling,
-    /// `hermes` (`<tool_call>` blocks) or `bash_block`; `agent.parser` when absent.
+    /// `hermes` (`<tool_call>` blocks), `bash_block` or `deepseek_r1`; `agent.parser`
+    /// when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parser: Option<String>,
     /// Limits; each one absent takes the `agent.*` default.
@@ -278,7 +279,10 @@ impl TaskKind for Agent {
         if let Some(p) = &s.parser
             && Parser::from_name(p).is_none()
         {
-            return Err(SpecError::new("parser", "must be `hermes` or `bash_block`"));
+            return Err(SpecError::new(
+                "parser",
+                "must be `hermes`, `bash_block` or `deepseek_r1`",
+            ));
         }
         // What vLLM and SGLang both accept, refused here rather than by every request.
         if s.sampling.seed.is_some_and(|v| v > i64::MAX as u64) {
