@@ -132,21 +132,7 @@ fn model_dir(root: &Path, name: &str, template: Value, tweak: impl FnOnce(&mut V
 /// A model directory with DeepSeek-R1's template and a tokenizer that has its special
 /// tokens (the end-of-turn token must be one token of it).
 fn deepseek_r1_dir(root: &Path) -> PathBuf {
-    const SPECIAL: [&str; 13] = [
-        "<｜begin▁of▁sentence｜>",
-        "<｜end▁of▁sentence｜>",
-        "<｜User｜>",
-        "<｜Assistant｜>",
-        "<｜tool▁calls▁begin｜>",
-        "<｜tool▁calls▁end｜>",
-        "<｜tool▁call▁begin｜>",
-        "<｜tool▁call▁end｜>",
-        "<｜tool▁sep｜>",
-        "<｜tool▁outputs▁begin｜>",
-        "<｜tool▁outputs▁end｜>",
-        "<｜tool▁output▁begin｜>",
-        "<｜tool▁output▁end｜>",
-    ];
+    const SPECIAL: [&str; 13] = demo::DEEPSEEK_R1_TOKENS;
     let dir = model_dir(root, "r1", fixture("deepseek_r1.jinja"), |c| {
         c["bos_token"] = SPECIAL[0].into();
         c["eos_token"] = SPECIAL[1].into();

@@ -1042,21 +1042,7 @@ mod tests {
     /// `deepseek_r1`, and its tool outputs are opened once per conversation.
     #[tokio::test]
     async fn a_deepseek_r1_episode_runs_its_calls_and_sees_its_templates_state() {
-        const SPECIAL: [&str; 13] = [
-            "<｜begin▁of▁sentence｜>",
-            "<｜end▁of▁sentence｜>",
-            "<｜User｜>",
-            "<｜Assistant｜>",
-            "<｜tool▁calls▁begin｜>",
-            "<｜tool▁calls▁end｜>",
-            "<｜tool▁call▁begin｜>",
-            "<｜tool▁call▁end｜>",
-            "<｜tool▁sep｜>",
-            "<｜tool▁outputs▁begin｜>",
-            "<｜tool▁outputs▁end｜>",
-            "<｜tool▁output▁begin｜>",
-            "<｜tool▁output▁end｜>",
-        ];
+        const SPECIAL: [&str; 13] = demo::DEEPSEEK_R1_TOKENS;
         let template = include_str!("../../tests/fixtures/templates/deepseek_r1.jinja");
         let corpus = [
             "<think>\nList first.\n</think>\n\nfunction bash ```json",

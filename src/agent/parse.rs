@@ -80,6 +80,17 @@ pub fn opens_reasoning(prompt: &str) -> bool {
 /// [`opens_reasoning`]): a call the model only thought about is not run. The content
 /// keeps the reasoning as written.
 pub fn parse_hermes(text: &str, reasoning_open: bool) -> ParsedTurn {
+    outside_reasoning(text, reasoning_open, hermes_blocks)
+}
+
+/// Parses the calls of `text` outside the model's reasoning with `calls` (which takes a
+/// part of the text, adds the calls it finds to the turn and the text around them to
+/// the content); the reasoning joins the content as written.
+fn outside_reasoning(
+    text: &str,
+    reasoning_open: bool,
+    calls: fn(&str, &mut ParsedTurn, &mut String),
+) -> ParsedTurn {
     let mut turn = ParsedTurn::default();
     let mut content = String::new();
     let (before, reasoning, after) = match reasoning_span(text, reasoning_open) {
@@ -90,7 +101,7 @@ pub fn parse_hermes(text: &str, reasoning_open: bool) -> ParsedTurn {
         if i == 1 {
             content.push_str(part);
         } else {
-            hermes_blocks(part, &mut turn, &mut content);
+            calls(part, &mut turn, &mut content);
         }
     }
     turn.content = content.trim().to_string();
@@ -250,21 +261,7 @@ const R1_SEP: &str = "<｜tool▁sep｜>";
 /// its arguments' text ([`ToolCall::raw_arguments`]), which R1's template writes back
 /// verbatim.
 pub fn parse_deepseek_r1(text: &str, reasoning_open: bool) -> ParsedTurn {
-    let mut turn = ParsedTurn::default();
-    let mut content = String::new();
-    let (before, reasoning, after) = match reasoning_span(text, reasoning_open) {
-        Some((a, b)) => (&text[..a], &text[a..b], &text[b..]),
-        None => (text, "", ""),
-    };
-    for (i, part) in [before, reasoning, after].into_iter().enumerate() {
-        if i == 1 {
-            content.push_str(part);
-        } else {
-            r1_section(part, &mut turn, &mut content);
-        }
-    }
-    turn.content = content.trim().to_string();
-    turn
+    outside_reasoning(text, reasoning_open, r1_section)
 }
 
 /// The calls sections of `text` into `turn`, the text around them into `content`.

@@ -23,6 +23,24 @@ pub const SPECIAL_TOKENS: [&str; 5] = [
     "</tool_call>",
 ];
 
+/// DeepSeek-R1's special tokens (its tokenizer's, which its chat template writes): for
+/// model directories that play R1's turn format.
+pub const DEEPSEEK_R1_TOKENS: [&str; 13] = [
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁outputs▁begin｜>",
+    "<｜tool▁outputs▁end｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+];
+
 const CORPUS: &[&str] = &[
     "You are a helpful assistant. Use the tools to inspect and change files, then answer.",
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n",
