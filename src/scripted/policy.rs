@@ -18,7 +18,8 @@
 //!
 //! The server decodes the prompt, takes the first rule whose `match` text occurs in it,
 //! and counts the `assistant_marker`s to know which turn it is asked for (the last
-//! marker opens the turn being generated). A variant is the script of one possible
+//! marker opens the turn being generated), or, when the policy names a
+//! `turn_end_marker`, the turns the prompt already holds. A variant is the script of one possible
 //! episode; at each turn the server keeps the variants whose earlier turns appear in the
 //! prompt and picks one of them by weight, from a hash of the request's `seed` (or of
 //! the server's seed and a request counter when there is none). So the samples of one
@@ -34,6 +35,12 @@ pub struct Policy {
     /// The text that opens an assistant turn in a rendered prompt.
     #[serde(default = "default_marker")]
     pub assistant_marker: String,
+    /// Text that ends each of the model's turns, for turn formats whose later turns
+    /// open with no marker of their own (DeepSeek-R1's go on straight after the tool
+    /// outputs): when set, the turn asked for is how many of these the prompt holds,
+    /// and `assistant_marker` is not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_end_marker: Option<String>,
     /// Rules, first match wins.
     #[serde(default)]
     pub rules: Vec<Rule>,
@@ -57,6 +64,7 @@ impl Default for Policy {
     fn default() -> Self {
         Policy {
             assistant_marker: default_marker(),
+            turn_end_marker: None,
             rules: Vec::new(),
             fallback: default_fallback(),
         }
@@ -151,10 +159,13 @@ impl Policy {
 
     /// The turn to play for the decoded `prompt`; `key` is the sample's seed.
     pub fn pick(&self, prompt: &str, key: u64) -> Pick {
-        let turn = prompt
-            .matches(self.assistant_marker.as_str())
-            .count()
-            .saturating_sub(1);
+        let turn = match &self.turn_end_marker {
+            Some(end) => prompt.matches(end.as_str()).count(),
+            None => prompt
+                .matches(self.assistant_marker.as_str())
+                .count()
+                .saturating_sub(1),
+        };
         let (rule, variants) = match self
             .rules
             .iter()

@@ -395,6 +395,111 @@ async fn episodes_are_token_exact_over_both_wire_formats() {
     assert!(backends.iter().all(|b| b.active == 0), "{backends:?}");
 }
 
+/// DeepSeek-R1 end to end with the template it ships: the stand-in plays R1's turns (its
+/// special tokens, its calls sections) from a model directory with R1's tokenizer
+/// tokens, the `deepseek_r1` parser runs the calls in the sandbox, the fix is scored, and
+/// every model turn is, token for token and logprob for logprob, what the server sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deepseek_r1_episode_runs_end_to_end_with_its_real_template() {
+    let env = TestEnv::start(|s| {
+        s.pool.retries = 1;
+        s.pool.health_interval_ms = 60_000;
+    })
+    .await;
+    let template = include_str!("../fixtures/templates/deepseek_r1.jinja");
+    let r1_call = |command: &str| {
+        format!(
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>bash\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+            json!({"command": command})
+        )
+    };
+    let turns = vec![
+        format!(
+            "The code first.\n</think>\n\n{}",
+            r1_call("cat calc/add.py")
+        ),
+        format!(
+            "It subtracts; it must add.\n</think>\n\n{}",
+            r1_call("sed -i 's/a - b/a + b/' calc/add.py")
+        ),
+        "Fixed.\n</think>\n\nadd() adds now.".to_string(),
+    ];
+    let dir = env.dir.path().join("model-r1");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut corpus: Vec<&str> = turns.iter().map(String::as_str).collect();
+    corpus.push(template);
+    let tok =
+        rollout::agent::tokenizer::Tokenizer::train_bpe(&corpus, 1200, &demo::DEEPSEEK_R1_TOKENS)
+            .unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tok.to_json().unwrap()).unwrap();
+    let config = json!({
+        "bos_token": demo::DEEPSEEK_R1_TOKENS[0],
+        "eos_token": demo::DEEPSEEK_R1_TOKENS[1],
+        "chat_template": template,
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    // R1 opens no new assistant turn after tool outputs: the turns are counted by the
+    // end of their reasoning, which each of them writes.
+    let policy = json!({"turn_end_marker": "</think>", "fallback": [{"turns": turns}]});
+    let policy = Policy::from_json(&policy.to_string()).unwrap();
+    let mut cfg = ScriptedConfig::new(Arc::new(ModelFiles::load(&dir).unwrap()), policy);
+    cfg.model_name = "r1".into();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = ScriptedServer::spawn(listener, cfg).unwrap();
+    let backend = BackendSpec {
+        id: "r1-0".into(),
+        url: server.url(),
+        kind: WireKind::Vllm,
+        model: "r1".into(),
+        tokenizer: dir.display().to_string(),
+        weight: 1.0,
+        ..Default::default()
+    };
+    env.client.add_backend(&backend).await.unwrap();
+    env.workers_in_process(1);
+    let spec = json!({"parser": "deepseek_r1", "tools": ["bash"]});
+    env.submit(&[task("Fix add() so that it adds.", "r1", spec)], "r1")
+        .await;
+    let r = env
+        .wait_results("r1", 1, Duration::from_secs(120))
+        .await
+        .remove(0);
+    assert_eq!(r.status, Status::Done, "{:?}", r.error);
+    assert_eq!(
+        r.reward,
+        Some(1.0),
+        "the fix ran in the sandbox: {}",
+        r.output
+    );
+    let run = run_output(&r);
+    let turns = run["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 3, "{run}");
+    assert!(
+        turns[0]["tools"][0]["observation"]
+            .as_str()
+            .unwrap()
+            .contains("return a - b"),
+        "{}",
+        turns[0]
+    );
+    assert_eq!(turns[1]["tools"][0]["call"]["name"], "bash");
+    assert_eq!(run["finish_reason"], "no_tool_call");
+    let response = ids(&run["response_ids"]);
+    let served = server.served();
+    for turn in turns {
+        let [a, b] = [
+            count(&turn["model_range"][0]),
+            count(&turn["model_range"][1]),
+        ];
+        assert!(
+            served.iter().any(|s| s.output_ids == response[a..b]),
+            "turn tokens {:?} are the server's",
+            &response[a..b]
+        );
+    }
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn math_episodes_are_graded_from_their_final_answer() {
     let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, _| {}).await;
