@@ -710,22 +710,10 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
         .unwrap_or_else(|| stable_hash(&[cfg.seed, s.counter.fetch_add(1, Ordering::Relaxed)]));
     let pick = cfg.policy.pick(&prompt_text, key);
     // Stop strings end the turn right after the first one (kept in the output).
-    let mut text = pick.text.clone();
-    let mut matched = None;
-    let mut by_string = false;
-    if let Some((end, stop)) = ask
-        .stop
-        .iter()
-        .filter_map(|st| text.find(st.as_str()).map(|i| (i + st.len(), st)))
-        .min_by_key(|(end, _)| *end)
-    {
-        matched = Some(serde_json::Value::String(stop.clone()));
-        text.truncate(end);
-        by_string = true;
-    }
-    let mut ids = vocab
-        .encode(&text)
+    let (mut ids, stopped_by) = cut_at_stop(vocab, &pick.text, &ask.stop)
         .map_err(|e| bad_request_in(format, format!("script: {e}")))?;
+    let by_string = stopped_by.is_some();
+    let mut matched = stopped_by.map(serde_json::Value::String);
     // A stop token the request names ends the turn on it (kept, as both servers keep
     // it); otherwise the model's end-of-sequence token does, whether asked for or not.
     if let Some(at) = ids.iter().position(|id| ask.stop_token_ids.contains(id)) {
@@ -859,6 +847,33 @@ fn refuse_length(cfg: &ScriptedConfig, prompt: usize, max_tokens: usize) -> Opti
         )
     };
     Some(bad_request_in("sglang", message))
+}
+
+/// The tokens of `text` up to the one that completes the first of `stops` to occur in
+/// it, and that stop string: as vLLM and SGLang stop, on the detokenized output, keeping
+/// the whole token that completed the string even when the string ends inside it.
+/// Without a stop string in `text`, all its tokens.
+fn cut_at_stop(
+    vocab: &crate::agent::tokenizer::Tokenizer,
+    text: &str,
+    stops: &[String],
+) -> Result<(Vec<u32>, Option<String>), crate::agent::tokenizer::TokenizerError> {
+    let mut ids = vocab.encode(text)?;
+    let first = stops
+        .iter()
+        .filter(|st| !st.is_empty())
+        .filter_map(|st| text.find(st.as_str()).map(|i| (i + st.len(), st)))
+        .min_by_key(|(end, _)| *end);
+    let Some((_, stop)) = first else {
+        return Ok((ids, None));
+    };
+    for k in 1..=ids.len() {
+        if vocab.decode(&ids[..k])?.contains(stop.as_str()) {
+            ids.truncate(k);
+            break;
+        }
+    }
+    Ok((ids, Some(stop.clone())))
 }
 
 /// How many of `n` tokens, generated over `wait`, were out after `done`.

@@ -257,3 +257,55 @@ async fn a_paused_server_holds_requests_and_aborts_answer_them() {
     assert_eq!(got["choices"][0]["finish_reason"], "length");
     s.stop().await;
 }
+
+/// A stop string ends the output at the token that completes it, kept whole, as vLLM
+/// keeps it (the text is not re-encoded cut at the string, which gives other tokens
+/// when the string ends inside one).
+#[tokio::test]
+async fn a_stop_string_keeps_the_whole_token_that_completes_it() {
+    let model = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
+    let script = "The quick brown fox jumps over the lazy dog.";
+    let policy =
+        Policy::from_json(&json!({"fallback": [{"turns": [script]}]}).to_string()).unwrap();
+    let mut cfg = ScriptedConfig::new(Arc::new(model), policy);
+    cfg.model_name = "tiny".into();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let s = ScriptedServer::spawn(listener, cfg).unwrap();
+    let vocab = &s.shared.cfg.model.tokenizer;
+    let full = vocab.encode(script).unwrap();
+    let (_, got) = post(
+        &s,
+        "/v1/completions",
+        &completion(&[5, 6, 7], &json!({"max_tokens": 30, "stop": ["e qui"]})),
+    )
+    .await;
+    let choice = &got["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{choice}");
+    assert_eq!(choice["stop_reason"], "e qui");
+    let ids: Vec<u32> = choice["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| u32::try_from(v.as_u64().unwrap()).unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        full[..ids.len()],
+        "the script's own tokens, cut after the stop"
+    );
+    assert!(vocab.decode(&ids).unwrap().contains("e qui"));
+    assert!(
+        !vocab
+            .decode(&ids[..ids.len() - 1])
+            .unwrap()
+            .contains("e qui")
+    );
+    // What this checks: the string ends inside a token, so re-encoding the text cut at
+    // it gives other tokens.
+    assert_ne!(
+        vocab.encode("The qui").unwrap(),
+        ids,
+        "the stop must end inside a token"
+    );
+    s.stop().await;
+}
