@@ -53,6 +53,11 @@ pub mod kinds;
 pub mod metrics;
 pub mod natsd;
 pub mod nul;
+/// What a unit test does when something it needs is missing: fails under `CI=true`,
+/// else says it skipped (the integration tests' own helper, shared).
+#[cfg(test)]
+#[path = "../tests/common/prerequisite.rs"]
+pub(crate) mod prerequisite;
 pub mod queue;
 pub mod reconciler;
 pub mod retry;

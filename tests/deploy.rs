@@ -153,17 +153,20 @@ fn the_images_hold_every_binary_a_node_needs() {
     }
 }
 
-/// Builds the image when a Docker engine answers; says why not otherwise.
+/// Builds the image. It needs a Docker engine, which this project's machines (and its
+/// CI) do not have, so it runs only when asked: `cargo test --test deploy --
+/// --ignored`; there, an engine that does not answer fails it.
 #[test]
+#[ignore = "needs a Docker engine: run with --ignored where one answers"]
 fn the_image_builds_where_an_engine_answers() {
     let engine = Command::new("docker")
         .arg("info")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !engine {
-        eprintln!("no Docker engine answers here: the image build is not tried");
-        return;
-    }
+    assert!(
+        engine,
+        "no Docker engine answers here (`docker info` fails)"
+    );
     let out = Command::new("docker")
         .current_dir(root())
         .args(["build", "-t", "rollout:test", "."])

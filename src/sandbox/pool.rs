@@ -387,7 +387,10 @@ mod tests {
     async fn a_pooled_image_is_the_workspace_and_nothing_outlives_the_pool() {
         let quota = WorkspaceQuota::probe();
         if !quota.enforced() {
-            eprintln!("skipped: this worker cannot mount workspace images");
+            crate::prerequisite::missing(
+                "sandbox::pool::a_pooled_image_is_the_workspace_and_nothing_outlives_the_pool",
+                "this worker cannot mount workspace images (it needs root and loop devices)",
+            );
             return;
         }
         let root = tempfile::tempdir().unwrap();

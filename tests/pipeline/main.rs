@@ -14,6 +14,8 @@ mod host;
 mod leftovers;
 #[path = "../common/nats_cluster.rs"]
 mod nats_cluster;
+#[path = "../common/prerequisite.rs"]
+mod prerequisite;
 #[path = "../common/rack.rs"]
 mod rack;
 

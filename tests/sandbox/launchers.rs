@@ -287,7 +287,10 @@ async fn sigkill_of_the_owner_leaves_no_launcher_sandbox_or_cgroup() {
 #[tokio::test]
 async fn two_pools_of_one_process_never_share_a_launcher_cgroup() {
     if !Cgroups::probe(None).enforced() {
-        eprintln!("skipped: this machine gives the worker no cgroups");
+        crate::prerequisite::missing(
+            "two_pools_of_one_process_never_share_a_launcher_cgroup",
+            "this machine gives the worker no cgroups",
+        );
         return;
     }
     let (a, b) = (runtime(1), runtime(1));

@@ -9,4 +9,6 @@ mod helpers;
 mod hostile;
 mod launchers;
 mod lifeline;
+#[path = "../common/prerequisite.rs"]
+mod prerequisite;
 mod tools;
