@@ -1,0 +1,149 @@
+//! The README's lists that must match the code, checked against the code: the store's
+//! traits, the HTTP routes (against the reviewed OpenAPI document, itself checked
+//! against the served one by `tests/pipeline/openapi.rs`), and the `rollout` CLI's
+//! commands (against its own `--help`). A list that drifts fails here, naming what is
+//! missing on which side.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn readme() -> String {
+    std::fs::read_to_string(root().join("README.md")).expect("README.md")
+}
+
+/// The README's section under `heading` (a `## ` line), up to the next `## `.
+fn section<'a>(text: &'a str, heading: &str) -> &'a str {
+    let start = text
+        .find(&format!("\n## {heading}\n"))
+        .unwrap_or_else(|| panic!("README has no `## {heading}` section"));
+    let body = &text[start + heading.len() + 5..];
+    body.find("\n## ").map_or(body, |end| &body[..end])
+}
+
+/// The words in backticks in `text`.
+fn ticked(text: &str) -> Vec<&str> {
+    text.split('`').skip(1).step_by(2).collect()
+}
+
+fn agree(what: &str, readme: &BTreeSet<String>, code: &BTreeSet<String>) {
+    let missing: Vec<_> = code.difference(readme).collect();
+    let stale: Vec<_> = readme.difference(code).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "{what}: in the code but not in the README: {missing:?}; in the README but not in the code: {stale:?}"
+    );
+}
+
+#[test]
+fn the_store_traits_listed_are_the_stores_traits() {
+    let mut code = BTreeSet::new();
+    for entry in std::fs::read_dir(root().join("src/store")).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("pub trait ") {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                // `Store` itself is all of them together.
+                if name.ends_with("Store") && name != "Store" {
+                    code.insert(name);
+                }
+            }
+        }
+    }
+    assert!(
+        code.len() >= 5,
+        "the store's traits were not found: {code:?}"
+    );
+    let text = readme();
+    let sentence = text
+        .split("The store is split by concern (")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .expect("README's sentence listing the store traits");
+    let listed = ticked(sentence).into_iter().map(String::from).collect();
+    agree("store traits", &listed, &code);
+}
+
+#[test]
+fn the_http_routes_listed_are_the_apis_routes() {
+    let snap = std::fs::read_to_string(
+        root().join("tests/pipeline/snapshots/pipeline__openapi__openapi.snap"),
+    )
+    .unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&snap[snap.find('{').unwrap()..]).unwrap();
+    let mut code = BTreeSet::new();
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for method in ops.as_object().unwrap().keys() {
+            code.insert(format!("{} {path}", method.to_uppercase()));
+        }
+    }
+    let text = readme();
+    let api = section(&text, "HTTP API");
+    let mut listed = BTreeSet::new();
+    for row in api.lines().filter(|l| l.starts_with("| `")) {
+        let first = row.split(" | ").next().unwrap();
+        for route in ticked(first) {
+            let route = route.split('?').next().unwrap();
+            if let Some((method, path)) = route.split_once(' ')
+                && ["GET", "POST", "PUT", "DELETE", "PATCH"].contains(&method)
+            {
+                listed.insert(format!("{method} {path}"));
+            }
+        }
+        // A row may name a sibling route in its description (`/groups/stream`).
+        if row.contains("`/groups/stream`") {
+            listed.insert("GET /v1/batches/{id}/groups/stream".into());
+        }
+    }
+    agree("HTTP routes", &listed, &code);
+}
+
+#[test]
+fn the_cli_commands_listed_are_the_clis_commands() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_rollout"))
+        .arg("--help")
+        .output()
+        .expect("rollout --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    let mut code = BTreeSet::new();
+    let mut in_commands = false;
+    for line in help.lines() {
+        if line.trim_end() == "Commands:" {
+            in_commands = true;
+            continue;
+        }
+        if in_commands {
+            let Some(name) = line
+                .strip_prefix("  ")
+                .and_then(|l| l.split_whitespace().next())
+            else {
+                break;
+            };
+            if name != "help" {
+                code.insert(name.to_string());
+            }
+        }
+    }
+    assert!(code.len() >= 5, "no commands in `rollout --help`: {help}");
+    let text = readme();
+    let cli = section(&text, "Command line");
+    let mut listed = BTreeSet::new();
+    for row in cli.lines().filter(|l| l.starts_with("| `rollout ")) {
+        let first = row.split(" | ").next().unwrap();
+        for cmd in ticked(first) {
+            if let Some(rest) = cmd.strip_prefix("rollout ")
+                && let Some(name) = rest.split_whitespace().next()
+                && !name.starts_with('-')
+            {
+                listed.insert(name.to_string());
+            }
+        }
+    }
+    agree("rollout commands", &listed, &code);
+}
