@@ -356,6 +356,7 @@ impl NodeSandboxes {
         generation: i64,
     ) -> Result<Sandbox, SandboxError> {
         let dir = self.dir(job_id, purpose, generation);
+        refuse_if_superseded(job_id, purpose, generation, &dir)?;
         self.discard(job_id, purpose, &dir).await;
         let backend = spec.backend_or(self.default_runtime);
         if backend == RuntimeKind::Local && !self.settings.allow_local {
@@ -750,6 +751,27 @@ async fn run_setup(sandbox: &Sandbox, spec: &SandboxSpec) -> Result<(), SetupEnd
                 });
             }
         }
+    }
+    Ok(())
+}
+
+/// A job's RUN sandbox has one directory whatever the attempt. A stale attempt (its lease
+/// lapsed, and a newer attempt took the stage over and made its own sandbox) must not
+/// replace the newer one's: the job's RUN would find its sandbox gone. `Err` when `dir`
+/// holds a sandbox of a newer generation than `generation`.
+fn refuse_if_superseded(
+    job_id: &str,
+    purpose: Purpose,
+    generation: i64,
+    dir: &Path,
+) -> Result<(), SandboxError> {
+    if purpose == Purpose::Run
+        && let Ok(Some(there)) = Label::read(dir)
+        && let Some(newer) = there.generation.filter(|g| *g > generation)
+    {
+        return Err(SandboxError::Unavailable(format!(
+            "job {job_id}'s sandbox belongs to a newer attempt (generation {newer}) than this one ({generation}): this attempt is stale and leaves it"
+        )));
     }
     Ok(())
 }

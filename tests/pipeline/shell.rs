@@ -424,6 +424,34 @@ async fn sigterm_mid_run_starts_the_job_again_without_using_up_its_restarts() {
     assert_no_sandboxes(&env, &[first]).await;
 }
 
+/// A stale INIT attempt whose sandbox start comes after a newer attempt made the job's
+/// RUN sandbox (its lease lapsed while it waited, under load) is refused, and leaves the
+/// newer sandbox alone: RUN connects to it. (Seen once under load: the stale start
+/// replaced the newer sandbox, and RUN found it gone.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_init_attempt_never_replaces_a_newer_run_sandbox() {
+    use rollout::sandbox::{Purpose, SandboxError, SandboxSpec};
+    let env = TestEnv::start(|_| {}).await;
+    let sandboxes = &env.deps.sandboxes;
+    let spec: SandboxSpec =
+        serde_json::from_value(serde_json::json!({"files": {"fix.py": "base\n"}})).unwrap();
+    let job = "0193aaaa-init-race";
+    let newer = sandboxes.start(job, &spec, Purpose::Run, 6).await.unwrap();
+    sh(&newer.client, "echo newer > fix.py").await;
+    let stale = sandboxes.start(job, &spec, Purpose::Run, 5).await;
+    assert!(
+        matches!(&stale, Err(SandboxError::Unavailable(m)) if m.contains("newer attempt")),
+        "{:?}",
+        stale.as_ref().err()
+    );
+    // The newer sandbox still answers, and RUN finds it.
+    assert_eq!(sh(&newer.client, "cat fix.py").await, "newer\n");
+    let run = sandboxes.connect(job, 6).await.unwrap();
+    assert_eq!(sh(&run, "cat fix.py").await, "newer\n");
+    sandboxes.remove(job, Purpose::Run, Some(6)).await;
+    drop((newer, run));
+}
+
 /// A stale EVAL attempt (its lease lapsed while it went on working) and the attempt that
 /// took over each get a sandbox of their own: the newer start neither stops the older
 /// sandbox nor starts in the workspace the older one is changing (which once applied an
