@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::sampling::SamplingStatus;
 use crate::domain::{EpochMs, Outcome};
-use crate::ending::{publish_result, queue_submitted};
+use crate::ending::{publish_result, start_submitted};
 use crate::queue::{Queue, QueueError};
 use crate::store::{FinishIf, Store, StoreError};
 
@@ -110,7 +110,7 @@ impl Driver {
         metrics::counter!(crate::metrics::JOBS_SUBMITTED)
             .increment(submitted.iter().filter(|s| !s.duplicate).count() as u64);
         // A lost publish is repaired by the reconciler, as for any submitted job.
-        queue_submitted(&self.queue, &submitted).await?;
+        start_submitted(&self.queue, &submitted).await?;
         Ok(submitted.len())
     }
 

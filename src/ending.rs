@@ -78,9 +78,10 @@ pub async fn dead_letter(
     Ok(())
 }
 
-/// Publishes the INIT hand-off of submitted jobs that are still waiting for INIT (new
-/// ones, and repeated ones whose first publish may have been lost).
-pub async fn queue_submitted(queue: &Queue, submitted: &[Submitted]) -> Result<(), QueueError> {
+/// Starts submitted jobs: publishes the INIT hand-off of those still waiting for INIT
+/// (new ones, and repeated ones whose first publish may have been lost). The name says
+/// what it does for the job; it queues a message to do it.
+pub async fn start_submitted(queue: &Queue, submitted: &[Submitted]) -> Result<(), QueueError> {
     let msgs = submitted
         .iter()
         .filter(|s| s.status == Status::Queued && s.stage == Stage::Init)

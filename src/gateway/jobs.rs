@@ -308,7 +308,7 @@ pub async fn submit_body(state: &AppState, body: &[u8]) -> Result<SubmitResponse
     };
     metrics::counter!(crate::metrics::JOBS_SUBMITTED)
         .increment(submitted.iter().filter(|s| !s.duplicate).count() as u64);
-    crate::ending::queue_submitted(&state.queue, &submitted)
+    crate::ending::start_submitted(&state.queue, &submitted)
         .await
         .map_err(|e| {
             ApiError::unavailable(format!(
