@@ -556,29 +556,21 @@ fn refuse_sampling(
     {
         if format == "vllm" {
             // vLLM 0.32 checks the range with pydantic, and says so in its words.
-            let (kind, msg, ctx) = if seed.as_f64().is_some_and(|v| v < 0.0) {
+            let (kind, msg, key, bound) = if seed.as_f64().is_some_and(|v| v < 0.0) {
                 (
                     "greater_than_equal",
                     "greater than or equal to",
-                    "'ge': -9223372036854775808",
+                    "ge",
+                    i64::MIN,
                 )
             } else {
-                (
-                    "less_than_equal",
-                    "less than or equal to",
-                    "'le': 9223372036854775807",
-                )
-            };
-            let bound = if kind == "less_than_equal" {
-                i64::MAX
-            } else {
-                i64::MIN
+                ("less_than_equal", "less than or equal to", "le", i64::MAX)
             };
             return Some(vllm_error(
                 StatusCode::BAD_REQUEST,
                 "Bad Request",
                 format!(
-                    "1 validation error:\n  {{'type': '{kind}', 'loc': 'body.seed', 'msg': 'Input should be {msg} {bound}', 'input': '{seed}', 'ctx': {{{ctx}}}}}"
+                    "1 validation error:\n  {{'type': '{kind}', 'loc': 'body.seed', 'msg': 'Input should be {msg} {bound}', 'input': '{seed}', 'ctx': {{'{key}': {bound}}}}}"
                 ),
                 Some("body.seed"),
             ));

@@ -53,7 +53,11 @@ fn yes() -> bool {
     true
 }
 
-/// The server's pause state, watched by every request in it.
+/// The server's pause state, watched by every request in it. The counts change with
+/// every request, so changing them wakes no one ([`watch::Sender::send_if_modified`]
+/// returning `false`), except the last generating request's end while a `wait` pause
+/// waits for it: a request would otherwise be woken by every other request's arrival
+/// and end.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct State {
     /// New requests wait.
@@ -93,11 +97,14 @@ pub struct Ticket<'a> {
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         let generating = self.generating;
-        self.pause.state.send_modify(|s| {
+        self.pause.state.send_if_modified(|s| {
             if generating {
                 s.generating -= 1;
+                // A `wait` pause waits for this.
+                s.paused && s.generating == 0
             } else {
                 s.waiting -= 1;
+                false
             }
         });
     }
@@ -107,9 +114,10 @@ impl Pause {
     /// A request arriving: it counts as waiting until [`Ticket::admitted`].
     pub fn arrive(&self) -> Ticket<'_> {
         let mut aborts = 0;
-        self.state.send_modify(|s| {
+        self.state.send_if_modified(|s| {
             s.waiting += 1;
             aborts = s.aborts;
+            false
         });
         Ticket {
             pause: self,
@@ -171,9 +179,10 @@ impl Ticket<'_> {
             return false;
         }
         drop(st);
-        self.pause.state.send_modify(|s| {
+        self.pause.state.send_if_modified(|s| {
             s.waiting -= 1;
             s.generating += 1;
+            false
         });
         self.generating = true;
         true
