@@ -234,7 +234,8 @@ struct Real {
     vllm: Vllm,
     client: InferenceClient,
     backend: BackendSpec,
-    tokenizer: rollout::agent::model::ModelFiles,
+    /// The tiny model's files, for its tokenizer.
+    model: rollout::agent::model::ModelFiles,
 }
 
 impl Real {
@@ -259,18 +260,15 @@ impl Real {
     /// A prompt of the chat template's shape, tokenized by the model's tokenizer.
     fn prompt(&self, text: &str) -> Vec<u32> {
         let text = format!("<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n");
-        self.tokenizer.tokenizer.encode(&text).expect("encode")
+        self.model.tokenizer.encode(&text).expect("encode")
     }
 }
 
 /// The IDs of a raw answer's `choices[0].<field>`.
 fn id_list(answer: &Value, field: &str) -> Vec<u32> {
-    answer["choices"][0][field]
-        .as_array()
-        .unwrap_or_else(|| panic!("no choices[0].{field} in {answer}"))
-        .iter()
-        .map(|v| u32::try_from(v.as_u64().unwrap()).unwrap())
-        .collect()
+    let list = &answer["choices"][0][field];
+    assert!(list.is_array(), "no choices[0].{field} in {answer}");
+    helpers::ids(list)
 }
 
 /// The logprobs of a raw answer, as the trajectory stores them (f32).
@@ -326,7 +324,7 @@ async fn a_real_vllm_serves_the_service_token_exact() {
             backoff: Duration::from_millis(100),
             ..Default::default()
         }),
-        tokenizer: rollout::agent::model::ModelFiles::load(&model).expect("load the tiny model"),
+        model: rollout::agent::model::ModelFiles::load(&model).expect("load the tiny model"),
         backend,
         vllm,
     };
@@ -626,8 +624,8 @@ async fn episode(real: &Real) {
     let turns = run["turns"].as_array().expect("turns");
     assert_eq!(turns.len(), 3, "{run}");
     let recorded = Recorded {
-        prompt_ids: ids(&run["prompt_ids"]),
-        response: ids(&run["response_ids"]),
+        prompt_ids: helpers::ids(&run["prompt_ids"]),
+        response: helpers::ids(&run["response_ids"]),
         logprobs: run["logprobs"]
             .as_array()
             .unwrap()
@@ -717,12 +715,4 @@ struct Recorded {
     prompt_ids: Vec<u32>,
     response: Vec<u32>,
     logprobs: Vec<f32>,
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
-        .collect()
 }

@@ -7,9 +7,13 @@ use serde_json::{Value, json};
 
 /// A stand-in with a 64-token context whose every turn is long (so `max_tokens` cuts it).
 async fn server() -> ScriptedServer {
+    server_playing(&"word ".repeat(100)).await
+}
+
+/// A stand-in serving `tiny` with a 64-token context, whose every turn is `turn`.
+async fn server_playing(turn: &str) -> ScriptedServer {
     let model = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
-    let long = "word ".repeat(100);
-    let policy = Policy::from_json(&json!({"fallback": [{"turns": [long]}]}).to_string()).unwrap();
+    let policy = Policy::from_json(&json!({"fallback": [{"turns": [turn]}]}).to_string()).unwrap();
     let mut cfg = ScriptedConfig::new(Arc::new(model), policy);
     cfg.model_name = "tiny".into();
     cfg.max_model_len = 64;
@@ -263,14 +267,8 @@ async fn a_paused_server_holds_requests_and_aborts_answer_them() {
 /// when the string ends inside one).
 #[tokio::test]
 async fn a_stop_string_keeps_the_whole_token_that_completes_it() {
-    let model = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
     let script = "The quick brown fox jumps over the lazy dog.";
-    let policy =
-        Policy::from_json(&json!({"fallback": [{"turns": [script]}]}).to_string()).unwrap();
-    let mut cfg = ScriptedConfig::new(Arc::new(model), policy);
-    cfg.model_name = "tiny".into();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let s = ScriptedServer::spawn(listener, cfg).unwrap();
+    let s = server_playing(script).await;
     let vocab = &s.shared.cfg.model.tokenizer;
     let full = vocab.encode(script).unwrap();
     let (_, got) = post(

@@ -17,7 +17,7 @@ use rollout::scripted::policy::Policy;
 use rollout::scripted::{Control, FaultMode, ScriptedConfig, ScriptedServer, demo};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestEnv, processes_running, wait_gone};
+use crate::helpers::{TestEnv, ids, processes_running, wait_gone};
 
 /// A Hermes tool call exactly as the chat template's `tojson` writes it back, so a
 /// re-rendered conversation agrees with what the model emitted.
@@ -250,14 +250,6 @@ fn task(prompt: &str, model: &str, extra: Value) -> Task {
 
 fn run_output(r: &JobResult) -> &Value {
     &r.output["run"]
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
-        .collect()
 }
 
 /// Checks one trajectory against the servers: every model turn is, token for token and

@@ -491,3 +491,12 @@ pub fn processes_running(needle: &str) -> usize {
         })
         .count()
 }
+
+/// A JSON array of token IDs (a trajectory's `prompt_ids`, a server's `token_ids`).
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of token IDs: {v}"))
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
+        .collect()
+}
