@@ -225,6 +225,7 @@ impl Routing {
                 let store = self.store.unwrap();
                 let mut session = BackendSession::open(
                     store.clone(),
+                    store.clone(),
                     self.client,
                     SessionJob {
                         job_id: job_id.clone(),

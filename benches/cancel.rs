@@ -20,8 +20,8 @@
 
 use std::time::{Duration, Instant};
 
+use rollout::api::batches::CancelledBatch;
 use rollout::domain::{JobResult, Status, Task};
-use rollout::gateway::batches::CancelledBatch;
 
 mod common;
 #[path = "common/service.rs"]

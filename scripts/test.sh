@@ -114,13 +114,13 @@ for component in rustfmt clippy; do
   fi
 done
 echo "== formatting (cargo fmt --check) and lints (cargo clippy -D warnings)" >&2
-cargo fmt --check
-cargo clippy --all-targets -- -D warnings
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 
-# Tests that need Postgres (the store's Postgres unit tests, `postgres_` tests) run in
-# the Postgres pass below, not in this one.
-echo "== unit and integration tests (SQLite)" >&2
-env -u ROLLOUT_TEST_DATABASE_URL cargo test --all-targets -- --skip store::postgres:: --skip ::postgres_
+# Tests that need Postgres (the store's Postgres unit tests in its `postgres` module,
+# `postgres_` tests anywhere) run in the Postgres pass below, not in this one.
+echo "== unit and integration tests (SQLite), every crate of the workspace" >&2
+env -u ROLLOUT_TEST_DATABASE_URL cargo test --workspace --all-targets -- --skip postgres:: --skip ::postgres_
 
 echo "== Python client tests (against a real rollout up with the stand-in server)" >&2
 (cd clients/python && ROLLOUT_BIN_DIR="$(cd ../.. && realpath "${CARGO_TARGET_DIR:-target}")/debug" \
@@ -131,13 +131,14 @@ if [ -z "$pg_url" ] && (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then
   pg_url="postgres://postgres@127.0.0.1:5432/test"
 fi
 if [ -n "$pg_url" ]; then
-  echo "== unit and integration tests (Postgres)" >&2
-  ROLLOUT_TEST_DATABASE_URL="$pg_url" cargo test --lib --test pipeline
+  echo "== unit and integration tests (Postgres): the store's, and the pipeline's" >&2
+  ROLLOUT_TEST_DATABASE_URL="$pg_url" cargo test -p rollout-store --lib
+  ROLLOUT_TEST_DATABASE_URL="$pg_url" cargo test -p rollout --test pipeline
 else
   why="no Postgres answers on 127.0.0.1:5432 and ROLLOUT_TEST_DATABASE_URL is unset"
   if [ "${CI:-}" = true ]; then
     echo "== $why: the Postgres tests cannot run under CI" >&2
     exit 1
   fi
-  echo "SKIPPED the Postgres pass (the library's and the pipeline's tests on Postgres): $why" >> "$ROLLOUT_TEST_SKIPS"
+  echo "SKIPPED the Postgres pass (the store's and the pipeline's tests on Postgres): $why" >> "$ROLLOUT_TEST_SKIPS"
 fi

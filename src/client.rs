@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+use crate::api::batches::{BatchRequest, BatchView, GroupPage};
+use crate::api::jobs::{CancelResponse, JobPage, JobView, SubmitResponse};
+use crate::api::results::ResultPage;
+use crate::api::status::StatusView;
 use crate::domain::Task;
-use crate::gateway::StatusView;
-use crate::gateway::batches::{BatchRequest, BatchView, GroupPage};
-use crate::gateway::jobs::{CancelResponse, JobPage, JobView, SubmitResponse};
-use crate::gateway::results::ResultPage;
 
 /// A failed API call.
 #[derive(Debug, thiserror::Error)]
@@ -230,7 +230,7 @@ impl Client {
     }
 
     /// `GET /v1/dashboard`: what the status page shows.
-    pub async fn dashboard(&self) -> Result<crate::gateway::dashboard::Dashboard, ClientError> {
+    pub async fn dashboard(&self) -> Result<crate::api::dashboard::Dashboard, ClientError> {
         let url = format!("{}/v1/dashboard", self.base);
         self.send(self.http.get(&url), url).await
     }
@@ -304,7 +304,7 @@ impl Client {
     pub async fn cancel_batch(
         &self,
         id: &str,
-    ) -> Result<crate::gateway::batches::CancelledBatch, ClientError> {
+    ) -> Result<crate::api::batches::CancelledBatch, ClientError> {
         let url = format!("{}/v1/batches/{id}/cancel", self.base);
         self.send(self.http.post(&url), url).await
     }

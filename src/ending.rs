@@ -4,7 +4,7 @@
 
 use crate::domain::{EpochMs, Outcome, Stage, Status, WorkMessage};
 use crate::queue::{Queue, QueueError};
-use crate::store::{Ended, FinishIf, Store, Submitted};
+use crate::store::{Ended, FinishIf, JobStore, ResultStore, Submitted};
 
 /// A failure to dead-letter a job (retry later).
 #[derive(Debug, thiserror::Error)]
@@ -21,10 +21,12 @@ pub enum DeadLetterError {
 /// Gives up on a stage message: keeps a copy on the dead-letter subject, then fails the
 /// job (if it is still in that stage entry) and publishes its result. Idempotent: the
 /// copy is deduplicated and the failure is a compare-and-set. The caller then removes
-/// the original message (ack, or delete from the stream).
+/// the original message (ack, or delete from the stream). `jobs` and `results` are
+/// usually one store, seen as the two concerns this touches.
 pub async fn dead_letter(
     queue: &Queue,
-    store: &dyn Store,
+    jobs: &dyn JobStore,
+    results: &dyn ResultStore,
     cond: &FinishIf,
     attempts: i64,
     error: &str,
@@ -37,7 +39,7 @@ pub async fn dead_letter(
             // unleased. Otherwise it is a duplicate copy (its job moved on, ended, or is
             // held by a worker with its own message) and the caller just removes it.
             let now = EpochMs::now();
-            let live = store.job(&msg.job_id).await?.is_some_and(|j| {
+            let live = jobs.job(&msg.job_id).await?.is_some_and(|j| {
                 !j.status.is_terminal()
                     && (j.stage, j.epoch) == (msg.stage, msg.epoch)
                     && !(j.status == Status::Running
@@ -53,15 +55,15 @@ pub async fn dead_letter(
     // Copy first: removing the message from the work-queue stream loses it.
     queue.publish_dead(work, attempts, error).await?;
     let outcome = Outcome::failed(error);
-    if let Some(result) = store
+    if let Some(result) = jobs
         .finish(cond, &work.job_id, &outcome, EpochMs::now())
         .await?
     {
         tracing::warn!(job_id = %work.job_id, error, "job failed and its message dead-lettered");
         metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => "failed").increment(1);
-        publish_result(queue, store, &result).await;
+        publish_result(queue, results, &result).await;
         // Bookkeeping only: the job's end and its result are already durable.
-        if let Err(e) = store
+        if let Err(e) = jobs
             .record_event(
                 &work.job_id,
                 "dead_lettered",
@@ -101,11 +103,11 @@ pub async fn start_submitted(queue: &Queue, submitted: &[Submitted]) -> Result<(
 
 /// Publishes a result and marks it published (on failure the reconciler retries
 /// later); when the result decided a sampling group, wakes the batch drivers.
-pub async fn publish_result(queue: &Queue, store: &dyn Store, ended: &Ended) {
+pub async fn publish_result(queue: &Queue, results: &dyn ResultStore, ended: &Ended) {
     let result = &ended.result;
     match queue.publish_result(result).await {
         Ok(()) => {
-            if let Err(e) = store.mark_published(&[result.seq], EpochMs::now()).await {
+            if let Err(e) = results.mark_published(&[result.seq], EpochMs::now()).await {
                 tracing::warn!(error = %e, "result published but not marked; it may be re-published (deduplicated)");
             }
         }

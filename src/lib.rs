@@ -3,12 +3,16 @@
 //! Trainers submit tasks over HTTP; each task becomes a *job* that flows through three
 //! stages — INIT (prepare a sandbox), RUN (drive the policy through an episode) and EVAL
 //! (score the outcome) — carried between stateless workers by NATS JetStream, with every
-//! state change recorded in SQLite or Postgres. The crate is a library with thin binaries:
-//! the `rollout` CLI (gateway, admin commands, the all-in-one `up`) and one worker binary
-//! per stage.
+//! state change recorded in SQLite or Postgres. This crate is the service, a library with
+//! thin binaries: the `rollout` CLI (gateway, admin commands, the all-in-one `up`), one
+//! worker binary per stage, the in-sandbox server and the stand-in inference server. It
+//! is built on the workspace's crates (`crates/`), re-exported under their layers'
+//! names: `rollout-core` ([`domain`], [`config`], [`nul`], [`metrics`], [`retry`],
+//! [`supervise`]), `rollout-store` ([`store`]), `rollout-sandbox` (most of [`sandbox`])
+//! and `rollout-graders` ([`graders`]).
 //!
 //! The modules form layers; each uses only the layers below it (`tests/layers.rs`
-//! checks every `crate::` path), from the top:
+//! checks every `crate::` path, and Cargo the crates' boundaries), from the top:
 //!
 //! - [`wiring`]: building the processes from settings: the all-in-one `rollout up`, the
 //!   gateway, the workers.
@@ -20,13 +24,18 @@
 //!   and `agent` kinds; [`scripted`]: the stand-in inference server (a script, not a
 //!   model) for tests, benchmarks and the demo.
 //! - [`agent`]: the multi-turn agent loop: chat templates, tokenizers, tool-call
-//!   parsers, observations, trajectories; [`batches`]: dynamic-sampling batches;
-//!   [`graders`]: turning a finished episode into a reward (math answers, code, patches).
+//!   parsers, observations, trajectories; [`sampling`]: the driver of dynamic-sampling
+//!   batches;
+//!   [`graders`]: turning a finished episode into a reward (math answers, code,
+//!   patches); [`natsd`]: starting a local `nats-server` child.
 //! - [`ending`]: dead-lettering a job and publishing results, for every component;
-//!   [`sandbox`]: sandboxes (local, bubblewrap, Apptainer) and the tool server inside
-//!   them; [`backends`]: inference servers: wire formats, the pooled client, the pool.
+//!   [`sandbox`]: sandboxes (local, bubblewrap, Apptainer), the tool server inside
+//!   them, and a node's sandboxes tied to its jobs; [`backends`]: inference servers:
+//!   wire formats, the pooled client, the pool; [`api`]: the HTTP API's wire types,
+//!   shared by the gateway and the client.
 //! - [`store`]: durable job state, one trait per concern (jobs, recovery, results,
-//!   sandboxes, backends) over one generic SQLite/Postgres implementation;
+//!   sandboxes, backends, sampling, dashboard) over one generic SQLite/Postgres
+//!   implementation; each component holds only the concerns it uses;
 //!   [`queue`]: JetStream streams, consumers, subjects and publishing; [`telemetry`]:
 //!   logging.
 //! - [`config`]: the typed settings tree (file, then `ROLLOUT__SECTION__KEY`
@@ -34,25 +43,26 @@
 //! - [`domain`]: the words everything shares: jobs, stages, statuses, tasks, results,
 //!   backend and sandbox descriptions, placement; [`nul`]: the NUL character, refused in
 //!   input and replaced in output, so SQLite and Postgres deployments store the same
-//!   things; [`natsd`]: starting a local `nats-server` child; [`metrics`]: Prometheus
-//!   metric names; [`shutdown`]: signals; [`retry`]: every retry schedule, one
-//!   policy per concern; [`supervise`]: background tasks that never die silently.
+//!   things; [`metrics`]: Prometheus metric names; [`shutdown`]: signals; [`retry`]:
+//!   every retry schedule, one policy per concern; [`supervise`]: background tasks that
+//!   never die silently.
 
-#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+// The crates of the workspace, under the names of the layers they are: the paths
+// `crate::domain::…`, `crate::store::…` read the same as when they were modules.
+pub use rollout_core::{config, domain, metrics, nul, retry, supervise};
+pub use rollout_graders as graders;
+pub use rollout_store as store;
 
 pub mod agent;
+pub mod api;
 pub mod backends;
-pub mod batches;
 pub mod client;
-pub mod config;
-pub mod domain;
 pub mod ending;
 pub mod gateway;
-pub mod graders;
 pub mod kinds;
-pub mod metrics;
 pub mod natsd;
-pub mod nul;
 /// What a unit test does when something it needs is missing: fails under `CI=true`,
 /// else says it skipped (the integration tests' own helper, shared).
 #[cfg(test)]
@@ -60,12 +70,10 @@ pub mod nul;
 pub(crate) mod prerequisite;
 pub mod queue;
 pub mod reconciler;
-pub mod retry;
+pub mod sampling;
 pub mod sandbox;
 pub mod scripted;
 pub mod shutdown;
-pub mod store;
-pub mod supervise;
 pub mod telemetry;
 pub mod wiring;
 pub mod worker;

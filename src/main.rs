@@ -2,6 +2,8 @@
 //!
 //! Each subcommand is a few lines over library code; see `rollout --help`.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -9,8 +11,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rollout::client::{Client, read_tasks_jsonl};
 use rollout::config::Settings;
-use rollout::domain::Stage;
-use rollout::wiring::{self, UpOptions};
+use rollout::domain::{Stage, Task};
+use rollout::wiring;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -418,9 +420,22 @@ async fn add_backend(client: &Client, args: AddBackend) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Options of `rollout up`.
+#[derive(Debug, Clone)]
+struct UpOptions {
+    /// Workers of each stage.
+    workers: usize,
+    /// Tasks to submit once everything runs, with the batch to put them in.
+    submit: Option<(Vec<Task>, String)>,
+    /// Where the log goes, when not to the terminal (said in the start-up line).
+    log_file: Option<PathBuf>,
+    /// Stop once the submitted batch has all its results.
+    exit_when_done: bool,
+}
+
 /// `rollout up`: everything on this machine until a signal (or, with `exit_when_done`,
-/// until the submitted batch is finished); fails when a submitted batch had results but
-/// none of them `done`.
+/// until the submitted batch is finished); fails when a submitted batch was refused, or
+/// had results but none of them `done`.
 async fn up(
     settings: Settings,
     mut opts: UpOptions,
@@ -439,12 +454,55 @@ async fn up(
         Some((tasks, id))
     };
     let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
-    let summary = wiring::up(settings, opts, shutdown).await?;
-    if let Some(s) = summary
-        && s.results > 0
-        && s.done == 0
-    {
-        anyhow::bail!("no job of the batch finished `done`");
+    let running = wiring::start_up(settings, opts.workers, shutdown.clone()).await?;
+    let logs = match &opts.log_file {
+        Some(f) => format!(", log {} (warnings also here)", f.display()),
+        None => String::new(),
+    };
+    eprintln!(
+        "rollout is up: status page http://{}/ (API described at /openapi.json), {} \
+         worker(s) per stage, node `{}`, database {}{logs}. Press Ctrl-C to stop.",
+        running.addr,
+        opts.workers,
+        running.settings.node.name,
+        rollout::config::redact_url(&running.settings.database_url())
+    );
+    let mut followed = None;
+    if let Some((batch, batch_id)) = opts.submit {
+        let client = Client::new(&format!("http://{}", running.addr))
+            .with_token(Some(running.settings.gateway.token.clone()));
+        let follow = async {
+            let resp = client.submit(&batch, Some(&batch_id)).await?;
+            eprintln!(
+                "submitted {} tasks as batch {}",
+                resp.jobs.len(),
+                resp.batch_id
+            );
+            let labels = rollout::client::job_labels(&batch, &resp.jobs);
+            client
+                .follow_batch(&resp.batch_id, resp.jobs.len() as u64, &labels)
+                .await
+        };
+        tokio::select! {
+            r = follow => {
+                if let Ok(s) = &r {
+                    eprintln!("batch {batch_id} finished: {s}");
+                }
+                // A refused batch stops everything, so the command exits non-zero.
+                if r.is_err() || opts.exit_when_done {
+                    shutdown.cancel();
+                }
+                followed = Some(r);
+            }
+            () = shutdown.cancelled() => {}
+        }
     }
-    Ok(())
+    running.finish().await?;
+    match followed {
+        Some(Err(e)) => Err(anyhow::Error::new(e).context("submitting the batch failed")),
+        Some(Ok(s)) if s.results > 0 && s.done == 0 => {
+            anyhow::bail!("no job of the batch finished `done`")
+        }
+        _ => Ok(()),
+    }
 }

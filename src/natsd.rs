@@ -118,7 +118,7 @@ impl NatsServer {
         if let Some(config) = config {
             cmd.arg("-c").arg(config);
         }
-        die_with_parent(&mut cmd);
+        crate::sandbox::lifeline::die_with_parent(&mut cmd);
         let child = cmd
             .arg("-js")
             .arg("-a")
@@ -146,6 +146,8 @@ impl NatsServer {
                     log: server.log.display().to_string(),
                 });
             }
+            #[allow(clippy::disallowed_methods)]
+            // start-up, before the runtime (see `ensure_nats`)
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(server)
@@ -204,28 +206,6 @@ impl ClusterMember {
             listen = self.routes_listen,
             routes = routes.join("\n"),
         )
-    }
-}
-
-/// Has the child started by `cmd` receive SIGKILL when its parent ends, however it ends
-/// (`PR_SET_PDEATHSIG`): a child of `rollout up`, or of a test, must not outlive it. The
-/// kernel ties this to the *thread* that starts the child, so start such children from
-/// a thread that lives as long as they should (the main thread, a runtime's worker
-/// thread). If the parent is already gone when the child gets there, the child ends at
-/// once rather than run unowned.
-pub fn die_with_parent(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    let parent = nix::unistd::getpid();
-    // SAFETY: prctl, getppid and _exit are async-signal-safe; nothing allocates.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                .map_err(std::io::Error::from)?;
-            if nix::unistd::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
     }
 }
 

@@ -124,7 +124,8 @@ pub async fn run(
         &shutdown,
         watch_max_deliveries(store.clone(), queue.clone(), shutdown.clone()),
     );
-    let driver = crate::batches::Driver::new(store.clone(), queue.clone());
+    let driver =
+        crate::sampling::Driver::new(store.clone(), store.clone(), store.clone(), queue.clone());
     let mut tick = tokio::time::interval(Duration::from_millis(settings.reconciler.interval_ms));
     loop {
         tokio::select! {
@@ -513,7 +514,7 @@ async fn handle_max_deliveries(
     // Never ends a stage someone holds a live lease on: then this message was a
     // duplicate copy, and the holder's own message carries the job on.
     let cond = FinishIf::Unleased(work);
-    crate::ending::dead_letter(queue, store, &cond, adv.deliveries, &error, None).await?;
+    crate::ending::dead_letter(queue, store, store, &cond, adv.deliveries, &error, None).await?;
     stream
         .delete_message(adv.stream_seq)
         .await

@@ -1,10 +1,11 @@
 //! Starting the pieces in one process: the gateway, workers, and `rollout up`.
 //!
 //! The binaries are thin: they load settings, call [`connect`], and start a gateway
-//! ([`run_gateway`]) or workers ([`run_workers`]). `rollout up` ([`up`]) does all of it on
-//! one machine — starting a private `nats-server` when none answers at the configured
-//! URL — which is the quickest way to try the service and what the README's first
-//! command runs.
+//! ([`run_gateway`]) or workers ([`run_workers`]). `rollout up` ([`start_up`]) does all of
+//! it on one machine — starting a private `nats-server` when none answers at the
+//! configured URL — which is the quickest way to try the service and what the README's
+//! first command runs; the CLI says what runs, and submits and follows a batch, as any
+//! other client of the gateway would.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,10 +45,6 @@ pub enum StartError {
     /// A background task (reconciler, prober, reaper, a watcher) stopped early.
     #[error(transparent)]
     Task(#[from] TaskFailed),
-    /// `rollout up --submit`: the batch was refused or could not be followed. Returned
-    /// once everything has stopped, so the command exits non-zero.
-    #[error("submitting the batch failed: {0}")]
-    Submit(crate::client::ClientError),
     /// Binding the listen address, or another I/O problem.
     #[error("{context}: {source}")]
     Io {
@@ -96,6 +93,7 @@ pub async fn connect(
         &settings.node.name,
         settings.sandbox_root(),
         settings.sandbox_server_bin(),
+        store.clone(),
         store.clone(),
     ));
     sandboxes.log_report();
@@ -168,8 +166,13 @@ pub async fn run_gateway(
     essentials.push(spawn_essential(
         "sampling batch driver",
         &shutdown,
-        crate::batches::Driver::new(state.store.clone(), state.queue.clone())
-            .serve_wakes(Some(wakes), shutdown.clone()),
+        crate::sampling::Driver::new(
+            state.store.clone(),
+            state.store.clone(),
+            state.store.clone(),
+            state.queue.clone(),
+        )
+        .serve_wakes(Some(wakes), shutdown.clone()),
     ));
     let addr = listener.local_addr().ok();
     tracing::info!(?addr, "gateway listening");
@@ -220,6 +223,7 @@ pub async fn run_workers(
     for _ in 0..count {
         let worker = Worker::new(
             stage,
+            deps.store.clone(),
             deps.store.clone(),
             deps.queue.clone(),
             deps.kinds.clone(),
@@ -279,27 +283,30 @@ pub fn ensure_nats(settings: &mut Settings) -> Result<Option<NatsServer>, StartE
     Ok(Some(server))
 }
 
-/// Options of `rollout up`.
-#[derive(Debug, Clone)]
-pub struct UpOptions {
-    /// Workers of each stage.
-    pub workers: usize,
-    /// Tasks to submit once everything runs, with the batch to put them in.
-    pub submit: Option<(Vec<crate::domain::Task>, String)>,
-    /// Where the log goes, when not to the terminal (said in the start-up line).
-    pub log_file: Option<std::path::PathBuf>,
-    /// Stop once the submitted batch has all its results.
-    pub exit_when_done: bool,
+/// Everything of `rollout up`, running: NATS (started if needed), the database, the
+/// gateway and workers of every stage in one process. What to say about it and what to
+/// submit to it are the caller's (the CLI's `up`); this only starts and stops it.
+pub struct Up {
+    /// Where the gateway listens.
+    pub addr: SocketAddr,
+    /// The settings it runs with (the started nats-server's URL and token included).
+    pub settings: Arc<Settings>,
+    deps: Services,
+    tasks: JoinSet<Result<(), StartError>>,
+    reaper: Essential,
+    shutdown: CancellationToken,
+    /// Kept alive while `up` runs; dropped (stopped) last.
+    _nats: Option<NatsServer>,
 }
 
-/// `rollout up`: NATS (started if needed), database, gateway and workers of every stage
-/// in one process, until Ctrl-C (or, with `exit_when_done`, until the submitted batch is
-/// finished). Returns the followed batch's summary, if any; a refused submit is an error.
-pub async fn up(
+/// Starts `rollout up` with `workers` workers per stage; it runs until `shutdown` (or
+/// one of its parts fails, which cancels `shutdown` so the rest stop too), and
+/// [`Up::finish`] then waits for it to stop.
+pub async fn start_up(
     mut settings: Settings,
-    opts: UpOptions,
+    workers: usize,
     shutdown: CancellationToken,
-) -> Result<Option<crate::client::BatchSummary>, StartError> {
+) -> Result<Up, StartError> {
     std::fs::create_dir_all(&settings.state_dir).map_err(|source| StartError::Io {
         context: format!(
             "cannot create state directory {}",
@@ -307,7 +314,7 @@ pub async fn up(
         ),
         source,
     })?;
-    let _nats = ensure_nats(&mut settings)?;
+    let nats = ensure_nats(&mut settings)?;
     let settings = Arc::new(settings);
     let deps = connect(settings.clone(), "rollout-up", false).await?;
     // Nothing but this process uses its sandboxes: they end with it, however it ends.
@@ -325,71 +332,34 @@ pub async fn up(
         deps.sandboxes.clone().run_reaper(shutdown.clone()),
     );
     for stage in Stage::ALL {
-        tasks.spawn(run_workers(
-            deps.clone(),
-            stage,
-            opts.workers,
-            shutdown.clone(),
-        ));
+        tasks.spawn(run_workers(deps.clone(), stage, workers, shutdown.clone()));
     }
-    let logs = match &opts.log_file {
-        Some(f) => format!(", log {} (warnings also here)", f.display()),
-        None => String::new(),
-    };
-    eprintln!(
-        "rollout is up: status page http://{addr}/ (API described at /openapi.json), {} worker(s) per stage, \
-         node `{}`, database {}{logs}. Press Ctrl-C to stop.",
-        opts.workers,
-        settings.node.name,
-        crate::config::redact_url(&settings.database_url())
-    );
-    let mut summary = None;
-    let mut refused = None;
-    if let Some((batch, batch_id)) = opts.submit {
-        let client = crate::client::Client::new(&format!("http://{addr}"))
-            .with_token(Some(settings.gateway.token.clone()));
-        let follow = async {
-            let resp = client.submit(&batch, Some(&batch_id)).await?;
-            eprintln!(
-                "submitted {} tasks as batch {}",
-                resp.jobs.len(),
-                resp.batch_id
-            );
-            let labels = crate::client::job_labels(&batch, &resp.jobs);
-            client
-                .follow_batch(&resp.batch_id, resp.jobs.len() as u64, &labels)
-                .await
-        };
-        tokio::select! {
-            r = follow => match r {
-                Ok(s) => {
-                    eprintln!("batch {batch_id} finished: {s}");
-                    summary = Some(s);
-                    if opts.exit_when_done {
-                        shutdown.cancel();
-                    }
-                }
-                Err(e) => {
-                    shutdown.cancel();
-                    refused = Some(e);
-                }
-            },
-            _ = shutdown.cancelled() => {}
+    Ok(Up {
+        addr,
+        settings,
+        deps,
+        tasks,
+        reaper,
+        shutdown,
+        _nats: nats,
+    })
+}
+
+impl Up {
+    /// Waits until everything has stopped (after `shutdown`, or after a part failed),
+    /// then removes this process's sandboxes; returns the first part's error. Nothing of
+    /// this process's outlives it: every worker has handed its work back before the
+    /// sandboxes go, with their mounts and loop devices, and the nats-server child goes
+    /// when this returns.
+    pub async fn finish(self) -> Result<(), StartError> {
+        let failed = join_all(self.tasks, &self.shutdown).await;
+        let reaped = self.reaper.finish().await;
+        self.deps.sandboxes.remove_all().await;
+        if let Some(e) = failed {
+            return Err(e);
         }
-    }
-    let failed = join_all(tasks, &shutdown).await;
-    let reaped = reaper.finish().await;
-    // Every worker has handed its work back: nothing of this process's may outlive it,
-    // so its sandboxes go, with their mounts and loop devices, before it exits (the
-    // nats-server child goes when `_nats` is dropped).
-    deps.sandboxes.remove_all().await;
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    reaped?;
-    match refused {
-        Some(e) => Err(StartError::Submit(e)),
-        None => Ok(summary),
+        reaped?;
+        Ok(())
     }
 }
 

@@ -1,8 +1,9 @@
 //! The README's lists that must match the code, checked against the code: the store's
 //! traits, the HTTP routes (against the reviewed OpenAPI document, itself checked
-//! against the served one by `tests/pipeline/openapi.rs`), and the `rollout` CLI's
-//! commands (against its own `--help`). A list that drifts fails here, naming what is
-//! missing on which side.
+//! against the served one by `tests/pipeline/openapi.rs`), the `rollout` CLI's
+//! commands (against its own `--help`), and the configuration keys (the README's
+//! variables and `rollout.example.toml`, against the settings' own). A list that drifts
+//! fails here, naming what is missing on which side.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -41,7 +42,7 @@ fn agree(what: &str, readme: &BTreeSet<String>, code: &BTreeSet<String>) {
 #[test]
 fn the_store_traits_listed_are_the_stores_traits() {
     let mut code = BTreeSet::new();
-    for entry in std::fs::read_dir(root().join("src/store")).unwrap() {
+    for entry in std::fs::read_dir(root().join("crates/store/src")).unwrap() {
         let text = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("pub trait ") {
@@ -146,4 +147,133 @@ fn the_cli_commands_listed_are_the_clis_commands() {
         }
     }
     agree("rollout commands", &listed, &code);
+}
+
+/// Every dotted key under `table` (`nats.url`, `stages.run.concurrency`); an array of
+/// tables counts as its key alone.
+fn keys(prefix: &str, table: &toml::Table, out: &mut BTreeSet<String>) {
+    for (k, v) in table {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(t) => keys(&key, t, out),
+            _ => {
+                out.insert(key);
+            }
+        }
+    }
+}
+
+/// The settings' keys, as the defaults serialize them, plus the optional ones (absent
+/// by default) that the example file shows commented out.
+fn settings_keys() -> BTreeSet<String> {
+    let defaults: toml::Table =
+        toml::from_str(&toml::to_string(&rollout::config::Settings::default()).unwrap()).unwrap();
+    let mut out = BTreeSet::new();
+    keys("", &defaults, &mut out);
+    assert!(
+        out.len() >= 30,
+        "the settings' keys were not found: {out:?}"
+    );
+    out
+}
+
+/// `rollout.example.toml` "lists every key with its default and meaning": each key is
+/// there, set or commented out (`# key = …` under its table), and nothing else is.
+/// (`config`'s own test checks that the values it sets are the defaults.)
+#[test]
+fn the_example_file_lists_every_configuration_key() {
+    let text = std::fs::read_to_string(root().join("rollout.example.toml")).unwrap();
+    let mut listed = BTreeSet::new();
+    let mut table = String::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let body = line.trim_start_matches('#').trim();
+        if let Some(name) = line.strip_prefix("[[").and_then(|l| l.strip_suffix("]]")) {
+            table = name.to_string();
+            listed.insert(table.clone());
+        } else if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            table = name.to_string();
+        } else if let Some((key, _)) = body.split_once(" = ")
+            && !key.is_empty()
+            && key
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit())
+            && (!line.starts_with('#') || !table.is_empty())
+        {
+            listed.insert(if table.is_empty() {
+                key.to_string()
+            } else {
+                format!("{table}.{key}")
+            });
+        }
+    }
+    let code = settings_keys();
+    let missing: Vec<_> = code.difference(&listed).collect();
+    assert!(
+        missing.is_empty(),
+        "keys missing from rollout.example.toml: {missing:?}"
+    );
+    let stale: Vec<_> = listed
+        .iter()
+        .filter(|k| !code.contains(*k) && !k.starts_with("backends"))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "rollout.example.toml names keys the settings do not have: {stale:?}"
+    );
+}
+
+/// Every `ROLLOUT__SECTION__KEY` variable the README names is a real key, and so is
+/// each key named beside one as "also `X`" (`STAGES__RUN__…` also `INIT`, `EVAL`).
+#[test]
+fn the_configuration_variables_listed_are_settings_keys() {
+    let code = settings_keys();
+    let text = readme();
+    let mut named = BTreeSet::new();
+    for var in ticked(&text) {
+        if let Some(rest) = var.strip_prefix("ROLLOUT__") {
+            named.insert(rest.to_lowercase().replace("__", "."));
+        }
+    }
+    // "(also `INIT`, `EVAL`)" beside `STAGES__RUN__CONCURRENCY`: the same key in a
+    // sibling section; "(also `MAX_TOKENS`, …)" beside `AGENT__MAX_TURNS`: a sibling key.
+    for row in section(&text, "Configuration").lines() {
+        let Some(var) = row
+            .strip_prefix("| `ROLLOUT__")
+            .and_then(|r| r.split('`').next())
+        else {
+            continue;
+        };
+        let path: Vec<String> = var.to_lowercase().split("__").map(String::from).collect();
+        let Some(also) = row.split("(also ").nth(1) else {
+            continue;
+        };
+        for word in ticked(also.split(')').next().unwrap_or_default()) {
+            let word = word.to_lowercase();
+            let (parent, key) = path.split_at(path.len() - 1);
+            let sibling_key = [parent, std::slice::from_ref(&word)].concat().join(".");
+            let sibling_section = match parent.split_last() {
+                Some((_, grand)) => [grand, std::slice::from_ref(&word), key].concat().join("."),
+                None => String::new(),
+            };
+            named.insert(if code.contains(&sibling_section) {
+                sibling_section
+            } else {
+                sibling_key
+            });
+        }
+    }
+    assert!(
+        named.len() >= 15,
+        "no variables found in the README: {named:?}"
+    );
+    let unknown: Vec<_> = named.iter().filter(|k| !code.contains(*k)).collect();
+    assert!(
+        unknown.is_empty(),
+        "the README names settings that do not exist: {unknown:?}"
+    );
 }

@@ -1,22 +1,29 @@
-//! The crate's modules form layers that point one way: a module may use the modules of
-//! the layers below its own, never those beside or above it.
+//! The service's modules form layers that point one way: a module may use the modules of
+//! the layers below its own, never those beside or above it. Some layers are crates of
+//! the workspace (`crates/`), which the service re-exports under the layer's name, so
+//! Cargo keeps those boundaries; this test keeps the rest, inside the service and inside
+//! `rollout-core`, and checks that each crate's dependencies are crates of lower layers.
 //!
 //! ```text
 //! wiring                         the `up` / `serve` processes: builds everything below
 //! client                         the gateway's HTTP client
 //! worker, reconciler, gateway    the services
 //! kinds, scripted                task kinds; the stand-in inference server
-//! agent, batches                 the multi-turn episode; the sampling-batch driver
-//! ending, sandbox, backends      finishing jobs; sandboxes; inference servers
-//! store, queue, telemetry        the database; JetStream; logging
+//! agent, sampling, graders, natsd the multi-turn episode; the sampling-batch driver;
+//!                                graders (crate rollout-graders); a local nats-server
+//! ending, sandbox, backends, api finishing jobs; sandboxes (crate rollout-sandbox, and
+//!                                the service's `sandbox::node`); inference servers;
+//!                                the HTTP API's wire types
+//! store, queue, telemetry        the database (crate rollout-store); JetStream; logging
 //! config                         settings (plain data)
-//! domain, nul, natsd, shutdown, metrics, retry, supervise
+//! domain, nul, shutdown, metrics, retry, supervise
 //! ```
 //!
-//! Every `crate::…` path in `src/` (in `use` items, code, and macro arguments) is checked
-//! against the table below; test code (`#[cfg(test)]`) may reach anywhere, since the
-//! stand-in server a test drives sits above what it tests. A new top-level module must
-//! be given a layer here.
+//! `rollout-core` holds `domain`, `nul`, `metrics`, `retry`, `supervise` and `config`.
+//! Every `crate::…` path in `src/` and `crates/core/src/` (in `use` items, code, and
+//! macro arguments) is checked against the table below; test code (`#[cfg(test)]`) may
+//! reach anywhere, since the stand-in server a test drives sits above what it tests. A
+//! new top-level module must be given a layer here.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -25,19 +32,11 @@ use syn::visit::Visit;
 
 /// Lowest first. Modules in one layer do not use each other.
 const LAYERS: &[&[&str]] = &[
-    &[
-        "domain",
-        "nul",
-        "natsd",
-        "shutdown",
-        "metrics",
-        "retry",
-        "supervise",
-    ],
+    &["domain", "nul", "shutdown", "metrics", "retry", "supervise"],
     &["config"],
     &["store", "queue", "telemetry"],
-    &["ending", "sandbox", "backends"],
-    &["agent", "batches", "graders"],
+    &["ending", "sandbox", "backends", "api"],
+    &["agent", "sampling", "graders", "natsd"],
     &["kinds", "scripted"],
     &["worker", "reconciler", "gateway"],
     &["client"],
@@ -193,26 +192,123 @@ impl<'ast> Visit<'ast> for Uses {
     }
 }
 
+/// The crates of the workspace, each with the layers' modules it holds (its directory
+/// under `crates/` first).
+const CRATES: &[(&str, &str, &[&str])] = &[
+    (
+        "core",
+        "rollout-core",
+        &["domain", "nul", "metrics", "retry", "supervise", "config"],
+    ),
+    ("store", "rollout-store", &["store"]),
+    ("sandbox", "rollout-sandbox", &["sandbox"]),
+    ("graders", "rollout-graders", &["graders"]),
+];
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
 #[test]
 fn lower_layers_never_use_higher_ones() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    files.sort();
     let mut problems = Vec::new();
+    // The service's own modules, and those of the crate that holds several layers.
+    for dir in ["src", "crates/core/src"] {
+        check_layers(&root().join(dir), dir, &mut problems);
+    }
+    assert!(
+        problems.is_empty(),
+        "layering violations:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// Each crate of the workspace depends only on crates of layers below its own.
+#[test]
+fn each_crate_depends_only_on_crates_of_lower_layers() {
+    let top = |mods: &[&str]| mods.iter().filter_map(|m| layer_of(m)).max().unwrap();
+    let bottom = |mods: &[&str]| mods.iter().filter_map(|m| layer_of(m)).min().unwrap();
+    let members = std::fs::read_dir(root().join("crates"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect::<BTreeSet<_>>();
+    let known = CRATES.iter().map(|(d, ..)| d.to_string()).collect();
+    assert_eq!(
+        members, known,
+        "every crate under crates/ needs a row in CRATES"
+    );
+    let mut problems = Vec::new();
+    for (dir, name, mods) in CRATES {
+        let manifest: toml::Table =
+            std::fs::read_to_string(root().join("crates").join(dir).join("Cargo.toml"))
+                .unwrap()
+                .parse()
+                .unwrap();
+        assert_eq!(manifest["package"]["name"].as_str(), Some(*name));
+        let deps = manifest.get("dependencies").and_then(|d| d.as_table());
+        for dep in deps.into_iter().flat_map(|d| d.keys()) {
+            let Some((_, _, theirs)) = CRATES.iter().find(|(_, n, _)| n == dep) else {
+                continue;
+            };
+            if top(theirs) >= bottom(mods) {
+                problems.push(format!(
+                    "{name} depends on {dep}, a crate of its own layer or above"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// `unsafe` only where a sandbox is started: every crate root but the sandbox crate's
+/// forbids it, and the store's denies it but in the one module that borrows sockets.
+#[test]
+fn only_the_sandbox_crate_may_use_unsafe() {
+    let mut roots = vec![
+        ("src/lib.rs", "#![forbid(unsafe_code)]"),
+        ("src/main.rs", "#![forbid(unsafe_code)]"),
+        ("crates/core/src/lib.rs", "#![forbid(unsafe_code)]"),
+        ("crates/graders/src/lib.rs", "#![forbid(unsafe_code)]"),
+        ("crates/store/src/lib.rs", "#![deny(unsafe_code)]"),
+    ];
+    let mut bins = Vec::new();
+    rust_files(&root().join("workers"), &mut bins);
+    rust_files(&root().join("src/bin"), &mut bins);
+    let bins: Vec<String> = bins
+        .iter()
+        .map(|b| b.strip_prefix(root()).unwrap().display().to_string())
+        .collect();
+    roots.extend(bins.iter().map(|b| (b.as_str(), "#![forbid(unsafe_code)]")));
+    for (file, attr) in roots {
+        let text = std::fs::read_to_string(root().join(file)).unwrap();
+        assert!(text.contains(attr), "{file} lacks `{attr}`");
+    }
+    let store = std::fs::read_to_string(root().join("crates/store/src/lib.rs")).unwrap();
+    assert_eq!(
+        store.matches("#[allow(unsafe_code)]").count(),
+        1,
+        "the store allows `unsafe` in its `nodelay` module only"
+    );
+}
+
+/// Checks every file under `src` (shown as `shown_dir/…`) against the layers.
+fn check_layers(src: &Path, shown_dir: &str, problems: &mut Vec<String>) {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files.sort();
     for file in &files {
-        let Some(module) = module_of(&src, file) else {
+        let Some(module) = module_of(src, file) else {
             continue;
         };
-        let shown = file.strip_prefix(&src).unwrap().display().to_string();
+        let shown = format!("{shown_dir}/{}", file.strip_prefix(src).unwrap().display());
         let Some(own) = layer_of(&module) else {
             problems.push(format!(
-                "src/{shown}: module `{module}` has no layer in tests/layers.rs"
+                "{shown}: module `{module}` has no layer in tests/layers.rs"
             ));
             continue;
         };
         let text = std::fs::read_to_string(file).unwrap();
-        let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("src/{shown}: {e}"));
+        let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{shown}: {e}"));
         let mut uses = Uses::default();
         uses.visit_file(&ast);
         for used in &uses.modules {
@@ -222,20 +318,15 @@ fn lower_layers_never_use_higher_ones() {
             match layer_of(used) {
                 Some(l) if l < own => {}
                 Some(l) => problems.push(format!(
-                    "src/{shown}: `{module}` (layer {own}) uses `crate::{used}` (layer {l})"
+                    "{shown}: `{module}` (layer {own}) uses `crate::{used}` (layer {l})"
                 )),
                 None => problems.push(format!(
-                    "src/{shown}: `{module}` uses `crate::{used}`, which is not a module with \
-                     a layer (root items belong in a module)"
+                    "{shown}: `{module}` uses `crate::{used}`, which is not a module with a \
+                     layer (root items belong in a module)"
                 )),
             }
         }
     }
-    assert!(
-        problems.is_empty(),
-        "layering violations:\n{}",
-        problems.join("\n")
-    );
 }
 
 /// The checker sees what it is meant to: paths in code and in macros, but not in tests.

@@ -3,6 +3,8 @@
 //! that reaches NATS and the database. SIGTERM stops it taking work and hands in-flight
 //! stages back after `stages.grace_ms`; no job is lost.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use rollout::domain::Stage;
 use rollout::wiring::{WorkerArgs, worker_process};

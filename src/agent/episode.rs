@@ -39,19 +39,6 @@ use crate::sandbox::SandboxError;
 
 pub use crate::domain::parser::Parser;
 
-/// What each parser does: the functions in [`parse`].
-impl Parser {
-    /// Parses `text`, a turn whose prompt opened the model's reasoning when
-    /// `reasoning_open` (see [`parse::opens_reasoning`]).
-    pub fn parse(self, text: &str, reasoning_open: bool) -> ParsedTurn {
-        match self {
-            Parser::Hermes => parse::parse_hermes(text, reasoning_open),
-            Parser::BashBlock => parse::parse_bash_block(text),
-            Parser::DeepseekR1 => parse::parse_deepseek_r1(text, reasoning_open),
-        }
-    }
-}
-
 /// An episode's limits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EpisodeLimits {
@@ -362,7 +349,7 @@ impl<'a> EpisodeState<'a> {
             &g.token_ids[..]
         };
         let text = model.tokenizer.decode(body).unwrap_or_default();
-        let parsed = self.ep.parser.parse(&text, self.reasoning_open);
+        let parsed = parse::parse_turn(self.ep.parser, &text, self.reasoning_open);
         let turn = Turn {
             text,
             model_range: [model_start, traj.response_ids.len()],

@@ -15,6 +15,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::domain::parser::Parser;
+
 /// One well-formed tool call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
@@ -67,6 +69,17 @@ fn reasoning_span(text: &str, opened: bool) -> Option<(usize, usize)> {
         return Some((0, text.len()));
     }
     text.find(THINK_OPEN).map(|open| (open, text.len()))
+}
+
+/// Parses `text` with `parser`, a turn whose prompt opened the model's reasoning when
+/// `reasoning_open` (see [`opens_reasoning`]). The parser is named in the shared words
+/// ([`Parser`]); what each one does is here.
+pub fn parse_turn(parser: Parser, text: &str, reasoning_open: bool) -> ParsedTurn {
+    match parser {
+        Parser::Hermes => parse_hermes(text, reasoning_open),
+        Parser::BashBlock => parse_bash_block(text),
+        Parser::DeepseekR1 => parse_deepseek_r1(text, reasoning_open),
+    }
 }
 
 /// Whether a prompt ends inside the model's reasoning: its generation prompt opened

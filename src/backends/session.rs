@@ -21,7 +21,7 @@ use crate::domain::EpochMs;
 use crate::domain::Stage;
 use crate::domain::backend::BackendSpec;
 use crate::domain::placement::{AffinityPolicy, AssignRequest};
-use crate::store::Store;
+use crate::store::{BackendStore, JobStore};
 
 /// Why a session could not start.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +37,9 @@ pub enum SessionError {
 
 /// A job's assigned backend.
 pub struct BackendSession {
-    store: Arc<dyn Store>,
+    store: Arc<dyn BackendStore>,
+    /// The job's event log, where a switch of backend is noted.
+    events: Arc<dyn JobStore>,
     client: InferenceClient,
     job_id: String,
     group_key: Option<String>,
@@ -72,9 +74,11 @@ pub struct SessionJob {
 }
 
 impl BackendSession {
-    /// Assigns (or, for a retried RUN, finds again) the job's backend.
+    /// Assigns (or, for a retried RUN, finds again) the job's backend from `store`;
+    /// switches are noted in the job's log in `events` (usually the same store).
     pub async fn open(
-        store: Arc<dyn Store>,
+        store: Arc<dyn BackendStore>,
+        events: Arc<dyn JobStore>,
         client: InferenceClient,
         job: SessionJob,
         policy: AffinityPolicy,
@@ -96,6 +100,7 @@ impl BackendSession {
         tracing::debug!(backend = %a.backend.id, reason = ?a.reason, "backend assigned");
         Ok(BackendSession {
             store,
+            events,
             client,
             job_id: job.job_id,
             group_key: job.group_key,
@@ -155,7 +160,7 @@ impl BackendSession {
         metrics::counter!(crate::metrics::BACKEND_SWITCHES, "from" => from.clone()).increment(1);
         let detail = format!("{from} -> {to} at turn {turn}: {why}");
         if let Err(e) = self
-            .store
+            .events
             .record_event(
                 &self.job_id,
                 "backend_switch",

@@ -11,6 +11,8 @@
 //! the spot and the project's ChatML chat template) that the server and the RUN workers
 //! then both load, so they agree on every token.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

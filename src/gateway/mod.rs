@@ -15,18 +15,18 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use metrics_exporter_prometheus::PrometheusHandle;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::api::status::{DependencyHealth, Health, StatusView};
 use crate::config::Settings;
-use crate::domain::BatchCounters;
 use crate::kinds::Registry;
 use crate::queue::Queue;
-use crate::store::{StatusCount, Store};
+use crate::store::Store;
 
 pub mod auth;
 pub mod backends;
@@ -229,15 +229,6 @@ pub async fn watch_results(queue: Queue, tx: watch::Sender<u64>, shutdown: Cance
     .await;
 }
 
-/// Response of `GET /v1/status`.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct StatusView {
-    /// Jobs by status and stage.
-    pub counts: Vec<StatusCount>,
-    /// The batch's counters, when a batch was named.
-    pub batch: Option<BatchCounters>,
-}
-
 /// Query of `GET /v1/status` (documented by hand in the path's `params`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -280,31 +271,6 @@ async fn status(
         None => None,
     };
     Ok(Json(StatusView { counts, batch }))
-}
-
-/// Reachability of one dependency.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct DependencyHealth {
-    /// Whether it answered.
-    pub ok: bool,
-    /// Why not; left out for callers without the token when the gateway has one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// Response of `GET /healthz`.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Health {
-    /// `ok` or `degraded`.
-    pub status: String,
-    /// NATS.
-    pub nats: DependencyHealth,
-    /// The database.
-    pub database: DependencyHealth,
-    /// The sandbox limits this host enforces, and the ones it cannot (each with why),
-    /// as probed by this process; every worker also logs its own at start.
-    #[schema(value_type = Object)]
-    pub sandbox: serde_json::Value,
 }
 
 /// Health: whether NATS and the database answer. 503 when either does not. Needs no

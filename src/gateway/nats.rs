@@ -11,7 +11,7 @@
 //! are then only in the results.
 //!
 //! A request on `<prefix>.batches.submit` likewise carries the body of `POST
-//! /v1/batches` and gets its [`BatchView`](super::batches::BatchView) (idempotent by
+//! /v1/batches` and gets its [`BatchView`](crate::api::batches::BatchView) (idempotent by
 //! `batch_id`), or the same error body.
 
 use std::sync::Arc;
@@ -167,7 +167,7 @@ fn one_line(s: &str) -> String {
 
 /// The reply to a request on either submit subject, decoded: the response (a
 /// [`SubmitResponse`](super::jobs::SubmitResponse) for `<prefix>.submit`, a
-/// [`BatchView`](super::batches::BatchView) for `<prefix>.batches.submit`), or the error.
+/// [`BatchView`](crate::api::batches::BatchView) for `<prefix>.batches.submit`), or the error.
 pub fn decode_reply<T: DeserializeOwned>(payload: &[u8]) -> Result<T, SubmitErrorReply> {
     match serde_json::from_slice::<T>(payload) {
         Ok(r) => Ok(r),

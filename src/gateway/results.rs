@@ -15,22 +15,14 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
 use super::params::{ApiQuery, CheckQuery, check_opt_text, check_range, last_event_id};
+use crate::api::results::ResultPage;
 use crate::domain::JobResult;
-
-/// Response of `GET /v1/results`.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ResultPage {
-    /// Results with `seq > after`, in `seq` order.
-    pub results: Vec<JobResult>,
-    /// Pass as `after` next time (the last `seq` returned, or `after` if none).
-    pub next_cursor: i64,
-}
 
 /// Query of `GET /v1/results`.
 #[derive(Debug, Deserialize, IntoParams)]

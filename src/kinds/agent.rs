@@ -44,7 +44,7 @@ use crate::backends::wire::Sampling;
 use crate::config::Settings;
 use crate::domain::{Job, Stage, Status};
 use crate::sandbox::{NodeSandboxes, SandboxSpec};
-use crate::store::Store;
+use crate::store::{BackendStore, JobStore};
 
 /// An `agent` task's `spec`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,23 +115,29 @@ pub struct AgentLimits {
 /// The `agent` kind, bound to this node's sandboxes and the backend pool.
 pub struct Agent {
     sandboxes: Arc<NodeSandboxes>,
-    store: Arc<dyn Store>,
+    /// The backend pool's registrations and assignments.
+    backends: Arc<dyn BackendStore>,
+    /// Whether a running episode's claim still holds (asked at turn boundaries).
+    jobs: Arc<dyn JobStore>,
     settings: Arc<Settings>,
     client: InferenceClient,
     models: ModelCache,
 }
 
 impl Agent {
-    /// An `agent` kind using `sandboxes`, the pool in `store`, and `settings`' defaults.
+    /// An `agent` kind using `sandboxes`, the pool in `backends`, `jobs` to see whether an
+    /// episode is still wanted, and `settings`' defaults.
     pub fn new(
         sandboxes: Arc<NodeSandboxes>,
-        store: Arc<dyn Store>,
+        backends: Arc<dyn BackendStore>,
+        jobs: Arc<dyn JobStore>,
         settings: Arc<Settings>,
     ) -> Self {
         let client = InferenceClient::new((&settings.pool).into());
         Agent {
             sandboxes,
-            store,
+            backends,
+            jobs,
             settings,
             client,
             models: ModelCache::new(),
@@ -173,7 +179,8 @@ impl Agent {
         let mut warned = false;
         loop {
             let opened = BackendSession::open(
-                self.store.clone(),
+                self.backends.clone(),
+                self.jobs.clone(),
                 self.client.clone(),
                 job.clone(),
                 self.settings.pool.policy(),
@@ -189,7 +196,7 @@ impl Agent {
                 Err(SessionError::NoBackend(why)) => why,
             };
             let registered = self
-                .store
+                .backends
                 .backends()
                 .await
                 .map_err(|e| StageError::Transient(e.to_string()))?
@@ -227,7 +234,7 @@ fn spec_of(job: &Job) -> Result<AgentSpec, StageError> {
 /// Reads the job's status at turn boundaries: it is wanted while this claim still holds
 /// its RUN stage. A database hiccup does not stop the episode.
 struct StillClaimed {
-    store: Arc<dyn Store>,
+    jobs: Arc<dyn JobStore>,
     job_id: String,
     epoch: i64,
     attempt: i64,
@@ -236,7 +243,7 @@ struct StillClaimed {
 #[async_trait]
 impl TurnGuard for StillClaimed {
     async fn still_wanted(&self) -> bool {
-        match self.store.job(&self.job_id).await {
+        match self.jobs.job(&self.job_id).await {
             Ok(Some(j)) => {
                 j.status == Status::Running
                     && j.stage == Stage::Run
@@ -388,7 +395,7 @@ impl TaskKind for Agent {
             deadline,
         };
         let guard = StillClaimed {
-            store: self.store.clone(),
+            jobs: self.jobs.clone(),
             job_id: job.id.clone(),
             epoch: job.epoch,
             attempt: job.attempts,

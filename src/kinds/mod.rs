@@ -169,7 +169,8 @@ impl Registry {
     }
 
     /// Every kind this build ships; the sandboxed ones use this node's `sandboxes`, and
-    /// `agent` the backend pool in `store` with `settings`' defaults.
+    /// `agent` the backend pool and the jobs in `store` (each kind is handed only the
+    /// concerns it uses) with `settings`' defaults.
     pub fn builtin(
         sandboxes: Arc<crate::sandbox::NodeSandboxes>,
         store: Arc<dyn crate::store::Store>,
@@ -178,7 +179,12 @@ impl Registry {
         let mut r = Self::new();
         r.register(Arc::new(synthetic::Synthetic));
         r.register(Arc::new(shell::Shell::new(sandboxes.clone())));
-        r.register(Arc::new(agent::Agent::new(sandboxes, store, settings)));
+        r.register(Arc::new(agent::Agent::new(
+            sandboxes,
+            store.clone(),
+            store,
+            settings,
+        )));
         r
     }
 

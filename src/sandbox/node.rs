@@ -22,7 +22,7 @@ use super::{
 };
 use crate::config::SandboxSettings;
 use crate::domain::EpochMs;
-use crate::store::{SandboxRecord, Store};
+use crate::store::{JobStore, SandboxRecord, SandboxStore};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,7 +91,10 @@ pub struct NodeSandboxes {
     settings: SandboxSettings,
     root: PathBuf,
     server_bin: PathBuf,
-    store: Arc<dyn Store>,
+    /// Where the node's RUN sandboxes are recorded and leased.
+    records: Arc<dyn SandboxStore>,
+    /// Whether an EVAL sandbox's job has ended (the reaper's one question of the jobs).
+    jobs: Arc<dyn JobStore>,
     node: String,
     quota: super::quota::WorkspaceQuota,
     /// Workspace filesystems mounted ahead of time (see [`super::pool`]).
@@ -110,13 +113,15 @@ const DEATH_SETTLE: Duration = Duration::from_secs(1);
 
 impl NodeSandboxes {
     /// The sandboxes of node `node`, configured by `s`: started from `server_bin` (the
-    /// in-sandbox server), each in its own directory under `root`, recorded in `store`.
+    /// in-sandbox server), each in its own directory under `root`, recorded in `records`;
+    /// the reaper asks `jobs` whether an EVAL sandbox's job has ended.
     pub fn new(
         s: &SandboxSettings,
         node: &str,
         root: PathBuf,
         server_bin: PathBuf,
-        store: Arc<dyn Store>,
+        records: Arc<dyn SandboxStore>,
+        jobs: Arc<dyn JobStore>,
     ) -> Self {
         let runtimes = Runtimes {
             local: super::local::LocalRuntime,
@@ -153,7 +158,8 @@ impl NodeSandboxes {
             settings: s.clone(),
             root,
             server_bin,
-            store,
+            records,
+            jobs,
             node: node.to_string(),
             quota,
             pool,
@@ -198,7 +204,11 @@ impl NodeSandboxes {
             }
             removed += 1;
         }
-        if let Err(e) = self.store.renew_sandboxes(&self.node, EpochMs::now()).await {
+        if let Err(e) = self
+            .records
+            .renew_sandboxes(&self.node, EpochMs::now())
+            .await
+        {
             tracing::warn!(error = %e, "cannot end the leases of the removed sandboxes; they lapse on their own");
         }
         if removed > 0 {
@@ -496,7 +506,7 @@ impl NodeSandboxes {
         label: &Label,
     ) -> Result<(), SandboxError> {
         let now = EpochMs::now();
-        self.store
+        self.records
             .put_sandbox(&SandboxRecord {
                 job_id: job_id.to_string(),
                 node: self.node.clone(),
@@ -519,7 +529,7 @@ impl NodeSandboxes {
         job_id: &str,
         generation: i64,
     ) -> Result<SandboxClient, SandboxError> {
-        let socket = match self.store.sandbox(job_id).await {
+        let socket = match self.records.sandbox(job_id).await {
             Ok(Some(rec)) if rec.node == self.node => PathBuf::from(rec.socket),
             Ok(Some(rec)) => {
                 return Err(SandboxError::Config(format!(
@@ -573,7 +583,7 @@ impl NodeSandboxes {
             tracing::warn!(job_id, dir = %dir.display(), error = %e, "cannot stop the sandbox");
         }
         if purpose == Purpose::Run
-            && let Err(e) = self.store.delete_sandbox(job_id).await
+            && let Err(e) = self.records.delete_sandbox(job_id).await
         {
             tracing::warn!(job_id, error = %e, "cannot forget the sandbox");
         }
@@ -587,7 +597,7 @@ impl NodeSandboxes {
         // is removed for a lease that lapsed while the database was unreachable.
         let mut reaped = Reaped {
             renewed: self
-                .store
+                .records
                 .renew_sandboxes(
                     &self.node,
                     now.after(Duration::from_millis(self.settings.lease_ms)),
@@ -595,7 +605,7 @@ impl NodeSandboxes {
                 .await?,
             ..Reaped::default()
         };
-        for rec in self.store.sandboxes_to_reap(&self.node).await? {
+        for rec in self.records.sandboxes_to_reap(&self.node).await? {
             let reason = "job ended";
             tracing::info!(job_id = %rec.job_id, reason, "reaping sandbox");
             metrics::counter!(crate::metrics::SANDBOXES_REAPED, "reason" => reason).increment(1);
@@ -603,7 +613,7 @@ impl NodeSandboxes {
             reaped.removed.push(rec.job_id);
         }
         let recorded: std::collections::HashSet<String> = self
-            .store
+            .records
             .sandboxes_of_node(&self.node)
             .await?
             .into_iter()
@@ -623,7 +633,7 @@ impl NodeSandboxes {
                     tracing::warn!(dir = %dir.display(), error = %e, "cannot stop the sandbox");
                 }
                 if recorded.contains(&name) {
-                    let _ = self.store.delete_sandbox(&name).await;
+                    let _ = self.records.delete_sandbox(&name).await;
                 }
                 reaped.removed.push(name);
             }
@@ -665,12 +675,12 @@ impl NodeSandboxes {
             && !recorded.contains(&label.job_id)
             && !young
             // Recorded since this pass listed the records?
-            && self.store.sandbox(&label.job_id).await?.is_none()
+            && self.records.sandbox(&label.job_id).await?.is_none()
         {
             return Ok(Some("not recorded in the database"));
         }
         if is_eval {
-            let ended = match self.store.job(&label.job_id).await? {
+            let ended = match self.jobs.job(&label.job_id).await? {
                 None => true,
                 Some(job) => job.status.is_terminal(),
             };

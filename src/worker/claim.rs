@@ -71,7 +71,7 @@ impl Worker {
         let now = EpochMs::now();
         let lease = Duration::from_millis(self.settings.queue.ack_wait_ms);
         let claim = self
-            .store
+            .jobs
             .claim(&work, self.node(), now.after(lease), now)
             .await;
         let job = match claim {

@@ -67,7 +67,7 @@ impl Worker {
                     tracing::warn!(error = %e, "in-progress ack failed; the message may be redelivered");
                 }
                 let until = EpochMs::now().after(Duration::from_millis(s.queue.ack_wait_ms));
-                match self.store.extend_lease(work, held.attempt, until).await {
+                match self.jobs.extend_lease(work, held.attempt, until).await {
                     Ok(true) => {}
                     // The row moved without us: cancelled (broadcast missed) or taken
                     // over after our lease lapsed. Either way, stop.

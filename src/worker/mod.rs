@@ -45,7 +45,7 @@ use crate::config::{QueueSettings, Settings, StagesSettings};
 use crate::domain::Stage;
 use crate::kinds::Registry;
 use crate::queue::{Queue, QueueError};
-use crate::store::Store;
+use crate::store::{JobStore, ResultStore};
 use crate::supervise::spawn_essential;
 use running::RunningJobs;
 
@@ -90,7 +90,10 @@ impl WorkerSettings {
 /// A worker of one stage on one node.
 pub struct Worker {
     stage: Stage,
-    store: Arc<dyn Store>,
+    /// Claims, leases, hand-offs and ends of this stage's jobs.
+    jobs: Arc<dyn JobStore>,
+    /// Where an ended job's result is marked published.
+    results: Arc<dyn ResultStore>,
     queue: Queue,
     kinds: Registry,
     settings: WorkerSettings,
@@ -101,17 +104,20 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// A worker for `stage`, running `kinds`' hooks, recording in `store`.
+    /// A worker for `stage`, running `kinds`' hooks, recording in `jobs` and marking
+    /// published results in `results` (usually one store).
     pub fn new(
         stage: Stage,
-        store: Arc<dyn Store>,
+        jobs: Arc<dyn JobStore>,
+        results: Arc<dyn ResultStore>,
         queue: Queue,
         kinds: Registry,
         settings: WorkerSettings,
     ) -> Arc<Self> {
         Arc::new(Self {
             stage,
-            store,
+            jobs,
+            results,
             queue,
             kinds,
             settings,

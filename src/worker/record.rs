@@ -75,7 +75,7 @@ impl Worker {
             StageEnd::HandBack => {
                 kind.cleanup(job).await;
                 match self
-                    .store
+                    .jobs
                     .release(&held.work, held.attempt, true, EpochMs::now())
                     .await
                 {
@@ -114,7 +114,7 @@ impl Worker {
             HookOutput::Run(v) => (v, None),
         };
         match self
-            .store
+            .jobs
             .advance(
                 work,
                 held.attempt,
@@ -181,7 +181,7 @@ impl Worker {
             return;
         }
         match self
-            .store
+            .jobs
             .restart(&held.work, held.attempt, max, counted, EpochMs::now())
             .await
         {
@@ -237,7 +237,7 @@ impl Worker {
     pub(super) async fn finish(&self, msg: &jetstream::Message, held: &Held, outcome: &Outcome) {
         let cond = held.cond();
         match self
-            .store
+            .jobs
             .finish(&cond, &held.work.job_id, outcome, EpochMs::now())
             .await
         {
@@ -245,7 +245,7 @@ impl Worker {
                 metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => outcome.status.as_str())
                     .increment(1);
                 tracing::debug!(status = %outcome.status, reward = ?result.result.reward, "job finished");
-                publish_result(&self.queue, self.store.as_ref(), &result).await;
+                publish_result(&self.queue, self.results.as_ref(), &result).await;
                 ack(msg, AckKind::Ack).await;
             }
             Ok(None) => {
@@ -279,7 +279,7 @@ impl Worker {
     pub(super) async fn release_and_nak(&self, msg: &jetstream::Message, held: &Held) {
         let w = &held.work;
         if let Err(e) = self
-            .store
+            .jobs
             .release(w, held.attempt, false, EpochMs::now())
             .await
         {
@@ -296,7 +296,8 @@ impl Worker {
         let node = Some(self.node());
         match dead_letter(
             &self.queue,
-            self.store.as_ref(),
+            self.jobs.as_ref(),
+            self.results.as_ref(),
             &cond,
             attempts,
             error,

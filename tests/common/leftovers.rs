@@ -50,7 +50,8 @@ impl Service {
             match child.try_wait() {
                 Ok(Some(st)) => return Some(st),
                 Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50))
+                    #[allow(clippy::disallowed_methods)] // a test's teardown
+                    std::thread::sleep(Duration::from_millis(50));
                 }
                 _ => {
                     eprintln!(

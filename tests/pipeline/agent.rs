@@ -878,7 +878,7 @@ async fn a_sampling_batch_early_cancel_closes_generating_requests_and_removes_sa
     ];
     prompts
         .extend((0..30).map(|_| Task::new("synthetic", json!({"init_ms": 500, "pass_rate": 0.5}))));
-    let request = rollout::gateway::batches::BatchRequest {
+    let request = rollout::api::batches::BatchRequest {
         batch_id: Some("early".into()),
         prompts,
         group_size: 2,

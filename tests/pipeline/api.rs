@@ -199,7 +199,7 @@ async fn submit_with_client_ids_is_idempotent() {
     assert!(first.jobs.iter().all(|j| !j.duplicate));
     let second = env.client.submit(&tasks, Some("idem")).await.unwrap();
     assert!(second.jobs.iter().all(|j| j.duplicate));
-    let ids = |r: &rollout::gateway::jobs::SubmitResponse| {
+    let ids = |r: &rollout::api::jobs::SubmitResponse| {
         r.jobs.iter().map(|j| j.id.clone()).collect::<Vec<_>>()
     };
     assert_eq!(ids(&first), ids(&second));
@@ -251,7 +251,7 @@ async fn listing_pages_by_cursor() {
         if let Some(c) = &cursor {
             url.push_str(&format!("&cursor={c}"));
         }
-        let page: rollout::gateway::jobs::JobPage =
+        let page: rollout::api::jobs::JobPage =
             reqwest::get(url).await.unwrap().json().await.unwrap();
         seen.extend(page.jobs.iter().map(|j| j.id.clone()));
         match page.next_cursor {
@@ -302,7 +302,7 @@ async fn job_listings_keep_to_the_page_byte_budget() {
             url.push_str(&format!("&cursor={c}"));
         }
         let body = reqwest::get(url).await.unwrap().bytes().await.unwrap();
-        let page: rollout::gateway::jobs::JobPage = serde_json::from_slice(&body).unwrap();
+        let page: rollout::api::jobs::JobPage = serde_json::from_slice(&body).unwrap();
         pages += 1;
         assert!(!page.jobs.is_empty(), "page {pages} is empty");
         // Stopped at the job that reached the budget: what came before it is under.

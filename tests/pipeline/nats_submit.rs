@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use futures::StreamExt;
+use rollout::api::batches::BatchView;
 use rollout::domain::Status;
 use rollout::domain::sampling::{AcceptedGroup, SamplingStatus};
-use rollout::gateway::batches::BatchView;
 use rollout::gateway::nats::{SubmitErrorReply, decode_reply};
 use serde_json::json;
 
@@ -21,7 +21,7 @@ async fn request(
     body: &serde_json::Value,
 ) -> (
     Option<async_nats::HeaderMap>,
-    Result<rollout::gateway::jobs::SubmitResponse, SubmitErrorReply>,
+    Result<rollout::api::jobs::SubmitResponse, SubmitErrorReply>,
 ) {
     let subject = env.deps.queue.subjects().submit();
     let reply = raw_request(env, &subject, serde_json::to_vec(body).unwrap()).await;
@@ -76,7 +76,7 @@ async fn a_nats_submit_is_answered_once_idempotently_and_runs() {
     // The same request again (a trainer retrying after a lost reply) creates nothing.
     let (_, again) = request(&env, &body).await;
     let again = again.expect("answered again");
-    let ids = |r: &rollout::gateway::jobs::SubmitResponse| {
+    let ids = |r: &rollout::api::jobs::SubmitResponse| {
         r.jobs.iter().map(|j| j.id.clone()).collect::<Vec<_>>()
     };
     assert_eq!(ids(&again), ids(&first));
@@ -108,7 +108,7 @@ async fn a_bad_nats_submit_names_the_field_and_writes_nothing() {
     // Not JSON at all.
     let subject = env.deps.queue.subjects().submit();
     let reply = raw_request(&env, &subject, b"{not json".to_vec()).await;
-    let e = decode_reply::<rollout::gateway::jobs::SubmitResponse>(&reply.payload).unwrap_err();
+    let e = decode_reply::<rollout::api::jobs::SubmitResponse>(&reply.payload).unwrap_err();
     assert_eq!(e.status, 400);
     let page = env.client.results(None, 0, 0).await.unwrap();
     assert!(page.results.is_empty());

@@ -19,7 +19,7 @@ fn job(i: usize) -> Task {
 }
 
 /// The node of the last `running` event of `stage` in a job's event log.
-fn ran_on(view: &rollout::gateway::jobs::JobView, stage: Stage) -> Option<String> {
+fn ran_on(view: &rollout::api::jobs::JobView, stage: Stage) -> Option<String> {
     view.events
         .iter()
         .rev()

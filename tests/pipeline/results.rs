@@ -5,7 +5,7 @@ use crate::eventually::{eventually, holds};
 use std::time::Duration;
 
 use futures::StreamExt;
-use rollout::gateway::results::ResultPage;
+use rollout::api::results::ResultPage;
 
 use crate::helpers::{TestEnv, synthetic};
 

@@ -7,10 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use rollout::api::batches::BatchView;
 use rollout::domain::EpochMs;
 use rollout::domain::sampling::{SamplingParams, SamplingStatus};
 use rollout::domain::{JobResult, Stage, Status};
-use rollout::gateway::batches::BatchView;
 use rollout::store::{NewSampling, Store};
 use serde_json::{Value, json};
 
@@ -336,7 +336,7 @@ async fn group_pages_and_the_batch_view_keep_to_the_page_byte_budget() {
         )
         .await;
         assert_eq!(status, 200, "{page}");
-        let page: rollout::gateway::batches::GroupPage = serde_json::from_value(page).unwrap();
+        let page: rollout::api::batches::GroupPage = serde_json::from_value(page).unwrap();
         pages += 1;
         if page.groups.is_empty() {
             break;

@@ -1,8 +1,9 @@
-//! The `swe` grader end to end: the five tiny repositories of `examples/swe` (built by
-//! `scripts/make-swe-examples.py`, their commits checked against the instance file),
-//! each worked on by `shell` tasks that apply a patch an agent might send. Only the gold
-//! patch scores 1: a wrong fix, and a wrong fix that also edits, deletes or pre-creates
-//! the tests or adds a conftest.py reporting every test passed, all score 0.
+//! SWE tasks through INIT, RUN and EVAL on real workers: the five tiny repositories of
+//! `examples/swe` (built by `scripts/make-swe-examples.py`, their commits checked
+//! against the instance file), each worked on by `shell` tasks that apply a patch an
+//! agent might send. Only the gold patch scores 1: a wrong fix, and a wrong fix that
+//! also edits, deletes or pre-creates the tests or adds a conftest.py reporting every
+//! test passed, all score 0.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -1,0 +1,15 @@
+//! The HTTP API's wire types: the bodies the gateway takes and returns, which the client
+//! sends and reads. They live here, below both, so the client does not depend on the
+//! server (it sits beside it: a trainer's process links the client, never the gateway),
+//! and the OpenAPI document the gateway serves is derived from these same types.
+//!
+//! One module per group of routes: [`jobs`], [`batches`], [`results`], [`status`],
+//! [`dashboard`], and [`error`] for the body of every error response. The query
+//! parameters stay with the gateway, which checks them.
+
+pub mod batches;
+pub mod dashboard;
+pub mod error;
+pub mod jobs;
+pub mod results;
+pub mod status;
