@@ -187,40 +187,71 @@ fn settings_keys() -> BTreeSet<String> {
 #[test]
 fn the_example_file_lists_every_configuration_key() {
     let text = std::fs::read_to_string(root().join("rollout.example.toml")).unwrap();
-    let mut listed = BTreeSet::new();
+    // Each key shown, with the value the file shows for it.
+    let mut listed = std::collections::BTreeMap::new();
     let mut table = String::new();
     for line in text.lines() {
         let line = line.trim();
+        // Commented-out tables (`# [[backends]]`) count as the keys they show.
         let body = line.trim_start_matches('#').trim();
-        if let Some(name) = line.strip_prefix("[[").and_then(|l| l.strip_suffix("]]")) {
+        let is_name = |n: &str| {
+            !n.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.')
+        };
+        if let Some(name) = body.strip_prefix("[[").and_then(|l| l.strip_suffix("]]"))
+            && is_name(name)
+        {
             table = name.to_string();
-            listed.insert(table.clone());
-        } else if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            listed.insert(table.clone(), String::new());
+        } else if let Some(name) = body.strip_prefix('[').and_then(|l| l.strip_suffix(']'))
+            && is_name(name)
+        {
             table = name.to_string();
-        } else if let Some((key, _)) = body.split_once(" = ")
+        } else if let Some((key, value)) = body.split_once(" = ")
             && !key.is_empty()
             && key
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit())
             && (!line.starts_with('#') || !table.is_empty())
         {
-            listed.insert(if table.is_empty() {
+            let key = if table.is_empty() {
                 key.to_string()
             } else {
                 format!("{table}.{key}")
-            });
+            };
+            listed.insert(key, value.to_string());
         }
     }
     let code = settings_keys();
-    let missing: Vec<_> = code.difference(&listed).collect();
+    let missing: Vec<_> = code.iter().filter(|k| !listed.contains_key(*k)).collect();
     assert!(
         missing.is_empty(),
         "keys missing from rollout.example.toml: {missing:?}"
     );
-    let stale: Vec<_> = listed
-        .iter()
-        .filter(|k| !code.contains(*k) && !k.starts_with("backends"))
-        .collect();
+    // A key the defaults leave out (an optional one, absent by default) is real when
+    // the settings take it with the value the file shows; one they refuse as unknown
+    // is not. (A backend's keys belong to `[[backends]]` entries, read elsewhere.)
+    let dir = tempfile::tempdir().unwrap();
+    let mut stale = Vec::new();
+    for (key, value) in &listed {
+        if code.contains(key) || key.starts_with("backends") {
+            continue;
+        }
+        let (section, name) = key.rsplit_once('.').unwrap_or(("", key));
+        let file = dir.path().join("one.toml");
+        let head = if section.is_empty() {
+            String::new()
+        } else {
+            format!("[{section}]\n")
+        };
+        std::fs::write(&file, format!("{head}{name} = {value}\n")).unwrap();
+        if let Err(e) = rollout::config::Settings::load_from(Some(&file), Vec::new())
+            && e.to_string().contains("unknown field")
+        {
+            stale.push(format!("{key}: {e}"));
+        }
+    }
     assert!(
         stale.is_empty(),
         "rollout.example.toml names keys the settings do not have: {stale:?}"
@@ -234,12 +265,15 @@ fn the_configuration_variables_listed_are_settings_keys() {
     let code = settings_keys();
     let text = readme();
     let mut named = BTreeSet::new();
-    for var in ticked(&text) {
+    // Every `ROLLOUT__…` in backticks, anywhere (the README's code fences would throw
+    // `ticked`'s pairing off over the whole text).
+    for (at, _) in text.match_indices("`ROLLOUT__") {
+        let rest = &text[at + "`ROLLOUT__".len()..];
+        // `ROLLOUT__NATS__REPLICAS=3`: the name before the value.
+        let var = rest.split(['`', '=']).next().unwrap_or_default();
         // `ROLLOUT__SECTION__KEY` names the form, not a key.
-        if let Some(rest) = var.strip_prefix("ROLLOUT__")
-            && rest != "SECTION__KEY"
-        {
-            named.insert(rest.to_lowercase().replace("__", "."));
+        if var != "SECTION__KEY" {
+            named.insert(var.to_lowercase().replace("__", "."));
         }
     }
     // "(also `INIT`, `EVAL`)" beside `STAGES__RUN__CONCURRENCY`: the same key in a
