@@ -180,8 +180,10 @@ impl Tmux {
         };
         tmux(&["send-keys", "-t", &self.session, &line, "Enter"]);
         loop {
-            #[allow(clippy::disallowed_methods)]
-            // the tmux baseline polls from the bench's own thread
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "the tmux baseline polls from the bench's own thread"
+            )]
             std::thread::sleep(Duration::from_millis(10));
             let screen = tmux(&["capture-pane", "-p", "-t", &self.session]);
             // The marker appears twice once done: in the typed line and in the output.

@@ -146,8 +146,10 @@ impl NatsServer {
                     log: server.log.display().to_string(),
                 });
             }
-            #[allow(clippy::disallowed_methods)]
-            // start-up, before the runtime (see `ensure_nats`)
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "start-up, before the runtime (see `ensure_nats`)"
+            )]
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(server)

@@ -167,8 +167,8 @@ fn keys(prefix: &str, table: &toml::Table, out: &mut BTreeSet<String>) {
     }
 }
 
-/// The settings' keys, as the defaults serialize them, plus the optional ones (absent
-/// by default) that the example file shows commented out.
+/// The settings' keys, as the defaults serialize them (an optional key absent by default
+/// is not among them).
 fn settings_keys() -> BTreeSet<String> {
     let defaults: toml::Table =
         toml::from_str(&toml::to_string(&rollout::config::Settings::default()).unwrap()).unwrap();

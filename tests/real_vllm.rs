@@ -221,7 +221,7 @@ impl Drop for Vllm {
             if self.child.try_wait().ok().flatten().is_some() {
                 break;
             }
-            #[allow(clippy::disallowed_methods)] // a test's teardown
+            #[allow(clippy::disallowed_methods, reason = "a test's teardown")]
             std::thread::sleep(Duration::from_millis(100));
         }
         // The engine processes are in the group too; none may outlive the test.

@@ -50,7 +50,7 @@ impl Service {
             match child.try_wait() {
                 Ok(Some(st)) => return Some(st),
                 Ok(None) if Instant::now() < deadline => {
-                    #[allow(clippy::disallowed_methods)] // a test's teardown
+                    #[allow(clippy::disallowed_methods, reason = "a test's teardown")]
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 _ => {

@@ -234,7 +234,7 @@ impl NodeProc {
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
         while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
-            #[allow(clippy::disallowed_methods)] // a test's teardown
+            #[allow(clippy::disallowed_methods, reason = "a test's teardown")]
             std::thread::sleep(Duration::from_millis(20));
         }
         self.kill();

@@ -345,7 +345,7 @@ impl Drop for TestEnv {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         for c in &mut self.children {
             while matches!(c.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
-                #[allow(clippy::disallowed_methods)] // a test's teardown
+                #[allow(clippy::disallowed_methods, reason = "a test's teardown")]
                 std::thread::sleep(Duration::from_millis(20));
             }
             let _ = c.kill();

@@ -151,7 +151,7 @@ impl Drop for Cluster {
             .env("SLURM_CONF", &self.conf)
             .args(["--full", "-u", "root"])
             .status();
-        #[allow(clippy::disallowed_methods)] // a test's teardown
+        #[allow(clippy::disallowed_methods, reason = "a test's teardown")]
         std::thread::sleep(Duration::from_millis(500));
         for pid_file in ["slurmd.pid", "slurmctld.pid", "munge/pid"] {
             if let Ok(pid) = std::fs::read_to_string(self.dir.join(pid_file))

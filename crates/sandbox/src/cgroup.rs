@@ -333,8 +333,10 @@ pub fn kill_and_remove(dirs: &[PathBuf]) {
             for pid in pids {
                 let _ = kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
             }
-            #[allow(clippy::disallowed_methods)]
-            // stops and failed starts call this from blocking threads
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "stops and failed starts call this from blocking threads"
+            )]
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         if let Err(e) = std::fs::remove_dir(d)

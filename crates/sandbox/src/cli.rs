@@ -7,8 +7,8 @@
 //! [`crate::launcher`]); `rollout-sandbox call` sends one request to a running server
 //! and prints the response, which is how to poke at a live sandbox while debugging.
 //!
-//! The command lives here, not in the service, so that the binary every sandbox runs is
-//! built from this crate alone (no database driver, no NATS client, no tokenizer): the
+//! The command lives here, not in the service, so that the binary every sandbox runs
+//! links this crate alone (no database driver, no NATS client, no tokenizer): the
 //! service's `rollout-sandbox` binary target only calls [`main`].
 
 use crate::SandboxClient;

@@ -186,8 +186,7 @@ pub fn run(parent: i32) -> std::io::Result<()> {
     // A session of its own, so a signal to the worker's process group does not reach
     // the sandbox.
     nix::unistd::setsid().map_err(std::io::Error::from)?;
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
-    if nix::unistd::getppid().as_raw() != parent {
+    if !super::lifeline::die_with(nix::unistd::Pid::from_raw(parent))? {
         return Ok(());
     }
     // The Rust runtime ignores SIGPIPE; what bwrap starts must find it as programs
@@ -305,8 +304,7 @@ fn carry_out(order: &Order, log: &OwnedFd, pass: &[OwnedFd], parent: i32) -> std
         }
     }
     if order.die_with_parent {
-        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(io)?;
-        if nix::unistd::getppid().as_raw() != parent {
+        if !super::lifeline::die_with(nix::unistd::Pid::from_raw(parent))? {
             return Err(std::io::Error::other(
                 "the worker ended before the sandbox started",
             ));

@@ -741,13 +741,9 @@ fn set_up_child(
             {
                 return Err(std::io::Error::last_os_error());
             }
-            if die_with_parent {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                    .map_err(std::io::Error::from)?;
-                // The parent may have ended before the request took hold.
-                if nix::unistd::getppid() != parent {
-                    libc::_exit(1);
-                }
+            // The parent may have ended before the request took hold.
+            if die_with_parent && !lifeline::die_with(parent)? {
+                libc::_exit(1);
             }
             Ok(())
         });
