@@ -3,7 +3,7 @@
 //! and queueing submitted jobs for INIT. Shared by the workers, the reconciler and the gateway's cancel.
 
 use crate::domain::{EpochMs, Outcome, Stage, Status, WorkMessage};
-use crate::queue::{Queue, QueueError};
+use crate::queue::{Outbox, Queue, QueueError};
 use crate::store::{Ended, FinishIf, JobStore, ResultStore, Submitted};
 
 /// A failure to dead-letter a job (retry later).
@@ -24,7 +24,7 @@ pub enum DeadLetterError {
 /// the original message (ack, or delete from the stream). `jobs` and `results` are
 /// usually one store, seen as the two concerns this touches.
 pub async fn dead_letter(
-    queue: &Queue,
+    queue: &dyn Outbox,
     jobs: &dyn JobStore,
     results: &dyn ResultStore,
     cond: &FinishIf,
@@ -103,7 +103,7 @@ pub async fn start_submitted(queue: &Queue, submitted: &[Submitted]) -> Result<(
 
 /// Publishes a result and marks it published (on failure the reconciler retries
 /// later); when the result decided a sampling group, wakes the batch drivers.
-pub async fn publish_result(queue: &Queue, results: &dyn ResultStore, ended: &Ended) {
+pub async fn publish_result(queue: &dyn Outbox, results: &dyn ResultStore, ended: &Ended) {
     let result = &ended.result;
     match queue.publish_result(result).await {
         Ok(()) => {

@@ -225,7 +225,7 @@ pub async fn run_workers(
             stage,
             deps.store.clone(),
             deps.store.clone(),
-            deps.queue.clone(),
+            Arc::new(deps.queue.clone()),
             deps.kinds.clone(),
             settings.clone(),
         );

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
@@ -13,6 +12,7 @@ use super::lease::StageEnd;
 use super::record::ack;
 use crate::domain::{EpochMs, Job, StageTimes, WorkMessage};
 use crate::kinds::{StageContext, StageError};
+use crate::queue::{Answer, Delivery};
 use crate::store::{Claim, FinishIf};
 
 /// A stage entry this worker has claimed.
@@ -41,16 +41,15 @@ impl Worker {
     /// Handles one pulled message; `_permit` holds its slot until the stage is done.
     pub(super) async fn handle(
         self: Arc<Self>,
-        msg: jetstream::Message,
+        msg: Box<dyn Delivery>,
         _permit: OwnedSemaphorePermit,
     ) {
-        let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
-        let work: WorkMessage = match serde_json::from_slice(&msg.payload) {
+        let delivered = msg.delivered();
+        let work: WorkMessage = match serde_json::from_slice(msg.payload()) {
             Ok(w) => w,
             Err(e) => {
-                tracing::error!(subject = %msg.subject, error = %e, "malformed stage message dropped");
-                let _ = msg.ack_with(AckKind::Term).await;
-                return;
+                tracing::error!(subject = %msg.subject(), error = %e, "malformed stage message dropped");
+                return ack(msg.as_ref(), Answer::Term).await;
             }
         };
         let span = tracing::info_span!(
@@ -63,7 +62,8 @@ impl Worker {
         self.process(msg, work, delivered).instrument(span).await;
     }
 
-    async fn process(&self, msg: jetstream::Message, work: WorkMessage, delivered: i64) {
+    async fn process(&self, msg: Box<dyn Delivery>, work: WorkMessage, delivered: i64) {
+        let msg = msg.as_ref();
         // Registered before the claim, so a cancel broadcast that arrives between the
         // claim's commit and the hook's start is not missed; unregistered when this
         // function returns, whichever way.
@@ -78,26 +78,26 @@ impl Worker {
             Ok(Claim::Started(job)) => *job,
             Ok(Claim::Missing) => {
                 tracing::warn!("message for an unknown job dropped");
-                return ack(&msg, AckKind::Ack).await;
+                return ack(msg, Answer::Ack).await;
             }
             Ok(Claim::Busy(until)) => {
                 // A lease that has already lapsed waits only the margin.
                 let wait = now.until(until) + Duration::from_millis(50);
                 tracing::debug!(?wait, "stage is leased by another delivery; retrying later");
-                return ack(&msg, AckKind::Nak(Some(wait))).await;
+                return ack(msg, Answer::Nak(Some(wait))).await;
             }
             Ok(Claim::Stale(job)) => {
-                return self.repair_stale(&msg, &work, &job, delivered).await;
+                return self.repair_stale(msg, &work, &job, delivered).await;
             }
             Ok(Claim::BatchEnded) => {
                 tracing::info!(
                     "the job's batch has ended: message dropped, the job is being cancelled"
                 );
-                return ack(&msg, AckKind::Ack).await;
+                return ack(msg, Answer::Ack).await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot claim the stage; will retry");
-                return ack(&msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+                return ack(msg, Answer::Nak(Some(self.nak_delay(delivered)))).await;
             }
         };
         let held = Held {
@@ -113,7 +113,7 @@ impl Worker {
                 held.work.stage,
                 held.stage_attempts - 1
             );
-            return self.dead_letter(&msg, &held, &error).await;
+            return self.dead_letter(msg, &held, &error).await;
         }
         if let Some(q) = stage_times(&job, &held.work).queued_at {
             metrics::histogram!(crate::metrics::QUEUE_WAIT, "stage" => held.work.stage.as_str())
@@ -121,7 +121,7 @@ impl Worker {
         }
         let Some(kind) = self.kinds.get(&job.kind).cloned() else {
             let error = format!("this worker does not know task kind `{}`", job.kind);
-            return self.give_up_or_retry(&msg, &held, error).await;
+            return self.give_up_or_retry(msg, &held, error).await;
         };
         let ctx = StageContext {
             job,
@@ -129,7 +129,7 @@ impl Worker {
             cancel: registration.token().clone(),
         };
         let started = std::time::Instant::now();
-        let end = self.run_hook(&msg, &held, &ctx, kind.as_ref()).await;
+        let end = self.run_hook(msg, &held, &ctx, kind.as_ref()).await;
         // Cancels that arrive while the end is recorded have nothing left to stop.
         drop(registration);
         metrics::histogram!(
@@ -138,7 +138,7 @@ impl Worker {
             "outcome" => end.label()
         )
         .record(started.elapsed().as_secs_f64());
-        self.record(&msg, &held, &ctx.job, kind.as_ref(), end).await;
+        self.record(msg, &held, &ctx.job, kind.as_ref(), end).await;
     }
 }
 

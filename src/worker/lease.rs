@@ -6,12 +6,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind};
-
 use super::Worker;
 use super::claim::Held;
 use crate::domain::{EpochMs, Stage};
 use crate::kinds::{EvalOutput, InitOutput, StageContext, StageError, TaskKind};
+use crate::queue::{Answer, Delivery};
 
 type HookFuture<'a> = Pin<Box<dyn Future<Output = Result<HookOutput, StageError>> + Send + 'a>>;
 
@@ -38,7 +37,7 @@ impl Worker {
     /// Runs the stage hook under the timeout, renewing the lease and watching cancels.
     pub(super) async fn run_hook(
         &self,
-        msg: &jetstream::Message,
+        msg: &dyn Delivery,
         held: &Held,
         ctx: &StageContext,
         kind: &dyn TaskKind,
@@ -63,7 +62,7 @@ impl Worker {
                 tokio::time::interval_at(tokio::time::Instant::now() + period, period);
             loop {
                 progress.tick().await;
-                if let Err(e) = msg.ack_with(AckKind::Progress).await {
+                if let Err(e) = msg.answer(Answer::Progress).await {
                     tracing::warn!(error = %e, "in-progress ack failed; the message may be redelivered");
                 }
                 let until = EpochMs::now().after(Duration::from_millis(s.queue.ack_wait_ms));

@@ -33,6 +33,8 @@ mod lease;
 mod pull;
 mod record;
 mod running;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,7 +46,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{QueueSettings, Settings, StagesSettings};
 use crate::domain::Stage;
 use crate::kinds::Registry;
-use crate::queue::{Queue, QueueError};
+use crate::queue::{Queue, QueueError, WorkQueue};
 use crate::store::{JobStore, ResultStore};
 use crate::supervise::spawn_essential;
 use running::RunningJobs;
@@ -94,7 +96,8 @@ pub struct Worker {
     jobs: Arc<dyn JobStore>,
     /// Where an ended job's result is marked published.
     results: Arc<dyn ResultStore>,
-    queue: Queue,
+    /// Deliveries, hand-offs, results and cancels ([`Queue`] over JetStream).
+    queue: Arc<dyn WorkQueue>,
     kinds: Registry,
     settings: WorkerSettings,
     /// The jobs this worker is running, for cancel broadcasts.
@@ -105,12 +108,13 @@ pub struct Worker {
 
 impl Worker {
     /// A worker for `stage`, running `kinds`' hooks, recording in `jobs` and marking
-    /// published results in `results` (usually one store).
+    /// published results in `results` (usually one store), pulling from and publishing
+    /// to `queue` (a [`Queue`]; in memory in the worker's unit tests).
     pub fn new(
         stage: Stage,
         jobs: Arc<dyn JobStore>,
         results: Arc<dyn ResultStore>,
-        queue: Queue,
+        queue: Arc<dyn WorkQueue>,
         kinds: Registry,
         settings: WorkerSettings,
     ) -> Arc<Self> {
@@ -132,14 +136,14 @@ impl Worker {
 
     /// Runs until `shutdown` fires, then drains as described in the module docs.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), WorkerError> {
-        let consumers = self.queue.consumers(self.stage, self.node()).await?;
+        let source = self.queue.source(self.stage, self.node()).await?;
         let concurrency = self.settings.stages.get(self.stage).concurrency;
         let slots = Arc::new(Semaphore::new(concurrency));
         let tracker = TaskTracker::new();
         tracing::info!(stage = %self.stage, node = %self.node(), concurrency, "worker started");
 
         // Subscribed before the first pull, so no job runs while cancels go unheard.
-        let cancels = self.queue.subscribe_cancel().await?;
+        let cancels = self.queue.cancels().await?;
         // Cancels matter until the last job has stopped, so the listener runs past
         // shutdown, until `listening` ends it; the puller stops at shutdown. Either one
         // failing earlier shuts the worker down and is its error.
@@ -154,7 +158,7 @@ impl Worker {
             "puller",
             &shutdown,
             self.clone()
-                .pull(consumers, slots.clone(), tracker.clone(), shutdown.clone()),
+                .pull(source, slots.clone(), tracker.clone(), shutdown.clone()),
         );
         shutdown.cancelled().await;
         let pulled = puller.finish().await;
@@ -189,15 +193,14 @@ impl Worker {
     /// hear cancels.
     async fn listen_for_cancels(
         self: Arc<Self>,
-        first: Option<async_nats::Subscriber>,
+        first: Option<futures::stream::BoxStream<'static, String>>,
         done: CancellationToken,
     ) {
         Queue::follow(
             "cancels",
             first,
-            || self.queue.subscribe_cancel(),
-            |m| {
-                let id = String::from_utf8_lossy(&m.payload);
+            || self.queue.cancels(),
+            |id| {
                 if self.running.cancel(&id) {
                     tracing::info!(job_id = %id, "cancel received");
                 }

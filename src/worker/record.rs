@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind};
-
 use super::Worker;
 use super::claim::Held;
 use super::lease::{HookOutput, StageEnd};
@@ -14,12 +12,13 @@ use crate::domain::{EpochMs, Job, Outcome, Stage, Status, WorkMessage};
 use crate::ending::{dead_letter, publish_result};
 use crate::kinds::{Route, StageError, TaskKind};
 use crate::queue::ANY_ROUTE;
+use crate::queue::{Answer, Delivery};
 
 impl Worker {
     /// Records how the claimed stage of `job` ended and acknowledges `msg`.
     pub(super) async fn record(
         &self,
-        msg: &jetstream::Message,
+        msg: &dyn Delivery,
         held: &Held,
         job: &Job,
         kind: &dyn TaskKind,
@@ -64,7 +63,7 @@ impl Worker {
             StageEnd::Cancelled => {
                 tracing::info!("stage stopped: job cancelled");
                 kind.cleanup(job).await;
-                ack(msg, AckKind::Ack).await;
+                ack(msg, Answer::Ack).await;
             }
             StageEnd::HandBack if held.work.stage == Stage::Run && kind.restart_on_hand_back() => {
                 // Its sandbox goes with this worker's cleanup; a fresh one it is.
@@ -84,7 +83,7 @@ impl Worker {
                         tracing::warn!(error = %e, "cannot release the claim; the lease will expire")
                     }
                 }
-                ack(msg, AckKind::Nak(None)).await;
+                ack(msg, Answer::Nak(None)).await;
             }
         }
     }
@@ -92,7 +91,7 @@ impl Worker {
     /// Records a successful stage and hands the job on.
     pub(super) async fn complete(
         &self,
-        msg: &jetstream::Message,
+        msg: &dyn Delivery,
         held: &Held,
         job: &Job,
         out: HookOutput,
@@ -130,7 +129,7 @@ impl Worker {
             }
             Ok(None) => {
                 tracing::info!("stage output discarded: the job moved on while it ran");
-                ack(msg, AckKind::Ack).await;
+                ack(msg, Answer::Ack).await;
             }
             Err(e) if e.is_rejected() => {
                 // Retrying the same output would be refused again: end the job with the
@@ -154,7 +153,7 @@ impl Worker {
     /// hand-back) is always allowed and not counted.
     pub(super) async fn restart(
         &self,
-        msg: &jetstream::Message,
+        msg: &dyn Delivery,
         held: &Held,
         job: &Job,
         error: String,
@@ -191,7 +190,7 @@ impl Worker {
             }
             Ok(None) => {
                 tracing::info!("restart discarded: the job moved on meanwhile");
-                ack(msg, AckKind::Ack).await;
+                ack(msg, Answer::Ack).await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot send the job back to INIT; will retry");
@@ -205,16 +204,16 @@ impl Worker {
     /// the redelivery finds the message stale and re-publishes the hand-off.
     async fn hand_off(
         &self,
-        msg: &jetstream::Message,
+        msg: &dyn Delivery,
         held: &Held,
         next: &WorkMessage,
         route: Option<&str>,
     ) {
         match self.queue.publish_work(next, route).await {
-            Ok(()) => ack(msg, AckKind::Ack).await,
+            Ok(()) => ack(msg, Answer::Ack).await,
             Err(e) => {
                 tracing::warn!(error = %e, "hand-off publish failed; will repair on redelivery");
-                ack(msg, AckKind::Nak(Some(self.nak_delay(held.delivered)))).await;
+                ack(msg, Answer::Nak(Some(self.nak_delay(held.delivered)))).await;
             }
         }
     }
@@ -222,7 +221,7 @@ impl Worker {
     /// Ends the job with a non-`done` terminal status.
     pub(super) async fn end_job(
         &self,
-        msg: &jetstream::Message,
+        msg: &dyn Delivery,
         held: &Held,
         status: Status,
         error: String,
@@ -234,7 +233,7 @@ impl Worker {
     /// Writes the terminal state and result, publishes the result, acks.
     /// (A store refuses no end: one the database rejects is recorded as a failure with
     /// the reason, see `Store::finish`.)
-    pub(super) async fn finish(&self, msg: &jetstream::Message, held: &Held, outcome: &Outcome) {
+    pub(super) async fn finish(&self, msg: &dyn Delivery, held: &Held, outcome: &Outcome) {
         let cond = held.cond();
         match self
             .jobs
@@ -245,12 +244,12 @@ impl Worker {
                 metrics::counter!(crate::metrics::JOBS_FINISHED, "status" => outcome.status.as_str())
                     .increment(1);
                 tracing::debug!(status = %outcome.status, reward = ?result.result.reward, "job finished");
-                publish_result(&self.queue, self.results.as_ref(), &result).await;
-                ack(msg, AckKind::Ack).await;
+                publish_result(self.queue.as_ref(), self.results.as_ref(), &result).await;
+                ack(msg, Answer::Ack).await;
             }
             Ok(None) => {
                 tracing::info!("job already ended elsewhere; outcome discarded");
-                ack(msg, AckKind::Ack).await;
+                ack(msg, Answer::Ack).await;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot record the job's end; will retry");
@@ -260,12 +259,7 @@ impl Worker {
     }
 
     /// A transient fault: retry with backoff, or give up at the delivery limit.
-    pub(super) async fn give_up_or_retry(
-        &self,
-        msg: &jetstream::Message,
-        held: &Held,
-        error: String,
-    ) {
+    pub(super) async fn give_up_or_retry(&self, msg: &dyn Delivery, held: &Held, error: String) {
         let limit = self.settings.queue.delivery_limit;
         if held.stage_attempts >= limit {
             let error = format!("gave up after {} attempts: {error}", held.stage_attempts);
@@ -276,7 +270,7 @@ impl Worker {
         }
     }
 
-    pub(super) async fn release_and_nak(&self, msg: &jetstream::Message, held: &Held) {
+    pub(super) async fn release_and_nak(&self, msg: &dyn Delivery, held: &Held) {
         let w = &held.work;
         if let Err(e) = self
             .jobs
@@ -286,16 +280,16 @@ impl Worker {
             tracing::warn!(error = %e, "cannot release the claim; the lease will expire");
         }
         let delay = self.nak_delay(held.stage_attempts.max(held.delivered));
-        ack(msg, AckKind::Nak(Some(delay))).await;
+        ack(msg, Answer::Nak(Some(delay))).await;
     }
 
     /// Keeps the message on the dead-letter subject, fails the job, acks.
-    pub(super) async fn dead_letter(&self, msg: &jetstream::Message, held: &Held, error: &str) {
+    pub(super) async fn dead_letter(&self, msg: &dyn Delivery, held: &Held, error: &str) {
         let cond = held.cond();
         let attempts = held.stage_attempts;
         let node = Some(self.node());
         match dead_letter(
-            &self.queue,
+            self.queue.as_ref(),
             self.jobs.as_ref(),
             self.results.as_ref(),
             &cond,
@@ -305,10 +299,10 @@ impl Worker {
         )
         .await
         {
-            Ok(()) => ack(msg, AckKind::Ack).await,
+            Ok(()) => ack(msg, Answer::Ack).await,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot dead-letter the job; will retry");
-                ack(msg, AckKind::Nak(Some(self.nak_delay(held.delivered)))).await;
+                ack(msg, Answer::Nak(Some(self.nak_delay(held.delivered)))).await;
             }
         }
     }
@@ -319,7 +313,7 @@ impl Worker {
     /// `delivered`-th delivery, so the retries back off as any other's do.
     pub(super) async fn repair_stale(
         &self,
-        msg: &jetstream::Message,
+        msg: &dyn Delivery,
         work: &WorkMessage,
         job: &Job,
         delivered: i64,
@@ -337,12 +331,12 @@ impl Worker {
                     .await
             {
                 tracing::warn!(error = %e, "cannot re-publish the job's hand-off; will retry");
-                ack(msg, AckKind::Nak(Some(self.nak_delay(delivered)))).await;
+                ack(msg, Answer::Nak(Some(self.nak_delay(delivered)))).await;
                 return;
             }
         }
         tracing::debug!(status = %job.status, current_stage = %job.stage, "stale message dropped");
-        ack(msg, AckKind::Ack).await;
+        ack(msg, Answer::Ack).await;
     }
 
     /// The nak delay after `delivered` deliveries (exponential, capped).
@@ -356,9 +350,9 @@ impl Worker {
     }
 }
 
-/// Acknowledges `msg` as `kind`; a failure only means the message comes back.
-pub(super) async fn ack(msg: &jetstream::Message, kind: AckKind) {
-    if let Err(e) = msg.ack_with(kind).await {
+/// Answers `msg`; a failure only means the message comes back.
+pub(super) async fn ack(msg: &dyn Delivery, answer: Answer) {
+    if let Err(e) = msg.answer(answer).await {
         tracing::warn!(error = %e, "acknowledgement failed; the message will be redelivered");
     }
 }

@@ -7,9 +7,10 @@
 
 use async_trait::async_trait;
 
-use super::dialect::{Dialect, SqlStore};
+use super::dialect::Dialect;
 use super::query::query;
 use super::rows::BackendRow;
+use super::sql_store::SqlStore;
 use super::{StoreResult, sql};
 use rollout_core::domain::EpochMs;
 use rollout_core::domain::backend::{BackendSpec, BackendState};

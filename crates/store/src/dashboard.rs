@@ -9,8 +9,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::dialect::{Dialect, SqlStore};
+use super::dialect::Dialect;
 use super::query::query;
+use super::sql_store::SqlStore;
 use super::{StoreResult, sql};
 
 /// A row of `batch_progress`: one batch's counters and rewards so far.

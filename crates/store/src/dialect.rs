@@ -10,13 +10,10 @@
 
 use std::future::Future;
 use std::ops::DerefMut;
-use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
 use super::StoreResult;
-use super::coalesce::Coalescer;
-use super::ends::Ends;
 use super::query::Conn;
 use super::rows::JobRow;
 use rollout_core::domain::{EpochMs, Stage};
@@ -83,7 +80,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// and returns once it is committed. Result sequence numbers must become visible in
     /// the order they are handed out, so a reader paging by `seq` never skips one; and
     /// every job's end goes through here (many ends to a write under load: see
-    /// [`ends`](super::ends)), so this is the service's hottest write.
+    /// [`ends`](super::write::ends)), so this is the service's hottest write.
     /// `op` may run more than once (a dialect may roll a run of it back with its group
     /// and run it again), so it is `Fn`.
     fn write_result<T, F>(&self, op: F) -> impl Future<Output = StoreResult<T>> + Send
@@ -116,7 +113,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 
     /// Claims a stage entry; returns the job's row if the claim applied. Every stage of
     /// every job starts with one, so both dialects run whatever claims have queued up
-    /// as one statement (see [`coalesce`](super::coalesce)).
+    /// as one statement (see [`coalesce`](super::write::coalesce)).
     fn claim(&self, c: StageClaim) -> impl Future<Output = StoreResult<Option<JobRow>>> + Send;
 
     /// Hands a claimed stage to the next; returns the new stage entry's epoch if it
@@ -144,53 +141,12 @@ pub(super) fn in_request_order<R, T>(
     reqs.iter().map(|r| by_id.remove(job_id(r))).collect()
 }
 
-/// The [`Store`](super::Store) over a database of dialect `D`.
-#[derive(Debug, Clone)]
-pub(crate) struct SqlStore<D: Dialect> {
-    pub(super) db: Arc<D>,
-    /// Job ends, coalesced (see [`ends`](super::ends)).
-    pub(super) ends: Coalescer<Ends<D>>,
-}
-
-impl<D: Dialect> SqlStore<D> {
-    /// A store over `db`; starts the task that coalesces job ends, so it must be called
-    /// inside a Tokio runtime.
-    pub(crate) fn new(db: D) -> Self {
-        let db = Arc::new(db);
-        let ends = Coalescer::start(Ends(db.clone()));
-        Self { db, ends }
-    }
-
-    /// Runs a single-statement write `op`; returns once it is committed.
-    pub(super) async fn write<T, F>(&self, op: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut D::Conn) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
-    {
-        self.db.write(false, op).await
-    }
-
-    /// Runs a write `op` of several statements, all or nothing; returns once it is
-    /// committed.
-    pub(super) async fn write_atomic<T, F>(&self, op: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut D::Conn) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
-    {
-        self.db.write(true, op).await
-    }
-
-    /// A connection for reads.
-    pub(super) async fn reader(&self) -> StoreResult<D::Reader> {
-        self.db.reader().await
-    }
-}
-
 /// What the dialects' unit tests share.
 #[cfg(test)]
 pub(super) mod checks {
     use super::*;
     use crate::query::query;
+    use crate::sql_store::SqlStore;
     use crate::{JobStore, NewJob};
     use rollout_core::domain::Status;
 
@@ -245,8 +201,8 @@ pub(super) mod checks {
     /// one-row statements, and is answered in request order.
     pub(crate) async fn multi_row_writes_apply_each_to_its_own_job<D: Dialect>(
         store: &SqlStore<D>,
-        claims: &impl crate::coalesce::WriteKind<Req = StageClaim, Resp = Option<JobRow>>,
-        advances: &impl crate::coalesce::WriteKind<Req = StageAdvance, Resp = Option<i64>>,
+        claims: &impl crate::write::coalesce::WriteKind<Req = StageClaim, Resp = Option<JobRow>>,
+        advances: &impl crate::write::coalesce::WriteKind<Req = StageAdvance, Resp = Option<i64>>,
     ) {
         let jobs: Vec<NewJob> = (0..4)
             .map(|_| NewJob {

@@ -11,11 +11,12 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::dialect::{Dialect, SqlStore, StageAdvance, StageClaim};
-use super::ends::{JobEnd, end_bare};
+use super::dialect::{Dialect, StageAdvance, StageClaim};
 use super::query::query;
 use super::rows::{BatchRow, CountRow, EventRow, GroupRow, JobRow, parse_stage, parse_status};
-use super::sampling::Ended;
+use super::sql_store::SqlStore;
+use super::verdict::Ended;
+use super::write::ends::{JobEnd, end_bare};
 use super::{StoreResult, sql};
 use rollout_core::domain::EpochMs;
 use rollout_core::domain::{

@@ -16,11 +16,14 @@
 //!   verdicts their groups' last results decide.
 //! - [`DashboardStore`] (`dashboard`): the status page's reads of the dashboard views.
 //!
-//! One generic implementation (`dialect::SqlStore`) serves both databases: its SQL
+//! One generic implementation (`sql_store::SqlStore`) serves both databases: its SQL
 //! (`sql`) is written in the dialect both accept (`$N` parameters, `RETURNING`, `ON
 //! CONFLICT`), its statements run through one small API over either connection
 //! (`query`), and each database (`sqlite`: WAL, one group-commit writer; `postgres`:
-//! a pooled transaction per write) supplies only what differs.
+//! a pooled transaction per write) supplies only what differs (`dialect`). The write
+//! path the hot transitions take (coalescing, group commit, job ends) is its own
+//! module (`write`), and so is what a job's end does to its sampling batch
+//! (`verdict`): both sit below the queries that use them, so imports point one way.
 //!
 //! The migrations (the workspace's top-level `migrations/`) are compiled into this crate.
 //! No `unsafe` but in `nodelay`, which borrows the driver's sockets by descriptor until
@@ -33,11 +36,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 mod backends;
-mod coalesce;
 mod dashboard;
 mod dialect;
-mod ends;
-mod group;
 mod jobs;
 #[allow(unsafe_code)]
 pub mod nodelay;
@@ -49,7 +49,10 @@ mod rows;
 mod sampling;
 mod sandboxes;
 mod sql;
+mod sql_store;
 mod sqlite;
+mod verdict;
+mod write;
 
 /// What a unit test does when something it needs is missing: fails under `CI=true`,
 /// else says it skipped (the integration tests' own helper, shared).
@@ -62,15 +65,17 @@ pub use dashboard::{
     BackendLoad, BatchProgress, DashboardStore, FailureReason, SamplingProgress, SandboxCount,
     StageQueue, StageTiming, ThroughputMinute,
 };
-use dialect::{Dialect, SqlStore};
+use dialect::Dialect;
 pub use jobs::{
     Claim, FinishIf, JobEvent, JobQuery, JobStore, JobsPage, NewJob, StatusCount, Submitted,
 };
 use query::query;
 pub use recovery::{AbandonedRun, RecoveryStore, StaleJob};
 pub use results::ResultStore;
-pub use sampling::{Created, Decided, Ended, NewSampling, SamplingStore};
+pub use sampling::{Created, NewSampling, SamplingStore};
 pub use sandboxes::{SandboxRecord, SandboxStore};
+use sql_store::SqlStore;
+pub use verdict::{Decided, Ended};
 
 /// A database failure. Callers treat these as transient (retry or nak) unless stated.
 #[derive(Debug, thiserror::Error)]

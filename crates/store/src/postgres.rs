@@ -12,7 +12,7 @@
 //! the lock once for whatever has queued up and commits the lot together. Under load, a
 //! group grows while the previous one holds the lock; and since every statement in a
 //! group is a round trip made while every other process's ends wait for the lock, the
-//! ends themselves arrive coalesced, many to a statement (see [`ends`](super::ends)).
+//! ends themselves arrive coalesced, many to a statement (see [`ends`](super::write::ends)).
 //!
 //! The other writes every job makes — three claims, two hand-offs, the published mark
 //! — go through a [`Coalescer`] each, which runs whatever has queued up as one
@@ -29,11 +29,11 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
-use super::coalesce::{Coalescer, WriteKind};
 use super::dialect::{Dialect, StageAdvance, StageClaim, in_request_order};
-use super::group::{GroupWriter, Txn};
 use super::query::query;
 use super::rows::JobRow;
+use super::write::coalesce::{Coalescer, WriteKind};
+use super::write::group::{GroupWriter, Txn};
 use super::{StoreResult, nodelay, sql};
 use rollout_core::domain::EpochMs;
 
@@ -150,7 +150,7 @@ impl Dialect for PostgresDb {
     }
 
     /// Through the process's claim coalescer: one statement for whatever claims have
-    /// queued up (see [`coalesce`](super::coalesce)).
+    /// queued up (see [`coalesce`](super::write::coalesce)).
     async fn claim(&self, c: StageClaim) -> StoreResult<Option<JobRow>> {
         self.claims.write(c).await
     }
@@ -441,12 +441,12 @@ impl UnitDb {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::SqlStore;
     use crate::dialect::checks::{
         multi_row_writes_apply_each_to_its_own_job,
         upgrade_counts_existing_rewards_into_their_batches,
     };
-    use crate::ends::checks::{
+    use crate::sql_store::SqlStore;
+    use crate::write::ends::checks::{
         ends_of_whole_groups_in_one_statement_decide_each_once,
         several_ends_in_one_statement_apply_each_to_its_own_job,
     };

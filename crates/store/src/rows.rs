@@ -394,3 +394,11 @@ impl SamplingRow {
         })
     }
 }
+
+/// A sampling batch's status as stored.
+pub(super) fn parse_sampling_status(
+    s: &str,
+) -> StoreResult<rollout_core::domain::sampling::SamplingStatus> {
+    rollout_core::domain::sampling::SamplingStatus::parse(s)
+        .ok_or_else(|| StoreError::Corrupt(format!("unknown sampling batch status `{s}`")))
+}

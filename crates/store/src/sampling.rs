@@ -10,16 +10,16 @@
 
 use async_trait::async_trait;
 
-use super::dialect::{Dialect, SqlStore};
+use super::dialect::Dialect;
 use super::jobs::{NewJob, Submitted, insert_jobs};
 use super::query::{Conn, query};
-use super::rows::{ResultRow, SamplingRow, parse_status};
+use super::rows::{ResultRow, SamplingRow};
+use super::sql_store::SqlStore;
 use super::{StoreError, StoreResult, sql};
+use rollout_core::domain::EpochMs;
 use rollout_core::domain::sampling::{
-    AcceptedGroup, InformativeRule, RuleKind, SamplingBatch, SamplingParams, SamplingStatus,
-    Verdict, decide, prompt_group_id, sample_client_id,
+    AcceptedGroup, SamplingBatch, SamplingParams, SamplingStatus, prompt_group_id, sample_client_id,
 };
-use rollout_core::domain::{EpochMs, JobResult, Status};
 
 /// A sampling batch to create (already validated).
 #[derive(Debug, Clone)]
@@ -42,31 +42,6 @@ pub enum Created {
     Exists,
     /// A plain batch (jobs submitted without sampling) has this id.
     IdTaken,
-}
-
-/// A group's verdict, taken by the result that ended its last sample.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decided {
-    /// The batch.
-    pub batch_id: String,
-    /// The group (`p<index>`).
-    pub group_id: String,
-    /// What the group is.
-    pub verdict: Verdict,
-    /// Its rank, if it was accepted.
-    pub accepted_rank: Option<i64>,
-    /// The batch's status after this verdict (`complete` when this was the K-th).
-    pub batch_status: SamplingStatus,
-}
-
-/// A job's end as the store recorded it: its result, and the verdict it decided when it
-/// was the last sample of a sampling group.
-#[derive(Debug, Clone)]
-pub struct Ended {
-    /// The result written.
-    pub result: JobResult,
-    /// The group decided by this result, if any.
-    pub decided: Option<Decided>,
 }
 
 /// Sampling batches.
@@ -122,177 +97,6 @@ pub trait SamplingStore: Send + Sync {
     /// Gives back the lease taken until `until` (a no-op if another publisher has
     /// since taken it over).
     async fn release_group_publisher(&self, id: &str, until: EpochMs) -> StoreResult<()>;
-}
-
-/// Runs inside the transaction that wrote `result`: counts the sample into its sampling
-/// batch (sandbox time used, or saved when it was cancelled) and, when it was the last
-/// sample of its group, decides the group. `None` when the result is not of a sampling
-/// group or did not end its group.
-pub(super) async fn on_result<C: Conn>(
-    conn: &mut C,
-    result: &JobResult,
-    now: EpochMs,
-) -> StoreResult<Option<Decided>> {
-    let Some(group_id) = result.group_id.as_deref() else {
-        return Ok(None);
-    };
-    let batch_id = result.batch_id.as_str();
-    type GroupOfResult = (
-        String,
-        String,
-        f64,
-        Option<f64>,
-        Option<f64>,
-        i64,
-        i64,
-        i64,
-        i64,
-    );
-    let row: Option<GroupOfResult> = query(sql::GROUP_OF_RESULT)
-        .bind(batch_id)
-        .bind(group_id)
-        .fetch_optional(conn)
-        .await?;
-    let Some((state, rule, eps, min_mean, max_mean, used, completed, finished, submitted)) = row
-    else {
-        return Ok(None);
-    };
-    count_sample(conn, result, used, completed, now).await?;
-    if state != "in_flight" || finished < submitted {
-        return Ok(None);
-    }
-    let rule = InformativeRule {
-        rule: RuleKind::parse(&rule)
-            .ok_or_else(|| StoreError::Corrupt(format!("unknown sampling rule `{rule}`")))?,
-        eps,
-        min_mean,
-        max_mean,
-    };
-    let rows: Vec<(String, Option<f64>)> = query(sql::GROUP_REWARDS)
-        .bind(batch_id)
-        .bind(group_id)
-        .fetch_all(conn)
-        .await?;
-    let samples = rows
-        .into_iter()
-        .map(|(s, r)| Ok((parse_status(&s)?, r)))
-        .collect::<StoreResult<Vec<_>>>()?;
-    let stats = decide(&samples, &rule);
-    let decided = query(sql::DECIDE_GROUP)
-        .bind(batch_id)
-        .bind(group_id)
-        .bind(stats.verdict.as_str())
-        .bind(stats.mean)
-        .bind(stats.std)
-        .bind(now)
-        .execute(conn)
-        .await?;
-    if decided == 0 {
-        return Ok(None);
-    }
-    let accepted_rank = count_verdict(conn, batch_id, group_id, stats.verdict, now).await?;
-    let (status,): (String,) = query(sql::SAMPLING_STATUS)
-        .bind(batch_id)
-        .fetch_optional(conn)
-        .await?
-        .ok_or(sqlx::Error::RowNotFound)?;
-    Ok(Some(Decided {
-        batch_id: batch_id.to_string(),
-        group_id: group_id.to_string(),
-        verdict: stats.verdict,
-        accepted_rank,
-        batch_status: parse_sampling_status(&status)?,
-    }))
-}
-
-/// Counts a decided group into its batch: an informative group takes the next rank
-/// while the batch still wants one (the K-th completes the batch), any other verdict is
-/// counted; a batch whose every allowed prompt is now decided without its K gives up.
-/// The rank, if the group was accepted.
-async fn count_verdict<C: Conn>(
-    conn: &mut C,
-    batch_id: &str,
-    group_id: &str,
-    verdict: Verdict,
-    now: EpochMs,
-) -> StoreResult<Option<i64>> {
-    let mut accepted_rank = None;
-    if verdict == Verdict::Informative {
-        let rank: Option<(i64,)> = query(sql::ACCEPT_GROUP)
-            .bind(batch_id)
-            .bind(now)
-            .fetch_optional(conn)
-            .await?;
-        if let Some((rank,)) = rank {
-            query(sql::SET_RANK)
-                .bind(batch_id)
-                .bind(group_id)
-                .bind(rank)
-                .execute(conn)
-                .await?;
-            accepted_rank = Some(rank);
-        }
-    }
-    if accepted_rank.is_none() {
-        query(sql::COUNT_VERDICT)
-            .bind(batch_id)
-            .bind(verdict.as_str())
-            .bind(now)
-            .execute(conn)
-            .await?;
-    }
-    query(sql::EXHAUST)
-        .bind(batch_id)
-        .bind(now)
-        .bind("every prompt allowed (max_groups, or the whole pool) was tried and decided before target_groups informative groups were found")
-        .execute(conn)
-        .await?;
-    Ok(accepted_rank)
-}
-
-/// Counts one sample's sandbox time into its batch: the time a sample that ran to its
-/// end spent, or the time a cancelled one did not (the batch's mean so far less what it
-/// had spent).
-async fn count_sample<C: Conn>(
-    conn: &mut C,
-    result: &JobResult,
-    used: i64,
-    completed: i64,
-    now: EpochMs,
-) -> StoreResult<()> {
-    // Only a sample that ran to its end or was cancelled changes a counter.
-    if !matches!(result.status, Status::Done | Status::Cancelled) {
-        return Ok(());
-    }
-    let started: Option<(Option<i64>,)> = query(sql::JOB_STARTED_AT)
-        .bind(&result.job_id)
-        .fetch_optional(conn)
-        .await?;
-    let spent = started
-        .and_then(|(s,)| s)
-        .map_or(0, |s| (result.created_at - s).max(0));
-    let (used_add, completed_add, saved, saved_ms) = match result.status {
-        Status::Cancelled => {
-            let expected = if completed > 0 { used / completed } else { 0 };
-            (0, 0, 1, (expected - spent).max(0))
-        }
-        _ => (spent, 1, 0, 0),
-    };
-    query(sql::COUNT_SAMPLE)
-        .bind(&result.batch_id)
-        .bind(used_add)
-        .bind(completed_add)
-        .bind(saved)
-        .bind(saved_ms)
-        .bind(now)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-fn parse_sampling_status(s: &str) -> StoreResult<SamplingStatus> {
-    SamplingStatus::parse(s)
-        .ok_or_else(|| StoreError::Corrupt(format!("unknown sampling batch status `{s}`")))
 }
 
 /// The jobs of prompts `first .. first + n` of a batch: `group_size` samples each,

@@ -5,8 +5,9 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::dialect::{Dialect, SqlStore};
+use super::dialect::Dialect;
 use super::query::query;
+use super::sql_store::SqlStore;
 use super::{StoreResult, sql};
 use rollout_core::domain::EpochMs;
 

@@ -33,11 +33,11 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Sqlite, SqlitePool};
 
-use super::coalesce::{Coalescer, WriteKind};
 use super::dialect::{Dialect, StageAdvance, StageClaim, in_request_order};
-use super::group::{GroupWriter, Txn, exec};
 use super::query::query;
 use super::rows::JobRow;
+use super::write::coalesce::{Coalescer, WriteKind};
+use super::write::group::{GroupWriter, Txn, exec};
 use super::{StoreError, StoreResult, sql};
 use rollout_core::domain::EpochMs;
 
@@ -399,12 +399,12 @@ fn lock_file(path: &Path) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dialect::SqlStore;
     use crate::dialect::checks::{
         multi_row_writes_apply_each_to_its_own_job,
         upgrade_counts_existing_rewards_into_their_batches,
     };
-    use crate::ends::checks::{
+    use crate::sql_store::SqlStore;
+    use crate::write::ends::checks::{
         ends_of_whole_groups_in_one_statement_decide_each_once,
         several_ends_in_one_statement_apply_each_to_its_own_job,
     };

@@ -19,33 +19,33 @@
 
 use std::sync::Arc;
 
-use super::StoreResult;
 use super::coalesce::WriteKind;
-use super::dialect::{Dialect, in_request_order};
-use super::query::{Conn, query};
-use super::rows::ResultRow;
-use super::sampling::{Ended, on_result};
+use crate::StoreResult;
+use crate::dialect::{Dialect, in_request_order};
+use crate::query::{Conn, query};
+use crate::rows::ResultRow;
+use crate::verdict::{Ended, on_result};
 use rollout_core::domain::{EpochMs, Status};
 
 /// One job's end: which stage entry (and claim) it is restricted to (`None` fields do
 /// not restrict; see `sql::FINISH_SQLITE`) and what it records.
 #[derive(Debug, Clone)]
-pub(super) struct JobEnd {
-    pub(super) job_id: String,
-    pub(super) stage: Option<&'static str>,
-    pub(super) epoch: Option<i64>,
-    pub(super) attempt: Option<i64>,
-    pub(super) unleased_at: Option<EpochMs>,
-    pub(super) status: Status,
+pub(crate) struct JobEnd {
+    pub(crate) job_id: String,
+    pub(crate) stage: Option<&'static str>,
+    pub(crate) epoch: Option<i64>,
+    pub(crate) attempt: Option<i64>,
+    pub(crate) unleased_at: Option<EpochMs>,
+    pub(crate) status: Status,
     /// Shared, not copied, by each run of the write (it may run twice: see
     /// [`Dialect::write_result`]); likewise the outputs.
-    pub(super) error: Option<Arc<str>>,
-    pub(super) reward: Option<f64>,
+    pub(crate) error: Option<Arc<str>>,
+    pub(crate) reward: Option<f64>,
     /// EVAL's output, as JSON text.
-    pub(super) eval_output: Option<Arc<str>>,
+    pub(crate) eval_output: Option<Arc<str>>,
     /// RUN's partial output (JSON text) in place of the row's, when given.
-    pub(super) run_output: Option<Arc<str>>,
-    pub(super) now: EpochMs,
+    pub(crate) run_output: Option<Arc<str>>,
+    pub(crate) now: EpochMs,
 }
 
 /// One end in the JSON array of `sql::FINISH_MANY_SQLITE` and
@@ -84,7 +84,7 @@ impl<'a> EndArg<'a> {
 }
 
 /// Job ends as one write of the dialect's job-ends writer, however many.
-pub(super) struct Ends<D>(pub(super) Arc<D>);
+pub(crate) struct Ends<D>(pub(crate) Arc<D>);
 
 impl<D: Dialect> WriteKind for Ends<D> {
     type Req = JobEnd;
@@ -176,7 +176,7 @@ async fn end_one<D: Dialect>(conn: &mut D::Conn, end: &JobEnd) -> StoreResult<Op
 /// Ends the job as failed with `end.error`, without its output and reading nothing of
 /// the job's own data ([`Dialect::FINISH_BARE`]): the last resort for an end the
 /// database refused.
-pub(super) async fn end_bare<D: Dialect>(
+pub(crate) async fn end_bare<D: Dialect>(
     conn: &mut D::Conn,
     end: &JobEnd,
 ) -> StoreResult<Option<Ended>> {
@@ -210,9 +210,10 @@ async fn ended<C: Conn>(
 
 /// What the dialects' unit tests share.
 #[cfg(test)]
-pub(super) mod checks {
+pub(crate) mod checks {
     use super::*;
-    use crate::dialect::{SqlStore, StageClaim};
+    use crate::dialect::StageClaim;
+    use crate::sql_store::SqlStore;
     use crate::{JobStore, NewJob, NewSampling, ResultStore, SamplingStore};
     use rollout_core::domain::Stage;
     use rollout_core::domain::sampling::{SamplingParams, Verdict};

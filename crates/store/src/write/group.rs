@@ -26,8 +26,8 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 
-use super::query::{Conn, query};
-use super::{StoreError, StoreResult};
+use crate::query::{Conn, query};
+use crate::{StoreError, StoreResult};
 
 /// Most writes committed together.
 const MAX_GROUP: usize = 512;
@@ -90,7 +90,7 @@ where
 }
 
 /// How a writer opens, commits and abandons its group's transaction.
-pub(super) trait Txn: Send + 'static {
+pub(crate) trait Txn: Send + 'static {
     /// The connection the writes run on.
     type Conn: Conn + 'static;
     /// Whether one failed statement aborts the whole transaction (Postgres), so that
@@ -110,7 +110,7 @@ pub(super) trait Txn: Send + 'static {
 }
 
 /// The queue of a writer task that commits writes in groups. Cloning it shares the task.
-pub(super) struct GroupWriter<C> {
+pub(crate) struct GroupWriter<C> {
     ops: mpsc::Sender<Box<dyn Op<C>>>,
 }
 
@@ -131,7 +131,7 @@ impl<C> std::fmt::Debug for GroupWriter<C> {
 impl<C: Conn + 'static> GroupWriter<C> {
     /// Starts the writer task over `txn`; it runs until every clone of the returned
     /// queue is dropped.
-    pub(super) fn start<T: Txn<Conn = C>>(txn: T, what: &'static str) -> Self {
+    pub(crate) fn start<T: Txn<Conn = C>>(txn: T, what: &'static str) -> Self {
         let (ops, rx) = mpsc::channel(4 * MAX_GROUP);
         tokio::spawn(run_writer(txn, rx, what));
         Self { ops }
@@ -139,7 +139,7 @@ impl<C: Conn + 'static> GroupWriter<C> {
 
     /// Queues `op` (under a savepoint of its own when `atomic`) and waits until its group
     /// is committed.
-    pub(super) async fn write<T, F>(&self, atomic: bool, op: F) -> StoreResult<T>
+    pub(crate) async fn write<T, F>(&self, atomic: bool, op: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
@@ -158,7 +158,7 @@ impl<C: Conn + 'static> GroupWriter<C> {
     /// rolled back, and waits until its group is committed. Such writes let a writer
     /// whose statements abort the transaction on error (Postgres) run a group without
     /// a savepoint per write.
-    pub(super) async fn write_repeatable<T, F>(&self, op: F) -> StoreResult<T>
+    pub(crate) async fn write_repeatable<T, F>(&self, op: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: for<'c> Fn(&'c mut C) -> BoxFuture<'c, StoreResult<T>> + Send + 'static,
@@ -197,7 +197,7 @@ where
 }
 
 /// Runs one of a writer's own statements (`BEGIN`, `SAVEPOINT`, `COMMIT`, …).
-pub(super) async fn exec<C: Conn>(conn: &mut C, statement: &'static str) -> Result<(), String> {
+pub(crate) async fn exec<C: Conn>(conn: &mut C, statement: &'static str) -> Result<(), String> {
     conn.execute(query(statement))
         .await
         .map(|_| ())
@@ -454,7 +454,7 @@ mod tests {
             .execute(&mut conn)
             .await
             .unwrap();
-        GroupWriter::start(super::super::sqlite::WriterConn(conn), "test")
+        GroupWriter::start(crate::sqlite::WriterConn(conn), "test")
     }
 
     /// The ids in `group_test`, read through `writer`.
@@ -527,7 +527,7 @@ mod tests {
     #[tokio::test]
     async fn postgres_writes_in_one_group_fail_alone() {
         for repeatable in [false, true] {
-            let Some(unit) = super::super::postgres::UnitDb::create().await else {
+            let Some(unit) = crate::postgres::UnitDb::create().await else {
                 return;
             };
             let pool = sqlx::PgPool::connect(&unit.url).await.unwrap();
@@ -535,10 +535,7 @@ mod tests {
                 .execute(&pool)
                 .await
                 .unwrap();
-            let writer = GroupWriter::start(
-                super::super::postgres::ResultsTxn::new(pool.clone()),
-                "test",
-            );
+            let writer = GroupWriter::start(crate::postgres::ResultsTxn::new(pool.clone()), "test");
             let applied = one_group_of_mixed_writes(writer, repeatable).await;
             let stored: Vec<(i64,)> = sqlx::query_as("SELECT id FROM group_test ORDER BY id")
                 .fetch_all(&pool)

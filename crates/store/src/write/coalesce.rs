@@ -29,7 +29,7 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{StoreError, StoreResult};
+use crate::{StoreError, StoreResult};
 
 /// Most writes in one statement.
 const MAX_PER_STATEMENT: usize = 256;
@@ -38,7 +38,7 @@ const MAX_PER_STATEMENT: usize = 256;
 const IN_FLIGHT: usize = 4;
 
 /// One kind of coalesced write: how a group of them runs as one statement.
-pub(super) trait WriteKind: Send + Sync + 'static {
+pub(crate) trait WriteKind: Send + Sync + 'static {
     /// One caller's write.
     type Req: Send + 'static;
     /// What that caller gets back.
@@ -65,7 +65,7 @@ type Queued<B> = (
 );
 
 /// The queue of a task that coalesces writes of kind `B`. Cloning it shares the task.
-pub(super) struct Coalescer<B: WriteKind> {
+pub(crate) struct Coalescer<B: WriteKind> {
     queue: mpsc::Sender<Queued<B>>,
 }
 
@@ -86,14 +86,14 @@ impl<B: WriteKind> std::fmt::Debug for Coalescer<B> {
 impl<B: WriteKind> Coalescer<B> {
     /// Starts the task that runs `kind`'s statements; it runs until every clone of the
     /// returned queue is dropped and every queued write is answered.
-    pub(super) fn start(kind: B) -> Self {
+    pub(crate) fn start(kind: B) -> Self {
         let (queue, rx) = mpsc::channel(4 * MAX_PER_STATEMENT);
         tokio::spawn(run(Arc::new(kind), rx));
         Self { queue }
     }
 
     /// Queues `req` and waits for its statement.
-    pub(super) async fn write(&self, req: B::Req) -> StoreResult<B::Resp> {
+    pub(crate) async fn write(&self, req: B::Req) -> StoreResult<B::Resp> {
         let (tx, rx) = oneshot::channel();
         self.queue
             .send((req, tx))

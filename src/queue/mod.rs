@@ -26,6 +26,10 @@
 //! the hand-off it represents, so a re-publish inside the duplicate window is dropped by
 //! the server.
 
+mod work;
+
+pub use work::{Answer, Delivery, Outbox, WorkQueue, WorkSource};
+
 use std::future::{Future, IntoFuture};
 use std::time::Duration;
 
@@ -717,22 +721,24 @@ impl Queue {
             .map_err(|e| js_err("advisory subscribe")(e.to_string()))
     }
 
-    /// Feeds every message of a core subscription to `on_message` until `done`,
+    /// Feeds every message of a core subscription (or any stream that ends when its
+    /// connection drops) to `on_message` until `done`,
     /// subscribing again (waiting as [`crate::retry::reconnect`] says) whenever
     /// subscribing fails or the subscription ends, as it does when the connection
     /// drops. `first`, when given, is used before subscribing anew: a caller that must
     /// not miss a message subscribes before it starts the work the messages concern.
     /// Messages are handled one at a time; a handler that must not hold up the next
     /// spawns its work.
-    pub async fn follow<F, Fut, H>(
+    pub async fn follow<F, Fut, S, H>(
         what: &str,
-        mut first: Option<async_nats::Subscriber>,
+        mut first: Option<S>,
         mut subscribe: F,
-        mut on_message: impl FnMut(async_nats::Message) -> H,
+        mut on_message: impl FnMut(S::Item) -> H,
         done: &tokio_util::sync::CancellationToken,
     ) where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<async_nats::Subscriber, QueueError>>,
+        Fut: Future<Output = Result<S, QueueError>>,
+        S: futures::Stream + Unpin,
         H: Future<Output = ()>,
     {
         use futures::StreamExt;
