@@ -22,8 +22,9 @@
 //!   [`gateway`]: the HTTP API (axum) with its OpenAPI document and metrics.
 //! - [`kinds`]: the task-kind interface (a hook per stage) and the `synthetic`, `shell`
 //!   and `agent` kinds; [`scripted`]: the stand-in inference server (a script, not a
-//!   model) for tests, benchmarks and the demo.
-//! - [`agent`]: the multi-turn agent loop: chat templates, tokenizers, tool-call
+//!   model) for tests, benchmarks and the demo (crate `rollout-scripted-llm`).
+//! - [`agent`]: the multi-turn agent loop: chat templates and tokenizers (crate
+//!   `rollout-model`, re-exported there), tool-call
 //!   parsers, observations, trajectories; [`sampling`]: the driver of dynamic-sampling
 //!   batches;
 //!   [`graders`]: turning a finished episode into a reward (math answers, code,
@@ -51,8 +52,9 @@
 
 // The crates of the workspace, under the names of the layers they are: the paths
 // `crate::domain::…`, `crate::store::…` read the same as when they were modules.
-pub use rollout_core::{config, domain, metrics, nul, retry, supervise};
+pub use rollout_core::{config, domain, metrics, nul, retry, shutdown, supervise};
 pub use rollout_graders as graders;
+pub use rollout_scripted_llm as scripted;
 pub use rollout_store as store;
 
 pub mod agent;
@@ -72,8 +74,6 @@ pub mod queue;
 pub mod reconciler;
 pub mod sampling;
 pub mod sandbox;
-pub mod scripted;
-pub mod shutdown;
 pub mod telemetry;
 pub mod wiring;
 pub mod worker;

@@ -8,18 +8,22 @@
 //! wiring                         the `up` / `serve` processes: builds everything below
 //! client                         the gateway's HTTP client
 //! worker, reconciler, gateway    the services
-//! kinds, scripted                task kinds; the stand-in inference server
+//! kinds, scripted                task kinds; the stand-in inference server (crate
+//!                                rollout-scripted-llm)
 //! agent, sampling, graders, natsd the multi-turn episode; the sampling-batch driver;
 //!                                graders (crate rollout-graders); a local nats-server
 //! ending, sandbox, backends, api finishing jobs; sandboxes (crate rollout-sandbox, and
-//!                                the service's `sandbox::node`); inference servers;
-//!                                the HTTP API's wire types
+//! model                          the service's `sandbox::node`); inference servers;
+//!                                the HTTP API's wire types; a model's tokenizer and
+//!                                chat template (crate rollout-model, re-exported as
+//!                                `agent::{model, template, tokenizer, …}`)
 //! store, queue, telemetry        the database (crate rollout-store); JetStream; logging
 //! config                         settings (plain data)
 //! domain, nul, shutdown, metrics, retry, supervise
 //! ```
 //!
-//! `rollout-core` holds `domain`, `nul`, `metrics`, `retry`, `supervise` and `config`.
+//! `rollout-core` holds `domain`, `nul`, `metrics`, `retry`, `shutdown`, `supervise` and
+//! `config`.
 //! Every `crate::…` path in `src/` and `crates/core/src/` (in `use` items, code, and
 //! macro arguments) is checked against the table below; test code (`#[cfg(test)]`) may
 //! reach anywhere, since the stand-in server a test drives sits above what it tests. A
@@ -35,7 +39,7 @@ const LAYERS: &[&[&str]] = &[
     &["domain", "nul", "shutdown", "metrics", "retry", "supervise"],
     &["config"],
     &["store", "queue", "telemetry"],
-    &["ending", "sandbox", "backends", "api"],
+    &["ending", "sandbox", "backends", "api", "model"],
     &["agent", "sampling", "graders", "natsd"],
     &["kinds", "scripted"],
     &["worker", "reconciler", "gateway"],
@@ -205,11 +209,13 @@ const CRATES: &[(&str, &str, &[&str])] = &[
     (
         "core",
         "rollout-core",
-        &["domain", "nul", "metrics", "retry", "supervise", "config"],
+        &["domain", "nul", "metrics", "retry", "shutdown", "supervise", "config"],
     ),
     ("store", "rollout-store", &["store"]),
     ("sandbox", "rollout-sandbox", &["sandbox"]),
     ("graders", "rollout-graders", &["graders"]),
+    ("model", "rollout-model", &["model"]),
+    ("scripted-llm", "rollout-scripted-llm", &["scripted"]),
 ];
 
 fn root() -> &'static Path {
@@ -276,6 +282,8 @@ fn only_the_sandbox_crate_may_use_unsafe() {
         ("src/main.rs", "#![forbid(unsafe_code)]"),
         ("crates/core/src/lib.rs", "#![forbid(unsafe_code)]"),
         ("crates/graders/src/lib.rs", "#![forbid(unsafe_code)]"),
+        ("crates/model/src/lib.rs", "#![forbid(unsafe_code)]"),
+        ("crates/scripted-llm/src/lib.rs", "#![forbid(unsafe_code)]"),
         ("crates/store/src/lib.rs", "#![deny(unsafe_code)]"),
     ];
     let mut bins = Vec::new();

@@ -22,6 +22,11 @@ pub const TOOL_NAMES: [&str; 4] = ["bash", "python", "file", "finish"];
 /// The name of the tool that ends an episode.
 pub const FINISH: &str = "finish";
 
+/// The schemas of every tool this build offers, in [`TOOL_NAMES`] order.
+pub fn schemas() -> Vec<Value> {
+    TOOL_NAMES.iter().filter_map(|t| schema(t)).collect()
+}
+
 /// The schema of tool `name` in the OpenAI function format transformers passes to chat
 /// templates, or `None` for a tool this build does not have.
 pub fn schema(name: &str) -> Option<Value> {

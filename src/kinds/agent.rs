@@ -140,7 +140,7 @@ impl Agent {
             jobs,
             settings,
             client,
-            models: ModelCache::new(),
+            models: ModelCache::new(crate::agent::tools::schemas()),
         }
     }
 

@@ -8,7 +8,8 @@
 //! - [`nul`]: the NUL character, refused in input and replaced in output, so SQLite and
 //!   Postgres deployments store the same things;
 //! - [`metrics`]: Prometheus metric names; [`retry`]: every retry schedule, one policy
-//!   per concern; [`supervise`]: background tasks that never die silently.
+//!   per concern; [`supervise`]: background tasks that never die silently;
+//!   [`shutdown`]: SIGINT and SIGTERM as a cancellation token.
 //!
 //! Every other crate of the workspace builds on this one, so it is kept small and free
 //! of heavy dependencies: a change here rebuilds everything.
@@ -20,4 +21,5 @@ pub mod domain;
 pub mod metrics;
 pub mod nul;
 pub mod retry;
+pub mod shutdown;
 pub mod supervise;

@@ -8,11 +8,12 @@
 
 use std::path::Path;
 
-use crate::agent::model::{ModelError, ModelFiles};
-use crate::agent::tokenizer::Tokenizer;
+use rollout_model::model::{ModelError, ModelFiles};
+use rollout_model::tokenizer::Tokenizer;
 
 /// The ChatML template with Hermes-style tool calls (Qwen2.5 / Qwen3 style).
-pub const CHATML_TEMPLATE: &str = include_str!("../../tests/fixtures/templates/chatml_tools.jinja");
+pub const CHATML_TEMPLATE: &str =
+    include_str!("../../../tests/fixtures/templates/chatml_tools.jinja");
 
 /// Special tokens of the demo vocabulary.
 pub const SPECIAL_TOKENS: [&str; 5] = [

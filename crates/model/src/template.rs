@@ -724,8 +724,8 @@ mod tests {
 mod snapshots {
     use super::*;
 
-    const CHATML: &str = include_str!("../../tests/fixtures/templates/chatml_tools.jinja");
-    const LLAMA3: &str = include_str!("../../tests/fixtures/templates/llama3_tools.jinja");
+    const CHATML: &str = include_str!("../../../tests/fixtures/templates/chatml_tools.jinja");
+    const LLAMA3: &str = include_str!("../../../tests/fixtures/templates/llama3_tools.jinja");
 
     fn tools() -> Vec<serde_json::Value> {
         // Key order as a trainer would send it; it must survive into the prompt.

@@ -21,6 +21,13 @@
 //! `POST /pause`, `POST /resume`, `GET /is_paused`, `POST /abort_requests`,
 //! `POST /control`, `GET /stats`, `GET /requests` (the last requests served, for tests
 //! that check token-exactness against what the server sent).
+//!
+//! A crate of its own: only its binary (a target of the service's package, so `cargo
+//! install --path .` installs it), the tests and the benchmarks use it, and it needs
+//! nothing of the service but a model's files (`rollout-model`) and the shared words
+//! (`rollout-core`). The service re-exports it as `rollout::scripted`.
+
+#![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -39,10 +46,11 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::model::ModelFiles;
-use crate::domain::duration_us;
+use rollout_core::domain::duration_us;
+use rollout_model::model::ModelFiles;
 
 pub mod cache;
+pub mod cli;
 pub mod demo;
 pub mod pause;
 pub mod policy;
@@ -846,10 +854,10 @@ fn refuse_length(cfg: &ScriptedConfig, prompt: usize, max_tokens: usize) -> Opti
 /// the whole token that completed the string even when the string ends inside it.
 /// Without a stop string in `text`, all its tokens.
 fn cut_at_stop(
-    vocab: &crate::agent::tokenizer::Tokenizer,
+    vocab: &rollout_model::tokenizer::Tokenizer,
     text: &str,
     stops: &[String],
-) -> Result<(Vec<u32>, Option<String>), crate::agent::tokenizer::TokenizerError> {
+) -> Result<(Vec<u32>, Option<String>), rollout_model::tokenizer::TokenizerError> {
     let mut ids = vocab.encode(text)?;
     let first = stops
         .iter()

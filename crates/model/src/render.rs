@@ -373,8 +373,8 @@ fn sentinel_end(text: &str) -> Option<usize> {
 mod tests {
     use super::*;
 
-    const CHATML: &str = include_str!("../../tests/fixtures/templates/chatml_tools.jinja");
-    const LLAMA3: &str = include_str!("../../tests/fixtures/templates/llama3_tools.jinja");
+    const CHATML: &str = include_str!("../../../tests/fixtures/templates/chatml_tools.jinja");
+    const LLAMA3: &str = include_str!("../../../tests/fixtures/templates/llama3_tools.jinja");
 
     #[test]
     fn tool_results_are_found_in_the_glue_as_the_template_writes_them() {
@@ -491,7 +491,7 @@ mod tests {
         let e = TurnGlue::new(&t, "</s>", None, &extra).unwrap_err();
         assert!(matches!(e, RenderError::NoEndOfTurn { .. }), "{e}");
     }
-    const QWEN3: &str = include_str!("../../tests/fixtures/templates/qwen3_like.jinja");
+    const QWEN3: &str = include_str!("../../../tests/fixtures/templates/qwen3_like.jinja");
 
     fn tool_schema() -> Vec<Value> {
         vec![serde_json::json!({"type": "function", "function": {"name": "bash"}})]

@@ -124,22 +124,18 @@ impl ModelFiles {
         }
     }
 
-    /// Checks that the model's templates (with tools and without) can carry a
-    /// multi-turn episode, as [`TurnGlue`] needs: a model that cannot is refused when it
-    /// is loaded for episodes, with the reason, rather than after its first generation.
-    /// Task-specific template arguments (`enable_thinking`) are checked again when each
-    /// episode starts.
-    pub fn check_turns(&self) -> Result<(), RenderError> {
+    /// Checks that the model's templates (without tools, and with `tool_schemas`) can
+    /// carry a multi-turn episode, as [`TurnGlue`] needs: a model that cannot is refused
+    /// when it is loaded for episodes, with the reason, rather than after its first
+    /// generation. Task-specific template arguments (`enable_thinking`) are checked
+    /// again when each episode starts.
+    pub fn check_turns(&self, tool_schemas: &[serde_json::Value]) -> Result<(), RenderError> {
         let extra = serde_json::Map::new();
-        let schemas: Vec<serde_json::Value> = super::tools::TOOL_NAMES
-            .iter()
-            .filter_map(|t| super::tools::schema(t))
-            .collect();
         TurnGlue::new(self.template_for(false), &self.eos_token, None, &extra)?;
         TurnGlue::new(
             self.template_for(true),
             &self.eos_token,
-            Some(&schemas),
+            Some(tool_schemas),
             &extra,
         )?;
         Ok(())
@@ -222,12 +218,18 @@ fn template_files(dir: &Path) -> Result<Option<serde_json::Value>, ModelError> {
 #[derive(Debug, Default)]
 pub struct ModelCache {
     loaded: tokio::sync::Mutex<std::collections::HashMap<PathBuf, std::sync::Arc<ModelFiles>>>,
+    /// The tools the episodes offer, as the chat template receives them: every model
+    /// loaded is checked to carry a multi-turn episode with them.
+    tool_schemas: std::sync::Arc<Vec<serde_json::Value>>,
 }
 
 impl ModelCache {
-    /// An empty cache.
-    pub fn new() -> Self {
-        Self::default()
+    /// An empty cache for episodes that offer the tools `tool_schemas`.
+    pub fn new(tool_schemas: Vec<serde_json::Value>) -> Self {
+        Self {
+            loaded: tokio::sync::Mutex::default(),
+            tool_schemas: std::sync::Arc::new(tool_schemas),
+        }
     }
 
     /// The model at `path`, loaded off the async threads the first time it is asked for
@@ -239,12 +241,15 @@ impl ModelCache {
             return Ok(m.clone());
         }
         let owned = path.to_path_buf();
+        let schemas = self.tool_schemas.clone();
         let files = tokio::task::spawn_blocking(move || {
             let files = ModelFiles::load(&owned)?;
-            files.check_turns().map_err(|source| ModelError::Turns {
-                path: owned.clone(),
-                source,
-            })?;
+            files
+                .check_turns(&schemas)
+                .map_err(|source| ModelError::Turns {
+                    path: owned.clone(),
+                    source,
+                })?;
             Ok::<_, ModelError>(files)
         })
         .await

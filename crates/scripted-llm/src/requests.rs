@@ -106,7 +106,7 @@ pub(super) struct GenerateRequest {
 
 /// Decodes `body` as `T`; the error names the field that is wrong.
 pub(super) fn decode<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, String> {
-    crate::domain::SpecError::decode(body).map_err(|e| {
+    rollout_core::domain::SpecError::decode(body).map_err(|e| {
         if e.path.is_empty() {
             e.message
         } else {
