@@ -209,7 +209,15 @@ const CRATES: &[(&str, &str, &[&str])] = &[
     (
         "core",
         "rollout-core",
-        &["domain", "nul", "metrics", "retry", "shutdown", "supervise", "config"],
+        &[
+            "domain",
+            "nul",
+            "metrics",
+            "retry",
+            "shutdown",
+            "supervise",
+            "config",
+        ],
     ),
     ("store", "rollout-store", &["store"]),
     ("sandbox", "rollout-sandbox", &["sandbox"]),
