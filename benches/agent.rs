@@ -291,6 +291,7 @@ fn bench_episode(model: Arc<ModelFiles>, text: String) -> Episode {
         },
         template_args: Default::default(),
         deadline: tokio::time::Instant::now() + Duration::from_secs(600),
+        policy: rollout::policy::PolicyWatch::default(),
     }
 }
 

@@ -220,6 +220,23 @@ impl Client {
         self.checked(self.http.delete(&url), url).await.map(drop)
     }
 
+    /// `POST /v1/policy`: announces policy `version` (the trainer's weights are now at
+    /// it).
+    pub async fn announce_policy(
+        &self,
+        version: i64,
+    ) -> Result<crate::api::policy::PolicyView, ClientError> {
+        let url = format!("{}/v1/policy", self.base);
+        let body = crate::api::policy::PolicyRequest { version };
+        self.send(self.http.post(&url).json(&body), url).await
+    }
+
+    /// `GET /v1/policy`: the current policy version.
+    pub async fn policy(&self) -> Result<crate::api::policy::PolicyView, ClientError> {
+        let url = format!("{}/v1/policy", self.base);
+        self.send(self.http.get(&url), url).await
+    }
+
     /// `GET /v1/status`.
     pub async fn status(&self, batch: Option<&str>) -> Result<StatusView, ClientError> {
         let mut url = format!("{}/v1/status", self.base);

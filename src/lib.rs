@@ -65,6 +65,7 @@ pub mod ending;
 pub mod gateway;
 pub mod kinds;
 pub mod natsd;
+pub mod policy;
 /// What a unit test does when something it needs is missing: fails under `CI=true`,
 /// else says it skipped (the integration tests' own helper, shared).
 #[cfg(test)]

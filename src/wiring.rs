@@ -71,7 +71,14 @@ pub struct Services {
     pub sandboxes: Arc<crate::sandbox::NodeSandboxes>,
     /// Settings.
     pub settings: Arc<Settings>,
+    /// The current policy version, which the agent kind tags model tokens with; the
+    /// RUN workers keep it current ([`run_workers`]).
+    pub policy: crate::policy::PolicyWatch,
 }
+
+/// How often a RUN process re-reads the current policy version, in case it missed the
+/// announcement's broadcast.
+const POLICY_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Connects to the database (migrating it) and NATS (provisioning streams).
 pub async fn connect(
@@ -97,13 +104,20 @@ pub async fn connect(
         store.clone(),
     ));
     sandboxes.log_report();
-    let kinds = Registry::builtin(sandboxes.clone(), store.clone(), settings.clone());
+    let policy = crate::policy::PolicyWatch::new(store.current_policy().await?.map(|p| p.version));
+    let kinds = Registry::builtin(
+        sandboxes.clone(),
+        store.clone(),
+        settings.clone(),
+        policy.clone(),
+    );
     Ok(Services {
         store,
         queue,
         kinds,
         sandboxes,
         settings,
+        policy,
     })
 }
 
@@ -154,6 +168,7 @@ pub async fn run_gateway(
     for endpoint in [
         gateway::nats::Endpoint::Jobs,
         gateway::nats::Endpoint::Batches,
+        gateway::nats::Endpoint::Policy,
     ] {
         let sub = endpoint.subscribe(&state.queue).await?;
         essentials.push(spawn_essential(
@@ -220,6 +235,21 @@ pub async fn run_workers(
 ) -> Result<(), StartError> {
     let mut set = JoinSet::new();
     let settings = WorkerSettings::from_settings(&deps.settings);
+    // RUN tags model tokens with the current policy version: kept current until the
+    // last stage has ended (past `shutdown`, through the grace period).
+    let following = CancellationToken::new();
+    let follower = (stage == Stage::Run).then(|| {
+        spawn_essential(
+            "policy version follower",
+            &shutdown,
+            deps.policy.clone().follow(
+                deps.store.clone(),
+                deps.queue.clone(),
+                POLICY_REFRESH,
+                following.clone(),
+            ),
+        )
+    });
     for _ in 0..count {
         let worker = Worker::new(
             stage,
@@ -247,6 +277,10 @@ pub async fn run_workers(
                 });
             }
         }
+    }
+    following.cancel();
+    if let Some(follower) = follower {
+        follower.finish().await?;
     }
     panicked.map_or(Ok(()), |e| Err(e.into()))
 }

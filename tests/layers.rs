@@ -13,10 +13,11 @@
 //! agent, sampling, graders, natsd the multi-turn episode; the sampling-batch driver;
 //!                                graders (crate rollout-graders); a local nats-server
 //! ending, sandbox, backends, api finishing jobs; sandboxes (crate rollout-sandbox, and
-//! model                          the service's `sandbox::node`); inference servers;
+//! model, policy                  the service's `sandbox::node`); inference servers;
 //!                                the HTTP API's wire types; a model's tokenizer and
 //!                                chat template (crate rollout-model, re-exported as
-//!                                `agent::{model, template, tokenizer, …}`)
+//!                                `agent::{model, template, tokenizer, …}`); the
+//!                                current policy version (`policy`)
 //! store, queue, telemetry        the database (crate rollout-store); JetStream; logging
 //! config                         settings (plain data)
 //! domain, nul, shutdown, metrics, retry, supervise
@@ -39,7 +40,7 @@ const LAYERS: &[&[&str]] = &[
     &["domain", "nul", "shutdown", "metrics", "retry", "supervise"],
     &["config"],
     &["store", "queue", "telemetry"],
-    &["ending", "sandbox", "backends", "api", "model"],
+    &["ending", "sandbox", "backends", "api", "model", "policy"],
     &["agent", "sampling", "graders", "natsd"],
     &["kinds", "scripted"],
     &["worker", "reconciler", "gateway"],

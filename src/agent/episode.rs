@@ -35,6 +35,7 @@ use crate::backends::generate::{GenerateError, Generated, Generator};
 use crate::backends::wire::{Finish, Sampling};
 use crate::domain::duration_us;
 use crate::metrics::{DRIFT_CHECKS, EPISODES, TURN_OVERHEAD};
+use crate::policy::PolicyWatch;
 use crate::sandbox::SandboxError;
 
 pub use crate::domain::parser::Parser;
@@ -83,6 +84,8 @@ pub struct Episode {
     pub observations_as_text: bool,
     /// When the episode must end (it ends with [`FinishReason::Timeout`]).
     pub deadline: tokio::time::Instant,
+    /// The current policy version, which each turn's tokens are tagged with.
+    pub policy: PolicyWatch,
 }
 
 /// Whether the job is still wanted; read at every turn boundary.
@@ -199,6 +202,22 @@ enum ToolsEnd {
 
 /// An episode in progress: the trajectory, the token context sent to the backend, and
 /// what the drift check needs to know about how it was built.
+/// The policy versions current when a turn's generation was sent and when it came back.
+#[derive(Debug, Clone, Copy)]
+struct TurnVersions {
+    sent: Option<i64>,
+    answered: Option<i64>,
+}
+
+impl TurnVersions {
+    /// The newer version, when one was announced while the turn generated.
+    fn changed(self) -> Option<i64> {
+        (self.answered != self.sent)
+            .then_some(self.answered)
+            .flatten()
+    }
+}
+
 struct EpisodeState<'a> {
     ep: &'a Episode,
     glue: TurnGlue<'a>,
@@ -266,24 +285,25 @@ impl<'a> EpisodeState<'a> {
             return Ok(ControlFlow::Break(FinishReason::ContextLength));
         }
         let t_turn = Instant::now();
-        let (generated, llm_us) = match self.generate(llm, guard, room).await? {
+        let (generated, llm_us, versions) = match self.generate(llm, guard, room).await? {
             ControlFlow::Continue(g) => g,
             ControlFlow::Break(reason) => return Ok(ControlFlow::Break(reason)),
         };
-        let (mut turn, parsed, whole) = self.take_model_turn(generated, llm_us);
+        let (mut turn, parsed, whole) = self.take_model_turn(generated, llm_us, versions);
         let flow = self.after_model(&parsed, &mut turn, whole, runner).await;
         end_turn(&mut self.traj, turn, t_turn);
         flow
     }
 
     /// Generates the turn, reading the job's status alongside (so the read costs
-    /// nothing) and watching the deadline; returns the generation and its latency.
+    /// nothing) and watching the deadline; returns the generation, its latency, and the
+    /// policy versions current when it was sent and when it came back.
     async fn generate(
         &self,
         llm: &mut dyn Generator,
         guard: &dyn TurnGuard,
         room: usize,
-    ) -> Result<ControlFlow<FinishReason, (Generated, u64)>, Stop> {
+    ) -> Result<ControlFlow<FinishReason, (Generated, u64, TurnVersions)>, Stop> {
         let mut sampling = self.sampling.clone();
         // A task's own `max_tokens` can only lower the per-turn limit.
         let asked = sampling
@@ -291,6 +311,7 @@ impl<'a> EpisodeState<'a> {
             .map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX));
         sampling.max_tokens = Some(self.ep.limits.max_new_tokens.min(asked).min(room) as u64);
         let t_llm = Instant::now();
+        let sent_under = self.ep.policy.current();
         let generate = llm.generate(&self.context, &sampling, self.traj.turns.len());
         let check = guard.still_wanted();
         tokio::pin!(generate, check);
@@ -310,8 +331,12 @@ impl<'a> EpisodeState<'a> {
             }
         };
         let llm_us = duration_us(t_llm.elapsed());
+        let versions = TurnVersions {
+            sent: sent_under,
+            answered: self.ep.policy.current(),
+        };
         match generated {
-            Ok(g) => Ok(ControlFlow::Continue((g, llm_us))),
+            Ok(g) => Ok(ControlFlow::Continue((g, llm_us, versions))),
             Err(GenerateError::ContextFull(_)) => {
                 Ok(ControlFlow::Break(FinishReason::ContextLength))
             }
@@ -322,7 +347,12 @@ impl<'a> EpisodeState<'a> {
     /// Appends the model's tokens verbatim, decodes them only to find tool calls, and
     /// records the assistant message; returns the turn's record, the parsed text and
     /// whether the turn is whole (not cut by the length limit before a stop token).
-    fn take_model_turn(&mut self, generated: Generated, llm_us: u64) -> (Turn, ParsedTurn, bool) {
+    fn take_model_turn(
+        &mut self,
+        generated: Generated,
+        llm_us: u64,
+        versions: TurnVersions,
+    ) -> (Turn, ParsedTurn, bool) {
         let Generated {
             generation: g,
             backend,
@@ -333,6 +363,9 @@ impl<'a> EpisodeState<'a> {
         let traj = &mut self.traj;
         let model_start = traj.response_ids.len();
         traj.push_model(&g.token_ids, &g.logprobs);
+        if let Some(v) = versions.sent {
+            traj.note_policy_version(v, model_start, traj.response_ids.len());
+        }
         self.context.extend_from_slice(&g.token_ids);
         traj.backend = backend.clone();
         // Any of the model's stop tokens ends a turn (Llama's `<|eom_id|>` after a tool
@@ -364,6 +397,8 @@ impl<'a> EpisodeState<'a> {
             cached_prompt_tokens: g.cached_prompt_tokens,
             prompt_tokens: self.context.len() - g.token_ids.len(),
             logprobs_mode,
+            policy_version: versions.sent,
+            policy_version_end: versions.changed(),
         };
         traj.note_logprobs_mode(logprobs_mode);
         traj.messages.push(assistant_message(&parsed));
@@ -751,6 +786,9 @@ mod tests {
         turns: Vec<String>,
         prompts: Vec<Vec<u32>>,
         sent: Vec<Vec<u32>>,
+        /// `(turn, version)`: while generating that turn, the trainer announces the
+        /// version on this watch.
+        announce: Option<(PolicyWatch, Vec<(usize, i64)>)>,
     }
 
     #[async_trait]
@@ -777,6 +815,11 @@ mod tests {
                 Finish::Stop
             };
             self.sent.push(ids.clone());
+            if let Some((watch, at)) = &self.announce {
+                for (_, v) in at.iter().filter(|(t, _)| *t == turn) {
+                    watch.advance(*v);
+                }
+            }
             let logprobs = (0..ids.len()).map(|i| -(i as f32 + 1.0) / 10.0).collect();
             Ok(Generated {
                 logprobs_mode: LogprobsMode::Raw,
@@ -846,6 +889,7 @@ mod tests {
             template_args: Default::default(),
             observations_as_text: true,
             deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+            policy: PolicyWatch::default(),
         }
     }
 
@@ -859,7 +903,68 @@ mod tests {
             turns: turns.to_vec(),
             prompts: Vec::new(),
             sent: Vec::new(),
+            announce: None,
         }
+    }
+
+    #[tokio::test]
+    async fn every_model_token_carries_the_policy_version_that_produced_it() {
+        let m = model();
+        let mut ep = episode(m.clone(), 4096);
+        ep.policy = PolicyWatch::new(Some(1));
+        let mut llm = script(
+            &m,
+            &[
+                call("ls"),
+                call("cat a.py"),
+                call("cat b.py"),
+                "<tool_call>\n{\"name\": \"finish\", \"arguments\": {\"answer\": \"ok\"}}\n</tool_call>".into(),
+            ],
+        );
+        // Version 2 is announced while turn 1 generates; version 3 before turn 3 (at
+        // the end of turn 2's generation, so turn 2 ends under it too).
+        llm.announce = Some((ep.policy.clone(), vec![(1, 2), (2, 3)]));
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(t.turns.len(), 4);
+        let sent: Vec<_> = t.turns.iter().map(|t| t.policy_version).collect();
+        assert_eq!(sent, [Some(1), Some(1), Some(2), Some(3)]);
+        let ended: Vec<_> = t.turns.iter().map(|t| t.policy_version_end).collect();
+        assert_eq!(ended, [None, Some(2), Some(3), None]);
+        // Each model token's version is its turn's; observation tokens are in no span
+        // or inside one that covers model tokens of one version on both sides.
+        let version_at = |i: usize| {
+            t.policy_versions
+                .iter()
+                .find(|s| (s.from..s.to).contains(&i))
+                .map(|s| s.version)
+        };
+        for turn in &t.turns {
+            for i in turn.model_range[0]..turn.model_range[1] {
+                assert_eq!(version_at(i), turn.policy_version, "token {i}");
+            }
+        }
+        assert_eq!(t.policy_versions.len(), 3, "{:?}", t.policy_versions);
+        assert_eq!(t.policy_versions[0].from, t.turns[0].model_range[0]);
+        assert_eq!(t.policy_versions[0].to, t.turns[1].model_range[1]);
+        assert_eq!(
+            (t.policy_version_oldest, t.policy_version_newest),
+            (Some(1), Some(3))
+        );
+        let json = serde_json::to_value(&t).unwrap();
+        assert_eq!(json["policy_versions"][2]["version"], 3);
+    }
+
+    #[tokio::test]
+    async fn without_an_announced_version_nothing_is_tagged() {
+        let m = model();
+        let ep = episode(m.clone(), 4096);
+        let mut llm = script(&m, &[call("ls"), "Done.".into()]);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert!(t.policy_versions.is_empty());
+        assert!(t.turns.iter().all(|t| t.policy_version.is_none()));
+        let json = serde_json::to_value(&t).unwrap();
+        assert!(json.get("policy_versions").is_none());
+        assert!(json.get("policy_version_oldest").is_none());
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::parse::{CallError, ToolCall};
 use crate::domain::backend::LogprobsMode;
+use crate::domain::policy::{VersionSpan, extend_spans};
 
 /// Why an episode ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -96,6 +97,17 @@ pub struct Turn {
     /// Which logprobs the backend returned for this turn (`raw`: before temperature
     /// and top-k/top-p; `processed`: after them).
     pub logprobs_mode: LogprobsMode,
+    /// The policy version current when the turn's generation was sent (absent before
+    /// the trainer announces one); its tokens carry it in the trajectory's
+    /// `policy_versions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<i64>,
+    /// Set when a newer version was announced while the turn generated (the trainer
+    /// updated the servers without pausing them): the turn's tokens may come from
+    /// either, and carry the older, `policy_version`, so that staleness is never
+    /// understated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version_end: Option<i64>,
 }
 
 pub use crate::backends::generate::BackendSwitch;
@@ -174,6 +186,16 @@ pub struct Trajectory {
     /// The re-tokenization check (absent on a partial trajectory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<Drift>,
+    /// Which policy version produced which model tokens: run-length spans over
+    /// `response_ids`, in order (empty when no version was ever announced).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_versions: Vec<VersionSpan>,
+    /// The oldest version any model token came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version_oldest: Option<i64>,
+    /// The newest version any model token came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version_newest: Option<i64>,
     /// The conversation as messages (for logs and for trainers that want text).
     pub messages: Vec<serde_json::Value>,
 }
@@ -194,8 +216,28 @@ impl Trajectory {
             backend_switches: Vec::new(),
             logprobs_mode: None,
             drift: None,
+            policy_versions: Vec::new(),
+            policy_version_oldest: None,
+            policy_version_newest: None,
             messages,
         }
+    }
+
+    /// Records that the model tokens `response_ids[from..to]` came from policy
+    /// `version`.
+    pub fn note_policy_version(&mut self, version: i64, from: usize, to: usize) {
+        if from >= to {
+            return;
+        }
+        extend_spans(&mut self.policy_versions, version, from, to);
+        self.policy_version_oldest = Some(
+            self.policy_version_oldest
+                .map_or(version, |v| v.min(version)),
+        );
+        self.policy_version_newest = Some(
+            self.policy_version_newest
+                .map_or(version, |v| v.max(version)),
+        );
     }
 
     /// Records that a turn's logprobs are of `mode`.

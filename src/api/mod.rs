@@ -3,7 +3,7 @@
 //! server (it sits beside it: a trainer's process links the client, never the gateway),
 //! and the OpenAPI document the gateway serves is derived from these same types.
 //!
-//! One module per group of routes: [`jobs`], [`batches`], [`results`], [`status`],
+//! One module per group of routes: [`jobs`], [`batches`], [`results`], [`policy`], [`status`],
 //! [`dashboard`], and [`error`] for the body of every error response. The query
 //! parameters stay with the gateway, which checks them.
 
@@ -11,5 +11,6 @@ pub mod batches;
 pub mod dashboard;
 pub mod error;
 pub mod jobs;
+pub mod policy;
 pub mod results;
 pub mod status;

@@ -37,6 +37,7 @@ pub mod jobs;
 pub mod nats;
 pub mod page;
 mod params;
+pub mod policy;
 pub mod results;
 
 use error::{ApiError, ApiErrorBody};
@@ -75,6 +76,7 @@ pub struct AppState {
         (name = "results", description = "Receive results in a stable order"),
         (name = "batches", description = "Dynamic-sampling batches: K informative groups, early cancel of the rest"),
         (name = "backends", description = "The inference backend pool"),
+        (name = "policy", description = "Policy versions: which weights produced which tokens"),
         (name = "service", description = "Health, metrics and counts"),
     )
 )]
@@ -100,6 +102,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(batches::groups_stream))
         .routes(routes!(backends::list_backends, backends::add_backend))
         .routes(routes!(backends::get_backend, backends::remove_backend))
+        .routes(routes!(policy::announce_policy, policy::current_policy))
         .routes(routes!(status))
         .routes(routes!(dashboard::dashboard))
         .routes(routes!(healthz))

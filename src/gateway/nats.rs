@@ -12,7 +12,8 @@
 //!
 //! A request on `<prefix>.batches.submit` likewise carries the body of `POST
 //! /v1/batches` and gets its [`BatchView`](crate::api::batches::BatchView) (idempotent by
-//! `batch_id`), or the same error body.
+//! `batch_id`), or the same error body; one on `<prefix>.policy.announce` the body of
+//! `POST /v1/policy` and its [`PolicyView`](crate::api::policy::PolicyView).
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ use super::AppState;
 use super::batches::create_body;
 use super::error::ApiError;
 use super::jobs::{submit_body, too_large};
+use super::policy::announce_body;
 use crate::queue::{Queue, QueueError};
 
 /// The reply to a submit request that failed.
@@ -48,6 +50,8 @@ pub enum Endpoint {
     Jobs,
     /// `<prefix>.batches.submit`: the body of `POST /v1/batches`.
     Batches,
+    /// `<prefix>.policy.announce`: the body of `POST /v1/policy`.
+    Policy,
 }
 
 impl Endpoint {
@@ -55,6 +59,7 @@ impl Endpoint {
         match self {
             Endpoint::Jobs => "submit requests",
             Endpoint::Batches => "batch requests",
+            Endpoint::Policy => "policy announcements",
         }
     }
 
@@ -63,6 +68,7 @@ impl Endpoint {
         match self {
             Endpoint::Jobs => "NATS submit listener",
             Endpoint::Batches => "NATS batch listener",
+            Endpoint::Policy => "NATS policy listener",
         }
     }
 
@@ -71,6 +77,7 @@ impl Endpoint {
         match self {
             Endpoint::Jobs => queue.subscribe_submits().await,
             Endpoint::Batches => queue.subscribe_batch_submits().await,
+            Endpoint::Policy => queue.subscribe_policy_announcements().await,
         }
     }
 
@@ -79,6 +86,7 @@ impl Endpoint {
         let value = match self {
             Endpoint::Jobs => serde_json::to_value(submit_body(state, body).await?),
             Endpoint::Batches => serde_json::to_value(create_body(state, body).await?),
+            Endpoint::Policy => serde_json::to_value(announce_body(state, body).await?),
         };
         Ok(value.expect("a reply serialises"))
     }
@@ -165,20 +173,19 @@ fn one_line(s: &str) -> String {
     s.replace(['\r', '\n'], " ")
 }
 
-/// The reply to a request on either submit subject, decoded: the response (a
+/// The reply to a request on a submit or announce subject, decoded: the response (a
 /// [`SubmitResponse`](super::jobs::SubmitResponse) for `<prefix>.submit`, a
-/// [`BatchView`](crate::api::batches::BatchView) for `<prefix>.batches.submit`), or the error.
+/// [`BatchView`](crate::api::batches::BatchView) for `<prefix>.batches.submit`, a
+/// [`PolicyView`](crate::api::policy::PolicyView) for `<prefix>.policy.announce`), or
+/// the error. The error's shape is tried first: a response whose fields are all
+/// optional (a `PolicyView`) would read any error body as itself.
 pub fn decode_reply<T: DeserializeOwned>(payload: &[u8]) -> Result<T, SubmitErrorReply> {
-    match serde_json::from_slice::<T>(payload) {
-        Ok(r) => Ok(r),
-        Err(_) => Err(
-            serde_json::from_slice::<SubmitErrorReply>(payload).unwrap_or_else(|e| {
-                SubmitErrorReply {
-                    error: format!("unreadable submit reply: {e}"),
-                    field: None,
-                    status: 502,
-                }
-            }),
-        ),
+    if let Ok(e) = serde_json::from_slice::<SubmitErrorReply>(payload) {
+        return Err(e);
     }
+    serde_json::from_slice::<T>(payload).map_err(|e| SubmitErrorReply {
+        error: format!("unreadable reply: {e}"),
+        field: None,
+        status: 502,
+    })
 }

@@ -122,16 +122,20 @@ pub struct Agent {
     settings: Arc<Settings>,
     client: InferenceClient,
     models: ModelCache,
+    /// The current policy version, which every model token is tagged with.
+    policy: crate::policy::PolicyWatch,
 }
 
 impl Agent {
     /// An `agent` kind using `sandboxes`, the pool in `backends`, `jobs` to see whether an
-    /// episode is still wanted, and `settings`' defaults.
+    /// episode is still wanted, and `settings`' defaults; model tokens are tagged with
+    /// `policy`'s current version.
     pub fn new(
         sandboxes: Arc<NodeSandboxes>,
         backends: Arc<dyn BackendStore>,
         jobs: Arc<dyn JobStore>,
         settings: Arc<Settings>,
+        policy: crate::policy::PolicyWatch,
     ) -> Self {
         let client = InferenceClient::new((&settings.pool).into());
         Agent {
@@ -141,6 +145,7 @@ impl Agent {
             settings,
             client,
             models: ModelCache::new(crate::agent::tools::schemas()),
+            policy,
         }
     }
 
@@ -393,6 +398,7 @@ impl TaskKind for Agent {
                 .observations_as_text
                 .unwrap_or(self.settings.agent.observations_as_text),
             deadline,
+            policy: self.policy.clone(),
         };
         let guard = StillClaimed {
             jobs: self.jobs.clone(),

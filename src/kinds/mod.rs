@@ -170,11 +170,13 @@ impl Registry {
 
     /// Every kind this build ships; the sandboxed ones use this node's `sandboxes`, and
     /// `agent` the backend pool and the jobs in `store` (each kind is handed only the
-    /// concerns it uses) with `settings`' defaults.
+    /// concerns it uses) with `settings`' defaults, tagging model tokens with `policy`'s
+    /// current version.
     pub fn builtin(
         sandboxes: Arc<crate::sandbox::NodeSandboxes>,
         store: Arc<dyn crate::store::Store>,
         settings: Arc<crate::config::Settings>,
+        policy: crate::policy::PolicyWatch,
     ) -> Self {
         let mut r = Self::new();
         r.register(Arc::new(synthetic::Synthetic));
@@ -184,6 +186,7 @@ impl Registry {
             store.clone(),
             store,
             settings,
+            policy,
         )));
         r
     }

@@ -205,6 +205,18 @@ impl Subjects {
         format!("{}.cancel", self.prefix)
     }
 
+    /// `P.policy`: core NATS, payload a policy version just announced (every RUN worker
+    /// hears it; one that misses it reads the version from the database soon after).
+    pub fn policy(&self) -> String {
+        format!("{}.policy", self.prefix)
+    }
+
+    /// `P.policy.announce`: core NATS requests carrying the body of `POST /v1/policy`,
+    /// answered by one gateway like [`Subjects::submit`].
+    pub fn policy_announce(&self) -> String {
+        format!("{}.policy.announce", self.prefix)
+    }
+
     /// `P.submit`: core NATS requests carrying the body of `POST /v1/jobs`, answered by
     /// one of the gateways (not captured by a stream: a submit nobody answers fails at
     /// the requester, who retries it with the same client ids).
@@ -619,6 +631,34 @@ impl Queue {
             .flush()
             .await
             .map_err(|e| js_err("cancel flush")(e.to_string()))
+    }
+
+    /// Broadcasts that policy `version` is current.
+    pub async fn publish_policy(&self, version: i64) -> Result<(), QueueError> {
+        self.client
+            .publish(self.subjects.policy(), Bytes::from(version.to_string()))
+            .await
+            .map_err(|e| js_err("policy publish")(e.to_string()))?;
+        self.client
+            .flush()
+            .await
+            .map_err(|e| js_err("policy flush")(e.to_string()))
+    }
+
+    /// Subscribes to policy announcement requests in the gateways' queue group.
+    pub async fn subscribe_policy_announcements(
+        &self,
+    ) -> Result<async_nats::Subscriber, QueueError> {
+        self.queue_subscribe(self.subjects.policy_announce(), "gateways")
+            .await
+    }
+
+    /// Subscribes to policy version broadcasts (every subscriber hears each).
+    pub async fn subscribe_policy(&self) -> Result<async_nats::Subscriber, QueueError> {
+        self.client
+            .subscribe(self.subjects.policy())
+            .await
+            .map_err(|e| js_err("policy subscribe")(e.to_string()))
     }
 
     /// Wakes the batch drivers for `batch_id` (core NATS: a lost wake costs one

@@ -17,7 +17,7 @@ use rollout::scripted::policy::Policy;
 use rollout::scripted::{Control, FaultMode, ScriptedConfig, ScriptedServer, demo};
 use serde_json::{Value, json};
 
-use crate::helpers::{TestEnv, ids, processes_running, wait_gone};
+use crate::helpers::{TestEnv, ids, json_answer, processes_running, wait_gone};
 
 /// A Hermes tool call exactly as the chat template's `tojson` writes it back, so a
 /// re-rendered conversation agrees with what the model emitted.
@@ -1164,4 +1164,106 @@ async fn the_health_probe_marks_backends_down_and_up() {
         text.contains("rollout_backend_healthy{backend=\"demo-0\"}"),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announced_policy_versions_tag_the_tokens_of_episodes_that_follow() {
+    let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, _| {}).await;
+    let client = &stand.env.client;
+    stand.env.workers_in_process(1);
+    // Before any announcement: no version, and episodes carry none.
+    assert!(client.policy().await.unwrap().current.is_none());
+    let first = stand
+        .run_one(
+            task("Fix add() in calc/add.py, then finish.", "demo", json!({})),
+            "pv-0",
+        )
+        .await;
+    assert!(
+        run_output(&first).get("policy_versions").is_none(),
+        "{}",
+        run_output(&first)
+    );
+
+    let announced = client.announce_policy(7).await.unwrap();
+    assert_eq!(announced.current.unwrap().version, 7);
+    assert_eq!(announced.changed, Some(true));
+    assert_eq!(
+        client.announce_policy(7).await.unwrap().changed,
+        Some(false)
+    );
+    // Versions only move forward: an older one is refused with the field named.
+    let (status, body) = json_answer(
+        reqwest::Client::new()
+            .post(format!("{}/v1/policy", stand.env.base))
+            .json(&json!({"version": 6})),
+        "an older version",
+    )
+    .await;
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (409, Some("version")),
+        "{body}"
+    );
+    let (status, body) = json_answer(
+        reqwest::Client::new()
+            .post(format!("{}/v1/policy", stand.env.base))
+            .json(&json!({"version": "8"})),
+        "a version that is not a number",
+    )
+    .await;
+    assert_eq!(
+        (status, body["field"].as_str()),
+        (400, Some("version")),
+        "{body}"
+    );
+
+    // The RUN workers hear of it (by broadcast, or their next read of the database):
+    // an episode that starts after that has every model token tagged 7.
+    let stand_ref = &stand;
+    let mut n = 0;
+    let run = eventually(
+        "an episode tagged with version 7",
+        Duration::from_secs(60),
+        move || {
+            n += 1;
+            let batch = format!("pv-{n}");
+            async move {
+                let task = task("Fix add() in calc/add.py, then finish.", "demo", json!({}));
+                let r = stand_ref.run_one(task, &batch).await;
+                let run = run_output(&r).clone();
+                if run.get("policy_versions").is_some() {
+                    Ok(run)
+                } else {
+                    Err(run)
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        (
+            run["policy_version_oldest"].as_i64(),
+            run["policy_version_newest"].as_i64()
+        ),
+        (Some(7), Some(7))
+    );
+    let spans: Vec<rollout::domain::policy::VersionSpan> =
+        serde_json::from_value(run["policy_versions"].clone()).unwrap();
+    assert_eq!(spans.len(), 1, "{run}");
+    assert_eq!(spans[0].version, 7);
+    let mask = ids(&run["loss_mask"]);
+    let (from, to) = (spans[0].from, spans[0].to);
+    for (i, m) in mask.iter().enumerate() {
+        if *m == 1 {
+            assert!(
+                (from..to).contains(&i),
+                "model token {i} outside the span {from}..{to}"
+            );
+        }
+    }
+    for turn in run["turns"].as_array().unwrap() {
+        assert_eq!(turn["policy_version"], 7, "{turn}");
+    }
+    assert_token_exact(&stand, &run);
 }

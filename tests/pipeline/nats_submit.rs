@@ -225,3 +225,47 @@ async fn a_sampling_batch_over_nats_is_idempotent_and_its_groups_arrive_on_their
     }
     assert_eq!(replayed, expected);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_version_announced_over_nats_is_the_one_http_reports() {
+    let env = TestEnv::start(|_| {}).await;
+    let subject = env.deps.queue.subjects().policy_announce();
+    let announce = |v: serde_json::Value| {
+        let (env, subject) = (&env, subject.clone());
+        async move {
+            let reply = raw_request(env, &subject, serde_json::to_vec(&v).unwrap()).await;
+            decode_reply::<rollout::api::policy::PolicyView>(&reply.payload)
+        }
+    };
+    let view = announce(json!({"version": 4})).await.unwrap();
+    assert_eq!(view.current.map(|p| p.version), Some(4));
+    assert_eq!(view.changed, Some(true));
+    assert_eq!(
+        env.client
+            .policy()
+            .await
+            .unwrap()
+            .current
+            .map(|p| p.version),
+        Some(4)
+    );
+    // As over HTTP: an older version is refused with the status and the field.
+    let refused = announce(json!({"version": 3})).await.unwrap_err();
+    assert_eq!(
+        (refused.status, refused.field.as_deref()),
+        (409, Some("version"))
+    );
+    let bad = announce(json!({"version": 5, "mode": "sideways"}))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.status, 400, "{bad:?}");
+    assert_eq!(
+        env.client
+            .policy()
+            .await
+            .unwrap()
+            .current
+            .map(|p| p.version),
+        Some(4)
+    );
+}

@@ -830,3 +830,57 @@ async fn cancel_the_rest(store: &dyn Store, left: &[&WorkMessage]) {
     let b = store.batch("b").await.unwrap().unwrap();
     assert_eq!((b.finished, b.cancelled, b.done), (3, 3, 0));
 }
+
+#[tokio::test]
+async fn policy_versions_only_move_forward_and_racing_announcers_get_one_order() {
+    use rollout::store::Announced;
+    let f = fixture().await;
+    let store = f.store.as_ref();
+    assert_eq!(store.current_policy().await.unwrap(), None);
+    let Announced::New(v3) = store.announce_policy(3, EpochMs(1_000)).await.unwrap() else {
+        panic!("the first announcement is new");
+    };
+    assert_eq!((v3.version, v3.announced_at), (3, 1_000));
+    // Repeated: the same version, its first announcement's time.
+    assert_eq!(
+        store.announce_policy(3, EpochMs(2_000)).await.unwrap(),
+        Announced::Repeated(v3)
+    );
+    // Older than current: refused, naming the current one.
+    assert_eq!(
+        store.announce_policy(2, EpochMs(3_000)).await.unwrap(),
+        Announced::Outdated(v3)
+    );
+    assert_eq!(store.current_policy().await.unwrap(), Some(v3));
+
+    // Many announcers at once, versions 10..40 in a scrambled order: the current one is
+    // the newest, and every announcement that was told `New` was newer than every one
+    // that came before it in the database's order (each replaced the one before).
+    let mut versions: Vec<i64> = (10..40).collect();
+    versions.reverse();
+    versions.swap(3, 17);
+    let answers = futures::future::join_all(versions.iter().map(|v| {
+        let store = f.store.clone();
+        let v = *v;
+        async move {
+            (
+                v,
+                store.announce_policy(v, EpochMs(5_000 + v)).await.unwrap(),
+            )
+        }
+    }))
+    .await;
+    assert_eq!(store.current_policy().await.unwrap().unwrap().version, 39);
+    for (v, answer) in &answers {
+        match answer {
+            Announced::New(p) => assert_eq!(p.version, *v),
+            Announced::Outdated(p) => assert!(p.version > *v, "{v}: {answer:?}"),
+            Announced::Repeated(_) => panic!("{v} was announced once: {answer:?}"),
+        }
+    }
+    assert!(
+        answers
+            .iter()
+            .any(|(v, a)| *v == 39 && matches!(a, Announced::New(_)))
+    );
+}

@@ -15,6 +15,7 @@
 //! - [`SamplingStore`] (`sampling`): dynamic-sampling batches, their launches and the
 //!   verdicts their groups' last results decide.
 //! - [`DashboardStore`] (`dashboard`): the status page's reads of the dashboard views.
+//! - [`PolicyStore`] (`policy`): the policy versions the trainer announced.
 //!
 //! One generic implementation (`sql_store::SqlStore`) serves both databases: its SQL
 //! (`sql`) is written in the dialect both accept (`$N` parameters, `RETURNING`, `ON
@@ -41,6 +42,7 @@ mod dialect;
 mod jobs;
 #[allow(unsafe_code)]
 pub mod nodelay;
+mod policy;
 mod postgres;
 mod query;
 mod recovery;
@@ -69,6 +71,7 @@ use dialect::Dialect;
 pub use jobs::{
     Claim, FinishIf, JobEvent, JobQuery, JobStore, JobsPage, NewJob, StatusCount, Submitted,
 };
+pub use policy::{Announced, PolicyStore};
 use query::query;
 pub use recovery::{AbandonedRun, RecoveryStore, StaleJob};
 pub use results::ResultStore;
@@ -171,6 +174,7 @@ pub trait Store:
     + BackendStore
     + SamplingStore
     + DashboardStore
+    + PolicyStore
     + 'static
 {
     /// Applies pending migrations.

@@ -852,3 +852,15 @@ pub(super) const DASHBOARD_SAMPLING: &str = "SELECT batch_id, status, reason, gr
      groups_launched, groups_decided, samples_completed, jobs_saved, sandbox_ms_used, \
      sandbox_ms_saved, created_at, ended_at FROM sampling_progress \
      ORDER BY created_at DESC, batch_id LIMIT CAST($1 AS INTEGER)";
+
+/// Makes `$1` the current policy version if it is newer than the current one (or none
+/// is); returns the row when it did. The row lock orders concurrent announcers.
+pub(super) const ANNOUNCE_POLICY: &str = "UPDATE policy SET version = $1, announced_at = $2 \
+     WHERE id = 1 AND (version IS NULL OR version < $1) RETURNING version, announced_at";
+
+/// Keeps an announced version in the record.
+pub(super) const RECORD_POLICY_VERSION: &str = "INSERT INTO policy_versions (version, announced_at) \
+     VALUES ($1, $2) ON CONFLICT (version) DO NOTHING";
+
+/// The current policy version (`NULL` before the first announcement).
+pub(super) const CURRENT_POLICY: &str = "SELECT version, announced_at FROM policy WHERE id = 1";

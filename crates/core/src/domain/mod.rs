@@ -17,6 +17,7 @@ use utoipa::ToSchema;
 pub mod backend;
 pub mod parser;
 pub mod placement;
+pub mod policy;
 pub mod sampling;
 pub mod sandbox;
 pub mod time;
