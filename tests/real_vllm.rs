@@ -473,6 +473,32 @@ async fn prefix_cache(real: &Real) {
         "a repeated 300-token prompt finds its full blocks cached, never its last token: {hit}"
     );
     assert_eq!(first.token_ids, second.token_ids);
+    // A cache salt (the RUN worker sends the policy version as one) is a namespace of
+    // its own: the same prompt under a new salt finds nothing, and then itself.
+    let mut salted = sampling(2, 1);
+    salted.cache_salt = Some("policy-v1".into());
+    let third = real.generate(&prompt, &salted).await;
+    let fourth = real.generate(&prompt, &salted).await;
+    assert_eq!(third.cached_prompt_tokens, Some(0), "{third:?}");
+    assert_eq!(fourth.cached_prompt_tokens, Some(hit), "{fourth:?}");
+    // And salts vLLM refuses, refused in the words the stand-in uses.
+    for (salt, message) in [
+        (
+            "",
+            "Parameter 'cache_salt' must be a non-empty string if provided. (parameter=cache_salt)",
+        ),
+        (
+            "a@b",
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL. (parameter=cache_salt)",
+        ),
+    ] {
+        let body =
+            json!({"model": SERVED, "prompt": [5, 6, 7], "max_tokens": 1, "cache_salt": salt});
+        let (status, body) = real.vllm.post("/v1/completions", &body).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["message"], message, "{body}");
+        assert_eq!(body["error"]["param"], "cache_salt", "{body}");
+    }
 }
 
 /// What vLLM does at the context's edge, and how the client reads it: a prompt that

@@ -312,6 +312,9 @@ impl<'a> EpisodeState<'a> {
         sampling.max_tokens = Some(self.ep.limits.max_new_tokens.min(asked).min(room) as u64);
         let t_llm = Instant::now();
         let sent_under = self.ep.policy.current();
+        // KV the servers computed under another version must not be reused under this
+        // one: the version is the prefix cache's namespace.
+        sampling.cache_salt = sent_under.map(|v| format!("policy-v{v}"));
         let generate = llm.generate(&self.context, &sampling, self.traj.turns.len());
         let check = guard.still_wanted();
         tokio::pin!(generate, check);
@@ -789,6 +792,8 @@ mod tests {
         /// `(turn, version)`: while generating that turn, the trainer announces the
         /// version on this watch.
         announce: Option<(PolicyWatch, Vec<(usize, i64)>)>,
+        /// The prefix-cache salt of each request.
+        salts: Vec<Option<String>>,
     }
 
     #[async_trait]
@@ -800,6 +805,7 @@ mod tests {
             turn: usize,
         ) -> Result<Generated, GenerateError> {
             self.prompts.push(prompt_ids.to_vec());
+            self.salts.push(sampling.cache_salt.clone());
             let text = self
                 .turns
                 .get(turn)
@@ -904,6 +910,7 @@ mod tests {
             prompts: Vec::new(),
             sent: Vec::new(),
             announce: None,
+            salts: Vec::new(),
         }
     }
 
@@ -930,6 +937,17 @@ mod tests {
         assert_eq!(sent, [Some(1), Some(1), Some(2), Some(3)]);
         let ended: Vec<_> = t.turns.iter().map(|t| t.policy_version_end).collect();
         assert_eq!(ended, [None, Some(2), Some(3), None]);
+        // Each request's prefix cache is its version's own.
+        let salts: Vec<_> = llm.salts.iter().map(|s| s.as_deref()).collect();
+        assert_eq!(
+            salts,
+            [
+                Some("policy-v1"),
+                Some("policy-v1"),
+                Some("policy-v2"),
+                Some("policy-v3")
+            ]
+        );
         // Each model token's version is its turn's; observation tokens are in no span
         // or inside one that covers model tokens of one version on both sides.
         let version_at = |i: usize| {
@@ -962,6 +980,10 @@ mod tests {
         let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
         assert!(t.policy_versions.is_empty());
         assert!(t.turns.iter().all(|t| t.policy_version.is_none()));
+        assert!(
+            llm.salts.iter().all(Option::is_none),
+            "no salt without a version"
+        );
         let json = serde_json::to_value(&t).unwrap();
         assert!(json.get("policy_versions").is_none());
         assert!(json.get("policy_version_oldest").is_none());

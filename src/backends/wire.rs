@@ -50,6 +50,12 @@ pub struct Sampling {
     /// logprob 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured_outputs: Option<StructuredOutputs>,
+    /// The prefix cache's namespace (`cache_salt`, on both servers): a request reuses
+    /// cached blocks only of requests with the same salt. Set by the RUN worker to the
+    /// policy version (`policy-v<N>`), so KV computed under one version of the weights
+    /// is never reused under another; a task cannot set it.
+    #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
+    pub cache_salt: Option<String>,
 }
 
 /// One structured-output constraint: exactly one of its fields (see
@@ -344,6 +350,8 @@ pub fn sglang_body(prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
         sampling_params: Params<'a>,
         return_logprob: bool,
         stream: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cache_salt: Option<&'a str>,
     }
     let constraint = s.structured_outputs.as_ref();
     serde_json::to_vec(&Body {
@@ -369,6 +377,7 @@ pub fn sglang_body(prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
         },
         return_logprob: true,
         stream: false,
+        cache_salt: s.cache_salt.as_deref(),
     })
     .expect("a request serialises")
 }
@@ -457,7 +466,25 @@ mod tests {
             seed: Some(3),
             stop_token_ids: vec![7, 9],
             structured_outputs: None,
+            cache_salt: None,
         }
+    }
+
+    #[test]
+    fn the_cache_salt_reaches_both_servers_and_no_task_can_set_it() {
+        let mut s = sampling();
+        let v: serde_json::Value = serde_json::from_slice(&vllm_body("m", &[1], &s)).unwrap();
+        assert!(v.get("cache_salt").is_none());
+        s.cache_salt = Some("policy-v4".into());
+        let v: serde_json::Value = serde_json::from_slice(&vllm_body("m", &[1], &s)).unwrap();
+        assert_eq!(v["cache_salt"], "policy-v4");
+        let g: serde_json::Value = serde_json::from_slice(&sglang_body(&[1], &s)).unwrap();
+        assert_eq!(g["cache_salt"], "policy-v4");
+        assert!(g["sampling_params"].get("cache_salt").is_none());
+        // A task's sampling parameters cannot name it.
+        let from_task: Result<Sampling, _> =
+            serde_json::from_value(serde_json::json!({"cache_salt": "mine"}));
+        assert!(from_task.is_err() || from_task.unwrap().cache_salt.is_none());
     }
 
     #[test]

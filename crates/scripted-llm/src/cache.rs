@@ -7,7 +7,9 @@
 //! computes the last prompt token). After a request its prompt and output blocks are
 //! cached; when the cache holds more than `capacity` blocks the least recently used go.
 //! This is what makes routing measurable: samples that share a prompt only hit the
-//! cache on the backend that already saw it.
+//! cache on the backend that already saw it. A request's `cache_salt` (both servers take
+//! one) seeds the chain, as vLLM mixes it into the first block's hash: requests share
+//! blocks only with requests of the same salt.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -43,8 +45,11 @@ impl PrefixCache {
         self.by_use.clear();
     }
 
-    fn chain(&self, tokens: &[u32]) -> Vec<u64> {
-        let mut prev = 0u64;
+    fn chain(&self, salt: Option<&str>, tokens: &[u32]) -> Vec<u64> {
+        let mut prev = salt.map_or(0, |salt| {
+            let bytes: Vec<u64> = salt.bytes().map(u64::from).collect();
+            stable_hash(&bytes) | 1
+        });
         tokens
             .chunks_exact(self.block_size)
             .map(|block| {
@@ -65,11 +70,12 @@ impl PrefixCache {
         self.by_use.insert(self.clock, hash);
     }
 
-    /// The prompt tokens of `prompt` found in the cache (marking those blocks used).
-    pub fn lookup(&mut self, prompt: &[u32]) -> usize {
+    /// The prompt tokens of `prompt` found in the cache under `salt` (marking those
+    /// blocks used).
+    pub fn lookup(&mut self, salt: Option<&str>, prompt: &[u32]) -> usize {
         let usable = prompt.len().saturating_sub(1);
         let mut hit = 0;
-        for h in self.chain(&prompt[..usable]) {
+        for h in self.chain(salt, &prompt[..usable]) {
             if !self.blocks.contains_key(&h) {
                 break;
             }
@@ -79,9 +85,10 @@ impl PrefixCache {
         hit
     }
 
-    /// Caches the full blocks of `tokens` (a prompt followed by its output).
-    pub fn insert(&mut self, tokens: &[u32]) {
-        for h in self.chain(tokens) {
+    /// Caches the full blocks of `tokens` (a prompt followed by its output) under
+    /// `salt`.
+    pub fn insert(&mut self, salt: Option<&str>, tokens: &[u32]) {
+        for h in self.chain(salt, tokens) {
             self.touch(h);
         }
         while self.blocks.len() > self.capacity {
@@ -111,16 +118,16 @@ mod tests {
     fn hits_whole_blocks_of_a_shared_prefix_only() {
         let mut c = PrefixCache::new(4, 100);
         let a: Vec<u32> = (0..10).collect();
-        assert_eq!(c.lookup(&a), 0);
-        c.insert(&a);
+        assert_eq!(c.lookup(None, &a), 0);
+        c.insert(None, &a);
         // Same first 8 tokens, then different: two blocks hit.
         let b: Vec<u32> = (0..8).chain([99, 98, 97]).collect();
-        assert_eq!(c.lookup(&b), 8);
+        assert_eq!(c.lookup(None, &b), 8);
         // A prompt equal to a cached one still computes its last token.
-        assert_eq!(c.lookup(&a[..8]), 4);
+        assert_eq!(c.lookup(None, &a[..8]), 4);
         // A different first block breaks the chain even if later blocks match.
         let d: Vec<u32> = [50, 1, 2, 3].into_iter().chain(4..10).collect();
-        assert_eq!(c.lookup(&d), 0);
+        assert_eq!(c.lookup(None, &d), 0);
     }
 
     #[test]
@@ -128,13 +135,33 @@ mod tests {
         let mut c = PrefixCache::new(2, 4);
         let a = [1, 2, 3, 4, 5];
         let b = [9, 8, 7, 6, 5];
-        c.insert(&a);
-        c.insert(&b);
+        c.insert(None, &a);
+        c.insert(None, &b);
         assert_eq!(c.len(), 4);
-        c.lookup(&a); // a's blocks are now the newest
-        c.insert(&[20, 21, 22]); // one more block: b's first goes
+        c.lookup(None, &a); // a's blocks are now the newest
+        c.insert(None, &[20, 21, 22]); // one more block: b's first goes
         assert_eq!(c.len(), 4);
-        assert_eq!(c.lookup(&a), 4);
-        assert_eq!(c.lookup(&b), 0);
+        assert_eq!(c.lookup(None, &a), 4);
+        assert_eq!(c.lookup(None, &b), 0);
+    }
+
+    #[test]
+    fn a_salt_is_a_namespace_of_its_own() {
+        let mut c = PrefixCache::new(4, 100);
+        let prompt: Vec<u32> = (0..17).collect();
+        c.insert(Some("policy-v1"), &prompt);
+        assert_eq!(c.lookup(Some("policy-v1"), &prompt), 16);
+        assert_eq!(
+            c.lookup(Some("policy-v2"), &prompt),
+            0,
+            "another version's KV"
+        );
+        assert_eq!(
+            c.lookup(None, &prompt),
+            0,
+            "unsalted requests share nothing with salted"
+        );
+        c.insert(None, &prompt);
+        assert_eq!(c.lookup(None, &prompt), 16);
     }
 }

@@ -539,6 +539,23 @@ struct Ask {
     stop: Vec<String>,
     stop_token_ids: Vec<u32>,
     seed: Option<u64>,
+    /// The prefix cache's namespace.
+    salt: Option<String>,
+}
+
+/// vLLM's check of `cache_salt` (the same in 0.32 and 0.33): a non-empty string of at
+/// most 128 characters without `@`, `/`, `\` or NUL. The messages are the real
+/// server's, doubled backslash and parameter suffix included (`tests/real_vllm.rs`).
+fn refuse_cache_salt(salt: Option<&str>) -> Option<Response> {
+    let salt = salt?;
+    let message = if salt.is_empty() {
+        "Parameter 'cache_salt' must be a non-empty string if provided. (parameter=cache_salt)"
+    } else if salt.chars().count() > 128 || salt.contains(['@', '/', '\\', '\0']) {
+        "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL. (parameter=cache_salt)"
+    } else {
+        return None;
+    };
+    Some(bad_request_at("vllm", message.into(), Some("cache_salt")))
 }
 
 /// The refusal the real server of `format` gives sampling parameters it refuses: a
@@ -739,7 +756,11 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
         .enumerate()
         .map(|(i, &id)| pseudo_logprob(ask.prompt.len() + i, id))
         .collect();
-    let cached = s.cache.lock().expect("lock").lookup(&ask.prompt);
+    let cached = s
+        .cache
+        .lock()
+        .expect("lock")
+        .lookup(ask.salt.as_deref(), &ask.prompt);
     let wait = Duration::from_nanos(
         (ask.prompt.len() - cached) as u64 * cfg.prefill_ns_per_token
             + ids.len() as u64 * cfg.token_us * 1000,
@@ -765,7 +786,10 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
     {
         let mut all = ask.prompt.clone();
         all.extend_from_slice(&ids);
-        s.cache.lock().expect("lock").insert(&all);
+        s.cache
+            .lock()
+            .expect("lock")
+            .insert(ask.salt.as_deref(), &all);
     }
     let text = vocab.decode(&ids).unwrap_or_default();
     let answer = Answer {
@@ -1003,7 +1027,11 @@ async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
     if let Some(r) = refuse_sampling("vllm", body.top_k, body.seed.as_ref()) {
         return r;
     }
+    if let Some(r) = refuse_cache_salt(body.cache_salt.as_deref()) {
+        return r;
+    }
     let ask = Ask {
+        salt: body.cache_salt,
         max_tokens: body
             .max_tokens
             .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
@@ -1131,6 +1159,7 @@ async fn generate_answer(s: &Shared, body: serde_json::Value) -> Response {
         return r;
     }
     let ask = Ask {
+        salt: body.cache_salt,
         max_tokens: sp
             .max_new_tokens
             .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),

@@ -68,6 +68,9 @@ pub(super) struct CompletionRequest {
     /// Return `token_ids` and `prompt_token_ids` in the choice.
     #[serde(default)]
     pub(super) return_token_ids: bool,
+    /// The prefix cache's namespace; checked as vLLM checks it.
+    #[serde(default)]
+    pub(super) cache_salt: Option<String>,
 }
 
 /// SGLang's `sampling_params`: the fields the stand-in reads.
@@ -102,6 +105,9 @@ pub(super) struct GenerateRequest {
     /// Return `meta_info.output_token_logprobs`.
     #[serde(default)]
     pub(super) return_logprob: bool,
+    /// The prefix cache's namespace.
+    #[serde(default)]
+    pub(super) cache_salt: Option<String>,
 }
 
 /// Decodes `body` as `T`; the error names the field that is wrong.

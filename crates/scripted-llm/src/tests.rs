@@ -307,3 +307,61 @@ async fn a_stop_string_keeps_the_whole_token_that_completes_it() {
     );
     s.stop().await;
 }
+
+/// `cache_salt` as vLLM takes it: refused in vLLM's words when empty, long or holding a
+/// forbidden character; a namespace of the prefix cache otherwise, so a prompt cached
+/// under one salt is not found under another.
+#[tokio::test]
+async fn a_cache_salt_is_checked_as_vllm_checks_it_and_namespaces_the_cache() {
+    let s = server_playing("ok").await;
+    let long = "x".repeat(129);
+    for (salt, message) in [
+        (
+            "",
+            "Parameter 'cache_salt' must be a non-empty string if provided. (parameter=cache_salt)",
+        ),
+        (
+            "a@b",
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL. (parameter=cache_salt)",
+        ),
+        (
+            "a/b",
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL. (parameter=cache_salt)",
+        ),
+        (
+            long.as_str(),
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL. (parameter=cache_salt)",
+        ),
+    ] {
+        let (status, body) = post(
+            &s,
+            "/v1/completions",
+            &completion(&[5, 6, 7], &json!({"cache_salt": salt})),
+        )
+        .await;
+        assert_eq!(
+            (status, body),
+            (
+                400,
+                error(message, "BadRequestError", json!("cache_salt"), 400)
+            ),
+            "{salt:?}"
+        );
+    }
+    // Long enough for whole blocks; cached after the first request, under its salt only.
+    let prompt: Vec<u32> = (0..40).map(|i| 3 + i % 50).collect();
+    let cached = |salt: &'static str| {
+        let (s, prompt) = (&s, prompt.clone());
+        async move {
+            let body = completion(&prompt, &json!({"cache_salt": salt, "max_tokens": 2}));
+            let (status, body) = post(s, "/v1/completions", &body).await;
+            assert_eq!(status, 200, "{body}");
+            s.stats().cached_tokens
+        }
+    };
+    let before = cached("policy-v1").await;
+    let v1_again = cached("policy-v1").await - before;
+    assert!(v1_again > 0, "the same salt hits the cache");
+    let v2 = cached("policy-v2").await - before - v1_again;
+    assert_eq!(v2, 0, "another salt finds nothing");
+}
