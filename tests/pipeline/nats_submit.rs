@@ -237,18 +237,14 @@ async fn a_policy_version_announced_over_nats_is_the_one_http_reports() {
             decode_reply::<rollout::api::policy::PolicyView>(&reply.payload)
         }
     };
+    let current = || async {
+        let view = env.client.policy().await.unwrap();
+        view.current.map(|p| p.version)
+    };
     let view = announce(json!({"version": 4})).await.unwrap();
     assert_eq!(view.current.map(|p| p.version), Some(4));
     assert_eq!(view.changed, Some(true));
-    assert_eq!(
-        env.client
-            .policy()
-            .await
-            .unwrap()
-            .current
-            .map(|p| p.version),
-        Some(4)
-    );
+    assert_eq!(current().await, Some(4));
     // As over HTTP: an older version is refused with the status and the field.
     let refused = announce(json!({"version": 3})).await.unwrap_err();
     assert_eq!(
@@ -259,13 +255,5 @@ async fn a_policy_version_announced_over_nats_is_the_one_http_reports() {
         .await
         .unwrap_err();
     assert_eq!(bad.status, 400, "{bad:?}");
-    assert_eq!(
-        env.client
-            .policy()
-            .await
-            .unwrap()
-            .current
-            .map(|p| p.version),
-        Some(4)
-    );
+    assert_eq!(current().await, Some(4), "nothing changed");
 }
