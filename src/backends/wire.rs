@@ -50,10 +50,11 @@ pub struct Sampling {
     /// logprob 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured_outputs: Option<StructuredOutputs>,
-    /// The prefix cache's namespace (`cache_salt`, on both servers): a request reuses
-    /// cached blocks only of requests with the same salt. Set by the RUN worker to the
-    /// policy version (`policy-v<N>`), so KV computed under one version of the weights
-    /// is never reused under another; a task cannot set it.
+    /// The prefix cache's namespace (`cache_salt`: vLLM's, and SGLang's `/generate` in
+    /// its 0.5 releases): a request reuses cached blocks only of requests with the same
+    /// salt. Set by the RUN worker to the policy version (`policy-v<N>`), so KV computed
+    /// under one version of the weights is never reused under another; a task cannot
+    /// set it.
     #[serde(default, skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub cache_salt: Option<String>,
 }
