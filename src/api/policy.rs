@@ -24,4 +24,8 @@ pub struct PolicyView {
     /// version was current already (a repeat). Absent on `GET`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changed: Option<bool>,
+    /// On `GET`: the latest versions announced (at most 20), newest first, each with
+    /// when it was; absent on an announcement.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent: Vec<PolicyVersion>,
 }

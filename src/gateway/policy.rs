@@ -73,11 +73,13 @@ pub(super) async fn announce_body(state: &AppState, body: &[u8]) -> Result<Polic
             Ok(PolicyView {
                 current: Some(current),
                 changed: Some(true),
+                recent: Vec::new(),
             })
         }
         Announced::Repeated(current) => Ok(PolicyView {
             current: Some(current),
             changed: Some(false),
+            recent: Vec::new(),
         }),
         Announced::Outdated(current) => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -91,7 +93,10 @@ pub(super) async fn announce_body(state: &AppState, body: &[u8]) -> Result<Polic
     }
 }
 
-/// The current policy version.
+/// How many of the latest versions `GET /v1/policy` lists.
+const RECENT: i64 = 20;
+
+/// The current policy version, and the latest ones announced.
 #[utoipa::path(
     get,
     path = "/v1/policy",
@@ -105,5 +110,6 @@ pub async fn current_policy(State(state): State<AppState>) -> Result<Json<Policy
     Ok(Json(PolicyView {
         current: state.store.current_policy().await?,
         changed: None,
+        recent: state.store.recent_policies(RECENT).await?,
     }))
 }

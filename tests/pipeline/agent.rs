@@ -1192,6 +1192,10 @@ async fn announced_policy_versions_tag_the_tokens_of_episodes_that_follow() {
         client.announce_policy(7).await.unwrap().changed,
         Some(false)
     );
+    let seen = client.policy().await.unwrap();
+    assert_eq!(seen.current.map(|p| p.version), Some(7));
+    let recent: Vec<i64> = seen.recent.iter().map(|p| p.version).collect();
+    assert_eq!(recent, [7]);
     // Versions only move forward: an older one is refused with the field named.
     let (status, body) = json_answer(
         reqwest::Client::new()

@@ -883,4 +883,21 @@ async fn policy_versions_only_move_forward_and_racing_announcers_get_one_order()
             .iter()
             .any(|(v, a)| *v == 39 && matches!(a, Announced::New(_)))
     );
+    // Every version made current is on record, newest first.
+    let recent: Vec<i64> = store
+        .recent_policies(100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.version)
+        .collect();
+    let mut made_current: Vec<i64> = answers
+        .iter()
+        .filter(|(_, a)| matches!(a, Announced::New(_)))
+        .map(|(v, _)| *v)
+        .chain([3])
+        .collect();
+    made_current.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(recent, made_current);
+    assert_eq!(store.recent_policies(2).await.unwrap().len(), 2);
 }

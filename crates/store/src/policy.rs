@@ -31,6 +31,8 @@ pub trait PolicyStore: Send + Sync {
     async fn announce_policy(&self, version: i64, now: EpochMs) -> StoreResult<Announced>;
     /// The current policy version, if one was ever announced.
     async fn current_policy(&self) -> StoreResult<Option<PolicyVersion>>;
+    /// The `limit` newest versions announced, newest first, each with when it was.
+    async fn recent_policies(&self, limit: i64) -> StoreResult<Vec<PolicyVersion>>;
 }
 
 fn version_of(row: Option<(Option<i64>, Option<i64>)>) -> Option<PolicyVersion> {
@@ -86,5 +88,20 @@ impl<D: Dialect> PolicyStore for SqlStore<D> {
             .fetch_optional(&mut *conn)
             .await?;
         Ok(version_of(row))
+    }
+
+    async fn recent_policies(&self, limit: i64) -> StoreResult<Vec<PolicyVersion>> {
+        let mut conn = self.reader().await?;
+        let rows: Vec<(i64, i64)> = query(sql::RECENT_POLICY_VERSIONS)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(version, announced_at)| PolicyVersion {
+                version,
+                announced_at,
+            })
+            .collect())
     }
 }

@@ -864,3 +864,7 @@ pub(super) const RECORD_POLICY_VERSION: &str = "INSERT INTO policy_versions (ver
 
 /// The current policy version (`NULL` before the first announcement).
 pub(super) const CURRENT_POLICY: &str = "SELECT version, announced_at FROM policy WHERE id = 1";
+
+/// The latest announced versions, newest first.
+pub(super) const RECENT_POLICY_VERSIONS: &str = "SELECT version, announced_at FROM policy_versions \
+     ORDER BY version DESC LIMIT $1";
