@@ -52,11 +52,6 @@ impl PolicyWatch {
         })
     }
 
-    /// A receiver that wakes when the version changes.
-    pub fn subscribe(&self) -> watch::Receiver<Option<i64>> {
-        self.tx.subscribe()
-    }
-
     /// Keeps the watch current until `done`: from the broadcasts, and from `store`
     /// every `refresh`.
     pub async fn follow(

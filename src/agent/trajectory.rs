@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::parse::{CallError, ToolCall};
 use crate::domain::backend::LogprobsMode;
-use crate::domain::policy::{VersionSpan, extend_spans};
+use crate::domain::policy::{VersionSpan, extend_spans, version_range};
 
 /// Why an episode ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -226,18 +226,10 @@ impl Trajectory {
     /// Records that the model tokens `response_ids[from..to]` came from policy
     /// `version`.
     pub fn note_policy_version(&mut self, version: i64, from: usize, to: usize) {
-        if from >= to {
-            return;
-        }
         extend_spans(&mut self.policy_versions, version, from, to);
-        self.policy_version_oldest = Some(
-            self.policy_version_oldest
-                .map_or(version, |v| v.min(version)),
-        );
-        self.policy_version_newest = Some(
-            self.policy_version_newest
-                .map_or(version, |v| v.max(version)),
-        );
+        let range = version_range(&self.policy_versions);
+        self.policy_version_oldest = range.map(|(oldest, _)| oldest);
+        self.policy_version_newest = range.map(|(_, newest)| newest);
     }
 
     /// Records that a turn's logprobs are of `mode`.

@@ -26,6 +26,21 @@ use crate::store::{FinishIf, NewJob, Store};
 /// The safety net of every wait: far beyond what any step takes, never a measure.
 const PATIENCE: Duration = Duration::from_secs(60);
 
+/// Waits until `check` returns something, re-checking each time `notify` fires (the
+/// wake-up is armed before each check, so one that comes between the check and the wait
+/// is not missed). The callers bound the wait.
+async fn when<T>(notify: &Notify, mut check: impl FnMut() -> Option<T>) -> T {
+    loop {
+        let fired = notify.notified();
+        tokio::pin!(fired);
+        fired.as_mut().enable();
+        if let Some(v) = check() {
+            return v;
+        }
+        fired.await;
+    }
+}
+
 /// What the queue saw, in order.
 #[derive(Debug, Clone, PartialEq)]
 enum Seen {
@@ -110,18 +125,10 @@ impl MemoryQueue {
 
     /// Waits until `cond` holds of what the queue saw, and returns that.
     async fn wait_until(&self, what: &str, cond: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
-        let waited = tokio::time::timeout(PATIENCE, async {
-            loop {
-                let changed = self.changed.notified();
-                tokio::pin!(changed);
-                changed.as_mut().enable();
-                let seen = self.seen();
-                if cond(&seen) {
-                    return seen;
-                }
-                changed.await;
-            }
-        })
+        let waited = tokio::time::timeout(
+            PATIENCE,
+            when(&self.changed, || Some(self.seen()).filter(|s| cond(s))),
+        )
         .await;
         waited.unwrap_or_else(|_| panic!("{what}: never so; the queue saw {:#?}", self.seen()))
     }
@@ -208,17 +215,12 @@ impl WorkSource for MemorySource {
         }
         self.0.record(Seen::Asked(max));
         // A long poll: wait for a message, briefly, as a server's pull request does.
-        let _ = tokio::time::timeout(Duration::from_millis(100), async {
-            loop {
-                let arrived = self.0.arrived.notified();
-                tokio::pin!(arrived);
-                arrived.as_mut().enable();
-                if !self.0.state.lock().unwrap().waiting.is_empty() {
-                    return;
-                }
-                arrived.await;
-            }
-        })
+        let _ = tokio::time::timeout(
+            Duration::from_millis(100),
+            when(&self.0.arrived, || {
+                (!self.0.state.lock().unwrap().waiting.is_empty()).then_some(())
+            }),
+        )
         .await;
         let taken: Vec<_> = {
             let mut state = self.0.state.lock().unwrap();
@@ -333,19 +335,10 @@ impl Drop for Running<'_> {
 
 impl GateKind {
     async fn wait_started(&self, n: usize) {
-        tokio::time::timeout(PATIENCE, async {
-            loop {
-                let moved = self.moved.notified();
-                tokio::pin!(moved);
-                moved.as_mut().enable();
-                if self.started.load(Ordering::SeqCst) >= n {
-                    return;
-                }
-                moved.await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("{n} hooks never started"));
+        let started = || (self.started.load(Ordering::SeqCst) >= n).then_some(());
+        tokio::time::timeout(PATIENCE, when(&self.moved, started))
+            .await
+            .unwrap_or_else(|_| panic!("{n} hooks never started"));
     }
 }
 

@@ -35,12 +35,18 @@ pub trait PolicyStore: Send + Sync {
     async fn recent_policies(&self, limit: i64) -> StoreResult<Vec<PolicyVersion>>;
 }
 
+/// A `(version, announced_at)` row.
+fn from_row((version, announced_at): (i64, i64)) -> PolicyVersion {
+    PolicyVersion {
+        version,
+        announced_at,
+    }
+}
+
+/// The `policy` row's version, if one was ever announced.
 fn version_of(row: Option<(Option<i64>, Option<i64>)>) -> Option<PolicyVersion> {
     match row {
-        Some((Some(version), Some(announced_at))) => Some(PolicyVersion {
-            version,
-            announced_at,
-        }),
+        Some((Some(version), Some(announced_at))) => Some(from_row((version, announced_at))),
         _ => None,
     }
 }
@@ -55,16 +61,14 @@ impl<D: Dialect> PolicyStore for SqlStore<D> {
                     .bind(now)
                     .fetch_optional(conn)
                     .await?;
-                if let Some((version, announced_at)) = set {
+                if let Some(row) = set {
+                    let new = from_row(row);
                     query(sql::RECORD_POLICY_VERSION)
-                        .bind(version)
-                        .bind(announced_at)
+                        .bind(new.version)
+                        .bind(new.announced_at)
                         .execute(conn)
                         .await?;
-                    return Ok(Announced::New(PolicyVersion {
-                        version,
-                        announced_at,
-                    }));
+                    return Ok(Announced::New(new));
                 }
                 let current = version_of(query(sql::CURRENT_POLICY).fetch_optional(conn).await?)
                     .ok_or_else(|| {
@@ -96,12 +100,6 @@ impl<D: Dialect> PolicyStore for SqlStore<D> {
             .bind(limit)
             .fetch_all(&mut *conn)
             .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(version, announced_at)| PolicyVersion {
-                version,
-                announced_at,
-            })
-            .collect())
+        Ok(rows.into_iter().map(from_row).collect())
     }
 }
