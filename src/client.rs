@@ -227,8 +227,39 @@ impl Client {
         version: i64,
     ) -> Result<crate::api::policy::PolicyView, ClientError> {
         let url = format!("{}/v1/policy", self.base);
-        let body = crate::api::policy::PolicyRequest { version };
+        let body = crate::api::policy::PolicyRequest {
+            version,
+            mode: None,
+            lease_s: None,
+        };
         self.send(self.http.post(&url).json(&body), url).await
+    }
+
+    /// `POST /v1/policy` with a `mode`: starts a weight update to `version`; returns
+    /// once every backend has stopped generating. `lease_s` bounds the update (the
+    /// service resumes by itself after it).
+    pub async fn pause_policy(
+        &self,
+        version: i64,
+        mode: crate::api::policy::UpdateMode,
+        lease_s: Option<u64>,
+    ) -> Result<crate::api::policy::PolicyView, ClientError> {
+        let url = format!("{}/v1/policy", self.base);
+        let body = crate::api::policy::PolicyRequest {
+            version,
+            mode: Some(mode),
+            lease_s,
+        };
+        self.send(self.http.post(&url).json(&body), url).await
+    }
+
+    /// `POST /v1/policy/{version}/resume`: ends the weight update; `version` is current.
+    pub async fn resume_policy(
+        &self,
+        version: i64,
+    ) -> Result<crate::api::policy::PolicyView, ClientError> {
+        let url = format!("{}/v1/policy/{version}/resume", self.base);
+        self.send(self.http.post(&url), url).await
     }
 
     /// `GET /v1/policy`: the current policy version.

@@ -1,9 +1,12 @@
-//! The policy version a process sees as current, kept up to date: the RUN workers tag
-//! every model token with it.
+//! The policy state a process sees (the current version and the weight update in
+//! progress), kept up to date: the RUN workers tag every model token with the version,
+//! and hold new turns while an update is in progress.
 //!
-//! Fed by the gateway's broadcasts (`P.policy`), which arrive at once, and by a read of
-//! the database every `refresh`, which catches a broadcast lost with a reconnect. It
-//! only moves forward, whichever source tells it first.
+//! Fed by the gateway's broadcasts (`P.policy`, the state as JSON), which arrive at once,
+//! and by a read of the database every `refresh`, which catches a broadcast lost with a
+//! reconnect. Each state carries the database row's change count (`seq`): the watch
+//! only moves to a later one, whichever source tells it first, so a database read that
+//! crosses a broadcast never brings back a pause that has ended.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,45 +14,102 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::domain::EpochMs;
+use crate::domain::policy::{PolicyPause, PolicyState, PolicyVersion};
 use crate::queue::Queue;
 use crate::store::PolicyStore;
 
-/// The current policy version (`None` before the trainer announces one), shared by every
-/// job of a process.
+/// The policy state, shared by every job of a process.
 #[derive(Debug, Clone)]
 pub struct PolicyWatch {
-    tx: Arc<watch::Sender<Option<i64>>>,
+    tx: Arc<watch::Sender<PolicyState>>,
 }
 
 impl Default for PolicyWatch {
     fn default() -> Self {
-        Self::new(None)
+        Self::new(PolicyState::default())
     }
 }
 
 impl PolicyWatch {
-    /// A watch starting at `version`.
-    pub fn new(version: Option<i64>) -> Self {
+    /// A watch starting at `state`.
+    pub fn new(state: PolicyState) -> Self {
         Self {
-            tx: Arc::new(watch::channel(version).0),
+            tx: Arc::new(watch::channel(state).0),
         }
+    }
+
+    /// A watch at `version`, with no update in progress (for tests and tools).
+    pub fn at_version(version: Option<i64>) -> Self {
+        Self::new(PolicyState {
+            seq: 0,
+            current: version.map(|version| PolicyVersion {
+                version,
+                announced_at: 0,
+            }),
+            pause: None,
+        })
     }
 
     /// The version current now.
     pub fn current(&self) -> Option<i64> {
+        self.tx.borrow().version()
+    }
+
+    /// The whole state now.
+    pub fn state(&self) -> PolicyState {
         *self.tx.borrow()
     }
 
-    /// Moves to `version` if it is newer than the current one; true if it did.
-    pub fn advance(&self, version: i64) -> bool {
-        self.tx.send_if_modified(|v| {
-            if v.is_none_or(|current| current < version) {
-                *v = Some(version);
+    /// The weight update holding generation now, if any (one whose lease ran out holds
+    /// nothing).
+    pub fn holding(&self) -> Option<PolicyPause> {
+        self.tx.borrow().holding(EpochMs::now().0)
+    }
+
+    /// Moves to `state` if it is later than the one held; true if it did.
+    pub fn observe(&self, state: PolicyState) -> bool {
+        self.tx.send_if_modified(|s| {
+            if state.seq > s.seq {
+                *s = state;
                 true
             } else {
                 false
             }
         })
+    }
+
+    /// Moves the current version to `version` if it is newer, without a database row
+    /// behind it (tests, and a stand-in trainer); true if it did.
+    pub fn advance(&self, version: i64) -> bool {
+        self.tx.send_if_modified(|s| {
+            if s.version().is_none_or(|current| current < version) {
+                s.current = Some(PolicyVersion {
+                    version,
+                    announced_at: EpochMs::now().0,
+                });
+                true
+            } else {
+                false
+            }
+        })
+    }
+
+    /// Returns once no weight update holds generation: at once when none is in
+    /// progress, else at its resume or when its lease runs out, whichever comes first.
+    pub async fn ready(&self) {
+        let mut rx = self.tx.subscribe();
+        loop {
+            let now = EpochMs::now().0;
+            let Some(pause) = rx.borrow_and_update().holding(now) else {
+                return;
+            };
+            let left = Duration::from_millis(u64::try_from(pause.until - now).unwrap_or(0));
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep(left) => {}
+            }
+        }
     }
 
     /// Keeps the watch current until `done`: from the broadcasts, and from `store`
@@ -66,17 +126,13 @@ impl PolicyWatch {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                match store.current_policy().await {
-                    Ok(Some(p)) => {
-                        if self.advance(p.version) {
-                            tracing::info!(
-                                version = p.version,
-                                "policy version read from the database"
-                            );
+                match store.policy_state().await {
+                    Ok(state) => {
+                        if self.observe(state) {
+                            log_change("read from the database", &state);
                         }
                     }
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(error = %e, "cannot read the current policy version"),
+                    Err(e) => tracing::warn!(error = %e, "cannot read the policy state"),
                 }
             }
         };
@@ -85,16 +141,13 @@ impl PolicyWatch {
             None,
             || queue.subscribe_policy(),
             |m| {
-                match std::str::from_utf8(&m.payload)
-                    .ok()
-                    .and_then(|s| s.parse::<i64>().ok())
-                {
-                    Some(v) => {
-                        if self.advance(v) {
-                            tracing::info!(version = v, "policy version announced");
+                match serde_json::from_slice::<PolicyState>(&m.payload) {
+                    Ok(state) => {
+                        if self.observe(state) {
+                            log_change("announced", &state);
                         }
                     }
-                    None => tracing::warn!("malformed policy version broadcast ignored"),
+                    Err(e) => tracing::warn!(error = %e, "malformed policy broadcast ignored"),
                 }
                 std::future::ready(())
             },
@@ -108,9 +161,22 @@ impl PolicyWatch {
     }
 }
 
+fn log_change(how: &'static str, state: &PolicyState) {
+    match state.pause {
+        Some(p) => tracing::info!(
+            version = ?state.version(),
+            to = p.version,
+            mode = p.mode.as_str(),
+            "weight update in progress ({how}): new turns wait for the resume"
+        ),
+        None => tracing::info!(version = ?state.version(), "policy version current ({how})"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::policy::UpdateMode;
 
     #[test]
     fn the_version_only_moves_forward() {
@@ -121,5 +187,55 @@ mod tests {
         assert!(!w.advance(2));
         assert!(w.advance(5));
         assert_eq!(w.current(), Some(5));
+    }
+
+    fn paused(seq: i64, until: i64) -> PolicyState {
+        PolicyState {
+            seq,
+            current: None,
+            pause: Some(PolicyPause {
+                version: 1,
+                mode: UpdateMode::Abort,
+                since: 0,
+                until,
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn turns_wait_for_the_resume_and_a_late_read_does_not_bring_the_pause_back() {
+        let w = PolicyWatch::default();
+        let far = EpochMs::now().0 + 600_000;
+        assert!(w.observe(paused(1, far)));
+        let ready = tokio::spawn({
+            let w = w.clone();
+            async move { w.ready().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!ready.is_finished(), "held while paused");
+        let resumed = PolicyState {
+            seq: 2,
+            current: Some(PolicyVersion {
+                version: 1,
+                announced_at: 5,
+            }),
+            pause: None,
+        };
+        assert!(w.observe(resumed));
+        ready.await.unwrap();
+        // A database read from before the resume arrives after it: ignored.
+        assert!(!w.observe(paused(1, far)));
+        assert_eq!(w.holding(), None);
+        assert_eq!(w.current(), Some(1));
+    }
+
+    #[tokio::test]
+    async fn a_pause_whose_lease_ran_out_holds_nothing() {
+        let w = PolicyWatch::default();
+        w.observe(paused(1, EpochMs::now().0 + 50));
+        assert!(w.holding().is_some());
+        // Returns when the lease runs out, with no resume heard.
+        w.ready().await;
+        assert_eq!(w.holding(), None);
     }
 }

@@ -95,6 +95,9 @@ pub struct SweepSettings {
     pub duplicate_window_ms: u64,
     /// `sandbox.max_restarts`: how often an abandoned RUN may go back to INIT.
     pub max_restarts: i64,
+    /// The `pool` section's timeouts, for resuming the backends of a weight update whose
+    /// lease ran out.
+    pub client: crate::backends::client::ClientSettings,
 }
 
 impl SweepSettings {
@@ -105,6 +108,7 @@ impl SweepSettings {
             delivery_limit: settings.queue.delivery_limit,
             duplicate_window_ms: settings.queue.duplicate_window_ms,
             max_restarts: settings.sandbox.max_restarts,
+            client: (&settings.pool).into(),
         }
     }
 }
@@ -147,11 +151,47 @@ pub async fn run(
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "reconciler sweep failed"),
         }
+        // A weight update whose trainer (or gateway) died holds the GPUs until here.
+        if let Err(e) = expire_pause(store.as_ref(), &queue, &settings).await {
+            tracing::warn!(error = %e, "cannot check the weight update's lease");
+        }
         // Sampling batches whose wake was lost, or whose driver died mid-batch.
         if let Err(e) = driver.sweep().await {
             tracing::warn!(error = %e, "sampling batch sweep failed");
         }
     }
+}
+
+/// Ends a weight update whose lease ran out with no resume (its trainer or gateway
+/// died): the backends are resumed and the RUN workers told, and the version it was
+/// for does not become current (the trainer never said its weights were in place).
+/// Returns whether there was one.
+pub async fn expire_pause(
+    store: &dyn Store,
+    queue: &Queue,
+    settings: &SweepSettings,
+) -> Result<bool, ReconcileError> {
+    let Some(pause) = store.expire_pause(EpochMs::now()).await? else {
+        return Ok(false);
+    };
+    tracing::warn!(
+        version = pause.version,
+        mode = pause.mode.as_str(),
+        "the weight update's lease ran out with no resume: resuming the backends; the version does not become current"
+    );
+    let policy = store.policy_state().await?;
+    if let Err(e) = queue.publish_policy(&policy).await {
+        tracing::warn!(error = %e, "policy state not broadcast; the workers will read it from the database");
+    }
+    let backends: Vec<_> = store.backends().await?.into_iter().map(|b| b.spec).collect();
+    let client = crate::backends::client::InferenceClient::new(settings.client.clone());
+    // A backend that does not answer now stays paused: say so loudly, it needs a hand.
+    for a in crate::backends::control::resume_all(&client, &backends).await {
+        if !a.ok {
+            tracing::error!(backend = %a.backend, error = ?a.error, "backend not resumed after the weight update's lease ran out; resume it by hand");
+        }
+    }
+    Ok(true)
 }
 
 /// One sweep. Each job is repaired on its own: one that cannot be (a row the database

@@ -104,7 +104,7 @@ pub async fn connect(
         store.clone(),
     ));
     sandboxes.log_report();
-    let policy = crate::policy::PolicyWatch::new(store.current_policy().await?.map(|p| p.version));
+    let policy = crate::policy::PolicyWatch::new(store.policy_state().await?);
     let kinds = Registry::builtin(
         sandboxes.clone(),
         store.clone(),

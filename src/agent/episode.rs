@@ -202,21 +202,32 @@ enum ToolsEnd {
 
 /// An episode in progress: the trajectory, the token context sent to the backend, and
 /// what the drift check needs to know about how it was built.
-/// The policy versions current when a turn's generation was sent and when it came back.
-#[derive(Debug, Clone, Copy)]
+/// The policy versions a turn's generation ran under: the version current when each of
+/// its parts was sent (one part, unless the server aborted it and the turn went on from
+/// its tokens), and the version current when the last came back.
+#[derive(Debug, Clone)]
 struct TurnVersions {
-    sent: Option<i64>,
+    /// Each part's token count and the version current when it was sent.
+    parts: Vec<(usize, Option<i64>)>,
     answered: Option<i64>,
 }
 
 impl TurnVersions {
-    /// The newer version, when one was announced while the turn generated.
-    fn changed(self) -> Option<i64> {
-        (self.answered != self.sent)
-            .then_some(self.answered)
-            .flatten()
+    /// The version the turn's first part was sent under (its oldest).
+    fn sent(&self) -> Option<i64> {
+        self.parts.first().and_then(|&(_, v)| v)
+    }
+
+    /// The newer version, when one was announced while the last part generated.
+    fn changed(&self) -> Option<i64> {
+        let last = self.parts.last().and_then(|&(_, v)| v);
+        (self.answered != last).then_some(self.answered).flatten()
     }
 }
+
+/// How many times in a row one turn's generation may be aborted with no token gained
+/// before the episode gives up on the backend.
+const MAX_EMPTY_ABORTS: u32 = 20;
 
 struct EpisodeState<'a> {
     ep: &'a Episode,
@@ -297,7 +308,10 @@ impl<'a> EpisodeState<'a> {
 
     /// Generates the turn, reading the job's status alongside (so the read costs
     /// nothing) and watching the deadline; returns the generation, its latency, and the
-    /// policy versions current when it was sent and when it came back.
+    /// policy versions it ran under. A weight update in progress holds the turn until
+    /// its resume; a generation the server aborts (an update in `abort` mode) goes on,
+    /// once the update is over, from the tokens it had generated: they are kept, with
+    /// their logprobs and version, and the rest is generated under the new version.
     async fn generate(
         &self,
         llm: &mut dyn Generator,
@@ -309,42 +323,90 @@ impl<'a> EpisodeState<'a> {
         let asked = sampling
             .max_tokens
             .map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX));
-        sampling.max_tokens = Some(self.ep.limits.max_new_tokens.min(asked).min(room) as u64);
+        let budget = self.ep.limits.max_new_tokens.min(asked).min(room);
         let t_llm = Instant::now();
-        let sent_under = self.ep.policy.current();
-        // KV the servers computed under another version must not be reused under this
-        // one: the version is the prefix cache's namespace.
-        sampling.cache_salt = sent_under.map(|v| format!("policy-v{v}"));
-        let generate = llm.generate(&self.context, &sampling, self.traj.turns.len());
         let check = guard.still_wanted();
-        tokio::pin!(generate, check);
+        tokio::pin!(check);
         let mut checked = false;
-        let generated = loop {
-            tokio::select! {
-                g = &mut generate => break g,
-                wanted = &mut check, if !checked => {
-                    checked = true;
-                    if !wanted {
-                        return Err(Stop::Cancelled);
+        let mut parts: Vec<(Generated, Option<i64>)> = Vec::new();
+        let mut empty_aborts = 0u32;
+        loop {
+            let so_far: usize = parts.iter().map(|(g, _)| g.generation.token_ids.len()).sum();
+            if so_far >= budget {
+                // Aborted with the whole budget generated: the turn is complete.
+                break;
+            }
+            // A continuation sends the turn's tokens so far after the context.
+            let continued: Option<Vec<u32>> = (!parts.is_empty()).then(|| {
+                let mut prompt = self.context.clone();
+                for (g, _) in &parts {
+                    prompt.extend_from_slice(&g.generation.token_ids);
+                }
+                prompt
+            });
+            let sampling = &mut sampling;
+            let llm = &mut *llm;
+            let generate = async move {
+                self.ep.policy.ready().await;
+                let sent_under = self.ep.policy.current();
+                sampling.max_tokens = Some((budget - so_far) as u64);
+                // KV the servers computed under another version must not be reused
+                // under this one: the version is the prefix cache's namespace.
+                sampling.cache_salt = sent_under.map(|v| format!("policy-v{v}"));
+                let prompt = continued.as_deref().unwrap_or(&self.context);
+                let r = llm.generate(prompt, sampling, self.traj.turns.len()).await;
+                (r, sent_under)
+            };
+            tokio::pin!(generate);
+            let (generated, sent_under) = loop {
+                tokio::select! {
+                    g = &mut generate => break g,
+                    wanted = &mut check, if !checked => {
+                        checked = true;
+                        if !wanted {
+                            return Err(Stop::Cancelled);
+                        }
+                    }
+                    _ = tokio::time::sleep_until(self.ep.deadline) => {
+                        return Ok(ControlFlow::Break(FinishReason::Timeout));
                     }
                 }
-                _ = tokio::time::sleep_until(self.ep.deadline) => {
-                    return Ok(ControlFlow::Break(FinishReason::Timeout));
+            };
+            match generated {
+                Ok(g) if g.generation.finish == Finish::Aborted => {
+                    let gained = g.generation.token_ids.len();
+                    tracing::info!(
+                        tokens = gained,
+                        turn = self.traj.turns.len(),
+                        "generation aborted by the server: the turn goes on from its tokens once generation resumes"
+                    );
+                    empty_aborts = if gained == 0 { empty_aborts + 1 } else { 0 };
+                    if empty_aborts > MAX_EMPTY_ABORTS {
+                        return Err(Stop::Backend(format!(
+                            "the backend aborted this turn's generation {empty_aborts} times in a row without generating a token"
+                        )));
+                    }
+                    parts.push((g, sent_under));
                 }
+                Ok(g) => {
+                    parts.push((g, sent_under));
+                    break;
+                }
+                Err(GenerateError::ContextFull(_)) => {
+                    return Ok(ControlFlow::Break(FinishReason::ContextLength));
+                }
+                Err(e) => return Err(Stop::Backend(e.to_string())),
             }
-        };
+        }
         let llm_us = duration_us(t_llm.elapsed());
         let versions = TurnVersions {
-            sent: sent_under,
+            parts: parts
+                .iter()
+                .map(|(g, v)| (g.generation.token_ids.len(), *v))
+                .collect(),
             answered: self.ep.policy.current(),
         };
-        match generated {
-            Ok(g) => Ok(ControlFlow::Continue((g, llm_us, versions))),
-            Err(GenerateError::ContextFull(_)) => {
-                Ok(ControlFlow::Break(FinishReason::ContextLength))
-            }
-            Err(e) => Err(Stop::Backend(e.to_string())),
-        }
+        Ok(ControlFlow::Continue((join_parts(parts), llm_us, versions)))
     }
 
     /// Appends the model's tokens verbatim, decodes them only to find tool calls, and
@@ -366,8 +428,12 @@ impl<'a> EpisodeState<'a> {
         let traj = &mut self.traj;
         let model_start = traj.response_ids.len();
         traj.push_model(&g.token_ids, &g.logprobs);
-        if let Some(v) = versions.sent {
-            traj.note_policy_version(v, model_start, traj.response_ids.len());
+        let mut from = model_start;
+        for &(len, version) in &versions.parts {
+            if let Some(v) = version {
+                traj.note_policy_version(v, from, from + len);
+            }
+            from += len;
         }
         self.context.extend_from_slice(&g.token_ids);
         traj.backend = backend.clone();
@@ -400,8 +466,9 @@ impl<'a> EpisodeState<'a> {
             cached_prompt_tokens: g.cached_prompt_tokens,
             prompt_tokens: self.context.len() - g.token_ids.len(),
             logprobs_mode,
-            policy_version: versions.sent,
+            policy_version: versions.sent(),
             policy_version_end: versions.changed(),
+            continued: u32::try_from(versions.parts.len() - 1).unwrap_or(u32::MAX),
         };
         traj.note_logprobs_mode(logprobs_mode);
         traj.messages.push(assistant_message(&parsed));
@@ -718,6 +785,28 @@ fn assistant_message(parsed: &ParsedTurn) -> Value {
     m
 }
 
+/// One turn's generation from its parts (a generation the server aborted, then its
+/// continuation): their tokens and logprobs in order, the last part's finish, backend
+/// and logprobs mode, the first part's cache hit, and the time waited on all.
+fn join_parts(parts: Vec<(Generated, Option<i64>)>) -> Generated {
+    let mut parts = parts.into_iter().map(|(g, _)| g);
+    let mut whole = parts.next().expect("a turn has a part");
+    for g in parts {
+        whole.generation.token_ids.extend(g.generation.token_ids);
+        whole.generation.logprobs.extend(g.generation.logprobs);
+        whole.generation.finish = g.generation.finish;
+        whole.generation.text = None;
+        whole.backend = g.backend;
+        whole.logprobs_mode = g.logprobs_mode;
+        whole.backend_wait += g.backend_wait;
+    }
+    if whole.generation.finish == Finish::Aborted {
+        // Aborted with the whole budget generated: as long as it may be.
+        whole.generation.finish = Finish::Length;
+    }
+    whole
+}
+
 fn finish_name(f: Finish) -> &'static str {
     match f {
         Finish::Stop => "stop",
@@ -918,7 +1007,7 @@ mod tests {
     async fn every_model_token_carries_the_policy_version_that_produced_it() {
         let m = model();
         let mut ep = episode(m.clone(), 4096);
-        ep.policy = PolicyWatch::new(Some(1));
+        ep.policy = PolicyWatch::at_version(Some(1));
         let mut llm = script(
             &m,
             &[

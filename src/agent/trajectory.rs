@@ -108,6 +108,15 @@ pub struct Turn {
     /// understated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_version_end: Option<i64>,
+    /// How many times the server aborted this turn's generation (a weight update in
+    /// `abort` mode) and the turn went on from the tokens generated so far: a partial
+    /// rollout, whose parts carry their own versions in `policy_versions`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub continued: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 pub use crate::backends::generate::BackendSwitch;

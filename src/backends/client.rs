@@ -5,11 +5,13 @@
 //! and 5xx answers are retried with exponential backoff, because a backend under load
 //! or restarting answers so briefly and a lost turn costs a whole episode. Other errors
 //! (4xx, an answer without token IDs) are not retried: the same request would fail the
-//! same way. A server that pauses (a weight update: it aborts generations in flight and
-//! answers 503 meanwhile) is waited out for up to `max_pause`, retrying without using up
-//! the retries or counting as a backend error; an aborted generation is never taken for
-//! a turn. Cancelling drops the request future, which closes its connection, so the
-//! server sees the client go away and can abort the generation.
+//! same way. A server that answers 503 while it pauses (a weight update) is waited out
+//! for up to `max_pause`, retrying without using up the retries or counting as a backend
+//! error. A generation the server aborts (`finish_reason: "abort"`, e.g. a pause in
+//! `abort` mode) is returned as it is, with the tokens generated before the abort: the
+//! agent loop continues the turn from them once generation resumes, instead of
+//! throwing them away. Cancelling drops the request future, which closes its
+//! connection, so the server sees the client go away and can abort the generation.
 
 use std::time::{Duration, Instant};
 
@@ -103,7 +105,7 @@ pub enum InferenceError {
 /// A pooled inference client.
 #[derive(Debug, Clone)]
 pub struct InferenceClient {
-    http: reqwest::Client,
+    pub(super) http: reqwest::Client,
     settings: ClientSettings,
 }
 
@@ -111,8 +113,7 @@ pub struct InferenceClient {
 enum Attempt {
     /// A fault of the backend: retried up to `retries` times.
     Retry(String),
-    /// The backend paused (aborted the generation, or 503): waited out up to
-    /// `max_pause`, not counted as a fault.
+    /// The backend paused (503): waited out up to `max_pause`, not counted as a fault.
     Paused(String),
     Fatal(InferenceError),
 }
@@ -256,9 +257,8 @@ impl InferenceClient {
             WireKind::Sglang => wire::parse_sglang(&bytes),
         };
         match parsed {
-            Ok(g) if g.finish == wire::Finish::Aborted => Err(Attempt::Paused(
-                "the server aborted the generation (paused, e.g. for a weight update)".into(),
-            )),
+            // An aborted generation is returned with its tokens so far: the caller goes
+            // on from them (a partial rollout) rather than throwing them away.
             Ok(g) => Ok(g),
             Err(source) => Err(Attempt::Fatal(InferenceError::Wire {
                 backend: backend.id.clone(),
@@ -317,7 +317,7 @@ impl InferenceClient {
 }
 
 /// `request` with the backend's API key as a Bearer token, when it has one.
-fn authorized(request: reqwest::RequestBuilder, backend: &BackendSpec) -> reqwest::RequestBuilder {
+pub(super) fn authorized(request: reqwest::RequestBuilder, backend: &BackendSpec) -> reqwest::RequestBuilder {
     match &backend.api_key {
         Some(key) => request.bearer_auth(&key.0),
         None => request,
@@ -325,7 +325,7 @@ fn authorized(request: reqwest::RequestBuilder, backend: &BackendSpec) -> reqwes
 }
 
 /// A transport error with its causes (reqwest's top-level message alone says little).
-fn describe(e: &reqwest::Error) -> String {
+pub(super) fn describe(e: &reqwest::Error) -> String {
     let mut s = if e.is_timeout() {
         "timed out".to_string()
     } else if e.is_connect() {
@@ -342,7 +342,7 @@ fn describe(e: &reqwest::Error) -> String {
     s
 }
 
-fn shorten(s: &str) -> String {
+pub(super) fn shorten(s: &str) -> String {
     const MAX: usize = 500;
     if s.len() <= MAX {
         return s.to_string();
@@ -552,28 +552,50 @@ mod tests {
         })
     }
 
-    /// Aborted generations and 503s (a server pausing for a weight update) are waited
-    /// out and retried without using up the retries, never returned as a turn; a pause
-    /// longer than `max_pause` makes the backend unavailable.
+    /// 503s (a server pausing for a weight update) are waited out and retried without
+    /// using up the retries; a pause longer than `max_pause` makes the backend
+    /// unavailable. An aborted generation comes back as it is, with its tokens so far,
+    /// and sending them back after the prompt continues it: the two parts are, token for
+    /// token and logprob for logprob, the undisturbed answer.
     #[tokio::test]
-    async fn pauses_and_aborts_are_waited_out_not_taken_as_turns() {
+    async fn pauses_are_waited_out_and_aborts_come_back_with_their_tokens() {
         let s = server().await;
         let never = CancellationToken::new();
+        let sampling = Sampling {
+            seed: Some(9),
+            max_tokens: Some(64),
+            ..Default::default()
+        };
         for kind in [WireKind::Vllm, WireKind::Sglang] {
             let b = spec(s.url(), kind);
-            for mode in [FaultMode::Abort, FaultMode::Paused] {
-                s.control(Control {
-                    mode,
-                    count: Some(3),
-                });
-                // No retries at all: the pauses must not count as faults.
-                let (g, _) = client(0)
-                    .generate(&b, &[1, 2, 3], &Sampling::default(), &never)
-                    .await
-                    .unwrap();
-                assert_ne!(g.finish, wire::Finish::Aborted);
-                assert!(!g.token_ids.is_empty());
-            }
+            let calm = client(0)
+                .generate(&b, &[1, 2, 3], &sampling, &never)
+                .await
+                .unwrap()
+                .0;
+            s.control(Control {
+                mode: FaultMode::Paused,
+                count: Some(3),
+            });
+            // No retries at all: the pauses must not count as faults.
+            let (g, _) = client(0)
+                .generate(&b, &[1, 2, 3], &sampling, &never)
+                .await
+                .unwrap();
+            assert_eq!(g.token_ids, calm.token_ids, "{kind:?}");
+            s.control(Control {
+                mode: FaultMode::Abort,
+                count: Some(1),
+            });
+            let (cut, _) = client(0)
+                .generate(&b, &[1, 2, 3], &sampling, &never)
+                .await
+                .unwrap();
+            assert_eq!(cut.finish, wire::Finish::Aborted, "{kind:?}");
+            assert!(cut.token_ids.len() < calm.token_ids.len());
+            assert_eq!(cut.token_ids[..], calm.token_ids[..cut.token_ids.len()]);
+            let rest = continue_after(&b, &[1, 2, 3], &cut, &sampling).await;
+            assert_joined(&cut, &rest, &calm, &format!("{kind:?}"));
         }
         s.control(Control {
             mode: FaultMode::Paused,
@@ -596,12 +618,44 @@ mod tests {
         s.stop().await;
     }
 
-    /// A paused vLLM holds requests (no 503) and answers the ones its pause aborts with
-    /// `finish_reason: "abort"`: the client sends an aborted one again, which waits out
-    /// the pause inside its request, and returns the complete answer after the resume,
-    /// the same as without the pause.
+    /// Sends `prompt` and the tokens of `cut` to continue it.
+    async fn continue_after(
+        b: &BackendSpec,
+        prompt: &[u32],
+        cut: &Generation,
+        sampling: &Sampling,
+    ) -> Generation {
+        let mut more = prompt.to_vec();
+        more.extend_from_slice(&cut.token_ids);
+        let sampling = Sampling {
+            max_tokens: sampling.max_tokens.map(|m| m - cut.token_ids.len() as u64),
+            ..sampling.clone()
+        };
+        client(0)
+            .generate(b, &more, &sampling, &CancellationToken::new())
+            .await
+            .unwrap()
+            .0
+    }
+
+    /// `cut` then `rest` are `whole`, tokens and logprobs.
+    fn assert_joined(cut: &Generation, rest: &Generation, whole: &Generation, what: &str) {
+        let mut ids = cut.token_ids.clone();
+        ids.extend_from_slice(&rest.token_ids);
+        let mut lps = cut.logprobs.clone();
+        lps.extend_from_slice(&rest.logprobs);
+        assert_eq!(ids, whole.token_ids, "{what}");
+        assert_eq!(lps, whole.logprobs, "{what}");
+        assert_eq!(rest.finish, whole.finish, "{what}");
+    }
+
+    /// A paused vLLM holds requests (no 503). Its pause in `abort` mode answers the
+    /// requests in it at once, `finish_reason: "abort"` with their tokens so far; their
+    /// continuation waits out the pause inside its request and, after the resume,
+    /// completes the answer. In `keep` mode the request is frozen and answered whole
+    /// after the resume.
     #[tokio::test]
-    async fn a_request_aborted_by_a_pause_is_sent_again_and_answered_after_the_resume() {
+    async fn a_pause_in_abort_mode_answers_with_the_tokens_so_far_and_keep_freezes() {
         use crate::scripted::pause::PauseMode;
         let s = server_with(|c| c.token_us = 2_000).await;
         let b = spec(s.url(), WireKind::Vllm);
@@ -625,17 +679,24 @@ mod tests {
             // Mid-generation (40 tokens at 2 ms each).
             tokio::time::sleep(Duration::from_millis(30)).await;
             s.pause(mode).await;
-            if mode == PauseMode::Keep {
-                s.pause(PauseMode::Abort).await;
+            if mode == PauseMode::Abort {
+                let cut = pending.await.unwrap().unwrap().0;
+                assert_eq!(cut.finish, wire::Finish::Aborted);
+                assert!(!cut.token_ids.is_empty() && cut.token_ids.len() < calm.token_ids.len());
+                let (b3, s3, cut3) = (b.clone(), sampling.clone(), cut.clone());
+                let rest =
+                    tokio::spawn(async move { continue_after(&b3, &[1, 2, 3], &cut3, &s3).await });
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                assert!(!rest.is_finished(), "the continuation waits for the resume");
+                s.resume();
+                assert_joined(&cut, &rest.await.unwrap(), &calm, "abort");
+            } else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                assert!(!pending.is_finished(), "nothing is answered while frozen");
+                s.resume();
+                let (g, _) = pending.await.unwrap().unwrap();
+                assert_eq!(g, calm, "{mode:?}");
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            assert!(
-                !pending.is_finished(),
-                "{mode:?}: nothing is answered while paused"
-            );
-            s.resume();
-            let (g, _) = pending.await.unwrap().unwrap();
-            assert_eq!(g, calm, "{mode:?}");
         }
         assert_eq!(s.stats().faulted, 0, "a pause is not a fault");
         s.stop().await;

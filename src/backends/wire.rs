@@ -142,7 +142,7 @@ pub enum Finish {
     Length,
     /// The server aborted the generation (vLLM `finish_reason: "abort"`, SGLang
     /// `{"type": "abort"}`), e.g. to pause for a weight update: not a complete turn. The
-    /// client retries it; it never reaches a trajectory.
+    /// agent loop continues it from its tokens once generation resumes.
     Aborted,
     /// Anything else the server said.
     Other,

@@ -103,6 +103,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(backends::list_backends, backends::add_backend))
         .routes(routes!(backends::get_backend, backends::remove_backend))
         .routes(routes!(policy::announce_policy, policy::current_policy))
+        .routes(routes!(policy::resume_policy))
         .routes(routes!(status))
         .routes(routes!(dashboard::dashboard))
         .routes(routes!(healthz))

@@ -633,10 +633,15 @@ impl Queue {
             .map_err(|e| js_err("cancel flush")(e.to_string()))
     }
 
-    /// Broadcasts that policy `version` is current.
-    pub async fn publish_policy(&self, version: i64) -> Result<(), QueueError> {
+    /// Broadcasts the policy row (the current version and the weight update in
+    /// progress, as JSON) to every process that follows it.
+    pub async fn publish_policy(
+        &self,
+        state: &crate::domain::policy::PolicyState,
+    ) -> Result<(), QueueError> {
+        let body = serde_json::to_vec(state).map_err(|e| js_err("policy publish")(e.to_string()))?;
         self.client
-            .publish(self.subjects.policy(), Bytes::from(version.to_string()))
+            .publish(self.subjects.policy(), Bytes::from(body))
             .await
             .map_err(|e| js_err("policy publish")(e.to_string()))?;
         self.client

@@ -875,7 +875,9 @@ async fn policy_versions_only_move_forward_and_racing_announcers_get_one_order()
         match answer {
             Announced::New(p) => assert_eq!(p.version, *v),
             Announced::Outdated(p) => assert!(p.version > *v, "{v}: {answer:?}"),
-            Announced::Repeated(_) => panic!("{v} was announced once: {answer:?}"),
+            Announced::Repeated(_) | Announced::Busy(_) => {
+                panic!("{v} was announced once, with no update in progress: {answer:?}")
+            }
         }
     }
     assert!(
@@ -900,4 +902,101 @@ async fn policy_versions_only_move_forward_and_racing_announcers_get_one_order()
     made_current.sort_unstable_by(|a, b| b.cmp(a));
     assert_eq!(recent, made_current);
     assert_eq!(store.recent_policies(2).await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_weight_update_holds_one_version_until_resumed_or_its_lease_runs_out() {
+    use rollout::domain::policy::UpdateMode;
+    use rollout::store::{Announced, Pausing, Resumed};
+    let f = fixture().await;
+    let store = f.store.as_ref();
+    store.announce_policy(1, EpochMs(1_000)).await.unwrap();
+    let seq0 = store.policy_state().await.unwrap().seq;
+    // An update to 2: the version is not current yet, and its pause is on record.
+    let Pausing::Started(s) = store
+        .begin_pause(2, UpdateMode::Abort, EpochMs(2_000), EpochMs(9_000))
+        .await
+        .unwrap()
+    else {
+        panic!("the update starts");
+    };
+    assert_eq!(s.version(), Some(1));
+    let p = s.pause.expect("paused");
+    assert_eq!(
+        (p.version, p.mode, p.since, p.until),
+        (2, UpdateMode::Abort, 2_000, 9_000)
+    );
+    assert!(s.seq > seq0, "every change counts");
+    // Repeated: the lease is renewed. Another update, or an announcement, is refused
+    // while it runs; an older version is outdated as ever.
+    let Pausing::Repeated(r) = store
+        .begin_pause(2, UpdateMode::Abort, EpochMs(3_000), EpochMs(12_000))
+        .await
+        .unwrap()
+    else {
+        panic!("a repeat renews");
+    };
+    assert_eq!(r.pause.unwrap().until, 12_000);
+    assert!(r.seq > s.seq);
+    assert!(matches!(
+        store
+            .begin_pause(3, UpdateMode::Wait, EpochMs(3_000), EpochMs(9_000))
+            .await
+            .unwrap(),
+        Pausing::Busy(b) if b.version == 2
+    ));
+    assert!(matches!(
+        store.announce_policy(3, EpochMs(3_000)).await.unwrap(),
+        Announced::Busy(b) if b.version == 2
+    ));
+    assert!(matches!(
+        store.end_pause(3, EpochMs(3_000)).await.unwrap(),
+        Resumed::NotPaused(_)
+    ));
+    // Not yet expired.
+    assert_eq!(store.expire_pause(EpochMs(11_999)).await.unwrap(), None);
+    // Resumed: 2 is current, on record, and resuming again is a repeat.
+    let Resumed::Done(d) = store.end_pause(2, EpochMs(4_000)).await.unwrap() else {
+        panic!("resumed");
+    };
+    assert_eq!(d.current.map(|c| (c.version, c.announced_at)), Some((2, 4_000)));
+    assert_eq!(d.pause, None);
+    assert!(matches!(
+        store.end_pause(2, EpochMs(5_000)).await.unwrap(),
+        Resumed::Repeated(_)
+    ));
+    assert_eq!(store.recent_policies(1).await.unwrap()[0].version, 2);
+    assert!(matches!(
+        store
+            .begin_pause(2, UpdateMode::Pause, EpochMs(5_000), EpochMs(9_000))
+            .await
+            .unwrap(),
+        Pausing::Outdated(c) if c.version == 2
+    ));
+    // An update whose lease runs out is cleared without its version.
+    store
+        .begin_pause(3, UpdateMode::Pause, EpochMs(6_000), EpochMs(7_000))
+        .await
+        .unwrap();
+    let expired = store.expire_pause(EpochMs(7_000)).await.unwrap().expect("expired");
+    assert_eq!((expired.version, expired.mode), (3, UpdateMode::Pause));
+    let after = store.policy_state().await.unwrap();
+    assert_eq!((after.version(), after.pause), (Some(2), None));
+    assert_eq!(store.expire_pause(EpochMs(8_000)).await.unwrap(), None);
+    // Concurrent updates to the same next version: exactly one starts it.
+    let tries = futures::future::join_all((0..8).map(|_| {
+        let store = f.store.clone();
+        async move {
+            store
+                .begin_pause(4, UpdateMode::Wait, EpochMs(9_000), EpochMs(20_000))
+                .await
+                .unwrap()
+        }
+    }))
+    .await;
+    assert_eq!(
+        tries.iter().filter(|t| matches!(t, Pausing::Started(_))).count(),
+        1,
+        "{tries:?}"
+    );
 }

@@ -7,7 +7,9 @@
 //! load), each with a deterministic pseudo-logprob. It simulates what matters for
 //! measuring the rollout service around it: per-token generation time, a prefix cache
 //! that reports cached prompt tokens as vLLM and SGLang do ([`cache::PrefixCache`]),
-//! the context limit, vLLM's pause and abort ([`pause`]), and faults on command
+//! the context limit, vLLM's and SGLang's pause and abort ([`pause`]), an aborted answer
+//! continued where it stopped by a request that sends its tokens back (as a model
+//! continues its own text), and faults on command
 //! (`POST /control`: fail with 5xx, stall, drop connections, go down).
 //!
 //! Where it answers as vLLM, it answers as vLLM 0.32 does, checked against the real
@@ -18,7 +20,8 @@
 //! that holds requests rather than refusing them.
 //!
 //! Endpoints: `POST /v1/completions`, `POST /generate`, `GET /health`, `GET /v1/models`,
-//! `POST /pause`, `POST /resume`, `GET /is_paused`, `POST /abort_requests`,
+//! `POST /pause`, `POST /resume`, `GET /is_paused`, `POST /abort_requests` (vLLM),
+//! `POST /pause_generation`, `POST /continue_generation`, `GET /get_load` (SGLang),
 //! `POST /control`, `GET /stats`, `GET /requests` (the last requests served, for tests
 //! that check token-exactness against what the server sent).
 //!
@@ -29,7 +32,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -224,6 +227,10 @@ struct Shared {
     aborted: AtomicU64,
     served: Mutex<VecDeque<Served>>,
     pause: pause::Pause,
+    /// What an aborted generation would have gone on to say, keyed by its prompt and the
+    /// tokens it generated before the abort: a request sending exactly those continues
+    /// the answer, as a real model continues its own text (see [`Continuation`]).
+    continuations: Mutex<HashMap<Vec<u32>, Continuation>>,
     /// When it started (Unix seconds), as `/v1/models` says `created`.
     started: u64,
     shutdown: CancellationToken,
@@ -263,6 +270,7 @@ impl ScriptedServer {
             aborted: AtomicU64::new(0),
             served: Mutex::new(VecDeque::new()),
             pause: pause::Pause::default(),
+            continuations: Mutex::new(HashMap::new()),
             started: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -374,6 +382,9 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/resume", post(resume_server))
         .route("/is_paused", get(is_paused))
         .route("/abort_requests", post(abort_requests))
+        .route("/pause_generation", post(pause_generation))
+        .route("/continue_generation", post(continue_generation))
+        .route("/get_load", get(get_load))
         .route("/control", post(control))
         .route("/stats", get(stats))
         .route("/requests", get(requests))
@@ -456,6 +467,63 @@ async fn resume_server(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> 
     tracing::info!("resumed");
     s.pause.resume();
     Json(serde_json::json!({"status": "resumed"}))
+}
+
+/// SGLang's `POST /pause_generation` with `{"mode": "abort"|"retract"|"in_place"}`
+/// (`abort` when absent, as in the releases before the mode, which always abort):
+/// `abort` ends the requests in flight with their tokens so far; `retract` (back to the
+/// queue, KV recomputed) and `in_place` go on after the resume with the same tokens,
+/// which the stand-in plays by freezing them. New requests wait in every mode.
+async fn pause_generation(State(s): State<Arc<Shared>>, body: axum::body::Bytes) -> Response {
+    let asked: serde_json::Value = if body.is_empty() {
+        serde_json::json!({})
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => {
+                return (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    Json(serde_json::json!({"detail": format!("invalid JSON body: {e}")})),
+                )
+                    .into_response();
+            }
+        }
+    };
+    let mode = match asked.get("mode").and_then(|m| m.as_str()).unwrap_or("abort") {
+        "abort" => pause::PauseMode::Abort,
+        "retract" | "in_place" => pause::PauseMode::Keep,
+        other => {
+            return (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Json(serde_json::json!({"detail": format!(
+                    "mode: Input should be 'abort', 'retract' or 'in_place', got '{other}'"
+                )})),
+            )
+                .into_response();
+        }
+    };
+    tracing::info!(?mode, "generation paused");
+    s.pause.pause(mode).await;
+    Json(serde_json::json!({"message": "Generation paused successfully.", "status": "ok"}))
+        .into_response()
+}
+
+/// SGLang's `POST /continue_generation`.
+async fn continue_generation(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+    tracing::info!("generation continued");
+    s.pause.resume();
+    Json(serde_json::json!({"message": "Generation continued successfully.", "status": "ok"}))
+}
+
+/// SGLang's `GET /get_load`: one entry per data-parallel rank (one here).
+async fn get_load(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+    let (waiting, generating) = s.pause.load();
+    Json(serde_json::json!([{
+        "dp_rank": 0,
+        "num_reqs": generating,
+        "num_waiting_reqs": waiting,
+        "num_tokens": 0,
+    }]))
 }
 
 async fn is_paused(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
@@ -690,6 +758,19 @@ fn refuse_unknown_ids(cfg: &ScriptedConfig, ask: &Ask) -> Result<(), Box<Respons
     Ok(())
 }
 
+/// The rest of an aborted answer: its tokens from the abort on, and what stops them.
+#[derive(Debug, Clone)]
+struct Continuation {
+    ids: Vec<u32>,
+    matched: Option<serde_json::Value>,
+    /// The script's variant and turn that made it (for the request log).
+    variant: usize,
+    turn: usize,
+}
+
+/// How many aborted answers the stand-in remembers for continuation.
+const MAX_CONTINUATIONS: usize = 4096;
+
 /// What the script answers.
 struct Answer {
     ids: Vec<u32>,
@@ -700,6 +781,36 @@ struct Answer {
     /// The token or string that stopped it.
     matched: Option<serde_json::Value>,
     cached: usize,
+}
+
+/// The script's answer to `prompt_text`: its tokens, cut after the first stop string or
+/// stop token the request names (kept, as both servers keep it), or ended with the
+/// model's end-of-sequence token; and what stopped it.
+fn script_answer(
+    cfg: &ScriptedConfig,
+    prompt_text: &str,
+    key: u64,
+    ask: &Ask,
+) -> Result<Continuation, String> {
+    let vocab = &cfg.model.tokenizer;
+    let pick = cfg.policy.pick(prompt_text, key);
+    let (mut ids, stopped_by) =
+        cut_at_stop(vocab, &pick.text, &ask.stop).map_err(|e| e.to_string())?;
+    let by_string = stopped_by.is_some();
+    let mut matched = stopped_by.map(serde_json::Value::String);
+    if let Some(at) = ids.iter().position(|id| ask.stop_token_ids.contains(id)) {
+        ids.truncate(at + 1);
+        matched = Some(ids[at].into());
+    } else if !by_string {
+        ids.push(cfg.model.eos_id);
+        matched = Some(cfg.model.eos_id.into());
+    }
+    Ok(Continuation {
+        ids,
+        matched,
+        variant: pick.variant,
+        turn: pick.turn,
+    })
 }
 
 /// Plays faults, then the script, with the simulated timing. `Err` is the response to
@@ -725,21 +836,19 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
     let key = ask
         .seed
         .unwrap_or_else(|| stable_hash(&[cfg.seed, s.counter.fetch_add(1, Ordering::Relaxed)]));
-    let pick = cfg.policy.pick(&prompt_text, key);
-    // Stop strings end the turn right after the first one (kept in the output).
-    let (mut ids, stopped_by) = cut_at_stop(vocab, &pick.text, &ask.stop)
-        .map_err(|e| bad_request_in(format, format!("script: {e}")))?;
-    let by_string = stopped_by.is_some();
-    let mut matched = stopped_by.map(serde_json::Value::String);
-    // A stop token the request names ends the turn on it (kept, as both servers keep
-    // it); otherwise the model's end-of-sequence token does, whether asked for or not.
-    if let Some(at) = ids.iter().position(|id| ask.stop_token_ids.contains(id)) {
-        ids.truncate(at + 1);
-        matched = Some(ids[at].into());
-    } else if !by_string {
-        ids.push(cfg.model.eos_id);
-        matched = Some(cfg.model.eos_id.into());
-    }
+    // A request that sends an aborted answer's tokens after its prompt continues it.
+    let resumed = s
+        .continuations
+        .lock()
+        .expect("lock")
+        .remove(&ask.prompt);
+    let whole = match resumed {
+        Some(c) => c,
+        None => script_answer(cfg, &prompt_text, key, &ask)
+            .map_err(|e| bad_request_in(format, format!("script: {e}")))?,
+    };
+    let mut ids = whole.ids.clone();
+    let mut matched = whole.matched.clone();
     let mut finish = "stop";
     if ids.len() > max_tokens {
         ids.truncate(max_tokens);
@@ -783,6 +892,19 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
         matched = None;
     }
     drop(ticket);
+    if finish == "abort" {
+        let mut key = ask.prompt.clone();
+        key.extend_from_slice(&ids);
+        let rest = Continuation {
+            ids: whole.ids[ids.len()..].to_vec(),
+            ..whole.clone()
+        };
+        let mut map = s.continuations.lock().expect("lock");
+        if map.len() >= MAX_CONTINUATIONS {
+            map.clear();
+        }
+        map.insert(key, rest);
+    }
     {
         let mut all = ask.prompt.clone();
         all.extend_from_slice(&ids);
@@ -800,7 +922,7 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
         matched,
         cached,
     };
-    record(s, format, key, &ask.prompt, &answer, &pick);
+    record(s, format, key, &ask.prompt, &answer, &whole);
     Ok(answer)
 }
 
@@ -910,7 +1032,7 @@ fn generated_by(n: usize, done: Duration, wait: Duration) -> usize {
 
 /// Counts an answered request and keeps it in the log of served requests (the last
 /// `keep_requests`), for tests to inspect.
-fn record(s: &Shared, format: &str, key: u64, prompt: &[u32], a: &Answer, pick: &policy::Pick) {
+fn record(s: &Shared, format: &str, key: u64, prompt: &[u32], a: &Answer, pick: &Continuation) {
     s.requests.fetch_add(1, Ordering::Relaxed);
     s.prompt_tokens
         .fetch_add(prompt.len() as u64, Ordering::Relaxed);

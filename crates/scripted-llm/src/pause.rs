@@ -1,4 +1,6 @@
-//! Pausing and aborting generation as vLLM 0.32 does it on its dev-mode endpoints
+//! Pausing and aborting generation as vLLM 0.32 does it on its dev-mode endpoints (and,
+//! on the same machinery, SGLang's `/pause_generation` and `/continue_generation`, see
+//! the crate root)
 //! (`VLLM_SERVER_DEV_MODE=1`), so that the client, and the service around it, are tested
 //! against the real semantics (checked against the real server by `tests/real_vllm.rs`):
 //!
@@ -158,6 +160,12 @@ impl Pause {
             n = s.waiting + s.generating;
         });
         n
+    }
+
+    /// The requests waiting to be let in, and those generating.
+    pub fn load(&self) -> (u64, u64) {
+        let s = self.state.borrow();
+        (s.waiting, s.generating)
     }
 
     /// `/is_paused`.

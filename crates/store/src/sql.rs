@@ -854,16 +854,39 @@ pub(super) const DASHBOARD_SAMPLING: &str = "SELECT batch_id, status, reason, gr
      ORDER BY created_at DESC, batch_id LIMIT CAST($1 AS INTEGER)";
 
 /// Makes `$1` the current policy version if it is newer than the current one (or none
-/// is); returns the row when it did. The row lock orders concurrent announcers.
-pub(super) const ANNOUNCE_POLICY: &str = "UPDATE policy SET version = $1, announced_at = $2 \
-     WHERE id = 1 AND (version IS NULL OR version < $1) RETURNING version, announced_at";
+/// is) and no weight update is in progress; returns the row when it did. The row lock
+/// orders concurrent announcers.
+pub(super) const ANNOUNCE_POLICY: &str = "UPDATE policy SET version = $1, announced_at = $2, \
+     seq = seq + 1 WHERE id = 1 AND (version IS NULL OR version < $1) AND pause_version IS NULL \
+     RETURNING version, announced_at";
+
+/// Starts a weight update to `$1` (mode `$2`, since `$3`, lease until `$4`) if `$1` is
+/// newer than the current version and no update is in progress.
+pub(super) const BEGIN_POLICY_PAUSE: &str = "UPDATE policy SET pause_version = $1, \
+     pause_mode = $2, pause_since = $3, pause_until = $4, seq = seq + 1 \
+     WHERE id = 1 AND (version IS NULL OR version < $1) AND pause_version IS NULL";
+
+/// Extends the lease of the update to `$1` in mode `$2` (a repeated request) to `$3`.
+pub(super) const RENEW_POLICY_PAUSE: &str = "UPDATE policy SET pause_until = $3, seq = seq + 1 \
+     WHERE id = 1 AND pause_version = $1 AND pause_mode = $2";
+
+/// Ends the update to `$1`: its version becomes current (announced at `$2`).
+pub(super) const END_POLICY_PAUSE: &str = "UPDATE policy SET version = pause_version, \
+     announced_at = $2, pause_version = NULL, pause_mode = NULL, pause_since = NULL, \
+     pause_until = NULL, seq = seq + 1 WHERE id = 1 AND pause_version = $1";
+
+/// Clears the update to `$1` whose lease ran out before `$2`, without its version.
+pub(super) const EXPIRE_POLICY_PAUSE: &str = "UPDATE policy SET pause_version = NULL, \
+     pause_mode = NULL, pause_since = NULL, pause_until = NULL, seq = seq + 1 \
+     WHERE id = 1 AND pause_version = $1 AND pause_until <= $2";
+
+/// The policy row: the current version and the update in progress.
+pub(super) const POLICY_STATE: &str = "SELECT seq, version, announced_at, pause_version, \
+     pause_mode, pause_since, pause_until FROM policy WHERE id = 1";
 
 /// Keeps an announced version in the record.
 pub(super) const RECORD_POLICY_VERSION: &str = "INSERT INTO policy_versions (version, announced_at) \
      VALUES ($1, $2) ON CONFLICT (version) DO NOTHING";
-
-/// The current policy version (`NULL` before the first announcement).
-pub(super) const CURRENT_POLICY: &str = "SELECT version, announced_at FROM policy WHERE id = 1";
 
 /// The latest announced versions, newest first.
 pub(super) const RECENT_POLICY_VERSIONS: &str = "SELECT version, announced_at FROM policy_versions \

@@ -1,0 +1,206 @@
+//! Stopping and restarting generation at the inference servers for a weight update, in
+//! each server's own words.
+//!
+//! - vLLM (its dev-mode endpoints, served with `VLLM_SERVER_DEV_MODE=1`):
+//!   `POST /pause?mode=keep|abort|wait` and `POST /resume`. `keep` freezes the requests
+//!   in flight (they go on after the resume; the prefix cache is cleared, so their KV is
+//!   recomputed under the new weights), `abort` ends them with the tokens generated so
+//!   far (`finish_reason: "abort"`), `wait` answers once they have ended; in every mode
+//!   new requests wait until the resume.
+//! - SGLang: `POST /pause_generation` with `{"mode": "retract"|"abort"}` and
+//!   `POST /continue_generation`. `retract` puts the running requests back in the queue
+//!   (they go on after the resume), `abort` ends them with their tokens so far; releases
+//!   before the mode existed abort in every case, which the service also handles (it
+//!   continues an aborted turn from its tokens). SGLang has no `wait`: the service, which
+//!   holds its own new turns, polls `GET /get_load` until the server has no request
+//!   left, then pauses it.
+//!
+//! Every mode holds the service's own new turns as well ([`crate::policy::PolicyWatch`]),
+//! so the servers' differences only concern the requests already in them.
+
+use std::time::{Duration, Instant};
+
+use super::client::{InferenceClient, authorized, describe, shorten};
+use crate::domain::backend::{BackendSpec, WireKind};
+use crate::domain::policy::{BackendAnswer, UpdateMode};
+
+/// How often `wait` polls an SGLang server's load.
+const LOAD_POLL: Duration = Duration::from_millis(100);
+
+impl InferenceClient {
+    /// Stops generation at `backend` as `mode` says; returns once it has (for `wait`,
+    /// once the requests in flight have ended). The error says what went wrong and,
+    /// where it can, what to do.
+    pub async fn pause_backend(&self, backend: &BackendSpec, mode: UpdateMode) -> Result<(), String> {
+        let base = backend.url.trim_end_matches('/');
+        match backend.kind {
+            WireKind::Vllm => {
+                let vllm_mode = match mode {
+                    UpdateMode::Pause => "keep",
+                    UpdateMode::Abort => "abort",
+                    UpdateMode::Wait => "wait",
+                };
+                self.control(backend, format!("{base}/pause?mode={vllm_mode}"), None)
+                    .await
+            }
+            WireKind::Sglang => {
+                if mode == UpdateMode::Wait {
+                    self.wait_idle(backend).await?;
+                }
+                let sglang_mode = match mode {
+                    UpdateMode::Pause => "retract",
+                    UpdateMode::Abort | UpdateMode::Wait => "abort",
+                };
+                self.control(
+                    backend,
+                    format!("{base}/pause_generation"),
+                    Some(serde_json::json!({"mode": sglang_mode})),
+                )
+                .await
+            }
+        }
+    }
+
+    /// Lets `backend` generate again.
+    pub async fn resume_backend(&self, backend: &BackendSpec) -> Result<(), String> {
+        let base = backend.url.trim_end_matches('/');
+        let url = match backend.kind {
+            WireKind::Vllm => format!("{base}/resume"),
+            WireKind::Sglang => format!("{base}/continue_generation"),
+        };
+        self.control(backend, url, None).await
+    }
+
+    /// Posts a control request; a missing endpoint says how to get it.
+    async fn control(
+        &self,
+        backend: &BackendSpec,
+        url: String,
+        body: Option<serde_json::Value>,
+    ) -> Result<(), String> {
+        let mut req = authorized(self.http.post(&url), backend).timeout(self.settings().request_timeout);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.map_err(|e| format!("POST {url}: {}", describe(&e)))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let text = resp.text().await.unwrap_or_default();
+        let hint = match (status.as_u16(), backend.kind) {
+            (404, WireKind::Vllm) => {
+                ": vLLM serves /pause and /resume only in its dev mode; start it with VLLM_SERVER_DEV_MODE=1"
+            }
+            (404, WireKind::Sglang) => ": this SGLang has no /pause_generation; use a 0.5 release or newer",
+            _ => "",
+        };
+        Err(format!("POST {url} answered {status}{hint}: {}", shorten(&text)))
+    }
+
+    /// Waits until an SGLang server has no request running or queued.
+    async fn wait_idle(&self, backend: &BackendSpec) -> Result<(), String> {
+        let url = format!("{}/get_load", backend.url.trim_end_matches('/'));
+        let t0 = Instant::now();
+        loop {
+            let resp = authorized(self.http.get(&url), backend)
+                .timeout(self.settings().connect_timeout.max(Duration::from_secs(5)))
+                .send()
+                .await
+                .map_err(|e| format!("GET {url}: {}", describe(&e)))?;
+            if !resp.status().is_success() {
+                return Err(format!("GET {url} answered {}", resp.status()));
+            }
+            let load: serde_json::Value = resp
+                .json()
+                .await
+                .map_err(|e| format!("GET {url}: {}", describe(&e)))?;
+            if requests_in(&load) == Some(0) {
+                return Ok(());
+            }
+            if t0.elapsed() > self.settings().request_timeout {
+                return Err(format!(
+                    "the server still had requests after {:?}",
+                    self.settings().request_timeout
+                ));
+            }
+            tokio::time::sleep(LOAD_POLL).await;
+        }
+    }
+}
+
+/// Pauses every backend of `backends` at once, as `mode` says; one answer each.
+pub async fn pause_all(
+    client: &InferenceClient,
+    backends: &[BackendSpec],
+    mode: UpdateMode,
+) -> Vec<BackendAnswer> {
+    let each = backends.iter().map(|b| async move {
+        let r = client.pause_backend(b, mode).await;
+        answer(b, "paused", r)
+    });
+    futures::future::join_all(each).await
+}
+
+/// Resumes every backend of `backends` at once; one answer each.
+pub async fn resume_all(client: &InferenceClient, backends: &[BackendSpec]) -> Vec<BackendAnswer> {
+    let each = backends.iter().map(|b| async move {
+        let r = client.resume_backend(b).await;
+        answer(b, "resumed", r)
+    });
+    futures::future::join_all(each).await
+}
+
+/// One backend's answer, logged.
+fn answer(b: &BackendSpec, what: &'static str, r: Result<(), String>) -> BackendAnswer {
+    match r {
+        Ok(()) => {
+            tracing::info!(backend = %b.id, "generation {what}");
+            BackendAnswer {
+                backend: b.id.clone(),
+                ok: true,
+                error: None,
+            }
+        }
+        Err(e) => {
+            tracing::warn!(backend = %b.id, error = %e, "generation not {what}");
+            BackendAnswer {
+                backend: b.id.clone(),
+                ok: false,
+                error: Some(e),
+            }
+        }
+    }
+}
+
+/// The requests running and queued in an SGLang `/get_load` answer (one entry per data
+/// parallel rank); `None` when the answer is not of that shape.
+fn requests_in(load: &serde_json::Value) -> Option<u64> {
+    let ranks = match load {
+        serde_json::Value::Array(a) => a.as_slice(),
+        one @ serde_json::Value::Object(_) => std::slice::from_ref(one),
+        _ => return None,
+    };
+    ranks.iter().try_fold(0u64, |n, r| {
+        Some(n + r["num_reqs"].as_u64()? + r["num_waiting_reqs"].as_u64().unwrap_or(0))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_sglang_load_counts_running_and_queued_requests_over_its_ranks() {
+        let load = serde_json::json!([
+            {"dp_rank": 0, "num_reqs": 2, "num_waiting_reqs": 1, "num_tokens": 90},
+            {"dp_rank": 1, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
+        ]);
+        assert_eq!(requests_in(&load), Some(3));
+        assert_eq!(
+            requests_in(&serde_json::json!([{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0}])),
+            Some(0)
+        );
+        assert_eq!(requests_in(&serde_json::json!({"error": "x"})), None);
+    }
+}
