@@ -183,7 +183,12 @@ pub async fn expire_pause(
     if let Err(e) = queue.publish_policy(&policy).await {
         tracing::warn!(error = %e, "policy state not broadcast; the workers will read it from the database");
     }
-    let backends: Vec<_> = store.backends().await?.into_iter().map(|b| b.spec).collect();
+    let backends: Vec<_> = store
+        .backends()
+        .await?
+        .into_iter()
+        .map(|b| b.spec)
+        .collect();
     let client = crate::backends::client::InferenceClient::new(settings.client.clone());
     // A backend that does not answer now stays paused: say so loudly, it needs a hand.
     for a in crate::backends::control::resume_all(&client, &backends).await {

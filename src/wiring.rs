@@ -169,6 +169,7 @@ pub async fn run_gateway(
         gateway::nats::Endpoint::Jobs,
         gateway::nats::Endpoint::Batches,
         gateway::nats::Endpoint::Policy,
+        gateway::nats::Endpoint::PolicyResume,
     ] {
         let sub = endpoint.subscribe(&state.queue).await?;
         essentials.push(spawn_essential(

@@ -337,6 +337,10 @@ async fn a_real_vllm_serves_the_service_token_exact() {
         ("context limits", context_limits(&real).boxed_local()),
         ("pause and abort", pause_and_abort(&real).boxed_local()),
         (
+            "the service's pause and resume, in vLLM's words",
+            pause_modes(&real).boxed_local(),
+        ),
+        (
             "an episode through the service",
             episode(&real).boxed_local(),
         ),
@@ -539,20 +543,23 @@ async fn context_limits(real: &Real) {
 }
 
 /// A request the server aborts (its own `/pause`, or `/abort_requests`) comes back
-/// `finish_reason: "abort"`; the client waits the pause out and sends it again, and the
-/// answer it returns is the complete one, the same as an undisturbed request.
+/// `finish_reason: "abort"` with the tokens it had generated: exactly the first tokens
+/// and logprobs of the same request undisturbed. Sent back after the prompt (as the agent
+/// loop continues a turn after a weight update), they are continued, token for token and
+/// logprob for logprob as a direct request for that continuation; a paused server holds
+/// the continuation until its resume.
 async fn pause_and_abort(real: &Real) {
     let prompt = real.prompt("Tell me a long story about a lighthouse.");
-    let s = sampling(48, 5);
+    let s = sampling(160, 5);
+    let t0 = Instant::now();
     let calm = real.generate(&prompt, &s).await;
+    let calm_took = t0.elapsed();
+    assert!(calm.token_ids.len() > 8, "a long enough answer: {calm:?}");
     for how in ["pause", "abort_requests"] {
         let aborted_before = real
             .vllm
             .metric("vllm:request_success_total", "finished_reason=\"abort\"")
             .await;
-        // Freeze the engine first, so the request is certainly in it when it is aborted.
-        let (st, _) = real.vllm.post("/pause?mode=keep", &json!({})).await;
-        assert_eq!(st, 200);
         let client = real.client.clone();
         let backend = real.backend.clone();
         let (p, s2) = (prompt.clone(), s.clone());
@@ -561,51 +568,104 @@ async fn pause_and_abort(real: &Real) {
                 .generate(&backend, &p, &s2, &CancellationToken::new())
                 .await
         });
-        // The paused server holds it (it reaches the server in milliseconds).
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        assert!(!pending.is_finished(), "{how}: a paused server answered");
+        // A third of the way through.
+        tokio::time::sleep(calm_took / 3).await;
         let (st, answer) = match how {
-            "pause" => real.vllm.post("/pause", &json!({})).await,
+            "pause" => real.vllm.post("/pause?mode=abort", &json!({})).await,
             _ => real.vllm.post("/abort_requests", &json!({})).await,
         };
         assert_eq!(st, 200, "{how}: {answer}");
-        if how == "pause" {
-            // The engine counts what its pause aborted.
-            let t0 = Instant::now();
-            while real
-                .vllm
-                .metric("vllm:request_success_total", "finished_reason=\"abort\"")
-                .await
-                <= aborted_before
-            {
-                assert!(
-                    t0.elapsed() < Duration::from_secs(30),
-                    "{how}: nothing was aborted"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        } else {
-            // `/abort_requests` aborts in the API server and says how many.
+        let cut = tokio::time::timeout(Duration::from_secs(60), pending)
+            .await
+            .expect("an aborted request is answered at once")
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{how}: {e}"))
+            .0;
+        assert_eq!(cut.finish, Finish::Aborted, "{how}: {cut:?}");
+        let n = cut.token_ids.len();
+        assert!(
+            n > 0 && n < calm.token_ids.len(),
+            "{how}: aborted part-way ({n} of {} tokens)",
+            calm.token_ids.len()
+        );
+        assert_eq!(cut.token_ids[..], calm.token_ids[..n], "{how}");
+        assert_eq!(cut.logprobs[..], calm.logprobs[..n], "{how}");
+        // The engine counts what its pause aborted; `/abort_requests` aborts in the API
+        // server and says how many.
+        if how == "abort_requests" {
             assert!(
                 answer["aborted"].as_u64().is_some_and(|n| n >= 1),
                 "{answer}"
             );
         }
-        assert!(
-            !pending.is_finished(),
-            "{how}: an aborted generation is not an answer"
-        );
-        let (st, _) = real.vllm.post("/resume", &json!({})).await;
-        assert_eq!(st, 200);
-        let done = tokio::time::timeout(Duration::from_secs(120), pending)
+        let t0 = Instant::now();
+        while how == "pause"
+            && real
+                .vllm
+                .metric("vllm:request_success_total", "finished_reason=\"abort\"")
+                .await
+                <= aborted_before
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{how}: the engine counted no abort"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The continuation: the prompt and the tokens so far, for the rest of the budget.
+        let mut more = prompt.clone();
+        more.extend_from_slice(&cut.token_ids);
+        let rest_sampling = sampling(160 - n as u64, 5);
+        let client = real.client.clone();
+        let backend = real.backend.clone();
+        let (m, rs) = (more.clone(), rest_sampling.clone());
+        let rest = tokio::spawn(async move {
+            client
+                .generate(&backend, &m, &rs, &CancellationToken::new())
+                .await
+        });
+        if how == "pause" {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            assert!(!rest.is_finished(), "a paused server answered");
+            let (st, _) = real.vllm.post("/resume", &json!({})).await;
+            assert_eq!(st, 200);
+        }
+        let rest = tokio::time::timeout(Duration::from_secs(120), rest)
             .await
-            .expect("the retried request ends after the resume")
+            .expect("the continuation ends")
             .unwrap()
             .unwrap_or_else(|e| panic!("{how}: {e}"))
             .0;
-        assert_eq!(done.token_ids, calm.token_ids, "{how}");
-        assert_eq!(done.logprobs, calm.logprobs, "{how}");
-        assert_eq!(done.finish, calm.finish, "{how}");
+        assert_ne!(rest.finish, Finish::Aborted, "{how}");
+        let direct = real.direct(&more, &rest_sampling).await;
+        assert_eq!(rest.token_ids, id_list(&direct, "token_ids"), "{how}");
+        assert_eq!(rest.logprobs, raw_logprobs(&direct), "{how}");
+    }
+}
+
+/// The service's pause in each mode reaches vLLM as a pause it accepts (`keep`,
+/// `abort`, `wait`), and its resume resumes it.
+async fn pause_modes(real: &Real) {
+    use rollout::domain::policy::UpdateMode;
+    for mode in [UpdateMode::Pause, UpdateMode::Abort, UpdateMode::Wait] {
+        real.client
+            .pause_backend(&real.backend, mode)
+            .await
+            .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        assert_eq!(
+            real.vllm.get("/is_paused").await["is_paused"],
+            true,
+            "{mode:?}"
+        );
+        real.client
+            .resume_backend(&real.backend)
+            .await
+            .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        assert_eq!(
+            real.vllm.get("/is_paused").await["is_paused"],
+            false,
+            "{mode:?}"
+        );
     }
 }
 

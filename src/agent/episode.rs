@@ -331,7 +331,10 @@ impl<'a> EpisodeState<'a> {
         let mut parts: Vec<(Generated, Option<i64>)> = Vec::new();
         let mut empty_aborts = 0u32;
         loop {
-            let so_far: usize = parts.iter().map(|(g, _)| g.generation.token_ids.len()).sum();
+            let so_far: usize = parts
+                .iter()
+                .map(|(g, _)| g.generation.token_ids.len())
+                .sum();
             if so_far >= budget {
                 // Aborted with the whole budget generated: the turn is complete.
                 break;
@@ -883,6 +886,13 @@ mod tests {
         announce: Option<(PolicyWatch, Vec<(usize, i64)>)>,
         /// The prefix-cache salt of each request.
         salts: Vec<Option<String>>,
+        /// Aborts the first turn half-way, as a server paused in `abort` mode does, with
+        /// a weight update to version 2 in progress on this watch, resumed shortly after.
+        abort_first: Option<PolicyWatch>,
+        /// The aborted turn's rest and the index its logprobs go on from.
+        rest: Option<(Vec<u32>, usize)>,
+        /// Whether an update held generation when each request was sent.
+        held: Vec<bool>,
     }
 
     #[async_trait]
@@ -895,6 +905,15 @@ mod tests {
         ) -> Result<Generated, GenerateError> {
             self.prompts.push(prompt_ids.to_vec());
             self.salts.push(sampling.cache_salt.clone());
+            if let Some(w) = &self.abort_first {
+                self.held.push(w.holding().is_some());
+                if let Some((ids, from)) = self.rest.take() {
+                    return Ok(generated(ids.clone(), from, Finish::Stop));
+                }
+                if turn == 0 && self.held.len() == 1 {
+                    return Ok(self.abort_half(w.clone(), sampling));
+                }
+            }
             let text = self
                 .turns
                 .get(turn)
@@ -915,23 +934,64 @@ mod tests {
                     watch.advance(*v);
                 }
             }
-            let logprobs = (0..ids.len()).map(|i| -(i as f32 + 1.0) / 10.0).collect();
-            Ok(Generated {
-                logprobs_mode: LogprobsMode::Raw,
-                generation: Generation {
-                    token_ids: ids,
-                    logprobs,
-                    finish,
-                    cached_prompt_tokens: Some(0),
-                    text: None,
-                },
-                backend: "b0".into(),
-                backend_wait: Duration::ZERO,
-            })
+            Ok(generated(ids, 0, finish))
         }
 
         fn take_switches(&mut self) -> Vec<BackendSwitch> {
             Vec::new()
+        }
+    }
+
+    impl Script {
+        /// The first turn's first half, aborted; an update to version 2 starts before
+        /// the answer and is resumed 50 ms later.
+        fn abort_half(&mut self, w: PolicyWatch, sampling: &Sampling) -> Generated {
+            let mut ids = self.model.tokenizer.encode(&self.turns[0]).unwrap();
+            ids.push(self.model.eos_id);
+            assert!(usize::try_from(sampling.max_tokens.unwrap()).unwrap() >= ids.len());
+            self.sent.push(ids.clone());
+            let half = ids.len() / 2;
+            self.rest = Some((ids.split_off(half), half));
+            let pause = crate::domain::policy::PolicyPause {
+                version: 2,
+                mode: crate::domain::policy::UpdateMode::Abort,
+                since: 0,
+                until: crate::domain::EpochMs::now().0 + 60_000,
+            };
+            let mut state = w.state();
+            state.seq += 1;
+            state.pause = Some(pause);
+            w.observe(state);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                state.seq += 1;
+                state.pause = None;
+                state.current = Some(crate::domain::policy::PolicyVersion {
+                    version: 2,
+                    announced_at: 0,
+                });
+                w.observe(state);
+            });
+            generated(ids, 0, Finish::Aborted)
+        }
+    }
+
+    /// A generation of `ids` whose made-up logprobs go on from index `from`.
+    fn generated(ids: Vec<u32>, from: usize, finish: Finish) -> Generated {
+        let logprobs = (from..from + ids.len())
+            .map(|i| -(i as f32 + 1.0) / 10.0)
+            .collect();
+        Generated {
+            logprobs_mode: LogprobsMode::Raw,
+            generation: Generation {
+                token_ids: ids,
+                logprobs,
+                finish,
+                cached_prompt_tokens: Some(0),
+                text: None,
+            },
+            backend: "b0".into(),
+            backend_wait: Duration::ZERO,
         }
     }
 
@@ -1000,7 +1060,66 @@ mod tests {
             sent: Vec::new(),
             announce: None,
             salts: Vec::new(),
+            abort_first: None,
+            rest: None,
+            held: Vec::new(),
         }
+    }
+
+    /// A weight update in `abort` mode cuts the first turn half-way: the turn waits for
+    /// the resume, then goes on from its tokens under the new version. The turn's tokens
+    /// and logprobs are the whole answer's, the first half tagged with the old version
+    /// and the rest with the new, each part sent with its version's cache salt.
+    #[tokio::test]
+    async fn an_aborted_turn_goes_on_from_its_tokens_under_the_new_version() {
+        let m = model();
+        let mut ep = episode(m.clone(), 4096);
+        ep.policy = PolicyWatch::at_version(Some(1));
+        let mut llm = script(
+            &m,
+            &[
+                call("ls"),
+                "<tool_call>\n{\"name\": \"finish\", \"arguments\": {\"answer\": \"ok\"}}\n</tool_call>".into(),
+            ],
+        );
+        llm.abort_first = Some(ep.policy.clone());
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(t.turns.len(), 2);
+        assert_eq!(
+            llm.held,
+            [false, false, false],
+            "no request is sent while held"
+        );
+        let whole = &llm.sent[0];
+        let half = whole.len() / 2;
+        // The continuation was the first prompt and the first half.
+        let mut cont = llm.prompts[0].clone();
+        cont.extend_from_slice(&whole[..half]);
+        assert_eq!(llm.prompts[1], cont);
+        let [from, to] = t.turns[0].model_range;
+        assert_eq!(&t.response_ids[from..to], &whole[..]);
+        let lps: Vec<f32> = (0..whole.len()).map(|i| -(i as f32 + 1.0) / 10.0).collect();
+        assert_eq!(&t.logprobs[from..to], &lps[..]);
+        assert_eq!(t.turns[0].continued, 1);
+        assert_eq!(t.turns[0].generation_finish, "stop");
+        assert_eq!(t.turns[0].policy_version, Some(1));
+        assert_eq!(t.turns[1].policy_version, Some(2));
+        assert_eq!(t.policy_versions[0].version, 1);
+        assert_eq!(
+            (t.policy_versions[0].from, t.policy_versions[0].to),
+            (from, from + half)
+        );
+        assert_eq!(t.policy_versions[1].version, 2);
+        assert_eq!(t.policy_versions[1].from, from + half);
+        let salts: Vec<_> = llm.salts.iter().map(|s| s.as_deref()).collect();
+        assert_eq!(
+            salts,
+            [Some("policy-v1"), Some("policy-v2"), Some("policy-v2")]
+        );
+        assert_eq!(
+            (t.policy_version_oldest, t.policy_version_newest),
+            (Some(1), Some(2))
+        );
     }
 
     #[tokio::test]

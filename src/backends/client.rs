@@ -317,7 +317,10 @@ impl InferenceClient {
 }
 
 /// `request` with the backend's API key as a Bearer token, when it has one.
-pub(super) fn authorized(request: reqwest::RequestBuilder, backend: &BackendSpec) -> reqwest::RequestBuilder {
+pub(super) fn authorized(
+    request: reqwest::RequestBuilder,
+    backend: &BackendSpec,
+) -> reqwest::RequestBuilder {
     match &backend.api_key {
         Some(key) => request.bearer_auth(&key.0),
         None => request,

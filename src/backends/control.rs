@@ -31,7 +31,11 @@ impl InferenceClient {
     /// Stops generation at `backend` as `mode` says; returns once it has (for `wait`,
     /// once the requests in flight have ended). The error says what went wrong and,
     /// where it can, what to do.
-    pub async fn pause_backend(&self, backend: &BackendSpec, mode: UpdateMode) -> Result<(), String> {
+    pub async fn pause_backend(
+        &self,
+        backend: &BackendSpec,
+        mode: UpdateMode,
+    ) -> Result<(), String> {
         let base = backend.url.trim_end_matches('/');
         match backend.kind {
             WireKind::Vllm => {
@@ -78,11 +82,15 @@ impl InferenceClient {
         url: String,
         body: Option<serde_json::Value>,
     ) -> Result<(), String> {
-        let mut req = authorized(self.http.post(&url), backend).timeout(self.settings().request_timeout);
+        let mut req =
+            authorized(self.http.post(&url), backend).timeout(self.settings().request_timeout);
         if let Some(body) = body {
             req = req.json(&body);
         }
-        let resp = req.send().await.map_err(|e| format!("POST {url}: {}", describe(&e)))?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| format!("POST {url}: {}", describe(&e)))?;
         let status = resp.status();
         if status.is_success() {
             return Ok(());
@@ -92,10 +100,15 @@ impl InferenceClient {
             (404, WireKind::Vllm) => {
                 ": vLLM serves /pause and /resume only in its dev mode; start it with VLLM_SERVER_DEV_MODE=1"
             }
-            (404, WireKind::Sglang) => ": this SGLang has no /pause_generation; use a 0.5 release or newer",
+            (404, WireKind::Sglang) => {
+                ": this SGLang has no /pause_generation; use a 0.5 release or newer"
+            }
             _ => "",
         };
-        Err(format!("POST {url} answered {status}{hint}: {}", shorten(&text)))
+        Err(format!(
+            "POST {url} answered {status}{hint}: {}",
+            shorten(&text)
+        ))
     }
 
     /// Waits until an SGLang server has no request running or queued.

@@ -13,7 +13,8 @@
 //! A request on `<prefix>.batches.submit` likewise carries the body of `POST
 //! /v1/batches` and gets its [`BatchView`](crate::api::batches::BatchView) (idempotent by
 //! `batch_id`), or the same error body; one on `<prefix>.policy.announce` the body of
-//! `POST /v1/policy` and its [`PolicyView`](crate::api::policy::PolicyView).
+//! `POST /v1/policy` and its [`PolicyView`](crate::api::policy::PolicyView); one on
+//! `<prefix>.policy.resume` `{"version": N}`, answered as `POST /v1/policy/{N}/resume`.
 
 use std::sync::Arc;
 
@@ -27,7 +28,7 @@ use super::AppState;
 use super::batches::create_body;
 use super::error::ApiError;
 use super::jobs::{submit_body, too_large};
-use super::policy::announce_body;
+use super::policy::{announce_body, resume_body};
 use crate::queue::{Queue, QueueError};
 
 /// The reply to a submit request that failed.
@@ -52,6 +53,8 @@ pub enum Endpoint {
     Batches,
     /// `<prefix>.policy.announce`: the body of `POST /v1/policy`.
     Policy,
+    /// `<prefix>.policy.resume`: `{"version": N}`, as `POST /v1/policy/{N}/resume`.
+    PolicyResume,
 }
 
 impl Endpoint {
@@ -60,6 +63,7 @@ impl Endpoint {
             Endpoint::Jobs => "submit requests",
             Endpoint::Batches => "batch requests",
             Endpoint::Policy => "policy announcements",
+            Endpoint::PolicyResume => "policy resumes",
         }
     }
 
@@ -69,6 +73,7 @@ impl Endpoint {
             Endpoint::Jobs => "NATS submit listener",
             Endpoint::Batches => "NATS batch listener",
             Endpoint::Policy => "NATS policy listener",
+            Endpoint::PolicyResume => "NATS policy resume listener",
         }
     }
 
@@ -78,6 +83,7 @@ impl Endpoint {
             Endpoint::Jobs => queue.subscribe_submits().await,
             Endpoint::Batches => queue.subscribe_batch_submits().await,
             Endpoint::Policy => queue.subscribe_policy_announcements().await,
+            Endpoint::PolicyResume => queue.subscribe_policy_resumes().await,
         }
     }
 
@@ -87,6 +93,7 @@ impl Endpoint {
             Endpoint::Jobs => serde_json::to_value(submit_body(state, body).await?),
             Endpoint::Batches => serde_json::to_value(create_body(state, body).await?),
             Endpoint::Policy => serde_json::to_value(announce_body(state, body).await?),
+            Endpoint::PolicyResume => serde_json::to_value(resume_body(state, body).await?),
         };
         Ok(value.expect("a reply serialises"))
     }

@@ -11,7 +11,8 @@
 //! reconciler resumes the backends and the version does not become current. The RUN
 //! workers also re-read the policy row every few seconds, so a lost broadcast delays
 //! them and never loses a change. A NATS request on `<prefix>.policy.announce` carries
-//! the same body as the announcement and gets the same answer ([`super::nats`]).
+//! the same body as the announcement and gets the same answer, and one on
+//! `<prefix>.policy.resume` (`{"version": N}`) resumes ([`super::nats`]).
 
 use axum::Json;
 use axum::body::Bytes;
@@ -123,14 +124,22 @@ async fn pause(
     lease_s: u64,
 ) -> Result<PolicyView, ApiError> {
     let now = EpochMs::now();
-    let until = EpochMs(now.0.saturating_add(i64::try_from(lease_s * 1000).unwrap_or(i64::MAX)));
+    let until = EpochMs(
+        now.0
+            .saturating_add(i64::try_from(lease_s * 1000).unwrap_or(i64::MAX)),
+    );
     let (policy, started) = match state.store.begin_pause(version, mode, now, until).await? {
         Pausing::Started(s) => (s, true),
         Pausing::Repeated(s) => (s, false),
         Pausing::Outdated(current) => return Err(outdated(current.version)),
         Pausing::Busy(p) => return Err(busy(p)),
     };
-    tracing::info!(version, mode = mode.as_str(), lease_s, "weight update started: holding new turns and stopping the backends");
+    tracing::info!(
+        version,
+        mode = mode.as_str(),
+        lease_s,
+        "weight update started: holding new turns and stopping the backends"
+    );
     // The workers hold their new turns first, then the backends stop.
     publish(&state.queue, &policy).await;
     let answers = control::pause_all(&client(state), &backends(state).await?, mode).await;
@@ -172,6 +181,24 @@ pub async fn resume_policy(
     let Path(version) = version.map_err(|e| {
         ApiError::bad_field("version", format!("the version must be a number: {e}"))
     })?;
+    Ok(Json(resume(&state, version).await?))
+}
+
+/// The body of a resume request over NATS.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResumeRequest {
+    version: i64,
+}
+
+/// Resumes the version a NATS request's body (`{"version": N}`) names.
+pub(super) async fn resume_body(state: &AppState, body: &[u8]) -> Result<PolicyView, ApiError> {
+    let req: ResumeRequest = decode_body(body)?;
+    resume(state, req.version).await
+}
+
+/// Ends the weight update to `version` and resumes every backend.
+async fn resume(state: &AppState, version: i64) -> Result<PolicyView, ApiError> {
     let (policy, changed) = match state.store.end_pause(version, EpochMs::now()).await? {
         Resumed::Done(s) => (s, true),
         Resumed::Repeated(s) => (s, false),
@@ -188,10 +215,13 @@ pub async fn resume_policy(
         }
     };
     if changed {
-        tracing::info!(version, "weight update ended: policy version current, generation resumed");
+        tracing::info!(
+            version,
+            "weight update ended: policy version current, generation resumed"
+        );
         publish(&state.queue, &policy).await;
     }
-    let answers = control::resume_all(&client(&state), &backends(&state).await?).await;
+    let answers = control::resume_all(&client(state), &backends(state).await?).await;
     let failed = failures(&answers);
     if !failed.is_empty() {
         return Err(ApiError::new(
@@ -202,7 +232,7 @@ pub async fn resume_policy(
             None,
         ));
     }
-    Ok(Json(view(policy.current, None, Some(changed), answers)))
+    Ok(view(policy.current, None, Some(changed), answers))
 }
 
 /// How many of the latest versions `GET /v1/policy` lists.
@@ -229,7 +259,9 @@ pub async fn current_policy(State(state): State<AppState>) -> Result<Json<Policy
 async fn broadcast(state: &AppState) {
     match state.store.policy_state().await {
         Ok(policy) => publish(&state.queue, &policy).await,
-        Err(e) => tracing::warn!(error = %e, "policy state not broadcast; the workers will read it from the database"),
+        Err(e) => {
+            tracing::warn!(error = %e, "policy state not broadcast; the workers will read it from the database")
+        }
     }
 }
 

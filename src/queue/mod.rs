@@ -205,8 +205,9 @@ impl Subjects {
         format!("{}.cancel", self.prefix)
     }
 
-    /// `P.policy`: core NATS, payload a policy version just announced (every RUN worker
-    /// hears it; one that misses it reads the version from the database soon after).
+    /// `P.policy`: core NATS, payload the policy state as JSON after every change (every
+    /// RUN worker hears it; one that misses it reads the state from the database soon
+    /// after).
     pub fn policy(&self) -> String {
         format!("{}.policy", self.prefix)
     }
@@ -215,6 +216,12 @@ impl Subjects {
     /// answered by one gateway like [`Subjects::submit`].
     pub fn policy_announce(&self) -> String {
         format!("{}.policy.announce", self.prefix)
+    }
+
+    /// `P.policy.resume`: core NATS requests carrying `{"version": N}`, answered as
+    /// `POST /v1/policy/{N}/resume` is, by one gateway.
+    pub fn policy_resume(&self) -> String {
+        format!("{}.policy.resume", self.prefix)
     }
 
     /// `P.submit`: core NATS requests carrying the body of `POST /v1/jobs`, answered by
@@ -639,7 +646,8 @@ impl Queue {
         &self,
         state: &crate::domain::policy::PolicyState,
     ) -> Result<(), QueueError> {
-        let body = serde_json::to_vec(state).map_err(|e| js_err("policy publish")(e.to_string()))?;
+        let body =
+            serde_json::to_vec(state).map_err(|e| js_err("policy publish")(e.to_string()))?;
         self.client
             .publish(self.subjects.policy(), Bytes::from(body))
             .await
@@ -655,6 +663,12 @@ impl Queue {
         &self,
     ) -> Result<async_nats::Subscriber, QueueError> {
         self.queue_subscribe(self.subjects.policy_announce(), "gateways")
+            .await
+    }
+
+    /// Subscribes to policy resume requests in the gateways' queue group.
+    pub async fn subscribe_policy_resumes(&self) -> Result<async_nats::Subscriber, QueueError> {
+        self.queue_subscribe(self.subjects.policy_resume(), "gateways")
             .await
     }
 

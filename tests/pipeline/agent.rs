@@ -113,9 +113,9 @@ fn policy_turns(p: &Policy) -> Vec<String> {
 }
 
 /// A test deployment plus stand-in servers registered as backends.
-struct Stand {
-    env: TestEnv,
-    servers: Vec<Option<ScriptedServer>>,
+pub(crate) struct Stand {
+    pub(crate) env: TestEnv,
+    pub(crate) servers: Vec<Option<ScriptedServer>>,
     kinds: Vec<WireKind>,
     model: Arc<ModelFiles>,
 }
@@ -125,7 +125,7 @@ impl Stand {
     /// stand-in server per entry of `kinds` (adjusted by `server`) and registers each as
     /// a backend of model `demo` (and `think` for the drifting template, `qwen3` for a
     /// Qwen3-style template, `picky` for one that refuses some tool output).
-    async fn start(
+    pub(crate) async fn start(
         kinds: &[WireKind],
         tweak: impl FnOnce(&mut rollout::config::Settings),
         server: impl Fn(usize, &mut ScriptedConfig),
@@ -232,7 +232,7 @@ impl Stand {
 }
 
 /// An agent task about the `calc/add.py` workspace.
-fn task(prompt: &str, model: &str, extra: Value) -> Task {
+pub(crate) fn task(prompt: &str, model: &str, extra: Value) -> Task {
     let mut spec = json!({
         "messages": [
             {"role": "system", "content": "You are a careful engineer."},
@@ -248,7 +248,7 @@ fn task(prompt: &str, model: &str, extra: Value) -> Task {
     Task::new("agent", spec)
 }
 
-fn run_output(r: &JobResult) -> &Value {
+pub(crate) fn run_output(r: &JobResult) -> &Value {
     &r.output["run"]
 }
 
@@ -256,7 +256,7 @@ fn run_output(r: &JobResult) -> &Value {
 /// logprob for logprob, an answer its backend sent for a prompt of that length, in the
 /// backend's wire format; everything else in `response_ids` has loss mask 0; and the
 /// sequence is the concatenation of the turns and the observations in order.
-fn assert_token_exact(stand: &Stand, run: &Value) {
+pub(crate) fn assert_token_exact(stand: &Stand, run: &Value) {
     let response = ids(&run["response_ids"]);
     let mask: Vec<u64> = run["loss_mask"]
         .as_array()
@@ -290,22 +290,49 @@ fn assert_token_exact(stand: &Stand, run: &Value) {
         let backend = turn["backend"].as_str().unwrap();
         let served = stand.server(backend).served();
         let format = stand.kinds[Stand::index(backend)].as_str();
-        let prompt_len = count(&turn["prompt_tokens"]);
-        let hit = served.iter().find(|s| {
-            s.output_ids == response[a..b] && s.prompt_len == prompt_len && s.format == format
-        });
-        let hit = hit.unwrap_or_else(|| {
-            panic!(
-                "turn tokens {:?} were not sent by {backend} in {format}",
-                &response[a..b]
-            )
-        });
-        for (i, lp) in hit.logprobs.iter().enumerate() {
-            // The trajectory's f32 logprobs travel as JSON's shortest decimal form.
-            #[allow(clippy::cast_possible_truncation)] // an f32 read back as f64: exact
-            let want = logprobs[a + i] as f32;
-            assert_eq!(*lp, want);
+        // A turn continued after aborts was sent in parts, each after the one before
+        // (an abort before any token adds none).
+        let continued = usize::try_from(turn["continued"].as_u64().unwrap_or(0)).unwrap();
+        let mut at = a;
+        let mut prompt_len = count(&turn["prompt_tokens"]);
+        let mut parts = 0;
+        while at < b || parts == 0 {
+            let sent = |s: &&rollout::scripted::Served| {
+                s.prompt_len == prompt_len
+                    && s.format == format
+                    && at + s.output_ids.len() <= b
+                    && s.output_ids == response[at..at + s.output_ids.len()]
+            };
+            let hit = served
+                .iter()
+                .filter(sent)
+                .find(|s| at + s.output_ids.len() == b)
+                .or_else(|| {
+                    served
+                        .iter()
+                        .filter(sent)
+                        .find(|s| !s.output_ids.is_empty())
+                });
+            let hit = hit.unwrap_or_else(|| {
+                panic!(
+                    "turn tokens {:?} (part {parts}) were not sent by {backend} in {format}",
+                    &response[at..b]
+                )
+            });
+            for (i, lp) in hit.logprobs.iter().enumerate() {
+                // The trajectory's f32 logprobs travel as JSON's shortest decimal form.
+                #[allow(clippy::cast_possible_truncation)] // an f32 read back as f64: exact
+                let want = logprobs[at + i] as f32;
+                assert_eq!(*lp, want);
+            }
+            at += hit.output_ids.len();
+            prompt_len += hit.output_ids.len();
+            parts += 1;
         }
+        assert!(
+            parts <= 1 + continued,
+            "{parts} parts for {continued} continuations"
+        );
         assert!(logprobs[b..ob].iter().all(|&l| l == 0.0));
     }
     assert_eq!(cursor, response.len());
@@ -729,7 +756,7 @@ async fn a_template_failing_mid_episode_keeps_the_partial_trajectory() {
 }
 
 /// Waits until `pred` holds of a server's counters (panics after 30 s).
-async fn wait_stats(
+pub(crate) async fn wait_stats(
     server: &ScriptedServer,
     what: &str,
     pred: impl Fn(&rollout::scripted::Stats) -> bool,

@@ -43,3 +43,4 @@ mod slurm;
 mod store;
 mod swe;
 mod views;
+mod weight_update;

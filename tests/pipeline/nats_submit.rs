@@ -256,4 +256,30 @@ async fn a_policy_version_announced_over_nats_is_the_one_http_reports() {
         .unwrap_err();
     assert_eq!(bad.status, 400, "{bad:?}");
     assert_eq!(current().await, Some(4), "nothing changed");
+    // A weight update over NATS (no backend registered: nothing to stop), resumed over
+    // NATS as `POST /v1/policy/{N}/resume` would.
+    let paused = announce(json!({"version": 5, "mode": "abort", "lease_s": 60}))
+        .await
+        .unwrap();
+    assert_eq!(paused.pause.map(|p| p.version), Some(5));
+    assert_eq!(current().await, Some(4), "current once resumed");
+    let resume = env.deps.queue.subjects().policy_resume();
+    let resumed = |v: serde_json::Value| {
+        let (env, resume) = (&env, resume.clone());
+        async move {
+            let reply = raw_request(env, &resume, serde_json::to_vec(&v).unwrap()).await;
+            decode_reply::<rollout::api::policy::PolicyView>(&reply.payload)
+        }
+    };
+    let view = resumed(json!({"version": 5})).await.unwrap();
+    assert_eq!(
+        (view.current.map(|p| p.version), view.changed),
+        (Some(5), Some(true))
+    );
+    assert_eq!(current().await, Some(5));
+    let refused = resumed(json!({"version": 6})).await.unwrap_err();
+    assert_eq!(
+        (refused.status, refused.field.as_deref()),
+        (409, Some("version"))
+    );
 }

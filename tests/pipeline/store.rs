@@ -959,7 +959,10 @@ async fn a_weight_update_holds_one_version_until_resumed_or_its_lease_runs_out()
     let Resumed::Done(d) = store.end_pause(2, EpochMs(4_000)).await.unwrap() else {
         panic!("resumed");
     };
-    assert_eq!(d.current.map(|c| (c.version, c.announced_at)), Some((2, 4_000)));
+    assert_eq!(
+        d.current.map(|c| (c.version, c.announced_at)),
+        Some((2, 4_000))
+    );
     assert_eq!(d.pause, None);
     assert!(matches!(
         store.end_pause(2, EpochMs(5_000)).await.unwrap(),
@@ -978,7 +981,11 @@ async fn a_weight_update_holds_one_version_until_resumed_or_its_lease_runs_out()
         .begin_pause(3, UpdateMode::Pause, EpochMs(6_000), EpochMs(7_000))
         .await
         .unwrap();
-    let expired = store.expire_pause(EpochMs(7_000)).await.unwrap().expect("expired");
+    let expired = store
+        .expire_pause(EpochMs(7_000))
+        .await
+        .unwrap()
+        .expect("expired");
     assert_eq!((expired.version, expired.mode), (3, UpdateMode::Pause));
     let after = store.policy_state().await.unwrap();
     assert_eq!((after.version(), after.pause), (Some(2), None));
@@ -995,7 +1002,10 @@ async fn a_weight_update_holds_one_version_until_resumed_or_its_lease_runs_out()
     }))
     .await;
     assert_eq!(
-        tries.iter().filter(|t| matches!(t, Pausing::Started(_))).count(),
+        tries
+            .iter()
+            .filter(|t| matches!(t, Pausing::Started(_)))
+            .count(),
         1,
         "{tries:?}"
     );

@@ -489,7 +489,11 @@ async fn pause_generation(State(s): State<Arc<Shared>>, body: axum::body::Bytes)
             }
         }
     };
-    let mode = match asked.get("mode").and_then(|m| m.as_str()).unwrap_or("abort") {
+    let mode = match asked
+        .get("mode")
+        .and_then(|m| m.as_str())
+        .unwrap_or("abort")
+    {
         "abort" => pause::PauseMode::Abort,
         "retract" | "in_place" => pause::PauseMode::Keep,
         other => {
@@ -813,6 +817,24 @@ fn script_answer(
     })
 }
 
+impl Shared {
+    /// Remembers the rest of `whole`, aborted after `ids`, for a request that sends
+    /// `prompt` and `ids` to continue it.
+    fn remember_rest(&self, prompt: &[u32], ids: &[u32], whole: &Continuation) {
+        let mut key = prompt.to_vec();
+        key.extend_from_slice(ids);
+        let rest = Continuation {
+            ids: whole.ids[ids.len()..].to_vec(),
+            ..whole.clone()
+        };
+        let mut map = self.continuations.lock().expect("lock");
+        if map.len() >= MAX_CONTINUATIONS {
+            map.clear();
+        }
+        map.insert(key, rest);
+    }
+}
+
 /// Plays faults, then the script, with the simulated timing. `Err` is the response to
 /// send instead.
 async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
@@ -837,11 +859,7 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
         .seed
         .unwrap_or_else(|| stable_hash(&[cfg.seed, s.counter.fetch_add(1, Ordering::Relaxed)]));
     // A request that sends an aborted answer's tokens after its prompt continues it.
-    let resumed = s
-        .continuations
-        .lock()
-        .expect("lock")
-        .remove(&ask.prompt);
+    let resumed = s.continuations.lock().expect("lock").remove(&ask.prompt);
     let whole = match resumed {
         Some(c) => c,
         None => script_answer(cfg, &prompt_text, key, &ask)
@@ -893,17 +911,7 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
     }
     drop(ticket);
     if finish == "abort" {
-        let mut key = ask.prompt.clone();
-        key.extend_from_slice(&ids);
-        let rest = Continuation {
-            ids: whole.ids[ids.len()..].to_vec(),
-            ..whole.clone()
-        };
-        let mut map = s.continuations.lock().expect("lock");
-        if map.len() >= MAX_CONTINUATIONS {
-            map.clear();
-        }
-        map.insert(key, rest);
+        s.remember_rest(&ask.prompt, &ids, &whole);
     }
     {
         let mut all = ask.prompt.clone();

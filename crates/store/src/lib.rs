@@ -71,7 +71,7 @@ use dialect::Dialect;
 pub use jobs::{
     Claim, FinishIf, JobEvent, JobQuery, JobStore, JobsPage, NewJob, StatusCount, Submitted,
 };
-pub use policy::{Announced, PolicyStore, Pausing, Resumed};
+pub use policy::{Announced, Pausing, PolicyStore, Resumed};
 use query::query;
 pub use recovery::{AbandonedRun, RecoveryStore, StaleJob};
 pub use results::ResultStore;
