@@ -259,6 +259,7 @@ async fn sampling_batch(env: &Env, w: &Workload, id: &str) -> Run {
         max_groups: None,
         informative: Default::default(),
         policy_version: Some(1),
+        max_staleness: None,
     };
     let t = Instant::now();
     env.client.submit_sampling(&req).await.unwrap();

@@ -371,6 +371,8 @@ pub struct BatchSummary {
     pub cancelled: u64,
     /// Of which `timed_out`.
     pub timed_out: u64,
+    /// Of which `stale` (scored, but older than their `max_staleness` allowed).
+    pub stale: u64,
     /// Sum of rewards of `done` results.
     pub reward_sum: f64,
     /// Wall time from start of following to the last result.
@@ -507,13 +509,17 @@ impl Client {
                     Status::Failed => s.failed += 1,
                     Status::Cancelled => s.cancelled += 1,
                     Status::TimedOut => s.timed_out += 1,
+                    Status::Stale => s.stale += 1,
                     Status::Queued | Status::Running => {}
                 }
             }
-            let msg = format!(
+            let mut msg = format!(
                 "done {} failed {} timed_out {} cancelled {}",
                 s.done, s.failed, s.timed_out, s.cancelled
             );
+            if s.stale > 0 {
+                msg.push_str(&format!(" stale {}", s.stale));
+            }
             match &bar {
                 Some(bar) => {
                     bar.set_position(s.results);

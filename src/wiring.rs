@@ -256,6 +256,7 @@ pub async fn run_workers(
             stage,
             deps.store.clone(),
             deps.store.clone(),
+            deps.store.clone(),
             Arc::new(deps.queue.clone()),
             deps.kinds.clone(),
             settings.clone(),

@@ -42,6 +42,12 @@ pub struct BatchRequest {
     /// Stamped on every job as `metadata.policy_version`.
     #[serde(default)]
     pub policy_version: Option<i64>,
+    /// The staleness bound (policy versions), given to every prompt that does not set
+    /// its own: a sample whose oldest model token is older than `current - max_staleness`
+    /// when it finishes ends `stale`, and its group is replaced by the next prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
+    pub max_staleness: Option<i64>,
 }
 
 /// A sampling batch and its accepted groups.

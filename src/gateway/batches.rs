@@ -167,10 +167,20 @@ pub async fn create_body(state: &AppState, body: &[u8]) -> Result<BatchView, Api
     let req: BatchRequest = decode_body(body)?;
     let id = batch_id_or_new(req.batch_id.clone())?;
     let params = check_request(state, &req)?;
+    if req.max_staleness.is_some_and(|m| m < 0) {
+        return Err(ApiError::bad_field(
+            "max_staleness",
+            "`max_staleness` counts policy versions: 0 (on-policy) or more",
+        ));
+    }
     let prompts = req
         .prompts
         .iter()
-        .map(|t| serde_json::to_value(t).expect("task serialises"))
+        .map(|t| {
+            let mut t = t.clone();
+            t.max_staleness = t.max_staleness.or(req.max_staleness);
+            serde_json::to_value(t).expect("task serialises")
+        })
         .collect();
     let new = NewSampling {
         id: id.clone(),

@@ -143,6 +143,12 @@ pub(super) fn check_task(
             ));
         }
     }
+    if task.max_staleness.is_some_and(|m| m < 0) {
+        return Err(ApiError::bad_field(
+            at("max_staleness"),
+            "`max_staleness` counts policy versions: 0 (on-policy) or more",
+        ));
+    }
     let value = serde_json::to_value(task).expect("task serialises");
     if let Some(path) = crate::nul::find_in_json(&value) {
         return Err(ApiError::bad_field(

@@ -47,7 +47,7 @@ use crate::config::{QueueSettings, Settings, StagesSettings};
 use crate::domain::Stage;
 use crate::kinds::Registry;
 use crate::queue::{Queue, QueueError, WorkQueue};
-use crate::store::{JobStore, ResultStore};
+use crate::store::{JobStore, PolicyStore, ResultStore};
 use crate::supervise::spawn_essential;
 use running::RunningJobs;
 
@@ -96,6 +96,9 @@ pub struct Worker {
     jobs: Arc<dyn JobStore>,
     /// Where an ended job's result is marked published.
     results: Arc<dyn ResultStore>,
+    /// The current policy version, which a finished sample's staleness is measured
+    /// against.
+    policy: Arc<dyn PolicyStore>,
     /// Deliveries, hand-offs, results and cancels ([`Queue`] over JetStream).
     queue: Arc<dyn WorkQueue>,
     kinds: Registry,
@@ -114,6 +117,7 @@ impl Worker {
         stage: Stage,
         jobs: Arc<dyn JobStore>,
         results: Arc<dyn ResultStore>,
+        policy: Arc<dyn PolicyStore>,
         queue: Arc<dyn WorkQueue>,
         kinds: Registry,
         settings: WorkerSettings,
@@ -122,6 +126,7 @@ impl Worker {
             stage,
             jobs,
             results,
+            policy,
             queue,
             kinds,
             settings,

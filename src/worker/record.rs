@@ -99,7 +99,20 @@ impl Worker {
         let work = &held.work;
         let (output, route) = match out {
             HookOutput::Eval(e) => {
-                let outcome = Outcome::done(e.reward, e.details);
+                let mut outcome = Outcome::done(e.reward, e.details);
+                match self.staleness(job).await {
+                    Ok(None) => {}
+                    Ok(Some(why)) => {
+                        tracing::info!(reason = %why, "sample is stale: kept, not a training sample");
+                        outcome.status = Status::Stale;
+                        outcome.error = Some(why);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the current policy version to bound the sample's staleness; will retry");
+                        self.release_and_nak(msg, held).await;
+                        return;
+                    }
+                }
                 self.finish(msg, held, &outcome).await;
                 return;
             }
@@ -145,6 +158,36 @@ impl Worker {
                 self.release_and_nak(msg, held).await;
             }
         }
+    }
+
+    /// Why a scored sample is stale, if it is: its task has a `max_staleness` and its
+    /// oldest model token came from a policy version more than that behind the current
+    /// one. A sample without versions (none was announced while it ran) is never stale.
+    async fn staleness(&self, job: &Job) -> Result<Option<String>, crate::store::StoreError> {
+        let Some(bound) = job
+            .task
+            .get("max_staleness")
+            .and_then(serde_json::Value::as_i64)
+        else {
+            return Ok(None);
+        };
+        let Some(oldest) = job
+            .run_output
+            .as_ref()
+            .and_then(|o| o.get("policy_version_oldest"))
+            .and_then(serde_json::Value::as_i64)
+        else {
+            return Ok(None);
+        };
+        let Some(current) = self.policy.current_policy().await?.map(|p| p.version) else {
+            return Ok(None);
+        };
+        let behind = current.saturating_sub(oldest);
+        Ok((behind > bound).then(|| {
+            format!(
+                "stale: its oldest model token is from policy version {oldest}, {behind} behind the current {current}, and its max_staleness is {bound}"
+            )
+        }))
     }
 
     /// Sends the job back to INIT (its sandbox is gone), or fails it once it has been

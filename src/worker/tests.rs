@@ -422,6 +422,7 @@ impl Harness {
             Stage::Init,
             store.clone(),
             store.clone(),
+            store.clone(),
             Arc::new(queue.clone()),
             kinds,
             settings,

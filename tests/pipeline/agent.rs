@@ -914,6 +914,7 @@ async fn a_sampling_batch_early_cancel_closes_generating_requests_and_removes_sa
         max_groups: None,
         informative: Default::default(),
         policy_version: None,
+        max_staleness: None,
     };
     let client = &stand.env.client;
     client.submit_sampling(&request).await.unwrap();

@@ -233,3 +233,147 @@ async fn a_weight_update_whose_trainer_dies_ends_with_its_lease() {
         Some(started.version)
     );
 }
+
+/// The staleness bound on plain submits: three essays generate under version 1 and
+/// version 2 is announced before they finish. The one bounded at 0 ends `stale` (its
+/// reward, trajectory and the reason kept; counted as stale), the ones bounded at 1 or
+/// not at all end `done`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sample_older_than_its_bound_ends_stale_and_is_kept() {
+    let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, c| c.token_us = 20_000).await;
+    let client = &stand.env.client;
+    let server = stand.servers[0].as_ref().unwrap();
+    client.announce_policy(1).await.unwrap();
+    stand.env.workers_in_process(1);
+    let tasks: Vec<_> = [Some(0), Some(1), None]
+        .into_iter()
+        .map(|bound| {
+            let mut t = task("Write an essay.", "demo", json!({}));
+            t.max_staleness = bound;
+            t.client_id = Some(format!("bound-{bound:?}"));
+            t
+        })
+        .collect();
+    stand.env.submit(&tasks, "stale-plain").await;
+    wait_stats(server, "is generating all three", |s| s.in_flight == 3).await;
+    client.announce_policy(2).await.unwrap();
+    let results = stand
+        .env
+        .wait_results("stale-plain", 3, Duration::from_secs(60))
+        .await;
+    let by = |bound: Option<i64>| {
+        let id = format!("bound-{bound:?}");
+        results
+            .iter()
+            .find(|r| r.client_id.as_deref() == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("{id}: {results:?}"))
+    };
+    let stale = by(Some(0));
+    assert_eq!(stale.status, Status::Stale, "{stale:?}");
+    assert!(stale.reward.is_some(), "the reward is kept: {stale:?}");
+    let why = stale.error.as_deref().unwrap();
+    assert!(
+        why.contains("policy version 1")
+            && why.contains("current 2")
+            && why.contains("max_staleness is 0"),
+        "{why}"
+    );
+    assert_eq!(
+        run_output(stale)["policy_version_oldest"],
+        1,
+        "the trajectory is kept"
+    );
+    assert_eq!(by(Some(1)).status, Status::Done);
+    assert_eq!(by(None).status, Status::Done);
+    let counters = client
+        .status(Some("stale-plain"))
+        .await
+        .unwrap()
+        .batch
+        .unwrap();
+    assert_eq!((counters.done, counters.stale), (2, 1), "{counters:?}");
+    // A bound below 0 is refused, naming the field.
+    let mut bad = task("Write an essay.", "demo", json!({}));
+    bad.max_staleness = Some(-1);
+    let e = client
+        .submit(&[bad], Some("stale-bad"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("400") && e.contains("tasks[0].max_staleness"),
+        "{e}"
+    );
+}
+
+/// The staleness bound on a sampling batch (`max_staleness: 0`, one group in flight at
+/// a time): version 2 is announced while the first group generates, so its samples end
+/// `stale`, the group is decided `stale` and not accepted, and the next prompt replaces
+/// it, its samples drawn under version 2; the counts are in the batch's counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_group_is_replaced_by_the_next_prompt() {
+    let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, c| c.token_us = 20_000).await;
+    let client = &stand.env.client;
+    let server = stand.servers[0].as_ref().unwrap();
+    client.announce_policy(1).await.unwrap();
+    stand.env.workers_in_process(1);
+    let request = rollout::api::batches::BatchRequest {
+        batch_id: Some("stale-batch".into()),
+        prompts: (0..3)
+            .map(|_| task("Write an essay.", "demo", json!({})))
+            .collect(),
+        group_size: 2,
+        target_groups: 3,
+        max_groups_in_flight: Some(1),
+        max_groups: None,
+        informative: Default::default(),
+        policy_version: None,
+        max_staleness: Some(0),
+    };
+    client.submit_sampling(&request).await.unwrap();
+    wait_stats(server, "is generating the first group", |s| {
+        s.in_flight == 2
+    })
+    .await;
+    client.announce_policy(2).await.unwrap();
+    let view = eventually("the batch to end", Duration::from_secs(90), || async {
+        let v = client.sampling_batch("stale-batch").await.unwrap();
+        if v.batch.counters.groups_decided == 3 {
+            Ok(v)
+        } else {
+            Err(v.batch.counters)
+        }
+    })
+    .await;
+    let c = &view.batch.counters;
+    assert_eq!(c.stale_groups, 1, "{c:?}");
+    assert_eq!(c.groups_launched, 3, "the stale group was replaced: {c:?}");
+    let counters = client
+        .status(Some("stale-batch"))
+        .await
+        .unwrap()
+        .batch
+        .unwrap();
+    assert_eq!(
+        counters.stale, 2,
+        "both samples of the first group: {counters:?}"
+    );
+    let results = stand
+        .env
+        .wait_results("stale-batch", 6, Duration::from_secs(30))
+        .await;
+    for r in &results {
+        let oldest = run_output(r)["policy_version_oldest"].as_i64();
+        let group = r.group_id.as_deref().unwrap();
+        if group == "p0" {
+            assert_eq!((r.status, oldest), (Status::Stale, Some(1)), "{r:?}");
+        } else {
+            assert_eq!((r.status, oldest), (Status::Done, Some(2)), "{r:?}");
+        }
+    }
+    assert!(
+        view.groups.iter().all(|g| g.group_id != "p0"),
+        "a stale group is never delivered: {:?}",
+        view.groups
+    );
+}

@@ -35,6 +35,8 @@ pub struct BatchProgress {
     pub cancelled: i64,
     /// Jobs that ended `timed_out`.
     pub timed_out: i64,
+    /// Jobs that ended `stale` (scored, older than their `max_staleness` allowed).
+    pub stale: i64,
     /// Results carrying a reward.
     pub rewarded: i64,
     /// Their mean reward.
@@ -163,6 +165,8 @@ pub struct SamplingProgress {
     pub incomplete: i64,
     /// Groups cancelled once the target was reached.
     pub cancelled_groups: i64,
+    /// Groups replaced because a sample was stale.
+    pub stale_groups: i64,
     /// Groups started.
     pub groups_launched: i64,
     /// Groups decided.

@@ -618,7 +618,8 @@ impl<D: Dialect> JobStore for SqlStore<D> {
             unleased_at,
             status,
             error: outcome.error.as_deref().map(|e| nul::scrub(e).into()),
-            reward: if status == Status::Done {
+            // A stale sample keeps its reward, for inspection.
+            reward: if matches!(status, Status::Done | Status::Stale) {
                 outcome.reward
             } else {
                 None

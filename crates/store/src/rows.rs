@@ -155,6 +155,7 @@ pub(crate) struct BatchRow {
     failed: i64,
     cancelled: i64,
     timed_out: i64,
+    stale: i64,
     ended_at: Option<i64>,
     end_reason: Option<String>,
 }
@@ -169,6 +170,7 @@ impl From<BatchRow> for BatchCounters {
             failed: r.failed,
             cancelled: r.cancelled,
             timed_out: r.timed_out,
+            stale: r.stale,
             ended_at: r.ended_at,
             end_reason: r.end_reason,
         }
@@ -337,6 +339,7 @@ pub(crate) struct SamplingRow {
     uniform: i64,
     incomplete: i64,
     cancelled_groups: i64,
+    stale_groups: i64,
     sandbox_ms_used: i64,
     samples_completed: i64,
     jobs_saved: i64,
@@ -384,6 +387,7 @@ impl SamplingRow {
                 uniform: self.uniform,
                 incomplete: self.incomplete,
                 cancelled_groups: self.cancelled_groups,
+                stale_groups: self.stale_groups,
                 jobs_saved: self.jobs_saved,
                 sandbox_ms_saved: self.sandbox_ms_saved,
                 sandbox_ms_used: self.sandbox_ms_used,

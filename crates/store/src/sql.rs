@@ -226,7 +226,7 @@ pub(super) const DELETE_SANDBOX: &str = "DELETE FROM sandboxes WHERE job_id = $1
 /// A node's sandboxes that must go: their job ended or is unknown.
 pub(super) const SANDBOXES_TO_REAP: &str = "SELECT s.job_id, s.node, s.backend, s.dir, s.socket, \
      s.lease_until, s.created_at FROM sandboxes s LEFT JOIN jobs j ON j.id = s.job_id \
-     WHERE s.node = $1 AND (j.id IS NULL OR j.status IN ('done', 'failed', 'cancelled', 'timed_out')) \
+     WHERE s.node = $1 AND (j.id IS NULL OR j.status IN ('done', 'failed', 'cancelled', 'timed_out', 'stale')) \
      ORDER BY s.job_id";
 
 pub(super) const SANDBOXES_OF_NODE: &str = concat!(
@@ -314,12 +314,13 @@ pub(super) const TOTALS: &str = "SELECT status, CAST(COUNT(*) AS BIGINT) AS n FR
      UNION ALL SELECT 'done', CAST(COALESCE(SUM(done), 0) AS BIGINT) FROM batches \
      UNION ALL SELECT 'failed', CAST(COALESCE(SUM(failed), 0) AS BIGINT) FROM batches \
      UNION ALL SELECT 'cancelled', CAST(COALESCE(SUM(cancelled), 0) AS BIGINT) FROM batches \
-     UNION ALL SELECT 'timed_out', CAST(COALESCE(SUM(timed_out), 0) AS BIGINT) FROM batches";
+     UNION ALL SELECT 'timed_out', CAST(COALESCE(SUM(timed_out), 0) AS BIGINT) FROM batches \
+     UNION ALL SELECT 'stale', CAST(COALESCE(SUM(stale), 0) AS BIGINT) FROM batches";
 
 pub(super) const COUNTS_IN_BATCH: &str = "SELECT status, stage, COUNT(*) AS n FROM jobs \
      WHERE batch_id = $1 GROUP BY status, stage ORDER BY status, stage";
 
-pub(super) const SELECT_BATCH: &str = "SELECT id, submitted, finished, done, failed, cancelled, timed_out, ended_at, end_reason \
+pub(super) const SELECT_BATCH: &str = "SELECT id, submitted, finished, done, failed, cancelled, timed_out, stale, ended_at, end_reason \
      FROM batches WHERE id = $1";
 
 /// Ends a batch before its jobs (see the `batch_ends` migration), once.
@@ -675,7 +676,7 @@ macro_rules! sampling_cols {
         "id, group_size, target_groups, max_groups_in_flight, max_groups, prompt_count, rule, \
          eps, min_mean, max_mean, policy_version, status, next_prompt, groups_launched, \
          groups_decided, informative, surplus, uniform, incomplete, cancelled_groups, \
-         sandbox_ms_used, samples_completed, jobs_saved, sandbox_ms_saved, created_at, \
+         stale_groups, sandbox_ms_used, samples_completed, jobs_saved, sandbox_ms_saved, created_at, \
          ended_at, reason"
     };
 }
@@ -764,6 +765,7 @@ pub(super) const COUNT_VERDICT: &str = "UPDATE sampling_batches SET \
      uniform = uniform + CASE WHEN $2 = 'uniform' THEN 1 ELSE 0 END, \
      incomplete = incomplete + CASE WHEN $2 = 'incomplete' THEN 1 ELSE 0 END, \
      cancelled_groups = cancelled_groups + CASE WHEN $2 = 'cancelled' THEN 1 ELSE 0 END, \
+     stale_groups = stale_groups + CASE WHEN $2 = 'stale' THEN 1 ELSE 0 END, \
      updated_at = $3 WHERE id = $1";
 
 /// Gives up on a batch whose every allowed prompt was tried and decided.
@@ -816,7 +818,7 @@ pub(super) const MARK_GROUP_PUBLISHED: &str = "UPDATE sampling_groups SET publis
 // SQLite), newest first.
 
 pub(super) const DASHBOARD_BATCHES: &str = "SELECT batch_id, created_at, submitted, finished, \
-     in_flight, done, failed, cancelled, timed_out, rewarded, reward_mean, last_result_at \
+     in_flight, done, failed, cancelled, timed_out, stale, rewarded, reward_mean, last_result_at \
      FROM batch_progress ORDER BY created_at DESC, batch_id LIMIT CAST($1 AS INTEGER)";
 
 pub(super) const DASHBOARD_QUEUES: &str = "SELECT stage, position, queued, running, \
@@ -849,7 +851,7 @@ pub(super) const DASHBOARD_SANDBOXES: &str = "SELECT node, backend, sandboxes, \
 
 pub(super) const DASHBOARD_SAMPLING: &str = "SELECT batch_id, status, reason, group_size, \
      target_groups, informative, surplus, uniform, incomplete, cancelled_groups, \
-     groups_launched, groups_decided, samples_completed, jobs_saved, sandbox_ms_used, \
+     stale_groups, groups_launched, groups_decided, samples_completed, jobs_saved, sandbox_ms_used, \
      sandbox_ms_saved, created_at, ended_at FROM sampling_progress \
      ORDER BY created_at DESC, batch_id LIMIT CAST($1 AS INTEGER)";
 

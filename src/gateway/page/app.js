@@ -122,13 +122,13 @@ function overview(d) {
   view.append(el("h2", {}, "Batches"));
   view.append(table("batches",
     ["batch", "progress", "#submitted", "#ended", "#in flight", "#done", "#failed",
-     "#cancelled", "#timed out", "#mean reward", "last result"],
+     "#cancelled", "#timed out", "#stale", "#mean reward", "last result"],
     d.batches.map(b => el("tr", { "data-batch": b.batch_id },
       cell("batch_id", link("#/batches/" + encodeURIComponent(b.batch_id), b.batch_id)),
       cell("progress", progress(b)),
       num("submitted", b.submitted), num("finished", b.finished), num("in_flight", b.in_flight),
       num("done", b.done), num("failed", b.failed), num("cancelled", b.cancelled),
-      num("timed_out", b.timed_out),
+      num("timed_out", b.timed_out), num("stale", b.stale),
       num("reward_mean", b.reward_mean, fmtNum(b.reward_mean, 3)),
       cell("last_result_at", fmtAgo(b.last_result_at, now)))),
     "No batches yet."));
@@ -184,13 +184,14 @@ function overview(d) {
   if (d.sampling.length) {
     view.append(el("h2", {}, "Dynamic-sampling batches"));
     view.append(table("sampling",
-      ["batch", "status", "#informative", "#target", "#uniform", "#incomplete",
+      ["batch", "status", "#informative", "#target", "#uniform", "#incomplete", "#stale",
        "#launched", "#decided", "#jobs saved", "sandbox time saved"],
       d.sampling.map(s => el("tr", { "data-batch": s.batch_id },
         cell("batch_id", link("#/batches/" + encodeURIComponent(s.batch_id), s.batch_id)),
         cell("status", s.status + (s.reason ? " (" + s.reason + ")" : "")),
         num("informative", s.informative), num("target_groups", s.target_groups),
         num("uniform", s.uniform), num("incomplete", s.incomplete),
+        num("stale_groups", s.stale_groups),
         num("groups_launched", s.groups_launched), num("groups_decided", s.groups_decided),
         num("jobs_saved", s.jobs_saved),
         num("sandbox_ms_saved", s.sandbox_ms_saved, fmtMs(s.sandbox_ms_saved)))),
@@ -239,7 +240,7 @@ async function batchView(id) {
 }
 
 function statusText(status) {
-  const cls = status === "done" ? "ok" : (status === "failed" || status === "timed_out") ? "bad" : "";
+  const cls = status === "done" ? "ok" : (status === "failed" || status === "timed_out") ? "bad" : status === "stale" ? "warn" : "";
   return el("span", { class: cls }, status);
 }
 

@@ -92,17 +92,23 @@ pub enum Status {
     Cancelled,
     /// A stage exceeded its timeout.
     TimedOut,
+    /// Scored, but its oldest model token came from a policy version older than the
+    /// task's `max_staleness` allowed when it finished: kept, with its reward and
+    /// trajectory, for inspection, and not a training sample (a sampling batch replaces
+    /// its group).
+    Stale,
 }
 
 impl Status {
     /// All statuses, live ones first.
-    pub const ALL: [Status; 6] = [
+    pub const ALL: [Status; 7] = [
         Status::Queued,
         Status::Running,
         Status::Done,
         Status::Failed,
         Status::Cancelled,
         Status::TimedOut,
+        Status::Stale,
     ];
 
     /// The snake-case name used in the database and the API.
@@ -114,6 +120,7 @@ impl Status {
             Status::Failed => "failed",
             Status::Cancelled => "cancelled",
             Status::TimedOut => "timed_out",
+            Status::Stale => "stale",
         }
     }
 
@@ -162,6 +169,14 @@ pub struct Task {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: serde_json::Value,
+    /// The staleness bound, in policy versions: when the job finishes, a sample whose
+    /// oldest model token came from a version more than this older than the current one
+    /// ends `stale` instead of `done` (kept, not a training sample). `0` is on-policy
+    /// only. Absent: no bound. Samples without versions (none announced) are never
+    /// stale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0)]
+    pub max_staleness: Option<i64>,
 }
 
 impl Task {
@@ -173,6 +188,7 @@ impl Task {
             group_id: None,
             spec,
             metadata: serde_json::Value::Null,
+            max_staleness: None,
         }
     }
 }
@@ -349,7 +365,8 @@ pub struct JobResult {
     pub client_id: Option<String>,
     /// The terminal status.
     pub status: Status,
-    /// Reward from EVAL; absent unless `status` is `done`.
+    /// Reward from EVAL; absent unless `status` is `done` (or `stale`: scored, and kept
+    /// for inspection).
     pub reward: Option<f64>,
     /// Error text for failed, timed-out and cancelled jobs.
     pub error: Option<String>,
@@ -378,6 +395,9 @@ pub struct BatchCounters {
     pub cancelled: i64,
     /// Jobs that ended `timed_out`.
     pub timed_out: i64,
+    /// Jobs that ended `stale`: scored, but older than their `max_staleness` allowed.
+    #[serde(default)]
+    pub stale: i64,
     /// When the trainer cancelled the batch (epoch ms): from then on none of its jobs
     /// starts a stage or is scored, and those left are cancelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -109,6 +109,10 @@ pub enum Verdict {
     Incomplete,
     /// A sample was cancelled (the batch was complete or cancelled by the trainer).
     Cancelled,
+    /// A sample was stale (its oldest model token older than `max_staleness` allowed
+    /// when it finished): the group is not a training sample, and the next prompt
+    /// replaces it.
+    Stale,
 }
 
 impl Verdict {
@@ -119,6 +123,7 @@ impl Verdict {
             Verdict::Uniform => "uniform",
             Verdict::Incomplete => "incomplete",
             Verdict::Cancelled => "cancelled",
+            Verdict::Stale => "stale",
         }
     }
 }
@@ -145,6 +150,13 @@ pub fn decide(samples: &[(Status, Option<f64>)], rule: &InformativeRule) -> Grou
     if samples.iter().any(|(s, _)| *s == Status::Cancelled) {
         return GroupStats {
             verdict: Verdict::Cancelled,
+            mean: None,
+            std: None,
+        };
+    }
+    if samples.iter().any(|(s, _)| *s == Status::Stale) {
+        return GroupStats {
+            verdict: Verdict::Stale,
             mean: None,
             std: None,
         };
@@ -262,6 +274,9 @@ pub struct SamplingCounters {
     pub incomplete: i64,
     /// Groups with a cancelled sample.
     pub cancelled_groups: i64,
+    /// Groups with a stale sample (replaced by the next prompt).
+    #[serde(default)]
+    pub stale_groups: i64,
     /// Samples cancelled before their end (by early cancel or the trainer).
     pub jobs_saved: i64,
     /// Sandbox milliseconds those samples did not spend: each one's expected sandbox
@@ -363,6 +378,13 @@ mod tests {
         s.push((Status::Cancelled, None));
         assert_eq!(decide(&s, &rule).verdict, Verdict::Cancelled);
         assert_eq!(decide(&[], &rule).verdict, Verdict::Incomplete);
+        // A stale sample, however its group's rewards spread, makes the group stale;
+        // a cancelled one still wins (the batch is over).
+        let mut s = done(&[1.0, 0.0]);
+        s.push((Status::Stale, Some(1.0)));
+        assert_eq!(decide(&s, &rule).verdict, Verdict::Stale);
+        s.push((Status::Cancelled, None));
+        assert_eq!(decide(&s, &rule).verdict, Verdict::Cancelled);
     }
 
     #[test]
