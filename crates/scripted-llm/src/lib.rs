@@ -319,6 +319,17 @@ impl ScriptedServer {
         self.shared.pause.pause(mode).await;
     }
 
+    /// The requests waiting to be let in (held by a pause), and those generating
+    /// (frozen ones included).
+    pub fn load(&self) -> (u64, u64) {
+        self.shared.pause.load()
+    }
+
+    /// Whether it is paused, as `GET /is_paused` says.
+    pub fn is_paused(&self) -> bool {
+        self.shared.pause.is_paused()
+    }
+
     /// Resumes as `POST /resume` does.
     pub fn resume(&self) {
         self.shared.pause.resume();
