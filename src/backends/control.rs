@@ -75,6 +75,26 @@ impl InferenceClient {
         self.control(backend, url, None).await
     }
 
+    /// Labels `backend`'s weights with policy `version` (`POST /update_weight_version`,
+    /// which vLLM and SGLang both serve; SGLang is told not to abort anything), so the
+    /// weight version the server reports with its answers is the service's. `Ok(false)`
+    /// when the server has no such endpoint.
+    pub async fn label_backend(&self, backend: &BackendSpec, version: i64) -> Result<bool, String> {
+        let url = format!(
+            "{}/update_weight_version",
+            backend.url.trim_end_matches('/')
+        );
+        let mut body = serde_json::json!({"new_version": version.to_string()});
+        if backend.kind == WireKind::Sglang {
+            body["abort_all_requests"] = false.into();
+        }
+        match self.control(backend, url, Some(body)).await {
+            Ok(()) => Ok(true),
+            Err(e) if e.contains(" 404 ") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Posts a control request; a missing endpoint says how to get it.
     async fn control(
         &self,
@@ -162,6 +182,24 @@ pub async fn resume_all(client: &InferenceClient, backends: &[BackendSpec]) -> V
         answer(b, "resumed", r)
     });
     futures::future::join_all(each).await
+}
+
+/// Labels every backend of `backends` with policy `version`, at once (see
+/// [`InferenceClient::label_backend`]); a failure is logged, not fatal: the label is for
+/// the servers' own reports, the service tags tokens itself.
+pub async fn label_all(client: &InferenceClient, backends: &[BackendSpec], version: i64) {
+    let each = backends.iter().map(|b| async move {
+        match client.label_backend(b, version).await {
+            Ok(true) => tracing::debug!(backend = %b.id, version, "weight version labelled"),
+            Ok(false) => {
+                tracing::debug!(backend = %b.id, "the server keeps no weight version label")
+            }
+            Err(e) => {
+                tracing::warn!(backend = %b.id, version, error = %e, "weight version label not set")
+            }
+        }
+    });
+    futures::future::join_all(each).await;
 }
 
 /// One backend's answer, logged.

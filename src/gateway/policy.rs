@@ -108,6 +108,7 @@ async fn announce(state: &AppState, version: i64) -> Result<PolicyView, ApiError
         Announced::New(current) => {
             tracing::info!(version = current.version, "policy version announced");
             broadcast(state).await;
+            control::label_all(&client(state), &backends(state).await?, current.version).await;
             Ok(view(Some(current), None, Some(true), Vec::new()))
         }
         Announced::Repeated(current) => Ok(view(Some(current), None, Some(false), Vec::new())),
@@ -221,7 +222,10 @@ async fn resume(state: &AppState, version: i64) -> Result<PolicyView, ApiError> 
         );
         publish(&state.queue, &policy).await;
     }
-    let answers = control::resume_all(&client(state), &backends(state).await?).await;
+    let (client, backends) = (client(state), backends(state).await?);
+    // The servers report the new weights under the service's number.
+    control::label_all(&client, &backends, version).await;
+    let answers = control::resume_all(&client, &backends).await;
     let failed = failures(&answers);
     if !failed.is_empty() {
         return Err(ApiError::new(

@@ -83,6 +83,14 @@ async fn a_weight_update_stops_generation_and_every_token_keeps_its_version() {
             assert_eq!(resumed.current.map(|c| c.version), Some(new));
             assert_eq!(resumed.changed, Some(true));
             assert!(!is_paused(server).await, "{what}");
+            // The server reports the new weights under the service's number.
+            let label: Value = reqwest::get(format!("{}/weight_info", server.url()))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(label["weight_version"], new.to_string(), "{what}");
             // Resuming again is a repeat.
             assert_eq!(
                 client.resume_policy(new).await.unwrap().changed,

@@ -16,13 +16,17 @@
 //! server (`tests/real_vllm.rs`, `docs/real-vllm.md`): nested error bodies naming the
 //! parameter, `max_tokens` cut to the room left in the context (and 16 when absent),
 //! a prompt that leaves no room refused in vLLM's words, token IDs outside the
-//! vocabulary refused, an integer `stop_reason` for a stop token, and a paused server
-//! that holds requests rather than refusing them.
+//! vocabulary refused, an integer `stop_reason` for a stop token. Its pause is vLLM
+//! 0.33's by default (new requests refused with 503 during an `abort` or `wait` pause;
+//! `ScriptedConfig::pause_holds_new` holds them as 0.32 does), and it keeps a weight
+//! version label (`/update_weight_version`, `/weight_info`, vLLM's
+//! `return_weight_versions`, SGLang's `meta_info.weight_version`).
 //!
 //! Endpoints: `POST /v1/completions`, `POST /generate`, `GET /health`, `GET /v1/models`,
 //! `POST /pause`, `POST /resume`, `GET /is_paused`, `POST /abort_requests` (vLLM),
-//! `POST /pause_generation`, `POST /continue_generation`, `GET /get_load` (SGLang),
-//! `POST /control`, `GET /stats`, `GET /requests` (the last requests served, for tests
+//! `GET /weight_info`, `POST /pause_generation`, `POST /continue_generation`,
+//! `GET /get_load`, `GET /get_weight_version` (SGLang), `POST /update_weight_version`
+//! (both), `POST /control`, `GET /stats`, `GET /requests` (the last requests served, for tests
 //! that check token-exactness against what the server sent).
 //!
 //! A crate of its own: only its binary (a target of the service's package, so `cargo
@@ -109,6 +113,11 @@ pub struct ScriptedConfig {
     /// How long `GET /health` takes (ms): SGLang's runs a one-token generation, a
     /// second or more under load.
     pub health_delay_ms: u64,
+    /// A vLLM-format request arriving during an `abort` or `wait` pause waits for the
+    /// resume, as vLLM 0.32 does. Off (the default), it is refused at once, 503
+    /// "Generation is paused. Please retry after it resumes.", as vLLM 0.33 does. A
+    /// `keep` pause holds new requests in both, and SGLang always holds them.
+    pub pause_holds_new: bool,
 }
 
 impl ScriptedConfig {
@@ -132,6 +141,7 @@ impl ScriptedConfig {
             prompt_tokens_details: false,
             deterministic: false,
             health_delay_ms: 0,
+            pause_holds_new: false,
         }
     }
 }
@@ -231,6 +241,8 @@ struct Shared {
     /// tokens it generated before the abort: a request sending exactly those continues
     /// the answer, as a real model continues its own text (see [`Continuation`]).
     continuations: Mutex<HashMap<Vec<u32>, Continuation>>,
+    /// The weights' label (`default` until told), as both servers keep one.
+    weight_version: Mutex<String>,
     /// When it started (Unix seconds), as `/v1/models` says `created`.
     started: u64,
     shutdown: CancellationToken,
@@ -271,6 +283,7 @@ impl ScriptedServer {
             served: Mutex::new(VecDeque::new()),
             pause: pause::Pause::default(),
             continuations: Mutex::new(HashMap::new()),
+            weight_version: Mutex::new("default".into()),
             started: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -396,6 +409,9 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/pause_generation", post(pause_generation))
         .route("/continue_generation", post(continue_generation))
         .route("/get_load", get(get_load))
+        .route("/update_weight_version", post(update_weight_version))
+        .route("/weight_info", get(weight_info))
+        .route("/get_weight_version", get(weight_info))
         .route("/control", post(control))
         .route("/stats", get(stats))
         .route("/requests", get(requests))
@@ -528,6 +544,44 @@ async fn continue_generation(State(s): State<Arc<Shared>>) -> Json<serde_json::V
     tracing::info!("generation continued");
     s.pause.resume();
     Json(serde_json::json!({"message": "Generation continued successfully.", "status": "ok"}))
+}
+
+/// `POST /update_weight_version {"new_version": "…"}`, as both servers take it: the
+/// label the answers report from now on. SGLang's `abort_all_requests` (true by default
+/// there) aborts every request first when given as true; vLLM's has no such field and
+/// aborts nothing, which is what the stand-in does when it is absent.
+async fn update_weight_version(
+    State(s): State<Arc<Shared>>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    let Some(new) = body.get("new_version").and_then(|v| v.as_str()) else {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(serde_json::json!({"detail": "new_version: Field required"})),
+        )
+            .into_response();
+    };
+    if body
+        .get("abort_all_requests")
+        .and_then(serde_json::Value::as_bool)
+        == Some(true)
+    {
+        s.pause.abort_all();
+    }
+    new.clone_into(&mut s.weight_version.lock().expect("lock"));
+    tracing::info!(version = new, "weight version updated");
+    Json(serde_json::json!({
+        "success": true,
+        "message": format!("Weight version updated to {new}"),
+        "new_version": new,
+    }))
+    .into_response()
+}
+
+/// vLLM's `GET /weight_info` and SGLang's `GET /get_weight_version`.
+async fn weight_info(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+    let v = s.weight_version.lock().expect("lock").clone();
+    Json(serde_json::json!({"weight_version": v}))
 }
 
 /// SGLang's `GET /get_load`: one entry per data-parallel rank (one here).
@@ -846,6 +900,18 @@ impl Shared {
     }
 }
 
+/// vLLM 0.33 refuses a request that arrives during an `abort` or `wait` pause.
+fn refuse_while_paused(s: &Shared, format: &str) -> Option<Response> {
+    (format == "vllm" && !s.cfg.pause_holds_new && s.pause.refusing()).then(|| {
+        vllm_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableError",
+            "Generation is paused. Please retry after it resumes.".into(),
+            None,
+        )
+    })
+}
+
 /// Plays faults, then the script, with the simulated timing. `Err` is the response to
 /// send instead.
 async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
@@ -853,6 +919,9 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
     let max_tokens = room(cfg, ask.prompt.len(), ask.max_tokens, format).map_err(|r| *r)?;
     if format == "vllm" {
         refuse_unknown_ids(cfg, &ask).map_err(|r| *r)?;
+    }
+    if let Some(r) = refuse_while_paused(s, format) {
+        return Err(r);
     }
     // A paused server holds the request here (see `pause`).
     let mut ticket = s.pause.arrive();
@@ -1189,7 +1258,17 @@ async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
     };
     let as_ids = body.return_tokens_as_token_ids;
     let with_ids = body.return_token_ids && !s.cfg.legacy_vllm;
-    let choice = vllm_choice(s, &a, as_ids, with_ids.then_some(prompt_ids.as_slice()));
+    let mut choice = vllm_choice(s, &a, as_ids, with_ids.then_some(prompt_ids.as_slice()));
+    if body.return_weight_versions {
+        // The label when it was answered, over all its tokens (the stand-in's weights
+        // change only between requests' tokens when told to).
+        let v = s.weight_version.lock().expect("lock").clone();
+        choice["weight_versions"] = if a.ids.is_empty() {
+            serde_json::json!([])
+        } else {
+            serde_json::json!([{"version": v, "start": 0, "end": a.ids.len()}])
+        };
+    }
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -1335,6 +1414,7 @@ async fn generate_answer(s: &Shared, body: serde_json::Value) -> Response {
         "completion_tokens": a.ids.len(),
         "cached_tokens": a.cached,
         "e2e_latency": t0.elapsed().as_secs_f64(),
+        "weight_version": s.weight_version.lock().expect("lock").clone(),
     });
     if with_lp {
         meta["input_token_logprobs"] = serde_json::Value::Null;

@@ -17,8 +17,10 @@
 //!   ids; the stand-in keeps none, so a list aborts nothing, and it still answers
 //!   `aborted` with the list's length, as vLLM does for ids it does not know.)
 //!
-//! A paused server never answers 503 and never refuses: a request sent while paused
-//! waits inside its HTTP request until the resume. An aborted request is answered 200
+//! A request sent while paused in `keep` mode waits inside its HTTP request until the
+//! resume; in `abort` or `wait` mode vLLM 0.33 refuses it at once (503, "Generation is
+//! paused. Please retry after it resumes."), while vLLM 0.32 and SGLang hold it as in
+//! `keep` (the crate root's `pause_holds_new` picks 0.32). An aborted request is answered 200
 //! with `finish_reason: "abort"` and the tokens generated before the abort (none for
 //! one that was waiting).
 
@@ -160,6 +162,13 @@ impl Pause {
             n = s.waiting + s.generating;
         });
         n
+    }
+
+    /// Whether a pause in `abort` or `wait` mode is on (vLLM 0.33 refuses new requests
+    /// then).
+    pub fn refusing(&self) -> bool {
+        let s = self.state.borrow();
+        s.paused && !s.frozen
     }
 
     /// The requests waiting to be let in, and those generating.

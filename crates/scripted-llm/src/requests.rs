@@ -71,6 +71,9 @@ pub(super) struct CompletionRequest {
     /// The prefix cache's namespace; checked as vLLM checks it.
     #[serde(default)]
     pub(super) cache_salt: Option<String>,
+    /// vLLM 0.33: the choice says which weight-version label sampled its tokens.
+    #[serde(default)]
+    pub(super) return_weight_versions: bool,
 }
 
 /// SGLang's `sampling_params`: the fields the stand-in reads.

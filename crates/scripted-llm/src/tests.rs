@@ -213,7 +213,7 @@ async fn a_stop_token_is_named_by_its_id() {
     s.stop().await;
 }
 
-/// vLLM's dev-mode pause: a request sent while paused waits (never a 503), an abort
+/// vLLM's dev-mode pause in `keep` mode: a request sent while paused waits, an abort
 /// answers it 200 with `finish_reason: "abort"` and no tokens, and a resume lets the
 /// next one through.
 #[tokio::test]
@@ -259,6 +259,135 @@ async fn a_paused_server_holds_requests_and_aborts_answer_them() {
     .await;
     assert_eq!(st, 200);
     assert_eq!(got["choices"][0]["finish_reason"], "length");
+    s.stop().await;
+}
+
+/// vLLM 0.33 refuses a request that arrives during an `abort` or `wait` pause (503, its
+/// words), and holds one during `keep`; 0.32 (`pause_holds_new`) holds it in every mode.
+/// SGLang's pause holds new requests whatever its mode, and its `/get_load` counts them.
+#[tokio::test]
+async fn new_requests_during_a_pause_are_refused_or_held_as_each_server_does() {
+    let s = server().await;
+    let ask = completion(&[5, 6, 7], &json!({"max_tokens": 6}));
+    for mode in ["abort", "wait"] {
+        post(&s, &format!("/pause?mode={mode}"), &json!({})).await;
+        let (st, got) = post(&s, "/v1/completions", &ask).await;
+        assert_eq!(
+            (st, got),
+            (
+                503,
+                error(
+                    "Generation is paused. Please retry after it resumes.",
+                    "ServiceUnavailableError",
+                    Value::Null,
+                    503
+                )
+            ),
+            "{mode}"
+        );
+        // SGLang's words for the same pause: held, counted as waiting.
+        let url = s.url();
+        let held = tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{url}/generate"))
+                .json(&json!({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let load: Value = reqwest::get(format!("{}/get_load", s.url()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(load[0]["num_waiting_reqs"], 1, "{load}");
+        assert!(!held.is_finished(), "{mode}: SGLang holds it");
+        post(&s, "/resume", &json!({})).await;
+        assert_eq!(held.await.unwrap(), 200);
+    }
+    s.stop().await;
+    // vLLM 0.32 holds it.
+    let model = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
+    let policy =
+        Policy::from_json(&json!({"fallback": [{"turns": ["word word"]}]}).to_string()).unwrap();
+    let mut cfg = ScriptedConfig::new(Arc::new(model), policy);
+    cfg.model_name = "tiny".into();
+    cfg.pause_holds_new = true;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let old = ScriptedServer::spawn(listener, cfg).unwrap();
+    post(&old, "/pause?mode=abort", &json!({})).await;
+    let url = old.url();
+    let held = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{url}/v1/completions"))
+            .json(&completion(&[5, 6, 7], &json!({"max_tokens": 6})))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!held.is_finished(), "0.32 holds it");
+    post(&old, "/resume", &json!({})).await;
+    assert_eq!(held.await.unwrap(), 200);
+    old.stop().await;
+}
+
+/// The weights' label, as both servers keep it: `default` until
+/// `/update_weight_version` changes it; vLLM reports it with `return_weight_versions`
+/// as spans over the output, SGLang in every answer's `meta_info`.
+#[tokio::test]
+async fn the_weight_version_is_reported_as_each_server_reports_it() {
+    let s = server().await;
+    let info = |path: &'static str| {
+        let url = s.url();
+        async move {
+            reqwest::get(format!("{url}{path}"))
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        info("/weight_info").await,
+        json!({"weight_version": "default"})
+    );
+    let (st, got) = post(&s, "/update_weight_version", &json!({"new_version": "7"})).await;
+    assert_eq!(
+        (st, got["success"].clone(), got["new_version"].clone()),
+        (200, json!(true), json!("7"))
+    );
+    assert_eq!(
+        info("/get_weight_version").await,
+        json!({"weight_version": "7"})
+    );
+    let (_, got) = post(
+        &s,
+        "/v1/completions",
+        &completion(
+            &[5, 6, 7],
+            &json!({"max_tokens": 6, "return_weight_versions": true}),
+        ),
+    )
+    .await;
+    assert_eq!(
+        got["choices"][0]["weight_versions"],
+        json!([{"version": "7", "start": 0, "end": 6}])
+    );
+    let (_, got) = post(
+        &s,
+        "/generate",
+        &json!({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}}),
+    )
+    .await;
+    assert_eq!(got["meta_info"]["weight_version"], "7");
     s.stop().await;
 }
 
