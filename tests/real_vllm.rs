@@ -644,7 +644,7 @@ async fn pause_and_abort(real: &Real) {
 }
 
 /// The service's pause in each mode reaches vLLM as a pause it accepts (`keep`,
-/// `abort`, `wait`), and its resume resumes it.
+/// `abort`, `wait`), its resume resumes it, and its weight version label is taken.
 async fn pause_modes(real: &Real) {
     use rollout::domain::policy::UpdateMode;
     for mode in [UpdateMode::Pause, UpdateMode::Abort, UpdateMode::Wait] {
@@ -667,6 +667,9 @@ async fn pause_modes(real: &Real) {
             "{mode:?}"
         );
     }
+    // The label the service gives the weights on a resume is the server's.
+    assert!(real.client.label_backend(&real.backend, 5).await.unwrap());
+    assert_eq!(real.vllm.get("/weight_info").await["weight_version"], "5");
 }
 
 /// A multi-turn agent episode through the service: every model turn is a tool call (the
