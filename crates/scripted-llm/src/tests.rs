@@ -12,13 +12,34 @@ async fn server() -> ScriptedServer {
 
 /// A stand-in serving `tiny` with a 64-token context, whose every turn is `turn`.
 async fn server_playing(turn: &str) -> ScriptedServer {
+    server_with(turn, |_| {}).await
+}
+
+/// [`server_playing`] `turn`, its configuration changed by `tweak`.
+async fn server_with(turn: &str, tweak: impl FnOnce(&mut ScriptedConfig)) -> ScriptedServer {
     let model = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
     let policy = Policy::from_json(&json!({"fallback": [{"turns": [turn]}]}).to_string()).unwrap();
     let mut cfg = ScriptedConfig::new(Arc::new(model), policy);
     cfg.model_name = "tiny".into();
     cfg.max_model_len = 64;
+    tweak(&mut cfg);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     ScriptedServer::spawn(listener, cfg).unwrap()
+}
+
+/// Posts `body` to `path` in a task of its own; the answer's status.
+fn post_later(s: &ScriptedServer, path: &str, body: Value) -> tokio::task::JoinHandle<u16> {
+    let url = format!("{}{path}", s.url());
+    tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    })
 }
 
 async fn post(s: &ScriptedServer, path: &str, body: &Value) -> (u16, Value) {
@@ -286,17 +307,11 @@ async fn new_requests_during_a_pause_are_refused_or_held_as_each_server_does() {
             "{mode}"
         );
         // SGLang's words for the same pause: held, counted as waiting.
-        let url = s.url();
-        let held = tokio::spawn(async move {
-            reqwest::Client::new()
-                .post(format!("{url}/generate"))
-                .json(&json!({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}}))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        });
+        let held = post_later(
+            &s,
+            "/generate",
+            json!({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}}),
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
         let load: Value = reqwest::get(format!("{}/get_load", s.url()))
             .await
@@ -311,26 +326,9 @@ async fn new_requests_during_a_pause_are_refused_or_held_as_each_server_does() {
     }
     s.stop().await;
     // vLLM 0.32 holds it.
-    let model = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
-    let policy =
-        Policy::from_json(&json!({"fallback": [{"turns": ["word word"]}]}).to_string()).unwrap();
-    let mut cfg = ScriptedConfig::new(Arc::new(model), policy);
-    cfg.model_name = "tiny".into();
-    cfg.pause_holds_new = true;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let old = ScriptedServer::spawn(listener, cfg).unwrap();
+    let old = server_with("word word", |c| c.pause_holds_new = true).await;
     post(&old, "/pause?mode=abort", &json!({})).await;
-    let url = old.url();
-    let held = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(format!("{url}/v1/completions"))
-            .json(&completion(&[5, 6, 7], &json!({"max_tokens": 6})))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .as_u16()
-    });
+    let held = post_later(&old, "/v1/completions", ask);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!held.is_finished(), "0.32 holds it");
     post(&old, "/resume", &json!({})).await;
