@@ -90,6 +90,7 @@ class RolloutClient:
         max_groups: Optional[int] = None,
         informative: Optional[Json] = None,
         policy_version: Optional[int] = None,
+        max_staleness: Optional[int] = None,
         batch_id: Optional[str] = None,
     ) -> Json:
         """Starts a sampling batch (``POST /v1/batches``) and returns its view:
@@ -99,7 +100,9 @@ class RolloutClient:
         ``group_id``. ``informative`` is e.g. ``{"rule": "reward_std", "eps": 0.05}`` or
         ``{"min_mean": 0.1, "max_mean": 0.9}`` (default: rewards not all equal). Passing
         the same ``batch_id`` again returns the existing batch, so a retry after a lost
-        answer creates nothing twice.
+        answer creates nothing twice. ``max_staleness`` (policy versions) ends a sample
+        whose oldest token is further behind than that when it is scored as ``stale``,
+        and its group is replaced by the next prompt.
         """
         body: Json = {
             "prompts": list(prompts),
@@ -111,11 +114,43 @@ class RolloutClient:
             ("max_groups", max_groups),
             ("informative", informative),
             ("policy_version", policy_version),
+            ("max_staleness", max_staleness),
             ("batch_id", batch_id),
         ):
             if value is not None:
                 body[key] = value
         return self._request("POST", "/v1/batches", body)
+
+    # -- policy versions and weight updates --------------------------------------------
+
+    def policy(self) -> Json:
+        """The current policy version, the weight update in progress, the latest
+        versions (``GET /v1/policy``)."""
+        return self._request("GET", "/v1/policy")
+
+    def announce_policy(self, version: int) -> Json:
+        """The servers' weights are now at ``version`` (updated without a pause): every
+        model token generated from now on carries it."""
+        return self._request("POST", "/v1/policy", {"version": version})
+
+    def begin_weight_update(
+        self, version: int, mode: str = "abort", lease_s: Optional[int] = None
+    ) -> Json:
+        """Stops generation for a weight update to ``version`` and returns once every
+        backend has stopped. ``mode``: ``"abort"`` (turns in flight go on from their
+        tokens after the resume), ``"pause"`` (frozen, finished after it) or ``"wait"``
+        (run to their end first). ``lease_s`` bounds the pause (default 600 s): without
+        a resume by then the service resumes on its own and ``version`` does not become
+        current."""
+        body: Json = {"version": version, "mode": mode}
+        if lease_s is not None:
+            body["lease_s"] = lease_s
+        return self._request("POST", "/v1/policy", body)
+
+    def resume(self, version: int) -> Json:
+        """Ends the weight update to ``version``: it becomes current and generation goes
+        on."""
+        return self._request("POST", f"/v1/policy/{int(version)}/resume")
 
     def batch(self, batch_id: str) -> Json:
         """The batch: parameters, status, counters and accepted groups (as many as

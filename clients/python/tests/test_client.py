@@ -6,6 +6,7 @@ import json
 import os
 import time
 import unittest
+import urllib.request
 from pathlib import Path
 
 from rollout_client import RolloutClient, RolloutError, parse_sse, to_tensors
@@ -114,6 +115,28 @@ class AgainstTheService(unittest.TestCase):
         # The groups are also in the batch's view, with the same results.
         self.assertEqual([g["rank"] for g in client.batch("py-step-1")["groups"]],
                          [g["rank"] for g in groups])
+
+    def test_a_weight_update_stops_the_servers_until_the_resume(self):
+        client = self.svc.client()
+        servers = [b["url"] for b in client._request("GET", "/v1/backends")]
+        self.assertTrue(servers, "rollout up registers its stand-in servers")
+
+        def paused():
+            return {json.loads(urllib.request.urlopen(u + "/is_paused").read())["is_paused"]
+                    for u in servers}
+
+        before = (client.policy().get("current") or {}).get("version", -1)
+        view = client.begin_weight_update(before + 1, mode="abort", lease_s=60)
+        self.assertEqual(view["pause"]["version"], before + 1)
+        self.assertTrue(all(b["ok"] for b in view["backends"]), view)
+        self.assertEqual(paused(), {True})
+        with self.assertRaises(RolloutError) as e:
+            client.announce_policy(before + 2)
+        self.assertEqual(e.exception.status, 409)
+        view = client.resume(before + 1)
+        self.assertEqual(view["current"]["version"], before + 1)
+        self.assertEqual(paused(), {False})
+        self.assertEqual(client.announce_policy(before + 2)["current"]["version"], before + 2)
 
     def test_bad_input_names_the_field_and_cancel_ends_a_batch(self):
         client = self.svc.client()
