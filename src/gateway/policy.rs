@@ -58,7 +58,7 @@ const MAX_LEASE_S: u64 = 86_400;
         (status = 400, description = "Invalid input; `field` names the problem", body = ApiErrorBody),
         (status = 409, description = "A newer version is current, or another update is in progress", body = ApiErrorBody),
         (status = 413, description = "Body too large", body = ApiErrorBody),
-        (status = 502, description = "A backend did not stop; the update stays in progress (repeat the request, or resume)", body = ApiErrorBody),
+        (status = 502, description = "A backend not marked down did not stop; the update stays in progress (repeat the request, or resume)", body = ApiErrorBody),
         (status = 503, description = "Database unavailable; retry", body = ApiErrorBody),
     )
 )]
@@ -108,7 +108,7 @@ async fn announce(state: &AppState, version: i64) -> Result<PolicyView, ApiError
         Announced::New(current) => {
             tracing::info!(version = current.version, "policy version announced");
             broadcast(state).await;
-            control::label_all(&client(state), &backends(state).await?, current.version).await;
+            control::label_all(&client(state), &backends(state).await?.0, current.version).await;
             Ok(view(Some(current), None, Some(true), Vec::new()))
         }
         Announced::Repeated(current) => Ok(view(Some(current), None, Some(false), Vec::new())),
@@ -143,8 +143,9 @@ async fn pause(
     );
     // The workers hold their new turns first, then the backends stop.
     publish(&state.queue, &policy).await;
-    let answers = control::pause_all(&client(state), &backends(state).await?, mode).await;
-    let failed = failures(&answers);
+    let (specs, down) = backends(state).await?;
+    let answers = control::pause_all(&client(state), &specs, mode).await;
+    let failed = failures(&answers, &down);
     if !failed.is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_GATEWAY,
@@ -171,7 +172,7 @@ async fn pause(
         (status = 200, description = "The version is current and the backends generate again", body = PolicyView),
         (status = 400, description = "Invalid version", body = ApiErrorBody),
         (status = 409, description = "No update to that version is in progress", body = ApiErrorBody),
-        (status = 502, description = "A backend did not resume; the version is current (repeat the request)", body = ApiErrorBody),
+        (status = 502, description = "A backend not marked down did not resume; the version is current (repeat the request)", body = ApiErrorBody),
         (status = 503, description = "Database unavailable; retry", body = ApiErrorBody),
     )
 )]
@@ -222,11 +223,11 @@ async fn resume(state: &AppState, version: i64) -> Result<PolicyView, ApiError> 
         );
         publish(&state.queue, &policy).await;
     }
-    let (client, backends) = (client(state), backends(state).await?);
+    let (client, (specs, down)) = (client(state), backends(state).await?);
     // The servers report the new weights under the service's number.
-    control::label_all(&client, &backends, version).await;
-    let answers = control::resume_all(&client, &backends).await;
-    let failed = failures(&answers);
+    control::label_all(&client, &specs, version).await;
+    let answers = control::resume_all(&client, &specs).await;
+    let failed = failures(&answers, &down);
     if !failed.is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_GATEWAY,
@@ -281,20 +282,27 @@ fn client(state: &AppState) -> InferenceClient {
     InferenceClient::new((&state.settings.pool).into())
 }
 
-/// Every registered backend, healthy or not (one marked down may come back mid-update).
-async fn backends(state: &AppState) -> Result<Vec<BackendSpec>, ApiError> {
-    Ok(BackendStore::backends(state.store.as_ref())
-        .await?
-        .into_iter()
-        .map(|b| b.spec)
-        .collect())
+/// Every registered backend, healthy or not (one marked down may come back mid-update,
+/// so it is asked too), and the ids of those marked down.
+async fn backends(
+    state: &AppState,
+) -> Result<(Vec<BackendSpec>, std::collections::HashSet<String>), ApiError> {
+    let all = BackendStore::backends(state.store.as_ref()).await?;
+    let down = all
+        .iter()
+        .filter(|b| !b.healthy)
+        .map(|b| b.spec.id.clone())
+        .collect();
+    Ok((all.into_iter().map(|b| b.spec).collect(), down))
 }
 
-/// The backends that did not do as asked, with why, for an error message.
-fn failures(answers: &[BackendAnswer]) -> String {
+/// The backends that did not do as asked, with why, for an error message; a backend
+/// marked down is left out (it generates nothing for the service, and its answer is in
+/// the view's `backends`).
+fn failures(answers: &[BackendAnswer], down: &std::collections::HashSet<String>) -> String {
     answers
         .iter()
-        .filter(|a| !a.ok)
+        .filter(|a| !a.ok && !down.contains(&a.backend))
         .map(|a| {
             format!(
                 "backend `{}` did not: {}",

@@ -174,6 +174,21 @@ async fn a_weight_update_whose_trainer_dies_ends_with_its_lease() {
     let server = stand.servers[0].as_ref().unwrap();
     client.announce_policy(1).await.unwrap();
     stand.env.workers_in_process(1);
+    // A backend marked down that cannot be reached: asked, reported, not fatal.
+    let dead = rollout::domain::backend::BackendSpec {
+        id: "dead".into(),
+        url: "http://127.0.0.1:9".into(),
+        kind: WireKind::Vllm,
+        model: "elsewhere".into(),
+        tokenizer: stand.env.dir.path().join("model").display().to_string(),
+        ..Default::default()
+    };
+    client.add_backend(&dead).await.unwrap();
+    let store = stand.env.deps.store.clone();
+    store
+        .set_backend_health("dead", false, Some("test"), rollout::domain::EpochMs::now())
+        .await
+        .unwrap();
     // Two at once: one starts, the other is told another update is in progress.
     let (x, y) = tokio::join!(
         client.pause_policy(2, UpdateMode::Pause, Some(2)),
@@ -185,7 +200,10 @@ async fn a_weight_update_whose_trainer_dies_ends_with_its_lease() {
         refused.contains("409") && refused.contains("in progress"),
         "{refused}"
     );
-    let started = x.ok().or(y.ok()).unwrap().pause.unwrap();
+    let view = x.ok().or(y.ok()).unwrap();
+    let dead = view.backends.iter().find(|b| b.backend == "dead").unwrap();
+    assert!(!dead.ok && dead.error.is_some(), "{view:?}");
+    let started = view.pause.unwrap();
     assert!(is_paused(server).await);
     stand
         .env
