@@ -375,8 +375,12 @@ impl<'a> EpisodeState<'a> {
                     }
                 }
             };
+            let generated = generated.map(|mut g| {
+                let ends = self.ends_turn(&mut g);
+                (g, ends)
+            });
             match generated {
-                Ok(g) if g.generation.finish == Finish::Aborted => {
+                Ok((g, false)) => {
                     let gained = g.generation.token_ids.len();
                     tracing::info!(
                         tokens = gained,
@@ -391,7 +395,7 @@ impl<'a> EpisodeState<'a> {
                     }
                     parts.push((g, sent_under));
                 }
-                Ok(g) => {
+                Ok((g, true)) => {
                     parts.push((g, sent_under));
                     break;
                 }
@@ -410,6 +414,24 @@ impl<'a> EpisodeState<'a> {
             answered: self.ep.policy.current(),
         };
         Ok(ControlFlow::Continue((join_parts(parts), llm_us, versions)))
+    }
+
+    /// Whether generation `g` ends the turn: false when the server cut it (aborted) and
+    /// the turn goes on from its tokens; true otherwise, including when it was aborted
+    /// just as it produced a stop token (the turn is over, not cut: it is marked so).
+    fn ends_turn(&self, g: &mut Generated) -> bool {
+        if g.generation.finish != Finish::Aborted {
+            return true;
+        }
+        let stopped = g
+            .generation
+            .token_ids
+            .last()
+            .is_some_and(|t| self.sampling.stop_token_ids.contains(t));
+        if stopped {
+            g.generation.finish = Finish::Stop;
+        }
+        stopped
     }
 
     /// Appends the model's tokens verbatim, decodes them only to find tool calls, and
@@ -893,6 +915,8 @@ mod tests {
         rest: Option<(Vec<u32>, usize)>,
         /// Whether an update held generation when each request was sent.
         held: Vec<bool>,
+        /// The abort comes just after the first turn's last token (its stop token).
+        abort_at_stop: bool,
     }
 
     #[async_trait]
@@ -950,8 +974,12 @@ mod tests {
             ids.push(self.model.eos_id);
             assert!(usize::try_from(sampling.max_tokens.unwrap()).unwrap() >= ids.len());
             self.sent.push(ids.clone());
-            let half = ids.len() / 2;
-            self.rest = Some((ids.split_off(half), half));
+            let half = if self.abort_at_stop {
+                ids.len()
+            } else {
+                ids.len() / 2
+            };
+            self.rest = Some((ids.split_off(half), half)).filter(|(rest, _)| !rest.is_empty());
             let pause = crate::domain::policy::PolicyPause {
                 version: 2,
                 mode: crate::domain::policy::UpdateMode::Abort,
@@ -1063,6 +1091,7 @@ mod tests {
             abort_first: None,
             rest: None,
             held: Vec::new(),
+            abort_at_stop: false,
         }
     }
 
@@ -1178,6 +1207,25 @@ mod tests {
         );
         let json = serde_json::to_value(&t).unwrap();
         assert_eq!(json["policy_versions"][2]["version"], 3);
+    }
+
+    /// A generation aborted just as it produced its stop token ended the turn: nothing
+    /// is sent to continue it, and the turn is whole.
+    #[tokio::test]
+    async fn a_turn_aborted_at_its_stop_token_is_not_continued() {
+        let m = model();
+        let mut ep = episode(m.clone(), 4096);
+        ep.policy = PolicyWatch::at_version(Some(1));
+        let finish = "<tool_call>\n{\"name\": \"finish\", \"arguments\": {\"answer\": \"ok\"}}\n</tool_call>";
+        let mut llm = script(&m, &[call("ls"), finish.into()]);
+        llm.abort_first = Some(ep.policy.clone());
+        llm.abort_at_stop = true;
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(llm.prompts.len(), 2, "one request per turn");
+        assert_eq!(t.turns[0].continued, 0);
+        assert_eq!(t.turns[0].generation_finish, "stop");
+        let [from, to] = t.turns[0].model_range;
+        assert_eq!(&t.response_ids[from..to], &llm.sent[0][..]);
     }
 
     #[tokio::test]
