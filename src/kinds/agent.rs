@@ -232,6 +232,19 @@ impl Agent {
     }
 }
 
+/// Where a job's prompt group is placed together (`batch/group`, and `@v<N>` under
+/// policy version N): a group's samples share a backend so they share its prefix cache,
+/// and that cache is per version (the cache salt), so after a weight update the group's
+/// next samples are placed afresh, by load, rather than sent to a home whose cache of
+/// them no longer counts.
+fn group_key(batch_id: &str, group_id: Option<&str>, version: Option<i64>) -> Option<String> {
+    let group = group_id?;
+    Some(match version {
+        Some(v) => format!("{batch_id}/{group}@v{v}"),
+        None => format!("{batch_id}/{group}"),
+    })
+}
+
 fn spec_of(job: &Job) -> Result<AgentSpec, StageError> {
     SpecError::parse(&job.task["spec"]).map_err(|e| StageError::Failed(format!("bad spec: {e}")))
 }
@@ -358,10 +371,11 @@ impl TaskKind for Agent {
         let (limits, timeout) = self.limits(&spec);
         let deadline = tokio::time::Instant::now() + timeout;
         let client = sandboxed::connect(&self.sandboxes, ctx).await?;
-        let group_key = job
-            .group_id
-            .as_ref()
-            .map(|g| format!("{}/{g}", job.batch_id));
+        let group_key = group_key(
+            &job.batch_id,
+            job.group_id.as_deref(),
+            self.policy.current(),
+        );
         let session_job = SessionJob {
             job_id: job.id.clone(),
             group_key,
@@ -474,5 +488,20 @@ impl TaskKind for Agent {
 
     async fn cleanup(&self, job: &Job) {
         sandboxed::cleanup(&self.sandboxes, job).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_groups_placement_is_per_policy_version() {
+        assert_eq!(group_key("b", Some("p3"), None).as_deref(), Some("b/p3"));
+        assert_eq!(
+            group_key("b", Some("p3"), Some(4)).as_deref(),
+            Some("b/p3@v4")
+        );
+        assert_eq!(group_key("b", None, Some(4)), None);
     }
 }
