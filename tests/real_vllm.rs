@@ -547,7 +547,8 @@ async fn context_limits(real: &Real) {
 /// and logprobs of the same request undisturbed. Sent back after the prompt (as the agent
 /// loop continues a turn after a weight update), they are continued, token for token and
 /// logprob for logprob as a direct request for that continuation; a paused server holds
-/// the continuation until its resume.
+/// the continuation until its resume. The request is frozen (`mode=keep`) a third of the
+/// way through before the abort, so the engine cannot finish it first.
 async fn pause_and_abort(real: &Real) {
     let prompt = real.prompt("Tell me a long story about a lighthouse.");
     let s = sampling(160, 5);
@@ -568,8 +569,11 @@ async fn pause_and_abort(real: &Real) {
                 .generate(&backend, &p, &s2, &CancellationToken::new())
                 .await
         });
-        // A third of the way through.
+        // A third of the way through, freeze it where it is (the engine may run ahead
+        // of the API process; frozen, it cannot finish before the abort lands).
         tokio::time::sleep(calm_took / 3).await;
+        let (st, _) = real.vllm.post("/pause?mode=keep", &json!({})).await;
+        assert_eq!(st, 200);
         let (st, answer) = match how {
             "pause" => real.vllm.post("/pause?mode=abort", &json!({})).await,
             _ => real.vllm.post("/abort_requests", &json!({})).await,
@@ -624,12 +628,10 @@ async fn pause_and_abort(real: &Real) {
                 .generate(&backend, &m, &rs, &CancellationToken::new())
                 .await
         });
-        if how == "pause" {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            assert!(!rest.is_finished(), "a paused server answered");
-            let (st, _) = real.vllm.post("/resume", &json!({})).await;
-            assert_eq!(st, 200);
-        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(!rest.is_finished(), "{how}: a paused server answered");
+        let (st, _) = real.vllm.post("/resume", &json!({})).await;
+        assert_eq!(st, 200);
         let rest = tokio::time::timeout(Duration::from_secs(120), rest)
             .await
             .expect("the continuation ends")
