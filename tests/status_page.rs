@@ -280,6 +280,7 @@ async fn the_status_page_shows_what_the_api_says_and_a_job_turn_by_turn() {
     wait_batch(&client, "page-agents", agents.len(), &svc.log).await;
     wait_batch(&client, "page-shell", shells.len(), &svc.log).await;
 
+    client.announce_policy(3).await.unwrap();
     let (_driver, b) = browser().await;
     b.goto(&format!("{}/", svc.url)).await.unwrap();
     // Without the token the page reads nothing and asks for it.
@@ -388,6 +389,7 @@ async fn overview_matches_the_api(b: &Browser, client: &Client) {
             "failed",
             "cancelled",
             "timed_out",
+            "stale",
         ] {
             assert_eq!(
                 value(b, &row, field).await,
@@ -396,6 +398,17 @@ async fn overview_matches_the_api(b: &Browser, client: &Client) {
             );
         }
     }
+    // The policy version the trainer announced.
+    let policy = b.find(Locator::Css("#card-policy")).await.unwrap();
+    assert_eq!(
+        policy.attr("data-value").await.unwrap().unwrap_or_default(),
+        num(&d["policy"]["current"]["version"])
+    );
+    assert!(
+        content(&policy).await.contains("v3"),
+        "{}",
+        content(&policy).await
+    );
     for stage in d["stages"].as_array().unwrap() {
         let row = format!(
             "#stages tr[data-stage=\"{}\"]",

@@ -90,4 +90,7 @@ pub struct Dashboard {
     pub sandboxes: Vec<SandboxCount>,
     /// The latest dynamic-sampling batches (`sampling_progress`).
     pub sampling: Vec<SamplingProgress>,
+    /// The current policy version and the weight update in progress.
+    #[serde(default)]
+    pub policy: crate::domain::policy::PolicyState,
 }

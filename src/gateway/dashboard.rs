@@ -51,7 +51,8 @@ impl CheckQuery for DashboardQuery {
 }
 
 /// Everything the status page shows: batches, stage queues and latency percentiles,
-/// throughput, backends, failures, sandboxes and sampling batches.
+/// throughput, backends, failures, sandboxes, sampling batches, and the policy version
+/// with the weight update in progress.
 #[utoipa::path(
     get,
     path = "/v1/dashboard",
@@ -73,7 +74,9 @@ pub async fn dashboard(
     let now = EpochMs::now().as_millis();
     let window_ms = q.window_ms.unwrap_or(DEFAULT_WINDOW_MS);
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    Ok(Json(read(&*state.store, now, window_ms, limit).await?))
+    let mut d = read(&*state.store, now, window_ms, limit).await?;
+    d.policy = state.store.policy_state().await?;
+    Ok(Json(d))
 }
 
 /// The dashboard as of `now` (epoch ms) over `window_ms`, with `limit` rows of the
@@ -105,6 +108,7 @@ pub async fn read(
         failures: store.failures(since, MAX_FAILURES, limit).await?,
         sandboxes: store.sandbox_counts().await?,
         sampling: store.sampling_progress(limit).await?,
+        policy: Default::default(),
     })
 }
 

@@ -116,6 +116,7 @@ function overview(d) {
     card("healthy-backends", "healthy backends",
       d.backends.filter(b => b.healthy).length + " / " + d.backends.length,
       d.backends.filter(b => b.healthy).length),
+    policyCard(d.policy || {}, now),
   ));
   view.append(el("h3", {}, "Results per minute"), spark(t.per_minute));
 
@@ -198,6 +199,16 @@ function overview(d) {
       ""));
   }
   return view;
+}
+
+// The current policy version; during a weight update, the version it goes to, its mode
+// and how long it has held generation.
+function policyCard(p, now) {
+  const current = p.current ? "v" + p.current.version : "none";
+  if (!p.pause) return card("policy", "policy version", current, p.current ? p.current.version : "");
+  const shown = current + " \u2192 v" + p.pause.version;
+  const label = "weight update (" + p.pause.mode + ") for " + fmtMs(now - p.pause.since);
+  return card("policy", label, shown, p.pause.version);
 }
 
 function card(id, label, shown, value) {
