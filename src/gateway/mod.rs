@@ -76,7 +76,7 @@ pub struct AppState {
         (name = "results", description = "Receive results in a stable order"),
         (name = "batches", description = "Dynamic-sampling batches: K informative groups, early cancel of the rest"),
         (name = "backends", description = "The inference backend pool"),
-        (name = "policy", description = "Policy versions: which weights produced which tokens"),
+        (name = "policy", description = "Policy versions: which weights produced which tokens, and weight updates without draining"),
         (name = "service", description = "Health, metrics and counts"),
     )
 )]
