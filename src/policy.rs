@@ -69,14 +69,19 @@ impl PolicyWatch {
 
     /// Moves to `state` if it is later than the one held; true if it did.
     pub fn observe(&self, state: PolicyState) -> bool {
-        self.tx.send_if_modified(|s| {
+        let moved = self.tx.send_if_modified(|s| {
             if state.seq > s.seq {
                 *s = state;
                 true
             } else {
                 false
             }
-        })
+        });
+        if let (true, Some(v)) = (moved, state.version()) {
+            #[allow(clippy::cast_precision_loss)] // a trainer's step count, far below 2^52
+            metrics::gauge!(crate::metrics::POLICY_VERSION).set(v as f64);
+        }
+        moved
     }
 
     /// Moves the current version to `version` if it is newer, without a database row

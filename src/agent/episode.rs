@@ -350,7 +350,12 @@ impl<'a> EpisodeState<'a> {
             let sampling = &mut sampling;
             let llm = &mut *llm;
             let generate = async move {
+                let held = Instant::now();
                 self.ep.policy.ready().await;
+                if held.elapsed() > Duration::from_millis(1) {
+                    metrics::histogram!(crate::metrics::TURN_HELD)
+                        .record(held.elapsed().as_secs_f64());
+                }
                 let sent_under = self.ep.policy.current();
                 sampling.max_tokens = Some((budget - so_far) as u64);
                 // KV the servers computed under another version must not be reused
@@ -387,6 +392,7 @@ impl<'a> EpisodeState<'a> {
                         turn = self.traj.turns.len(),
                         "generation aborted by the server: the turn goes on from its tokens once generation resumes"
                     );
+                    metrics::counter!(crate::metrics::GENERATIONS_CONTINUED).increment(1);
                     empty_aborts = if gained == 0 { empty_aborts + 1 } else { 0 };
                     if empty_aborts > MAX_EMPTY_ABORTS {
                         return Err(Stop::Backend(format!(

@@ -119,6 +119,20 @@ async fn a_weight_update_stops_generation_and_every_token_keeps_its_version() {
                 assert_token_exact(&stand, run);
             }
         }
+        // What an operator sees: the version, the held turns, the continued ones.
+        let text = reqwest::get(format!("{}/metrics", stand.env.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for metric in [
+            "rollout_policy_version",
+            "rollout_agent_turn_held_seconds",
+            "rollout_agent_generations_continued_total",
+        ] {
+            assert!(text.contains(metric), "{metric} in {text}");
+        }
     }
 }
 

@@ -51,6 +51,14 @@ pub const EPISODES: &str = "rollout_agent_episodes_total";
 /// the drift rate of a model is its `drift="true"` count over all of its checks.
 pub const DRIFT_CHECKS: &str = "rollout_agent_drift_checks_total";
 
+/// The policy version a process tags tokens with (RUN workers; absent before the first
+/// announcement).
+pub const POLICY_VERSION: &str = "rollout_policy_version";
+/// Seconds a turn waited for a weight update to end before its generation was sent.
+pub const TURN_HELD: &str = "rollout_agent_turn_held_seconds";
+/// Generations the server aborted that the turn went on from (partial rollouts).
+pub const GENERATIONS_CONTINUED: &str = "rollout_agent_generations_continued_total";
+
 const BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
     2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
