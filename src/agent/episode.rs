@@ -380,12 +380,8 @@ impl<'a> EpisodeState<'a> {
                     }
                 }
             };
-            let generated = generated.map(|mut g| {
-                let ends = self.ends_turn(&mut g);
-                (g, ends)
-            });
-            match generated {
-                Ok((g, false)) => {
+            match generated.map(|g| self.settle(g, sent_under)) {
+                Ok((g, sent_under, false)) => {
                     let gained = g.generation.token_ids.len();
                     tracing::info!(
                         tokens = gained,
@@ -401,7 +397,7 @@ impl<'a> EpisodeState<'a> {
                     }
                     parts.push((g, sent_under));
                 }
-                Ok((g, true)) => {
+                Ok((g, sent_under, true)) => {
                     parts.push((g, sent_under));
                     break;
                 }
@@ -420,6 +416,20 @@ impl<'a> EpisodeState<'a> {
             answered: self.ep.policy.current(),
         };
         Ok(ControlFlow::Continue((join_parts(parts), llm_us, versions)))
+    }
+
+    /// A generation part sent under `sent_under`, with the version its tokens carry and
+    /// whether it ends the turn (see [`Self::ends_turn`]). A request the server refused
+    /// as paused was generated after the pause ended: under the weights current now,
+    /// not those it was first sent under.
+    fn settle(&self, mut g: Generated, sent_under: Option<i64>) -> (Generated, Option<i64>, bool) {
+        let version = if g.generation.after_pause {
+            self.ep.policy.current()
+        } else {
+            sent_under
+        };
+        let ends = self.ends_turn(&mut g);
+        (g, version, ends)
     }
 
     /// Whether generation `g` ends the turn: false when the server cut it (aborted) and
@@ -923,6 +933,9 @@ mod tests {
         held: Vec<bool>,
         /// The abort comes just after the first turn's last token (its stop token).
         abort_at_stop: bool,
+        /// At this turn the server refuses the request as paused, the trainer moves to
+        /// this version meanwhile, and the answer comes after the pause.
+        after_pause_at: Option<(usize, i64)>,
     }
 
     #[async_trait]
@@ -964,7 +977,14 @@ mod tests {
                     watch.advance(*v);
                 }
             }
-            Ok(generated(ids, 0, finish))
+            let mut g = generated(ids, 0, finish);
+            if let (Some((t, v)), Some((watch, _))) = (self.after_pause_at, &self.announce)
+                && t == turn
+            {
+                watch.advance(v);
+                g.generation.after_pause = true;
+            }
+            Ok(g)
         }
 
         fn take_switches(&mut self) -> Vec<BackendSwitch> {
@@ -1023,6 +1043,7 @@ mod tests {
                 finish,
                 cached_prompt_tokens: Some(0),
                 text: None,
+                after_pause: false,
             },
             backend: "b0".into(),
             backend_wait: Duration::ZERO,
@@ -1098,7 +1119,28 @@ mod tests {
             rest: None,
             held: Vec::new(),
             abort_at_stop: false,
+            after_pause_at: None,
         }
+    }
+
+    /// A request the server refused as paused (vLLM 0.33 during an `abort` or `wait`
+    /// pause) was generated after the pause ended, under the weights the trainer put in
+    /// place meanwhile: its tokens carry the version current at the answer, not the one
+    /// it was first sent under.
+    #[tokio::test]
+    async fn a_turn_refused_as_paused_carries_the_version_it_was_generated_under() {
+        let m = model();
+        let mut ep = episode(m.clone(), 4096);
+        ep.policy = PolicyWatch::at_version(Some(1));
+        let finish = "<tool_call>\n{\"name\": \"finish\", \"arguments\": {\"answer\": \"ok\"}}\n</tool_call>";
+        let mut llm = script(&m, &[call("ls"), finish.into()]);
+        llm.announce = Some((ep.policy.clone(), Vec::new()));
+        llm.after_pause_at = Some((0, 2));
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(llm.salts[0].as_deref(), Some("policy-v1"), "sent under 1");
+        let versions: Vec<_> = t.turns.iter().map(|t| t.policy_version).collect();
+        assert_eq!(versions, [Some(2), Some(2)]);
+        assert_eq!(t.policy_version_oldest, Some(2));
     }
 
     /// A weight update in `abort` mode cuts the first turn half-way: the turn waits for

@@ -160,6 +160,7 @@ impl InferenceClient {
         let mut last;
         let mut waited = Duration::ZERO;
         let mut tries = 0u32;
+        let mut paused = false;
         let mut fault_delays =
             crate::retry::inference_faults(self.settings.backoff, self.settings.retries);
         let mut pause_delays =
@@ -173,7 +174,10 @@ impl InferenceClient {
                 r = once => r,
             };
             let delay = match outcome {
-                Ok(g) => return Ok((g, waited)),
+                Ok(mut g) => {
+                    g.after_pause = paused;
+                    return Ok((g, waited));
+                }
                 Err(Attempt::Fatal(e)) => return Err(e),
                 Err(Attempt::Retry(e)) => {
                     metrics::counter!(crate::metrics::BACKEND_ERRORS, "backend" => backend.id.clone())
@@ -185,6 +189,7 @@ impl InferenceClient {
                     }
                 }
                 Err(Attempt::Paused(e)) => {
+                    paused = true;
                     last = e;
                     match pause_delays.next() {
                         Some(d) => d,
@@ -586,6 +591,10 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(g.token_ids, calm.token_ids, "{kind:?}");
+            assert!(
+                g.after_pause && !calm.after_pause,
+                "{kind:?}: the answer says it waited"
+            );
             s.control(Control {
                 mode: FaultMode::Abort,
                 count: Some(1),

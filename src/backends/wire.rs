@@ -161,6 +161,11 @@ pub struct Generation {
     pub cached_prompt_tokens: Option<u64>,
     /// The server's own detokenisation, for logs only (never re-encoded).
     pub text: Option<String>,
+    /// The server refused the request as paused (503) before answering it: the answer
+    /// was generated after that pause ended (vLLM 0.33 refuses new requests while
+    /// paused), so under the weights current at the answer. Set by the client.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_pause: bool,
 }
 
 /// An answer that does not have the expected shape.
@@ -316,6 +321,7 @@ pub fn parse_vllm(body: &[u8]) -> Result<Generation, WireError> {
         finish: finish_of(choice.finish_reason.as_deref()),
         cached_prompt_tokens,
         text: choice.text,
+        after_pause: false,
     })
 }
 
@@ -450,6 +456,7 @@ pub fn parse_sglang(body: &[u8]) -> Result<Generation, WireError> {
         finish,
         cached_prompt_tokens: meta.cached_tokens,
         text: resp.text,
+        after_pause: false,
     })
 }
 
