@@ -343,8 +343,8 @@ async fn status(client: &Client, batch: Option<&str>) -> anyhow::Result<()> {
     }
     if let Some(b) = view.batch {
         println!(
-            "batch {}: {} submitted, {} finished ({} done, {} failed, {} timed out, {} cancelled)",
-            b.id, b.submitted, b.finished, b.done, b.failed, b.timed_out, b.cancelled
+            "batch {}: {} submitted, {} finished ({} done, {} failed, {} timed out, {} cancelled, {} stale)",
+            b.id, b.submitted, b.finished, b.done, b.failed, b.timed_out, b.cancelled, b.stale
         );
     }
     Ok(())
