@@ -8,12 +8,12 @@
 //!   far (`finish_reason: "abort"`), `wait` answers once they have ended; in every mode
 //!   new requests wait until the resume.
 //! - SGLang: `POST /pause_generation` with `{"mode": "retract"|"abort"}` and
-//!   `POST /continue_generation`. `retract` puts the running requests back in the queue
+//!   `POST /continue_generation` with `{}` (0.5.23 wants a body on both). `retract` puts the running requests back in the queue
 //!   (they go on after the resume), `abort` ends them with their tokens so far; releases
 //!   before the mode existed abort in every case, which the service also handles (it
 //!   continues an aborted turn from its tokens). SGLang has no `wait`: the service, which
-//!   holds its own new turns, polls `GET /get_load` until the server has no request
-//!   left, then pauses it.
+//!   holds its own new turns, polls `GET /v1/loads` (`/get_load` before 0.5.2x) until
+//!   the server has no request left, then pauses it.
 //!
 //! Every mode holds the service's own new turns as well ([`crate::policy::PolicyWatch`]),
 //! so the servers' differences only concern the requests already in them.
@@ -65,14 +65,18 @@ impl InferenceClient {
         }
     }
 
-    /// Lets `backend` generate again.
+    /// Lets `backend` generate again. (SGLang 0.5.23 wants a JSON body, even empty;
+    /// older releases ignore it.)
     pub async fn resume_backend(&self, backend: &BackendSpec) -> Result<(), String> {
         let base = backend.url.trim_end_matches('/');
-        let url = match backend.kind {
-            WireKind::Vllm => format!("{base}/resume"),
-            WireKind::Sglang => format!("{base}/continue_generation"),
-        };
-        self.control(backend, url, None).await
+        match backend.kind {
+            WireKind::Vllm => self.control(backend, format!("{base}/resume"), None).await,
+            WireKind::Sglang => {
+                let url = format!("{base}/continue_generation");
+                self.control(backend, url, Some(serde_json::json!({})))
+                    .await
+            }
+        }
     }
 
     /// Labels `backend`'s weights with policy `version` (`POST /update_weight_version`,
@@ -131,9 +135,12 @@ impl InferenceClient {
         ))
     }
 
-    /// Waits until an SGLang server has no request running or queued.
+    /// Waits until an SGLang server has no request running or queued: by
+    /// `GET /v1/loads?include=core` (0.5.2x), or `GET /get_load` where that is missing
+    /// (the earlier 0.5 releases).
     async fn wait_idle(&self, backend: &BackendSpec) -> Result<(), String> {
-        let url = format!("{}/get_load", backend.url.trim_end_matches('/'));
+        let base = backend.url.trim_end_matches('/');
+        let mut url = format!("{base}/v1/loads?include=core");
         let t0 = Instant::now();
         loop {
             let resp = authorized(self.http.get(&url), backend)
@@ -141,6 +148,10 @@ impl InferenceClient {
                 .send()
                 .await
                 .map_err(|e| format!("GET {url}: {}", describe(&e)))?;
+            if resp.status() == reqwest::StatusCode::NOT_FOUND && !url.ends_with("/get_load") {
+                url = format!("{base}/get_load");
+                continue;
+            }
             if !resp.status().is_success() {
                 return Err(format!("GET {url} answered {}", resp.status()));
             }
@@ -224,16 +235,22 @@ fn answer(b: &BackendSpec, what: &'static str, r: Result<(), String>) -> Backend
     }
 }
 
-/// The requests running and queued in an SGLang `/get_load` answer (one entry per data
-/// parallel rank); `None` when the answer is not of that shape.
+/// The requests running and queued in an SGLang load answer, one entry per data
+/// parallel rank: `/v1/loads`' `{"loads": [{"num_running_reqs", "num_waiting_reqs"}]}`
+/// or `/get_load`'s `[{"num_reqs", "num_waiting_reqs"}]`; `None` when the answer is of
+/// neither shape.
 fn requests_in(load: &serde_json::Value) -> Option<u64> {
     let ranks = match load {
         serde_json::Value::Array(a) => a.as_slice(),
+        serde_json::Value::Object(o) if o.contains_key("loads") => load["loads"].as_array()?,
         one @ serde_json::Value::Object(_) => std::slice::from_ref(one),
         _ => return None,
     };
     ranks.iter().try_fold(0u64, |n, r| {
-        Some(n + r["num_reqs"].as_u64()? + r["num_waiting_reqs"].as_u64().unwrap_or(0))
+        let running = r["num_running_reqs"]
+            .as_u64()
+            .or_else(|| r["num_reqs"].as_u64())?;
+        Some(n + running + r["num_waiting_reqs"].as_u64().unwrap_or(0))
     })
 }
 
@@ -253,5 +270,11 @@ mod tests {
             Some(0)
         );
         assert_eq!(requests_in(&serde_json::json!({"error": "x"})), None);
+        // 0.5.2x's /v1/loads.
+        let loads = serde_json::json!({"version": "0.5.23", "loads": [
+            {"dp_rank": 0, "num_running_reqs": 1, "num_waiting_reqs": 2},
+            {"dp_rank": 1, "num_running_reqs": 0, "num_waiting_reqs": 0}
+        ]});
+        assert_eq!(requests_in(&loads), Some(3));
     }
 }

@@ -25,7 +25,7 @@
 //! Endpoints: `POST /v1/completions`, `POST /generate`, `GET /health`, `GET /v1/models`,
 //! `POST /pause`, `POST /resume`, `GET /is_paused`, `POST /abort_requests` (vLLM),
 //! `GET /weight_info`, `POST /pause_generation`, `POST /continue_generation`,
-//! `GET /get_load`, `GET /get_weight_version` (SGLang), `POST /update_weight_version`
+//! `GET /v1/loads`, `GET /get_weight_version` (SGLang 0.5.23), `POST /update_weight_version`
 //! (both), `POST /control`, `GET /stats`, `GET /requests` (the last requests served, for tests
 //! that check token-exactness against what the server sent).
 //!
@@ -408,7 +408,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/abort_requests", post(abort_requests))
         .route("/pause_generation", post(pause_generation))
         .route("/continue_generation", post(continue_generation))
-        .route("/get_load", get(get_load))
+        .route("/v1/loads", get(get_loads))
         .route("/update_weight_version", post(update_weight_version))
         .route("/weight_info", get(weight_info))
         .route("/get_weight_version", get(weight_info))
@@ -497,24 +497,14 @@ async fn resume_server(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> 
 }
 
 /// SGLang's `POST /pause_generation` with `{"mode": "abort"|"retract"|"in_place"}`
-/// (`abort` when absent, as in the releases before the mode, which always abort):
+/// (`abort` when absent; 0.5.23 wants a JSON body, and refuses none with 422):
 /// `abort` ends the requests in flight with their tokens so far; `retract` (back to the
 /// queue, KV recomputed) and `in_place` go on after the resume with the same tokens,
 /// which the stand-in plays by freezing them. New requests wait in every mode.
 async fn pause_generation(State(s): State<Arc<Shared>>, body: axum::body::Bytes) -> Response {
-    let asked: serde_json::Value = if body.is_empty() {
-        serde_json::json!({})
-    } else {
-        match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => {
-                return (
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    Json(serde_json::json!({"detail": format!("invalid JSON body: {e}")})),
-                )
-                    .into_response();
-            }
-        }
+    let asked = match sglang_body(&body) {
+        Ok(v) => v,
+        Err(r) => return *r,
     };
     let mode = match asked
         .get("mode")
@@ -539,11 +529,36 @@ async fn pause_generation(State(s): State<Arc<Shared>>, body: axum::body::Bytes)
         .into_response()
 }
 
-/// SGLang's `POST /continue_generation`.
-async fn continue_generation(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+/// SGLang's `POST /continue_generation` (a JSON body, `{}` will do, as 0.5.23 wants).
+async fn continue_generation(State(s): State<Arc<Shared>>, body: axum::body::Bytes) -> Response {
+    if let Err(r) = sglang_body(&body) {
+        return *r;
+    }
     tracing::info!("generation continued");
     s.pause.resume();
     Json(serde_json::json!({"message": "Generation continued successfully.", "status": "ok"}))
+        .into_response()
+}
+
+/// The JSON object body SGLang 0.5.23's control endpoints want; FastAPI's 422 without.
+fn sglang_body(body: &[u8]) -> Result<serde_json::Value, Box<Response>> {
+    let refuse = |detail: String| {
+        Box::new(
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Json(serde_json::json!({"detail": [{"type": "missing", "loc": ["body"], "msg": detail}]})),
+            )
+                .into_response(),
+        )
+    };
+    if body.is_empty() {
+        return Err(refuse("Field required".into()));
+    }
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(v) if v.is_object() => Ok(v),
+        Ok(_) => Err(refuse("Input should be an object".into())),
+        Err(e) => Err(refuse(format!("JSON decode error: {e}"))),
+    }
 }
 
 /// `POST /update_weight_version {"new_version": "…"}`, as both servers take it: the
@@ -584,15 +599,19 @@ async fn weight_info(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({"weight_version": v}))
 }
 
-/// SGLang's `GET /get_load`: one entry per data-parallel rank (one here).
-async fn get_load(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
+/// SGLang 0.5.23's `GET /v1/loads`: one entry per data-parallel rank (one here), its
+/// running and queued requests among the core counters.
+async fn get_loads(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {
     let (waiting, generating) = s.pause.load();
-    Json(serde_json::json!([{
-        "dp_rank": 0,
-        "num_reqs": generating,
-        "num_waiting_reqs": waiting,
-        "num_tokens": 0,
-    }]))
+    Json(serde_json::json!({
+        "version": "0.5.23",
+        "loads": [{
+            "dp_rank": 0,
+            "num_running_reqs": generating,
+            "num_waiting_reqs": waiting,
+            "num_used_tokens": 0,
+        }],
+    }))
 }
 
 async fn is_paused(State(s): State<Arc<Shared>>) -> Json<serde_json::Value> {

@@ -285,7 +285,8 @@ async fn a_paused_server_holds_requests_and_aborts_answer_them() {
 
 /// vLLM 0.33 refuses a request that arrives during an `abort` or `wait` pause (503, its
 /// words), and holds one during `keep`; 0.32 (`pause_holds_new`) holds it in every mode.
-/// SGLang's pause holds new requests whatever its mode, and its `/get_load` counts them.
+/// SGLang's pause holds new requests whatever its mode, and its `/v1/loads` counts them;
+/// its control endpoints want a JSON body, as 0.5.23's do.
 #[tokio::test]
 async fn new_requests_during_a_pause_are_refused_or_held_as_each_server_does() {
     let s = server().await;
@@ -313,14 +314,21 @@ async fn new_requests_during_a_pause_are_refused_or_held_as_each_server_does() {
             json!({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}}),
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let load: Value = reqwest::get(format!("{}/get_load", s.url()))
+        let load: Value = reqwest::get(format!("{}/v1/loads?include=core", s.url()))
             .await
             .unwrap()
             .json()
             .await
             .unwrap();
-        assert_eq!(load[0]["num_waiting_reqs"], 1, "{load}");
+        assert_eq!(load["loads"][0]["num_waiting_reqs"], 1, "{load}");
         assert!(!held.is_finished(), "{mode}: SGLang holds it");
+        let bare = reqwest::Client::new()
+            .post(format!("{}/continue_generation", s.url()))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(bare, 422, "no body");
         post(&s, "/resume", &json!({})).await;
         assert_eq!(held.await.unwrap(), 200);
     }
