@@ -166,6 +166,14 @@ impl PolicyWatch {
     }
 }
 
+/// Broadcasts `state` to every process that follows it. A lost broadcast is only
+/// logged: the followers re-read the policy row every few seconds.
+pub async fn broadcast(queue: &Queue, state: &PolicyState) {
+    if let Err(e) = queue.publish_policy(state).await {
+        tracing::warn!(error = %e, "policy state not broadcast; the workers will read it from the database");
+    }
+}
+
 fn log_change(how: &'static str, state: &PolicyState) {
     match state.pause {
         Some(p) => tracing::info!(

@@ -180,9 +180,7 @@ pub async fn expire_pause(
         "the weight update's lease ran out with no resume: resuming the backends; the version does not become current"
     );
     let policy = store.policy_state().await?;
-    if let Err(e) = queue.publish_policy(&policy).await {
-        tracing::warn!(error = %e, "policy state not broadcast; the workers will read it from the database");
-    }
+    crate::policy::broadcast(queue, &policy).await;
     let backends: Vec<_> = store
         .backends()
         .await?

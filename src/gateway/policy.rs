@@ -28,8 +28,6 @@ use crate::backends::client::InferenceClient;
 use crate::backends::control;
 use crate::domain::EpochMs;
 use crate::domain::backend::BackendSpec;
-use crate::domain::policy::PolicyState;
-use crate::queue::Queue;
 use crate::store::{Announced, BackendStore, Pausing, Resumed};
 
 /// How long a weight update may hold generation when the request does not say.
@@ -142,7 +140,7 @@ async fn pause(
         "weight update started: holding new turns and stopping the backends"
     );
     // The workers hold their new turns first, then the backends stop.
-    publish(&state.queue, &policy).await;
+    crate::policy::broadcast(&state.queue, &policy).await;
     let (specs, down) = backends(state).await?;
     let answers = control::pause_all(&client(state), &specs, mode).await;
     let failed = failures(&answers, &down);
@@ -221,7 +219,7 @@ async fn resume(state: &AppState, version: i64) -> Result<PolicyView, ApiError> 
             version,
             "weight update ended: policy version current, generation resumed"
         );
-        publish(&state.queue, &policy).await;
+        crate::policy::broadcast(&state.queue, &policy).await;
     }
     let (client, (specs, down)) = (client(state), backends(state).await?);
     // The servers report the new weights under the service's number.
@@ -263,18 +261,10 @@ pub async fn current_policy(State(state): State<AppState>) -> Result<Json<Policy
 /// Broadcasts the policy row as it is now.
 async fn broadcast(state: &AppState) {
     match state.store.policy_state().await {
-        Ok(policy) => publish(&state.queue, &policy).await,
+        Ok(policy) => crate::policy::broadcast(&state.queue, &policy).await,
         Err(e) => {
             tracing::warn!(error = %e, "policy state not broadcast; the workers will read it from the database")
         }
-    }
-}
-
-/// Broadcasts `policy`; the workers also re-read it every few seconds, so a lost
-/// broadcast only delays them.
-pub(crate) async fn publish(queue: &Queue, policy: &PolicyState) {
-    if let Err(e) = queue.publish_policy(policy).await {
-        tracing::warn!(error = %e, "policy state not broadcast; the workers will read it from the database");
     }
 }
 
