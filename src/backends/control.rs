@@ -92,22 +92,36 @@ impl InferenceClient {
         if backend.kind == WireKind::Sglang {
             body["abort_all_requests"] = false.into();
         }
-        match self.control(backend, url, Some(body)).await {
-            Ok(()) => Ok(true),
-            Err(e) if e.contains(" 404 ") => Ok(false),
-            Err(e) => Err(e),
+        match self.post(backend, &url, Some(body)).await? {
+            (status, _) if status.is_success() => Ok(true),
+            (reqwest::StatusCode::NOT_FOUND, _) => Ok(false),
+            (status, text) => Err(refusal(&url, backend, status, &text)),
         }
     }
 
-    /// Posts a control request; a missing endpoint says how to get it.
+    /// Posts a control request; a refusal says what went wrong, and a missing endpoint
+    /// how to get it.
     async fn control(
         &self,
         backend: &BackendSpec,
         url: String,
         body: Option<serde_json::Value>,
     ) -> Result<(), String> {
+        match self.post(backend, &url, body).await? {
+            (status, _) if status.is_success() => Ok(()),
+            (status, text) => Err(refusal(&url, backend, status, &text)),
+        }
+    }
+
+    /// Posts a control request: the answer's status and body, or why none came.
+    async fn post(
+        &self,
+        backend: &BackendSpec,
+        url: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<(reqwest::StatusCode, String), String> {
         let mut req =
-            authorized(self.http.post(&url), backend).timeout(self.settings().request_timeout);
+            authorized(self.http.post(url), backend).timeout(self.settings().request_timeout);
         if let Some(body) = body {
             req = req.json(&body);
         }
@@ -116,23 +130,7 @@ impl InferenceClient {
             .await
             .map_err(|e| format!("POST {url}: {}", describe(&e)))?;
         let status = resp.status();
-        if status.is_success() {
-            return Ok(());
-        }
-        let text = resp.text().await.unwrap_or_default();
-        let hint = match (status.as_u16(), backend.kind) {
-            (404, WireKind::Vllm) => {
-                ": vLLM serves /pause and /resume only in its dev mode; start it with VLLM_SERVER_DEV_MODE=1"
-            }
-            (404, WireKind::Sglang) => {
-                ": this SGLang has no /pause_generation; use a 0.5 release or newer"
-            }
-            _ => "",
-        };
-        Err(format!(
-            "POST {url} answered {status}{hint}: {}",
-            shorten(&text)
-        ))
+        Ok((status, resp.text().await.unwrap_or_default()))
     }
 
     /// Waits until an SGLang server has no request running or queued: by
@@ -171,6 +169,20 @@ impl InferenceClient {
             tokio::time::sleep(LOAD_POLL).await;
         }
     }
+}
+
+/// A control request's refusal, with how to get a missing endpoint.
+fn refusal(url: &str, backend: &BackendSpec, status: reqwest::StatusCode, text: &str) -> String {
+    let hint = match (status.as_u16(), backend.kind) {
+        (404, WireKind::Vllm) => {
+            ": vLLM serves /pause and /resume only in its dev mode; start it with VLLM_SERVER_DEV_MODE=1"
+        }
+        (404, WireKind::Sglang) => {
+            ": this SGLang has no /pause_generation; use a 0.5 release or newer"
+        }
+        _ => "",
+    };
+    format!("POST {url} answered {status}{hint}: {}", shorten(text))
 }
 
 /// Pauses every backend of `backends` at once, as `mode` says; one answer each.
