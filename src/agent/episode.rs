@@ -1077,6 +1077,13 @@ mod tests {
         )
     }
 
+    /// A call of `finish` with `answer`, written as [`call`] writes one.
+    fn finish_call(answer: &str) -> String {
+        format!(
+            "<tool_call>\n{{\"name\": \"finish\", \"arguments\": {{\"answer\": \"{answer}\"}}}}\n</tool_call>"
+        )
+    }
+
     fn episode(model: Arc<ModelFiles>, max_tokens: usize) -> Episode {
         Episode {
             model,
@@ -1132,8 +1139,8 @@ mod tests {
         let m = model();
         let mut ep = episode(m.clone(), 4096);
         ep.policy = PolicyWatch::at_version(Some(1));
-        let finish = "<tool_call>\n{\"name\": \"finish\", \"arguments\": {\"answer\": \"ok\"}}\n</tool_call>";
-        let mut llm = script(&m, &[call("ls"), finish.into()]);
+        let finish = finish_call("ok");
+        let mut llm = script(&m, &[call("ls"), finish]);
         llm.announce = Some((ep.policy.clone(), Vec::new()));
         llm.after_pause_at = Some((0, 2));
         let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
@@ -1152,13 +1159,7 @@ mod tests {
         let m = model();
         let mut ep = episode(m.clone(), 4096);
         ep.policy = PolicyWatch::at_version(Some(1));
-        let mut llm = script(
-            &m,
-            &[
-                call("ls"),
-                "<tool_call>\n{\"name\": \"finish\", \"arguments\": {\"answer\": \"ok\"}}\n</tool_call>".into(),
-            ],
-        );
+        let mut llm = script(&m, &[call("ls"), finish_call("ok")]);
         llm.abort_first = Some(ep.policy.clone());
         let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
         assert_eq!(t.turns.len(), 2);
@@ -1210,7 +1211,7 @@ mod tests {
                 call("ls"),
                 call("cat a.py"),
                 call("cat b.py"),
-                "<tool_call>\n{\"name\": \"finish\", \"arguments\": {\"answer\": \"ok\"}}\n</tool_call>".into(),
+                finish_call("ok"),
             ],
         );
         // Version 2 is announced while turn 1 generates; version 3 before turn 3 (at
@@ -1264,8 +1265,8 @@ mod tests {
         let m = model();
         let mut ep = episode(m.clone(), 4096);
         ep.policy = PolicyWatch::at_version(Some(1));
-        let finish = "<tool_call>\n{\"name\": \"finish\", \"arguments\": {\"answer\": \"ok\"}}\n</tool_call>";
-        let mut llm = script(&m, &[call("ls"), finish.into()]);
+        let finish = finish_call("ok");
+        let mut llm = script(&m, &[call("ls"), finish]);
         llm.abort_first = Some(ep.policy.clone());
         llm.abort_at_stop = true;
         let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
@@ -1301,7 +1302,7 @@ mod tests {
             &[
                 format!("Let me look.\n{}", call("ls")),
                 call("cat a.py"),
-                "<tool_call>\n{\"name\": \"finish\", \"arguments\": {\"answer\": \"two files\"}}\n</tool_call>".into(),
+                finish_call("two files"),
             ],
         );
         let ep = episode(m.clone(), 4096);
