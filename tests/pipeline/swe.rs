@@ -367,6 +367,12 @@ async fn a_unittest_instance_is_graded_by_its_own_runner() {
             "forged-complete",
             format!("import os\nos.write(2, {complete:?}.encode())\nos._exit(0)\n"),
         ),
+        // The whole log, then an ordinary exit: unittest's loader lets the SystemExit
+        // through, so the process ends normally, but the runner's run never returned.
+        (
+            "forged-complete-exit",
+            format!("import sys\nsys.stderr.write({complete:?})\nsys.exit(0)\n"),
+        ),
     ];
     let tasks: Vec<Task> = fixes
         .iter()
@@ -418,6 +424,13 @@ async fn a_unittest_instance_is_graded_by_its_own_runner() {
     let complete = &by("forged-complete").output["eval"];
     assert_eq!(by("forged-complete").reward, Some(0.0), "{complete:#}");
     assert_eq!(complete["seal"], "missing", "{complete:#}");
+    let exit = &by("forged-complete-exit").output["eval"];
+    assert_eq!(by("forged-complete-exit").reward, Some(0.0), "{exit:#}");
+    assert_eq!(exit["seal"], "broken", "{exit:#}");
+    assert!(
+        exit["failure"].as_str().unwrap().contains("never returned"),
+        "{exit:#}"
+    );
     assert!(
         complete["failure"]
             .as_str()

@@ -550,7 +550,7 @@ async fn run_tests(
     job_id: &str,
     tally: &mut Tally,
 ) -> Result<serde_json::Value, StageError> {
-    let seal = seal::Seal::new();
+    let seal = seal::Seal::for_parser(&c.log_parser);
     let sealed = seal.install(client, job_id).await.then_some(&seal);
     let r = client
         .exec(

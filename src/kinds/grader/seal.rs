@@ -14,6 +14,15 @@
 //! handlers were run by the code, or that stdout/stderr were pointed elsewhere at the
 //! end, is not a normal end either; a seal with a wrong secret is forged.
 //!
+//! A runner that lets `SystemExit` through (unittest's and Django's test loaders, sympy's
+//! runner) ends the ordinary way when the code under test calls `sys.exit(0)` after
+//! printing a forged log. For those, the seal is made for the log parser
+//! ([`Seal::for_parser`]): the bootstrap wraps the runner's run (unittest's
+//! `TextTestRunner.run`, sympy's `SymPyTests.test`) and the seal says `unfinished` when
+//! it never returned. sympy's `bin/test` runs its tests in a child Python unless
+//! `PYTHONHASHSEED` is set, so a sympy run gets a random seed from the grader, which
+//! keeps the tests in the sealed process and their hash order random as before.
+//!
 //! Where the run loads no Python with the seal (another language, a Python started
 //! with `-I`/`-E`, a command that sets its own `PYTHONPATH`), there is no opening mark
 //! and nothing is required: the log is read as before. The seal raises the bar; it is
@@ -32,11 +41,13 @@ const OPEN: &str = "rollout-seal-open ";
 /// The seal's prefix (followed by the secret and the state at the end).
 const SEAL: &str = "rollout-seal ";
 
-/// One test run's seal: its secret and where its files go in the sandbox.
+/// One test run's seal: its secret, where its files go in the sandbox, and the runner
+/// whose completion it also records.
 #[derive(Debug, Clone)]
 pub struct Seal {
     secret: String,
     dir: String,
+    runner: Option<&'static str>,
 }
 
 /// What a log says about its seal.
@@ -53,18 +64,15 @@ pub struct Reading {
     pub after: String,
 }
 
-impl Default for Seal {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Seal {
-    /// A seal with a fresh random secret (122 bits) and its own directory under `/tmp`.
-    pub fn new() -> Self {
+    /// A seal with a fresh random secret (122 bits) and its own directory under `/tmp`,
+    /// for a log read by `parser`: a runner that lets `SystemExit` through must also
+    /// have returned from its run ([`runner_of`]).
+    pub fn for_parser(parser: &str) -> Self {
         Self {
             secret: uuid::Uuid::new_v4().simple().to_string(),
             dir: format!("/tmp/.rollout-seal-{}", uuid::Uuid::new_v4().simple()),
+            runner: runner_of(parser),
         }
     }
 
@@ -94,10 +102,20 @@ impl Seal {
         true
     }
 
-    /// The shell line that makes the run's Pythons load the bootstrap.
+    /// The shell line that makes the run's Pythons load the bootstrap (and tells it the
+    /// runner to watch; a sympy run also gets a random hash seed, which keeps its tests
+    /// in the sealed process).
     pub fn env(&self) -> String {
+        let runner = match self.runner {
+            Some("sympy") => format!(
+                " ROLLOUT_SEAL_RUNNER=sympy PYTHONHASHSEED=${{PYTHONHASHSEED:-{}}}",
+                hash_seed()
+            ),
+            Some(r) => format!(" ROLLOUT_SEAL_RUNNER={r}"),
+            None => String::new(),
+        };
         format!(
-            "export ROLLOUT_SEAL={dir}/secret PYTHONPATH={dir}${{PYTHONPATH:+:$PYTHONPATH}}",
+            "export ROLLOUT_SEAL={dir}/secret PYTHONPATH={dir}${{PYTHONPATH:+:$PYTHONPATH}}{runner}",
             dir = self.dir
         )
     }
@@ -181,6 +199,24 @@ impl Seal {
     }
 }
 
+/// A random `PYTHONHASHSEED` (Python takes 0 to 2^32 - 1).
+fn hash_seed() -> u32 {
+    let bytes = *uuid::Uuid::new_v4().as_bytes();
+    u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
+/// The runner the bootstrap watches for a log `parser`: the ones whose loaders let the
+/// code under test's `SystemExit` end the process (`unittest`, which also runs
+/// Django's `runtests.py`, and `sympy`). pytest turns `SystemExit` into a failed test
+/// or collection error and goes on to its own summary, so it needs no watching.
+fn runner_of(parser: &str) -> Option<&'static str> {
+    match logs::canonical(parser).unwrap_or(parser) {
+        "unittest" | "django" => Some("unittest"),
+        "sympy" => Some("sympy"),
+        _ => None,
+    }
+}
+
 /// The doubt for a seal whose process ended in an abnormal state (`state` lists the
 /// bootstrap's marks).
 fn broken(state: &str) -> String {
@@ -190,6 +226,10 @@ fn broken(state: &str) -> String {
             "called" => "the code under test ran the exit handlers itself",
             "fds" => "stdout or stderr pointed somewhere else at the end",
             "streams" => "sys.stdout or sys.stderr had been replaced at the end",
+            "unfinished" => {
+                "the test runner's run never returned: the code under test ended the \
+                 process (sys.exit) before the runner finished"
+            }
             _ => "an unknown mark",
         });
     }
@@ -207,6 +247,7 @@ mod tests {
         Seal {
             secret: "abc123".into(),
             dir: "/tmp/.rollout-seal-x".into(),
+            runner: None,
         }
     }
 
@@ -285,6 +326,16 @@ mod tests {
     /// Runs `code` under the real bootstrap with `python3`, as a test run would; `None`
     /// where there is no `python3` (a failure under `CI`, where it must be there).
     fn under_bootstrap(code: &str) -> Option<String> {
+        sealed_run(&["-c", code], None, None)
+    }
+
+    /// Runs `python3 args` in `cwd` under the real bootstrap watching `runner` and
+    /// returns the seal's state, a `|`, and the log (stdout and stderr).
+    fn sealed_run(
+        args: &[&str],
+        runner: Option<&'static str>,
+        cwd: Option<&std::path::Path>,
+    ) -> Option<String> {
         let Ok(python) = which_python() else {
             crate::prerequisite::missing(
                 "the seal's bootstrap test",
@@ -296,21 +347,141 @@ mod tests {
         let s = Seal {
             secret: "s3cr3t".into(),
             dir: dir.path().to_string_lossy().into_owned(),
+            runner,
         };
         std::fs::write(dir.path().join("sitecustomize.py"), BOOTSTRAP).unwrap();
         std::fs::write(dir.path().join("secret"), "s3cr3t").unwrap();
-        let out = std::process::Command::new(python)
-            .args(["-c", code])
+        let mut command = std::process::Command::new(python);
+        command
+            .args(args)
             .env("ROLLOUT_SEAL", dir.path().join("secret"))
             .env("PYTHONPATH", dir.path())
-            .output()
-            .unwrap();
+            .env("PYTHONDONTWRITEBYTECODE", "1");
+        if let Some(r) = runner {
+            command.env("ROLLOUT_SEAL_RUNNER", r);
+        }
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
+        let out = command.output().unwrap();
         assert!(
             !dir.path().join("secret").exists(),
             "the bootstrap must remove the secret before any code runs"
         );
         let log = String::from_utf8_lossy(&out.stdout).into_owned();
-        Some(format!("{}|{log}", s.read(&log, "pytest").state))
+        let errors = String::from_utf8_lossy(&out.stderr);
+        Some(format!("{}|{log}{errors}", s.read(&log, "pytest").state))
+    }
+
+    /// unittest's summary for two passed tests, as a forger prints it.
+    const UNITTEST_OK: &str = "test_a (t.T.test_a) ... ok\ntest_b (t.T.test_b) ... ok\n\n\
+        ----------------------------------------------------------------------\n\
+        Ran 2 tests in 0.001s\n\nOK\n";
+
+    /// A unittest run of `t.py` (one passing test) that imports `calc.py` (`calc`).
+    fn unittest_run(calc: &str) -> Option<String> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("calc.py"), calc).unwrap();
+        std::fs::write(
+            dir.path().join("t.py"),
+            "import unittest\nimport calc\n\nclass T(unittest.TestCase):\n    def test_a(self):\n        pass\n",
+        )
+        .unwrap();
+        sealed_run(
+            &["-m", "unittest", "-v", "t"],
+            Some("unittest"),
+            Some(dir.path()),
+        )
+    }
+
+    #[test]
+    fn a_unittest_run_ended_by_sys_exit_at_import_is_unfinished() {
+        let Some(genuine) = unittest_run("") else {
+            return;
+        };
+        assert!(genuine.starts_with("sealed|"), "{genuine}");
+        assert!(genuine.contains("Ran 1 test"), "{genuine}");
+        // unittest's loader lets SystemExit through: the process ends the ordinary way,
+        // after a log the code under test wrote.
+        let forged = format!("import sys\nsys.stderr.write({UNITTEST_OK:?})\nsys.exit(0)\n");
+        let got = unittest_run(&forged).unwrap();
+        assert!(got.starts_with("broken|"), "{got}");
+        assert!(got.contains("rollout-seal s3cr3t unfinished"), "{got}");
+        // The same with `raise SystemExit` instead of the function.
+        let got = unittest_run(&forged.replace("sys.exit(0)", "raise SystemExit")).unwrap();
+        assert!(got.starts_with("broken|"), "{got}");
+        // Watching nothing (a pytest run), the same exit seals: pytest itself turns
+        // SystemExit into an error and prints its own summary after the forged one.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("calc.py"), &forged).unwrap();
+        let got = sealed_run(&["-c", "import calc"], None, Some(dir.path())).unwrap();
+        assert!(got.starts_with("sealed|"), "{got}");
+    }
+
+    /// A sympy checkout's runner as far as the seal sees it: `bin/test` imports
+    /// `sympy.testing.runtests` (`sympy.utilities.runtests` before 1.6) and returns from
+    /// `SymPyTests.test` after the run's summary; a test file runs inside it and its
+    /// `SystemExit` is re-raised (the real module's shape, as in sympy 1.12).
+    fn sympy_run(module: &str, test_body: &str) -> Option<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let package = dir.path().join(module.replace('.', "/"));
+        std::fs::create_dir_all(package.parent().unwrap()).unwrap();
+        let mut path = dir.path().to_path_buf();
+        for part in module.split('.').take(2) {
+            path.push(part);
+            std::fs::write(path.join("__init__.py"), "").unwrap();
+        }
+        std::fs::write(
+            package.with_extension("py"),
+            format!(
+                "class SymPyTests:\n    def test(self):\n        try:\n            {test_body}\n        except (SystemExit, KeyboardInterrupt):\n            raise\n        except Exception:\n            pass\n        print('= tests finished: 1 passed, in 0.01 seconds =')\n        return True\n"
+            ),
+        )
+        .unwrap();
+        let driver = format!(
+            "import sys\nfrom {module} import SymPyTests\nsys.exit(not SymPyTests().test())\n"
+        );
+        sealed_run(&["-c", &driver], Some("sympy"), Some(dir.path()))
+    }
+
+    #[test]
+    fn a_sympy_run_is_sealed_only_when_its_runner_returned() {
+        for module in ["sympy.testing.runtests", "sympy.utilities.runtests"] {
+            let Some(genuine) = sympy_run(module, "pass") else {
+                return;
+            };
+            assert!(genuine.starts_with("sealed|"), "{module}: {genuine}");
+            let forged = sympy_run(
+                module,
+                "print('= tests finished: 1 passed, in 0.01 seconds ='); import sys; sys.exit(0)",
+            )
+            .unwrap();
+            assert!(forged.starts_with("broken|"), "{module}: {forged}");
+            assert!(forged.contains("unfinished"), "{module}: {forged}");
+        }
+    }
+
+    #[test]
+    fn the_runner_watched_follows_the_log_parser() {
+        assert_eq!(runner_of("unittest"), Some("unittest"));
+        assert_eq!(runner_of("django"), Some("unittest"));
+        assert_eq!(runner_of("parse_log_django"), Some("unittest"));
+        assert_eq!(runner_of("sympy"), Some("sympy"));
+        assert_eq!(runner_of("pytest"), None);
+        assert_eq!(runner_of("parse_log_astropy"), None);
+        let sympy = Seal::for_parser("sympy").env();
+        assert!(
+            sympy.contains(" ROLLOUT_SEAL_RUNNER=sympy PYTHONHASHSEED=${PYTHONHASHSEED:-"),
+            "{sympy}"
+        );
+        let django = Seal::for_parser("django").env();
+        assert!(
+            django.ends_with(" ROLLOUT_SEAL_RUNNER=unittest"),
+            "{django}"
+        );
+        assert!(!Seal::for_parser("pytest").env().contains("RUNNER"));
+        let d = broken("unfinished");
+        assert!(d.contains("never returned"), "{d}");
     }
 
     fn which_python() -> Result<std::path::PathBuf, ()> {

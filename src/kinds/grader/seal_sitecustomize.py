@@ -6,10 +6,90 @@
 # prints the secret after everything the runner wrote. A process ended by os._exit, a
 # signal or a crash never prints it, so a log forged by the code under test followed by
 # such an exit has no seal. Anything that goes wrong here leaves the run untouched.
+#
+# A runner that lets SystemExit through (unittest's and Django's loaders, sympy's
+# runner) would also end "the ordinary way" when the code under test calls sys.exit
+# after printing a forged log. When the grader names the runner (ROLLOUT_SEAL_RUNNER),
+# the seal also records whether the runner's run returned, and says "unfinished" when
+# it did not.
+def _rollout_after_import(patches):
+    # Calls patches[name](module) once module `name` has been executed, whoever
+    # imports it: a finder first on sys.meta_path that asks the others for the spec
+    # and wraps its loader.
+    import sys
+
+    class Loader(object):
+        def __init__(self, inner, patch):
+            self._inner = inner
+            self._patch = patch
+
+        def create_module(self, spec):
+            return self._inner.create_module(spec)
+
+        def exec_module(self, module):
+            self._inner.exec_module(module)
+            try:
+                self._patch(module)
+            except Exception:
+                pass
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+    class Finder(object):
+        def find_spec(self, name, path=None, target=None):
+            patch = patches.get(name)
+            if patch is None:
+                return None
+            for finder in sys.meta_path:
+                if finder is self:
+                    continue
+                find = getattr(finder, "find_spec", None)
+                spec = find(name, path, target) if find else None
+                if spec is not None:
+                    break
+            else:
+                return None
+            if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            spec.loader = Loader(spec.loader, patch)
+            return spec
+
+    sys.meta_path.insert(0, Finder())
+
+
+def _rollout_runner(runner, done):
+    # Makes done() run when the named runner's run returns.
+    def after(cls, method):
+        inner = getattr(cls, method)
+
+        def wrapper(*args, **kwargs):
+            result = inner(*args, **kwargs)
+            done()
+            return result
+
+        setattr(cls, method, wrapper)
+
+    if runner == "unittest":
+        # unittest's TextTestRunner also runs Django's runtests.py (DiscoverRunner).
+        import unittest.runner
+
+        after(unittest.runner.TextTestRunner, "run")
+    elif runner == "sympy":
+        # bin/test runs SymPyTests.test in this process when PYTHONHASHSEED is set.
+        def sympy(module):
+            after(module.SymPyTests, "test")
+
+        _rollout_after_import(
+            {"sympy.testing.runtests": sympy, "sympy.utilities.runtests": sympy}
+        )
+
+
 def _rollout_seal():
     import os
     import sys
 
+    runner = os.environ.pop("ROLLOUT_SEAL_RUNNER", "")
     path = os.environ.pop("ROLLOUT_SEAL", None)
     if not path:
         return
@@ -39,6 +119,16 @@ def _rollout_seal():
         except (OSError, IOError):
             return None
 
+    finished = [not runner]
+
+    def done():
+        finished[0] = True
+
+    if runner:
+        try:
+            _rollout_runner(runner, done)
+        except Exception:
+            pass  # the run is then read as unfinished: a runner that is not there
     fds = (identity(1), identity(2))
     streams = (sys.stdout, sys.stderr)
     pid = os.getpid()
@@ -59,6 +149,8 @@ def _rollout_seal():
             marks.append("fds")  # stdout or stderr pointed elsewhere at the end
         if sys.stdout is not streams[0] or sys.stderr is not streams[1]:
             marks.append("streams")  # sys.stdout or sys.stderr replaced at the end
+        if not finished[0]:
+            marks.append("unfinished")  # the runner's run never returned
         line = "\nrollout-seal %s %s\n" % (secret, ",".join(marks) or "ok")
         try:
             os.write(out, line.encode())
@@ -98,4 +190,4 @@ try:
 except Exception:
     pass
 _rollout_chain()
-del _rollout_seal, _rollout_chain
+del _rollout_seal, _rollout_chain, _rollout_runner, _rollout_after_import

@@ -294,7 +294,7 @@ async fn run(
     }
     let command = g.command();
     let parser = g.parser();
-    let seal = Seal::new();
+    let seal = Seal::for_parser(&parser);
     let sealed = seal
         .install(client, &prepared.job_id)
         .await
