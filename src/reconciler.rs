@@ -155,6 +155,10 @@ pub async fn run(
         if let Err(e) = expire_pause(store.as_ref(), &queue, &settings).await {
             tracing::warn!(error = %e, "cannot check the weight update's lease");
         }
+        // A backend that was away when generation resumed stays paused until here.
+        if let Err(e) = repay_resumes(store.as_ref(), &settings).await {
+            tracing::warn!(error = %e, "cannot resume the backends owed a resume");
+        }
         // Sampling batches whose wake was lost, or whose driver died mid-batch.
         if let Err(e) = driver.sweep().await {
             tracing::warn!(error = %e, "sampling batch sweep failed");
@@ -188,13 +192,46 @@ pub async fn expire_pause(
         .map(|b| b.spec)
         .collect();
     let client = crate::backends::client::InferenceClient::new(settings.client.clone());
-    // A backend that does not answer now stays paused: say so loudly, it needs a hand.
-    for a in crate::backends::control::resume_all(&client, &backends).await {
+    // A backend that does not answer now is owed a resume: the next sweeps ask again.
+    for a in crate::backends::control::resume_all_owed(&client, store, &backends).await {
         if !a.ok {
-            tracing::error!(backend = %a.backend, error = ?a.error, "backend not resumed after the weight update's lease ran out; resume it by hand");
+            tracing::warn!(backend = %a.backend, error = ?a.error, "backend not resumed after the weight update's lease ran out; the reconciler asks again at every sweep");
         }
     }
     Ok(true)
+}
+
+/// Resumes the backends the service paused and could not resume (they were down or
+/// did not answer at the resume: [`crate::backends::control::resume_all_owed`]), unless
+/// a weight update is in progress, whose own resume will. Only the service's own
+/// pauses are repaid: a server a trainer paused itself is never resumed from here.
+/// Returns how many were resumed.
+pub async fn repay_resumes(
+    store: &dyn Store,
+    settings: &SweepSettings,
+) -> Result<usize, ReconcileError> {
+    let owed = store.owed_resumes().await?;
+    if owed.is_empty() || store.policy_state().await?.pause.is_some() {
+        return Ok(0);
+    }
+    let backends: Vec<_> = store
+        .backends()
+        .await?
+        .into_iter()
+        .map(|b| b.spec)
+        .filter(|b| owed.contains(&b.id))
+        .collect();
+    let client = crate::backends::client::InferenceClient::new(settings.client.clone());
+    let mut resumed = 0;
+    for a in crate::backends::control::resume_all_owed(&client, store, &backends).await {
+        if a.ok {
+            resumed += 1;
+            tracing::info!(backend = %a.backend, "backend resumed: it was owed a resume since a weight update");
+        } else {
+            tracing::debug!(backend = %a.backend, error = ?a.error, "backend still owed a resume");
+        }
+    }
+    Ok(resumed)
 }
 
 /// One sweep. Each job is repaired on its own: one that cannot be (a row the database

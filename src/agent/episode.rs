@@ -32,7 +32,7 @@ use super::render::TurnGlue;
 use super::tools::{self, FINISH, ToolRunner};
 use super::trajectory::{self, FinishReason, ToolRecord, Trajectory, Turn};
 use crate::backends::generate::{GenerateError, Generated, Generator};
-use crate::backends::wire::{Finish, Sampling};
+use crate::backends::wire::{Finish, Generation, Sampling};
 use crate::domain::duration_us;
 use crate::metrics::{DRIFT_CHECKS, EPISODES, TURN_OVERHEAD};
 use crate::policy::PolicyWatch;
@@ -207,22 +207,63 @@ enum ToolsEnd {
 /// its tokens), and the version current when the last came back.
 #[derive(Debug, Clone)]
 struct TurnVersions {
-    /// Each part's token count and the version current when it was sent.
-    parts: Vec<(usize, Option<i64>)>,
+    /// The turn's tokens in runs, each with the version that produced it
+    /// ([`part_spans`]), in order.
+    spans: Vec<(usize, Option<i64>)>,
+    /// How many requests generated the turn (more than one when aborts cut it).
+    parts: usize,
     answered: Option<i64>,
 }
 
 impl TurnVersions {
-    /// The version the turn's first part was sent under (its oldest).
+    /// The version of the turn's first tokens (its oldest).
     fn sent(&self) -> Option<i64> {
-        self.parts.first().and_then(|&(_, v)| v)
+        self.spans.first().and_then(|&(_, v)| v)
     }
 
-    /// The newer version, when one was announced while the last part generated.
+    /// The newer version, when one was announced while the last part generated and
+    /// its last tokens are not tagged with it.
     fn changed(&self) -> Option<i64> {
-        let last = self.parts.last().and_then(|&(_, v)| v);
+        let last = self.spans.last().and_then(|&(_, v)| v);
         (self.answered != last).then_some(self.answered).flatten()
     }
+}
+
+/// The runs of generation `g`'s tokens, each with the policy version that produced
+/// it: the server's own labels where it gives one for every token (vLLM 0.33's
+/// `weight_versions`; the service labels each backend's weights with the version it
+/// makes current), else `version` for all of them. A label is believed only between
+/// `version` (the version the request was sent under) and `answered` (the newest the
+/// episode knew when the answer came): that is where an update can have fallen, and a
+/// label outside it (another numbering, a backend labelled by someone else) would
+/// otherwise make a sample look fresher, or staler, than it is.
+fn part_spans(
+    g: &Generation,
+    version: Option<i64>,
+    answered: Option<i64>,
+) -> Vec<(usize, Option<i64>)> {
+    let n = g.token_ids.len();
+    let whole = vec![(n, version)];
+    let (Some(spans), Some(low), Some(high)) = (&g.weight_versions, version, answered) else {
+        return whole;
+    };
+    let mut at = 0;
+    let mut runs: Vec<(usize, Option<i64>)> = Vec::with_capacity(spans.len());
+    for s in spans {
+        let label = s.version.trim().parse::<i64>().ok();
+        let Some(v) = label.filter(|v| (low..=high).contains(v)) else {
+            return whole;
+        };
+        if s.start != at || s.end <= s.start || s.end > n {
+            return whole;
+        }
+        match runs.last_mut() {
+            Some((len, Some(last))) if *last == v => *len += s.end - s.start,
+            _ => runs.push((s.end - s.start, Some(v))),
+        }
+        at = s.end;
+    }
+    if at == n && n > 0 { runs } else { whole }
 }
 
 /// How many times in a row one turn's generation may be aborted with no token gained
@@ -408,12 +449,14 @@ impl<'a> EpisodeState<'a> {
             }
         }
         let llm_us = duration_us(t_llm.elapsed());
+        let answered = self.ep.policy.current();
         let versions = TurnVersions {
-            parts: parts
+            spans: parts
                 .iter()
-                .map(|(g, v)| (g.generation.token_ids.len(), *v))
+                .flat_map(|(g, v)| part_spans(&g.generation, *v, answered))
                 .collect(),
-            answered: self.ep.policy.current(),
+            parts: parts.len(),
+            answered,
         };
         Ok(ControlFlow::Continue((join_parts(parts), llm_us, versions)))
     }
@@ -470,7 +513,7 @@ impl<'a> EpisodeState<'a> {
         let model_start = traj.response_ids.len();
         traj.push_model(&g.token_ids, &g.logprobs);
         let mut from = model_start;
-        for &(len, version) in &versions.parts {
+        for &(len, version) in &versions.spans {
             if let Some(v) = version {
                 traj.note_policy_version(v, from, from + len);
             }
@@ -509,7 +552,7 @@ impl<'a> EpisodeState<'a> {
             logprobs_mode,
             policy_version: versions.sent(),
             policy_version_end: versions.changed(),
-            continued: u32::try_from(versions.parts.len() - 1).unwrap_or(u32::MAX),
+            continued: u32::try_from(versions.parts - 1).unwrap_or(u32::MAX),
         };
         traj.note_logprobs_mode(logprobs_mode);
         traj.messages.push(assistant_message(&parsed));
@@ -1044,6 +1087,7 @@ mod tests {
                 cached_prompt_tokens: Some(0),
                 text: None,
                 after_pause: false,
+                weight_versions: None,
             },
             backend: "b0".into(),
             backend_wait: Duration::ZERO,
@@ -1134,6 +1178,56 @@ mod tests {
     /// pause) was generated after the pause ended, under the weights the trainer put in
     /// place meanwhile: its tokens carry the version current at the answer, not the one
     /// it was first sent under.
+    /// A generation of `n` tokens the server labelled with `runs` (label, start, end).
+    fn labelled(n: usize, runs: &[(&str, usize, usize)]) -> Generation {
+        let mut g = generated(vec![1; n], 0, Finish::Stop).generation;
+        g.weight_versions = Some(
+            runs.iter()
+                .map(|&(v, start, end)| crate::backends::wire::WeightSpan {
+                    version: v.into(),
+                    start,
+                    end,
+                })
+                .collect(),
+        );
+        g
+    }
+
+    #[test]
+    fn the_servers_labels_split_a_turn_only_where_an_update_can_have_fallen() {
+        // Sent under 1, answered when 2 was current: the server's split is believed.
+        let g = labelled(7, &[("1", 0, 4), ("2", 4, 7)]);
+        assert_eq!(
+            part_spans(&g, Some(1), Some(2)),
+            vec![(4, Some(1)), (3, Some(2))]
+        );
+        // Runs of one label merge.
+        let g = labelled(7, &[("2", 0, 4), ("2", 4, 7)]);
+        assert_eq!(part_spans(&g, Some(1), Some(2)), vec![(7, Some(2))]);
+        // Outside [sent, answered] (another numbering, an unlabelled backend), or not
+        // covering every token: the version it was sent under, for all of them.
+        for runs in [
+            vec![("0", 0, 7)],
+            vec![("3", 0, 7)],
+            vec![("default", 0, 7)],
+            vec![("1", 0, 4)],
+            vec![("1", 0, 4), ("2", 5, 7)],
+            vec![("1", 0, 8)],
+        ] {
+            let g = labelled(7, &runs);
+            assert_eq!(
+                part_spans(&g, Some(1), Some(2)),
+                vec![(7, Some(1))],
+                "{runs:?}"
+            );
+        }
+        // No version known, or no labels: as sent.
+        let g = labelled(7, &[("1", 0, 7)]);
+        assert_eq!(part_spans(&g, None, Some(2)), vec![(7, None)]);
+        let plain = generated(vec![1; 3], 0, Finish::Stop).generation;
+        assert_eq!(part_spans(&plain, Some(1), Some(2)), vec![(3, Some(1))]);
+    }
+
     #[tokio::test]
     async fn a_turn_refused_as_paused_carries_the_version_it_was_generated_under() {
         let m = model();

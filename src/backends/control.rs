@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use super::client::{InferenceClient, authorized, describe, shorten};
 use crate::domain::backend::{BackendSpec, WireKind};
 use crate::domain::policy::{BackendAnswer, UpdateMode};
+use crate::store::BackendStore;
 
 /// How often `wait` polls an SGLang server's load.
 const LOAD_POLL: Duration = Duration::from_millis(100);
@@ -205,6 +206,24 @@ pub async fn resume_all(client: &InferenceClient, backends: &[BackendSpec]) -> V
         answer(b, "resumed", r)
     });
     futures::future::join_all(each).await
+}
+
+/// Resumes every backend of `backends` (see [`resume_all`]) after the service's own
+/// pause, and records in `store` which are still owed a resume (those that did not
+/// answer: down, unreachable), so the reconciler asks them again until they do; a
+/// backend that answered is owed nothing.
+pub async fn resume_all_owed(
+    client: &InferenceClient,
+    store: &dyn BackendStore,
+    backends: &[BackendSpec],
+) -> Vec<BackendAnswer> {
+    let answers = resume_all(client, backends).await;
+    for a in &answers {
+        if let Err(e) = store.owe_resume(&a.backend, !a.ok).await {
+            tracing::warn!(backend = %a.backend, error = %e, "cannot record whether the backend is owed a resume");
+        }
+    }
+    answers
 }
 
 /// Labels every backend of `backends` with policy `version`, at once (see

@@ -8,7 +8,9 @@
 //!   `return_token_ids`) or, on older servers, from `logprobs.tokens` written as
 //!   `"token_id:<id>"` (`return_tokens_as_token_ids`). Both flags are sent; a server
 //!   ignores the one it does not know. Cached prompt tokens come from
-//!   `usage.prompt_tokens_details.cached_tokens` when the server reports them.
+//!   `usage.prompt_tokens_details.cached_tokens` when the server reports them. The
+//!   request also asks for `return_weight_versions` (vLLM 0.33): the label of the
+//!   weights behind each output token, in `choices[0].weight_versions`.
 //! - SGLang `POST /generate` with `input_ids` and `return_logprob`; IDs and logprobs come
 //!   from `meta_info.output_token_logprobs` (`[logprob, id, text]` triples), cached
 //!   tokens from `meta_info.cached_tokens`.
@@ -166,6 +168,25 @@ pub struct Generation {
     /// paused), so under the weights current at the answer. Set by the client.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub after_pause: bool,
+    /// The server's own label of the weights that sampled each output token, as runs
+    /// over `token_ids` (vLLM 0.33's `weight_versions`, asked for with
+    /// `return_weight_versions`); `None` where the server does not say. The service
+    /// labels each backend's weights with the policy version it makes current, so these
+    /// split a turn that straddled an update exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_versions: Option<Vec<WeightSpan>>,
+}
+
+/// Output tokens `start..end` were sampled by the weights labelled `version` (vLLM's
+/// `WeightVersionSpan`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightSpan {
+    /// The label, as the server was told it (`/update_weight_version`).
+    pub version: String,
+    /// The first token's index.
+    pub start: usize,
+    /// One past the last token's index.
+    pub end: usize,
 }
 
 /// An answer that does not have the expected shape.
@@ -197,6 +218,7 @@ pub fn vllm_body(model: &str, prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
         logprobs: u32,
         return_token_ids: bool,
         return_tokens_as_token_ids: bool,
+        return_weight_versions: bool,
         skip_special_tokens: bool,
         include_stop_str_in_output: bool,
         stream: bool,
@@ -209,6 +231,7 @@ pub fn vllm_body(model: &str, prompt_ids: &[u32], s: &Sampling) -> Vec<u8> {
         logprobs: 1,
         return_token_ids: true,
         return_tokens_as_token_ids: true,
+        return_weight_versions: true,
         skip_special_tokens: false,
         include_stop_str_in_output: true,
         stream: false,
@@ -235,6 +258,8 @@ struct VllmChoice {
     token_ids: Option<Vec<u32>>,
     #[serde(default)]
     logprobs: Option<VllmLogprobs>,
+    #[serde(default)]
+    weight_versions: Option<Vec<WeightSpan>>,
 }
 
 #[derive(Deserialize)]
@@ -322,6 +347,7 @@ pub fn parse_vllm(body: &[u8]) -> Result<Generation, WireError> {
         cached_prompt_tokens,
         text: choice.text,
         after_pause: false,
+        weight_versions: choice.weight_versions,
     })
 }
 
@@ -457,6 +483,7 @@ pub fn parse_sglang(body: &[u8]) -> Result<Generation, WireError> {
         cached_prompt_tokens: meta.cached_tokens,
         text: resp.text,
         after_pause: false,
+        weight_versions: None,
     })
 }
 

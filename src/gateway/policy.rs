@@ -224,7 +224,7 @@ async fn resume(state: &AppState, version: i64) -> Result<PolicyView, ApiError> 
     let (client, (specs, down)) = (client(state), backends(state).await?);
     // The servers report the new weights under the service's number.
     control::label_all(&client, &specs, version).await;
-    let answers = control::resume_all(&client, &specs).await;
+    let answers = control::resume_all_owed(&client, state.store.as_ref(), &specs).await;
     let failed = failures(&answers, &down);
     if !failed.is_empty() {
         return Err(ApiError::new(

@@ -34,8 +34,9 @@ fn spans(run: &Value) -> Vec<VersionSpan> {
 /// For each mode, on each wire: an episode mid-turn when the update starts. `abort`
 /// cuts the turn, which goes on after the resume from its tokens under the new version
 /// (its tokens carry both versions, exactly where the cut was); `pause` freezes it
-/// (its tokens keep the older version, and the turn says a newer one came); `wait`
-/// answers once it has ended under the old one. Meanwhile no new turn is sent.
+/// (on SGLang its tokens keep the older version, and the turn says a newer one came;
+/// vLLM 0.33 labels each token with the weights that sampled it, so there the turn
+/// splits exactly at the resume); `wait` answers once it has ended under the old one. Meanwhile no new turn is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_weight_update_stops_generation_and_every_token_keeps_its_version() {
     for kind in [WireKind::Vllm, WireKind::Sglang] {
@@ -104,7 +105,7 @@ async fn a_weight_update_stops_generation_and_every_token_keeps_its_version() {
                 .remove(0);
             assert_eq!(r.status, Status::Done, "{what}: {r:?}");
             let run = run_output(&r);
-            check_versions(run, mode, old, new, &what);
+            check_versions(run, (kind, mode), old, new, &what);
             assert_token_exact(&stand, run);
             if mode != UpdateMode::Wait {
                 let r = stand
@@ -137,13 +138,33 @@ async fn a_weight_update_stops_generation_and_every_token_keeps_its_version() {
 }
 
 /// The versions on the essay's one turn, caught by an update from `old` to `new` in
-/// `mode`.
-fn check_versions(run: &Value, mode: UpdateMode, old: i64, new: i64, what: &str) {
+/// `mode`, on a server of `kind`.
+fn check_versions(
+    run: &Value,
+    (kind, mode): (WireKind, UpdateMode),
+    old: i64,
+    new: i64,
+    what: &str,
+) {
     let turn = &run["turns"][0];
     let [a, b]: [usize; 2] = serde_json::from_value(turn["model_range"].clone()).unwrap();
     let spans = spans(run);
     assert_eq!(turn["policy_version"], old, "{what}: {turn}");
     match mode {
+        UpdateMode::Pause if kind == WireKind::Vllm => {
+            // One request, frozen and resumed: the server's labels split it where the
+            // new weights took over.
+            assert!(turn.get("continued").is_none(), "{what}: {turn}");
+            assert_eq!(spans.len(), 2, "{what}: {spans:?}");
+            let cut = spans[0].to;
+            assert_eq!((spans[0].version, spans[0].from), (old, a));
+            assert_eq!(
+                (spans[1].version, spans[1].from, spans[1].to),
+                (new, cut, b)
+            );
+            assert!(a < cut && cut < b, "{what}: cut inside the turn: {spans:?}");
+            assert!(turn.get("policy_version_end").is_none(), "{what}: {turn}");
+        }
         UpdateMode::Abort => {
             assert!(turn["continued"].as_u64() >= Some(1), "{what}: {turn}");
             assert_eq!(spans.len(), 2, "{what}: {spans:?}");
@@ -175,6 +196,105 @@ fn check_versions(run: &Value, mode: UpdateMode, old: i64, new: i64, what: &str)
             }
         }
     }
+}
+
+/// A backend the service paused and could not resume (it was away at the resume) is
+/// owed a resume, and the reconciler's sweep resumes it once it answers; one that
+/// answered owes nothing, and a server paused by someone else (a trainer pausing its
+/// servers itself) is never resumed by the service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_away_at_the_resume_is_resumed_by_the_reconciler() {
+    let stand = Stand::start(
+        &[WireKind::Vllm],
+        |s| s.reconciler.enabled = false,
+        |_, _| {},
+    )
+    .await;
+    let client = &stand.env.client;
+    let server = stand.servers[0].as_ref().unwrap();
+    let store = stand.env.deps.store.clone();
+    let live = store.backends().await.unwrap()[0].spec.id.clone();
+    let away = rollout::domain::backend::BackendSpec {
+        id: "away".into(),
+        url: "http://127.0.0.1:9".into(),
+        kind: WireKind::Vllm,
+        model: "elsewhere".into(),
+        tokenizer: stand.env.dir.path().join("model").display().to_string(),
+        ..Default::default()
+    };
+    client.add_backend(&away).await.unwrap();
+    store
+        .set_backend_health("away", false, Some("test"), rollout::domain::EpochMs::now())
+        .await
+        .unwrap();
+    client.announce_policy(1).await.unwrap();
+    client
+        .pause_policy(2, UpdateMode::Pause, Some(60))
+        .await
+        .unwrap();
+    client.resume_policy(2).await.unwrap();
+    assert!(!is_paused(server).await);
+    assert_eq!(
+        store.owed_resumes().await.unwrap(),
+        vec!["away".to_string()]
+    );
+    let settings = rollout::reconciler::SweepSettings::from_settings(&stand.env.deps.settings);
+    // Still away: still owed.
+    assert_eq!(
+        rollout::reconciler::repay_resumes(store.as_ref(), &settings)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store.owed_resumes().await.unwrap(),
+        vec!["away".to_string()]
+    );
+    // A server paused by someone else, owing nothing: left paused by the sweep.
+    server
+        .pause(rollout::scripted::pause::PauseMode::Keep)
+        .await;
+    rollout::reconciler::repay_resumes(store.as_ref(), &settings)
+        .await
+        .unwrap();
+    assert!(
+        is_paused(server).await,
+        "a pause the service did not make is not its to end"
+    );
+    // The same server, as the service left it when its resume did not get through.
+    store.owe_resume(&live, true).await.unwrap();
+    // Not while an update is in progress: its own resume will.
+    client
+        .pause_policy(3, UpdateMode::Pause, Some(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        rollout::reconciler::repay_resumes(store.as_ref(), &settings)
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(is_paused(server).await);
+    client.resume_policy(3).await.unwrap();
+    assert_eq!(
+        store.owed_resumes().await.unwrap(),
+        vec!["away".to_string()]
+    );
+    server
+        .pause(rollout::scripted::pause::PauseMode::Keep)
+        .await;
+    store.owe_resume(&live, true).await.unwrap();
+    assert_eq!(
+        rollout::reconciler::repay_resumes(store.as_ref(), &settings)
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(!is_paused(server).await);
+    assert_eq!(
+        store.owed_resumes().await.unwrap(),
+        vec!["away".to_string()]
+    );
 }
 
 /// A trainer that pauses and never resumes (it died) holds the GPUs only until the
@@ -238,6 +358,16 @@ async fn a_weight_update_whose_trainer_dies_ends_with_its_lease() {
             } else {
                 Ok(())
             }
+        },
+    )
+    .await;
+    // The unreachable one is owed a resume; the reconciler asks it again at each sweep.
+    eventually(
+        "the away backend to be owed",
+        Duration::from_secs(10),
+        || async {
+            let owed = store.owed_resumes().await.unwrap();
+            if owed == ["dead"] { Ok(()) } else { Err(owed) }
         },
     )
     .await;

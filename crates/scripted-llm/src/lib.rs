@@ -869,6 +869,8 @@ struct Answer {
     /// The token or string that stopped it.
     matched: Option<serde_json::Value>,
     cached: usize,
+    /// The weights' label over the output tokens, as `(label, start, end)` runs.
+    versions: Vec<(String, usize, usize)>,
 }
 
 /// The script's answer to `prompt_text`: its tokens, cut after the first stop string or
@@ -902,6 +904,13 @@ fn script_answer(
 }
 
 impl Shared {
+    /// Puts a prompt and its answer in the prefix cache, in `salt`'s namespace.
+    fn cache_answer(&self, salt: Option<&str>, prompt: &[u32], ids: &[u32]) {
+        let mut all = prompt.to_vec();
+        all.extend_from_slice(ids);
+        self.cache.lock().expect("lock").insert(salt, &all);
+    }
+
     /// Remembers the rest of `whole`, aborted after `ids`, for a request that sends
     /// `prompt` and `ids` to continue it.
     fn remember_rest(&self, prompt: &[u32], ids: &[u32], whole: &Continuation) {
@@ -991,10 +1000,11 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
         (ask.prompt.len() - cached) as u64 * cfg.prefill_ns_per_token
             + ids.len() as u64 * cfg.token_us * 1000,
     );
-    let generated = if admitted {
-        ticket.generate(wait).await
+    let planned = ids.len();
+    let (generated, labels) = if admitted {
+        generate_labelled(s, &ticket, wait).await
     } else {
-        Err(Duration::ZERO)
+        (Err(Duration::ZERO), Vec::new())
     };
     if let Err(done) = generated {
         // Aborted: the tokens generated so far (none for a request still waiting).
@@ -1012,15 +1022,14 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
     if finish == "abort" {
         s.remember_rest(&ask.prompt, &ids, &whole);
     }
-    {
-        let mut all = ask.prompt.clone();
-        all.extend_from_slice(&ids);
-        s.cache
-            .lock()
-            .expect("lock")
-            .insert(ask.salt.as_deref(), &all);
-    }
+    s.cache_answer(ask.salt.as_deref(), &ask.prompt, &ids);
     let text = vocab.decode(&ids).unwrap_or_default();
+    let versions = label_runs(
+        &labels,
+        (planned, ids.len()),
+        wait,
+        &s.weight_version.lock().expect("lock"),
+    );
     let answer = Answer {
         ids,
         logprobs,
@@ -1028,9 +1037,31 @@ async fn serve(s: &Shared, ask: Ask, format: &str) -> Result<Answer, Response> {
         finish,
         matched,
         cached,
+        versions,
     };
     record(s, format, key, &ask.prompt, &answer, &whole);
     Ok(answer)
+}
+
+/// Spends `wait` generating (see [`pause::Ticket::generate`]), noting the weights'
+/// label each time the clock (re)starts: vLLM tags each output token with the label
+/// current when it was sampled, and the label changes while paused. The labels come
+/// with the time generated when each took over.
+async fn generate_labelled(
+    s: &Shared,
+    ticket: &pause::Ticket<'_>,
+    wait: Duration,
+) -> (Result<(), Duration>, Vec<(Duration, String)>) {
+    let mut labels: Vec<(Duration, String)> = Vec::new();
+    let generated = ticket
+        .generate_with(wait, |done| {
+            let now = s.weight_version.lock().expect("lock").clone();
+            if labels.last().is_none_or(|(_, l)| *l != now) {
+                labels.push((done, now));
+            }
+        })
+        .await;
+    (generated, labels)
 }
 
 /// Plays the fault set for the next request (counting it): `Err` is the response to
@@ -1130,6 +1161,35 @@ fn cut_at_stop(
 }
 
 /// How many of `n` tokens, generated over `wait`, were out after `done`.
+/// The label of each output token, as runs: `planned` tokens were to be generated over
+/// `wait` and the first `n` were (fewer when aborted); `labels` holds the label from
+/// each point of the generation on (the first from its start). None (a request
+/// answered without generating) gives `current` throughout.
+fn label_runs(
+    labels: &[(Duration, String)],
+    (planned, n): (usize, usize),
+    wait: Duration,
+    current: &str,
+) -> Vec<(String, usize, usize)> {
+    let mut runs: Vec<(String, usize, usize)> = Vec::new();
+    for (i, (at, label)) in labels.iter().enumerate() {
+        let start = if i == 0 {
+            0
+        } else {
+            generated_by(planned, *at, wait).min(n)
+        };
+        if let Some(last) = runs.last_mut() {
+            last.2 = start;
+        }
+        runs.push((label.clone(), start, n));
+    }
+    runs.retain(|(_, start, end)| end > start);
+    if runs.is_empty() && n > 0 {
+        runs.push((current.to_string(), 0, n));
+    }
+    runs
+}
+
 fn generated_by(n: usize, done: Duration, wait: Duration) -> usize {
     if wait.is_zero() {
         return n;
@@ -1279,14 +1339,13 @@ async fn completions_answer(s: &Shared, body: serde_json::Value) -> Response {
     let with_ids = body.return_token_ids && !s.cfg.legacy_vllm;
     let mut choice = vllm_choice(s, &a, as_ids, with_ids.then_some(prompt_ids.as_slice()));
     if body.return_weight_versions {
-        // The label when it was answered, over all its tokens (the stand-in's weights
-        // change only between requests' tokens when told to).
-        let v = s.weight_version.lock().expect("lock").clone();
-        choice["weight_versions"] = if a.ids.is_empty() {
-            serde_json::json!([])
-        } else {
-            serde_json::json!([{"version": v, "start": 0, "end": a.ids.len()}])
-        };
+        // Each token's label when it was sampled: a request frozen by a `keep` pause
+        // and resumed after a relabel has two runs.
+        choice["weight_versions"] = a
+            .versions
+            .iter()
+            .map(|(v, start, end)| serde_json::json!({"version": v, "start": start, "end": end}))
+            .collect();
     }
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

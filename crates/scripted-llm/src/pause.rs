@@ -210,6 +210,17 @@ impl Ticket<'_> {
     /// (all of `wait` for an answer that was ready: one ready while frozen is held until
     /// the resume).
     pub async fn generate(&self, wait: Duration) -> Result<(), Duration> {
+        self.generate_with(wait, |_| {}).await
+    }
+
+    /// [`Self::generate`], calling `running(done)` each time the clock (re)starts, with
+    /// the time generated so far: at the start and after each freeze, which is where a
+    /// server's weights can have changed under the request.
+    pub async fn generate_with(
+        &self,
+        wait: Duration,
+        mut running: impl FnMut(Duration),
+    ) -> Result<(), Duration> {
         let mut rx = self.pause.state.subscribe();
         let aborts = self.aborts;
         let mut left = wait;
@@ -225,6 +236,7 @@ impl Ticket<'_> {
             if left.is_zero() {
                 return Ok(());
             }
+            running(done(left));
             let t0 = Instant::now();
             tokio::select! {
                 () = tokio::time::sleep(left) => left = Duration::ZERO,

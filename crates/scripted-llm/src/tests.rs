@@ -397,6 +397,61 @@ async fn the_weight_version_is_reported_as_each_server_reports_it() {
     s.stop().await;
 }
 
+/// A request frozen by a `keep` pause, relabelled and resumed, reports each token's
+/// label when it was sampled, as vLLM 0.33 tracks it: the tokens before the pause under
+/// the old label, the rest under the new one.
+#[tokio::test]
+async fn a_request_that_straddles_a_relabel_reports_both_labels() {
+    let s = server_with("one two three four five six seven eight nine ten", |c| {
+        c.token_us = 300_000;
+    })
+    .await;
+    post(&s, "/update_weight_version", &json!({"new_version": "7"})).await;
+    let ask = completion(
+        &[5, 6, 7],
+        &json!({"max_tokens": 10, "return_weight_versions": true}),
+    );
+    let url = s.url();
+    let answer = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{url}/v1/completions"))
+            .json(&ask)
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    });
+    // Once it generates (3 s for its 10 tokens), a little of it, then the pause.
+    loop {
+        let load: Value = reqwest::get(format!("{}/v1/loads", s.url()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if load["loads"][0]["num_running_reqs"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    post(&s, "/pause?mode=keep", &json!({})).await;
+    post(&s, "/update_weight_version", &json!({"new_version": "8"})).await;
+    post(&s, "/resume", &json!({})).await;
+    let got = answer.await.unwrap();
+    let choice = &got["choices"][0];
+    let n = choice["token_ids"].as_array().unwrap().len();
+    let runs = choice["weight_versions"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{choice}");
+    let cut = runs[0]["end"].as_u64().unwrap();
+    assert!(cut > 0 && cut < n as u64, "{choice}");
+    assert_eq!(runs[0], json!({"version": "7", "start": 0, "end": cut}));
+    assert_eq!(runs[1], json!({"version": "8", "start": cut, "end": n}));
+    s.stop().await;
+}
+
 /// A stop string ends the output at the token that completes it, kept whole, as vLLM
 /// keeps it (the text is not re-encoded cut at the string, which gives other tokens
 /// when the string ends inside one).

@@ -65,6 +65,13 @@ pub trait BackendStore: Send + Sync {
     /// RUN), so that `active` counts and least-loaded routing are right again; returns
     /// how many went. Run by the reconciler.
     async fn release_leaked_assignments(&self) -> StoreResult<u64>;
+    /// Records whether backend `id` is owed a resume: the service paused it for a
+    /// weight update and could not resume it (it was down, or did not answer). The
+    /// reconciler asks it again until it answers ([`Self::owed_resumes`]). Unknown ids
+    /// are ignored.
+    async fn owe_resume(&self, id: &str, owed: bool) -> StoreResult<()>;
+    /// The ids of the backends owed a resume.
+    async fn owed_resumes(&self) -> StoreResult<Vec<String>>;
 }
 
 /// A backend that may serve an assignment, with its load.
@@ -280,6 +287,27 @@ impl<D: Dialect> BackendStore for SqlStore<D> {
             Box::pin(async move { Ok(query(sql::DELETE_LEAKED_ASSIGNMENTS).execute(conn).await?) })
         })
         .await
+    }
+
+    async fn owe_resume(&self, id: &str, owed: bool) -> StoreResult<()> {
+        let id = id.to_string();
+        self.write(move |conn: &mut D::Conn| {
+            Box::pin(async move {
+                query(sql::OWE_RESUME)
+                    .bind(&id)
+                    .bind(i64::from(owed))
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    async fn owed_resumes(&self) -> StoreResult<Vec<String>> {
+        let mut conn = self.reader().await?;
+        let ids: Vec<(String,)> = query(sql::OWED_RESUMES).fetch_all(&mut *conn).await?;
+        Ok(ids.into_iter().map(|(id,)| id).collect())
     }
 
     async fn release_backend(&self, job_id: &str) -> StoreResult<()> {

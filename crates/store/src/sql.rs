@@ -381,12 +381,17 @@ pub(super) const UPSERT_BACKEND: &str = "INSERT INTO backends (id, url, kind, mo
      healthy = CASE WHEN backends.url = excluded.url THEN backends.healthy ELSE 1 END, \
      checked_at = CASE WHEN backends.url = excluded.url THEN backends.checked_at ELSE NULL END, \
      last_error = CASE WHEN backends.url = excluded.url THEN backends.last_error ELSE NULL END, \
+     resume_owed = CASE WHEN backends.url = excluded.url THEN backends.resume_owed ELSE 0 END, \
      url = excluded.url, kind = excluded.kind, model = excluded.model, \
      tokenizer = excluded.tokenizer, weight = excluded.weight, source = excluded.source, \
      served_model_name = excluded.served_model_name, api_key = excluded.api_key, \
      logprobs_mode = excluded.logprobs_mode, updated_at = excluded.updated_at";
 
 pub(super) const DELETE_BACKEND: &str = "DELETE FROM backends WHERE id = $1";
+
+pub(super) const OWE_RESUME: &str = "UPDATE backends SET resume_owed = $2 WHERE id = $1";
+
+pub(super) const OWED_RESUMES: &str = "SELECT id FROM backends WHERE resume_owed <> 0 ORDER BY id";
 
 pub(super) const BACKEND_HEALTH: &str = "SELECT healthy FROM backends WHERE id = $1";
 
