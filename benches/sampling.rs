@@ -260,6 +260,8 @@ async fn sampling_batch(env: &Env, w: &Workload, id: &str) -> Run {
         informative: Default::default(),
         policy_version: Some(1),
         max_staleness: None,
+        on_cancel: Default::default(),
+        carry_from: None,
     };
     let t = Instant::now();
     env.client.submit_sampling(&req).await.unwrap();

@@ -6,7 +6,9 @@ use utoipa::ToSchema;
 
 use crate::domain::BatchCounters;
 use crate::domain::Task;
-use crate::domain::sampling::{AcceptedGroup, InformativeRule, SamplingBatch, SamplingStatus};
+use crate::domain::sampling::{
+    AcceptedGroup, InformativeRule, OnCancel, SamplingBatch, SamplingStatus,
+};
 
 /// Body of `POST /v1/batches`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -48,6 +50,19 @@ pub struct BatchRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0)]
     pub max_staleness: Option<i64>,
+    /// What happens to the groups still running when the batch ends (its K-th
+    /// informative group, `max_groups`, or a cancel): `discard` (the default) cancels
+    /// them; `keep` lets them run on as partial rollouts, for a later batch to adopt
+    /// (`carry_from`).
+    #[serde(default)]
+    pub on_cancel: OnCancel,
+    /// A sampling batch whose kept groups (`on_cancel: keep`) this one adopts: they
+    /// count among its groups in flight and, once decided, toward its K, and come with
+    /// its groups (`carried_from` on each). Kept groups another batch adopted already
+    /// are not adopted twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
+    pub carry_from: Option<String>,
 }
 
 /// A sampling batch and its accepted groups.

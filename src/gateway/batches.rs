@@ -31,7 +31,7 @@ use crate::api::batches::{
     BatchRequest, BatchView, CancelledBatch, GroupPage, PlainBatchCancelled,
 };
 use crate::domain::EpochMs;
-use crate::domain::sampling::{AcceptedGroup, SamplingParams, SamplingStatus};
+use crate::domain::sampling::{AcceptedGroup, OnCancel, SamplingParams, SamplingStatus};
 use crate::sampling::Driver;
 use crate::store::{Created, NewSampling};
 
@@ -157,6 +157,8 @@ fn check_request(state: &AppState, req: &BatchRequest) -> Result<SamplingParams,
         max_groups: max_groups.min(prompts),
         informative: req.informative.clone(),
         policy_version: req.policy_version,
+        on_cancel: req.on_cancel,
+        carry_from: req.carry_from.clone(),
     })
 }
 
@@ -167,6 +169,9 @@ pub async fn create_body(state: &AppState, body: &[u8]) -> Result<BatchView, Api
     let req: BatchRequest = decode_body(body)?;
     let id = batch_id_or_new(req.batch_id.clone())?;
     let params = check_request(state, &req)?;
+    if let Some(from) = &req.carry_from {
+        check_carry_from(state, from, &id).await?;
+    }
     if req.max_staleness.is_some_and(|m| m < 0) {
         return Err(ApiError::bad_field(
             "max_staleness",
@@ -228,6 +233,28 @@ pub async fn create_body(state: &AppState, body: &[u8]) -> Result<BatchView, Api
     );
     drive(state, &id).await;
     view(state, &id).await
+}
+
+/// Refuses a `carry_from` that names no sampling batch, or the batch itself.
+async fn check_carry_from(state: &AppState, from: &str, id: &str) -> Result<(), ApiError> {
+    if from == id {
+        return Err(ApiError::bad_field(
+            "carry_from",
+            "`carry_from` names the batch itself; name an earlier sampling batch",
+        ));
+    }
+    let valid = !from.is_empty()
+        && from.len() <= 128
+        && from
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if !valid || state.store.sampling_batch(from).await?.is_none() {
+        return Err(ApiError::bad_field(
+            "carry_from",
+            format!("`carry_from`: no sampling batch with id `{from}`"),
+        ));
+    }
+    Ok(())
 }
 
 /// The 404 of a batch id that names no sampling batch.
@@ -365,7 +392,12 @@ pub async fn cancel_batch(
                 None,
             ));
         }
-        let cancelling = live_count(&state, &id).await?;
+        // A `keep` batch's groups in flight run on, for a later batch to adopt.
+        let cancelling = if batch.params.on_cancel == OnCancel::Keep {
+            0
+        } else {
+            live_count(&state, &id).await?
+        };
         tracing::info!(batch_id = %id, jobs = cancelling, "sampling batch cancelled");
         let driver = Driver::new(
             state.store.clone(),

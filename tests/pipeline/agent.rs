@@ -915,6 +915,8 @@ async fn a_sampling_batch_early_cancel_closes_generating_requests_and_removes_sa
         informative: Default::default(),
         policy_version: None,
         max_staleness: None,
+        on_cancel: Default::default(),
+        carry_from: None,
     };
     let client = &stand.env.client;
     client.submit_sampling(&request).await.unwrap();

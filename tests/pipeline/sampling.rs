@@ -511,6 +511,8 @@ async fn two_gateways_never_launch_one_prompt_twice() {
             max_groups: 50,
             informative: Default::default(),
             policy_version: None,
+            on_cancel: Default::default(),
+            carry_from: None,
         },
         prompts: (0..50)
             .map(|i| json!({"kind": "synthetic", "spec": {"seed": i}}))
@@ -681,6 +683,8 @@ async fn verdicts_are_taken_once_by_the_last_result_and_never_past_k() {
             max_groups: 6,
             informative: Default::default(),
             policy_version: Some(3),
+            on_cancel: Default::default(),
+            carry_from: None,
         },
         prompts: (0..6)
             .map(|i| json!({"kind": "synthetic", "spec": {"seed": i}}))
@@ -930,4 +934,256 @@ async fn a_cancel_under_load_lets_nothing_of_the_batch_be_scored_after_it() {
     );
     // No cancelled job reached EVAL after the cancel, and nothing is left running.
     env.wait_work_drained().await;
+}
+
+/// A sampling batch of `prompts` synthetic prompts, G = 2, K = `target`, all groups in
+/// flight at once, created and launched through the store: its jobs by group and
+/// sample (`jobs[p * 2 + s]`).
+async fn launched(
+    store: &dyn Store,
+    id: &str,
+    prompts: i64,
+    target: i64,
+    on_cancel: rollout::domain::sampling::OnCancel,
+) -> Vec<String> {
+    let new = NewSampling {
+        id: id.into(),
+        params: SamplingParams {
+            group_size: 2,
+            target_groups: target,
+            max_groups_in_flight: prompts,
+            max_groups: prompts,
+            informative: Default::default(),
+            policy_version: None,
+            on_cancel,
+            carry_from: None,
+        },
+        prompts: (0..prompts)
+            .map(|i| json!({"kind": "synthetic", "spec": {"seed": i}}))
+            .collect(),
+    };
+    store.create_sampling(&new, EpochMs::now()).await.unwrap();
+    let jobs = store.launch_groups(id, EpochMs::now()).await.unwrap();
+    assert_eq!(jobs.len(), usize::try_from(prompts * 2).unwrap());
+    jobs.into_iter().map(|s| s.id).collect()
+}
+
+/// Ends job `id` with `outcome` through the store; what its end decided.
+async fn end_job(
+    store: &dyn Store,
+    id: &str,
+    outcome: rollout::domain::Outcome,
+) -> Option<rollout::store::Decided> {
+    store
+        .finish(
+            &rollout::store::FinishIf::Live,
+            id,
+            &outcome,
+            EpochMs::now(),
+        )
+        .await
+        .unwrap()
+        .expect("the job was live")
+        .decided
+}
+
+/// Partial rollouts across batches: a `keep` batch that reaches its K keeps the groups
+/// still running (none cancelled; counted as kept), and the next batch, created with
+/// `carry_from`, adopts them. One that ended before the adoption is decided there at
+/// once, one that ends after is decided there by its last sample; both count toward
+/// the adopter's K and come with its groups (`carried_from`), their jobs and results
+/// staying in the batch that launched them. A kept group is adopted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_groups_are_adopted_and_decided_by_the_next_batch() {
+    use rollout::domain::Outcome;
+    use rollout::domain::sampling::{OnCancel, Verdict};
+    let env = TestEnv::start(|s| s.reconciler.enabled = false).await;
+    let store = env.deps.store.clone();
+    let done = |r: f64| Outcome::done(r, json!({}));
+    let a = launched(store.as_ref(), "keep-a", 3, 1, OnCancel::Keep).await;
+    // p0 is informative: the batch has its K, and p1 and p2 are still running.
+    end_job(store.as_ref(), &a[0], done(0.0)).await;
+    let d = end_job(store.as_ref(), &a[1], done(1.0)).await.unwrap();
+    assert_eq!(d.batch_status, SamplingStatus::Complete);
+    let kept = get(&env, "keep-a").await.batch;
+    assert_eq!(kept.params.on_cancel, OnCancel::Keep);
+    let c = &kept.counters;
+    assert_eq!(
+        (
+            c.groups_launched,
+            c.groups_decided,
+            c.kept_groups,
+            c.jobs_saved
+        ),
+        (3, 3, 2, 0),
+        "{c:?}"
+    );
+    // Nothing of the kept groups is cancelled, by the driver or anyone.
+    assert_eq!(store.live_jobs("keep-a", 100).await.unwrap().len(), 4);
+    // p1 ends before any batch adopts it: its verdict waits.
+    end_job(store.as_ref(), &a[2], done(1.0)).await;
+    assert!(end_job(store.as_ref(), &a[3], done(0.0)).await.is_none());
+    let b = create(
+        &env.base,
+        &json!({
+            "batch_id": "keep-b", "group_size": 2, "target_groups": 2,
+            "max_groups_in_flight": 3, "carry_from": "keep-a",
+            "prompts": [{"kind": "synthetic", "spec": {"seed": 7}},
+                        {"kind": "synthetic", "spec": {"seed": 8}}],
+        }),
+    )
+    .await;
+    let c = &b.batch.counters;
+    assert_eq!(b.batch.params.carry_from.as_deref(), Some("keep-a"));
+    // p1 was decided at the adoption (accepted, rank 1); p2 runs on in the adopter,
+    // beside its own groups (room for 3 in flight: 2 of its own).
+    assert_eq!(
+        (
+            c.adopted_groups,
+            c.informative,
+            c.groups_launched,
+            c.groups_decided
+        ),
+        (2, 1, 4, 1),
+        "{c:?}"
+    );
+    assert_eq!(b.groups.len(), 1);
+    let g = &b.groups[0];
+    assert_eq!(
+        (
+            g.rank,
+            g.carried_from.as_deref(),
+            g.group_id.as_str(),
+            g.prompt_index
+        ),
+        (1, Some("keep-a"), "p1", 1)
+    );
+    assert_eq!(g.results.len(), 2);
+    assert!(g.results.iter().all(|r| r.batch_id == "keep-a"));
+    // p2's last sample decides it in the adopter: its K-th group.
+    end_job(store.as_ref(), &a[4], done(0.0)).await;
+    let d = end_job(store.as_ref(), &a[5], done(1.0)).await.unwrap();
+    assert_eq!(
+        (
+            d.batch_id.as_str(),
+            d.verdict,
+            d.accepted_rank,
+            d.batch_status
+        ),
+        (
+            "keep-b",
+            Verdict::Informative,
+            Some(2),
+            SamplingStatus::Complete
+        )
+    );
+    // The adopter discards its own groups still running, as any batch does, once woken
+    // (a worker recording the end would wake it).
+    env.deps.queue.publish_wake(&d.batch_id).await.unwrap();
+    let (view, _) = wait_settled(&env, "keep-b", Duration::from_secs(30)).await;
+    let names: Vec<_> = view
+        .groups
+        .iter()
+        .map(|g| (g.rank, g.carried_from.clone(), g.group_id.clone()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            (1, Some("keep-a".to_string()), "p1".to_string()),
+            (2, Some("keep-a".to_string()), "p2".to_string())
+        ]
+    );
+    // The launching batch's own counters and results are untouched by the adoption.
+    let kept = get(&env, "keep-a").await.batch;
+    assert_eq!(kept.counters.kept_groups, 2);
+    assert!(store.live_jobs("keep-a", 100).await.unwrap().is_empty());
+    adopted_once_and_carry_from_checked(&env).await;
+}
+
+/// What `kept_groups_are_adopted_and_decided_by_the_next_batch` checks last: batch
+/// `keep-a`'s kept groups, adopted already, are not adopted again, and `carry_from`
+/// must name another sampling batch.
+async fn adopted_once_and_carry_from_checked(env: &TestEnv) {
+    let again = create(
+        &env.base,
+        &json!({
+            "batch_id": "keep-c", "group_size": 2, "target_groups": 1,
+            "carry_from": "keep-a", "prompts": [{"kind": "synthetic", "spec": {"seed": 9}}],
+        }),
+    )
+    .await;
+    assert_eq!(again.batch.counters.adopted_groups, 0);
+    // carry_from must name another sampling batch.
+    for (from, why) in [("nope", "no sampling batch"), ("keep-d", "itself")] {
+        let (status, answer) = post_batch(
+            &env.base,
+            &json!({
+                "batch_id": "keep-d", "group_size": 2, "target_groups": 1,
+                "carry_from": from, "prompts": [{"kind": "synthetic", "spec": {}}],
+            }),
+        )
+        .await;
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(answer["field"], "carry_from", "{answer}");
+        assert!(answer["error"].as_str().unwrap().contains(why), "{answer}");
+    }
+}
+
+/// A trainer's cancel of a `keep` batch cancels nothing: its groups run on, unfenced
+/// (a sample that ends after the cancel is scored), for a later batch to adopt; a
+/// cancel of that adopter cancels the adopted samples still running, each with its
+/// result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_keep_batch_keeps_its_groups_and_its_adopters_cancel_ends_them() {
+    use rollout::domain::Outcome;
+    use rollout::domain::sampling::OnCancel;
+    let env = TestEnv::start(|s| s.reconciler.enabled = false).await;
+    let store = env.deps.store.clone();
+    let x = launched(store.as_ref(), "kc-x", 2, 2, OnCancel::Keep).await;
+    let cancelled = env.client.cancel_batch("kc-x").await.unwrap();
+    let cancelled = serde_json::to_value(&cancelled).unwrap();
+    assert_eq!(cancelled["cancelling"], 0, "{cancelled}");
+    let view = get(&env, "kc-x").await.batch;
+    assert_eq!(view.status, SamplingStatus::Cancelled);
+    assert_eq!(view.counters.kept_groups, 2);
+    // No fence: a sample ending now is scored.
+    end_job(store.as_ref(), &x[0], Outcome::done(1.0, json!({}))).await;
+    let r = store.result(&x[0]).await.unwrap().unwrap();
+    assert_eq!((r.status, r.reward), (Status::Done, Some(1.0)));
+    let y = create(
+        &env.base,
+        &json!({
+            "batch_id": "kc-y", "group_size": 2, "target_groups": 1,
+            "max_groups_in_flight": 2, "carry_from": "kc-x",
+            "prompts": [{"kind": "synthetic", "spec": {"seed": 1}}],
+        }),
+    )
+    .await;
+    assert_eq!(y.batch.counters.adopted_groups, 2);
+    env.client.cancel_batch("kc-y").await.unwrap();
+    // The adopted samples still running end cancelled, each with its result.
+    eventually(
+        "the adopted samples to be cancelled",
+        Duration::from_secs(30),
+        || {
+            let store = store.clone();
+            let x = x.clone();
+            async move {
+                let mut statuses = Vec::new();
+                for id in &x[1..] {
+                    statuses.push(store.result(id).await.unwrap().map(|r| r.status));
+                }
+                holds(
+                    statuses.iter().all(|s| *s == Some(Status::Cancelled)),
+                    format!("{statuses:?}"),
+                )
+            }
+        },
+    )
+    .await;
+    let y = get(&env, "kc-y").await.batch;
+    assert_eq!(
+        y.counters.groups_decided, y.counters.groups_launched,
+        "{y:?}"
+    );
 }

@@ -499,6 +499,8 @@ async fn a_stale_group_is_replaced_by_the_next_prompt() {
         informative: Default::default(),
         policy_version: None,
         max_staleness: Some(0),
+        on_cancel: Default::default(),
+        carry_from: None,
     };
     client.submit_sampling(&request).await.unwrap();
     wait_stats(server, "is generating the first group", |s| {

@@ -91,6 +91,8 @@ class RolloutClient:
         informative: Optional[Json] = None,
         policy_version: Optional[int] = None,
         max_staleness: Optional[int] = None,
+        on_cancel: Optional[str] = None,
+        carry_from: Optional[str] = None,
         batch_id: Optional[str] = None,
     ) -> Json:
         """Starts a sampling batch (``POST /v1/batches``) and returns its view:
@@ -102,7 +104,10 @@ class RolloutClient:
         the same ``batch_id`` again returns the existing batch, so a retry after a lost
         answer creates nothing twice. ``max_staleness`` (policy versions) ends a sample
         whose oldest token is further behind than that when it is scored as ``stale``,
-        and its group is replaced by the next prompt.
+        and its group is replaced by the next prompt. ``on_cancel="keep"`` keeps the
+        groups still running when the batch ends (partial rollouts) instead of cancelling
+        them; the next batch adopts them with ``carry_from=<this batch's id>``, and they
+        come with its groups (each with ``carried_from``).
         """
         body: Json = {
             "prompts": list(prompts),
@@ -115,6 +120,8 @@ class RolloutClient:
             ("informative", informative),
             ("policy_version", policy_version),
             ("max_staleness", max_staleness),
+            ("on_cancel", on_cancel),
+            ("carry_from", carry_from),
             ("batch_id", batch_id),
         ):
             if value is not None:

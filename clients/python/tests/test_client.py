@@ -152,6 +152,20 @@ class AgainstTheService(unittest.TestCase):
             client.cancel("py-cancelled")
         self.assertEqual(e.exception.status, 409)
 
+    def test_a_kept_batchs_groups_are_adopted_by_the_next(self):
+        client = self.svc.client()
+        client.submit_batch(agent_prompts(), group_size=2, target_groups=4,
+                            on_cancel="keep", batch_id="py-kept")
+        view = client.cancel("py-kept")
+        kept = view["batch"]["counters"]["kept_groups"]
+        self.assertEqual((view["batch"]["on_cancel"], view["cancelling"]), ("keep", 0))
+        self.assertGreater(kept, 0)
+        nxt = client.submit_batch(agent_prompts(), group_size=2, target_groups=1,
+                                  carry_from="py-kept", batch_id="py-adopter")
+        self.assertEqual(nxt["batch"]["carry_from"], "py-kept")
+        self.assertEqual(nxt["batch"]["counters"]["adopted_groups"], kept)
+        client.cancel("py-adopter")
+
 
 if __name__ == "__main__":
     unittest.main()

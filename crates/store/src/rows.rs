@@ -347,12 +347,16 @@ pub(crate) struct SamplingRow {
     created_at: i64,
     ended_at: Option<i64>,
     reason: Option<String>,
+    pub(crate) on_cancel: String,
+    carry_from: Option<String>,
+    kept_groups: i64,
+    pub(crate) adopted_groups: i64,
 }
 
 impl SamplingRow {
     pub(crate) fn into_batch(self) -> StoreResult<rollout_core::domain::sampling::SamplingBatch> {
         use rollout_core::domain::sampling::{
-            InformativeRule, RuleKind, SamplingBatch, SamplingCounters, SamplingParams,
+            InformativeRule, OnCancel, RuleKind, SamplingBatch, SamplingCounters, SamplingParams,
             SamplingStatus,
         };
         let rule = RuleKind::parse(&self.rule).ok_or_else(|| {
@@ -360,6 +364,12 @@ impl SamplingRow {
         })?;
         let status = SamplingStatus::parse(&self.status).ok_or_else(|| {
             StoreError::Corrupt(format!("batch {} has status `{}`", self.id, self.status))
+        })?;
+        let on_cancel = OnCancel::parse(&self.on_cancel).ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "batch {} has on_cancel `{}`",
+                self.id, self.on_cancel
+            ))
         })?;
         Ok(SamplingBatch {
             params: SamplingParams {
@@ -374,6 +384,8 @@ impl SamplingRow {
                     max_mean: self.max_mean,
                 },
                 policy_version: self.policy_version,
+                on_cancel,
+                carry_from: self.carry_from,
             },
             id: self.id,
             prompt_count: self.prompt_count,
@@ -392,6 +404,8 @@ impl SamplingRow {
                 sandbox_ms_saved: self.sandbox_ms_saved,
                 sandbox_ms_used: self.sandbox_ms_used,
                 samples_completed: self.samples_completed,
+                kept_groups: self.kept_groups,
+                adopted_groups: self.adopted_groups,
             },
             created_at: self.created_at,
             ended_at: self.ended_at,

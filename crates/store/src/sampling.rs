@@ -15,10 +15,11 @@ use super::jobs::{NewJob, Submitted, insert_jobs};
 use super::query::{Conn, query};
 use super::rows::{ResultRow, SamplingRow};
 use super::sql_store::SqlStore;
-use super::{StoreError, StoreResult, sql};
+use super::{StoreError, StoreResult, sql, verdict};
 use rollout_core::domain::EpochMs;
 use rollout_core::domain::sampling::{
-    AcceptedGroup, SamplingBatch, SamplingParams, SamplingStatus, prompt_group_id, sample_client_id,
+    AcceptedGroup, SamplingBatch, SamplingParams, SamplingStatus, Verdict, prompt_group_id,
+    sample_client_id,
 };
 
 /// A sampling batch to create (already validated).
@@ -158,6 +159,93 @@ async fn group_jobs<C: Conn>(
     Ok(out)
 }
 
+/// Adopts the kept groups of batch `from` that no batch has adopted into new batch `to`
+/// (whose pool holds `prompts` prompts: the adopted rows are numbered after them), in
+/// `to`'s creating transaction. Each gets a row in `to` (named `<batch>/<group>` after
+/// where its jobs are), the kept row points at it, and one that has already ended is
+/// decided in `to` at once with the verdict it took. The batches whose jobs these are
+/// are locked first, as their jobs' ends take them, so an end either comes before (its
+/// verdict is then read here) or finds the group adopted.
+async fn adopt<D: Dialect>(
+    conn: &mut D::Conn,
+    from: &str,
+    to: &str,
+    prompts: i64,
+    now: EpochMs,
+) -> StoreResult<()> {
+    let mut origins: Vec<(String,)> = query(sql::KEPT_ORIGINS)
+        .bind(from)
+        .fetch_all(&mut *conn)
+        .await?;
+    origins.sort();
+    for (origin,) in &origins {
+        D::lock_batch(conn, origin).await?;
+    }
+    type Kept = (
+        String,
+        String,
+        String,
+        Option<String>,
+        Option<f64>,
+        Option<f64>,
+    );
+    let kept: Vec<Kept> = query(sql::ADOPTABLE)
+        .bind(from)
+        .fetch_all(&mut *conn)
+        .await?;
+    if kept.is_empty() {
+        return Ok(());
+    }
+    for (k, (row, origin, group, ..)) in (0i64..).zip(&kept) {
+        let name = format!("{origin}/{group}");
+        query(sql::CARRY)
+            .bind(from)
+            .bind(row)
+            .bind(to)
+            .execute(&mut *conn)
+            .await?;
+        query(sql::CARRY)
+            .bind(origin)
+            .bind(group)
+            .bind(to)
+            .execute(&mut *conn)
+            .await?;
+        query(sql::INSERT_ADOPTED)
+            .bind(to)
+            .bind(prompts + k)
+            .bind(&name)
+            .bind(now)
+            .bind(origin)
+            .bind(group)
+            .execute(&mut *conn)
+            .await?;
+    }
+    query(sql::COUNT_ADOPTED)
+        .bind(to)
+        .bind(i64::try_from(kept.len()).unwrap_or(i64::MAX))
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    for (_, origin, group, verdict, mean, std) in &kept {
+        let Some(verdict) = verdict else { continue };
+        let name = format!("{origin}/{group}");
+        query(sql::DECIDE_GROUP)
+            .bind(to)
+            .bind(&name)
+            .bind(verdict)
+            .bind(*mean)
+            .bind(*std)
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+        let verdict = Verdict::parse(verdict).ok_or_else(|| {
+            StoreError::Corrupt(format!("kept group {name} has verdict `{verdict}`"))
+        })?;
+        verdict::count_verdict(&mut *conn, to, &name, verdict, now).await?;
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl<D: Dialect> SamplingStore for SqlStore<D> {
     async fn create_sampling(&self, batch: &NewSampling, now: EpochMs) -> StoreResult<Created> {
@@ -195,6 +283,8 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
                     .bind(p.informative.max_mean)
                     .bind(p.policy_version)
                     .bind(now)
+                    .bind(p.on_cancel.as_str())
+                    .bind(p.carry_from.as_deref())
                     .execute(conn)
                     .await?;
                 for (idx, task) in (0i64..).zip(&batch.prompts) {
@@ -204,6 +294,9 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
                         .bind(&rollout_core::nul::scrub_json(task.to_string()))
                         .execute(conn)
                         .await?;
+                }
+                if let Some(from) = &p.carry_from {
+                    adopt::<D>(conn, from, &batch.id, count, now).await?;
                 }
                 Ok(Created::New)
             })
@@ -228,7 +321,8 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
                 }
                 let in_flight = b.groups_launched - b.groups_decided;
                 let room = b.max_groups_in_flight - in_flight;
-                let left = b.max_groups - b.groups_launched;
+                // Adopted groups are not prompts this batch tried.
+                let left = b.max_groups - (b.groups_launched - b.adopted_groups);
                 let n = room.min(left);
                 if n <= 0 {
                     return Ok(Vec::new());
@@ -286,7 +380,8 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
         max_bytes: i64,
     ) -> StoreResult<Vec<AcceptedGroup>> {
         let mut conn = self.reader().await?;
-        let groups: Vec<(i64, String, i64, Option<f64>, Option<f64>)> = query(sql::ACCEPTED_GROUPS)
+        type Row = (i64, String, i64, Option<f64>, Option<f64>, Option<String>);
+        let groups: Vec<Row> = query(sql::ACCEPTED_GROUPS)
             .bind(id)
             .bind(after_rank)
             .bind(limit)
@@ -294,12 +389,13 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
             .await?;
         let mut out = Vec::with_capacity(groups.len());
         let mut bytes = 0i64;
-        for (idx, group_id, rank, mean, std) in groups {
+        for (idx, group_id, rank, mean, std, carried_from) in groups {
             if !out.is_empty() && bytes >= max_bytes {
                 break;
             }
+            // An adopted group's results are where its jobs are: the batch that kept it.
             let rows: Vec<ResultRow> = query(sql::RESULTS_OF_GROUP)
-                .bind(id)
+                .bind(carried_from.as_deref().unwrap_or(id))
                 .bind(&group_id)
                 .fetch_all(&mut *conn)
                 .await?;
@@ -317,6 +413,7 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
                 reward_mean: mean,
                 reward_std: std,
                 results,
+                carried_from,
             });
         }
         Ok(out)
@@ -335,14 +432,18 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
                 // The batch's row first, as a job's end takes it (its counters) before
                 // the sampling rows: a cancel ends the batch row too (a trigger).
                 D::lock_batch(conn, &id).await?;
-                Ok(query(sql::END_SAMPLING)
+                let ended = query(sql::END_SAMPLING)
                     .bind(&id)
                     .bind(status.as_str())
                     .bind(&reason)
                     .bind(now)
                     .execute(conn)
                     .await?
-                    == 1)
+                    == 1;
+                if ended {
+                    verdict::keep_stragglers(conn, &id, now).await?;
+                }
+                Ok(ended)
             })
         })
         .await

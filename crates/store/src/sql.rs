@@ -682,7 +682,7 @@ macro_rules! sampling_cols {
          eps, min_mean, max_mean, policy_version, status, next_prompt, groups_launched, \
          groups_decided, informative, surplus, uniform, incomplete, cancelled_groups, \
          stale_groups, sandbox_ms_used, samples_completed, jobs_saved, sandbox_ms_saved, created_at, \
-         ended_at, reason"
+         ended_at, reason, on_cancel, carry_from, kept_groups, adopted_groups"
     };
 }
 
@@ -693,8 +693,8 @@ pub(super) const SAMPLING_EXISTS: &str = "SELECT id FROM sampling_batches WHERE 
 
 pub(super) const INSERT_SAMPLING: &str = "INSERT INTO sampling_batches (id, group_size, \
      target_groups, max_groups_in_flight, max_groups, prompt_count, rule, eps, min_mean, \
-     max_mean, policy_version, created_at, updated_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12)";
+     max_mean, policy_version, created_at, updated_at, on_cancel, carry_from) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14)";
 
 pub(super) const INSERT_PROMPT: &str =
     "INSERT INTO sampling_prompts (batch_id, idx, task) VALUES ($1, $2, $3)";
@@ -730,7 +730,7 @@ pub(super) const INSERT_SAMPLING_GROUP: &str = "INSERT INTO sampling_groups \
 /// What a result of a sampling group needs to know: the group, its batch's rule, and
 /// whether this was the group's last sample (the trigger has just counted it).
 pub(super) const GROUP_OF_RESULT: &str = "SELECT g.state, b.rule, b.eps, b.min_mean, \
-     b.max_mean, b.sandbox_ms_used, b.samples_completed, pg.finished, pg.submitted \
+     b.max_mean, b.sandbox_ms_used, b.samples_completed, pg.finished, pg.submitted, g.carried_to \
      FROM sampling_groups g JOIN sampling_batches b ON b.id = g.batch_id \
      JOIN prompt_groups pg ON pg.batch_id = g.batch_id AND pg.id = g.group_id \
      WHERE g.batch_id = $1 AND g.group_id = $2";
@@ -776,17 +776,66 @@ pub(super) const COUNT_VERDICT: &str = "UPDATE sampling_batches SET \
 /// Gives up on a batch whose every allowed prompt was tried and decided.
 pub(super) const EXHAUST: &str = "UPDATE sampling_batches SET status = 'exhausted', \
      ended_at = $2, updated_at = $2, reason = $3 \
-     WHERE id = $1 AND status = 'running' AND groups_launched >= max_groups \
+     WHERE id = $1 AND status = 'running' AND groups_launched - adopted_groups >= max_groups \
      AND groups_decided >= groups_launched";
+
+/// The row of an adopted group in the batch that adopted it (`$1`, group id `$2`),
+/// with the adopter's rule, for its verdict.
+pub(super) const TARGET_GROUP: &str = "SELECT g.state, b.rule, b.eps, b.min_mean, b.max_mean \
+     FROM sampling_groups g JOIN sampling_batches b ON b.id = g.batch_id \
+     WHERE g.batch_id = $1 AND g.group_id = $2";
+
+/// Marks the groups still in flight of an ended `keep` batch kept (none otherwise).
+pub(super) const KEEP_STRAGGLERS: &str = "UPDATE sampling_groups SET state = 'kept' \
+     WHERE batch_id = $1 AND state = 'in_flight' AND EXISTS (SELECT 1 FROM sampling_batches b \
+     WHERE b.id = $1 AND b.status <> 'running' AND b.on_cancel = 'keep')";
+
+/// Counts `$2` groups kept by batch `$1` among its decided ones.
+pub(super) const COUNT_KEPT: &str = "UPDATE sampling_batches SET kept_groups = kept_groups + $2, \
+     groups_decided = groups_decided + $2, updated_at = $3 WHERE id = $1";
+
+/// A kept group that ended before any batch adopted it keeps its verdict for the adopter.
+pub(super) const KEPT_VERDICT: &str = "UPDATE sampling_groups SET kept_verdict = $3, \
+     reward_mean = $4, reward_std = $5, decided_at = $6 \
+     WHERE batch_id = $1 AND group_id = $2 AND state = 'kept' AND kept_verdict IS NULL";
+
+/// The kept groups of batch `$1` no batch has adopted: the row's group id, where its
+/// jobs are (batch and group), and the verdict it took if it has ended.
+pub(super) const ADOPTABLE: &str = "SELECT group_id, COALESCE(source_batch, batch_id), \
+     COALESCE(source_group, group_id), kept_verdict, reward_mean, reward_std \
+     FROM sampling_groups WHERE batch_id = $1 AND state = 'kept' AND carried_to IS NULL \
+     ORDER BY idx";
+
+/// The batches whose jobs the kept groups of batch `$1` are (itself, and those it
+/// adopted from), whose rows an adopter locks first, as those jobs' ends take them.
+pub(super) const KEPT_ORIGINS: &str = "SELECT DISTINCT COALESCE(source_batch, batch_id) \
+     FROM sampling_groups WHERE batch_id = $1 AND state = 'kept' AND carried_to IS NULL";
+
+/// Points a kept group's row (batch `$1`, group `$2`) at its adopter `$3`.
+pub(super) const CARRY: &str =
+    "UPDATE sampling_groups SET carried_to = $3 WHERE batch_id = $1 AND group_id = $2";
+
+/// An adopted group's row in its adopter.
+pub(super) const INSERT_ADOPTED: &str = "INSERT INTO sampling_groups \
+     (batch_id, idx, group_id, launched_at, source_batch, source_group) \
+     VALUES ($1, $2, $3, $4, $5, $6)";
+
+/// Counts `$2` adopted groups into batch `$1`, among the launched ones.
+pub(super) const COUNT_ADOPTED: &str = "UPDATE sampling_batches SET \
+     groups_launched = groups_launched + $2, adopted_groups = adopted_groups + $2, \
+     updated_at = $3 WHERE id = $1";
 
 pub(super) const SAMPLING_STATUS: &str = "SELECT status FROM sampling_batches WHERE id = $1";
 
 pub(super) const END_SAMPLING: &str = "UPDATE sampling_batches SET status = $2, reason = $3, \
      ended_at = $4, updated_at = $4 WHERE id = $1 AND status = 'running'";
 
-pub(super) const ACCEPTED_GROUPS: &str = "SELECT idx, group_id, accepted_rank, reward_mean, \
-     reward_std FROM sampling_groups WHERE batch_id = $1 AND accepted_rank > $2 \
-     ORDER BY accepted_rank LIMIT CAST($3 AS INTEGER)";
+pub(super) const ACCEPTED_GROUPS: &str = "SELECT COALESCE(o.idx, g.idx), \
+     COALESCE(g.source_group, g.group_id), g.accepted_rank, g.reward_mean, g.reward_std, \
+     g.source_batch FROM sampling_groups g LEFT JOIN sampling_groups o \
+     ON o.batch_id = g.source_batch AND o.group_id = g.source_group \
+     WHERE g.batch_id = $1 AND g.accepted_rank > $2 \
+     ORDER BY g.accepted_rank LIMIT CAST($3 AS INTEGER)";
 
 pub(super) const RESULTS_OF_GROUP: &str = concat!(
     "SELECT ",
@@ -795,7 +844,10 @@ pub(super) const RESULTS_OF_GROUP: &str = concat!(
 );
 
 pub(super) const LIVE_JOBS: &str = "SELECT id FROM jobs WHERE batch_id = $1 \
-     AND status IN ('queued', 'running') ORDER BY id LIMIT CAST($2 AS INTEGER)";
+     AND status IN ('queued', 'running') \
+     UNION SELECT j.id FROM sampling_groups g JOIN jobs j ON j.batch_id = g.source_batch \
+     AND j.group_id = g.source_group WHERE g.batch_id = $1 AND g.state = 'in_flight' \
+     AND j.status IN ('queued', 'running') ORDER BY 1 LIMIT CAST($2 AS INTEGER)";
 
 /// Batches with work for a driver: running ones (launch), ended ones with groups still
 /// out (cancel the rest), and ones with accepted groups not yet published.

@@ -9,7 +9,9 @@
 use super::query::{Conn, query};
 use super::rows::{parse_sampling_status, parse_status};
 use super::{StoreError, StoreResult, sql};
-use rollout_core::domain::sampling::{InformativeRule, RuleKind, SamplingStatus, Verdict, decide};
+use rollout_core::domain::sampling::{
+    GroupStats, InformativeRule, RuleKind, SamplingStatus, Verdict, decide,
+};
 use rollout_core::domain::{EpochMs, JobResult, Status};
 
 /// A group's verdict, taken by the result that ended its last sample.
@@ -60,18 +62,33 @@ pub(super) async fn on_result<C: Conn>(
         i64,
         i64,
         i64,
+        Option<String>,
     );
     let row: Option<GroupOfResult> = query(sql::GROUP_OF_RESULT)
         .bind(batch_id)
         .bind(group_id)
         .fetch_optional(conn)
         .await?;
-    let Some((state, rule, eps, min_mean, max_mean, used, completed, finished, submitted)) = row
+    let Some((state, rule, eps, min_mean, max_mean, used, completed, finished, submitted, carried)) =
+        row
     else {
         return Ok(None);
     };
     count_sample(conn, result, used, completed, now).await?;
-    if state != "in_flight" || finished < submitted {
+    if finished < submitted {
+        return Ok(None);
+    }
+    let adopted = carried.map(|to| (to, format!("{batch_id}/{group_id}")));
+    let Some((state, rule, eps, min_mean, max_mean)) = deciding_row(
+        conn,
+        adopted.as_ref(),
+        (state, rule, eps, min_mean, max_mean),
+    )
+    .await?
+    else {
+        return Ok(None);
+    };
+    if state != "in_flight" && state != "kept" {
         return Ok(None);
     }
     let rule = InformativeRule {
@@ -81,16 +98,24 @@ pub(super) async fn on_result<C: Conn>(
         min_mean,
         max_mean,
     };
-    let rows: Vec<(String, Option<f64>)> = query(sql::GROUP_REWARDS)
-        .bind(batch_id)
-        .bind(group_id)
-        .fetch_all(conn)
-        .await?;
-    let samples = rows
-        .into_iter()
-        .map(|(s, r)| Ok((parse_status(&s)?, r)))
-        .collect::<StoreResult<Vec<_>>>()?;
-    let stats = decide(&samples, &rule);
+    let stats = group_stats(conn, batch_id, group_id, &rule).await?;
+    let (batch_id, group_id) = match &adopted {
+        None => (batch_id, group_id),
+        Some((to, row)) => (to.as_str(), row.as_str()),
+    };
+    if state == "kept" {
+        // No batch has adopted it (yet): the verdict waits for the one that will.
+        query(sql::KEPT_VERDICT)
+            .bind(batch_id)
+            .bind(group_id)
+            .bind(stats.verdict.as_str())
+            .bind(stats.mean)
+            .bind(stats.std)
+            .bind(now)
+            .execute(conn)
+            .await?;
+        return Ok(None);
+    }
     let decided = query(sql::DECIDE_GROUP)
         .bind(batch_id)
         .bind(group_id)
@@ -118,11 +143,52 @@ pub(super) async fn on_result<C: Conn>(
     }))
 }
 
+/// The verdict on the samples of group `group_id` of batch `batch_id` under `rule`.
+async fn group_stats<C: Conn>(
+    conn: &mut C,
+    batch_id: &str,
+    group_id: &str,
+    rule: &InformativeRule,
+) -> StoreResult<GroupStats> {
+    let rows: Vec<(String, Option<f64>)> = query(sql::GROUP_REWARDS)
+        .bind(batch_id)
+        .bind(group_id)
+        .fetch_all(conn)
+        .await?;
+    let samples = rows
+        .into_iter()
+        .map(|(s, r)| Ok((parse_status(&s)?, r)))
+        .collect::<StoreResult<Vec<_>>>()?;
+    Ok(decide(&samples, rule))
+}
+
+/// A group row's state and its batch's rule.
+type RuleRow = (String, String, f64, Option<f64>, Option<f64>);
+
+/// The row a finished group is decided in, with the rule: its own (`own`), or, for a
+/// kept group a later batch adopted (`adopted`: that batch and the row's name there),
+/// the adopter's, under the adopter's rule. `None` when the adopter's row is missing.
+async fn deciding_row<C: Conn>(
+    conn: &mut C,
+    adopted: Option<&(String, String)>,
+    own: RuleRow,
+) -> StoreResult<Option<RuleRow>> {
+    let Some((to, row)) = adopted else {
+        return Ok(Some(own));
+    };
+    Ok(query(sql::TARGET_GROUP)
+        .bind(to.as_str())
+        .bind(row.as_str())
+        .fetch_optional(conn)
+        .await?)
+}
+
 /// Counts a decided group into its batch: an informative group takes the next rank
 /// while the batch still wants one (the K-th completes the batch), any other verdict is
-/// counted; a batch whose every allowed prompt is now decided without its K gives up.
+/// counted; a batch whose every allowed prompt is now decided without its K gives up,
+/// and a `keep` batch that has ended keeps the groups still in flight.
 /// The rank, if the group was accepted.
-async fn count_verdict<C: Conn>(
+pub(super) async fn count_verdict<C: Conn>(
     conn: &mut C,
     batch_id: &str,
     group_id: &str,
@@ -160,7 +226,30 @@ async fn count_verdict<C: Conn>(
         .bind("every prompt allowed (max_groups, or the whole pool) was tried and decided before target_groups informative groups were found")
         .execute(conn)
         .await?;
+    keep_stragglers(conn, batch_id, now).await?;
     Ok(accepted_rank)
+}
+
+/// Marks the groups still in flight of batch `batch_id` kept, if it has ended and
+/// keeps them (`on_cancel: keep`), and counts them among its decided groups; how many.
+pub(super) async fn keep_stragglers<C: Conn>(
+    conn: &mut C,
+    batch_id: &str,
+    now: EpochMs,
+) -> StoreResult<u64> {
+    let kept = query(sql::KEEP_STRAGGLERS)
+        .bind(batch_id)
+        .execute(conn)
+        .await?;
+    if kept > 0 {
+        query(sql::COUNT_KEPT)
+            .bind(batch_id)
+            .bind(i64::try_from(kept).unwrap_or(i64::MAX))
+            .bind(now)
+            .execute(conn)
+            .await?;
+    }
+    Ok(kept)
 }
 
 /// Counts one sample's sandbox time into its batch: the time a sample that ran to its

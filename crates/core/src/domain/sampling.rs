@@ -126,6 +126,19 @@ impl Verdict {
             Verdict::Stale => "stale",
         }
     }
+
+    /// Parses [`Verdict::as_str`]'s output.
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Verdict::Informative,
+            Verdict::Uniform,
+            Verdict::Incomplete,
+            Verdict::Cancelled,
+            Verdict::Stale,
+        ]
+        .into_iter()
+        .find(|v| v.as_str() == s)
+    }
 }
 
 /// A group's rewards, summarised.
@@ -236,6 +249,39 @@ impl SamplingStatus {
     }
 }
 
+/// What a sampling batch does with its groups still running when it ends (its K-th
+/// informative group, `max_groups`, or the trainer's cancel).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnCancel {
+    /// Cancel them: their work is thrown away (the default).
+    #[default]
+    Discard,
+    /// Keep them running, as partial rollouts a later batch adopts (its `carry_from`):
+    /// they go on under whatever policy version is current (held through weight
+    /// updates like any episode) and are delivered with the adopter's groups.
+    Keep,
+}
+
+impl OnCancel {
+    /// The name stored in the database and used in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnCancel::Discard => "discard",
+            OnCancel::Keep => "keep",
+        }
+    }
+
+    /// Parses [`OnCancel::as_str`]'s output.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "discard" => Some(OnCancel::Discard),
+            "keep" => Some(OnCancel::Keep),
+            _ => None,
+        }
+    }
+}
+
 /// What a sampling batch is asked to do (everything of `POST /v1/batches` but the
 /// prompts and the id).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -254,6 +300,14 @@ pub struct SamplingParams {
     /// The policy version the samples are drawn from, stamped on every job (in its
     /// task's `metadata.policy_version`) so off-policy samples can be told apart.
     pub policy_version: Option<i64>,
+    /// What happens to the groups still running when the batch ends.
+    #[serde(default)]
+    pub on_cancel: OnCancel,
+    /// The batch whose kept groups (`on_cancel: keep`) this one adopted when it was
+    /// created: they count among its groups in flight and, once decided, toward its K,
+    /// and are delivered with its groups (each says `carried_from`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carry_from: Option<String>,
 }
 
 /// The counters of a sampling batch: rows a dashboard can read, updated in the
@@ -288,6 +342,14 @@ pub struct SamplingCounters {
     pub sandbox_ms_used: i64,
     /// Samples that ran to their end (`done`).
     pub samples_completed: i64,
+    /// Groups still running when the batch ended that it kept (`on_cancel: keep`) for a
+    /// later batch to adopt; counted among the decided ones.
+    #[serde(default)]
+    pub kept_groups: i64,
+    /// Kept groups of an earlier batch this one adopted (`carry_from`); counted among
+    /// the launched ones, not among the prompts tried (`max_groups`).
+    #[serde(default)]
+    pub adopted_groups: i64,
 }
 
 /// A sampling batch as `GET /v1/batches/{id}` reports it.
@@ -329,6 +391,11 @@ pub struct AcceptedGroup {
     pub reward_std: Option<f64>,
     /// The G results, in sample order, each with its trajectory in `output`.
     pub results: Vec<JobResult>,
+    /// The batch that launched the group, when this one adopted it (a partial rollout
+    /// carried over: `prompt_index` and `group_id` are in that batch, as are its
+    /// results' `batch_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried_from: Option<String>,
 }
 
 /// The client id of sample `sample` of prompt `index` of `batch`: fixed, so launching a

@@ -386,6 +386,8 @@ pub(crate) mod checks {
                     max_groups: 2,
                     informative: Default::default(),
                     policy_version: None,
+                    on_cancel: Default::default(),
+                    carry_from: None,
                 },
                 prompts: (0..2)
                     .map(|i| serde_json::json!({"kind": "synthetic", "spec": {"seed": i}}))
