@@ -549,3 +549,115 @@ async fn a_stale_group_is_replaced_by_the_next_prompt() {
         view.groups
     );
 }
+
+/// A sampling batch `id` of `prompts` agent prompts of model `demo`, G = 2, K = 1, one
+/// group in flight at a time.
+fn one_at_a_time(
+    id: &str,
+    prompt: &str,
+    on_cancel: rollout::domain::sampling::OnCancel,
+    carry_from: Option<&str>,
+) -> rollout::api::batches::BatchRequest {
+    rollout::api::batches::BatchRequest {
+        batch_id: Some(id.into()),
+        prompts: vec![task(prompt, "demo", json!({}))],
+        group_size: 2,
+        target_groups: 1,
+        max_groups_in_flight: Some(1),
+        max_groups: None,
+        informative: Default::default(),
+        policy_version: None,
+        max_staleness: None,
+        on_cancel,
+        carry_from: carry_from.map(String::from),
+    }
+}
+
+/// Partial rollouts across a weight update, end to end: a `keep` batch is cancelled
+/// while its two episodes generate; they run on, the trainer updates the weights
+/// (abort mode), and the next batch adopts their group. The episodes end `done`, never
+/// cancelled, their tokens carrying both versions (the turn cut by the update goes on
+/// under the new one, exactly), and the adopter decides the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_episodes_go_on_under_the_new_version_in_the_next_batch() {
+    use rollout::domain::sampling::OnCancel;
+    let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, c| c.token_us = 20_000).await;
+    let client = &stand.env.client;
+    let server = stand.servers[0].as_ref().unwrap();
+    client.announce_policy(1).await.unwrap();
+    stand.env.workers_in_process(1);
+    client
+        .submit_sampling(&one_at_a_time(
+            "kept-a",
+            "Write an essay.",
+            OnCancel::Keep,
+            None,
+        ))
+        .await
+        .unwrap();
+    wait_stats(server, "is generating both essays", |s| s.in_flight == 2).await;
+    client.cancel_batch("kept-a").await.unwrap();
+    let a = client.sampling_batch("kept-a").await.unwrap().batch;
+    assert_eq!(
+        (a.status, a.counters.kept_groups),
+        (rollout::domain::sampling::SamplingStatus::Cancelled, 1)
+    );
+    client
+        .pause_policy(2, UpdateMode::Abort, Some(120))
+        .await
+        .unwrap();
+    client.resume_policy(2).await.unwrap();
+    let b = client
+        .submit_sampling(&one_at_a_time(
+            "kept-b",
+            "Quick fix.",
+            OnCancel::Discard,
+            Some("kept-a"),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(b.batch.counters.adopted_groups, 1);
+    let b = eventually(
+        "the adopter to decide every group",
+        Duration::from_secs(90),
+        || async {
+            let v = client.sampling_batch("kept-b").await.unwrap();
+            let c = &v.batch.counters;
+            if v.batch.status.is_final() && c.groups_decided == c.groups_launched {
+                Ok(v)
+            } else {
+                Err(v.batch)
+            }
+        },
+    )
+    .await;
+    let kept = stand
+        .env
+        .wait_results("kept-a", 2, Duration::from_secs(60))
+        .await;
+    for r in &kept {
+        assert_eq!(r.status, Status::Done, "{r:?}");
+        let run = run_output(r);
+        assert_eq!(
+            (
+                run["policy_version_oldest"].as_i64(),
+                run["policy_version_newest"].as_i64()
+            ),
+            (Some(1), Some(2)),
+            "{run}"
+        );
+        assert!(run["turns"][0]["continued"].as_u64() >= Some(1), "{run}");
+        assert_token_exact(&stand, run);
+    }
+    // The adopted group was decided in the adopter (its count of decided groups waited
+    // for it), and an accepted group says where it came from exactly when it was adopted.
+    assert_eq!(b.batch.counters.groups_launched, 2, "{:?}", b.batch);
+    for g in &b.groups {
+        let adopted = g.results.iter().all(|r| r.batch_id == "kept-a");
+        assert_eq!(
+            g.carried_from.as_deref(),
+            adopted.then_some("kept-a"),
+            "{g:?}"
+        );
+    }
+}
