@@ -198,6 +198,27 @@ fn check_versions(
     }
 }
 
+/// Registers backend `id`, which nothing answers (port 9), and marks it down, as the
+/// health probe would.
+async fn add_unreachable_backend(stand: &Stand, id: &str) {
+    let spec = rollout::domain::backend::BackendSpec {
+        id: id.into(),
+        url: "http://127.0.0.1:9".into(),
+        kind: WireKind::Vllm,
+        model: "elsewhere".into(),
+        tokenizer: stand.env.dir.path().join("model").display().to_string(),
+        ..Default::default()
+    };
+    stand.env.client.add_backend(&spec).await.unwrap();
+    stand
+        .env
+        .deps
+        .store
+        .set_backend_health(id, false, Some("test"), rollout::domain::EpochMs::now())
+        .await
+        .unwrap();
+}
+
 /// A backend the service paused and could not resume (it was away at the resume) is
 /// owed a resume, and the reconciler's sweep resumes it once it answers; one that
 /// answered owes nothing, and a server paused by someone else (a trainer pausing its
@@ -214,19 +235,7 @@ async fn a_backend_away_at_the_resume_is_resumed_by_the_reconciler() {
     let server = stand.servers[0].as_ref().unwrap();
     let store = stand.env.deps.store.clone();
     let live = store.backends().await.unwrap()[0].spec.id.clone();
-    let away = rollout::domain::backend::BackendSpec {
-        id: "away".into(),
-        url: "http://127.0.0.1:9".into(),
-        kind: WireKind::Vllm,
-        model: "elsewhere".into(),
-        tokenizer: stand.env.dir.path().join("model").display().to_string(),
-        ..Default::default()
-    };
-    client.add_backend(&away).await.unwrap();
-    store
-        .set_backend_health("away", false, Some("test"), rollout::domain::EpochMs::now())
-        .await
-        .unwrap();
+    add_unreachable_backend(&stand, "away").await;
     client.announce_policy(1).await.unwrap();
     client
         .pause_policy(2, UpdateMode::Pause, Some(60))
@@ -309,20 +318,8 @@ async fn a_weight_update_whose_trainer_dies_ends_with_its_lease() {
     client.announce_policy(1).await.unwrap();
     stand.env.workers_in_process(1);
     // A backend marked down that cannot be reached: asked, reported, not fatal.
-    let dead = rollout::domain::backend::BackendSpec {
-        id: "dead".into(),
-        url: "http://127.0.0.1:9".into(),
-        kind: WireKind::Vllm,
-        model: "elsewhere".into(),
-        tokenizer: stand.env.dir.path().join("model").display().to_string(),
-        ..Default::default()
-    };
-    client.add_backend(&dead).await.unwrap();
+    add_unreachable_backend(&stand, "dead").await;
     let store = stand.env.deps.store.clone();
-    store
-        .set_backend_health("dead", false, Some("test"), rollout::domain::EpochMs::now())
-        .await
-        .unwrap();
     // Two at once: one starts, the other is told another update is in progress.
     let (x, y) = tokio::join!(
         client.pause_policy(2, UpdateMode::Pause, Some(2)),

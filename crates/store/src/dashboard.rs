@@ -167,6 +167,10 @@ pub struct SamplingProgress {
     pub cancelled_groups: i64,
     /// Groups replaced because a sample was stale.
     pub stale_groups: i64,
+    /// Groups still running at the end, kept for a later batch (`on_cancel: keep`).
+    pub kept_groups: i64,
+    /// Kept groups of an earlier batch it adopted (`carry_from`).
+    pub adopted_groups: i64,
     /// Groups started.
     pub groups_launched: i64,
     /// Groups decided.

@@ -908,8 +908,9 @@ pub(super) const DASHBOARD_SANDBOXES: &str = "SELECT node, backend, sandboxes, \
 
 pub(super) const DASHBOARD_SAMPLING: &str = "SELECT batch_id, status, reason, group_size, \
      target_groups, informative, surplus, uniform, incomplete, cancelled_groups, \
-     stale_groups, groups_launched, groups_decided, samples_completed, jobs_saved, sandbox_ms_used, \
-     sandbox_ms_saved, created_at, ended_at FROM sampling_progress \
+     stale_groups, kept_groups, adopted_groups, groups_launched, groups_decided, \
+     samples_completed, jobs_saved, sandbox_ms_used, sandbox_ms_saved, created_at, ended_at \
+     FROM sampling_progress \
      ORDER BY created_at DESC, batch_id LIMIT CAST($1 AS INTEGER)";
 
 /// Makes `$1` the current policy version if it is newer than the current one (or none

@@ -103,29 +103,22 @@ pub(super) async fn on_result<C: Conn>(
         None => (batch_id, group_id),
         Some((to, row)) => (to.as_str(), row.as_str()),
     };
-    if state == "kept" {
-        // No batch has adopted it (yet): the verdict waits for the one that will.
-        query(sql::KEPT_VERDICT)
-            .bind(batch_id)
-            .bind(group_id)
-            .bind(stats.verdict.as_str())
-            .bind(stats.mean)
-            .bind(stats.std)
-            .bind(now)
-            .execute(conn)
-            .await?;
-        return Ok(None);
-    }
-    let decided = query(sql::DECIDE_GROUP)
-        .bind(batch_id)
-        .bind(group_id)
-        .bind(stats.verdict.as_str())
-        .bind(stats.mean)
-        .bind(stats.std)
-        .bind(now)
-        .execute(conn)
-        .await?;
-    if decided == 0 {
+    // A kept group no batch has adopted (yet) keeps its verdict for the one that will.
+    let kept = state == "kept";
+    let decided = query(if kept {
+        sql::KEPT_VERDICT
+    } else {
+        sql::DECIDE_GROUP
+    })
+    .bind(batch_id)
+    .bind(group_id)
+    .bind(stats.verdict.as_str())
+    .bind(stats.mean)
+    .bind(stats.std)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    if kept || decided == 0 {
         return Ok(None);
     }
     let accepted_rank = count_verdict(conn, batch_id, group_id, stats.verdict, now).await?;
