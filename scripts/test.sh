@@ -132,12 +132,13 @@ if [ -z "$pg_url" ] && (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then
 fi
 if [ -n "$pg_url" ]; then
   echo "== unit and integration tests (Postgres): the store's, and the pipeline's" >&2
-  ROLLOUT_TEST_DATABASE_URL="$pg_url" cargo test -p rollout-store --lib
-  # The grading, sandbox-attack and Slurm suites run no store statement of their own
-  # (their jobs go through the same paths every other suite takes on Postgres): they
-  # run once, in the SQLite pass above, which keeps the test command well inside its
-  # time.
-  ROLLOUT_TEST_DATABASE_URL="$pg_url" cargo test -p rollout --test pipeline -- \
+  # Every crate's unit tests (the store's run on Postgres now) and the pipeline suite,
+  # selected with --workspace so that the build above is reused as it is: a `-p` of one
+  # crate unifies features differently and compiles the dependency tree again. The
+  # grading, sandbox-attack and Slurm suites run no store statement of their own (their
+  # jobs go through the paths every other suite takes on Postgres): they run once, in
+  # the SQLite pass above.
+  ROLLOUT_TEST_DATABASE_URL="$pg_url" cargo test --workspace --lib --test pipeline -- \
     --skip forgeries:: --skip swe:: --skip slurm:: --skip hostile:: --skip graders::
 else
   why="no Postgres answers on 127.0.0.1:5432 and ROLLOUT_TEST_DATABASE_URL is unset"

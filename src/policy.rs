@@ -9,9 +9,10 @@
 //! crosses a broadcast never brings back a pause that has ended.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::EpochMs;
@@ -23,7 +24,16 @@ use crate::store::PolicyStore;
 #[derive(Debug, Clone)]
 pub struct PolicyWatch {
     tx: Arc<watch::Sender<PolicyState>>,
+    /// Database reads asked for by [`PolicyWatch::catch_up`], and the last one the
+    /// follower began after (so a read that began before the ask never answers it).
+    asked: Arc<AtomicU64>,
+    served: Arc<watch::Sender<u64>>,
+    wanted: Arc<Notify>,
+    followed: Arc<AtomicBool>,
 }
+
+/// The longest [`PolicyWatch::catch_up`] waits for the follower's read.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
 
 impl Default for PolicyWatch {
     fn default() -> Self {
@@ -36,7 +46,26 @@ impl PolicyWatch {
     pub fn new(state: PolicyState) -> Self {
         Self {
             tx: Arc::new(watch::channel(state).0),
+            asked: Arc::new(AtomicU64::new(0)),
+            served: Arc::new(watch::channel(0).0),
+            wanted: Arc::new(Notify::new()),
+            followed: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Has the follower read the database now, and waits until it has (at most
+    /// [`CATCH_UP_WAIT`]; at once when nothing follows this watch). Called when a
+    /// generation comes back aborted: an update's pause is in the database before any
+    /// backend is asked to stop, so this read sees it even when its broadcast has not
+    /// arrived yet, and the turn is not sent again to a paused server.
+    pub async fn catch_up(&self) {
+        if !self.followed.load(Ordering::Acquire) {
+            return;
+        }
+        let ask = self.asked.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut served = self.served.subscribe();
+        self.wanted.notify_one();
+        let _ = tokio::time::timeout(CATCH_UP_WAIT, served.wait_for(|n| *n >= ask)).await;
     }
 
     /// A watch at `version`, with no update in progress (for tests and tools).
@@ -126,11 +155,17 @@ impl PolicyWatch {
         refresh: Duration,
         done: CancellationToken,
     ) {
+        self.followed.store(true, Ordering::Release);
         let from_db = async {
             let mut tick = tokio::time::interval(refresh);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = self.wanted.notified() => {}
+                }
+                // Every ask made before this read began is answered by it.
+                let serving = self.asked.load(Ordering::Acquire);
                 match store.policy_state().await {
                     Ok(state) => {
                         if self.observe(state) {
@@ -139,6 +174,11 @@ impl PolicyWatch {
                     }
                     Err(e) => tracing::warn!(error = %e, "cannot read the policy state"),
                 }
+                self.served.send_if_modified(|n| {
+                    let moved = serving > *n;
+                    *n = (*n).max(serving);
+                    moved
+                });
             }
         };
         let from_broadcasts = Queue::follow(

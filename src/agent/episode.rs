@@ -437,6 +437,9 @@ impl<'a> EpisodeState<'a> {
                         )));
                     }
                     parts.push((g, sent_under));
+                    // The abort may be an update's, whose broadcast can come after its
+                    // answer: read the pause from the database before going on.
+                    self.ep.policy.catch_up().await;
                 }
                 Ok((g, sent_under, true)) => {
                     parts.push((g, sent_under));
