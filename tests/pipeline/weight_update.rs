@@ -137,6 +137,19 @@ async fn a_weight_update_stops_generation_and_every_token_keeps_its_version() {
     }
 }
 
+/// Asserts `spans` split the turn `a..b` in two, at a cut inside it: `old` before it,
+/// `new` from it on.
+fn assert_split(spans: &[VersionSpan], (old, new): (i64, i64), (a, b): (usize, usize), what: &str) {
+    assert_eq!(spans.len(), 2, "{what}: {spans:?}");
+    let cut = spans[0].to;
+    assert_eq!((spans[0].version, spans[0].from), (old, a));
+    assert_eq!(
+        (spans[1].version, spans[1].from, spans[1].to),
+        (new, cut, b)
+    );
+    assert!(a < cut && cut < b, "{what}: cut inside the turn: {spans:?}");
+}
+
 /// The versions on the essay's one turn, caught by an update from `old` to `new` in
 /// `mode`, on a server of `kind`.
 fn check_versions(
@@ -155,26 +168,12 @@ fn check_versions(
             // One request, frozen and resumed: the server's labels split it where the
             // new weights took over.
             assert!(turn.get("continued").is_none(), "{what}: {turn}");
-            assert_eq!(spans.len(), 2, "{what}: {spans:?}");
-            let cut = spans[0].to;
-            assert_eq!((spans[0].version, spans[0].from), (old, a));
-            assert_eq!(
-                (spans[1].version, spans[1].from, spans[1].to),
-                (new, cut, b)
-            );
-            assert!(a < cut && cut < b, "{what}: cut inside the turn: {spans:?}");
+            assert_split(&spans, (old, new), (a, b), what);
             assert!(turn.get("policy_version_end").is_none(), "{what}: {turn}");
         }
         UpdateMode::Abort => {
             assert!(turn["continued"].as_u64() >= Some(1), "{what}: {turn}");
-            assert_eq!(spans.len(), 2, "{what}: {spans:?}");
-            let cut = spans[0].to;
-            assert_eq!((spans[0].version, spans[0].from), (old, a));
-            assert_eq!(
-                (spans[1].version, spans[1].from, spans[1].to),
-                (new, cut, b)
-            );
-            assert!(a < cut && cut < b, "{what}: cut inside the turn: {spans:?}");
+            assert_split(&spans, (old, new), (a, b), what);
             assert_eq!(
                 (
                     run["policy_version_oldest"].as_i64(),

@@ -204,12 +204,15 @@ async fn adopt<D: Dialect>(
             .bind(to)
             .execute(&mut *conn)
             .await?;
-        query(sql::CARRY)
-            .bind(origin)
-            .bind(group)
-            .bind(to)
-            .execute(&mut *conn)
-            .await?;
+        if origin.as_str() != from || group != row {
+            // Adopted by `from` from an earlier batch: the launching row follows too.
+            query(sql::CARRY)
+                .bind(origin)
+                .bind(group)
+                .bind(to)
+                .execute(&mut *conn)
+                .await?;
+        }
         query(sql::INSERT_ADOPTED)
             .bind(to)
             .bind(prompts + k)
