@@ -26,13 +26,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
+use super::generation::{self, GenStop, TurnSource, TurnVersions, finish_name};
 use super::model::ModelFiles;
 use super::parse::{self, CallError, ParsedTurn, ToolCall};
 use super::render::TurnGlue;
 use super::tools::{self, FINISH, ToolRunner};
 use super::trajectory::{self, FinishReason, ToolRecord, Trajectory, Turn};
-use crate::backends::generate::{GenerateError, Generated, Generator};
-use crate::backends::wire::{Finish, Generation, Sampling};
+use crate::backends::generate::{Generated, Generator};
+use crate::backends::wire::{Finish, Sampling};
 use crate::domain::duration_us;
 use crate::metrics::{DRIFT_CHECKS, EPISODES, TURN_OVERHEAD};
 use crate::policy::PolicyWatch;
@@ -202,74 +203,6 @@ enum ToolsEnd {
 
 /// An episode in progress: the trajectory, the token context sent to the backend, and
 /// what the drift check needs to know about how it was built.
-/// The policy versions a turn's generation ran under: the version current when each of
-/// its parts was sent (one part, unless the server aborted it and the turn went on from
-/// its tokens), and the version current when the last came back.
-#[derive(Debug, Clone)]
-struct TurnVersions {
-    /// The turn's tokens in runs, each with the version that produced it
-    /// ([`part_spans`]), in order.
-    spans: Vec<(usize, Option<i64>)>,
-    /// How many requests generated the turn (more than one when aborts cut it).
-    parts: usize,
-    answered: Option<i64>,
-}
-
-impl TurnVersions {
-    /// The version of the turn's first tokens (its oldest).
-    fn sent(&self) -> Option<i64> {
-        self.spans.first().and_then(|&(_, v)| v)
-    }
-
-    /// The newer version, when one was announced while the last part generated and
-    /// its last tokens are not tagged with it.
-    fn changed(&self) -> Option<i64> {
-        let last = self.spans.last().and_then(|&(_, v)| v);
-        (self.answered != last).then_some(self.answered).flatten()
-    }
-}
-
-/// The runs of generation `g`'s tokens, each with the policy version that produced
-/// it: the server's own labels where it gives one for every token (vLLM 0.33's
-/// `weight_versions`; the service labels each backend's weights with the version it
-/// makes current), else `version` for all of them. A label is believed only between
-/// `version` (the version the request was sent under) and `answered` (the newest the
-/// episode knew when the answer came): that is where an update can have fallen, and a
-/// label outside it (another numbering, a backend labelled by someone else) would
-/// otherwise make a sample look fresher, or staler, than it is.
-fn part_spans(
-    g: &Generation,
-    version: Option<i64>,
-    answered: Option<i64>,
-) -> Vec<(usize, Option<i64>)> {
-    let n = g.token_ids.len();
-    let whole = vec![(n, version)];
-    let (Some(spans), Some(low), Some(high)) = (&g.weight_versions, version, answered) else {
-        return whole;
-    };
-    let mut at = 0;
-    let mut runs: Vec<(usize, Option<i64>)> = Vec::with_capacity(spans.len());
-    for s in spans {
-        let label = s.version.trim().parse::<i64>().ok();
-        let Some(v) = label.filter(|v| (low..=high).contains(v)) else {
-            return whole;
-        };
-        if s.start != at || s.end <= s.start || s.end > n {
-            return whole;
-        }
-        match runs.last_mut() {
-            Some((len, Some(last))) if *last == v => *len += s.end - s.start,
-            _ => runs.push((s.end - s.start, Some(v))),
-        }
-        at = s.end;
-    }
-    if at == n && n > 0 { runs } else { whole }
-}
-
-/// How many times in a row one turn's generation may be aborted with no token gained
-/// before the episode gives up on the backend.
-const MAX_EMPTY_ABORTS: u32 = 20;
-
 struct EpisodeState<'a> {
     ep: &'a Episode,
     glue: TurnGlue<'a>,
@@ -347,153 +280,25 @@ impl<'a> EpisodeState<'a> {
         flow
     }
 
-    /// Generates the turn, reading the job's status alongside (so the read costs
-    /// nothing) and watching the deadline; returns the generation, its latency, and the
-    /// policy versions it ran under. A weight update in progress holds the turn until
-    /// its resume; a generation the server aborts (an update in `abort` mode) goes on,
-    /// once the update is over, from the tokens it had generated: they are kept, with
-    /// their logprobs and version, and the rest is generated under the new version.
+    /// Generates the turn (see [`generation::generate_turn`]).
     async fn generate(
         &self,
         llm: &mut dyn Generator,
         guard: &dyn TurnGuard,
         room: usize,
     ) -> Result<ControlFlow<FinishReason, (Generated, u64, TurnVersions)>, Stop> {
-        let mut sampling = self.sampling.clone();
-        // A task's own `max_tokens` can only lower the per-turn limit.
-        let asked = sampling
-            .max_tokens
-            .map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX));
-        let budget = self.ep.limits.max_new_tokens.min(asked).min(room);
-        let t_llm = Instant::now();
-        let check = guard.still_wanted();
-        tokio::pin!(check);
-        let mut checked = false;
-        let mut parts: Vec<(Generated, Option<i64>)> = Vec::new();
-        let mut empty_aborts = 0u32;
-        loop {
-            let so_far: usize = parts
-                .iter()
-                .map(|(g, _)| g.generation.token_ids.len())
-                .sum();
-            if so_far >= budget {
-                // Aborted with the whole budget generated: the turn is complete.
-                break;
-            }
-            // A continuation sends the turn's tokens so far after the context.
-            let continued: Option<Vec<u32>> = (!parts.is_empty()).then(|| {
-                let mut prompt = self.context.clone();
-                for (g, _) in &parts {
-                    prompt.extend_from_slice(&g.generation.token_ids);
-                }
-                prompt
-            });
-            let sampling = &mut sampling;
-            let llm = &mut *llm;
-            let generate = async move {
-                let held = Instant::now();
-                self.ep.policy.ready().await;
-                if held.elapsed() > Duration::from_millis(1) {
-                    metrics::histogram!(crate::metrics::TURN_HELD)
-                        .record(held.elapsed().as_secs_f64());
-                }
-                let sent_under = self.ep.policy.current();
-                sampling.max_tokens = Some((budget - so_far) as u64);
-                // KV the servers computed under another version must not be reused
-                // under this one: the version is the prefix cache's namespace.
-                sampling.cache_salt = sent_under.map(|v| format!("policy-v{v}"));
-                let prompt = continued.as_deref().unwrap_or(&self.context);
-                let r = llm.generate(prompt, sampling, self.traj.turns.len()).await;
-                (r, sent_under)
-            };
-            tokio::pin!(generate);
-            let (generated, sent_under) = loop {
-                tokio::select! {
-                    g = &mut generate => break g,
-                    wanted = &mut check, if !checked => {
-                        checked = true;
-                        if !wanted {
-                            return Err(Stop::Cancelled);
-                        }
-                    }
-                    _ = tokio::time::sleep_until(self.ep.deadline) => {
-                        return Ok(ControlFlow::Break(FinishReason::Timeout));
-                    }
-                }
-            };
-            match generated.map(|g| self.settle(g, sent_under)) {
-                Ok((g, sent_under, false)) => {
-                    let gained = g.generation.token_ids.len();
-                    tracing::info!(
-                        tokens = gained,
-                        turn = self.traj.turns.len(),
-                        "generation aborted by the server: the turn goes on from its tokens once generation resumes"
-                    );
-                    metrics::counter!(crate::metrics::GENERATIONS_CONTINUED).increment(1);
-                    empty_aborts = if gained == 0 { empty_aborts + 1 } else { 0 };
-                    if empty_aborts > MAX_EMPTY_ABORTS {
-                        return Err(Stop::Backend(format!(
-                            "the backend aborted this turn's generation {empty_aborts} times in a row without generating a token"
-                        )));
-                    }
-                    parts.push((g, sent_under));
-                    // The abort may be an update's, whose broadcast can come after its
-                    // answer: read the pause from the database before going on.
-                    self.ep.policy.catch_up().await;
-                }
-                Ok((g, sent_under, true)) => {
-                    parts.push((g, sent_under));
-                    break;
-                }
-                Err(GenerateError::ContextFull(_)) => {
-                    return Ok(ControlFlow::Break(FinishReason::ContextLength));
-                }
-                Err(e) => return Err(Stop::Backend(e.to_string())),
-            }
-        }
-        let llm_us = duration_us(t_llm.elapsed());
-        let answered = self.ep.policy.current();
-        let versions = TurnVersions {
-            spans: parts
-                .iter()
-                .flat_map(|(g, v)| part_spans(&g.generation, *v, answered))
-                .collect(),
-            parts: parts.len(),
-            answered,
+        let source = TurnSource {
+            policy: &self.ep.policy,
+            deadline: self.ep.deadline,
+            sampling: &self.sampling,
+            max_new_tokens: self.ep.limits.max_new_tokens,
         };
-        Ok(ControlFlow::Continue((join_parts(parts), llm_us, versions)))
-    }
-
-    /// A generation part sent under `sent_under`, with the version its tokens carry and
-    /// whether it ends the turn (see [`Self::ends_turn`]). A request the server refused
-    /// as paused was generated after the pause ended: under the weights current now,
-    /// not those it was first sent under.
-    fn settle(&self, mut g: Generated, sent_under: Option<i64>) -> (Generated, Option<i64>, bool) {
-        let version = if g.generation.after_pause {
-            self.ep.policy.current()
-        } else {
-            sent_under
-        };
-        let ends = self.ends_turn(&mut g);
-        (g, version, ends)
-    }
-
-    /// Whether generation `g` ends the turn: false when the server cut it (aborted) and
-    /// the turn goes on from its tokens; true otherwise, including when it was aborted
-    /// just as it produced a stop token (the turn is over, not cut: it is marked so).
-    fn ends_turn(&self, g: &mut Generated) -> bool {
-        if g.generation.finish != Finish::Aborted {
-            return true;
+        let turn = self.traj.turns.len();
+        match generation::generate_turn(&source, llm, guard, &self.context, turn, room).await {
+            Ok(flow) => Ok(flow),
+            Err(GenStop::Cancelled) => Err(Stop::Cancelled),
+            Err(GenStop::Backend(m)) => Err(Stop::Backend(m)),
         }
-        let stopped = g
-            .generation
-            .token_ids
-            .last()
-            .is_some_and(|t| self.sampling.stop_token_ids.contains(t));
-        if stopped {
-            g.generation.finish = Finish::Stop;
-        }
-        stopped
     }
 
     /// Appends the model's tokens verbatim, decodes them only to find tool calls, and
@@ -872,37 +677,6 @@ fn assistant_message(parsed: &ParsedTurn) -> Value {
     m
 }
 
-/// One turn's generation from its parts (a generation the server aborted, then its
-/// continuation): their tokens and logprobs in order, the last part's finish, backend
-/// and logprobs mode, the first part's cache hit, and the time waited on all.
-fn join_parts(parts: Vec<(Generated, Option<i64>)>) -> Generated {
-    let mut parts = parts.into_iter().map(|(g, _)| g);
-    let mut whole = parts.next().expect("a turn has a part");
-    for g in parts {
-        whole.generation.token_ids.extend(g.generation.token_ids);
-        whole.generation.logprobs.extend(g.generation.logprobs);
-        whole.generation.finish = g.generation.finish;
-        whole.generation.text = None;
-        whole.backend = g.backend;
-        whole.logprobs_mode = g.logprobs_mode;
-        whole.backend_wait += g.backend_wait;
-    }
-    if whole.generation.finish == Finish::Aborted {
-        // Aborted with the whole budget generated: as long as it may be.
-        whole.generation.finish = Finish::Length;
-    }
-    whole
-}
-
-fn finish_name(f: Finish) -> &'static str {
-    match f {
-        Finish::Stop => "stop",
-        Finish::Length => "length",
-        Finish::Aborted => "aborted",
-        Finish::Other => "other",
-    }
-}
-
 /// Records a call that did not run (its text did not parse, or it names no tool the
 /// episode offers) with `error` as its observation, so the model sees what was wrong and
 /// can correct the call in its next turn.
@@ -952,7 +726,9 @@ pub fn mask_matches_turns(traj: &Trajectory) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::generation::part_spans;
     use crate::backends::generate::BackendSwitch;
+    use crate::backends::generate::GenerateError;
     use crate::backends::wire::Generation;
     use crate::domain::backend::LogprobsMode;
     use crate::sandbox::protocol::Response;

@@ -8,10 +8,17 @@
 //! - [`parse`]: tool-call parsers (Hermes `<tool_call>` blocks, one bash block per turn).
 //! - [`tools`]: the tools offered to the model and how results become observations.
 //! - [`trajectory`]: what an episode hands the trainer.
+//! - [`generation`]: one model turn's generation (weight-update holds, aborts,
+//!   versions), shared by the loop and the agent programs' endpoint.
 //! - [`episode`]: the multi-turn loop itself.
+//! - [`openai`], [`program`]: the OpenAI-compatible endpoint an agent program written
+//!   elsewhere calls, and the samples assembled from its calls.
 
 pub mod episode;
+pub mod generation;
+pub mod openai;
 pub mod parse;
+pub mod program;
 pub mod tools;
 pub mod trajectory;
 

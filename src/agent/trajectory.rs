@@ -29,6 +29,8 @@ pub enum FinishReason {
     TurnLength,
     /// The episode's wall-clock limit was reached.
     Timeout,
+    /// The agent program of an `agent_program` episode exited (whatever its status).
+    Exited,
 }
 
 impl FinishReason {
@@ -41,6 +43,7 @@ impl FinishReason {
             FinishReason::ContextLength => "context_length",
             FinishReason::TurnLength => "turn_length",
             FinishReason::Timeout => "timeout",
+            FinishReason::Exited => "exited",
         }
     }
 }

@@ -152,9 +152,8 @@ impl Agent {
     /// The limits of `spec`, defaults filled in; the deadline is also kept inside the
     /// RUN stage's timeout, so a long episode ends as `timeout` (and is scored) rather
     /// than being cut off by the stage timeout (and failed).
-    fn limits(&self, spec: &AgentSpec) -> (EpisodeLimits, Duration) {
+    pub(super) fn limits(&self, l: &AgentLimits) -> (EpisodeLimits, Duration) {
         let d = &self.settings.agent;
-        let l = &spec.limits;
         let limits = EpisodeLimits {
             max_turns: l.max_turns.unwrap_or(d.max_turns),
             max_tokens: l.max_tokens.unwrap_or(d.max_tokens),
@@ -174,7 +173,7 @@ impl Agent {
     /// The job's backend session. While backends of the model are registered but none is
     /// healthy (all restarting, say) it waits for one, with backoff, until the episode's
     /// deadline; when none is registered at all the task cannot run, and says so.
-    async fn open_session(
+    pub(super) async fn open_session(
         &self,
         job: SessionJob,
         deadline: tokio::time::Instant,
@@ -237,12 +236,82 @@ impl Agent {
 /// and that cache is per version (the cache salt), so after a weight update the group's
 /// next samples are placed afresh, by load, rather than sent to a home whose cache of
 /// them no longer counts.
-fn group_key(batch_id: &str, group_id: Option<&str>, version: Option<i64>) -> Option<String> {
+pub(super) fn group_key(
+    batch_id: &str,
+    group_id: Option<&str>,
+    version: Option<i64>,
+) -> Option<String> {
     let group = group_id?;
     Some(match version {
         Some(v) => format!("{batch_id}/{group}@v{v}"),
         None => format!("{batch_id}/{group}"),
     })
+}
+
+/// Checks what an episode's model side is given (the parser, sampling, template
+/// arguments, model and limits) for an `agent` or `agent_program` task.
+pub(super) fn validate_model_side(
+    parser: &Option<String>,
+    sampling: &Sampling,
+    template_args: &serde_json::Map<String, serde_json::Value>,
+    model: Option<&str>,
+    limits: &AgentLimits,
+) -> Result<(), SpecError> {
+    if let Some(p) = parser
+        && Parser::from_name(p).is_none()
+    {
+        return Err(SpecError::new(
+            "parser",
+            "must be `hermes`, `bash_block` or `deepseek_r1`",
+        ));
+    }
+    // What vLLM and SGLang both accept, refused here rather than by every request.
+    if sampling.seed.is_some_and(|v| v > i64::MAX as u64) {
+        return Err(SpecError::new(
+            "sampling.seed",
+            "must fit in a signed 64-bit integer (vLLM and SGLang refuse larger seeds)",
+        ));
+    }
+    if let Some(c) = &sampling.structured_outputs {
+        c.check()
+            .map_err(|m| SpecError::new("sampling.structured_outputs", m))?;
+    }
+    if sampling.top_k.is_some_and(|k| k < -1) {
+        return Err(SpecError::new(
+            "sampling.top_k",
+            "must be -1 or 0 (no cut-off) or a positive number",
+        ));
+    }
+    if let Some(name) = crate::agent::template::RESERVED_ARGS
+        .iter()
+        .find(|n| template_args.contains_key(**n))
+    {
+        return Err(SpecError::new(
+            format!("template_args.{name}"),
+            "is set by the service for every render (transformers refuses it as a \
+             template argument too); remove it",
+        ));
+    }
+    if model.is_some_and(|m| m.trim().is_empty()) {
+        return Err(SpecError::new("model", "must not be empty when given"));
+    }
+    let l = limits;
+    for (name, v) in [
+        ("max_turns", l.max_turns.map(|v| v as u64)),
+        ("max_tokens", l.max_tokens.map(|v| v as u64)),
+        ("max_new_tokens", l.max_new_tokens.map(|v| v as u64)),
+        ("timeout_ms", l.timeout_ms),
+        ("tool_timeout_ms", l.tool_timeout_ms),
+        (
+            "max_observation_bytes",
+            l.max_observation_bytes.map(|v| v as u64),
+        ),
+    ] {
+        if v == Some(0) {
+            return Err(SpecError::new(format!("limits.{name}"), "must be above 0"));
+        }
+    }
+    Ok(())
 }
 
 fn spec_of(job: &Job) -> Result<AgentSpec, StageError> {
@@ -251,11 +320,11 @@ fn spec_of(job: &Job) -> Result<AgentSpec, StageError> {
 
 /// Reads the job's status at turn boundaries: it is wanted while this claim still holds
 /// its RUN stage. A database hiccup does not stop the episode.
-struct StillClaimed {
-    jobs: Arc<dyn JobStore>,
-    job_id: String,
-    epoch: i64,
-    attempt: i64,
+pub(super) struct StillClaimed {
+    pub(super) jobs: Arc<dyn JobStore>,
+    pub(super) job_id: String,
+    pub(super) epoch: i64,
+    pub(super) attempt: i64,
 }
 
 #[async_trait]
@@ -301,60 +370,13 @@ impl TaskKind for Agent {
                 ));
             }
         }
-        if let Some(p) = &s.parser
-            && Parser::from_name(p).is_none()
-        {
-            return Err(SpecError::new(
-                "parser",
-                "must be `hermes`, `bash_block` or `deepseek_r1`",
-            ));
-        }
-        // What vLLM and SGLang both accept, refused here rather than by every request.
-        if s.sampling.seed.is_some_and(|v| v > i64::MAX as u64) {
-            return Err(SpecError::new(
-                "sampling.seed",
-                "must fit in a signed 64-bit integer (vLLM and SGLang refuse larger seeds)",
-            ));
-        }
-        if let Some(c) = &s.sampling.structured_outputs {
-            c.check()
-                .map_err(|m| SpecError::new("sampling.structured_outputs", m))?;
-        }
-        if s.sampling.top_k.is_some_and(|k| k < -1) {
-            return Err(SpecError::new(
-                "sampling.top_k",
-                "must be -1 or 0 (no cut-off) or a positive number",
-            ));
-        }
-        if let Some(name) = crate::agent::template::RESERVED_ARGS
-            .iter()
-            .find(|n| s.template_args.contains_key(**n))
-        {
-            return Err(SpecError::new(
-                format!("template_args.{name}"),
-                "is set by the service for every render (transformers refuses it as a \
-                 template argument too); remove it",
-            ));
-        }
-        if s.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
-            return Err(SpecError::new("model", "must not be empty when given"));
-        }
-        let l = &s.limits;
-        for (name, v) in [
-            ("max_turns", l.max_turns.map(|v| v as u64)),
-            ("max_tokens", l.max_tokens.map(|v| v as u64)),
-            ("max_new_tokens", l.max_new_tokens.map(|v| v as u64)),
-            ("timeout_ms", l.timeout_ms),
-            ("tool_timeout_ms", l.tool_timeout_ms),
-            (
-                "max_observation_bytes",
-                l.max_observation_bytes.map(|v| v as u64),
-            ),
-        ] {
-            if v == Some(0) {
-                return Err(SpecError::new(format!("limits.{name}"), "must be above 0"));
-            }
-        }
+        validate_model_side(
+            &s.parser,
+            &s.sampling,
+            &s.template_args,
+            s.model.as_deref(),
+            &s.limits,
+        )?;
         s.sandbox.validate("sandbox", self.sandboxes.settings())?;
         grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
     }
@@ -368,7 +390,7 @@ impl TaskKind for Agent {
     async fn run(&self, ctx: &StageContext) -> Result<serde_json::Value, StageError> {
         let spec = spec_of(&ctx.job)?;
         let job = &ctx.job;
-        let (limits, timeout) = self.limits(&spec);
+        let (limits, timeout) = self.limits(&spec.limits);
         let deadline = tokio::time::Instant::now() + timeout;
         let client = sandboxed::connect(&self.sandboxes, ctx).await?;
         let group_key = group_key(
@@ -466,20 +488,13 @@ impl TaskKind for Agent {
 
     async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {
         let spec = spec_of(&ctx.job)?;
-        let run = ctx.job.run_output.as_ref();
-        let answer = run
-            .and_then(|o| o["answer"].as_str())
-            .unwrap_or_default()
-            .replace('\0', "");
-        let env = BTreeMap::from([("ROLLOUT_ANSWER".to_string(), answer)]);
-        let chosen = grader::for_eval(spec.check.as_ref(), spec.grader.as_ref())?;
-        let response = grader::agent_response(run);
-        let mut out =
-            grader::eval(&self.sandboxes, ctx, &spec.sandbox, &chosen, response, env).await?;
-        if let Some(reason) = run.map(|o| o["finish_reason"].clone()) {
-            out.details["finish_reason"] = reason;
-        }
-        Ok(out)
+        self.grade(
+            ctx,
+            &spec.sandbox,
+            spec.check.as_ref(),
+            spec.grader.as_ref(),
+        )
+        .await
     }
 
     fn restart_on_hand_back(&self) -> bool {
@@ -488,6 +503,57 @@ impl TaskKind for Agent {
 
     async fn cleanup(&self, job: &Job) {
         sandboxed::cleanup(&self.sandboxes, job).await
+    }
+}
+
+impl Agent {
+    /// EVAL of an episode: `check` or `grader` on RUN's output, the final answer in
+    /// `$ROLLOUT_ANSWER`, the finish reason among the details.
+    pub(super) async fn grade(
+        &self,
+        ctx: &StageContext,
+        sandbox: &SandboxSpec,
+        check: Option<&Check>,
+        grader: Option<&Grader>,
+    ) -> Result<EvalOutput, StageError> {
+        let run = ctx.job.run_output.as_ref();
+        let answer = run
+            .and_then(|o| o["answer"].as_str())
+            .unwrap_or_default()
+            .replace('\0', "");
+        let env = BTreeMap::from([("ROLLOUT_ANSWER".to_string(), answer)]);
+        let chosen = grader::for_eval(check, grader)?;
+        let response = grader::agent_response(run);
+        let mut out = grader::eval(&self.sandboxes, ctx, sandbox, &chosen, response, env).await?;
+        if let Some(reason) = run.map(|o| o["finish_reason"].clone()) {
+            out.details["finish_reason"] = reason;
+        }
+        Ok(out)
+    }
+
+    /// This node's sandboxes.
+    pub(super) fn sandboxes(&self) -> &Arc<NodeSandboxes> {
+        &self.sandboxes
+    }
+
+    /// The job store (whether an episode is still wanted).
+    pub(super) fn jobs(&self) -> &Arc<dyn JobStore> {
+        &self.jobs
+    }
+
+    /// The service's settings.
+    pub(super) fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The loaded models' files.
+    pub(super) fn models(&self) -> &ModelCache {
+        &self.models
+    }
+
+    /// The current policy version.
+    pub(super) fn policy(&self) -> &crate::policy::PolicyWatch {
+        &self.policy
     }
 }
 

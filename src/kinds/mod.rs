@@ -23,6 +23,7 @@ pub use crate::domain::SpecError;
 
 pub mod agent;
 pub mod grader;
+pub mod program;
 pub mod sandboxed;
 pub mod shell;
 pub mod synthetic;
@@ -181,13 +182,15 @@ impl Registry {
         let mut r = Self::new();
         r.register(Arc::new(synthetic::Synthetic));
         r.register(Arc::new(shell::Shell::new(sandboxes.clone())));
-        r.register(Arc::new(agent::Agent::new(
+        let agent = Arc::new(agent::Agent::new(
             sandboxes,
             store.clone(),
             store,
             settings,
             policy,
-        )));
+        ));
+        r.register(agent.clone());
+        r.register(Arc::new(program::AgentProgram::new(agent)));
         r
     }
 

@@ -451,6 +451,7 @@ pub async fn eval(
 /// a warning, when it cannot.
 async fn probe(client: &SandboxClient, command: &str, job_id: &str) -> Option<ExecResult> {
     let args = ExecArgs {
+        env: Default::default(),
         command: command.to_string(),
         max_output_bytes: Some(64 * 1024),
         shell_state: true,
@@ -500,6 +501,7 @@ async fn run_check(
     let r = client
         .exec(
             &ExecArgs {
+                env: Default::default(),
                 command: check.command.clone(),
                 max_output_bytes: None,
                 shell_state: true,

@@ -494,6 +494,7 @@ async fn two_eval_attempts_of_one_job_never_share_a_sandbox() {
 /// Runs `command` in the sandbox and returns its output.
 async fn sh(client: &rollout::sandbox::SandboxClient, command: &str) -> String {
     let args = rollout::sandbox::protocol::ExecArgs {
+        env: Default::default(),
         command: command.into(),
         max_output_bytes: None,
         shell_state: false,

@@ -307,6 +307,7 @@ async fn exec_status_cannot_be_forged_by_output() {
         t.sb.client
             .exec(
                 &ExecArgs {
+                    env: Default::default(),
                     command: "for i in $(seq 0 200); do printf '\\036x:%d:0\\036' $i; done; exit 1"
                         .into(),
                     ..Default::default()

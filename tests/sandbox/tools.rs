@@ -29,6 +29,7 @@ on_backends!(
     bash_exit_with_a_background_job_holding_the_terminal,
     bash_prompt_changes_do_not_leak_into_output,
     bash_background_jobs_keep_running_between_calls,
+    model_endpoint_relays_requests_to_the_host,
 );
 
 async fn bash(t: &TestSandbox, cmd: &str) -> rollout::sandbox::protocol::BashResult {
@@ -586,5 +587,104 @@ async fn bash_background_jobs_keep_running_between_calls(kind: RuntimeKind) {
         "the end of the background output is kept"
     );
     assert!(r.omitted_bytes > 0);
+    t.stop().await;
+}
+
+/// An agent in the sandbox calls the endpoint over HTTP; the host takes each request
+/// with `endpoint_next` and answers it with `endpoint_reply`; a request without the
+/// episode's key is answered 401 by the sandbox and never reaches the host.
+async fn model_endpoint_relays_requests_to_the_host(kind: RuntimeKind) {
+    use rollout::sandbox::protocol::{EndpointReplyArgs, ExecArgs};
+    let agent = r#"
+import json, os, sys, urllib.request, urllib.error
+base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+def post(path, body, key):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+print("wrong-key", post("/chat/completions", {"n": 1}, "x" * len(key))[0])
+for i in range(2):
+    status, body = post("/chat/completions", {"turn": i}, key)
+    print("call", i, status, json.loads(body)["echo"])
+"#;
+    let t = start(kind, &[("agent.py", agent)]).await;
+    let key = "k0123456789abcdef0123456789abcdef";
+    let port = t.sb.client.endpoint_open(key).await.expect("open");
+    assert_eq!(
+        t.sb.client.endpoint_open(key).await.expect("open again"),
+        port
+    );
+    assert!(
+        t.sb.client
+            .endpoint_open("another-key-of-enough-length")
+            .await
+            .is_err()
+    );
+    let env = [
+        (
+            "OPENAI_BASE_URL".to_string(),
+            format!("http://127.0.0.1:{port}/v1"),
+        ),
+        ("OPENAI_API_KEY".to_string(), key.to_string()),
+    ];
+    let args = ExecArgs {
+        command: "python3 agent.py".into(),
+        env: env.into_iter().collect(),
+        ..Default::default()
+    };
+    let client = &t.sb.client;
+    let host = async {
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            let Some(call) = client
+                .endpoint_next(Duration::from_secs(20))
+                .await
+                .expect("next")
+            else {
+                continue;
+            };
+            assert_eq!(
+                (call.method.as_str(), call.path.as_str()),
+                ("POST", "/v1/chat/completions")
+            );
+            let body: serde_json::Value = serde_json::from_str(&call.body).unwrap();
+            let reply = EndpointReplyArgs {
+                id: call.id,
+                status: 200,
+                content_type: None,
+                body: serde_json::json!({"echo": body["turn"]}).to_string(),
+            };
+            assert!(client.endpoint_reply(&reply).await.expect("reply"));
+            assert!(
+                !client.endpoint_reply(&reply).await.expect("reply twice"),
+                "a request is answered once"
+            );
+            seen.push(body);
+        }
+        seen
+    };
+    let (ran, seen) = tokio::join!(client.exec(&args, Some(Duration::from_secs(60))), host);
+    let ran = ran.expect("exec");
+    assert_eq!(ran.exit_code, Some(0), "{}", ran.output);
+    assert!(ran.output.contains("wrong-key 401"), "{}", ran.output);
+    assert!(
+        ran.output.contains("call 0 200 0") && ran.output.contains("call 1 200 1"),
+        "{}",
+        ran.output
+    );
+    assert_eq!(
+        seen.len(),
+        2,
+        "the request with the wrong key never reached the host"
+    );
+    let idle = client
+        .endpoint_next(Duration::from_millis(200))
+        .await
+        .expect("next");
+    assert!(idle.is_none(), "nothing else was asked");
     t.stop().await;
 }

@@ -6,9 +6,10 @@
 
 use super::SandboxError;
 use crate::protocol::{
-    self, ApplyArgs, ApplyResult, BaselineResult, BashArgs, BashResult, ExecArgs, ExecResult,
-    ExportArgs, ExportResult, FileArgs, FileResult, PROTOCOL_VERSION, PingResult, PythonArgs,
-    PythonResult, Request, Response, ToolError,
+    self, ApplyArgs, ApplyResult, BaselineResult, BashArgs, BashResult, EndpointCall, EndpointNext,
+    EndpointOpenArgs, EndpointOpenResult, EndpointReplyArgs, EndpointReplyResult, ExecArgs,
+    ExecResult, ExportArgs, ExportResult, FileArgs, FileResult, PROTOCOL_VERSION, PingResult,
+    PythonArgs, PythonResult, Request, Response, ToolError,
 };
 use bytes::Bytes;
 use futures::stream::SplitSink;
@@ -223,6 +224,50 @@ impl SandboxClient {
     ) -> Result<Result<ApplyResult, ToolError>, SandboxError> {
         self.typed("apply", serde_json::to_value(args).expect("args"), None)
             .await
+    }
+
+    /// Opens the sandbox's model endpoint with `key` and returns its port on the
+    /// sandbox's loopback (the same port again when it is open already).
+    pub async fn endpoint_open(&self, key: &str) -> Result<u16, SandboxError> {
+        let args = EndpointOpenArgs {
+            key: key.to_string(),
+            max_body_bytes: None,
+        };
+        let r: EndpointOpenResult = self
+            .typed(
+                "endpoint_open",
+                serde_json::to_value(args).expect("args"),
+                Some(Duration::from_secs(10)),
+            )
+            .await?
+            .map_err(SandboxError::Tool)?;
+        Ok(r.port)
+    }
+
+    /// The next request an agent made to the model endpoint, waiting up to `wait`; none
+    /// when the wait ran out.
+    pub async fn endpoint_next(
+        &self,
+        wait: Duration,
+    ) -> Result<Option<EndpointCall>, SandboxError> {
+        let r: EndpointNext = self
+            .typed("endpoint_next", serde_json::Value::Null, Some(wait))
+            .await?
+            .map_err(SandboxError::Tool)?;
+        Ok(r.call)
+    }
+
+    /// Answers the endpoint request `id`; false when it was no longer waiting.
+    pub async fn endpoint_reply(&self, reply: &EndpointReplyArgs) -> Result<bool, SandboxError> {
+        let r: EndpointReplyResult = self
+            .typed(
+                "endpoint_reply",
+                serde_json::to_value(reply).expect("args"),
+                Some(Duration::from_secs(10)),
+            )
+            .await?
+            .map_err(SandboxError::Tool)?;
+        Ok(r.delivered)
     }
 
     /// Asks whether the tools are up.

@@ -9,6 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// The protocol version this build speaks. Bump it on any incompatible change.
@@ -33,8 +34,8 @@ pub struct Request {
     pub v: u32,
     /// Chosen by the client, echoed in the response; unique among its in-flight requests.
     pub id: u64,
-    /// Which tool: `bash`, `python`, `exec`, `file`, `export`, `baseline`, `apply` or
-    /// `ping`.
+    /// Which tool: `bash`, `python`, `exec`, `file`, `export`, `baseline`, `apply`,
+    /// `endpoint_open`, `endpoint_next`, `endpoint_reply` or `ping`.
     pub tool: String,
     /// How long the tool may run, in milliseconds; each tool has a default. Escalation
     /// after a timeout (interrupt, kill, restart) adds a bounded grace on top.
@@ -194,6 +195,75 @@ pub struct ExecArgs {
     /// as JSON, so a log of them could not come back within a frame.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub printable: bool,
+    /// Variables set for the command on top of its environment (an agent program's
+    /// `OPENAI_BASE_URL`, say).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+/// Arguments of `endpoint_open`: opens the sandbox's model endpoint (an HTTP listener
+/// on the sandbox's loopback whose requests the host answers; see
+/// `endpoint_next` and `endpoint_reply`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointOpenArgs {
+    /// The key every request must carry (`Authorization: Bearer <key>`); at least 16
+    /// characters. Requests without it are answered 401 by the server itself.
+    pub key: String,
+    /// The largest request body taken (413 above it); 8 MiB when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_body_bytes: Option<usize>,
+}
+
+/// Result of `endpoint_open`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EndpointOpenResult {
+    /// The port on `127.0.0.1` inside the sandbox.
+    pub port: u16,
+}
+
+/// One HTTP request an agent made to the model endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EndpointCall {
+    /// Names the request in `endpoint_reply`.
+    pub id: u64,
+    /// The HTTP method.
+    pub method: String,
+    /// The path and query (`/v1/chat/completions`).
+    pub path: String,
+    /// The body, as sent.
+    pub body: String,
+}
+
+/// Result of `endpoint_next`: the next request, or none when the call's timeout ran
+/// out first (not an error: the host asks again).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EndpointNext {
+    /// The request.
+    pub call: Option<EndpointCall>,
+}
+
+/// Arguments of `endpoint_reply`: the answer to one request taken with
+/// `endpoint_next`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointReplyArgs {
+    /// The request's id.
+    pub id: u64,
+    /// The HTTP status.
+    pub status: u16,
+    /// The `content-type`; `application/json` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// The body.
+    pub body: String,
+}
+
+/// Result of `endpoint_reply`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EndpointReplyResult {
+    /// False when no such request was waiting (answered already, or the agent hung up).
+    pub delivered: bool,
 }
 
 /// Result of the `exec` tool.

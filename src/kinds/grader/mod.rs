@@ -491,6 +491,7 @@ async fn run_case(
     let r = client
         .exec(
             &ExecArgs {
+                env: Default::default(),
                 command: limited(
                     run,
                     c.memory_limit_mb,
@@ -555,6 +556,7 @@ async fn run_tests(
     let r = client
         .exec(
             &ExecArgs {
+                env: Default::default(),
                 command: limited(
                     &runner::hardened(cmd, plugins, sealed),
                     c.memory_limit_mb,
@@ -694,6 +696,7 @@ fn python_names(source: &str) -> std::collections::BTreeSet<&str> {
 /// The last 2 KiB of a file in the workspace (a case's stderr), or nothing.
 async fn tail(client: &SandboxClient, path: &str) -> String {
     let args = ExecArgs {
+        env: Default::default(),
         command: format!("tail -c 2048 {path} 2>/dev/null"),
         max_output_bytes: Some(4096),
         shell_state: false,

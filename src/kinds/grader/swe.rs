@@ -353,6 +353,7 @@ async fn exec(
     client
         .exec(
             &ExecArgs {
+                env: Default::default(),
                 command,
                 max_output_bytes: Some(max_output),
                 shell_state: true,

@@ -62,6 +62,7 @@ pub async fn run(
     if let Some(env) = &start.env {
         cmd.env_clear().envs(env);
     }
+    cmd.envs(&args.env);
     // SAFETY: only async-signal-safe calls (signal, setsid) between fork and exec.
     // setsid makes the child the leader of a new session and process group (so the
     // group can be killed whole) with no controlling terminal.

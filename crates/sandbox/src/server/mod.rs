@@ -8,6 +8,7 @@
 //! runtime, no state beyond the tools') because one runs in every sandbox on a node.
 
 pub mod bash;
+pub mod endpoint;
 pub mod exec;
 pub mod export;
 pub mod files;
@@ -17,7 +18,8 @@ pub mod python;
 pub mod stream;
 
 use crate::protocol::{
-    self, ApplyArgs, BashArgs, ErrorCode, ExecArgs, ExportArgs, FileArgs, MAX_FRAME_BYTES,
+    self, ApplyArgs, BashArgs, EndpointOpenArgs, EndpointOpenResult, EndpointReplyArgs,
+    EndpointReplyResult, ErrorCode, ExecArgs, ExportArgs, FileArgs, MAX_FRAME_BYTES,
     PROTOCOL_VERSION, PingResult, PythonArgs, Request, Response,
 };
 use bytes::Bytes;
@@ -79,6 +81,9 @@ struct Tools {
     python: python::PythonTool,
     files: files::FileTool,
     export: export::Exporter,
+    /// The model endpoint an agent program calls (opened on the host's first
+    /// `endpoint_open`).
+    endpoint: Arc<endpoint::ModelEndpoint>,
     workdir: PathBuf,
     started: Instant,
     own_pid_namespace: bool,
@@ -167,6 +172,7 @@ pub async fn serve(opts: ServerOptions, shutdown: CancellationToken) -> std::io:
         python,
         files: files::FileTool::new(opts.workdir.clone()),
         export,
+        endpoint: Arc::default(),
         workdir: opts.workdir.clone(),
         started: Instant::now(),
         own_pid_namespace: opts.own_pid_namespace,
@@ -410,6 +416,9 @@ async fn handle(tools: Arc<Tools>, req: Request) -> Response {
             };
             return tool_response(id, tools.export.run(&a).await);
         }
+        "endpoint_open" | "endpoint_next" | "endpoint_reply" => {
+            return endpoint_tool(&tools, id, &req.tool, req.args, timeout).await;
+        }
         "ping" => Ok(to_value(&PingResult {
             v: PROTOCOL_VERSION,
             pid: std::process::id(),
@@ -427,7 +436,7 @@ async fn handle(tools: Arc<Tools>, req: Request) -> Response {
                 id,
                 ErrorCode::UnknownTool,
                 format!(
-                    "no tool named `{other}`; the tools are bash, python, exec, file, export, baseline, apply and ping"
+                    "no tool named `{other}`; the tools are bash, python, exec, file, export, baseline, apply, endpoint_open, endpoint_next, endpoint_reply and ping"
                 ),
             );
         }
@@ -435,6 +444,37 @@ async fn handle(tools: Arc<Tools>, req: Request) -> Response {
     match result {
         Ok(v) => Response::ok(id, v),
         Err(e) => Response::err(id, ErrorCode::Internal, e.to_string()),
+    }
+}
+
+/// The model endpoint's tools (see [`endpoint`]).
+async fn endpoint_tool(
+    tools: &Tools,
+    id: u64,
+    tool: &str,
+    raw: serde_json::Value,
+    timeout: Duration,
+) -> Response {
+    match tool {
+        "endpoint_open" => {
+            let a: EndpointOpenArgs = match args(id, raw) {
+                Ok(a) => a,
+                Err(r) => return r,
+            };
+            match tools.endpoint.open(&a).await {
+                Ok(port) => Response::ok(id, to_value(&EndpointOpenResult { port })),
+                Err(msg) => Response::err(id, ErrorCode::ToolFailed, msg),
+            }
+        }
+        "endpoint_next" => Response::ok(id, to_value(&tools.endpoint.next(timeout).await)),
+        _ => {
+            let a: EndpointReplyArgs = match args(id, raw) {
+                Ok(a) => a,
+                Err(r) => return r,
+            };
+            let delivered = tools.endpoint.reply(a);
+            Response::ok(id, to_value(&EndpointReplyResult { delivered }))
+        }
     }
 }
 

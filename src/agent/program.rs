@@ -1,0 +1,929 @@
+//! The model side of an agent program's episode: the per-episode OpenAI-compatible
+//! endpoint, and the training samples assembled from its calls.
+//!
+//! An agent written elsewhere sends whole conversations; the policy must still be
+//! trained on the tokens it saw and produced. Each call is answered token-in,
+//! token-out, like a turn of the built-in loop ([`super::generation`]: the same backend
+//! session, weight-update holds, aborts and version tags):
+//!
+//! - A chat request whose messages are an earlier call's conversation, then the answer
+//!   that call got, then new messages (tool results, a user message) is a
+//!   continuation: its prompt is that call's prompt and output tokens, exactly as they
+//!   were, followed by the new messages as the chat template renders them after a turn
+//!   ([`super::render::TurnGlue`]). The answer is never tokenized again from the
+//!   agent's copy of it.
+//! - Any other chat request (the first, a compacted history, a sub-agent's own
+//!   conversation, an edited one) is rendered afresh.
+//! - A completion request's prompt is the agent's tokens, or its text tokenized.
+//!
+//! Calls are then assembled into samples the way AReaL and Agent Lightning do: a call
+//! whose prompt extends a sample's whole token sequence is appended to it (the new
+//! prompt tokens with loss mask 0, the output with 1); otherwise it starts a sample.
+//! Each call says which happened (`merge`), and why a new sample began. A chat call
+//! also carries the drift check of its request: whether rendering and tokenizing its
+//! messages afresh gives the tokens it was sent, so a trainer that re-tokenizes sees
+//! where it would differ.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::episode::{EpisodeLimits, Parser, TurnGuard};
+use super::generation::{self, GenStop, TurnSource, finish_name};
+use super::model::ModelFiles;
+use super::openai::{self, ApiError};
+use super::parse;
+use super::render::{TurnGlue, locate_results};
+use super::trajectory::{self, Drift, FinishReason, Trajectory, Turn};
+use crate::backends::generate::{Generated, Generator};
+use crate::backends::wire::{Finish, Sampling};
+use crate::domain::duration_us;
+use crate::policy::PolicyWatch;
+
+/// What an agent program's episode is about, for its endpoint.
+#[derive(Debug, Clone)]
+pub struct ProgramEpisode {
+    /// The model's tokenizer and chat template.
+    pub model: Arc<ModelFiles>,
+    /// The model's name, which `/v1/models` lists.
+    pub model_name: String,
+    /// How tool calls are read from the model's text.
+    pub parser: Parser,
+    /// The task's sampling parameters (the agent's own are not used).
+    pub sampling: Sampling,
+    /// `max_turns` caps the calls; `max_tokens` the context; `max_new_tokens` a call.
+    pub limits: EpisodeLimits,
+    /// Extra variables for the chat template.
+    pub template_args: serde_json::Map<String, Value>,
+    /// Whether tool results are tokenized as plain text.
+    pub observations_as_text: bool,
+    /// When the episode must end.
+    pub deadline: tokio::time::Instant,
+    /// The current policy version, which each call's tokens are tagged with.
+    pub policy: PolicyWatch,
+}
+
+/// How a call's tokens joined the samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Merge {
+    /// The episode's first call: it starts the first sample.
+    First,
+    /// Its prompt extends a sample's whole sequence: appended to it.
+    Extends,
+    /// Its prompt extends no sample: it starts one (see the call's `reason`).
+    New,
+}
+
+/// One call an agent program made to its endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelCall {
+    /// `chat.completions` or `completions`.
+    pub route: String,
+    /// The sample its tokens are in (absent for a refused call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<usize>,
+    /// Its turn in that sample's `turns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<usize>,
+    /// How its tokens joined the samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge: Option<Merge>,
+    /// Why it started a sample of its own, or why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Tokens between the sample's sequence and this call's output (the new messages,
+    /// rendered), for a call that extends a sample.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub observation_tokens: usize,
+    /// The prompt's length.
+    pub prompt_tokens: usize,
+    /// For a chat call: whether its messages, rendered and tokenized afresh, give the
+    /// prompt it was sent (absent for the first call of a fresh render, which is that).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<Drift>,
+    /// The request body, as the agent sent it.
+    pub request: Value,
+    /// What it was answered: the assistant message (chat) or `{"text": ...}`, or the
+    /// error.
+    pub reply: Value,
+    /// The OpenAI finish reason it was answered with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// An answer for the endpoint to send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// The `content-type`.
+    pub content_type: String,
+    /// The body.
+    pub body: String,
+}
+
+impl Answer {
+    fn error(e: &ApiError) -> Self {
+        Answer {
+            status: e.status,
+            content_type: "application/json".into(),
+            body: e.body(),
+        }
+    }
+}
+
+/// Why the episode cannot go on.
+#[derive(Debug)]
+pub enum EndpointStop {
+    /// The job is no longer wanted.
+    Cancelled,
+    /// No backend could answer.
+    Backend(String),
+    /// The deadline passed while a call generated.
+    Timeout,
+}
+
+/// A chat call's conversation as later calls may continue it.
+struct ChatMemo {
+    /// The request's messages, reduced ([`openai::essence`]).
+    essence: Vec<Value>,
+    /// The messages as the template saw them.
+    messages: Vec<Value>,
+    /// The tools offered (a change of tools changes the system prompt).
+    tools: Option<Vec<Value>>,
+    /// The answer, reduced.
+    reply: Value,
+    /// The answer as the template renders it.
+    reply_message: Value,
+    prompt_ids: Vec<u32>,
+    output_ids: Vec<u32>,
+    /// Whether the output ended with an end-of-turn token.
+    ended: bool,
+}
+
+/// How a chat call's prompt was made.
+struct ChatPrompt {
+    ids: Vec<u32>,
+    /// The call it continues, when it does.
+    continues: Option<usize>,
+    /// Why it does not, when it does not.
+    fresh_reason: Option<String>,
+    drift: Option<Drift>,
+    reasoning_open: bool,
+}
+
+/// The endpoint of one episode: it answers calls and keeps their record.
+pub struct Endpoint {
+    ep: ProgramEpisode,
+    /// The task's sampling, plus the model's stop tokens.
+    sampling: Sampling,
+    calls: Vec<ModelCall>,
+    /// Per answered chat call, by call index.
+    memos: Vec<(usize, ChatMemo)>,
+    samples: Vec<Trajectory>,
+    /// Calls answered with tokens (the calls the task's `max_turns` counts).
+    answered: usize,
+    /// The limit that refused a call, when one did.
+    refused: Option<FinishReason>,
+    switches: Vec<trajectory::BackendSwitch>,
+}
+
+impl Endpoint {
+    /// The endpoint of `ep`.
+    pub fn new(ep: ProgramEpisode) -> Self {
+        let mut sampling = ep.sampling.clone();
+        for &id in &ep.model.stop_ids {
+            if !sampling.stop_token_ids.contains(&id) {
+                sampling.stop_token_ids.push(id);
+            }
+        }
+        Endpoint {
+            ep,
+            sampling,
+            calls: Vec::new(),
+            memos: Vec::new(),
+            samples: Vec::new(),
+            answered: 0,
+            refused: None,
+            switches: Vec::new(),
+        }
+    }
+
+    /// The calls so far.
+    pub fn calls(&self) -> &[ModelCall] {
+        &self.calls
+    }
+
+    /// Answers one HTTP request of the agent. An error the agent made is its answer
+    /// (4xx); an episode that cannot go on is the `Err`, with the answer to send first.
+    pub async fn serve(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &str,
+        llm: &mut dyn Generator,
+        guard: &dyn TurnGuard,
+    ) -> Result<Answer, (EndpointStop, Answer)> {
+        let route = path
+            .split('?')
+            .next()
+            .unwrap_or_default()
+            .trim_end_matches('/');
+        let route = route.strip_prefix("/v1").unwrap_or(route);
+        match (method, route) {
+            ("GET", "/models") => Ok(Answer {
+                status: 200,
+                content_type: "application/json".into(),
+                body: openai::models(&self.ep.model_name),
+            }),
+            ("POST", "/chat/completions") => self.chat(body, llm, guard).await,
+            ("POST", "/completions") => self.completion(body, llm, guard).await,
+            _ => Ok(Answer::error(&ApiError {
+                status: 404,
+                code: "not_found",
+                message: format!(
+                    "{method} {path} is not served here; this endpoint serves POST /v1/chat/completions, POST /v1/completions and GET /v1/models"
+                ),
+                param: None,
+            })),
+        }
+    }
+
+    /// Refuses a call for a limit, recording it; the limit becomes the episode's finish
+    /// reason if nothing else ends it.
+    fn refuse(&mut self, route: &str, request: Value, limit: FinishReason, e: ApiError) -> Answer {
+        self.refused = Some(limit);
+        self.calls.push(ModelCall {
+            route: route.into(),
+            sample: None,
+            turn: None,
+            merge: None,
+            reason: Some(e.message.clone()),
+            observation_tokens: 0,
+            prompt_tokens: 0,
+            drift: None,
+            request,
+            reply: serde_json::from_str(&e.body()).unwrap_or_default(),
+            finish_reason: None,
+        });
+        Answer::error(&e)
+    }
+
+    fn call_limit(&self) -> Option<ApiError> {
+        let max = self.ep.limits.max_turns;
+        (self.answered >= max).then(|| ApiError {
+            status: 400,
+            code: "rollout_call_limit",
+            message: format!("this episode's {max} model calls are spent (the task's max_turns)"),
+            param: None,
+        })
+    }
+
+    async fn chat(
+        &mut self,
+        body: &str,
+        llm: &mut dyn Generator,
+        guard: &dyn TurnGuard,
+    ) -> Result<Answer, (EndpointStop, Answer)> {
+        const ROUTE: &str = "chat.completions";
+        let request: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        let (req, stop) = match check_chat(body) {
+            Ok(r) => r,
+            Err(e) => return Ok(Answer::error(&e)),
+        };
+        if let Some(e) = self.call_limit() {
+            return Ok(self.refuse(ROUTE, request, FinishReason::MaxTurns, e));
+        }
+        let tools = req.tools.clone().filter(|t| !t.is_empty());
+        let prompt = match self.chat_prompt(&req.messages, tools.clone()).await {
+            Ok(p) => p,
+            Err(message) => {
+                return Ok(Answer::error(&ApiError::bad(
+                    "messages",
+                    format!("the model's chat template cannot render this conversation: {message}"),
+                )));
+            }
+        };
+        let limit = req.max_completion_tokens.or(req.max_tokens);
+        let t_call = Instant::now();
+        let g = match self
+            .generate(ROUTE, &request, &prompt.ids, limit, stop, llm, guard)
+            .await?
+        {
+            Ok(g) => g,
+            Err(answer) => return Ok(answer),
+        };
+        let (generated, llm_us, versions) = g;
+        let text = self.decode(&generated);
+        let cut = generated.generation.finish == Finish::Length && !self.ended(&generated);
+        let message = if tools.is_some() {
+            let parsed = parse::parse_turn(self.ep.parser, &text, prompt.reasoning_open);
+            reply_with_calls(&parsed, &text, self.calls.len())
+        } else {
+            json!({"role": "assistant", "content": text})
+        };
+        let with_calls = message.get("tool_calls").is_some();
+        let finish = openai::finish_reason(cut, with_calls);
+        let index = self.calls.len();
+        let ended = self.ended(&generated);
+        let output_ids = generated.generation.token_ids.clone();
+        let (sample, turn, merge, obs, diverges) =
+            self.assemble(&prompt.ids, generated, llm_us, versions, &text, t_call);
+        let reason = (merge == Merge::New).then(|| new_sample_reason(&prompt, diverges));
+        self.samples[sample].messages = req
+            .messages
+            .iter()
+            .cloned()
+            .chain([message.clone()])
+            .collect();
+        let completion_tokens = output_ids.len();
+        self.memos.push((
+            index,
+            ChatMemo {
+                essence: req.messages.iter().map(openai::essence).collect(),
+                messages: req.messages.iter().map(openai::for_template).collect(),
+                tools,
+                reply: openai::essence(&message),
+                reply_message: openai::for_template(&message),
+                prompt_ids: prompt.ids.clone(),
+                output_ids,
+                ended,
+            },
+        ));
+        self.calls.push(ModelCall {
+            route: ROUTE.into(),
+            sample: Some(sample),
+            turn: Some(turn),
+            merge: Some(merge),
+            reason,
+            observation_tokens: obs,
+            prompt_tokens: prompt.ids.len(),
+            drift: prompt.drift,
+            request,
+            reply: message.clone(),
+            finish_reason: Some(finish.into()),
+        });
+        let id = format!("chatcmpl-{index}");
+        let (body, content_type) = openai::chat_reply(
+            &id,
+            &self.ep.model_name,
+            &message,
+            finish,
+            openai::usage(prompt.ids.len(), completion_tokens),
+            req.stream.unwrap_or(false),
+        );
+        Ok(Answer {
+            status: 200,
+            content_type,
+            body,
+        })
+    }
+
+    async fn completion(
+        &mut self,
+        body: &str,
+        llm: &mut dyn Generator,
+        guard: &dyn TurnGuard,
+    ) -> Result<Answer, (EndpointStop, Answer)> {
+        const ROUTE: &str = "completions";
+        let request: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        let req: openai::CompletionRequest = match openai::parse(body) {
+            Ok(r) => r,
+            Err(e) => return Ok(Answer::error(&e)),
+        };
+        let checked = openai::one_choice(req.n)
+            .and_then(|()| openai::stop_strings(req.stop.as_ref()))
+            .and_then(|stop| req.prompt().map(|p| (stop, p)));
+        let (stop, prompt) = match checked {
+            Ok(x) => x,
+            Err(e) => return Ok(Answer::error(&e)),
+        };
+        if let Some(e) = self.call_limit() {
+            return Ok(self.refuse(ROUTE, request, FinishReason::MaxTurns, e));
+        }
+        let ids = match prompt {
+            openai::Prompt::Tokens(ids) => ids,
+            openai::Prompt::Text(text) => match self.ep.model.tokenizer.encode(&text) {
+                Ok(ids) => ids,
+                Err(e) => return Ok(Answer::error(&ApiError::bad("prompt", e.to_string()))),
+            },
+        };
+        if ids.is_empty() {
+            return Ok(Answer::error(&ApiError::bad("prompt", "must not be empty")));
+        }
+        let t_call = Instant::now();
+        let (generated, llm_us, versions) = match self
+            .generate(ROUTE, &request, &ids, req.max_tokens, stop, llm, guard)
+            .await?
+        {
+            Ok(g) => g,
+            Err(answer) => return Ok(answer),
+        };
+        let all = generated.generation.token_ids.clone();
+        let text = self.ep.model.tokenizer.decode(&all).unwrap_or_default();
+        let cut = generated.generation.finish == Finish::Length;
+        let finish = openai::finish_reason(cut, false);
+        let index = self.calls.len();
+        let (sample, turn, merge, obs, diverges) =
+            self.assemble(&ids, generated, llm_us, versions, &text, t_call);
+        let reason = (merge == Merge::New).then(|| match diverges {
+            Some(at) => format!("its prompt extends no earlier call's tokens (it differs from the last sample's at token {at})"),
+            None => "its prompt extends no earlier call's tokens".to_string(),
+        });
+        self.calls.push(ModelCall {
+            route: ROUTE.into(),
+            sample: Some(sample),
+            turn: Some(turn),
+            merge: Some(merge),
+            reason,
+            observation_tokens: obs,
+            prompt_tokens: ids.len(),
+            drift: None,
+            request,
+            reply: json!({"text": text}),
+            finish_reason: Some(finish.into()),
+        });
+        let (body, content_type) = openai::completion_reply(
+            &format!("cmpl-{index}"),
+            &self.ep.model_name,
+            &text,
+            finish,
+            openai::usage(ids.len(), all.len()),
+            req.stream.unwrap_or(false),
+        );
+        Ok(Answer {
+            status: 200,
+            content_type,
+            body,
+        })
+    }
+
+    /// Generates one call's tokens after `prompt`. The inner `Err` is an answer that
+    /// refuses the call (a limit); the outer one ends the episode.
+    #[allow(clippy::too_many_arguments)]
+    async fn generate(
+        &mut self,
+        route: &str,
+        request: &Value,
+        prompt: &[u32],
+        asked: Option<u64>,
+        stop: Vec<String>,
+        llm: &mut dyn Generator,
+        guard: &dyn TurnGuard,
+    ) -> Result<Result<(Generated, u64, generation::TurnVersions), Answer>, (EndpointStop, Answer)>
+    {
+        let max = self.ep.limits.max_tokens;
+        let room = max.saturating_sub(prompt.len());
+        if room == 0 {
+            let e = context_full(prompt.len(), max);
+            return Ok(Err(self.refuse(
+                route,
+                request.clone(),
+                FinishReason::ContextLength,
+                e,
+            )));
+        }
+        let mut sampling = self.sampling.clone();
+        if let Some(a) = asked {
+            sampling.max_tokens = Some(sampling.max_tokens.map_or(a, |m| m.min(a)));
+        }
+        sampling.stop.extend(stop);
+        let source = TurnSource {
+            policy: &self.ep.policy,
+            deadline: self.ep.deadline,
+            sampling: &sampling,
+            max_new_tokens: self.ep.limits.max_new_tokens,
+        };
+        let turn = self.answered;
+        let r = generation::generate_turn(&source, llm, guard, prompt, turn, room).await;
+        self.switches.extend(llm.take_switches());
+        match r {
+            Ok(std::ops::ControlFlow::Continue(g)) => {
+                self.answered += 1;
+                Ok(Ok(g))
+            }
+            Ok(std::ops::ControlFlow::Break(FinishReason::ContextLength)) => {
+                let e = context_full(prompt.len(), max);
+                Ok(Err(self.refuse(
+                    route,
+                    request.clone(),
+                    FinishReason::ContextLength,
+                    e,
+                )))
+            }
+            Ok(std::ops::ControlFlow::Break(_)) => Err((
+                EndpointStop::Timeout,
+                Answer::error(&ApiError {
+                    status: 504,
+                    code: "timeout",
+                    message: "the episode's time limit passed".into(),
+                    param: None,
+                }),
+            )),
+            Err(GenStop::Cancelled) => Err((
+                EndpointStop::Cancelled,
+                Answer::error(&ApiError {
+                    status: 503,
+                    code: "cancelled",
+                    message: "the episode was cancelled".into(),
+                    param: None,
+                }),
+            )),
+            Err(GenStop::Backend(m)) => {
+                let answer = Answer::error(&ApiError {
+                    status: 503,
+                    code: "backend_unavailable",
+                    message: m.clone(),
+                    param: None,
+                });
+                Err((EndpointStop::Backend(m), answer))
+            }
+        }
+    }
+
+    fn ended(&self, g: &Generated) -> bool {
+        g.generation
+            .token_ids
+            .last()
+            .is_some_and(|t| self.ep.model.stop_ids.contains(t))
+    }
+
+    /// The call's text: its tokens decoded, without the end-of-turn token.
+    fn decode(&self, g: &Generated) -> String {
+        let ids = &g.generation.token_ids;
+        let body = if self.ended(g) {
+            &ids[..ids.len() - 1]
+        } else {
+            &ids[..]
+        };
+        self.ep.model.tokenizer.decode(body).unwrap_or_default()
+    }
+
+    /// The prompt of a chat call: a continuation of an earlier call's tokens where the
+    /// messages continue its conversation, else a fresh render.
+    async fn chat_prompt(
+        &self,
+        messages: &[Value],
+        tools: Option<Vec<Value>>,
+    ) -> Result<ChatPrompt, String> {
+        let essence: Vec<Value> = messages.iter().map(openai::essence).collect();
+        let templated: Vec<Value> = messages.iter().map(openai::for_template).collect();
+        let mut continues = None;
+        let mut fresh_reason = None;
+        // The latest call whose conversation and answer this one goes on from.
+        for (index, memo) in self.memos.iter().rev() {
+            let k = memo.essence.len();
+            if memo.tools == tools
+                && essence.len() > k + 1
+                && essence[..k] == memo.essence[..]
+                && essence[k] == memo.reply
+            {
+                continues = Some(*index);
+                break;
+            }
+        }
+        if continues.is_none() {
+            fresh_reason = Some(match self.memos.last() {
+                None if self.samples.is_empty() => "the episode's first call".to_string(),
+                None => "no earlier chat call".to_string(),
+                Some((index, memo)) => why_not_continued(*index, memo, &essence, tools.as_ref()),
+            });
+        }
+        let model = self.ep.model.clone();
+        let args = self.ep.template_args.clone();
+        let as_text = self.ep.observations_as_text;
+        let memo = continues
+            .and_then(|c| self.memos.iter().find(|(i, _)| *i == c))
+            .map(|(_, m)| {
+                (
+                    m.messages.clone(),
+                    m.reply_message.clone(),
+                    [m.prompt_ids.clone(), m.output_ids.clone()].concat(),
+                    m.ended,
+                )
+            });
+        let fresh_first = continues.is_none() && self.samples.is_empty();
+        let built = tokio::task::spawn_blocking(move || {
+            let offered = tools.as_deref();
+            let template = model.template_for(offered.is_some());
+            let render = |m: &[Value]| template.render(m, offered, true, &args);
+            let text = render(&templated).map_err(|e| e.to_string())?;
+            let reasoning_open = parse::opens_reasoning(&text);
+            let fresh = if as_text {
+                let pieces = locate_results(&text, &templated, |m| Ok(render(m)?))
+                    .map_err(|e| e.to_string())?;
+                model.tokenizer.encode_pieces(&pieces)
+            } else {
+                model.tokenizer.encode(&text)
+            }
+            .map_err(|e| e.to_string())?;
+            let Some((history, reply, before, ended)) = memo else {
+                return Ok::<_, String>((fresh, None, reasoning_open));
+            };
+            let glue = TurnGlue::new(template, &model.eos_token, offered, &args)
+                .map_err(|e| e.to_string())?;
+            let mut past = history;
+            past.push(reply);
+            let new = &templated[past.len()..];
+            let obs = if as_text {
+                let pieces = glue
+                    .between_turns_pieces(&past, new, ended)
+                    .map_err(|e| e.to_string())?;
+                model.tokenizer.encode_pieces(&pieces)
+            } else {
+                let text = glue
+                    .between_turns_after(&past, new, ended)
+                    .map_err(|e| e.to_string())?;
+                model.tokenizer.encode(&text)
+            }
+            .map_err(|e| e.to_string())?;
+            let ids = [before, obs].concat();
+            let drift = trajectory::compare(&ids, &fresh, &[]);
+            Ok((ids, Some(drift), reasoning_open))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let (ids, drift, reasoning_open) = built;
+        Ok(ChatPrompt {
+            ids,
+            continues,
+            fresh_reason,
+            drift: if fresh_first { None } else { drift },
+            reasoning_open,
+        })
+    }
+
+    /// Puts a call's tokens into the samples; returns the sample, the turn's index in
+    /// it, the verdict, the observation tokens before the call's output, and (for a
+    /// new sample) where its prompt leaves the last sample's tokens.
+    fn assemble(
+        &mut self,
+        prompt: &[u32],
+        generated: Generated,
+        llm_us: u64,
+        versions: generation::TurnVersions,
+        text: &str,
+        t_call: Instant,
+    ) -> (usize, usize, Merge, usize, Option<usize>) {
+        let found = self.samples.iter().rposition(|s| {
+            s.len() <= prompt.len()
+                && s.prompt_ids[..] == prompt[..s.prompt_ids.len()]
+                && s.response_ids[..] == prompt[s.prompt_ids.len()..s.len()]
+        });
+        let diverges = match found {
+            Some(_) => None,
+            None => self.samples.last().map(|s| {
+                let all = s.all_ids();
+                all.iter()
+                    .zip(prompt)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(all.len().min(prompt.len()))
+            }),
+        };
+        let (index, merge, obs) = match found {
+            Some(i) => {
+                let s = &mut self.samples[i];
+                let obs = &prompt[s.len()..];
+                s.push_observation(obs);
+                if let Some(last) = s.turns.last_mut() {
+                    last.observation_range = [last.model_range[1], s.response_ids.len()];
+                }
+                (i, Merge::Extends, obs.len())
+            }
+            None => {
+                let merge = if self.samples.is_empty() {
+                    Merge::First
+                } else {
+                    Merge::New
+                };
+                self.samples.push(Trajectory::new(
+                    prompt.to_vec(),
+                    &self.ep.model_name,
+                    Vec::new(),
+                ));
+                (self.samples.len() - 1, merge, 0)
+            }
+        };
+        let Generated {
+            generation: g,
+            backend,
+            logprobs_mode,
+            backend_wait,
+        } = generated;
+        let s = &mut self.samples[index];
+        let start = s.response_ids.len();
+        s.push_model(&g.token_ids, &g.logprobs);
+        let mut from = start;
+        for &(len, version) in &versions.spans {
+            if let Some(v) = version {
+                s.note_policy_version(v, from, from + len);
+            }
+            from += len;
+        }
+        s.backend = backend.clone();
+        s.note_logprobs_mode(logprobs_mode);
+        let wall = duration_us(t_call.elapsed());
+        let waited = duration_us(backend_wait);
+        s.turns.push(Turn {
+            text: text.to_string(),
+            model_range: [start, s.response_ids.len()],
+            observation_range: [s.response_ids.len(); 2],
+            tools: Vec::new(),
+            backend,
+            generation_finish: finish_name(g.finish).to_string(),
+            llm_latency_us: llm_us,
+            backend_wait_us: waited,
+            tool_latency_us: 0,
+            overhead_us: wall.saturating_sub(waited),
+            cached_prompt_tokens: g.cached_prompt_tokens,
+            prompt_tokens: prompt.len(),
+            logprobs_mode,
+            policy_version: versions.sent(),
+            policy_version_end: versions.changed(),
+            continued: u32::try_from(versions.parts - 1).unwrap_or(u32::MAX),
+        });
+        (index, s.turns.len() - 1, merge, obs, diverges)
+    }
+
+    /// The episode's record once the program ended: the sample of its last answered
+    /// call as the trajectory, every sample, every call. `reason` is why it ended;
+    /// a program that exited after a limit refused one of its calls ended for that limit.
+    pub fn finish(mut self, ended: ProgramEnd) -> ProgramRun {
+        let reason = match ended {
+            ProgramEnd::Timeout => FinishReason::Timeout,
+            ProgramEnd::Exited => self.refused.unwrap_or(FinishReason::Exited),
+        };
+        let main = self
+            .calls
+            .iter()
+            .rev()
+            .find_map(|c| c.sample)
+            .unwrap_or_default();
+        let answer = self
+            .calls
+            .iter()
+            .rev()
+            .find(|c| c.sample.is_some())
+            .map(|c| {
+                c.reply
+                    .get("content")
+                    .or_else(|| c.reply.get("text"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            });
+        for (i, s) in self.samples.iter_mut().enumerate() {
+            s.finish_reason = Some(reason);
+            s.drift = self
+                .calls
+                .iter()
+                .rev()
+                .find(|c| c.sample == Some(i))
+                .and_then(|c| c.drift.clone());
+            if i == main {
+                s.answer = answer.clone();
+                s.backend_switches = std::mem::take(&mut self.switches);
+            }
+        }
+        let trajectory = self.samples.get(main).cloned().unwrap_or_else(|| {
+            let mut t = Trajectory::new(Vec::new(), &self.ep.model_name, Vec::new());
+            t.finish_reason = Some(reason);
+            t
+        });
+        ProgramRun {
+            trajectory,
+            samples: self.samples,
+            calls: self.calls,
+        }
+    }
+}
+
+/// How the agent program's run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgramEnd {
+    /// It exited (whatever its status).
+    Exited,
+    /// The episode's deadline passed.
+    Timeout,
+}
+
+/// An agent program's episode, for the trainer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProgramRun {
+    /// The sample holding the last answered call, as a trajectory (what a trainer that
+    /// takes one sample per episode trains on).
+    #[serde(flatten)]
+    pub trajectory: Trajectory,
+    /// Every sample, in the order they began.
+    pub samples: Vec<Trajectory>,
+    /// Every call, in order.
+    pub calls: Vec<ModelCall>,
+}
+
+fn context_full(prompt: usize, max: usize) -> ApiError {
+    ApiError {
+        status: 400,
+        code: "context_length_exceeded",
+        message: format!(
+            "the prompt is {prompt} tokens and the episode's context is {max} (the task's max_tokens): no room to generate"
+        ),
+        param: Some("messages"),
+    }
+}
+
+/// Why a chat call started a sample of its own.
+fn new_sample_reason(prompt: &ChatPrompt, diverges: Option<usize>) -> String {
+    match (&prompt.fresh_reason, diverges) {
+        (Some(r), Some(at)) => {
+            format!("{r}; its prompt differs from the last sample's tokens at token {at}")
+        }
+        (Some(r), None) => r.clone(),
+        (None, _) => format!(
+            "it continues call {}, whose sample another call has continued since: a branch",
+            prompt.continues.unwrap_or_default()
+        ),
+    }
+}
+
+/// A chat request parsed and checked, with its stop strings.
+fn check_chat(body: &str) -> Result<(openai::ChatRequest, Vec<String>), ApiError> {
+    let req: openai::ChatRequest = openai::parse(body)?;
+    openai::one_choice(req.n)?;
+    let stop = openai::stop_strings(req.stop.as_ref())?;
+    if req.messages.is_empty() {
+        return Err(ApiError::bad("messages", "must hold at least one message"));
+    }
+    if req
+        .messages
+        .last()
+        .is_some_and(|m| m["role"] == "assistant")
+    {
+        return Err(ApiError::bad(
+            "messages",
+            "the conversation ends with an assistant message; continuing a message is not served",
+        ));
+    }
+    Ok((req, stop))
+}
+
+/// Why a chat request does not continue the last call's conversation.
+fn why_not_continued(
+    index: usize,
+    memo: &ChatMemo,
+    essence: &[Value],
+    tools: Option<&Vec<Value>>,
+) -> String {
+    if memo.tools.as_ref() != tools {
+        return format!("the tools offered differ from call {index}'s");
+    }
+    let k = memo.essence.len();
+    if let Some(i) = memo.essence.iter().zip(essence).position(|(a, b)| a != b) {
+        return format!(
+            "its message {i} differs from call {index}'s conversation (history edited or replaced)"
+        );
+    }
+    if essence.len() <= k {
+        return format!("it has fewer messages than call {index}'s conversation");
+    }
+    if essence[k] != memo.reply {
+        return format!("its message {k} is not the answer call {index} was given");
+    }
+    format!("nothing follows call {index}'s answer")
+}
+
+/// The assistant message for a call's text with tools offered: the calls that parsed
+/// as OpenAI `tool_calls` (arguments as a JSON string) and the text around them; the
+/// whole text as content when a call did not parse (the agent then sees what the model
+/// wrote).
+fn reply_with_calls(parsed: &parse::ParsedTurn, text: &str, call: usize) -> Value {
+    if parsed.calls.is_empty() || parsed.calls.iter().any(Result::is_err) {
+        return json!({"role": "assistant", "content": text});
+    }
+    let calls: Vec<Value> = parsed
+        .calls
+        .iter()
+        .filter_map(|c| c.as_ref().ok())
+        .enumerate()
+        .map(|(i, c)| {
+            let arguments = c
+                .raw_arguments
+                .clone()
+                .unwrap_or_else(|| c.arguments.to_string());
+            json!({"id": format!("call_{call}_{i}"), "type": "function",
+                   "function": {"name": c.name, "arguments": arguments}})
+        })
+        .collect();
+    let content = if parsed.content.is_empty() {
+        Value::Null
+    } else {
+        Value::String(parsed.content.clone())
+    };
+    json!({"role": "assistant", "content": content, "tool_calls": calls})
+}

@@ -1,0 +1,435 @@
+//! The `agent_program` task kind: an agent written elsewhere (on the `openai` SDK,
+//! LiteLLM, mini-swe-agent, …) runs as the episode, trained token-exact.
+//!
+//! INIT prepares the sandbox as for `agent` (files, repository, setup). RUN opens the
+//! sandbox's model endpoint (an HTTP listener on the sandbox's own loopback, relayed
+//! over the sandbox socket: the sandbox keeps no network), starts the task's `command`
+//! in the workspace with `OPENAI_BASE_URL`, `OPENAI_API_BASE` and `OPENAI_API_KEY`
+//! pointing at it (and `ROLLOUT_MODEL` naming the model), and answers the program's
+//! calls token-in, token-out against the backend pool ([`crate::agent::program`]) until
+//! it exits. The key is the episode's own, made afresh for each run: nothing else is
+//! answered. The program is a command like any tool's: it runs in the sandbox, under
+//! its limits, and whatever it leaves running is ended with it. Its calls are capped
+//! by the task's limits (`max_turns` calls, `max_tokens` of context, `max_new_tokens`
+//! per call) and the episode's deadline kills it. EVAL grades the workspace's changes
+//! (and the last answer, as `$ROLLOUT_ANSWER`) as for `agent`.
+//!
+//! ```json
+//! {"kind": "agent_program", "spec": {
+//!   "command": "python3 agent.py",
+//!   "sandbox": {"files": {"agent.py": "...", "add.py": "def add(a, b):\n    return a - b\n"}},
+//!   "limits": {"max_turns": 8},
+//!   "check": {"command": "python3 -c 'import add; assert add.add(2, 3) == 5'"}
+//! }}
+//! ```
+//!
+//! RUN's output is the trajectory of the sample holding the last call, plus `samples`
+//! (every sample the calls made), `calls` (each call's request, reply, sample and merge
+//! verdict), `program` (its exit status and output) and `export`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::agent::{self, Agent, AgentLimits, StillClaimed};
+use super::grader::{self, Grader};
+use super::sandboxed::{self, Check};
+use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
+use crate::agent::episode::Parser;
+use crate::agent::program::{Endpoint, EndpointStop, ProgramEnd, ProgramEpisode};
+use crate::backends::session::BackendSession;
+use crate::backends::session::SessionJob;
+use crate::backends::wire::Sampling;
+use crate::domain::Job;
+use crate::sandbox::protocol::ExecResult;
+use crate::sandbox::protocol::{EndpointReplyArgs, ExecArgs};
+use crate::sandbox::{SandboxClient, SandboxError, SandboxSpec};
+
+/// How long one `endpoint_next` waits before it is asked again (the program's end is
+/// noticed between waits at the latest).
+const POLL: Duration = Duration::from_secs(5);
+
+/// The program's output kept in the result (head and tail).
+const DEFAULT_OUTPUT_BYTES: usize = 64 << 10;
+
+/// An `agent_program` task's `spec`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgramSpec {
+    /// The agent's command, run by bash in the workspace (`python3 agent.py`), starting
+    /// from the environment the setup left in the shell (an activated venv carries).
+    pub command: String,
+    /// More variables for the command.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The sandbox.
+    #[serde(default)]
+    pub sandbox: SandboxSpec,
+    /// The model (a registered backend's `model`); any backend's when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Sampling parameters; the program's own (`temperature` in its requests) are not
+    /// used: the trainer decides how the policy samples.
+    #[serde(default)]
+    pub sampling: Sampling,
+    /// How tool calls are read from the model's text when a request offers tools:
+    /// `hermes`, `bash_block` or `deepseek_r1`; `agent.parser` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parser: Option<String>,
+    /// Limits: `max_turns` caps the program's model calls, `max_tokens` a call's
+    /// context, `max_new_tokens` a call's output, `timeout_ms` the program's run.
+    #[serde(default)]
+    pub limits: AgentLimits,
+    /// Whether tool results in the program's messages are tokenized as plain text;
+    /// `agent.observations_as_text` when absent.
+    #[serde(default)]
+    pub observations_as_text: Option<bool>,
+    /// Extra variables for the chat template.
+    #[serde(default)]
+    pub template_args: serde_json::Map<String, serde_json::Value>,
+    /// The most bytes of the program's output kept in the result (64 KiB when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<usize>,
+    /// What EVAL runs to score the result (as for `agent`). Give this or `grader`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<Check>,
+    /// How EVAL scores the result (as for `agent`). Give this or `check`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grader: Option<Grader>,
+}
+
+/// The `agent_program` kind: the `agent` kind's sandboxes, backends and grading, with
+/// the task's own program in place of the built-in loop.
+pub struct AgentProgram {
+    agent: Arc<Agent>,
+}
+
+impl AgentProgram {
+    /// The kind, sharing `agent`'s sandboxes, backend pool, models and policy.
+    pub fn new(agent: Arc<Agent>) -> Self {
+        AgentProgram { agent }
+    }
+}
+
+impl AgentProgram {
+    /// What the endpoint of `spec`'s episode needs, defaults filled in.
+    fn episode(
+        &self,
+        spec: &ProgramSpec,
+        model: Arc<crate::agent::model::ModelFiles>,
+        model_name: &str,
+        limits: crate::agent::episode::EpisodeLimits,
+        deadline: tokio::time::Instant,
+    ) -> ProgramEpisode {
+        let settings = &self.agent.settings().agent;
+        ProgramEpisode {
+            model,
+            model_name: model_name.to_string(),
+            parser: spec
+                .parser
+                .as_deref()
+                .or(Some(settings.parser.as_str()))
+                .and_then(Parser::from_name)
+                .unwrap_or_default(),
+            sampling: spec.sampling.clone(),
+            limits,
+            template_args: spec.template_args.clone(),
+            observations_as_text: spec
+                .observations_as_text
+                .unwrap_or(settings.observations_as_text),
+            deadline,
+            policy: self.agent.policy().clone(),
+        }
+    }
+}
+
+fn spec_of(job: &Job) -> Result<ProgramSpec, StageError> {
+    SpecError::parse(&job.task["spec"]).map_err(|e| StageError::Failed(format!("bad spec: {e}")))
+}
+
+#[async_trait]
+impl TaskKind for AgentProgram {
+    fn name(&self) -> &'static str {
+        "agent_program"
+    }
+
+    fn validate(&self, spec: &serde_json::Value) -> Result<(), SpecError> {
+        let s: ProgramSpec = SpecError::parse(spec)?;
+        if s.command.trim().is_empty() {
+            return Err(SpecError::new("command", "must name the agent's command"));
+        }
+        for (name, set) in [
+            ("tool_timeout_ms", s.limits.tool_timeout_ms.is_some()),
+            (
+                "stop_without_tool_call",
+                s.limits.stop_without_tool_call.is_some(),
+            ),
+            (
+                "max_observation_bytes",
+                s.limits.max_observation_bytes.is_some(),
+            ),
+        ] {
+            if set {
+                return Err(SpecError::new(
+                    format!("limits.{name}"),
+                    "applies to the built-in loop's tools; an agent program runs its own",
+                ));
+            }
+        }
+        if s.max_output_bytes == Some(0) {
+            return Err(SpecError::new("max_output_bytes", "must be above 0"));
+        }
+        if let Some(k) = s
+            .env
+            .keys()
+            .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+        {
+            return Err(SpecError::new(
+                format!("env.{k}"),
+                "is not a valid variable name",
+            ));
+        }
+        agent::validate_model_side(
+            &s.parser,
+            &s.sampling,
+            &s.template_args,
+            s.model.as_deref(),
+            &s.limits,
+        )?;
+        s.sandbox
+            .validate("sandbox", self.agent.sandboxes().settings())?;
+        grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
+    }
+
+    async fn init(&self, ctx: &StageContext) -> Result<InitOutput, StageError> {
+        let spec = spec_of(&ctx.job)?;
+        let sandbox = grader::sandbox_for(&spec.sandbox, spec.grader.as_ref());
+        sandboxed::init(self.agent.sandboxes(), ctx, &sandbox).await
+    }
+
+    async fn run(&self, ctx: &StageContext) -> Result<serde_json::Value, StageError> {
+        let spec = spec_of(&ctx.job)?;
+        let job = &ctx.job;
+        let a = &self.agent;
+        let (limits, timeout) = a.limits(&spec.limits);
+        let deadline = tokio::time::Instant::now() + timeout;
+        let client = sandboxed::connect(a.sandboxes(), ctx).await?;
+        let session_job = SessionJob {
+            job_id: job.id.clone(),
+            group_key: agent::group_key(
+                &job.batch_id,
+                job.group_id.as_deref(),
+                a.policy().current(),
+            ),
+            model: spec.model.clone(),
+            node: ctx.node.clone(),
+        };
+        let mut session = a.open_session(session_job, deadline, ctx).await?;
+        let backend = session.backend().clone();
+        let model = a
+            .models()
+            .get(Path::new(&backend.tokenizer))
+            .await
+            .map_err(|e| {
+                StageError::Failed(format!(
+                    "cannot load the model files of backend `{}`: {e}",
+                    backend.id
+                ))
+            })?;
+        let mut endpoint =
+            Endpoint::new(self.episode(&spec, model, &backend.model, limits, deadline));
+        let guard = StillClaimed {
+            jobs: a.jobs().clone(),
+            job_id: job.id.clone(),
+            epoch: job.epoch,
+            attempt: job.attempts,
+        };
+        // The episode's key: 256 random bits, new for every run.
+        let key = format!(
+            "rollout-{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let port = match client.endpoint_open(&key).await {
+            Ok(p) => p,
+            Err(e) => {
+                drop(client);
+                let why = format!("the sandbox's model endpoint did not open: {e}");
+                return sandboxed::died(a.sandboxes(), job, why, json!({})).await;
+            }
+        };
+        let args = program_args(&spec, port, &key, &backend.model);
+        tracing::info!(port, command = %spec.command, "agent program starting");
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let driven = drive(&client, &args, left, &mut endpoint, &mut session, &guard).await;
+        let exit = match driven {
+            Driven::Exited(r) => r,
+            Driven::Cancelled => {
+                return Err(StageError::Transient(
+                    "the job is no longer held by this worker".into(),
+                ));
+            }
+            Driven::Backend(message) => {
+                // The worker's cleanup stops the sandbox.
+                drop(client);
+                let output = partial(endpoint);
+                return Err(StageError::FailedWith { message, output });
+            }
+            Driven::Sandbox(e) => {
+                drop(client);
+                let why = format!("the sandbox stopped answering while the agent program ran: {e}");
+                return sandboxed::died(a.sandboxes(), job, why, partial(endpoint)).await;
+            }
+        };
+        let how = if exit.timed_out {
+            ProgramEnd::Timeout
+        } else {
+            ProgramEnd::Exited
+        };
+        let run = endpoint.finish(how);
+        tracing::info!(
+            calls = run.calls.len(),
+            samples = run.samples.len(),
+            exit_code = ?exit.exit_code,
+            finish_reason = ?run.trajectory.finish_reason,
+            "agent program ended"
+        );
+        let mut out = serde_json::to_value(&run).unwrap_or_default();
+        out["program"] = json!({
+            "exit_code": exit.exit_code,
+            "signal": exit.signal,
+            "timed_out": exit.timed_out,
+            "output": exit.output,
+            "omitted_bytes": exit.omitted_bytes,
+        });
+        match sandboxed::finish(a.sandboxes(), job, client).await {
+            Ok(export) => {
+                sandboxed::record_export(&mut out, export);
+                Ok(out)
+            }
+            Err(e) => Err(e.keeping(out)),
+        }
+    }
+
+    async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {
+        let spec = spec_of(&ctx.job)?;
+        self.agent
+            .grade(
+                ctx,
+                &spec.sandbox,
+                spec.check.as_ref(),
+                spec.grader.as_ref(),
+            )
+            .await
+    }
+
+    fn restart_on_hand_back(&self) -> bool {
+        true
+    }
+
+    async fn cleanup(&self, job: &Job) {
+        sandboxed::cleanup(self.agent.sandboxes(), job).await
+    }
+}
+
+/// The program's command with the endpoint's address and key in its environment.
+fn program_args(spec: &ProgramSpec, port: u16, key: &str, model: &str) -> ExecArgs {
+    let base = format!("http://127.0.0.1:{port}/v1");
+    let mut env = spec.env.clone();
+    for (k, v) in [
+        ("OPENAI_BASE_URL", base.as_str()),
+        ("OPENAI_API_BASE", base.as_str()),
+        ("OPENAI_API_KEY", key),
+        ("ROLLOUT_MODEL", model),
+    ] {
+        env.insert(k.to_string(), v.to_string());
+    }
+    ExecArgs {
+        command: spec.command.clone(),
+        max_output_bytes: Some(spec.max_output_bytes.unwrap_or(DEFAULT_OUTPUT_BYTES)),
+        shell_state: true,
+        env,
+        ..Default::default()
+    }
+}
+
+/// How the program's run went.
+enum Driven {
+    /// It ended (exited, or was killed at the deadline).
+    Exited(ExecResult),
+    /// The job is no longer wanted.
+    Cancelled,
+    /// No backend could answer a call.
+    Backend(String),
+    /// The sandbox stopped answering.
+    Sandbox(SandboxError),
+}
+
+/// Runs the program and answers its calls until it ends: the exec and the endpoint's
+/// polls share the one connection to the sandbox.
+async fn drive(
+    client: &SandboxClient,
+    args: &ExecArgs,
+    left: Duration,
+    endpoint: &mut Endpoint,
+    session: &mut BackendSession,
+    guard: &StillClaimed,
+) -> Driven {
+    let exec = client.exec(args, Some(left));
+    tokio::pin!(exec);
+    loop {
+        let call = tokio::select! {
+            r = &mut exec => return match r {
+                Ok(r) => Driven::Exited(r),
+                Err(e) => Driven::Sandbox(e),
+            },
+            next = client.endpoint_next(POLL) => match next {
+                Ok(Some(call)) => call,
+                Ok(None) => continue,
+                Err(e) => return Driven::Sandbox(e),
+            },
+        };
+        let served = endpoint
+            .serve(&call.method, &call.path, &call.body, session, guard)
+            .await;
+        let (answer, stop) = match served {
+            Ok(answer) => (answer, None),
+            Err((stop, answer)) => (answer, Some(stop)),
+        };
+        let reply = EndpointReplyArgs {
+            id: call.id,
+            status: answer.status,
+            content_type: Some(answer.content_type),
+            body: answer.body,
+        };
+        if let Err(e) = client.endpoint_reply(&reply).await {
+            return Driven::Sandbox(e);
+        }
+        match stop {
+            // The deadline kills the program: its exec ends next.
+            None | Some(EndpointStop::Timeout) => {}
+            Some(EndpointStop::Cancelled) => return Driven::Cancelled,
+            Some(EndpointStop::Backend(message)) => return Driven::Backend(message),
+        }
+    }
+}
+
+/// What a failed run keeps: the calls and samples so far, no finish reason.
+fn partial(endpoint: Endpoint) -> serde_json::Value {
+    let run = endpoint.finish(ProgramEnd::Exited);
+    let mut output = serde_json::to_value(&run).unwrap_or_default();
+    if let Some(o) = output.as_object_mut() {
+        o.remove("finish_reason");
+    }
+    for s in output["samples"].as_array_mut().into_iter().flatten() {
+        if let Some(o) = s.as_object_mut() {
+            o.remove("finish_reason");
+        }
+    }
+    output
+}
