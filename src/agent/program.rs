@@ -880,9 +880,6 @@ fn why_not_continued(
     essence: &[Value],
     tools: Option<&Vec<Value>>,
 ) -> String {
-    if memo.tools.as_ref() != tools {
-        return format!("the tools offered differ from call {index}'s");
-    }
     let k = memo.essence.len();
     if let Some(i) = memo.essence.iter().zip(essence).position(|(a, b)| a != b) {
         return format!(
@@ -894,6 +891,9 @@ fn why_not_continued(
     }
     if essence[k] != memo.reply {
         return format!("its message {k} is not the answer call {index} was given");
+    }
+    if memo.tools.as_ref() != tools {
+        return format!("the tools offered differ from call {index}'s");
     }
     format!("nothing follows call {index}'s answer")
 }

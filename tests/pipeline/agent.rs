@@ -43,6 +43,22 @@ fn policy() -> Policy {
     };
     let p = json!({
         "rules": [
+            // Agent programs (tests/pipeline/program.rs): an agent on the `openai` SDK
+            // that fixes the file, answers, then starts a new conversation for a
+            // summary; mini-swe-agent fixing a unittest-style repository.
+            {"match": "Repair add() with the SDK agent", "variants": [{"turns": [
+                format!("I will read it.\n{}", call("bash", json!({"command": "cat calc/add.py"}))),
+                call("bash", json!({"command": "sed -i 's/a - b/a + b/' calc/add.py && echo fixed"})),
+                "The function adds now.".to_string(),
+            ]}]},
+            {"match": "Summarize the fix in one line", "variants": [{"turns": [
+                "add() returned a - b; it returns a + b.".to_string(),
+            ]}]},
+            {"match": "double() in calc.py returns one too many", "variants": [{"turns": [
+                format!("THOUGHT: read the module first.\n\n{}", call("bash", json!({"command": "cat calc.py"}))),
+                format!("THOUGHT: drop the + 1.\n\n{}", call("bash", json!({"command": "sed -i 's/x + x + 1/x + x/' calc.py && python3 -c 'import calc; print(calc.double(3))'"}))),
+                call("bash", json!({"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})),
+            ]}]},
             {"match": "Fix add() in calc/add.py", "variants": [fix("a + b", "5"), fix("a * b", "6")]},
             {"match": "Take your time", "variants": [{"turns": [
                 call("bash", json!({"command": "sleep 2 && echo slept"})),

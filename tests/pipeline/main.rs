@@ -36,6 +36,7 @@ mod nats_submit;
 mod nodes;
 mod openapi;
 mod poison;
+mod program;
 mod results;
 mod sampling;
 mod shell;

@@ -306,7 +306,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
 
 /// A small unittest-style repository at `repo` (a `calc` module whose `double` is
 /// wrong, one passing test); its base commit.
-fn calc_repo(repo: &Path) -> String {
+pub(crate) fn calc_repo(repo: &Path) -> String {
     std::fs::create_dir_all(repo.join("tests")).unwrap();
     std::fs::write(repo.join("tests/__init__.py"), "").unwrap();
     std::fs::write(
