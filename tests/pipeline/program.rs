@@ -174,7 +174,12 @@ async fn an_openai_sdk_agent_is_trained_token_exact_and_scored() {
             .unwrap()
     };
 
-    let r = by("whole");
+    assert_whole_episode(&stand, by("whole"));
+    assert_cut_by_the_call_limit(by("short"));
+}
+
+/// The SDK agent's whole episode: scored, contained, its calls joined into samples.
+fn assert_whole_episode(stand: &Stand, r: &rollout::domain::JobResult) {
     assert_eq!(r.status, Status::Done, "{r:?}");
     assert_eq!(r.reward, Some(1.0), "{r:?}");
     let run = run_output(r);
@@ -204,7 +209,7 @@ async fn an_openai_sdk_agent_is_trained_token_exact_and_scored() {
     assert_eq!(samples[0]["turns"].as_array().unwrap().len(), 3);
     assert_eq!(samples[1]["turns"].as_array().unwrap().len(), 1);
     for s in samples {
-        assert_token_exact(&stand, s);
+        assert_token_exact(stand, s);
     }
     let calls = run["calls"].as_array().unwrap();
     assert!(
@@ -233,8 +238,10 @@ async fn an_openai_sdk_agent_is_trained_token_exact_and_scored() {
         0,
         "the program's leftover outlived it"
     );
+}
 
-    let r = by("short");
+/// The SDK agent cut by `max_turns`: its third call refused, the episode ended for it.
+fn assert_cut_by_the_call_limit(r: &rollout::domain::JobResult) {
     assert_eq!(r.status, Status::Done, "{r:?}");
     let run = run_output(r);
     assert_eq!(run["finish_reason"], "max_turns", "{run}");
