@@ -3,7 +3,8 @@
 # nats-server (started by the tests on free ports) and SQLite, then the integration
 # tests again against Postgres when a server answers on 127.0.0.1:5432 (or wherever
 # ROLLOUT_TEST_DATABASE_URL points). Installs what it needs first if it is missing
-# (scripts/setup.sh, schemathesis, transformers with jinja2, math-verify, and Debian's
+# (scripts/setup.sh, schemathesis, transformers with jinja2, math-verify, the agent
+# frameworks of scripts/agent-frameworks-env.sh, and Debian's
 # chromium, chromium-driver, slurm-wlm, munge and docker-compose). Formatting and
 # clippy's lints are checked first; the Python client's tests run after the SQLite ones.
 # It ends with a check that nothing the run started (a process, a mount, a loop device)
@@ -66,6 +67,18 @@ if ! python3 -c 'import math_verify' >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check 'math-verify==0.9.0' >&2 || \
     python3 -m pip install --quiet --user --disable-pip-version-check 'math-verify==0.9.0' >&2 || \
     python3 -m pip install --quiet --user --break-system-packages --disable-pip-version-check 'math-verify==0.9.0' >&2
+fi
+
+# The agent_program tests (tests/pipeline/program.rs) run real agent frameworks from PyPI
+# (the openai SDK, LiteLLM, mini-swe-agent) inside sandboxes, installed for the
+# sandboxes' interpreter (cached after the first run).
+if [ -z "${ROLLOUT_AGENT_SITE:-}" ]; then
+  echo "== preparing the agent frameworks the agent_program tests run (cached after the first run)" >&2
+  if agent_site="$(scripts/agent-frameworks-env.sh)"; then
+    export ROLLOUT_AGENT_SITE="$agent_site"
+  else
+    echo "== could not install the agent frameworks; tests/pipeline/program.rs will fail under CI" >&2
+  fi
 fi
 
 # The real-server suite (tests/real_vllm.rs) serves a tiny model with a real vLLM, the
