@@ -65,6 +65,26 @@ enum Command {
         #[arg(long, env = "ROLLOUT_GATEWAY_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// Replay a finished `agent` or `agent_program` episode: its model side played back
+    /// from its result (no inference backend is called), its tools run for real in a
+    /// fresh sandbox, then graded. Prints where the environment first answered
+    /// otherwise, and the reward then and now.
+    Replay {
+        /// The job to replay.
+        job: String,
+        /// Batch to submit the replay into (default: a new `replay-...` batch).
+        #[arg(long)]
+        batch: Option<String>,
+        /// Exit with status 1 when the replay diverged or its reward differs.
+        #[arg(long)]
+        strict: bool,
+        /// Gateway URL (default: http:// + gateway.listen).
+        #[arg(long, env = "ROLLOUT_GATEWAY")]
+        gateway: Option<String>,
+        /// The gateway's token, when it has one (default: gateway.token).
+        #[arg(long, env = "ROLLOUT_GATEWAY_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// List, register and remove inference backends (through the gateway).
     Backends {
         #[command(subcommand)]
@@ -224,6 +244,19 @@ async fn main() -> anyhow::Result<()> {
             let client = gateway_client(&settings, gateway, token);
             status(&client, batch.as_deref()).await?;
         }
+        Command::Replay {
+            job,
+            batch,
+            strict,
+            gateway,
+            token,
+        } => {
+            let client = gateway_client(&settings, gateway, token);
+            let same = replay(&client, &job, batch, strict).await?;
+            if strict && !same {
+                std::process::exit(1);
+            }
+        }
         Command::Backends {
             action,
             gateway,
@@ -331,6 +364,53 @@ async fn submit(
         eprintln!("{summary}");
     }
     Ok(())
+}
+
+/// `rollout replay`: submits the replay of `job`, waits for its result and reports;
+/// returns whether it went as the recorded episode did (no divergence, same reward).
+async fn replay(
+    client: &Client,
+    job: &str,
+    batch: Option<String>,
+    strict: bool,
+) -> anyhow::Result<bool> {
+    let original = client.job(job).await?;
+    let task = rollout::agent::replay::replay_task(&original.job)?;
+    let batch = batch.unwrap_or_else(|| format!("replay-{}", uuid::Uuid::now_v7().simple()));
+    let resp = client.submit(&[task], Some(&batch)).await?;
+    let id = resp.jobs.first().map(|j| j.id.clone()).unwrap_or_default();
+    eprintln!("replaying job {job} as job {id} (batch {batch})");
+    let results = client.collect_results(&batch, 1).await?;
+    let Some(now) = results.into_iter().find(|r| r.job_id == id) else {
+        anyhow::bail!(
+            "the replay's result did not arrive in batch {batch}; is another replay using it?"
+        );
+    };
+    println!("{id}");
+    let then = original.result.as_ref().and_then(|r| r.reward);
+    let report = now.output["run"]["replay"].clone();
+    let Ok(report) = serde_json::from_value::<rollout::agent::replay::ReplayReport>(report) else {
+        eprintln!(
+            "the replay ended {} without a report: {}",
+            now.status.as_str(),
+            now.error.as_deref().unwrap_or("no error recorded")
+        );
+        return Ok(false);
+    };
+    eprint!("{}", rollout::agent::replay::describe(&report));
+    let show = |r: Option<f64>| r.map_or_else(|| "none".to_string(), |r| format!("{r}"));
+    eprintln!(
+        "reward: {} then, {} now (replay {})",
+        show(then),
+        show(now.reward),
+        now.status.as_str()
+    );
+    let same =
+        report.divergence.is_none() && report.tool_divergence.is_none() && then == now.reward;
+    if strict && !same {
+        eprintln!("the replay differs from the recorded episode");
+    }
+    Ok(same)
 }
 
 /// `rollout status`: job counts by status and stage, and the batch's totals when one is

@@ -13,12 +13,14 @@
 //! - [`episode`]: the multi-turn loop itself.
 //! - [`openai`], [`program`]: the OpenAI-compatible endpoint an agent program written
 //!   elsewhere calls, and the samples assembled from its calls.
+//! - [`replay`]: an episode's recording played back against a fresh sandbox.
 
 pub mod episode;
 pub mod generation;
 pub mod openai;
 pub mod parse;
 pub mod program;
+pub mod replay;
 pub mod tools;
 pub mod trajectory;
 

@@ -36,9 +36,11 @@ use super::grader::{self, Grader};
 use super::sandboxed::{self, Check};
 use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
 use crate::agent::episode::{self, Episode, EpisodeError, EpisodeLimits, Parser, TurnGuard};
-use crate::agent::model::ModelCache;
+use crate::agent::model::{ModelCache, ModelFiles};
+use crate::agent::replay::{self, Replayer};
 use crate::agent::tools::TOOL_NAMES;
 use crate::backends::client::InferenceClient;
+use crate::backends::generate::Generator;
 use crate::backends::session::{BackendSession, SessionError, SessionJob};
 use crate::backends::wire::Sampling;
 use crate::config::Settings;
@@ -86,6 +88,11 @@ pub struct AgentSpec {
     /// [`super::grader`]). Give this or `check`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grader: Option<Grader>,
+    /// Replays job `replay_of`'s recording instead of calling a backend: its model
+    /// turns are played back, the tools run for real, and `replay` in the result says
+    /// where the run first left the recording (`rollout replay` sets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<String>,
 }
 
 fn all_tools() -> Vec<String> {
@@ -248,6 +255,44 @@ pub(super) fn group_key(
     })
 }
 
+/// Checks a `replay_of` job id.
+pub(super) fn validate_replay_of(of: Option<&str>) -> Result<(), SpecError> {
+    match of {
+        Some(id) if id.trim().is_empty() || id.len() > 256 || id.chars().any(char::is_control) => {
+            Err(SpecError::new(
+                "replay_of",
+                "must be the id of a finished job",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Where an episode's model turns come from: the backend pool, or a recording.
+pub(super) enum ModelSide {
+    /// The job's backend session.
+    Live(Box<BackendSession>),
+    /// Job `of`'s recording played back.
+    Replay {
+        /// The job replayed.
+        of: String,
+        /// Its RUN output.
+        recorded: serde_json::Value,
+        /// The player.
+        replayer: Replayer,
+    },
+}
+
+impl ModelSide {
+    /// The generator the episode calls.
+    pub(super) fn generator(&mut self) -> &mut dyn Generator {
+        match self {
+            ModelSide::Live(s) => s.as_mut(),
+            ModelSide::Replay { replayer, .. } => replayer,
+        }
+    }
+}
+
 /// Checks what an episode's model side is given (the parser, sampling, template
 /// arguments, model and limits) for an `agent` or `agent_program` task.
 pub(super) fn validate_model_side(
@@ -377,6 +422,7 @@ impl TaskKind for Agent {
             s.model.as_deref(),
             &s.limits,
         )?;
+        validate_replay_of(s.replay_of.as_deref())?;
         s.sandbox.validate("sandbox", self.sandboxes.settings())?;
         grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
     }
@@ -393,28 +439,14 @@ impl TaskKind for Agent {
         let (limits, timeout) = self.limits(&spec.limits);
         let deadline = tokio::time::Instant::now() + timeout;
         let client = sandboxed::connect(&self.sandboxes, ctx).await?;
-        let group_key = group_key(
-            &job.batch_id,
-            job.group_id.as_deref(),
-            self.policy.current(),
-        );
-        let session_job = SessionJob {
-            job_id: job.id.clone(),
-            group_key,
-            model: spec.model.clone(),
-            node: ctx.node.clone(),
-        };
-        let mut session = self.open_session(session_job, deadline, ctx).await?;
-        let model = self
-            .models
-            .get(Path::new(&session.backend().tokenizer))
-            .await
-            .map_err(|e| {
-                StageError::Failed(format!(
-                    "cannot load the model files of backend `{}`: {e}",
-                    session.backend().id
-                ))
-            })?;
+        let (mut side, model, model_name) = self
+            .model_side(
+                ctx,
+                spec.model.as_ref(),
+                spec.replay_of.as_deref(),
+                deadline,
+            )
+            .await?;
         let parser = spec
             .parser
             .as_deref()
@@ -423,7 +455,7 @@ impl TaskKind for Agent {
             .unwrap_or_default();
         let ep = Episode {
             model,
-            model_name: session.backend().model.clone(),
+            model_name,
             messages: spec.messages.clone(),
             tools: spec.tools.clone(),
             parser,
@@ -442,7 +474,7 @@ impl TaskKind for Agent {
             epoch: job.epoch,
             attempt: job.attempts,
         };
-        let result = episode::run(&ep, &mut session, &client, &guard).await;
+        let result = episode::run(&ep, side.generator(), &client, &guard).await;
         let trajectory = match result {
             Ok(t) => t,
             Err(EpisodeError::Setup(m)) => return Err(StageError::Failed(m)),
@@ -477,6 +509,17 @@ impl TaskKind for Agent {
             "episode ended"
         );
         let mut out = serde_json::to_value(&trajectory).unwrap_or_default();
+        if let ModelSide::Replay {
+            of,
+            recorded,
+            replayer,
+        } = &side
+        {
+            let mut report =
+                replayer.report(of, |ids| ep.model.tokenizer.decode(ids).unwrap_or_default());
+            report.tool_divergence = replay::first_tool_divergence(recorded, &trajectory);
+            out["replay"] = serde_json::to_value(report).unwrap_or_default();
+        }
         match sandboxed::finish(&self.sandboxes, job, client).await {
             Ok(export) => {
                 sandboxed::record_export(&mut out, export);
@@ -531,6 +574,93 @@ impl Agent {
         Ok(out)
     }
 
+    /// The model side of a RUN, its model's files and name: a backend session for the
+    /// job (`model`'s, or any), or, for a replay, job `replay_of`'s recording played back
+    /// with the files of the backend it ran on (registered still; it is not called).
+    pub(super) async fn model_side(
+        &self,
+        ctx: &StageContext,
+        model: Option<&String>,
+        replay_of: Option<&str>,
+        deadline: tokio::time::Instant,
+    ) -> Result<(ModelSide, Arc<ModelFiles>, String), StageError> {
+        let job = &ctx.job;
+        if let Some(of) = replay_of {
+            return self.recording(of).await;
+        }
+        let session_job = SessionJob {
+            job_id: job.id.clone(),
+            group_key: group_key(
+                &job.batch_id,
+                job.group_id.as_deref(),
+                self.policy.current(),
+            ),
+            model: model.cloned(),
+            node: ctx.node.clone(),
+        };
+        let session = self.open_session(session_job, deadline, ctx).await?;
+        let backend = session.backend().clone();
+        let files = self
+            .models
+            .get(Path::new(&backend.tokenizer))
+            .await
+            .map_err(|e| {
+                StageError::Failed(format!(
+                    "cannot load the model files of backend `{}`: {e}",
+                    backend.id
+                ))
+            })?;
+        Ok((ModelSide::Live(Box::new(session)), files, backend.model))
+    }
+
+    /// Job `of`'s recording, to replay.
+    async fn recording(
+        &self,
+        of: &str,
+    ) -> Result<(ModelSide, Arc<ModelFiles>, String), StageError> {
+        let transient = |e: crate::store::StoreError| StageError::Transient(e.to_string());
+        let recorded = self
+            .jobs
+            .job(of)
+            .await
+            .map_err(transient)?
+            .and_then(|j| j.run_output)
+            .filter(|o| o.get("turns").is_some() || o.get("calls").is_some())
+            .ok_or_else(|| {
+                StageError::Failed(format!(
+                    "replay_of: job `{of}` has no recorded episode (no such job, or it never finished its RUN stage)"
+                ))
+            })?;
+        let calls =
+            replay::recorded_calls(&recorded).map_err(|e| StageError::Failed(e.to_string()))?;
+        let name = recorded["model"].as_str().unwrap_or_default().to_string();
+        let backend_id = recorded["backend"].as_str().unwrap_or_default();
+        let backends = self.backends.backends().await.map_err(transient)?;
+        let backend = backends
+            .iter()
+            .find(|b| b.spec.id == backend_id)
+            .or_else(|| backends.iter().find(|b| b.spec.model == name))
+            .ok_or_else(|| {
+                StageError::Failed(format!(
+                    "replaying needs the model's files: register a backend of model `{name}` \
+                     (it is not called; only its tokenizer and chat template are read)"
+                ))
+            })?;
+        let files = self
+            .models
+            .get(Path::new(&backend.spec.tokenizer))
+            .await
+            .map_err(|e| {
+                StageError::Failed(format!("cannot load the model files of `{name}`: {e}"))
+            })?;
+        let side = ModelSide::Replay {
+            of: of.to_string(),
+            recorded,
+            replayer: Replayer::new(calls),
+        };
+        Ok((side, files, name))
+    }
+
     /// This node's sandboxes.
     pub(super) fn sandboxes(&self) -> &Arc<NodeSandboxes> {
         &self.sandboxes
@@ -544,11 +674,6 @@ impl Agent {
     /// The service's settings.
     pub(super) fn settings(&self) -> &Settings {
         &self.settings
-    }
-
-    /// The loaded models' files.
-    pub(super) fn models(&self) -> &ModelCache {
-        &self.models
     }
 
     /// The current policy version.

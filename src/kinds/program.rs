@@ -28,7 +28,6 @@
 //! verdict), `program` (its exit status and output) and `export`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,14 +35,13 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::agent::{self, Agent, AgentLimits, StillClaimed};
+use super::agent::{self, Agent, AgentLimits, ModelSide, StillClaimed};
 use super::grader::{self, Grader};
 use super::sandboxed::{self, Check};
 use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
 use crate::agent::episode::Parser;
 use crate::agent::program::{Endpoint, EndpointStop, ProgramEnd, ProgramEpisode};
-use crate::backends::session::BackendSession;
-use crate::backends::session::SessionJob;
+use crate::backends::generate::Generator;
 use crate::backends::wire::Sampling;
 use crate::domain::Job;
 use crate::sandbox::protocol::ExecResult;
@@ -101,6 +99,11 @@ pub struct ProgramSpec {
     /// How EVAL scores the result (as for `agent`). Give this or `check`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grader: Option<Grader>,
+    /// Replays job `replay_of`'s recording: the program runs again, its calls are
+    /// answered with the recorded tokens, and `replay` in the result says where its
+    /// requests first left the recording (`rollout replay` sets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_of: Option<String>,
 }
 
 /// The `agent_program` kind: the `agent` kind's sandboxes, backends and grading, with
@@ -219,30 +222,16 @@ impl TaskKind for AgentProgram {
         let (limits, timeout) = a.limits(&spec.limits);
         let deadline = tokio::time::Instant::now() + timeout;
         let client = sandboxed::connect(a.sandboxes(), ctx).await?;
-        let session_job = SessionJob {
-            job_id: job.id.clone(),
-            group_key: agent::group_key(
-                &job.batch_id,
-                job.group_id.as_deref(),
-                a.policy().current(),
-            ),
-            model: spec.model.clone(),
-            node: ctx.node.clone(),
-        };
-        let mut session = a.open_session(session_job, deadline, ctx).await?;
-        let backend = session.backend().clone();
-        let model = a
-            .models()
-            .get(Path::new(&backend.tokenizer))
-            .await
-            .map_err(|e| {
-                StageError::Failed(format!(
-                    "cannot load the model files of backend `{}`: {e}",
-                    backend.id
-                ))
-            })?;
+        let (mut side, model, model_name) = a
+            .model_side(
+                ctx,
+                spec.model.as_ref(),
+                spec.replay_of.as_deref(),
+                deadline,
+            )
+            .await?;
         let mut endpoint =
-            Endpoint::new(self.episode(&spec, model, &backend.model, limits, deadline));
+            Endpoint::new(self.episode(&spec, model.clone(), &model_name, limits, deadline));
         let guard = StillClaimed {
             jobs: a.jobs().clone(),
             job_id: job.id.clone(),
@@ -263,10 +252,18 @@ impl TaskKind for AgentProgram {
                 return sandboxed::died(a.sandboxes(), job, why, json!({})).await;
             }
         };
-        let args = program_args(&spec, port, &key, &backend.model);
+        let args = program_args(&spec, port, &key, &model_name);
         tracing::info!(port, command = %spec.command, "agent program starting");
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let driven = drive(&client, &args, left, &mut endpoint, &mut session, &guard).await;
+        let driven = drive(
+            &client,
+            &args,
+            left,
+            &mut endpoint,
+            side.generator(),
+            &guard,
+        )
+        .await;
         let exit = match driven {
             Driven::Exited(r) => r,
             Driven::Cancelled => {
@@ -300,6 +297,10 @@ impl TaskKind for AgentProgram {
             "agent program ended"
         );
         let mut out = serde_json::to_value(&run).unwrap_or_default();
+        if let ModelSide::Replay { of, replayer, .. } = &side {
+            let report = replayer.report(of, |ids| model.tokenizer.decode(ids).unwrap_or_default());
+            out["replay"] = serde_json::to_value(report).unwrap_or_default();
+        }
         out["program"] = json!({
             "exit_code": exit.exit_code,
             "signal": exit.signal,
@@ -377,7 +378,7 @@ async fn drive(
     args: &ExecArgs,
     left: Duration,
     endpoint: &mut Endpoint,
-    session: &mut BackendSession,
+    llm: &mut dyn Generator,
     guard: &StillClaimed,
 ) -> Driven {
     let exec = client.exec(args, Some(left));
@@ -395,7 +396,7 @@ async fn drive(
             },
         };
         let served = endpoint
-            .serve(&call.method, &call.path, &call.body, session, guard)
+            .serve(&call.method, &call.path, &call.body, llm, guard)
             .await;
         let (answer, stop) = match served {
             Ok(answer) => (answer, None),

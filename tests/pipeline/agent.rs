@@ -51,6 +51,11 @@ fn policy() -> Policy {
                 call("bash", json!({"command": "sed -i 's/a - b/a + b/' calc/add.py && echo fixed"})),
                 "The function adds now.".to_string(),
             ]}]},
+            // Replays (tests/pipeline/replay.rs): a file the setup fills at random.
+            {"match": "Read the stamp", "variants": [{"turns": [
+                call("bash", json!({"command": "cat stamp.txt"})),
+                call("finish", json!({"answer": "read"})),
+            ]}]},
             {"match": "Summarize the fix in one line", "variants": [{"turns": [
                 "add() returned a - b; it returns a + b.".to_string(),
             ]}]},

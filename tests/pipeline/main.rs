@@ -37,6 +37,7 @@ mod nodes;
 mod openapi;
 mod poison;
 mod program;
+mod replay;
 mod results;
 mod sampling;
 mod shell;

@@ -20,7 +20,7 @@ use crate::helpers::processes_running;
 
 /// Where the agent frameworks are installed (for the sandboxes' interpreter), or
 /// `None` with the prerequisite reported.
-fn agent_site(test: &str) -> Option<PathBuf> {
+pub(crate) fn agent_site(test: &str) -> Option<PathBuf> {
     match std::env::var_os("ROLLOUT_AGENT_SITE") {
         Some(p) if Path::new(&p).join("openai").is_dir() => Some(PathBuf::from(p)),
         _ => {
@@ -38,7 +38,7 @@ fn agent_site(test: &str) -> Option<PathBuf> {
 /// An agent on the `openai` SDK, as a user would write one: a bash tool, a loop until
 /// the model answers without a call, then a new conversation asking for a summary. It
 /// also tries to reach the host (the gateway's port) and leaves a process behind.
-const SDK_AGENT: &str = r#"
+pub(crate) const SDK_AGENT: &str = r#"
 import json, os, socket, subprocess, sys
 from openai import OpenAI
 
@@ -107,7 +107,7 @@ result = agent.run(sys.argv[1])
 print("exit status:", result.get("exit_status"))
 "#;
 
-fn program_task(command: &str, env: Value, sandbox: Value, extra: Value) -> Task {
+pub(crate) fn program_task(command: &str, env: Value, sandbox: Value, extra: Value) -> Task {
     let mut spec = json!({
         "command": command,
         "env": env,
