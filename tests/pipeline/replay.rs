@@ -77,7 +77,12 @@ async fn replays_run_the_tools_again_and_find_where_the_environment_changed() {
     let (again, report) = replay(&stand, &stamp).await;
     assert_eq!(again.status, Status::Done, "{again:?}");
     let d = report.divergence.clone().unwrap_or_else(|| {
-        panic!("the stamp differs: {}\nthen: {}\nnow: {}", describe(&report), run_output(&stamp)["turns"], run_output(&again)["turns"])
+        panic!(
+            "the stamp differs: {}\nthen: {}\nnow: {}",
+            describe(&report),
+            run_output(&stamp)["turns"],
+            run_output(&again)["turns"]
+        )
     });
     assert_eq!(
         d.call, 1,
