@@ -168,6 +168,9 @@ struct ChatMemo {
     ended: bool,
 }
 
+/// The drift check of a continuation, running beside the call.
+type DriftCheck = tokio::task::JoinHandle<Result<Drift, String>>;
+
 /// How a chat call's prompt was made.
 struct ChatPrompt {
     ids: Vec<u32>,
@@ -175,8 +178,65 @@ struct ChatPrompt {
     continues: Option<usize>,
     /// Why it does not, when it does not.
     fresh_reason: Option<String>,
-    drift: Option<Drift>,
+    /// A continuation's drift check.
+    drift: Option<DriftCheck>,
     reasoning_open: bool,
+}
+
+/// The prompt of `messages` rendered afresh and tokenized (tool results as plain text
+/// when `as_text`), and whether its generation prompt opens the model's reasoning.
+fn fresh_prompt(
+    model: &ModelFiles,
+    args: &serde_json::Map<String, Value>,
+    as_text: bool,
+    tools: Option<&[Value]>,
+    messages: &[Value],
+) -> Result<(Vec<u32>, bool), String> {
+    let template = model.template_for(tools.is_some());
+    let render = |m: &[Value]| template.render(m, tools, true, args);
+    let text = render(messages).map_err(|e| e.to_string())?;
+    let ids = if as_text {
+        let pieces =
+            locate_results(&text, messages, |m| Ok(render(m)?)).map_err(|e| e.to_string())?;
+        model.tokenizer.encode_pieces(&pieces)
+    } else {
+        model.tokenizer.encode(&text)
+    }
+    .map_err(|e| e.to_string())?;
+    Ok((ids, parse::opens_reasoning(&text)))
+}
+
+/// The tokens the template writes after the model's turn ending `past` (`ended`: with
+/// its end-of-turn token) up to the next generation prompt, with `new` in between; and
+/// that text.
+fn between_calls(
+    model: &ModelFiles,
+    args: &serde_json::Map<String, Value>,
+    as_text: bool,
+    tools: Option<&[Value]>,
+    past: &[Value],
+    new: &[Value],
+    ended: bool,
+) -> Result<(Vec<u32>, String), String> {
+    let template = model.template_for(tools.is_some());
+    let glue = TurnGlue::new(template, &model.eos_token, tools, args).map_err(|e| e.to_string())?;
+    if as_text {
+        let pieces = glue
+            .between_turns_pieces(past, new, ended)
+            .map_err(|e| e.to_string())?;
+        let text: String = pieces.iter().map(|(t, _)| t.as_str()).collect();
+        let ids = model
+            .tokenizer
+            .encode_pieces(&pieces)
+            .map_err(|e| e.to_string())?;
+        Ok((ids, text))
+    } else {
+        let text = glue
+            .between_turns_after(past, new, ended)
+            .map_err(|e| e.to_string())?;
+        let ids = model.tokenizer.encode(&text).map_err(|e| e.to_string())?;
+        Ok((ids, text))
+    }
 }
 
 /// The endpoint of one episode: it answers calls and keeps their record.
@@ -192,6 +252,8 @@ pub struct Endpoint {
     answered: usize,
     /// The limit that refused a call, when one did.
     refused: Option<FinishReason>,
+    /// Drift checks still running, by call index.
+    drifts: Vec<(usize, DriftCheck)>,
     switches: Vec<trajectory::BackendSwitch>,
 }
 
@@ -212,6 +274,7 @@ impl Endpoint {
             samples: Vec::new(),
             answered: 0,
             refused: None,
+            drifts: Vec::new(),
             switches: Vec::new(),
         }
     }
@@ -302,7 +365,7 @@ impl Endpoint {
             return Ok(self.refuse(ROUTE, request, FinishReason::MaxTurns, e));
         }
         let tools = req.tools.clone().filter(|t| !t.is_empty());
-        let prompt = match self.chat_prompt(&req.messages, tools.clone()).await {
+        let mut prompt = match self.chat_prompt(&req.messages, tools.clone()).await {
             Ok(p) => p,
             Err(message) => {
                 return Ok(Answer::error(&ApiError::bad(
@@ -337,6 +400,9 @@ impl Endpoint {
         let (sample, turn, merge, obs, diverges) =
             self.assemble(&prompt.ids, generated, llm_us, versions, &text, t_call);
         let reason = (merge == Merge::New).then(|| new_sample_reason(&prompt, diverges));
+        if let Some(check) = prompt.drift.take() {
+            self.drifts.push((index, check));
+        }
         self.samples[sample].messages = req
             .messages
             .iter()
@@ -365,7 +431,7 @@ impl Endpoint {
             reason,
             observation_tokens: obs,
             prompt_tokens: prompt.ids.len(),
-            drift: prompt.drift,
+            drift: None,
             request,
             reply: message.clone(),
             finish_reason: Some(finish.into()),
@@ -599,63 +665,49 @@ impl Endpoint {
         let model = self.ep.model.clone();
         let args = self.ep.template_args.clone();
         let as_text = self.ep.observations_as_text;
-        let memo = continues
+        let Some(memo) = continues
             .and_then(|c| self.memos.iter().find(|(i, _)| *i == c))
-            .map(|(_, m)| {
-                (
-                    m.messages.clone(),
-                    m.reply_message.clone(),
-                    [m.prompt_ids.clone(), m.output_ids.clone()].concat(),
-                    m.ended,
-                )
+            .map(|(_, m)| m)
+        else {
+            let (ids, reasoning_open) = tokio::task::spawn_blocking(move || {
+                fresh_prompt(&model, &args, as_text, tools.as_deref(), &templated)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            return Ok(ChatPrompt {
+                ids,
+                continues,
+                fresh_reason,
+                drift: None,
+                reasoning_open,
             });
-        let fresh_first = continues.is_none() && self.samples.is_empty();
-        let built = tokio::task::spawn_blocking(move || {
-            let offered = tools.as_deref();
-            let template = model.template_for(offered.is_some());
-            let render = |m: &[Value]| template.render(m, offered, true, &args);
-            let text = render(&templated).map_err(|e| e.to_string())?;
-            let reasoning_open = parse::opens_reasoning(&text);
-            let fresh = if as_text {
-                let pieces = locate_results(&text, &templated, |m| Ok(render(m)?))
-                    .map_err(|e| e.to_string())?;
-                model.tokenizer.encode_pieces(&pieces)
-            } else {
-                model.tokenizer.encode(&text)
-            }
-            .map_err(|e| e.to_string())?;
-            let Some((history, reply, before, ended)) = memo else {
-                return Ok::<_, String>((fresh, None, reasoning_open));
-            };
-            let glue = TurnGlue::new(template, &model.eos_token, offered, &args)
-                .map_err(|e| e.to_string())?;
-            let mut past = history;
-            past.push(reply);
-            let new = &templated[past.len()..];
-            let obs = if as_text {
-                let pieces = glue
-                    .between_turns_pieces(&past, new, ended)
-                    .map_err(|e| e.to_string())?;
-                model.tokenizer.encode_pieces(&pieces)
-            } else {
-                let text = glue
-                    .between_turns_after(&past, new, ended)
-                    .map_err(|e| e.to_string())?;
-                model.tokenizer.encode(&text)
-            }
-            .map_err(|e| e.to_string())?;
-            let ids = [before, obs].concat();
-            let drift = trajectory::compare(&ids, &fresh, &[]);
-            Ok((ids, Some(drift), reasoning_open))
+        };
+        let mut past = memo.messages.clone();
+        past.push(memo.reply_message.clone());
+        let before = [memo.prompt_ids.clone(), memo.output_ids.clone()].concat();
+        let ended = memo.ended;
+        let (glue_model, glue_args, glue_tools) = (model.clone(), args.clone(), tools.clone());
+        let new = templated[past.len()..].to_vec();
+        let (ids, reasoning_open) = tokio::task::spawn_blocking(move || {
+            let tools = glue_tools.as_deref();
+            let obs = between_calls(&glue_model, &glue_args, as_text, tools, &past, &new, ended)?;
+            let opens = parse::opens_reasoning(&obs.1);
+            Ok::<_, String>(([before, obs.0].concat(), opens))
         })
         .await
         .map_err(|e| e.to_string())??;
-        let (ids, drift, reasoning_open) = built;
+        // Whether a fresh render gives the same tokens is checked beside the call, not in
+        // its way: the agent waits for the answer, not for the check.
+        let ours = ids.clone();
+        let drift = tokio::task::spawn_blocking(move || {
+            let (fresh, _) = fresh_prompt(&model, &args, as_text, tools.as_deref(), &templated)?;
+            Ok(trajectory::compare(&ours, &fresh, &[]))
+        });
         Ok(ChatPrompt {
             ids,
             continues,
             fresh_reason,
-            drift: if fresh_first { None } else { drift },
+            drift: Some(drift),
             reasoning_open,
         })
     }
@@ -755,7 +807,14 @@ impl Endpoint {
     /// The episode's record once the program ended: the sample of its last answered
     /// call as the trajectory, every sample, every call. `reason` is why it ended;
     /// a program that exited after a limit refused one of its calls ended for that limit.
-    pub fn finish(mut self, ended: ProgramEnd) -> ProgramRun {
+    pub async fn finish(mut self, ended: ProgramEnd) -> ProgramRun {
+        for (index, check) in std::mem::take(&mut self.drifts) {
+            self.calls[index].drift = Some(match check.await {
+                Ok(Ok(d)) => d,
+                Ok(Err(e)) => Drift::unchecked(e),
+                Err(e) => Drift::unchecked(format!("the check did not finish: {e}")),
+            });
+        }
         let reason = match ended {
             ProgramEnd::Timeout => FinishReason::Timeout,
             ProgramEnd::Exited => self.refused.unwrap_or(FinishReason::Exited),
@@ -1061,12 +1120,11 @@ mod tests {
         let s = &e.samples[0];
         assert_eq!(s.all_ids()[..p1.len()], p1[..]);
         assert!(crate::agent::episode::mask_matches_turns(s));
-        // The continuation renders afresh to the same tokens with this template.
-        assert!(
-            e.calls[1].drift.as_ref().unwrap().identical,
-            "{:?}",
-            e.calls[1].drift
-        );
+        // The continuation renders afresh to the same tokens with this template (the
+        // check runs beside the calls, and is in by the end).
+        let run = e.finish(ProgramEnd::Exited).await;
+        let drift = run.calls[1].drift.as_ref().unwrap();
+        assert!(drift.identical, "{drift:?}");
     }
 
     #[tokio::test]
@@ -1146,7 +1204,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(missing.status, 404);
-        let run = e.finish(ProgramEnd::Exited);
+        let run = e.finish(ProgramEnd::Exited).await;
         assert_eq!(run.trajectory.finish_reason, Some(FinishReason::MaxTurns));
         assert_eq!(run.calls.len(), 3, "the refused call is recorded");
     }

@@ -262,6 +262,7 @@ impl TaskKind for AgentProgram {
             &mut endpoint,
             side.generator(),
             &guard,
+            &ctx.cancel,
         )
         .await;
         let exit = match driven {
@@ -274,13 +275,13 @@ impl TaskKind for AgentProgram {
             Driven::Backend(message) => {
                 // The worker's cleanup stops the sandbox.
                 drop(client);
-                let output = partial(endpoint);
+                let output = partial(endpoint).await;
                 return Err(StageError::FailedWith { message, output });
             }
             Driven::Sandbox(e) => {
                 drop(client);
                 let why = format!("the sandbox stopped answering while the agent program ran: {e}");
-                return sandboxed::died(a.sandboxes(), job, why, partial(endpoint)).await;
+                return sandboxed::died(a.sandboxes(), job, why, partial(endpoint).await).await;
             }
         };
         let how = if exit.timed_out {
@@ -288,7 +289,7 @@ impl TaskKind for AgentProgram {
         } else {
             ProgramEnd::Exited
         };
-        let run = endpoint.finish(how);
+        let run = endpoint.finish(how).await;
         tracing::info!(
             calls = run.calls.len(),
             samples = run.samples.len(),
@@ -371,8 +372,8 @@ enum Driven {
     Sandbox(SandboxError),
 }
 
-/// Runs the program and answers its calls until it ends: the exec and the endpoint's
-/// polls share the one connection to the sandbox.
+/// Runs the program and answers its calls until it ends (or the job's `cancel` fires):
+/// the exec and the endpoint's polls share the one connection to the sandbox.
 async fn drive(
     client: &SandboxClient,
     args: &ExecArgs,
@@ -380,11 +381,14 @@ async fn drive(
     endpoint: &mut Endpoint,
     llm: &mut dyn Generator,
     guard: &StillClaimed,
+    cancel: &tokio_util::sync::CancellationToken,
 ) -> Driven {
     let exec = client.exec(args, Some(left));
     tokio::pin!(exec);
     loop {
         let call = tokio::select! {
+            // The job was cancelled (or handed back) while the program ran its own tools.
+            () = cancel.cancelled() => return Driven::Cancelled,
             r = &mut exec => return match r {
                 Ok(r) => Driven::Exited(r),
                 Err(e) => Driven::Sandbox(e),
@@ -421,8 +425,8 @@ async fn drive(
 }
 
 /// What a failed run keeps: the calls and samples so far, no finish reason.
-fn partial(endpoint: Endpoint) -> serde_json::Value {
-    let run = endpoint.finish(ProgramEnd::Exited);
+async fn partial(endpoint: Endpoint) -> serde_json::Value {
+    let run = endpoint.finish(ProgramEnd::Exited).await;
     let mut output = serde_json::to_value(&run).unwrap_or_default();
     if let Some(o) = output.as_object_mut() {
         o.remove("finish_reason");
