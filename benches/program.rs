@@ -218,6 +218,16 @@ async fn overhead(env: &service::Env, server: &ScriptedServer, calls: usize) -> 
         .unwrap();
     let out = child.wait_with_output().unwrap();
     let mut direct: Vec<u64> = serde_json::from_slice(&out.stdout).unwrap();
+    // The RUN worker's own time in each call (rendering, tokenizing, bookkeeping: the
+    // call's wall time there minus the backend's), from the calls' turn records.
+    let mut own: Vec<u64> = run["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["turns"].as_array().unwrap().iter())
+        .map(|t| t["overhead_us"].as_u64().unwrap_or_default())
+        .collect();
+    let own50 = percentile(&mut own, 0.5);
     let (e50, e99) = (
         percentile(&mut endpoint, 0.5),
         percentile(&mut endpoint, 0.99),
@@ -225,11 +235,12 @@ async fn overhead(env: &service::Env, server: &ScriptedServer, calls: usize) -> 
     let (d50, d99) = (percentile(&mut direct, 0.5), percentile(&mut direct, 0.99));
     let ms = |us: u64| us as f64 / 1000.0;
     format!(
-        "| chat call through the episode's endpoint, {} calls of one conversation (prompt up to {} tokens) | p50 {:.2} ms, p99 {:.2} ms | the same prompts as token IDs straight to the server: p50 {:.2} ms, p99 {:.2} ms | p50 +{:.2} ms ({:.1}×) | — |",
+        "| chat call through the episode's endpoint, {} calls of one conversation (prompt up to {} tokens) | p50 {:.2} ms, p99 {:.2} ms (the RUN worker's own part: p50 {:.2} ms) | the same prompts as token IDs straight to the server: p50 {:.2} ms, p99 {:.2} ms | p50 +{:.2} ms ({:.1}×) | — |",
         endpoint.len(),
         prompts.last().map_or(0, |p| p.len()),
         ms(e50),
         ms(e99),
+        ms(own50),
         ms(d50),
         ms(d99),
         ms(e50.saturating_sub(d50)),

@@ -344,6 +344,10 @@ async fn a_real_vllm_serves_the_service_token_exact() {
             "an episode through the service",
             episode(&real).boxed_local(),
         ),
+        (
+            "an agent program on the openai SDK through the service",
+            agent_program(&real).boxed_local(),
+        ),
     ] {
         let t0 = Instant::now();
         eprintln!("real vLLM: {name}");
@@ -742,6 +746,109 @@ async fn episode(real: &Real) {
     for (i, turn) in turns.iter().enumerate() {
         let last = i + 1 == turns.len();
         check_turn(real, &recorded, i, turn, last, &sampling).await;
+    }
+    drop(env);
+}
+
+/// An agent on the `openai` SDK (installed by `scripts/agent-frameworks-env.sh`) runs as
+/// an `agent_program` episode against the real server: the structured-output regex makes
+/// the random model call the bash tool, the agent runs it and calls again until the call
+/// limit refuses a call; every call's tokens and logprobs are vLLM's own answer to its
+/// prompt, and the calls are one sample (each prompt continues the last).
+async fn agent_program(real: &Real) {
+    let Some(site) = std::env::var_os("ROLLOUT_AGENT_SITE").map(PathBuf::from) else {
+        prerequisite::missing(
+            "real_vllm (agent program)",
+            "ROLLOUT_AGENT_SITE is not set: run `export ROLLOUT_AGENT_SITE=$(scripts/agent-frameworks-env.sh)` first (the test command does)",
+        );
+        return;
+    };
+    let bind = site.clone();
+    let env = helpers::TestEnv::start(move |s| {
+        s.pool.retries = 1;
+        s.pool.health_interval_ms = 60_000;
+        s.sandbox.ro_binds.push(bind);
+    })
+    .await;
+    env.client.add_backend(&real.backend).await.unwrap();
+    env.workers_in_process(1);
+    let agent = r#"
+import json, os, subprocess
+from openai import OpenAI
+client = OpenAI()
+tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object",
+          "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+messages = [{"role": "system", "content": "You are a careful engineer."},
+            {"role": "user", "content": "Say a word with the bash tool."}]
+while True:
+    m = client.chat.completions.create(model=os.environ["ROLLOUT_MODEL"], messages=messages,
+                                       tools=tools).choices[0].message
+    messages.append(m.model_dump(exclude_none=True))
+    if not m.tool_calls:
+        break
+    for c in m.tool_calls:
+        out = subprocess.run(json.loads(c.function.arguments)["command"], shell=True,
+                             capture_output=True, text=True)
+        messages.append({"role": "tool", "tool_call_id": c.id, "content": out.stdout})
+"#;
+    let regex = r#"<tool_call>\n\{"name": "bash", "arguments": \{"command": "echo [a-z]{2,8}"\}\}\n</tool_call>"#;
+    let sampling = Sampling {
+        temperature: Some(1.0),
+        seed: Some(12),
+        max_tokens: Some(96),
+        structured_outputs: Some(StructuredOutputs {
+            regex: Some(regex.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let task = Task::new(
+        "agent_program",
+        json!({
+            "command": "python3 agent.py",
+            "env": {"PYTHONPATH": site.display().to_string()},
+            "sandbox": {"files": {"agent.py": agent}},
+            "model": SERVED,
+            "sampling": serde_json::to_value(&sampling).unwrap(),
+            "limits": {"max_turns": 3, "max_tokens": CONTEXT, "max_new_tokens": 96},
+            "check": {"command": "true"},
+        }),
+    );
+    env.submit(&[task], "real-program").await;
+    let result = env
+        .wait_results("real-program", 1, Duration::from_secs(600))
+        .await
+        .remove(0);
+    assert_eq!(result.status, Status::Done, "{:?}", result.error);
+    let run = &result.output["run"];
+    assert_eq!(run["finish_reason"], "max_turns", "{}", run["program"]);
+    let merges: Vec<&str> = run["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["merge"].as_str().unwrap_or("refused"))
+        .collect();
+    assert_eq!(merges, ["first", "extends", "extends", "refused"], "{}", run["calls"]);
+    let sample = &run["samples"][0];
+    let prompt_ids = helpers::ids(&sample["prompt_ids"]);
+    let response = helpers::ids(&sample["response_ids"]);
+    for (i, turn) in sample["turns"].as_array().unwrap().iter().enumerate() {
+        let [a, b] = [
+            usize::try_from(turn["model_range"][0].as_u64().unwrap()).unwrap(),
+            usize::try_from(turn["model_range"][1].as_u64().unwrap()).unwrap(),
+        ];
+        let prompt = [&prompt_ids[..], &response[..a]].concat();
+        let raw = real.direct(&prompt, &sampling).await;
+        assert_eq!(id_list(&raw, "token_ids"), response[a..b], "call {i}'s tokens are vLLM's");
+        let logprobs: Vec<f32> = sample["logprobs"].as_array().unwrap()[a..b]
+            .iter()
+            .map(|v| {
+                #[allow(clippy::cast_possible_truncation)] // an f32 read back as f64: exact
+                let l = v.as_f64().unwrap() as f32;
+                l
+            })
+            .collect();
+        assert_eq!(raw_logprobs(&raw), logprobs, "call {i}'s logprobs are vLLM's");
     }
     drop(env);
 }

@@ -356,6 +356,7 @@ impl Endpoint {
         guard: &dyn TurnGuard,
     ) -> Result<Answer, (EndpointStop, Answer)> {
         const ROUTE: &str = "chat.completions";
+        let t_call = Instant::now();
         let request: Value = serde_json::from_str(body).unwrap_or(Value::Null);
         let (req, stop) = match check_chat(body) {
             Ok(r) => r,
@@ -375,7 +376,6 @@ impl Endpoint {
             }
         };
         let limit = req.max_completion_tokens.or(req.max_tokens);
-        let t_call = Instant::now();
         let g = match self
             .generate(ROUTE, &request, &prompt.ids, limit, stop, llm, guard)
             .await?
@@ -459,6 +459,7 @@ impl Endpoint {
         guard: &dyn TurnGuard,
     ) -> Result<Answer, (EndpointStop, Answer)> {
         const ROUTE: &str = "completions";
+        let t_call = Instant::now();
         let request: Value = serde_json::from_str(body).unwrap_or(Value::Null);
         let req: openai::CompletionRequest = match openai::parse(body) {
             Ok(r) => r,
@@ -484,7 +485,6 @@ impl Endpoint {
         if ids.is_empty() {
             return Ok(Answer::error(&ApiError::bad("prompt", "must not be empty")));
         }
-        let t_call = Instant::now();
         let (generated, llm_us, versions) = match self
             .generate(ROUTE, &request, &ids, req.max_tokens, stop, llm, guard)
             .await?
