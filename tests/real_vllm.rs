@@ -750,6 +750,28 @@ async fn episode(real: &Real) {
     drop(env);
 }
 
+/// The agent of [`agent_program`]: a bash tool, a loop until the model answers
+/// without a call.
+const SDK_AGENT: &str = r#"
+import json, os, subprocess
+from openai import OpenAI
+client = OpenAI()
+tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object",
+          "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+messages = [{"role": "system", "content": "You are a careful engineer."},
+            {"role": "user", "content": "Say a word with the bash tool."}]
+while True:
+    m = client.chat.completions.create(model=os.environ["ROLLOUT_MODEL"], messages=messages,
+                                       tools=tools).choices[0].message
+    messages.append(m.model_dump(exclude_none=True))
+    if not m.tool_calls:
+        break
+    for c in m.tool_calls:
+        out = subprocess.run(json.loads(c.function.arguments)["command"], shell=True,
+                             capture_output=True, text=True)
+        messages.append({"role": "tool", "tool_call_id": c.id, "content": out.stdout})
+"#;
+
 /// An agent on the `openai` SDK (installed by `scripts/agent-frameworks-env.sh`) runs as
 /// an `agent_program` episode against the real server: the structured-output regex makes
 /// the random model call the bash tool, the agent runs it and calls again until the call
@@ -772,25 +794,6 @@ async fn agent_program(real: &Real) {
     .await;
     env.client.add_backend(&real.backend).await.unwrap();
     env.workers_in_process(1);
-    let agent = r#"
-import json, os, subprocess
-from openai import OpenAI
-client = OpenAI()
-tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object",
-          "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
-messages = [{"role": "system", "content": "You are a careful engineer."},
-            {"role": "user", "content": "Say a word with the bash tool."}]
-while True:
-    m = client.chat.completions.create(model=os.environ["ROLLOUT_MODEL"], messages=messages,
-                                       tools=tools).choices[0].message
-    messages.append(m.model_dump(exclude_none=True))
-    if not m.tool_calls:
-        break
-    for c in m.tool_calls:
-        out = subprocess.run(json.loads(c.function.arguments)["command"], shell=True,
-                             capture_output=True, text=True)
-        messages.append({"role": "tool", "tool_call_id": c.id, "content": out.stdout})
-"#;
     let regex = r#"<tool_call>\n\{"name": "bash", "arguments": \{"command": "echo [a-z]{2,8}"\}\}\n</tool_call>"#;
     let sampling = Sampling {
         temperature: Some(1.0),
@@ -807,7 +810,7 @@ while True:
         json!({
             "command": "python3 agent.py",
             "env": {"PYTHONPATH": site.display().to_string()},
-            "sandbox": {"files": {"agent.py": agent}},
+            "sandbox": {"files": {"agent.py": SDK_AGENT}},
             "model": SERVED,
             "sampling": serde_json::to_value(&sampling).unwrap(),
             "limits": {"max_turns": 3, "max_tokens": CONTEXT, "max_new_tokens": 96},
@@ -828,8 +831,19 @@ while True:
         .iter()
         .map(|c| c["merge"].as_str().unwrap_or("refused"))
         .collect();
-    assert_eq!(merges, ["first", "extends", "extends", "refused"], "{}", run["calls"]);
-    let sample = &run["samples"][0];
+    assert_eq!(
+        merges,
+        ["first", "extends", "extends", "refused"],
+        "{}",
+        run["calls"]
+    );
+    assert_sample_is_vllms(real, &run["samples"][0], &sampling).await;
+    drop(env);
+}
+
+/// Every call of `sample` is, token for token and logprob for logprob, vLLM's own answer
+/// to the call's prompt sent directly.
+async fn assert_sample_is_vllms(real: &Real, sample: &Value, sampling: &Sampling) {
     let prompt_ids = helpers::ids(&sample["prompt_ids"]);
     let response = helpers::ids(&sample["response_ids"]);
     for (i, turn) in sample["turns"].as_array().unwrap().iter().enumerate() {
@@ -838,8 +852,12 @@ while True:
             usize::try_from(turn["model_range"][1].as_u64().unwrap()).unwrap(),
         ];
         let prompt = [&prompt_ids[..], &response[..a]].concat();
-        let raw = real.direct(&prompt, &sampling).await;
-        assert_eq!(id_list(&raw, "token_ids"), response[a..b], "call {i}'s tokens are vLLM's");
+        let raw = real.direct(&prompt, sampling).await;
+        assert_eq!(
+            id_list(&raw, "token_ids"),
+            response[a..b],
+            "call {i}'s tokens are vLLM's"
+        );
         let logprobs: Vec<f32> = sample["logprobs"].as_array().unwrap()[a..b]
             .iter()
             .map(|v| {
@@ -848,9 +866,12 @@ while True:
                 l
             })
             .collect();
-        assert_eq!(raw_logprobs(&raw), logprobs, "call {i}'s logprobs are vLLM's");
+        assert_eq!(
+            raw_logprobs(&raw),
+            logprobs,
+            "call {i}'s logprobs are vLLM's"
+        );
     }
-    drop(env);
 }
 
 /// One turn of the episode: the tool call the regex allows, run in the sandbox (its

@@ -104,7 +104,13 @@ pub struct ModelCall {
     /// prompt it was sent (absent for the first call of a fresh render, which is that).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<Drift>,
-    /// The request body, as the agent sent it.
+    /// The earlier call whose conversation and answer this chat call's messages go on
+    /// from (its prompt continues that call's tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continues: Option<usize>,
+    /// The request body as the agent sent it; for a call that `continues` another,
+    /// `messages` holds only what follows that call's conversation and answer (so a
+    /// long episode's record grows with its calls, not with their square).
     pub request: Value,
     /// What it was answered: the assistant message (chat) or `{"text": ...}`, or the
     /// error.
@@ -150,6 +156,11 @@ pub enum EndpointStop {
     Timeout,
 }
 
+/// How many of the latest chat calls a request may continue: an agent's calls go on
+/// from its last one, or from one of the few conversations it interleaves (sub-agents);
+/// a continuation of an older call is rendered afresh (and is then a sample of its own).
+const MEMOS: usize = 16;
+
 /// A chat call's conversation as later calls may continue it.
 struct ChatMemo {
     /// The request's messages, reduced ([`openai::essence`]).
@@ -176,6 +187,8 @@ struct ChatPrompt {
     ids: Vec<u32>,
     /// The call it continues, when it does.
     continues: Option<usize>,
+    /// The messages that call's conversation and answer cover.
+    skip: usize,
     /// Why it does not, when it does not.
     fresh_reason: Option<String>,
     /// A continuation's drift check.
@@ -332,6 +345,7 @@ impl Endpoint {
             observation_tokens: 0,
             prompt_tokens: 0,
             drift: None,
+            continues: None,
             request,
             reply: serde_json::from_str(&e.body()).unwrap_or_default(),
             finish_reason: None,
@@ -357,7 +371,7 @@ impl Endpoint {
     ) -> Result<Answer, (EndpointStop, Answer)> {
         const ROUTE: &str = "chat.completions";
         let t_call = Instant::now();
-        let request: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        let mut request: Value = serde_json::from_str(body).unwrap_or(Value::Null);
         let (req, stop) = match check_chat(body) {
             Ok(r) => r,
             Err(e) => return Ok(Answer::error(&e)),
@@ -410,19 +424,18 @@ impl Endpoint {
             .chain([message.clone()])
             .collect();
         let completion_tokens = output_ids.len();
-        self.memos.push((
+        if prompt.continues.is_some() {
+            request["messages"] = Value::Array(req.messages[prompt.skip..].to_vec());
+        }
+        self.remember(
             index,
-            ChatMemo {
-                essence: req.messages.iter().map(openai::essence).collect(),
-                messages: req.messages.iter().map(openai::for_template).collect(),
-                tools,
-                reply: openai::essence(&message),
-                reply_message: openai::for_template(&message),
-                prompt_ids: prompt.ids.clone(),
-                output_ids,
-                ended,
-            },
-        ));
+            &req.messages,
+            tools,
+            &message,
+            &prompt.ids,
+            output_ids,
+            ended,
+        );
         self.calls.push(ModelCall {
             route: ROUTE.into(),
             sample: Some(sample),
@@ -432,6 +445,7 @@ impl Endpoint {
             observation_tokens: obs,
             prompt_tokens: prompt.ids.len(),
             drift: None,
+            continues: prompt.continues,
             request,
             reply: message.clone(),
             finish_reason: Some(finish.into()),
@@ -450,6 +464,37 @@ impl Endpoint {
             content_type,
             body,
         })
+    }
+
+    /// Keeps chat call `index`'s conversation and answer for the calls that may
+    /// continue it (the last [`MEMOS`]).
+    #[allow(clippy::too_many_arguments)]
+    fn remember(
+        &mut self,
+        index: usize,
+        messages: &[Value],
+        tools: Option<Vec<Value>>,
+        message: &Value,
+        prompt_ids: &[u32],
+        output_ids: Vec<u32>,
+        ended: bool,
+    ) {
+        self.memos.push((
+            index,
+            ChatMemo {
+                essence: messages.iter().map(openai::essence).collect(),
+                messages: messages.iter().map(openai::for_template).collect(),
+                tools,
+                reply: openai::essence(message),
+                reply_message: openai::for_template(message),
+                prompt_ids: prompt_ids.to_vec(),
+                output_ids,
+                ended,
+            },
+        ));
+        if self.memos.len() > MEMOS {
+            self.memos.remove(0);
+        }
     }
 
     async fn completion(
@@ -512,6 +557,7 @@ impl Endpoint {
             observation_tokens: obs,
             prompt_tokens: ids.len(),
             drift: None,
+            continues: None,
             request,
             reply: json!({"text": text}),
             finish_reason: Some(finish.into()),
@@ -677,6 +723,7 @@ impl Endpoint {
             return Ok(ChatPrompt {
                 ids,
                 continues,
+                skip: 0,
                 fresh_reason,
                 drift: None,
                 reasoning_open,
@@ -684,6 +731,7 @@ impl Endpoint {
         };
         let mut past = memo.messages.clone();
         past.push(memo.reply_message.clone());
+        let skip = past.len();
         let before = [memo.prompt_ids.clone(), memo.output_ids.clone()].concat();
         let ended = memo.ended;
         let (glue_model, glue_args, glue_tools) = (model.clone(), args.clone(), tools.clone());
@@ -706,6 +754,7 @@ impl Endpoint {
         Ok(ChatPrompt {
             ids,
             continues,
+            skip,
             fresh_reason,
             drift: Some(drift),
             reasoning_open,
@@ -1106,6 +1155,10 @@ mod tests {
             &p1[p0.len()..p0.len() + out0[1]],
             &e.samples[0].response_ids[..out0[1]]
         );
+        // Its record keeps only what followed call 0's conversation and answer.
+        assert_eq!(e.calls[1].continues, Some(0));
+        assert_eq!(e.calls[1].request["messages"].as_array().unwrap().len(), 1);
+        assert_eq!(e.calls[1].request["messages"][0]["role"], "tool");
         // The same continuation again is a branch off call 0: a sample of its own.
         chat(&mut e, &mut llm, &convo).await;
         let merges: Vec<_> = e.calls.iter().map(|c| c.merge.unwrap()).collect();

@@ -204,6 +204,7 @@ impl TaskKind for AgentProgram {
             s.model.as_deref(),
             &s.limits,
         )?;
+        agent::validate_replay_of(s.replay_of.as_deref())?;
         s.sandbox
             .validate("sandbox", self.agent.sandboxes().settings())?;
         grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
@@ -238,14 +239,15 @@ impl TaskKind for AgentProgram {
             epoch: job.epoch,
             attempt: job.attempts,
         };
-        // The episode's key: 256 random bits, new for every run.
-        let key = format!(
-            "rollout-{}{}",
-            uuid::Uuid::new_v4().simple(),
-            uuid::Uuid::new_v4().simple()
-        );
-        let port = match client.endpoint_open(&key).await {
-            Ok(p) => p,
+        let (port, key) = match open_endpoint(&client).await {
+            Ok(opened) => opened,
+            // The server answered and refused: it is not one that serves the endpoint
+            // (an older `rollout-sandbox` in the image, say); a restart would not help.
+            Err(e @ SandboxError::Tool(_)) => {
+                return Err(StageError::Failed(format!(
+                    "the sandbox's server cannot open a model endpoint ({e}); agent programs need this release's rollout-sandbox"
+                )));
+            }
             Err(e) => {
                 drop(client);
                 let why = format!("the sandbox's model endpoint did not open: {e}");
@@ -337,6 +339,18 @@ impl TaskKind for AgentProgram {
     async fn cleanup(&self, job: &Job) {
         sandboxed::cleanup(self.agent.sandboxes(), job).await
     }
+}
+
+/// Opens the sandbox's model endpoint with a key of its own (two random UUIDs, 244
+/// random bits, new for every run); its port and the key.
+async fn open_endpoint(client: &SandboxClient) -> Result<(u16, String), SandboxError> {
+    let key = format!(
+        "rollout-{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let port = client.endpoint_open(&key).await?;
+    Ok((port, key))
 }
 
 /// The program's command with the endpoint's address and key in its environment.

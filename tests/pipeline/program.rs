@@ -363,6 +363,7 @@ async fn bad_agent_program_tasks_are_refused_naming_the_field() {
             (with("env", json!({"A=B": "1"})), "env.A=B"),
             (with("parser", json!("nope")), "parser"),
             (with("max_output_bytes", json!(0)), "max_output_bytes"),
+            (with("replay_of", json!(" ")), "replay_of"),
         ],
     )
     .await;
