@@ -78,6 +78,10 @@ enum Command {
         /// Exit with status 1 when the replay diverged or its reward differs.
         #[arg(long)]
         strict: bool,
+        /// Print the recording as a policy file of the stand-in inference server
+        /// (`rollout-scripted-llm serve --policy`) instead of replaying it.
+        #[arg(long)]
+        as_policy: bool,
         /// Gateway URL (default: http:// + gateway.listen).
         #[arg(long, env = "ROLLOUT_GATEWAY")]
         gateway: Option<String>,
@@ -248,11 +252,12 @@ async fn main() -> anyhow::Result<()> {
             job,
             batch,
             strict,
+            as_policy,
             gateway,
             token,
         } => {
             let client = gateway_client(&settings, gateway, token);
-            let same = replay(&client, &job, batch, strict).await?;
+            let same = replay(&client, &job, batch, strict, as_policy).await?;
             if strict && !same {
                 std::process::exit(1);
             }
@@ -368,13 +373,20 @@ async fn submit(
 
 /// `rollout replay`: submits the replay of `job`, waits for its result and reports;
 /// returns whether it went as the recorded episode did (no divergence, same reward).
+/// With `as_policy`, prints the recording as a stand-in policy instead.
 async fn replay(
     client: &Client,
     job: &str,
     batch: Option<String>,
     strict: bool,
+    as_policy: bool,
 ) -> anyhow::Result<bool> {
     let original = client.job(job).await?;
+    if as_policy {
+        let policy = rollout::agent::replay::as_policy(&original.job)?;
+        println!("{}", serde_json::to_string_pretty(&policy)?);
+        return Ok(true);
+    }
     let task = rollout::agent::replay::replay_task(&original.job)?;
     let batch = batch.unwrap_or_else(|| format!("replay-{}", uuid::Uuid::now_v7().simple()));
     let resp = client.submit(&[task], Some(&batch)).await?;

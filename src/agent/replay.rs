@@ -148,6 +148,79 @@ pub fn replay_task(job: &crate::domain::Job) -> Result<crate::domain::Task, Reco
     Ok(task)
 }
 
+/// A recorded episode as a policy file of the stand-in inference server
+/// (`rollout-scripted-llm serve --policy`): one rule, matching the episode's opening
+/// user message, that plays its model turns in order. A stand-in serving it answers the
+/// same task with the same turns, so a recording becomes a script for tests and demos.
+/// An agent program whose calls made several samples (several conversations) cannot be
+/// played this way: the stand-in counts turns within one conversation.
+pub fn as_policy(job: &crate::domain::Job) -> Result<Value, RecordingError> {
+    let run = job
+        .run_output
+        .as_ref()
+        .ok_or_else(|| RecordingError(format!("job {} has no recorded episode", job.id)))?;
+    let (messages, texts): (Vec<Value>, Vec<String>) = if let Some(calls) = run["calls"].as_array()
+    {
+        let answered: Vec<&Value> = calls.iter().filter(|c| c["sample"].is_u64()).collect();
+        if answered.iter().any(|c| c["sample"] != 0) {
+            return Err(RecordingError(format!(
+                "job {}'s calls made several samples (conversations); a stand-in policy plays one",
+                job.id
+            )));
+        }
+        let first = answered.first().map(|c| c["request"]["messages"].clone());
+        let texts = run["samples"][0]["turns"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .map(|t| t["text"].as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        (
+            first
+                .and_then(|m| m.as_array().cloned())
+                .unwrap_or_default(),
+            texts,
+        )
+    } else {
+        let texts = run["turns"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .map(|t| t["text"].as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let messages = job.task["spec"]["messages"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        (messages, texts)
+    };
+    let opening = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| {
+            RecordingError(format!(
+                "job {} opens with no user message to match",
+                job.id
+            ))
+        })?;
+    if texts.is_empty() {
+        return Err(RecordingError(format!(
+            "job {} recorded no model turn",
+            job.id
+        )));
+    }
+    Ok(
+        serde_json::json!({"rules": [{"match": opening, "variants": [{"weight": 1.0, "turns": texts}]}]}),
+    )
+}
+
 /// The report in a few lines, for a terminal.
 pub fn describe(report: &ReplayReport) -> String {
     let mut out = format!(
