@@ -274,8 +274,10 @@ async fn mini_swe_agent_fixes_a_repository_graded_by_the_swe_grader() {
     let repo = dir.path().join("calc");
     let base = crate::swe::calc_repo(&repo);
     let bind = site.clone();
+    // SGLang's wire here (the SDK agent's test speaks vLLM's): the endpoint is the same
+    // over both.
     let stand = Stand::start(
-        &[WireKind::Vllm],
+        &[WireKind::Sglang],
         move |s| s.sandbox.ro_binds.push(bind),
         |_, _| {},
     )
