@@ -1,6 +1,11 @@
 """Trainer-side client of the rollout service.
 
-A trainer hands the service a prompt pool and asks for K groups of G samples whose
+Jobs: :meth:`RolloutClient.submit` a list of tasks, then :meth:`RolloutClient.results`
+(one page), :meth:`RolloutClient.stream_results` (every result as it arrives) or
+:meth:`RolloutClient.run` (submit and wait, results in the order of the tasks); fetch one
+job with :meth:`RolloutClient.job`, cancel it with :meth:`RolloutClient.cancel_job`.
+
+Sampling batches: a trainer hands the service a prompt pool and asks for K groups of G samples whose
 rewards differ (DAPO's dynamic sampling); the service launches groups as earlier ones
 end, accepts informative groups until it has K, and cancels the rest. This module
 submits such batches, iterates over the accepted groups as they are decided (Server-Sent
@@ -16,13 +21,25 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import socket
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-__all__ = ["RolloutClient", "RolloutError", "to_tensors", "parse_sse"]
+__all__ = [
+    "RolloutClient",
+    "RolloutError",
+    "RolloutConnectionError",
+    "RolloutTimeout",
+    "to_tensors",
+    "parse_sse",
+]
+
+#: Where ``rollout serve`` and ``rollout up`` listen unless configured otherwise.
+DEFAULT_URL = "http://127.0.0.1:7878"
 
 Json = Dict[str, Any]
 
@@ -36,6 +53,27 @@ class RolloutError(Exception):
         self.status = status
         self.message = message
         self.field = field
+
+
+class RolloutConnectionError(RolloutError):
+    """The gateway could not be reached (wrong URL, service down, connection cut):
+    ``status`` is 0."""
+
+    def __init__(self, url: str, reason: object):
+        super().__init__(
+            0,
+            f"cannot reach the gateway at {url}: {reason} "
+            "(is `rollout serve` or `rollout up` running? check the URL)",
+        )
+        self.url = url
+
+
+class RolloutTimeout(RolloutError):
+    """A wait given a ``timeout`` ran out before what it waited for came: ``status``
+    is 0."""
+
+    def __init__(self, message: str):
+        super().__init__(0, message)
 
 
 def _error(status: int, body: bytes) -> RolloutError:
@@ -52,11 +90,21 @@ def _error(status: int, body: bytes) -> RolloutError:
 
 
 class RolloutClient:
-    """A client of one gateway (``url``, e.g. ``http://127.0.0.1:8080``)."""
+    """A client of one gateway.
 
-    def __init__(self, url: str, token: Optional[str] = None, timeout: float = 60.0):
-        self.url = url.rstrip("/")
-        self.token = token
+    ``url`` defaults to ``$ROLLOUT_GATEWAY``, else ``http://127.0.0.1:7878`` (where
+    ``rollout up`` listens by default). ``token`` defaults to
+    ``$ROLLOUT_GATEWAY_TOKEN``: a gateway with ``gateway.token`` set answers 401 to
+    requests without it. ``timeout`` bounds each HTTP request (seconds)."""
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: float = 60.0,
+    ):
+        self.url = (url or os.environ.get("ROLLOUT_GATEWAY") or DEFAULT_URL).rstrip("/")
+        self.token = token if token is not None else os.environ.get("ROLLOUT_GATEWAY_TOKEN")
         self.timeout = timeout
 
     # -- plumbing -----------------------------------------------------------------
@@ -77,6 +125,106 @@ class RolloutClient:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as e:
             raise _error(e.code, e.read()) from None
+        except urllib.error.URLError as e:
+            raise RolloutConnectionError(self.url, e.reason) from None
+        except (OSError, http.client.HTTPException, socket.timeout) as e:
+            raise RolloutConnectionError(self.url, e) from None
+
+    # -- jobs -----------------------------------------------------------------------
+
+    def submit(self, tasks: Sequence[Json], batch_id: Optional[str] = None) -> Json:
+        """Submits ``tasks`` (``{"kind", "spec", "client_id"?, "group_id"?,
+        "metadata"?}``) into ``batch_id`` (a new batch when absent) with
+        ``POST /v1/jobs``; returns ``{"batch_id", "jobs": [{"id", "client_id",
+        "duplicate"}]}``, one entry per task, in order. A task whose ``client_id`` the
+        batch already holds is not submitted again (``duplicate``)."""
+        body: Json = {"tasks": list(tasks)}
+        if batch_id is not None:
+            body["batch_id"] = batch_id
+        return self._request("POST", "/v1/jobs", body)
+
+    def job(self, job_id: str) -> Json:
+        """One job: ``{"job": {...state, stage, timings...}, "result": {...} | None,
+        "events": [...]}``."""
+        return self._request("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}")
+
+    def cancel_job(self, job_id: str) -> Json:
+        """Cancels a job that has not ended; returns ``{"id", "status"}``."""
+        return self._request("POST", f"/v1/jobs/{urllib.parse.quote(job_id)}/cancel")
+
+    def results(
+        self,
+        batch_id: Optional[str] = None,
+        after: int = 0,
+        wait_ms: int = 0,
+        limit: Optional[int] = None,
+    ) -> Json:
+        """One page of results (``GET /v1/results``) with ``seq`` above ``after``:
+        ``{"results": [...], "next_cursor": N}``, waiting up to ``wait_ms`` when none is
+        ready. A result is ``{"seq", "job_id", "batch_id", "group_id", "client_id",
+        "status", "reward", "error", "output": {"init", "run", "eval", "metadata"}}``; the
+        task's ``metadata`` comes back under ``output.metadata``."""
+        query: Json = {"after": after, "wait_ms": wait_ms}
+        if batch_id is not None:
+            query["batch"] = batch_id
+        if limit is not None:
+            query["limit"] = limit
+        return self._request("GET", "/v1/results?" + urllib.parse.urlencode(query))
+
+    def stream_results(
+        self,
+        batch_id: Optional[str] = None,
+        after: int = 0,
+        count: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> Iterator[Json]:
+        """Yields results as they arrive, in ``seq`` order (long polls of
+        :meth:`results`), until ``count`` have come (forever when ``None``). Raises
+        :class:`RolloutTimeout` when ``timeout`` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = 0
+        while count is None or seen < count:
+            wait = 5.0
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RolloutTimeout(
+                        f"{seen} of {count if count is not None else 'the'} results of "
+                        f"batch {batch_id} came within {timeout} s"
+                    )
+                wait = min(wait, left)
+            page = self.results(batch_id, after=after, wait_ms=int(wait * 1000))
+            after = page["next_cursor"]
+            for r in page["results"]:
+                seen += 1
+                yield r
+                if count is not None and seen >= count:
+                    return
+
+    def run(
+        self,
+        tasks: Sequence[Json],
+        batch_id: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> List[Json]:
+        """Submits ``tasks`` and waits for their results; returns them in the order
+        of ``tasks`` (as SkyRL's generator and most trainers want them), whatever order
+        they ended in. ``batch_id`` defaults to a new batch; ``timeout`` (seconds) bounds
+        the wait (:class:`RolloutTimeout`). Tasks a re-run finds already submitted (by
+        ``client_id``) are waited for too."""
+        submitted = self.submit(tasks, batch_id)
+        order = {j["id"]: i for i, j in enumerate(submitted["jobs"])}
+        out: List[Optional[Json]] = [None] * len(order)
+        waiting = len(order)
+        # Results already there (a re-run of a finished batch) come first.
+        for r in self.stream_results(submitted["batch_id"], count=None, timeout=timeout):
+            i = order.get(r["job_id"])
+            if i is not None and out[i] is None:
+                out[i] = r
+                waiting -= 1
+                if waiting == 0:
+                    break
+        return [r for r in out if r is not None]
 
     # -- sampling batches -----------------------------------------------------------
 
@@ -169,11 +317,23 @@ class RolloutClient:
         """Cancels a running batch: nothing more is launched, the rest is cancelled."""
         return self._request("POST", f"/v1/batches/{urllib.parse.quote(batch_id)}/cancel")
 
-    def groups(self, batch_id: str, after: int = 0, retries: int = 5) -> Iterator[Json]:
+    def groups(
+        self,
+        batch_id: str,
+        after: int = 0,
+        retries: int = 5,
+        timeout: Optional[float] = None,
+    ) -> Iterator[Json]:
         """Yields the batch's accepted groups in rank order as they are decided, and
         returns once the batch has ended and every accepted group was yielded. A dropped
         connection is resumed from the last rank seen (up to ``retries`` times in a
-        row)."""
+        row; then :class:`RolloutConnectionError`). ``timeout`` (seconds) bounds the
+        whole iteration: :class:`RolloutTimeout` when the batch has not ended by then.
+
+        The batch's counters read (:meth:`batch`) right after the last group are not
+        final yet while cancelled samples are still being ended; read them once
+        ``batch()["batch"]["status"]`` is no longer ``running``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         failures = 0
         while True:
             parsed = urllib.parse.urlsplit(self.url)
@@ -182,7 +342,15 @@ class RolloutClient:
                 if parsed.scheme == "https"
                 else http.client.HTTPConnection
             )
-            conn = conn_type(parsed.netloc, timeout=self.timeout)
+            read_timeout = self.timeout
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RolloutTimeout(
+                        f"batch {batch_id} had not ended after {timeout} s ({after} groups yielded)"
+                    )
+                read_timeout = min(read_timeout, left)
+            conn = conn_type(parsed.netloc, timeout=read_timeout)
             headers = self._headers()
             headers["Accept"] = "text/event-stream"
             if after:
@@ -193,7 +361,7 @@ class RolloutClient:
                 resp = conn.getresponse()
                 if resp.status != 200:
                     raise _error(resp.status, resp.read())
-                for event, data, _ in parse_sse(resp):
+                for event, data, _ in parse_sse(_until(resp, deadline, batch_id, timeout)):
                     failures = 0
                     if event == "group":
                         group = json.loads(data)
@@ -201,13 +369,26 @@ class RolloutClient:
                         yield group
                     elif event == "end":
                         return
-            except (OSError, http.client.HTTPException):
+            except (OSError, http.client.HTTPException) as e:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise RolloutTimeout(
+                        f"batch {batch_id} had not ended after {timeout} s ({after} groups yielded)"
+                    ) from None
                 failures += 1
                 if failures > retries:
-                    raise
+                    raise RolloutConnectionError(self.url, e) from None
                 time.sleep(min(2.0, 0.1 * 2**failures))
             finally:
                 conn.close()
+
+
+def _until(lines: Any, deadline: Optional[float], batch_id: str, timeout: Any) -> Iterator[Any]:
+    """``lines`` until ``deadline`` (keep-alive comments count: a stream that only
+    keeps alive still ends at the deadline)."""
+    for line in lines:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise RolloutTimeout(f"batch {batch_id} had not ended after {timeout} s")
+        yield line
 
 
 def parse_sse(lines: Any) -> Iterator[tuple]:

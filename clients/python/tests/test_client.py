@@ -9,7 +9,14 @@ import unittest
 import urllib.request
 from pathlib import Path
 
-from rollout_client import RolloutClient, RolloutError, parse_sse, to_tensors
+from rollout_client import (
+    RolloutClient,
+    RolloutConnectionError,
+    RolloutError,
+    RolloutTimeout,
+    parse_sse,
+    to_tensors,
+)
 from rollout_client.local import LocalService
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -63,6 +70,38 @@ class Offline(unittest.TestCase):
         self.assertEqual(t["token_level_scores"], [[0, 0, 0, 1.0], [0.0, 0, 0, 0]])
         self.assertEqual(t["rewards"], [1.0, 0.0])
         self.assertEqual(t["uid"], ["b:p1", "b:p1"])
+
+    def test_the_token_and_the_url_come_from_the_environment(self):
+        saved = {k: os.environ.get(k) for k in ("ROLLOUT_GATEWAY", "ROLLOUT_GATEWAY_TOKEN")}
+        try:
+            os.environ["ROLLOUT_GATEWAY"] = "http://gw.example:9000/"
+            os.environ["ROLLOUT_GATEWAY_TOKEN"] = "s3cret"
+            c = RolloutClient()
+            self.assertEqual(c.url, "http://gw.example:9000")
+            self.assertEqual(c._headers()["Authorization"], "Bearer s3cret")
+            self.assertNotIn("Authorization", RolloutClient("http://x", token="")._headers())
+            del os.environ["ROLLOUT_GATEWAY"]
+            self.assertEqual(RolloutClient().url, "http://127.0.0.1:7878")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def test_an_unreachable_gateway_is_a_rollout_error(self):
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        client = RolloutClient(f"http://127.0.0.1:{port}", timeout=5)
+        with self.assertRaises(RolloutConnectionError) as e:
+            client.job("nope")
+        self.assertIsInstance(e.exception, RolloutError)
+        self.assertEqual(e.exception.status, 0)
+        self.assertIn(f"127.0.0.1:{port}", str(e.exception))
+        with self.assertRaises(RolloutConnectionError):
+            list(client.groups("b", retries=0))
 
     def test_a_result_without_a_trajectory_is_refused_by_name(self):
         g = group(1, [1.0], [1], [1])
@@ -151,6 +190,40 @@ class AgainstTheService(unittest.TestCase):
         with self.assertRaises(RolloutError) as e:
             client.cancel("py-cancelled")
         self.assertEqual(e.exception.status, 409)
+
+    def test_plain_jobs_come_back_in_the_order_of_the_tasks(self):
+        client = self.svc.client()
+        # Later tasks are quicker: they end first, and come back in task order anyway.
+        tasks = [{"kind": "synthetic", "client_id": f"t{i}",
+                  "spec": {"run_ms": 300 - 60 * i, "reward": i / 10},
+                  "metadata": {"i": i}} for i in range(5)]
+        results = client.run(tasks, batch_id="py-plain", timeout=120)
+        self.assertEqual([r["client_id"] for r in results], [f"t{i}" for i in range(5)])
+        self.assertEqual([r["reward"] for r in results], [i / 10 for i in range(5)])
+        self.assertEqual([r["output"]["metadata"]["i"] for r in results], list(range(5)))
+        # A re-run finds them submitted and done, and returns the same.
+        again = client.run(tasks, batch_id="py-plain", timeout=60)
+        self.assertEqual([r["job_id"] for r in again], [r["job_id"] for r in results])
+        view = client.job(results[0]["job_id"])
+        self.assertEqual(view["job"]["status"], "done")
+        self.assertEqual(view["result"]["reward"], 0.0)
+        streamed = list(client.stream_results("py-plain", count=5, timeout=30))
+        self.assertEqual(sorted(r["job_id"] for r in streamed),
+                         sorted(r["job_id"] for r in results))
+
+    def test_a_job_is_cancelled_and_a_wait_times_out(self):
+        client = self.svc.client()
+        sub = client.submit([{"kind": "synthetic", "spec": {"run_ms": 60000}}],
+                            batch_id="py-cancel-job")
+        job_id = sub["jobs"][0]["id"]
+        with self.assertRaises(RolloutTimeout):
+            list(client.stream_results("py-cancel-job", count=1, timeout=0.5))
+        self.assertEqual(client.cancel_job(job_id)["id"], job_id)
+        (r,) = client.stream_results("py-cancel-job", count=1, timeout=60)
+        self.assertEqual(r["status"], "cancelled")
+        with self.assertRaises(RolloutError) as e:
+            client.job("no-such-job")
+        self.assertEqual(e.exception.status, 404)
 
     def test_a_kept_batchs_groups_are_adopted_by_the_next(self):
         client = self.svc.client()
