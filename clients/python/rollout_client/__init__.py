@@ -19,6 +19,7 @@ and installed.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -27,9 +28,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence
 
 __all__ = [
+    "AsyncRolloutClient",
     "RolloutClient",
     "RolloutError",
     "RolloutConnectionError",
@@ -380,6 +382,102 @@ class RolloutClient:
                 time.sleep(min(2.0, 0.1 * 2**failures))
             finally:
                 conn.close()
+
+
+class AsyncRolloutClient:
+    """:class:`RolloutClient`'s surface for asyncio trainers (verl's agent loop, slime's
+    rollout, SkyRL's generator): the same methods as coroutines, and ``groups`` and
+    ``stream_results`` as async iterators. Each call runs the blocking client in a
+    worker thread (``asyncio.to_thread``), so the event loop never waits on the network
+    and no HTTP library beyond the standard one is needed."""
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: float = 60.0,
+    ):
+        self.sync = RolloutClient(url, token, timeout)
+
+    @property
+    def url(self) -> str:
+        """The gateway's URL."""
+        return self.sync.url
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def _iterate(self, it: Iterator[Json]) -> AsyncIterator[Json]:
+        done = object()
+        while True:
+            item = await asyncio.to_thread(next, it, done)
+            if item is done:
+                return
+            yield item
+
+    async def submit(self, tasks: Sequence[Json], batch_id: Optional[str] = None) -> Json:
+        """See :meth:`RolloutClient.submit`."""
+        return await self._call(self.sync.submit, tasks, batch_id)
+
+    async def job(self, job_id: str) -> Json:
+        """See :meth:`RolloutClient.job`."""
+        return await self._call(self.sync.job, job_id)
+
+    async def cancel_job(self, job_id: str) -> Json:
+        """See :meth:`RolloutClient.cancel_job`."""
+        return await self._call(self.sync.cancel_job, job_id)
+
+    async def results(self, batch_id: Optional[str] = None, after: int = 0,
+                      wait_ms: int = 0, limit: Optional[int] = None) -> Json:
+        """See :meth:`RolloutClient.results`."""
+        return await self._call(self.sync.results, batch_id, after, wait_ms, limit)
+
+    def stream_results(self, batch_id: Optional[str] = None, after: int = 0,
+                       count: Optional[int] = None,
+                       timeout: Optional[float] = None) -> AsyncIterator[Json]:
+        """See :meth:`RolloutClient.stream_results`."""
+        return self._iterate(self.sync.stream_results(batch_id, after, count, timeout))
+
+    async def run(self, tasks: Sequence[Json], batch_id: Optional[str] = None,
+                  timeout: Optional[float] = None) -> List[Json]:
+        """See :meth:`RolloutClient.run`."""
+        return await self._call(self.sync.run, tasks, batch_id, timeout)
+
+    async def submit_batch(self, prompts: Sequence[Json], group_size: int,
+                           target_groups: int, **options: Any) -> Json:
+        """See :meth:`RolloutClient.submit_batch`."""
+        return await self._call(self.sync.submit_batch, prompts, group_size, target_groups,
+                                **options)
+
+    async def batch(self, batch_id: str) -> Json:
+        """See :meth:`RolloutClient.batch`."""
+        return await self._call(self.sync.batch, batch_id)
+
+    async def cancel(self, batch_id: str) -> Json:
+        """See :meth:`RolloutClient.cancel`."""
+        return await self._call(self.sync.cancel, batch_id)
+
+    def groups(self, batch_id: str, after: int = 0, retries: int = 5,
+               timeout: Optional[float] = None) -> AsyncIterator[Json]:
+        """See :meth:`RolloutClient.groups`."""
+        return self._iterate(self.sync.groups(batch_id, after, retries, timeout))
+
+    async def policy(self) -> Json:
+        """See :meth:`RolloutClient.policy`."""
+        return await self._call(self.sync.policy)
+
+    async def announce_policy(self, version: int) -> Json:
+        """See :meth:`RolloutClient.announce_policy`."""
+        return await self._call(self.sync.announce_policy, version)
+
+    async def begin_weight_update(self, version: int, mode: str = "abort",
+                                  lease_s: Optional[int] = None) -> Json:
+        """See :meth:`RolloutClient.begin_weight_update`."""
+        return await self._call(self.sync.begin_weight_update, version, mode, lease_s)
+
+    async def resume(self, version: int) -> Json:
+        """See :meth:`RolloutClient.resume`."""
+        return await self._call(self.sync.resume, version)
 
 
 def _until(lines: Any, deadline: Optional[float], batch_id: str, timeout: Any) -> Iterator[Any]:

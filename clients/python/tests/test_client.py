@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from rollout_client import (
+    AsyncRolloutClient,
     RolloutClient,
     RolloutConnectionError,
     RolloutError,
@@ -210,6 +211,31 @@ class AgainstTheService(unittest.TestCase):
         streamed = list(client.stream_results("py-plain", count=5, timeout=30))
         self.assertEqual(sorted(r["job_id"] for r in streamed),
                          sorted(r["job_id"] for r in results))
+
+    def test_the_async_client_has_the_same_surface(self):
+        import asyncio
+        import inspect
+
+        sync_methods = {n for n, f in inspect.getmembers(RolloutClient, inspect.isfunction)
+                        if not n.startswith("_")}
+        async_methods = {n for n, f in inspect.getmembers(AsyncRolloutClient, inspect.isfunction)
+                         if not n.startswith("_")}
+        self.assertEqual(sync_methods, async_methods)
+
+        async def go():
+            client = AsyncRolloutClient(self.svc.url)
+            tasks = [{"kind": "synthetic", "spec": {"run_ms": 50 * (3 - i), "reward": float(i)}}
+                     for i in range(3)]
+            # Two batches at once on one event loop.
+            a, b = await asyncio.gather(client.run(tasks, batch_id="py-async-a", timeout=60),
+                                        client.run(tasks, batch_id="py-async-b", timeout=60))
+            streamed = [r async for r in client.stream_results("py-async-a", count=3, timeout=30)]
+            return a, b, streamed
+
+        a, b, streamed = asyncio.run(go())
+        self.assertEqual([r["reward"] for r in a], [0.0, 1.0, 2.0])
+        self.assertEqual([r["reward"] for r in b], [0.0, 1.0, 2.0])
+        self.assertEqual(len(streamed), 3)
 
     def test_a_job_is_cancelled_and_a_wait_times_out(self):
         client = self.svc.client()
