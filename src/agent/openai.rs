@@ -181,26 +181,43 @@ pub fn one_choice(n: Option<u64>) -> Result<(), ApiError> {
     }
 }
 
-/// A message as templates are given it (and as vLLM gives them): text parts of a
-/// content list joined into one string, and a tool call's `arguments` given as a JSON
-/// string parsed into the object it encodes.
+/// A message as templates are given it, as vLLM 0.32 gives it to them: the text parts
+/// of a content list joined with newlines into one string; an empty `tool_calls` list
+/// dropped (so a template takes its plain assistant path); and each call's `arguments`
+/// given as a JSON string parsed into the object it encodes (absent, empty or not JSON:
+/// an empty object, so a conversation whose history holds a malformed call goes on).
 pub fn for_template(message: &Value) -> Value {
     let mut m = message.clone();
     if let Some(parts) = m.get("content").and_then(Value::as_array) {
-        let text: String = parts
+        let texts: Vec<&str> = parts
             .iter()
             .filter_map(|p| p.get("text").and_then(Value::as_str))
             .collect();
-        m["content"] = Value::String(text);
+        m["content"] = Value::String(texts.join("\n"));
+    }
+    if m.get("tool_calls")
+        .and_then(Value::as_array)
+        .is_some_and(Vec::is_empty)
+    {
+        if let Some(o) = m.as_object_mut() {
+            o.remove("tool_calls");
+        }
     }
     if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
         for call in calls {
             let f = &mut call["function"];
-            if let Some(s) = f.get("arguments").and_then(Value::as_str)
-                && let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(s)
-            {
-                f["arguments"] = v;
-            }
+            let parsed = match f.get("arguments") {
+                Some(Value::Object(_)) => continue,
+                Some(Value::String(s)) if !s.is_empty() => match serde_json::from_str::<Value>(s) {
+                    Ok(v) => v,
+                    Err(_) => Value::Object(serde_json::Map::new()),
+                },
+                Some(Value::Null | Value::String(_)) | None => {
+                    Value::Object(serde_json::Map::new())
+                }
+                Some(other) => other.clone(),
+            };
+            f["arguments"] = parsed;
         }
     }
     m
@@ -343,6 +360,23 @@ mod tests {
             essence(&parts),
             essence(&json!({"role": "user", "content": "hi"}))
         );
+    }
+
+    #[test]
+    fn messages_reach_the_template_as_vllm_hands_them_over() {
+        let parts = json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]});
+        assert_eq!(for_template(&parts)["content"], "a\nb");
+        let empty = json!({"role": "assistant", "content": "x", "tool_calls": []});
+        assert!(for_template(&empty).get("tool_calls").is_none());
+        let calls = json!({"role": "assistant", "tool_calls": [
+            {"type": "function", "function": {"name": "a", "arguments": "{\"x\": 1}"}},
+            {"type": "function", "function": {"name": "b", "arguments": "not json"}},
+            {"type": "function", "function": {"name": "c", "arguments": ""}},
+        ]});
+        let t = for_template(&calls);
+        assert_eq!(t["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
+        assert_eq!(t["tool_calls"][1]["function"]["arguments"], json!({}));
+        assert_eq!(t["tool_calls"][2]["function"]["arguments"], json!({}));
     }
 
     #[test]
