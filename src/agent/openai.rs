@@ -195,13 +195,12 @@ pub fn for_template(message: &Value) -> Value {
             .collect();
         m["content"] = Value::String(texts.join("\n"));
     }
-    if m.get("tool_calls")
+    let no_calls = m
+        .get("tool_calls")
         .and_then(Value::as_array)
-        .is_some_and(Vec::is_empty)
-    {
-        if let Some(o) = m.as_object_mut() {
-            o.remove("tool_calls");
-        }
+        .is_some_and(Vec::is_empty);
+    if no_calls && let Some(o) = m.as_object_mut() {
+        o.remove("tool_calls");
     }
     if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
         for call in calls {
