@@ -592,6 +592,11 @@ async fn kept_episodes_go_on_under_the_new_version_in_the_next_batch() {
         .await
         .unwrap();
     wait_stats(server, "is generating both essays", |s| s.in_flight == 2).await;
+    // Both essays must have tokens under version 1 before the update cuts them: the
+    // stand-in counts an aborted request's tokens by the time it generated (20 ms each),
+    // and a loaded machine can otherwise cancel and pause within the second essay's
+    // first token, which then carries version 2 only.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     client.cancel_batch("kept-a").await.unwrap();
     let a = client.sampling_batch("kept-a").await.unwrap().batch;
     assert_eq!(
