@@ -30,8 +30,27 @@ import urllib.parse
 import urllib.request
 from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Sequence
 
+from .types import (
+    Batch,
+    BatchView,
+    Group,
+    Job,
+    JobResult,
+    JobView,
+    ResultPage,
+    Trajectory,
+)
+
 __all__ = [
     "AsyncRolloutClient",
+    "Batch",
+    "BatchView",
+    "Group",
+    "Job",
+    "JobResult",
+    "JobView",
+    "ResultPage",
+    "Trajectory",
     "RolloutClient",
     "RolloutError",
     "RolloutConnectionError",
@@ -39,6 +58,9 @@ __all__ = [
     "to_tensors",
     "parse_sse",
 ]
+
+#: The client's version (the package's).
+__version__ = "0.1.0"
 
 #: Where ``rollout serve`` and ``rollout up`` listen unless configured otherwise.
 DEFAULT_URL = "http://127.0.0.1:7878"
@@ -145,10 +167,10 @@ class RolloutClient:
             body["batch_id"] = batch_id
         return self._request("POST", "/v1/jobs", body)
 
-    def job(self, job_id: str) -> Json:
+    def job(self, job_id: str) -> JobView:
         """One job: ``{"job": {...state, stage, timings...}, "result": {...} | None,
         "events": [...]}``."""
-        return self._request("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}")
+        return JobView(self._request("GET", f"/v1/jobs/{urllib.parse.quote(job_id)}"))
 
     def cancel_job(self, job_id: str) -> Json:
         """Cancels a job that has not ended; returns ``{"id", "status"}``."""
@@ -160,7 +182,7 @@ class RolloutClient:
         after: int = 0,
         wait_ms: int = 0,
         limit: Optional[int] = None,
-    ) -> Json:
+    ) -> ResultPage:
         """One page of results (``GET /v1/results``) with ``seq`` above ``after``:
         ``{"results": [...], "next_cursor": N}``, waiting up to ``wait_ms`` when none is
         ready. A result is ``{"seq", "job_id", "batch_id", "group_id", "client_id",
@@ -171,7 +193,7 @@ class RolloutClient:
             query["batch"] = batch_id
         if limit is not None:
             query["limit"] = limit
-        return self._request("GET", "/v1/results?" + urllib.parse.urlencode(query))
+        return ResultPage(self._request("GET", "/v1/results?" + urllib.parse.urlencode(query)))
 
     def stream_results(
         self,
@@ -179,7 +201,7 @@ class RolloutClient:
         after: int = 0,
         count: Optional[int] = None,
         timeout: Optional[float] = None,
-    ) -> Iterator[Json]:
+    ) -> Iterator[JobResult]:
         """Yields results as they arrive, in ``seq`` order (long polls of
         :meth:`results`), until ``count`` have come (forever when ``None``). Raises
         :class:`RolloutTimeout` when ``timeout`` seconds pass first."""
@@ -197,7 +219,7 @@ class RolloutClient:
                 wait = min(wait, left)
             page = self.results(batch_id, after=after, wait_ms=int(wait * 1000))
             after = page["next_cursor"]
-            for r in page["results"]:
+            for r in page.results:
                 seen += 1
                 yield r
                 if count is not None and seen >= count:
@@ -208,7 +230,7 @@ class RolloutClient:
         tasks: Sequence[Json],
         batch_id: Optional[str] = None,
         timeout: Optional[float] = None,
-    ) -> List[Json]:
+    ) -> List[JobResult]:
         """Submits ``tasks`` and waits for their results; returns them in the order
         of ``tasks`` (as SkyRL's generator and most trainers want them), whatever order
         they ended in. ``batch_id`` defaults to a new batch; ``timeout`` (seconds) bounds
@@ -216,7 +238,7 @@ class RolloutClient:
         ``client_id``) are waited for too."""
         submitted = self.submit(tasks, batch_id)
         order = {j["id"]: i for i, j in enumerate(submitted["jobs"])}
-        out: List[Optional[Json]] = [None] * len(order)
+        out: List[Optional[JobResult]] = [None] * len(order)
         waiting = len(order)
         # Results already there (a re-run of a finished batch) come first.
         for r in self.stream_results(submitted["batch_id"], count=None, timeout=timeout):
@@ -244,7 +266,7 @@ class RolloutClient:
         on_cancel: Optional[str] = None,
         carry_from: Optional[str] = None,
         batch_id: Optional[str] = None,
-    ) -> Json:
+    ) -> BatchView:
         """Starts a sampling batch (``POST /v1/batches``) and returns its view:
         ``{"batch": {...}, "groups": [...], "duplicate": bool}``.
 
@@ -276,7 +298,7 @@ class RolloutClient:
         ):
             if value is not None:
                 body[key] = value
-        return self._request("POST", "/v1/batches", body)
+        return BatchView(self._request("POST", "/v1/batches", body))
 
     # -- policy versions and weight updates --------------------------------------------
 
@@ -309,15 +331,17 @@ class RolloutClient:
         on."""
         return self._request("POST", f"/v1/policy/{int(version)}/resume")
 
-    def batch(self, batch_id: str) -> Json:
+    def batch(self, batch_id: str) -> BatchView:
         """The batch: parameters, status, counters and accepted groups (as many as
         fit in one page; ``more_groups_after`` is then set, and :meth:`groups` from
         there yields the rest)."""
-        return self._request("GET", f"/v1/batches/{urllib.parse.quote(batch_id)}")
+        return BatchView(self._request("GET", f"/v1/batches/{urllib.parse.quote(batch_id)}"))
 
-    def cancel(self, batch_id: str) -> Json:
+    def cancel(self, batch_id: str) -> BatchView:
         """Cancels a running batch: nothing more is launched, the rest is cancelled."""
-        return self._request("POST", f"/v1/batches/{urllib.parse.quote(batch_id)}/cancel")
+        return BatchView(
+            self._request("POST", f"/v1/batches/{urllib.parse.quote(batch_id)}/cancel")
+        )
 
     def groups(
         self,
@@ -325,7 +349,7 @@ class RolloutClient:
         after: int = 0,
         retries: int = 5,
         timeout: Optional[float] = None,
-    ) -> Iterator[Json]:
+    ) -> Iterator[Group]:
         """Yields the batch's accepted groups in rank order as they are decided, and
         returns once the batch has ended and every accepted group was yielded. A dropped
         connection is resumed from the last rank seen (up to ``retries`` times in a
@@ -366,8 +390,8 @@ class RolloutClient:
                 for event, data, _ in parse_sse(_until(resp, deadline, batch_id, timeout)):
                     failures = 0
                     if event == "group":
-                        group = json.loads(data)
-                        after = group["rank"]
+                        group = Group(json.loads(data))
+                        after = group.rank
                         yield group
                     elif event == "end":
                         return
@@ -407,7 +431,7 @@ class AsyncRolloutClient:
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
-    async def _iterate(self, it: Iterator[Json]) -> AsyncIterator[Json]:
+    async def _iterate(self, it: Iterator[Any]) -> AsyncIterator[Any]:
         done = object()
         while True:
             item = await asyncio.to_thread(next, it, done)
@@ -419,7 +443,7 @@ class AsyncRolloutClient:
         """See :meth:`RolloutClient.submit`."""
         return await self._call(self.sync.submit, tasks, batch_id)
 
-    async def job(self, job_id: str) -> Json:
+    async def job(self, job_id: str) -> JobView:
         """See :meth:`RolloutClient.job`."""
         return await self._call(self.sync.job, job_id)
 
@@ -428,37 +452,37 @@ class AsyncRolloutClient:
         return await self._call(self.sync.cancel_job, job_id)
 
     async def results(self, batch_id: Optional[str] = None, after: int = 0,
-                      wait_ms: int = 0, limit: Optional[int] = None) -> Json:
+                      wait_ms: int = 0, limit: Optional[int] = None) -> ResultPage:
         """See :meth:`RolloutClient.results`."""
         return await self._call(self.sync.results, batch_id, after, wait_ms, limit)
 
     def stream_results(self, batch_id: Optional[str] = None, after: int = 0,
                        count: Optional[int] = None,
-                       timeout: Optional[float] = None) -> AsyncIterator[Json]:
+                       timeout: Optional[float] = None) -> AsyncIterator[JobResult]:
         """See :meth:`RolloutClient.stream_results`."""
         return self._iterate(self.sync.stream_results(batch_id, after, count, timeout))
 
     async def run(self, tasks: Sequence[Json], batch_id: Optional[str] = None,
-                  timeout: Optional[float] = None) -> List[Json]:
+                  timeout: Optional[float] = None) -> List[JobResult]:
         """See :meth:`RolloutClient.run`."""
         return await self._call(self.sync.run, tasks, batch_id, timeout)
 
     async def submit_batch(self, prompts: Sequence[Json], group_size: int,
-                           target_groups: int, **options: Any) -> Json:
+                           target_groups: int, **options: Any) -> BatchView:
         """See :meth:`RolloutClient.submit_batch`."""
         return await self._call(self.sync.submit_batch, prompts, group_size, target_groups,
                                 **options)
 
-    async def batch(self, batch_id: str) -> Json:
+    async def batch(self, batch_id: str) -> BatchView:
         """See :meth:`RolloutClient.batch`."""
         return await self._call(self.sync.batch, batch_id)
 
-    async def cancel(self, batch_id: str) -> Json:
+    async def cancel(self, batch_id: str) -> BatchView:
         """See :meth:`RolloutClient.cancel`."""
         return await self._call(self.sync.cancel, batch_id)
 
     def groups(self, batch_id: str, after: int = 0, retries: int = 5,
-               timeout: Optional[float] = None) -> AsyncIterator[Json]:
+               timeout: Optional[float] = None) -> AsyncIterator[Group]:
         """See :meth:`RolloutClient.groups`."""
         return self._iterate(self.sync.groups(batch_id, after, retries, timeout))
 

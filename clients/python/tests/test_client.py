@@ -142,6 +142,10 @@ class AgainstTheService(unittest.TestCase):
         self.assertEqual([g["rank"] for g in groups], [1, 2])
         for g in groups:
             rewards = [r["reward"] for r in g["results"]]
+            self.assertEqual(g.rewards, rewards)
+            traj = g.results[0].trajectory
+            self.assertEqual(len(traj.loss_mask), len(traj.response_ids))
+            self.assertEqual(traj.samples, [traj], "an episode of the built-in loop is one sample")
             self.assertEqual(len(rewards), 4)
             self.assertGreater(len(set(rewards)), 1, "an accepted group is informative")
             for r in g["results"]:
@@ -202,12 +206,17 @@ class AgainstTheService(unittest.TestCase):
         self.assertEqual([r["client_id"] for r in results], [f"t{i}" for i in range(5)])
         self.assertEqual([r["reward"] for r in results], [i / 10 for i in range(5)])
         self.assertEqual([r["output"]["metadata"]["i"] for r in results], list(range(5)))
+        # The same through the typed attributes (a result is still the JSON dict).
+        self.assertEqual([r.metadata["i"] for r in results], list(range(5)))
+        self.assertTrue(all(r.ok and r.trajectory is None for r in results))
+        self.assertEqual([r.reward for r in results], [i / 10 for i in range(5)])
         # A re-run finds them submitted and done, and returns the same.
         again = client.run(tasks, batch_id="py-plain", timeout=60)
         self.assertEqual([r["job_id"] for r in again], [r["job_id"] for r in results])
-        view = client.job(results[0]["job_id"])
+        view = client.job(results[0].job_id)
         self.assertEqual(view["job"]["status"], "done")
-        self.assertEqual(view["result"]["reward"], 0.0)
+        self.assertEqual((view.job.status, view.job.kind), ("done", "synthetic"))
+        self.assertEqual(view.result.reward, 0.0)
         streamed = list(client.stream_results("py-plain", count=5, timeout=30))
         self.assertEqual(sorted(r["job_id"] for r in streamed),
                          sorted(r["job_id"] for r in results))
