@@ -520,13 +520,7 @@ impl TaskKind for Agent {
             report.tool_divergence = replay::first_tool_divergence(recorded, &trajectory);
             out["replay"] = serde_json::to_value(report).unwrap_or_default();
         }
-        match sandboxed::finish(&self.sandboxes, job, client).await {
-            Ok(export) => {
-                sandboxed::record_export(&mut out, export);
-                Ok(out)
-            }
-            Err(e) => Err(e.keeping(out)),
-        }
+        sandboxed::finish_into(&self.sandboxes, job, client, out).await
     }
 
     async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {

@@ -311,13 +311,7 @@ impl TaskKind for AgentProgram {
             "output": exit.output,
             "omitted_bytes": exit.omitted_bytes,
         });
-        match sandboxed::finish(a.sandboxes(), job, client).await {
-            Ok(export) => {
-                sandboxed::record_export(&mut out, export);
-                Ok(out)
-            }
-            Err(e) => Err(e.keeping(out)),
-        }
+        sandboxed::finish_into(a.sandboxes(), job, client, out).await
     }
 
     async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {

@@ -293,6 +293,24 @@ pub enum NoExport {
     SandboxEnded(String),
 }
 
+/// Ends RUN of a sandboxed kind: exports the workspace's changes into `out` (see
+/// [`record_export`]) and stops the sandbox; a failure keeps `out` in the error, so
+/// what RUN produced is not lost.
+pub async fn finish_into(
+    sandboxes: &NodeSandboxes,
+    job: &Job,
+    client: SandboxClient,
+    mut out: serde_json::Value,
+) -> Result<serde_json::Value, StageError> {
+    match finish(sandboxes, job, client).await {
+        Ok(export) => {
+            record_export(&mut out, export);
+            Ok(out)
+        }
+        Err(e) => Err(e.keeping(out)),
+    }
+}
+
 /// Puts RUN's export (or why there is none) into its output under `export` /
 /// `export_error` (or [`SANDBOX_ENDED`]).
 pub fn record_export(out: &mut serde_json::Value, export: Result<ExportResult, NoExport>) {

@@ -179,14 +179,8 @@ impl TaskKind for Shell {
                 latency_us,
             });
         }
-        let mut out = serde_json::json!({"steps": steps});
-        match sandboxed::finish(&self.sandboxes, &ctx.job, client).await {
-            Ok(export) => {
-                sandboxed::record_export(&mut out, export);
-                Ok(out)
-            }
-            Err(e) => Err(e.keeping(out)),
-        }
+        let out = serde_json::json!({"steps": steps});
+        sandboxed::finish_into(&self.sandboxes, &ctx.job, client, out).await
     }
 
     async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {

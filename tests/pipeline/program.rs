@@ -283,18 +283,7 @@ async fn mini_swe_agent_fixes_a_repository_graded_by_the_swe_grader() {
     )
     .await;
     stand.env.workers_in_process(1);
-    let test_patch = "diff --git a/tests/test_calc.py b/tests/test_calc.py\n--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n@@ -6,3 +6,6 @@ import calc\n class CalcTest(unittest.TestCase):\n     def test_type(self):\n         self.assertIsInstance(calc.double(1), int)\n+\n+    def test_double(self):\n+        self.assertEqual(calc.double(3), 6)\n";
-    let id = |t: &str| format!("{t} (tests.test_calc.CalcTest.{t})");
-    let instance = json!({
-        "instance_id": "calc-1", "repo": "example/calc", "base_commit": base,
-        "test_patch": test_patch,
-        "FAIL_TO_PASS": [id("test_double")], "PASS_TO_PASS": [id("test_type")],
-    });
-    let grader = json!({
-        "type": "swe", "instance": instance, "repo_url": repo.display().to_string(),
-        "test_command": "python3 -m unittest -v {tests}", "log_parser": "unittest",
-        "timeout_ms": 120000,
-    });
+    let grader = crate::swe::calc_grader(&repo, &base);
     let env = json!({
         "PYTHONPATH": site.display().to_string(),
         // LiteLLM fetches its model cost map at import unless told not to; the sandbox

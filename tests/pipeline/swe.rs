@@ -325,6 +325,29 @@ pub(crate) fn calc_repo(repo: &Path) -> String {
     git(repo, &["rev-parse", "HEAD"]).trim().to_string()
 }
 
+/// A test of [`calc_repo`] as unittest names it: Python 3.11 writes `name
+/// (module.Class.name)`.
+pub(crate) fn calc_test_id(test: &str) -> String {
+    format!("{test} (tests.test_calc.CalcTest.{test})")
+}
+
+/// The SWE grader of [`calc_repo`] at `base`: an instance whose test patch adds
+/// `test_double` (failing until `double` is fixed) beside the passing `test_type`, run
+/// by `python3 -m unittest` and read by the `unittest` parser.
+pub(crate) fn calc_grader(repo: &Path, base: &str) -> Value {
+    let test_patch = "diff --git a/tests/test_calc.py b/tests/test_calc.py\n--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n@@ -6,3 +6,6 @@ import calc\n class CalcTest(unittest.TestCase):\n     def test_type(self):\n         self.assertIsInstance(calc.double(1), int)\n+\n+    def test_double(self):\n+        self.assertEqual(calc.double(3), 6)\n";
+    let instance = json!({
+        "instance_id": "calc-1", "repo": "example/calc", "base_commit": base,
+        "test_patch": test_patch,
+        "FAIL_TO_PASS": [calc_test_id("test_double")], "PASS_TO_PASS": [calc_test_id("test_type")],
+    });
+    json!({
+        "type": "swe", "instance": instance, "repo_url": repo,
+        "test_command": "python3 -m unittest -v {tests}", "log_parser": "unittest",
+        "timeout_ms": 120000,
+    })
+}
+
 /// A unittest-style instance, as SWE-bench's non-pytest repositories ship them: the
 /// ids are unittest's names, the tests run under `python3 -m unittest -v` and the
 /// `unittest` parser reads them. The gold patch resolves it; a wrong fix does not, and
@@ -336,19 +359,8 @@ async fn a_unittest_instance_is_graded_by_its_own_runner() {
     let dir = tempfile::tempdir().unwrap();
     let repo = dir.path().join("calc");
     let base = calc_repo(&repo);
-    let test_patch = "diff --git a/tests/test_calc.py b/tests/test_calc.py\n--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n@@ -6,3 +6,6 @@ import calc\n class CalcTest(unittest.TestCase):\n     def test_type(self):\n         self.assertIsInstance(calc.double(1), int)\n+\n+    def test_double(self):\n+        self.assertEqual(calc.double(3), 6)\n";
-    // Python 3.11's unittest names a test `name (module.Class.name)`.
-    let id = |t: &str| format!("{t} (tests.test_calc.CalcTest.{t})");
-    let instance = json!({
-        "instance_id": "calc-1", "repo": "example/calc", "base_commit": base,
-        "test_patch": test_patch,
-        "FAIL_TO_PASS": [id("test_double")], "PASS_TO_PASS": [id("test_type")],
-    });
-    let grader = json!({
-        "type": "swe", "instance": instance, "repo_url": repo,
-        "test_command": "python3 -m unittest -v {tests}", "log_parser": "unittest",
-        "timeout_ms": 120000,
-    });
+    let grader = calc_grader(&repo, &base);
+    let id = calc_test_id;
     // unittest's lines for both tests, then the run ended before the runner's summary.
     let forged_lines = format!("{} ... ok\n{} ... ok\n", id("test_double"), id("test_type"));
     let complete = format!(
