@@ -425,24 +425,18 @@ impl<'a> EpisodeState<'a> {
     /// `observations` in between: the tool results as plain text when the episode says
     /// so, the template's own text as written.
     fn observation_ids(&self, observations: &[Value]) -> Result<Vec<u32>, String> {
-        let tokenizer = &self.ep.model.tokenizer;
         // The conversation up to the model's last turn (the observations are already
         // appended to it).
         let all = &self.traj.messages;
         let history = &all[..all.len().saturating_sub(observations.len())];
-        if self.ep.observations_as_text {
-            let pieces = self
-                .glue
-                .between_turns_pieces(history, observations, self.last_ended)
-                .map_err(|e| e.to_string())?;
-            tokenizer.encode_pieces(&pieces).map_err(|e| e.to_string())
-        } else {
-            let text = self
-                .glue
-                .between_turns_after(history, observations, self.last_ended)
-                .map_err(|e| e.to_string())?;
-            tokenizer.encode(&text).map_err(|e| e.to_string())
-        }
+        encode_between_turns(
+            &self.glue,
+            &self.ep.model,
+            history,
+            observations,
+            self.last_ended,
+            self.ep.observations_as_text,
+        )
     }
 
     /// Runs the turn's calls in order, recording each; a malformed call or an unknown
@@ -635,23 +629,66 @@ async fn drift_check(
     tokio::task::spawn_blocking(move || {
         let offered = (!schemas.is_empty()).then_some(&schemas[..]);
         let open = messages.last().is_some_and(|m| m["role"] != "assistant");
-        let template = model.template_for(offered.is_some());
-        let render = |m: &[Value]| template.render(m, offered, open, &args);
-        let text = render(&messages).map_err(|e| e.to_string())?;
         // Tool results re-tokenized as the episode tokenized them.
-        let again = if as_text {
-            let pieces = super::render::locate_results(&text, &messages, |m| Ok(render(m)?))
-                .map_err(|e| e.to_string())?;
-            model.tokenizer.encode_pieces(&pieces)
-        } else {
-            model.tokenizer.encode(&text)
-        }
-        .map_err(|e| e.to_string())?;
+        let (again, _) = encode_conversation(&model, &messages, offered, open, &args, as_text)?;
         let tail = model.tokenizer.encode(&tail).map_err(|e| e.to_string())?;
         Ok(trajectory::compare(&ours, &again, &tail))
     })
     .await
     .map_err(|e| e.to_string())?
+}
+
+/// `messages` rendered with the model's chat template (offering `tools`, with the
+/// generation prompt when `open`) and tokenized, tool results as plain text when
+/// `as_text` ([`super::render::locate_results`]): what a fresh render of a conversation
+/// gives, for the drift checks of the loop and of agent programs' calls. Returns the
+/// tokens and the rendered text.
+pub(crate) fn encode_conversation(
+    model: &ModelFiles,
+    messages: &[Value],
+    tools: Option<&[Value]>,
+    open: bool,
+    args: &serde_json::Map<String, Value>,
+    as_text: bool,
+) -> Result<(Vec<u32>, String), String> {
+    let template = model.template_for(tools.is_some());
+    let render = |m: &[Value]| template.render(m, tools, open, args);
+    let text = render(messages).map_err(|e| e.to_string())?;
+    let ids = if as_text {
+        let pieces = super::render::locate_results(&text, messages, |m| Ok(render(m)?))
+            .map_err(|e| e.to_string())?;
+        model.tokenizer.encode_pieces(&pieces)
+    } else {
+        model.tokenizer.encode(&text)
+    }
+    .map_err(|e| e.to_string())?;
+    Ok((ids, text))
+}
+
+/// The tokens `glue` puts between the model's turn ending `history` (`ended`: with its
+/// end-of-turn token) and the next generation prompt, with `new` (tool results, a user
+/// message) in between, tool results as plain text when `as_text`: an observation of
+/// the loop, or the new messages of an agent program's call that continues another.
+pub(crate) fn encode_between_turns(
+    glue: &TurnGlue<'_>,
+    model: &ModelFiles,
+    history: &[Value],
+    new: &[Value],
+    ended: bool,
+    as_text: bool,
+) -> Result<Vec<u32>, String> {
+    if as_text {
+        let pieces = glue
+            .between_turns_pieces(history, new, ended)
+            .map_err(|e| e.to_string())?;
+        model.tokenizer.encode_pieces(&pieces)
+    } else {
+        let text = glue
+            .between_turns_after(history, new, ended)
+            .map_err(|e| e.to_string())?;
+        model.tokenizer.encode(&text)
+    }
+    .map_err(|e| e.to_string())
 }
 
 /// The assistant message a trainer re-rendering the conversation would build from the

@@ -30,12 +30,12 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::episode::{EpisodeLimits, Parser, TurnGuard};
+use super::episode::{EpisodeLimits, Parser, TurnGuard, encode_between_turns, encode_conversation};
 use super::generation::{self, GenStop, TurnSource, finish_name};
 use super::model::ModelFiles;
 use super::openai::{self, ApiError};
 use super::parse;
-use super::render::{TurnGlue, locate_results};
+use super::render::TurnGlue;
 use super::trajectory::{self, Drift, FinishReason, Trajectory, Turn};
 use crate::backends::generate::{Generated, Generator};
 use crate::backends::wire::{Finish, Sampling};
@@ -177,6 +177,9 @@ struct ChatMemo {
     output_ids: Vec<u32>,
     /// Whether the output ended with an end-of-turn token.
     ended: bool,
+    /// Whether its generation prompt opened the model's reasoning: the same for a call
+    /// that continues it (same template, tools and arguments).
+    reasoning_open: bool,
 }
 
 /// The drift check of a continuation, running beside the call.
@@ -194,6 +197,11 @@ struct ChatPrompt {
     /// A continuation's drift check.
     drift: Option<DriftCheck>,
     reasoning_open: bool,
+    /// The request's messages reduced ([`openai::essence`]), kept for the calls that
+    /// may continue this one.
+    essence: Vec<Value>,
+    /// The request's messages as the template saw them, kept likewise.
+    templated: Vec<Value>,
 }
 
 /// The prompt of `messages` rendered afresh and tokenized (tool results as plain text
@@ -205,23 +213,12 @@ fn fresh_prompt(
     tools: Option<&[Value]>,
     messages: &[Value],
 ) -> Result<(Vec<u32>, bool), String> {
-    let template = model.template_for(tools.is_some());
-    let render = |m: &[Value]| template.render(m, tools, true, args);
-    let text = render(messages).map_err(|e| e.to_string())?;
-    let ids = if as_text {
-        let pieces =
-            locate_results(&text, messages, |m| Ok(render(m)?)).map_err(|e| e.to_string())?;
-        model.tokenizer.encode_pieces(&pieces)
-    } else {
-        model.tokenizer.encode(&text)
-    }
-    .map_err(|e| e.to_string())?;
+    let (ids, text) = encode_conversation(model, messages, tools, true, args, as_text)?;
     Ok((ids, parse::opens_reasoning(&text)))
 }
 
 /// The tokens the template writes after the model's turn ending `past` (`ended`: with
-/// its end-of-turn token) up to the next generation prompt, with `new` in between; and
-/// that text.
+/// its end-of-turn token) up to the next generation prompt, with `new` in between.
 fn between_calls(
     model: &ModelFiles,
     args: &serde_json::Map<String, Value>,
@@ -230,26 +227,10 @@ fn between_calls(
     past: &[Value],
     new: &[Value],
     ended: bool,
-) -> Result<(Vec<u32>, String), String> {
+) -> Result<Vec<u32>, String> {
     let template = model.template_for(tools.is_some());
     let glue = TurnGlue::new(template, &model.eos_token, tools, args).map_err(|e| e.to_string())?;
-    if as_text {
-        let pieces = glue
-            .between_turns_pieces(past, new, ended)
-            .map_err(|e| e.to_string())?;
-        let text: String = pieces.iter().map(|(t, _)| t.as_str()).collect();
-        let ids = model
-            .tokenizer
-            .encode_pieces(&pieces)
-            .map_err(|e| e.to_string())?;
-        Ok((ids, text))
-    } else {
-        let text = glue
-            .between_turns_after(past, new, ended)
-            .map_err(|e| e.to_string())?;
-        let ids = model.tokenizer.encode(&text).map_err(|e| e.to_string())?;
-        Ok((ids, text))
-    }
+    encode_between_turns(&glue, model, past, new, ended, as_text)
 }
 
 /// The endpoint of one episode: it answers calls and keeps their record.
@@ -427,15 +408,7 @@ impl Endpoint {
         if prompt.continues.is_some() {
             request["messages"] = Value::Array(req.messages[prompt.skip..].to_vec());
         }
-        self.remember(
-            index,
-            &req.messages,
-            tools,
-            &message,
-            &prompt.ids,
-            output_ids,
-            ended,
-        );
+        self.remember(index, &mut prompt, tools, &message, output_ids, ended);
         self.calls.push(ModelCall {
             route: ROUTE.into(),
             sample: Some(sample),
@@ -466,30 +439,29 @@ impl Endpoint {
         })
     }
 
-    /// Keeps chat call `index`'s conversation and answer for the calls that may
-    /// continue it (the last [`MEMOS`]).
-    #[allow(clippy::too_many_arguments)]
+    /// Keeps chat call `index`'s conversation (taken from `prompt`) and answer for the
+    /// calls that may continue it (the last [`MEMOS`]).
     fn remember(
         &mut self,
         index: usize,
-        messages: &[Value],
+        prompt: &mut ChatPrompt,
         tools: Option<Vec<Value>>,
         message: &Value,
-        prompt_ids: &[u32],
         output_ids: Vec<u32>,
         ended: bool,
     ) {
         self.memos.push((
             index,
             ChatMemo {
-                essence: messages.iter().map(openai::essence).collect(),
-                messages: messages.iter().map(openai::for_template).collect(),
+                essence: std::mem::take(&mut prompt.essence),
+                messages: std::mem::take(&mut prompt.templated),
                 tools,
                 reply: openai::essence(message),
                 reply_message: openai::for_template(message),
-                prompt_ids: prompt_ids.to_vec(),
+                prompt_ids: prompt.ids.clone(),
                 output_ids,
                 ended,
+                reasoning_open: prompt.reasoning_open,
             },
         ));
         if self.memos.len() > MEMOS {
@@ -715,8 +687,9 @@ impl Endpoint {
             .and_then(|c| self.memos.iter().find(|(i, _)| *i == c))
             .map(|(_, m)| m)
         else {
+            let rendered = templated.clone();
             let (ids, reasoning_open) = tokio::task::spawn_blocking(move || {
-                fresh_prompt(&model, &args, as_text, tools.as_deref(), &templated)
+                fresh_prompt(&model, &args, as_text, tools.as_deref(), &rendered)
             })
             .await
             .map_err(|e| e.to_string())??;
@@ -727,28 +700,29 @@ impl Endpoint {
                 fresh_reason,
                 drift: None,
                 reasoning_open,
+                essence,
+                templated,
             });
         };
         let mut past = memo.messages.clone();
         past.push(memo.reply_message.clone());
         let skip = past.len();
         let before = [memo.prompt_ids.clone(), memo.output_ids.clone()].concat();
-        let ended = memo.ended;
+        let (ended, reasoning_open) = (memo.ended, memo.reasoning_open);
         let (glue_model, glue_args, glue_tools) = (model.clone(), args.clone(), tools.clone());
         let new = templated[past.len()..].to_vec();
-        let (ids, reasoning_open) = tokio::task::spawn_blocking(move || {
+        let ids = tokio::task::spawn_blocking(move || {
             let tools = glue_tools.as_deref();
             let obs = between_calls(&glue_model, &glue_args, as_text, tools, &past, &new, ended)?;
-            let opens = parse::opens_reasoning(&obs.1);
-            Ok::<_, String>(([before, obs.0].concat(), opens))
+            Ok::<_, String>([before, obs].concat())
         })
         .await
         .map_err(|e| e.to_string())??;
         // Whether a fresh render gives the same tokens is checked beside the call, not in
         // its way: the agent waits for the answer, not for the check.
-        let ours = ids.clone();
+        let (ours, rendered) = (ids.clone(), templated.clone());
         let drift = tokio::task::spawn_blocking(move || {
-            let (fresh, _) = fresh_prompt(&model, &args, as_text, tools.as_deref(), &templated)?;
+            let (fresh, _) = fresh_prompt(&model, &args, as_text, tools.as_deref(), &rendered)?;
             Ok(trajectory::compare(&ours, &fresh, &[]))
         });
         Ok(ChatPrompt {
@@ -758,6 +732,8 @@ impl Endpoint {
             fresh_reason,
             drift: Some(drift),
             reasoning_open,
+            essence,
+            templated,
         })
     }
 
