@@ -309,6 +309,8 @@ fn fake_job(spec: &serde_json::Value) -> rollout::domain::Job {
         created_at: 0,
         updated_at: 0,
         finished_at: None,
+        reward: None,
+        finish_reason: None,
     }
 }
 

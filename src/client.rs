@@ -42,13 +42,17 @@ pub enum ClientError {
         /// Whether the request carried a token (a wrong one) or none.
         sent_token: bool,
     },
-    /// The gateway answered with an error.
-    #[error("gateway answered {status}: {body}")]
+    /// The gateway answered with an error: its message as a sentence, the field at
+    /// fault for bad input, and the HTTP status last.
+    #[error("{message}{} (HTTP {status})", field.as_ref().map(|f| format!(" (field `{f}`)")).unwrap_or_default())]
     Api {
         /// HTTP status.
         status: u16,
-        /// The JSON error body.
-        body: String,
+        /// The gateway's message (`error` of its JSON body), or the body itself when
+        /// it is not the gateway's JSON.
+        message: String,
+        /// The offending field for bad input (`field` of the body).
+        field: Option<String>,
     },
     /// The answer was not the expected JSON.
     #[error("unexpected answer from the gateway: {0}")]
@@ -137,9 +141,22 @@ impl Client {
                     sent_token: self.token.is_some(),
                 });
             }
-            return Err(ClientError::Api {
-                status: status.as_u16(),
-                body,
+            let parsed = serde_json::from_str::<crate::api::error::ApiErrorBody>(&body).ok();
+            return Err(match parsed {
+                Some(b) => ClientError::Api {
+                    status: status.as_u16(),
+                    message: b.error,
+                    field: b.field,
+                },
+                None => ClientError::Api {
+                    status: status.as_u16(),
+                    message: if body.trim().is_empty() {
+                        status.to_string()
+                    } else {
+                        body
+                    },
+                    field: None,
+                },
             });
         }
         Ok(resp)
@@ -283,6 +300,16 @@ impl Client {
         self.send(self.http.get(&url), url).await
     }
 
+    /// `GET /v1/dashboard?limit=…`: the dashboard with the latest `limit` batches,
+    /// failure reasons and sampling batches.
+    pub async fn dashboard_latest(
+        &self,
+        limit: i64,
+    ) -> Result<crate::api::dashboard::Dashboard, ClientError> {
+        let url = format!("{}/v1/dashboard?limit={limit}", self.base);
+        self.send(self.http.get(&url), url).await
+    }
+
     /// `GET /v1/jobs/{id}`.
     pub async fn job(&self, id: &str) -> Result<JobView, ClientError> {
         let url = format!("{}/v1/jobs/{id}", self.base);
@@ -380,6 +407,38 @@ pub struct BatchSummary {
     /// The same counts per task label ([`task_label`]: kind and grader), for the jobs
     /// the follower was given labels for.
     pub by_label: std::collections::BTreeMap<String, LabelSummary>,
+    /// Jobs that ended `failed`, `timed_out` or `cancelled`, by status and the first
+    /// line of their error ([`failure_reason`]).
+    pub failures: std::collections::BTreeMap<(String, String), FailureCount>,
+}
+
+/// How many jobs ended with one failure reason, and one of them to look at.
+#[derive(Debug, Clone, Default)]
+pub struct FailureCount {
+    /// Jobs.
+    pub jobs: u64,
+    /// The first of them.
+    pub example_job_id: String,
+}
+
+/// The reason a summary groups a failed job under: the first line of its error, cut to
+/// 160 characters (the dashboard's `failures_by_reason` groups by the same length).
+pub fn failure_reason(error: Option<&str>) -> String {
+    let line = error.and_then(|e| e.lines().next()).unwrap_or("").trim();
+    if line.is_empty() {
+        return "(no error recorded)".to_string();
+    }
+    match line.char_indices().nth(160) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_string(),
+    }
+}
+
+impl BatchSummary {
+    /// Jobs that ended `failed` or `timed_out` (what `--fail-on-error` fails on).
+    pub fn failed_jobs(&self) -> u64 {
+        self.failed + self.timed_out
+    }
 }
 
 /// A summary's counts for one label.
@@ -456,6 +515,18 @@ impl std::fmt::Display for BatchSummary {
                 l.results, l.done
             )?;
         }
+        let mut failures: Vec<_> = self.failures.iter().collect();
+        failures.sort_by(|a, b| b.1.jobs.cmp(&a.1.jobs).then_with(|| a.0.cmp(b.0)));
+        if !failures.is_empty() {
+            write!(f, "\nwhy jobs did not end done:")?;
+        }
+        for ((status, reason), c) in failures {
+            write!(
+                f,
+                "\n  {:>6} {status:<9} {reason} (e.g. job {})",
+                c.jobs, c.example_job_id
+            )?;
+        }
         Ok(())
     }
 }
@@ -501,6 +572,20 @@ impl Client {
                         l.reward_sum += r.reward.unwrap_or(0.0);
                     }
                 }
+                if matches!(
+                    r.status,
+                    Status::Failed | Status::TimedOut | Status::Cancelled
+                ) {
+                    let key = (
+                        r.status.as_str().to_string(),
+                        failure_reason(r.error.as_deref()),
+                    );
+                    let c = s.failures.entry(key).or_default();
+                    if c.jobs == 0 {
+                        c.example_job_id = r.job_id.clone();
+                    }
+                    c.jobs += 1;
+                }
                 match r.status {
                     Status::Done => {
                         s.done += 1;
@@ -543,6 +628,15 @@ impl Client {
 /// Reads tasks from JSON Lines (blank lines and `#` comments skipped), naming the line of
 /// the first bad one.
 pub fn read_tasks_jsonl(text: &str) -> Result<Vec<Task>, String> {
+    read_task_lines(text)
+        .map(|lines| lines.into_iter().map(|(_, t)| t).collect())
+        .map_err(|(line, e)| format!("line {line}: {e}"))
+}
+
+/// [`read_tasks_jsonl`], each task with its 1-based line, so that a task the gateway
+/// refuses can be named by its line in the file; a bad line is the error, with its
+/// number.
+pub fn read_task_lines(text: &str) -> Result<Vec<(usize, Task)>, (usize, String)> {
     let mut tasks = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -551,8 +645,8 @@ pub fn read_tasks_jsonl(text: &str) -> Result<Vec<Task>, String> {
         }
         let de = &mut serde_json::Deserializer::from_str(line);
         let task: Task = serde_path_to_error::deserialize(de)
-            .map_err(|e| format!("line {}: {} at `{}`", i + 1, e.inner(), e.path()))?;
-        tasks.push(task);
+            .map_err(|e| (i + 1, format!("{} at `{}`", e.inner(), e.path())))?;
+        tasks.push((i + 1, task));
     }
     Ok(tasks)
 }

@@ -9,10 +9,14 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use rollout::client::{Client, read_tasks_jsonl};
+use rollout::client::Client;
 use rollout::config::Settings;
-use rollout::domain::{Stage, Task};
+use rollout::domain::Stage;
 use rollout::wiring;
+
+mod cli;
+use cli::table::{Align, Table};
+use cli::tasks::TaskFiles;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,27 +47,61 @@ enum Command {
         /// Batch to submit into (default: a new batch).
         #[arg(long)]
         batch: Option<String>,
-        /// Wait for every result, with a progress bar, then print a summary.
+        /// Wait for every result, with a progress bar, then print a summary with the
+        /// reasons jobs did not end `done`.
         #[arg(long)]
         wait: bool,
-        /// Gateway URL (default: http:// + gateway.listen).
-        #[arg(long, env = "ROLLOUT_GATEWAY")]
-        gateway: Option<String>,
-        /// The gateway's token, when it has one (default: gateway.token).
-        #[arg(long, env = "ROLLOUT_GATEWAY_TOKEN", hide_env_values = true)]
-        token: Option<String>,
+        /// With --wait: exit with status 1 when any job ended `failed` or `timed_out`.
+        #[arg(long, requires = "wait")]
+        fail_on_error: bool,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    },
+    /// Print results in delivery order: a row each, or JSON lines with --json.
+    Results {
+        /// Only this batch.
+        #[arg(long)]
+        batch: Option<String>,
+        /// Start after this result `seq` (the cursor of `GET /v1/results`).
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+        /// Keep waiting for new results (long polls) instead of stopping at the last.
+        #[arg(long, short)]
+        follow: bool,
+        /// Stop after this many results.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Each result as one JSON line (the API's result, trajectory included).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    },
+    /// Cancel jobs, or a whole batch (plain or sampling). A job that already ended keeps
+    /// its result.
+    Cancel {
+        /// The jobs to cancel.
+        jobs: Vec<String>,
+        /// Cancel this batch: its live jobs end `cancelled`.
+        #[arg(long, required_unless_present = "jobs")]
+        batch: Option<String>,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    },
+    /// List batches, submit a dynamic-sampling batch, show a batch's groups.
+    Batches {
+        #[command(subcommand)]
+        action: BatchesAction,
+        #[command(flatten)]
+        gateway: GatewayArgs,
     },
     /// Show job counts by status and stage.
     Status {
         /// Only this batch.
         #[arg(long)]
         batch: Option<String>,
-        /// Gateway URL (default: http:// + gateway.listen).
-        #[arg(long, env = "ROLLOUT_GATEWAY")]
-        gateway: Option<String>,
-        /// The gateway's token, when it has one (default: gateway.token).
-        #[arg(long, env = "ROLLOUT_GATEWAY_TOKEN", hide_env_values = true)]
-        token: Option<String>,
+        #[command(flatten)]
+        gateway: GatewayArgs,
     },
     /// Replay a finished `agent` or `agent_program` episode: its model side played back
     /// from its result (no inference backend is called), its tools run for real in a
@@ -82,28 +120,15 @@ enum Command {
         /// (`rollout-scripted-llm serve --policy`) instead of replaying it.
         #[arg(long)]
         as_policy: bool,
-        /// Gateway URL (default: http:// + gateway.listen).
-        #[arg(long, env = "ROLLOUT_GATEWAY")]
-        gateway: Option<String>,
-        /// The gateway's token, when it has one (default: gateway.token).
-        #[arg(long, env = "ROLLOUT_GATEWAY_TOKEN", hide_env_values = true)]
-        token: Option<String>,
+        #[command(flatten)]
+        gateway: GatewayArgs,
     },
     /// List, register and remove inference backends (through the gateway).
     Backends {
         #[command(subcommand)]
         action: BackendsAction,
-        /// Gateway URL (default: http:// + gateway.listen).
-        #[arg(long, env = "ROLLOUT_GATEWAY", global = true)]
-        gateway: Option<String>,
-        /// The gateway's token, when it has one (default: gateway.token).
-        #[arg(
-            long,
-            env = "ROLLOUT_GATEWAY_TOKEN",
-            hide_env_values = true,
-            global = true
-        )]
-        token: Option<String>,
+        #[command(flatten)]
+        gateway: GatewayArgs,
     },
     /// One node's workers in one process: by default INIT, RUN and EVAL, which share
     /// the node's sandboxes (`node.name`). What a Slurm job or a container runs on each
@@ -136,6 +161,68 @@ enum Command {
         /// `<state_dir>/logs/up.log` (with warnings on screen).
         #[arg(long)]
         logs_on_screen: bool,
+    },
+}
+
+/// Where the gateway is and its token, for the commands that talk to it.
+#[derive(Debug, clap::Args)]
+struct GatewayArgs {
+    /// Gateway URL (default: http:// + gateway.listen).
+    #[arg(long, env = "ROLLOUT_GATEWAY", global = true)]
+    gateway: Option<String>,
+    /// The gateway's token, when it has one (default: gateway.token).
+    #[arg(
+        long,
+        env = "ROLLOUT_GATEWAY_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    token: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum BatchesAction {
+    /// The latest batches with their counters (sampling batches with their groups).
+    List {
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+    },
+    /// Submit a JSON Lines file of prompts as one dynamic-sampling batch (each prompt
+    /// sampled --group-size times until --target-groups groups are informative).
+    Submit {
+        /// One prompt (a task) per line.
+        file: PathBuf,
+        /// G: samples per prompt.
+        #[arg(long)]
+        group_size: i64,
+        /// K: informative groups wanted.
+        #[arg(long)]
+        target_groups: i64,
+        /// Batch id (default: a fresh one).
+        #[arg(long)]
+        batch: Option<String>,
+        /// Groups running at once (default: --target-groups).
+        #[arg(long)]
+        max_groups_in_flight: Option<i64>,
+        /// Give up after this many prompts (default: all of them).
+        #[arg(long)]
+        max_groups: Option<i64>,
+        /// Stamped on every job as `metadata.policy_version`.
+        #[arg(long)]
+        policy_version: Option<i64>,
+        /// Samples older than this many policy versions end `stale`.
+        #[arg(long)]
+        max_staleness: Option<i64>,
+        /// Print each accepted group as it is decided, until the batch ends.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// A batch: a sampling batch's status and accepted groups with each sample's
+    /// reward, or a plain batch's counters.
+    Show {
+        /// The batch.
+        id: String,
     },
 }
 
@@ -188,20 +275,15 @@ struct AddBackend {
     logprobs_mode: Option<String>,
 }
 
-fn load_tasks(path: &PathBuf) -> anyhow::Result<Vec<rollout::domain::Task>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let tasks = read_tasks_jsonl(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    anyhow::ensure!(!tasks.is_empty(), "{} holds no tasks", path.display());
-    Ok(tasks)
-}
-
 /// A client of the gateway named by `--gateway` (default: `gateway.listen`), sending the
 /// token from `--token` / `ROLLOUT_GATEWAY_TOKEN` or else `gateway.token`, so a machine
 /// that runs the gateway needs no extra flag.
-fn gateway_client(settings: &Settings, gateway: Option<String>, token: Option<String>) -> Client {
-    let url = gateway.unwrap_or_else(|| format!("http://{}", settings.gateway.listen));
-    let token = token
+fn gateway_client(settings: &Settings, args: GatewayArgs) -> Client {
+    let url = args
+        .gateway
+        .unwrap_or_else(|| format!("http://{}", settings.gateway.listen));
+    let token = args
+        .token
         .filter(|t| !t.is_empty())
         .or_else(|| Some(settings.gateway.token.clone()));
     Client::new(&url).with_token(token)
@@ -229,54 +311,6 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve => serve(settings).await?,
         Command::Migrate => migrate(&settings).await?,
-        Command::Submit {
-            file,
-            batch,
-            wait,
-            gateway,
-            token,
-        } => {
-            let tasks = load_tasks(&file)?;
-            let client = gateway_client(&settings, gateway, token);
-            submit(&client, &tasks, batch, wait).await?;
-        }
-        Command::Status {
-            batch,
-            gateway,
-            token,
-        } => {
-            let client = gateway_client(&settings, gateway, token);
-            status(&client, batch.as_deref()).await?;
-        }
-        Command::Replay {
-            job,
-            batch,
-            strict,
-            as_policy,
-            gateway,
-            token,
-        } => {
-            let client = gateway_client(&settings, gateway, token);
-            let same = replay(&client, &job, batch, strict, as_policy).await?;
-            if strict && !same {
-                std::process::exit(1);
-            }
-        }
-        Command::Backends {
-            action,
-            gateway,
-            token,
-        } => {
-            let client = gateway_client(&settings, gateway, token);
-            match action {
-                BackendsAction::List => list_backends(&client).await?,
-                BackendsAction::Add(args) => add_backend(&client, args).await?,
-                BackendsAction::Remove { id } => {
-                    client.remove_backend(&id).await?;
-                    eprintln!("removed backend {id}");
-                }
-            }
-        }
         Command::Node {
             stages,
             metrics_listen,
@@ -303,6 +337,91 @@ async fn main() -> anyhow::Result<()> {
                 log_file,
             };
             up(settings, opts, &submit, batch).await?
+        }
+        command => client_command(&settings, command).await?,
+    }
+    Ok(())
+}
+
+/// The commands that talk to a gateway (submit, results, cancel, batches, status,
+/// replay, backends).
+async fn client_command(settings: &Settings, command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Submit {
+            file,
+            batch,
+            wait,
+            fail_on_error,
+            gateway,
+        } => {
+            let files = TaskFiles::load(&[file])?;
+            let client = gateway_client(settings, gateway);
+            let ended = cli::jobs::submit(&client, &files, batch, wait).await?;
+            if let (true, cli::jobs::Submitted::Failed(n)) = (fail_on_error, ended) {
+                eprintln!("{n} jobs ended failed or timed out (--fail-on-error)");
+                std::process::exit(1);
+            }
+        }
+        Command::Results {
+            batch,
+            after,
+            follow,
+            count,
+            json,
+            gateway,
+        } => {
+            let client = gateway_client(settings, gateway);
+            let args = cli::jobs::ResultsArgs {
+                batch,
+                after,
+                follow,
+                count,
+                json,
+            };
+            cli::jobs::results(&client, args).await?;
+        }
+        Command::Cancel {
+            jobs,
+            batch,
+            gateway,
+        } => {
+            let client = gateway_client(settings, gateway);
+            cli::jobs::cancel(&client, &jobs, batch.as_deref()).await?;
+        }
+        Command::Batches { action, gateway } => {
+            let client = gateway_client(settings, gateway);
+            batches(&client, action).await?;
+        }
+        Command::Status { batch, gateway } => {
+            let client = gateway_client(settings, gateway);
+            status(&client, batch.as_deref()).await?;
+        }
+        Command::Replay {
+            job,
+            batch,
+            strict,
+            as_policy,
+            gateway,
+        } => {
+            let client = gateway_client(settings, gateway);
+            let same = replay(&client, &job, batch, strict, as_policy).await?;
+            if strict && !same {
+                std::process::exit(1);
+            }
+        }
+        Command::Backends { action, gateway } => {
+            let client = gateway_client(settings, gateway);
+            match action {
+                BackendsAction::List => list_backends(&client).await?,
+                BackendsAction::Add(args) => add_backend(&client, args).await?,
+                BackendsAction::Remove { id } => {
+                    client.remove_backend(&id).await?;
+                    eprintln!("removed backend {id}");
+                }
+            }
+        }
+        Command::Serve | Command::Migrate | Command::Node { .. } | Command::Up { .. } => {
+            unreachable!("`main` runs the commands that do not talk to a gateway")
         }
     }
     Ok(())
@@ -338,37 +457,36 @@ async fn migrate(settings: &Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `rollout submit`: `tasks` into `batch` (a new one by default) in chunks; prints the
-/// batch id, and with `wait` follows the batch to its summary.
-async fn submit(
-    client: &Client,
-    tasks: &[rollout::domain::Task],
-    batch: Option<String>,
-    wait: bool,
-) -> anyhow::Result<()> {
-    let mut batch_id = batch;
-    let mut total = 0u64;
-    let mut duplicates = 0u64;
-    let mut labels = std::collections::HashMap::new();
-    // Chunks keep each request under the gateway's limits; the batch id of the
-    // first chunk is reused so the whole file is one batch.
-    for chunk in tasks.chunks(5000) {
-        let resp = client.submit(chunk, batch_id.as_deref()).await?;
-        total += resp.jobs.len() as u64;
-        duplicates += resp.jobs.iter().filter(|j| j.duplicate).count() as u64;
-        labels.extend(rollout::client::job_labels(chunk, &resp.jobs));
-        batch_id = Some(resp.batch_id);
+/// `rollout batches`: the action named.
+async fn batches(client: &Client, action: BatchesAction) -> anyhow::Result<()> {
+    match action {
+        BatchesAction::List { limit } => cli::batches::list(client, limit).await,
+        BatchesAction::Show { id } => cli::batches::show(client, &id).await,
+        BatchesAction::Submit {
+            file,
+            group_size,
+            target_groups,
+            batch,
+            max_groups_in_flight,
+            max_groups,
+            policy_version,
+            max_staleness,
+            wait,
+        } => {
+            let files = TaskFiles::load(&[file])?;
+            let args = cli::batches::SamplingArgs {
+                batch,
+                group_size,
+                target_groups,
+                max_groups_in_flight,
+                max_groups,
+                policy_version,
+                max_staleness,
+                wait,
+            };
+            cli::batches::submit(client, &files, args).await
+        }
     }
-    let batch_id = batch_id.expect("at least one chunk");
-    println!("{batch_id}");
-    eprintln!(
-        "submitted {total} tasks to batch {batch_id} ({duplicates} already known by client_id)"
-    );
-    if wait {
-        let summary = client.follow_batch(&batch_id, total, &labels).await?;
-        eprintln!("{summary}");
-    }
-    Ok(())
 }
 
 /// `rollout replay`: submits the replay of `job`, waits for its result and reports;
@@ -429,10 +547,19 @@ async fn replay(
 /// named.
 async fn status(client: &Client, batch: Option<&str>) -> anyhow::Result<()> {
     let view = client.status(batch).await?;
-    println!("{:<10} {:<6} {:>8}", "STATUS", "STAGE", "JOBS");
+    let mut t = Table::new(&[
+        ("STATUS", Align::Left),
+        ("STAGE", Align::Left),
+        ("JOBS", Align::Right),
+    ]);
     for c in &view.counts {
-        println!("{:<10} {:<6} {:>8}", c.status, c.stage, c.count);
+        t.row(vec![
+            c.status.to_string(),
+            c.stage.to_string(),
+            c.count.to_string(),
+        ]);
     }
+    println!("{}", t.render());
     if let Some(b) = view.batch {
         println!(
             "batch {}: {} submitted, {} finished ({} done, {} failed, {} timed out, {} cancelled, {} stale)",
@@ -445,22 +572,31 @@ async fn status(client: &Client, batch: Option<&str>) -> anyhow::Result<()> {
 /// `rollout backends list`: one line per backend.
 async fn list_backends(client: &Client) -> anyhow::Result<()> {
     let list = client.backends().await?;
-    println!(
-        "{:<20} {:<7} {:<20} {:<32} {:<8} {:>6} {:>6}",
-        "ID", "KIND", "MODEL", "URL", "HEALTHY", "ACTIVE", "WEIGHT"
-    );
+    if list.is_empty() {
+        eprintln!("no inference backends registered; add one with `rollout backends add`");
+        return Ok(());
+    }
+    let mut t = Table::new(&[
+        ("ID", Align::Left),
+        ("KIND", Align::Left),
+        ("MODEL", Align::Left),
+        ("URL", Align::Left),
+        ("HEALTHY", Align::Left),
+        ("ACTIVE", Align::Right),
+        ("WEIGHT", Align::Right),
+    ]);
     for b in list {
-        println!(
-            "{:<20} {:<7} {:<20} {:<32} {:<8} {:>6} {:>6}",
+        t.row(vec![
             b.spec.id,
-            b.spec.kind,
+            b.spec.kind.to_string(),
             b.spec.model,
             b.spec.url,
-            if b.healthy { "yes" } else { "no" },
-            b.active,
-            b.spec.weight
-        );
+            (if b.healthy { "yes" } else { "no" }).to_string(),
+            b.active.to_string(),
+            b.spec.weight.to_string(),
+        ]);
     }
+    println!("{}", t.render());
     Ok(())
 }
 
@@ -513,12 +649,12 @@ async fn add_backend(client: &Client, args: AddBackend) -> anyhow::Result<()> {
 }
 
 /// Options of `rollout up`.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct UpOptions {
     /// Workers of each stage.
     workers: usize,
     /// Tasks to submit once everything runs, with the batch to put them in.
-    submit: Option<(Vec<Task>, String)>,
+    submit: Option<(TaskFiles, String)>,
     /// Where the log goes, when not to the terminal (said in the start-up line).
     log_file: Option<PathBuf>,
     /// Stop once the submitted batch has all its results.
@@ -538,12 +674,9 @@ async fn up(
     opts.submit = if submit.is_empty() {
         None
     } else {
-        let mut tasks = Vec::new();
-        for path in submit {
-            tasks.extend(load_tasks(path)?);
-        }
+        let files = TaskFiles::load(submit)?;
         let id = batch.unwrap_or_else(|| format!("up-{}", uuid::Uuid::now_v7().simple()));
-        Some((tasks, id))
+        Some((files, id))
     };
     let shutdown = rollout::shutdown::on_signals(|| std::process::exit(130));
     let running = wiring::start_up(settings, opts.workers, shutdown.clone()).await?;
@@ -560,20 +693,25 @@ async fn up(
         rollout::config::redact_url(&running.settings.database_url())
     );
     let mut followed = None;
-    if let Some((batch, batch_id)) = opts.submit {
+    if let Some((files, batch_id)) = opts.submit {
         let client = Client::new(&format!("http://{}", running.addr))
             .with_token(Some(running.settings.gateway.token.clone()));
+        let batch = &files.tasks;
         let follow = async {
-            let resp = client.submit(&batch, Some(&batch_id)).await?;
+            let resp = client
+                .submit(batch, Some(&batch_id))
+                .await
+                .map_err(|e| files.explain(0, e))?;
             eprintln!(
                 "submitted {} tasks as batch {}",
                 resp.jobs.len(),
                 resp.batch_id
             );
-            let labels = rollout::client::job_labels(&batch, &resp.jobs);
-            client
+            let labels = rollout::client::job_labels(batch, &resp.jobs);
+            let summary = client
                 .follow_batch(&resp.batch_id, resp.jobs.len() as u64, &labels)
-                .await
+                .await?;
+            anyhow::Ok(summary)
         };
         tokio::select! {
             r = follow => {
@@ -591,7 +729,7 @@ async fn up(
     }
     running.finish().await?;
     match followed {
-        Some(Err(e)) => Err(anyhow::Error::new(e).context("submitting the batch failed")),
+        Some(Err(e)) => Err(e.context("submitting the batch failed")),
         Some(Ok(s)) if s.results > 0 && s.done == 0 => {
             anyhow::bail!("no job of the batch finished `done`")
         }

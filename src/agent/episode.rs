@@ -740,6 +740,7 @@ fn end_turn(traj: &mut Trajectory, mut turn: Turn, t_turn: Instant) {
     let wall = duration_us(t_turn.elapsed());
     turn.overhead_us = wall.saturating_sub(turn.tool_latency_us + turn.backend_wait_us);
     metrics::histogram!(TURN_OVERHEAD).record(turn.overhead_us as f64 / 1e6);
+    traj.count_tools(&turn, FINISH);
     traj.turns.push(turn);
 }
 

@@ -210,6 +210,16 @@ pub struct Trajectory {
     pub policy_version_newest: Option<i64>,
     /// The conversation as messages (for logs and for trainers that want text).
     pub messages: Vec<serde_json::Value>,
+    /// Tool calls the model made over the turns (a successful `finish` is the end, not
+    /// a call); absent where the service does not see the tools (an agent program runs
+    /// its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<u32>,
+    /// Of those, the ones that failed: refused (unparsable, unknown tool) or answered
+    /// with an error. A training run follows the rate as a sign of a policy that lost
+    /// the tools' format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_errors: Option<u32>,
 }
 
 impl Trajectory {
@@ -232,7 +242,26 @@ impl Trajectory {
             policy_version_oldest: None,
             policy_version_newest: None,
             messages,
+            tool_calls: None,
+            tool_errors: None,
         }
+    }
+
+    /// Counts `turn`'s tool calls and failed ones into [`Trajectory::tool_calls`] and
+    /// [`Trajectory::tool_errors`]; `finish` is the name of the tool that ends the
+    /// episode (its successful call is not counted).
+    pub fn count_tools(&mut self, turn: &Turn, finish: &str) {
+        let calls = turn
+            .tools
+            .iter()
+            .filter(|t| !(t.ok && t.call.as_ref().is_some_and(|c| c.name == finish)));
+        let (mut n, mut failed) = (0u32, 0u32);
+        for t in calls {
+            n += 1;
+            failed += u32::from(!t.ok);
+        }
+        *self.tool_calls.get_or_insert(0) += n;
+        *self.tool_errors.get_or_insert(0) += failed;
     }
 
     /// Records that the model tokens `response_ids[from..to]` came from policy

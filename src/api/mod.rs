@@ -4,7 +4,7 @@
 //! and the OpenAPI document the gateway serves is derived from these same types.
 //!
 //! One module per group of routes: [`jobs`], [`batches`], [`results`], [`policy`], [`status`],
-//! [`dashboard`], and [`error`] for the body of every error response. The query
+//! [`dashboard`], [`training`], and [`error`] for the body of every error response. The query
 //! parameters stay with the gateway, which checks them.
 
 pub mod batches;
@@ -14,3 +14,4 @@ pub mod jobs;
 pub mod policy;
 pub mod results;
 pub mod status;
+pub mod training;

@@ -39,6 +39,7 @@ pub mod page;
 mod params;
 pub mod policy;
 pub mod results;
+pub mod training;
 
 use error::{ApiError, ApiErrorBody};
 use params::{ApiQuery, CheckQuery};
@@ -106,6 +107,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(policy::resume_policy))
         .routes(routes!(status))
         .routes(routes!(dashboard::dashboard))
+        .routes(routes!(training::training))
         .routes(routes!(healthz))
         .routes(routes!(metrics_text))
         .with_state(state)

@@ -70,6 +70,34 @@ pub struct StageTiming {
     pub wait_ms: Option<i64>,
     /// Started → finished (ms).
     pub work_ms: Option<i64>,
+    /// When the stage finished (epoch ms).
+    pub finished_at: i64,
+}
+
+/// One result's summary columns (migration `result_stats`): what the training view
+/// aggregates per batch, per policy version and over time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct ResultStats {
+    /// Its batch.
+    pub batch_id: String,
+    /// Its terminal status.
+    pub status: String,
+    /// Its reward.
+    pub reward: Option<f64>,
+    /// Why its episode ended (NULL without an episode).
+    pub finish_reason: Option<String>,
+    /// Its episode's turns.
+    pub turns: Option<i64>,
+    /// Its trajectory's `response_ids` length.
+    pub response_tokens: Option<i64>,
+    /// Tool calls the model made.
+    pub tool_calls: Option<i64>,
+    /// Of which failed.
+    pub tool_errors: Option<i64>,
+    /// The oldest policy version of its tokens.
+    pub policy_version: Option<i64>,
+    /// When it was written (epoch ms).
+    pub created_at: i64,
 }
 
 /// A row of `throughput_per_minute`: results of one minute and final status.
@@ -212,6 +240,8 @@ pub trait DashboardStore: Send + Sync {
     async fn sandbox_counts(&self) -> StoreResult<Vec<SandboxCount>>;
     /// The `limit` most recently created sampling batches.
     async fn sampling_progress(&self, limit: i64) -> StoreResult<Vec<SamplingProgress>>;
+    /// The summary columns of `batch`'s latest `limit` results, newest first.
+    async fn result_stats(&self, batch: &str, limit: i64) -> StoreResult<Vec<ResultStats>>;
 }
 
 #[async_trait]
@@ -271,6 +301,15 @@ impl<D: Dialect> DashboardStore for SqlStore<D> {
     async fn sampling_progress(&self, limit: i64) -> StoreResult<Vec<SamplingProgress>> {
         let mut conn = self.reader().await?;
         Ok(query(sql::DASHBOARD_SAMPLING)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?)
+    }
+
+    async fn result_stats(&self, batch: &str, limit: i64) -> StoreResult<Vec<ResultStats>> {
+        let mut conn = self.reader().await?;
+        Ok(query(sql::RESULT_STATS)
+            .bind(batch)
             .bind(limit)
             .fetch_all(&mut *conn)
             .await?)

@@ -64,8 +64,8 @@ pub(crate) mod prerequisite;
 
 pub use backends::BackendStore;
 pub use dashboard::{
-    BackendLoad, BatchProgress, DashboardStore, FailureReason, SamplingProgress, SandboxCount,
-    StageQueue, StageTiming, ThroughputMinute,
+    BackendLoad, BatchProgress, DashboardStore, FailureReason, ResultStats, SamplingProgress,
+    SandboxCount, StageQueue, StageTiming, ThroughputMinute,
 };
 use dialect::Dialect;
 pub use jobs::{

@@ -41,6 +41,11 @@ pub(crate) struct JobRow {
     eval_finished_at: Option<i64>,
     stage_attempts: i64,
     restarts: i64,
+    /// The result's reward and finish reason: only in lists of jobs.
+    #[sqlx(default)]
+    reward: Option<f64>,
+    #[sqlx(default)]
+    finish_reason: Option<String>,
 }
 
 pub(crate) fn parse_status(s: &str) -> StoreResult<Status> {
@@ -105,6 +110,8 @@ impl JobRow {
             created_at: self.created_at,
             updated_at: self.updated_at,
             finished_at: self.finished_at,
+            reward: self.reward,
+            finish_reason: self.finish_reason,
         })
     }
 }

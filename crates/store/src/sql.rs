@@ -22,6 +22,86 @@ macro_rules! result_cols {
     };
 }
 
+/// The summary columns of a result, read from its RUN output when it is written (see
+/// [`run_stats_sqlite!`]): what the training view and Grafana group and chart without
+/// parsing every trajectory again.
+macro_rules! stats_cols {
+    () => {
+        "finish_reason, turns, response_tokens, tool_calls, tool_errors, policy_version"
+    };
+}
+
+/// SQLite: the [`stats_cols!`] values of the RUN output `$run` (an expression giving
+/// its JSON text, or NULL): its `finish_reason`, the length of its `turns` and
+/// `response_ids`, its `tool_calls` and `tool_errors` counts and its oldest policy
+/// version. A RUN output without them (a shell task's) gives NULLs.
+macro_rules! run_stats_sqlite {
+    ($run:literal) => {
+        concat!(
+            "json_extract(",
+            $run,
+            ", '$.finish_reason'), ",
+            "json_array_length(",
+            $run,
+            ", '$.turns'), ",
+            "json_array_length(",
+            $run,
+            ", '$.response_ids'), ",
+            "json_extract(",
+            $run,
+            ", '$.tool_calls'), ",
+            "json_extract(",
+            $run,
+            ", '$.tool_errors'), ",
+            "json_extract(",
+            $run,
+            ", '$.policy_version_oldest')"
+        )
+    };
+}
+
+/// Postgres: [`run_stats_sqlite!`] in Postgres's JSON operators; a field of the wrong
+/// JSON type gives NULL rather than failing the result's insert.
+macro_rules! run_stats_postgres {
+    ($run:literal) => {
+        concat!(
+            "(",
+            $run,
+            ")::json ->> 'finish_reason', ",
+            "CASE WHEN json_typeof((",
+            $run,
+            ")::json -> 'turns') = 'array' \
+             THEN json_array_length((",
+            $run,
+            ")::json -> 'turns') END, ",
+            "CASE WHEN json_typeof((",
+            $run,
+            ")::json -> 'response_ids') = 'array' \
+             THEN json_array_length((",
+            $run,
+            ")::json -> 'response_ids') END, ",
+            "CASE WHEN json_typeof((",
+            $run,
+            ")::json -> 'tool_calls') = 'number' \
+             THEN ((",
+            $run,
+            ")::json ->> 'tool_calls')::numeric::bigint END, ",
+            "CASE WHEN json_typeof((",
+            $run,
+            ")::json -> 'tool_errors') = 'number' \
+             THEN ((",
+            $run,
+            ")::json ->> 'tool_errors')::numeric::bigint END, ",
+            "CASE WHEN json_typeof((",
+            $run,
+            ")::json -> 'policy_version_oldest') = 'number' \
+             THEN ((",
+            $run,
+            ")::json ->> 'policy_version_oldest')::numeric::bigint END"
+        )
+    };
+}
+
 /// Creates the batch row if it is new, without locking an existing one: a submit into a
 /// live batch must not hold its row (which every result of the batch updates) while it
 /// inserts its jobs.
@@ -78,11 +158,14 @@ pub(super) const SELECT_JOB: &str = concat!("SELECT ", job_cols!(), " FROM jobs 
 /// theirs: the budget plus at most one job), never empty when a job exists. The sizes come from `OCTET_LENGTH`, which neither database reads the
 /// value for (Postgres takes a TOASTed value's size from its header, SQLite skips the
 /// content); only the jobs on the page are then read whole, so a page of one 15 MB job
-/// never reads the other 999.
+/// never reads the other 999. Each job comes with its result's reward and finish reason,
+/// found through the results' unique index on `job_id`.
 pub(super) const LIST_JOBS: &str = concat!(
     "SELECT ",
     job_cols!(),
-    " FROM jobs WHERE id IN (SELECT id FROM (SELECT id, SUM(size) OVER (ORDER BY id) - size \
+    ", (SELECT r.reward FROM results r WHERE r.job_id = jobs.id) AS reward, \
+     (SELECT r.finish_reason FROM results r WHERE r.job_id = jobs.id) AS finish_reason \
+     FROM jobs WHERE id IN (SELECT id FROM (SELECT id, SUM(size) OVER (ORDER BY id) - size \
      AS bytes_before FROM (SELECT id, OCTET_LENGTH(task) \
      + COALESCE(OCTET_LENGTH(init_output), 0) + COALESCE(OCTET_LENGTH(run_output), 0) \
      + COALESCE(OCTET_LENGTH(error), 0) AS size FROM jobs \
@@ -436,12 +519,14 @@ pub(super) const DELETE_ASSIGNMENT: &str = "DELETE FROM backend_assignments WHER
 /// RUN's partial output `$11` (when given) in place of the row's.
 pub(super) const FINISH_SQLITE: &str = concat!(
     "INSERT INTO results (job_id, batch_id, group_id, client_id, \
-     status, reward, error, output, created_at) \
-     SELECT jobs.id, jobs.batch_id, jobs.group_id, jobs.client_id, ",
+     status, reward, error, output, created_at, ",
+    stats_cols!(),
+    ") SELECT jobs.id, jobs.batch_id, jobs.group_id, jobs.client_id, ",
     end_values!("$4", "$7", "$5"),
     ", json_object('init', json(init_output), 'run', json(COALESCE($11, run_output)), 'eval', json($8), \
-                 'metadata', json_extract(task, '$.metadata')), $6 \
-     FROM jobs",
+                 'metadata', json_extract(task, '$.metadata')), $6, ",
+    run_stats_sqlite!("COALESCE($11, run_output)"),
+    " FROM jobs",
     ended_batch!(),
     " WHERE jobs.id = $1 AND status IN ('queued', 'running') \
      AND ($2 IS NULL OR (stage = $2 AND epoch = $3)) \
@@ -456,12 +541,14 @@ pub(super) const FINISH_SQLITE: &str = concat!(
 /// exactly one end applies.
 pub(super) const FINISH_POSTGRES: &str = concat!(
     "INSERT INTO results (job_id, batch_id, group_id, client_id, \
-     status, reward, error, output, created_at) \
-     SELECT jobs.id, jobs.batch_id, jobs.group_id, jobs.client_id, ",
+     status, reward, error, output, created_at, ",
+    stats_cols!(),
+    ") SELECT jobs.id, jobs.batch_id, jobs.group_id, jobs.client_id, ",
     end_values!("$4", "$7", "$5"),
     ", json_build_object('init', init_output::json, 'run', COALESCE($11::text, run_output)::json, 'eval', $8::json, \
-                       'metadata', task::json -> 'metadata')::text, $6 \
-     FROM jobs",
+                       'metadata', task::json -> 'metadata')::text, $6, ",
+    run_stats_postgres!("COALESCE($11::text, run_output)"),
+    " FROM jobs",
     ended_batch!(),
     " WHERE jobs.id = $1 AND status IN ('queued', 'running') \
      AND ($2::text IS NULL OR (stage = $2 AND epoch = $3)) \
@@ -480,15 +567,18 @@ pub(super) const FINISH_POSTGRES: &str = concat!(
 /// result's output as `FINISH` does, `$status` names the status column (see
 /// [`claim_many!`]), and `$lock` is Postgres's row lock (see [`FINISH_POSTGRES`]).
 macro_rules! finish_many {
-    ($output:literal, $from:literal, $status:literal, $lock:literal) => {
+    ($output:literal, $stats:expr, $from:literal, $status:literal, $lock:literal) => {
         concat!(
             "INSERT INTO results (job_id, batch_id, group_id, client_id, \
-             status, reward, error, output, created_at) \
-             SELECT jobs.id, jobs.batch_id, jobs.group_id, jobs.client_id, ",
+             status, reward, error, output, created_at, ",
+            stats_cols!(),
+            ") SELECT jobs.id, jobs.batch_id, jobs.group_id, jobs.client_id, ",
             end_values!("e_status", "e_reward", "e_error"),
             ", ",
             $output,
-            ", e_now FROM ",
+            ", e_now, ",
+            $stats,
+            " FROM ",
             $from,
             ", jobs",
             ended_batch!(),
@@ -512,6 +602,7 @@ macro_rules! finish_many {
 pub(super) const FINISH_MANY_SQLITE: &str = finish_many!(
     "json_object('init', json(init_output), 'run', json(COALESCE(e_run, run_output)), \
      'eval', json(e_eval), 'metadata', json_extract(task, '$.metadata'))",
+    run_stats_sqlite!("COALESCE(e_run, run_output)"),
     "(SELECT value ->> 'e_id' AS e_id, value ->> 'e_stage' AS e_stage, \
      value ->> 'e_epoch' AS e_epoch, value ->> 'e_attempt' AS e_attempt, \
      value ->> 'e_unleased' AS e_unleased, value ->> 'e_status' AS e_status, \
@@ -529,6 +620,7 @@ pub(super) const FINISH_MANY_SQLITE: &str = finish_many!(
 pub(super) const FINISH_MANY_POSTGRES: &str = finish_many!(
     "json_build_object('init', init_output::json, 'run', COALESCE(e_run, run_output)::json, \
      'eval', e_eval::json, 'metadata', task::json -> 'metadata')::text",
+    run_stats_postgres!("COALESCE(e_run, run_output)"),
     "json_to_recordset(CAST($1 AS json)) AS e(e_id text, e_stage text, e_epoch bigint, \
      e_attempt bigint, e_unleased bigint, e_status text, e_error text, \
      e_reward double precision, e_eval text, e_run text, e_now bigint)",
@@ -884,9 +976,15 @@ pub(super) const DASHBOARD_QUEUES: &str = "SELECT stage, position, queued, runni
 /// Stages that finished at or after `$1`, of jobs that ended then too: the condition on
 /// the job's end is what reaches `jobs` through its partial index `jobs_finished`
 /// instead of reading every job.
-pub(super) const DASHBOARD_TIMINGS: &str = "SELECT stage, wait_ms, work_ms FROM stage_timings \
+pub(super) const DASHBOARD_TIMINGS: &str = "SELECT stage, wait_ms, work_ms, finished_at FROM stage_timings \
      WHERE finished_at >= $1 AND job_finished_at >= $1 \
      ORDER BY finished_at DESC LIMIT CAST($2 AS INTEGER)";
+
+/// A batch's latest `$2` results' summary columns, through the index on
+/// `(batch_id, seq)`.
+pub(super) const RESULT_STATS: &str = "SELECT batch_id, status, reward, finish_reason, turns, \
+     response_tokens, tool_calls, tool_errors, policy_version, created_at FROM results \
+     WHERE batch_id = $1 ORDER BY seq DESC LIMIT CAST($2 AS INTEGER)";
 
 pub(super) const DASHBOARD_THROUGHPUT: &str = "SELECT minute, status, jobs, reward_mean \
      FROM throughput_per_minute WHERE minute >= $1 ORDER BY minute, status";

@@ -118,7 +118,8 @@ function overview(d) {
       d.backends.filter(b => b.healthy).length),
     policyCard(d.policy || {}, now),
   ));
-  view.append(el("h3", {}, "Results per minute"), spark(t.per_minute));
+  view.append(barChart("per-minute", "Results per minute (last " + fmtMs(d.window_ms) + ")", "time (minute)",
+    "results / minute", perMinute(t.per_minute), v => String(Math.round(v))));
 
   view.append(el("h2", {}, "Batches"));
   view.append(table("batches",
@@ -217,16 +218,180 @@ function card(id, label, shown, value) {
     el("div", { class: "value" }, String(shown)), el("div", { class: "muted" }, label));
 }
 
-function spark(perMinute) {
+// Results per minute, all statuses together, as bars.
+function perMinute(rows) {
   const byMinute = new Map();
-  for (const m of perMinute) byMinute.set(m.minute, (byMinute.get(m.minute) || 0) + m.jobs);
-  const minutes = [...byMinute.keys()].sort((a, b) => a - b);
-  if (!minutes.length) return el("p", { class: "muted" }, "No results in the window.");
-  const max = Math.max(...byMinute.values());
-  const box = el("div", { class: "spark", id: "per-minute" });
-  for (const m of minutes) {
-    const bar = el("span", { title: fmtTime(m) + ": " + byMinute.get(m) + " results" });
-    bar.style.height = Math.max(2, 100 * byMinute.get(m) / max) + "%";
+  for (const m of rows) byMinute.set(m.minute, (byMinute.get(m.minute) || 0) + m.jobs);
+  return [...byMinute.keys()].sort((a, b) => a - b)
+    .map(m => ({ label: fmtTime(m), value: byMinute.get(m), title: fmtTime(m) }));
+}
+
+// ---------- charts ----------
+// Small SVG charts with labelled axes. Every mark carries its raw numbers in data-*
+// attributes (data-x, data-y, data-label, data-value), so a test can check each one
+// against the API.
+
+const SVG = "http://www.w3.org/2000/svg";
+const CHART_W = 560, CHART_H = 220, PAD_L = 56, PAD_R = 12, PAD_T = 12, PAD_B = 40;
+const SERIES_CLASSES = ["s0", "s1", "s2", "s3"];
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null) continue;
+    if (k === "text") node.textContent = v;
+    else node.setAttribute(k, v);
+  }
+  for (const c of children.flat()) if (c) node.append(c);
+  return node;
+}
+
+// The y range of `values`, from 0 unless they go below it, never empty.
+function yRange(values) {
+  let lo = Math.min(0, ...values), hi = Math.max(...values);
+  if (!isFinite(hi) || hi === lo) hi = lo + 1;
+  return [lo, hi];
+}
+
+function axes(title, xLabel, yLabel, lo, hi, yFmt) {
+  const g = svg("g", { class: "axes" });
+  const x0 = PAD_L, y0 = CHART_H - PAD_B;
+  g.append(svg("line", { x1: x0, y1: PAD_T, x2: x0, y2: y0 }));
+  g.append(svg("line", { x1: x0, y1: y0, x2: CHART_W - PAD_R, y2: y0 }));
+  g.append(svg("text", { x: x0 - 6, y: y0, "text-anchor": "end", class: "tick", text: yFmt(lo) }));
+  g.append(svg("text", { x: x0 - 6, y: PAD_T + 8, "text-anchor": "end", class: "tick", text: yFmt(hi) }));
+  g.append(svg("text", { x: (x0 + CHART_W - PAD_R) / 2, y: CHART_H - 4, "text-anchor": "middle", class: "axis-label", text: xLabel }));
+  g.append(svg("text", { x: 12, y: (PAD_T + y0) / 2, "text-anchor": "middle", class: "axis-label",
+    transform: "rotate(-90 12 " + (PAD_T + y0) / 2 + ")", text: yLabel }));
+  return g;
+}
+
+function chartBox(id, title, node, legend) {
+  return el("figure", { class: "chart", id },
+    el("figcaption", {}, title), node, legend || null);
+}
+
+// A line chart: `series` = [{name, points: [{x, y}]}] over a shared x (epoch ms).
+function lineChart(id, title, xLabel, yLabel, series, yFmt) {
+  const pts = series.flatMap(s => s.points);
+  if (!pts.length) return el("p", { id, class: "muted" }, title + ": no data in the window.");
+  const xs = pts.map(p => p.x), ys = pts.map(p => p.y);
+  const xlo = Math.min(...xs), xhi = Math.max(...xs) === xlo ? xlo + 60000 : Math.max(...xs);
+  const [lo, hi] = yRange(ys);
+  const X = x => PAD_L + (CHART_W - PAD_L - PAD_R) * (x - xlo) / (xhi - xlo);
+  const Y = y => CHART_H - PAD_B - (CHART_H - PAD_B - PAD_T) * (y - lo) / (hi - lo);
+  const root = svg("svg", { viewBox: "0 0 " + CHART_W + " " + CHART_H, role: "img", "aria-label": title });
+  root.append(axes(title, xLabel, yLabel, lo, hi, yFmt));
+  root.append(svg("text", { x: PAD_L, y: CHART_H - PAD_B + 14, class: "tick", text: fmtTime(xlo) }));
+  root.append(svg("text", { x: CHART_W - PAD_R, y: CHART_H - PAD_B + 14, "text-anchor": "end", class: "tick", text: fmtTime(xhi) }));
+  const legend = el("div", { class: "legend" });
+  series.forEach((s, i) => {
+    const cls = SERIES_CLASSES[i % SERIES_CLASSES.length];
+    if (s.points.length > 1) {
+      root.append(svg("polyline", { class: "line " + cls,
+        points: s.points.map(p => X(p.x) + "," + Y(p.y)).join(" ") }));
+    }
+    for (const p of s.points) {
+      root.append(svg("circle", { class: "dot " + cls, cx: X(p.x), cy: Y(p.y), r: 3,
+        "data-series": s.name, "data-x": p.x, "data-y": p.y },
+        svg("title", { text: s.name + " at " + fmtTime(p.x) + ": " + yFmt(p.y) })));
+    }
+    legend.append(el("span", { class: "key " + cls }, s.name));
+  });
+  return chartBox(id, title, root, series.length > 1 ? legend : null);
+}
+
+// A bar chart: `bars` = [{label, value, title}], labelled under each bar.
+function barChart(id, title, xLabel, yLabel, bars, yFmt) {
+  if (!bars.length) return el("p", { id, class: "muted" }, title + ": no data yet.");
+  const [lo, hi] = yRange(bars.map(b => b.value));
+  const root = svg("svg", { viewBox: "0 0 " + CHART_W + " " + CHART_H, role: "img", "aria-label": title });
+  root.append(axes(title, xLabel, yLabel, lo, hi, yFmt));
+  const w = (CHART_W - PAD_L - PAD_R) / bars.length;
+  const Y = y => CHART_H - PAD_B - (CHART_H - PAD_B - PAD_T) * (y - lo) / (hi - lo);
+  bars.forEach((b, i) => {
+    const x = PAD_L + i * w + w * 0.15;
+    const top = Math.min(Y(b.value), Y(0)), height = Math.max(1, Math.abs(Y(0) - Y(b.value)));
+    root.append(svg("rect", { class: "bar-mark", x, y: top, width: w * 0.7, height,
+      "data-label": b.label, "data-value": b.value },
+      svg("title", { text: (b.title || b.label) + ": " + yFmt(b.value) })));
+    if (bars.length <= 24) {
+      root.append(svg("text", { x: x + w * 0.35, y: CHART_H - PAD_B + 14, "text-anchor": "middle",
+        class: "tick", text: b.label.length > 10 ? b.label.slice(0, 9) + "…" : b.label }));
+    }
+  });
+  return chartBox(id, title, root);
+}
+
+// ---------- training ----------
+
+async function trainingView() {
+  const t = await api("/v1/training");
+  const view = el("div", { id: "training" });
+  view.append(el("h2", {}, "Reward"));
+  const rewardPoints = t.minutes.filter(m => m.reward_mean !== null && m.reward_mean !== undefined)
+    .map(m => ({ x: m.minute, y: m.reward_mean }));
+  view.append(el("div", { class: "charts" },
+    lineChart("chart-reward-time", "Mean reward of done results, per minute", "time (minute)", "mean reward",
+      [{ name: "mean reward", points: rewardPoints }], v => v.toFixed(2)),
+    barChart("chart-reward-batch", "Mean reward by batch (oldest first)", "batch", "mean reward",
+      t.batches.filter(b => b.reward_mean !== null).map(b => ({ label: b.batch_id, value: b.reward_mean })),
+      v => v.toFixed(2)),
+    t.policy_versions.length ? barChart("chart-reward-version", "Mean reward by policy version", "policy version",
+      "mean reward", t.policy_versions.filter(v => v.reward_mean !== null)
+        .map(v => ({ label: "v" + v.policy_version, value: v.reward_mean })), v => v.toFixed(2)) : null,
+  ));
+  view.append(el("h2", {}, "Throughput and stage latency"));
+  const stages = ["init", "run", "eval"];
+  view.append(el("div", { class: "charts" },
+    barChart("chart-throughput", "Results per minute (last " + fmtMs(t.window_ms) + ")", "time (minute)",
+      "results / minute", t.minutes.map(m => ({ label: fmtTime(m.minute), value: m.results, title: fmtTime(m.minute) })),
+      v => String(Math.round(v))),
+    lineChart("chart-stage-latency", "Stage work time p50, per minute", "time (minute)", "p50 work time (ms)",
+      stages.map(st => ({ name: st, points: t.stage_latency.filter(s => s.stage === st && s.work_ms.p50 !== null)
+        .map(s => ({ x: s.minute, y: s.work_ms.p50 })) })).filter(s => s.points.length),
+      v => fmtMs(v)),
+  ));
+  view.append(el("h2", {}, "Episodes by batch"));
+  view.append(table("training-batches",
+    ["batch", "#results", "#done", "#mean reward", "#reward std", "finish reasons", "#mean turns", "turns",
+     "#response p50", "#response p90", "#response max", "response lengths", "#tool calls", "#tool errors", "#tool-error rate"],
+    t.batches.map(b => el("tr", { "data-batch": b.batch_id },
+      cell("batch_id", link("#/batches/" + encodeURIComponent(b.batch_id), b.batch_id)),
+      num("results", b.results), num("done", b.done),
+      num("reward_mean", b.reward_mean, fmtNum(b.reward_mean, 3)),
+      num("reward_std", b.reward_std, fmtNum(b.reward_std, 3)),
+      cell("finish_reasons", counts(b.finish_reasons)),
+      num("turns_mean", b.turns_mean, fmtNum(b.turns_mean, 2)),
+      cell("turns", histogramBars(b.turns, "turns")),
+      num("response_p50", b.response_tokens.p50, fmtNum(b.response_tokens.p50, 0)),
+      num("response_p90", b.response_tokens.p90, fmtNum(b.response_tokens.p90, 0)),
+      num("response_max", b.response_tokens_max),
+      cell("response_histogram", histogramBars(b.response_tokens_histogram, "tokens from")),
+      num("tool_calls", b.tool_calls), num("tool_errors", b.tool_errors),
+      num("tool_error_rate", b.tool_error_rate,
+        b.tool_error_rate === null ? "–" : (100 * b.tool_error_rate).toFixed(1) + "%")))),
+    "No batches yet."));
+  if (t.batches.some(b => b.read < b.results)) {
+    view.append(el("p", { class: "muted" }, "Distributions of large batches are read from their latest results."));
+  }
+  return view;
+}
+
+// Categories with their counts, one chip each: "answered 12".
+function counts(list) {
+  return el("span", { class: "chips" }, list.map(c =>
+    el("span", { class: "chip", "data-count": c.value, "data-value": c.jobs }, c.value + " " + c.jobs)));
+}
+
+// A small histogram: one bar per value, its height the share of the largest.
+function histogramBars(list, what) {
+  if (!list.length) return "–";
+  const max = Math.max(...list.map(c => c.jobs));
+  const box = el("span", { class: "mini-hist" });
+  for (const c of list) {
+    const bar = el("span", { "data-bucket": c.value, "data-value": c.jobs, title: what + " " + c.value + ": " + c.jobs });
+    bar.style.height = Math.max(8, 100 * c.jobs / max) + "%";
     box.append(bar);
   }
   return box;
@@ -236,19 +401,51 @@ function spark(perMinute) {
 
 async function batchView(id) {
   const page = await api("/v1/jobs?limit=1000&batch=" + encodeURIComponent(id));
+  const sampling = await api("/v1/batches/" + encodeURIComponent(id)).catch(() => null);
   const view = el("div", { id: "batch" });
   view.append(el("h2", {}, "Batch ", el("code", {}, id)));
+  if (sampling && sampling.batch) view.append(groupsView(sampling));
+  view.append(el("h3", {}, "Jobs"));
   view.append(table("jobs",
-    ["job", "client id", "kind", "group", "status", "stage", "#attempts", "#restarts", "error"],
+    ["job", "client id", "kind", "group", "status", "stage", "#reward", "finish", "#attempts", "#restarts", "error"],
     page.jobs.map(j => el("tr", { "data-job": j.id },
       cell("id", link("#/jobs/" + encodeURIComponent(j.id), j.id)),
       cell("client_id", j.client_id || ""), cell("kind", j.kind), cell("group_id", j.group_id || ""),
       cell("status", statusText(j.status)), cell("stage", j.stage),
+      num("reward", j.reward, fmtNum(j.reward, 3)), cell("finish_reason", j.finish_reason || ""),
       num("attempts", j.attempts), num("restarts", j.restarts),
       cell("error", j.error || ""))),
     "No jobs in this batch."));
   if (page.next_cursor) view.append(el("p", { class: "muted" }, "Showing the first 1000 jobs."));
   return view;
+}
+
+// A sampling batch: its verdict counts and its accepted groups, each sample's reward.
+function groupsView(v) {
+  const b = v.batch, c = b.counters;
+  const box = el("div", { id: "groups-view" });
+  box.append(el("h3", {}, "Dynamic sampling"));
+  box.append(el("dl", { class: "kv", id: "sampling-summary" },
+    el("dt", {}, "status"), el("dd", { "data-field": "status" }, b.status + (b.reason ? " (" + b.reason + ")" : "")),
+    el("dt", {}, "informative (accepted)"), el("dd", { "data-field": "informative", "data-value": c.informative }, c.informative + " of " + b.target_groups),
+    el("dt", {}, "uniform"), el("dd", { "data-field": "uniform", "data-value": c.uniform }, c.uniform),
+    el("dt", {}, "incomplete"), el("dd", { "data-field": "incomplete", "data-value": c.incomplete }, c.incomplete),
+    el("dt", {}, "stale"), el("dd", { "data-field": "stale_groups", "data-value": c.stale_groups }, c.stale_groups),
+    el("dt", {}, "groups launched / decided"), el("dd", { "data-field": "groups_decided", "data-value": c.groups_decided },
+      c.groups_launched + " / " + c.groups_decided),
+    el("dt", {}, "samples cancelled early"), el("dd", { "data-field": "jobs_saved", "data-value": c.jobs_saved }, c.jobs_saved),
+  ));
+  box.append(table("groups",
+    ["#rank", "group", "#prompt", "#mean reward", "#reward std", "rewards per sample"],
+    v.groups.map(g => el("tr", { "data-group": g.group_id },
+      num("rank", g.rank), cell("group_id", g.group_id), num("prompt_index", g.prompt_index),
+      num("reward_mean", g.reward_mean, fmtNum(g.reward_mean, 3)),
+      num("reward_std", g.reward_std, fmtNum(g.reward_std, 3)),
+      cell("rewards", el("span", { class: "chips" }, g.results.map(r =>
+        el("a", { class: "chip", href: "#/jobs/" + encodeURIComponent(r.job_id), "data-job": r.job_id,
+          "data-value": r.reward ?? "" }, fmtNum(r.reward, 2)))))))),
+    "No group accepted yet."));
+  return box;
 }
 
 function statusText(status) {
@@ -259,7 +456,7 @@ function statusText(status) {
 // ---------- a job ----------
 
 async function jobView(id) {
-  const { job, result } = await api("/v1/jobs/" + encodeURIComponent(id));
+  const { job, result, events } = await api("/v1/jobs/" + encodeURIComponent(id));
   const view = el("div", { id: "job", "data-job": job.id });
   view.append(el("h2", {}, "Job ", el("code", {}, job.id)));
   const reward = result ? result.reward : null;
@@ -273,6 +470,9 @@ async function jobView(id) {
     el("dt", {}, "attempts / restarts"), el("dd", {}, job.attempts + " / " + job.restarts),
     job.error ? [el("dt", {}, "error"), el("dd", { "data-field": "error", class: "bad" }, el("pre", {}, job.error))] : null,
   ));
+  if (job.status === "failed" || job.status === "timed_out") view.append(errorContext(job, events));
+  view.append(promptView(job.task));
+  view.append(timeline(job, events));
   const run = job.run_output || (result && result.output && result.output.run) || null;
   if (run && Array.isArray(run.turns)) view.append(trajectory(run));
   else if (run && Array.isArray(run.steps)) view.append(steps(run.steps));
@@ -282,6 +482,70 @@ async function jobView(id) {
     view.append(el("pre", { id: "eval" }, JSON.stringify(evalOut, null, 2)));
   }
   return view;
+}
+
+// Where a failed job failed: its stage, attempt and node, and the events before the end.
+function errorContext(job, events) {
+  const last = (events || []).slice(-6);
+  const box = el("div", { id: "error-context", class: "bad-box" });
+  box.append(el("h3", {}, "Why it " + (job.status === "timed_out" ? "timed out" : "failed")));
+  box.append(el("p", {},
+    "In stage ", el("b", { "data-field": "error_stage" }, job.stage),
+    ", attempt ", el("b", { "data-field": "error_attempt", "data-value": job.attempts }, job.attempts),
+    job.node ? [", on node ", el("b", { "data-field": "error_node" }, job.node)] : null, "."));
+  box.append(el("pre", { "data-field": "error_text" }, job.error || "(no error recorded)"));
+  box.append(el("p", { class: "muted" }, "The last events:"));
+  box.append(eventTable("error-events", last, job.created_at));
+  return box;
+}
+
+// The task's prompt: its messages, or its prompt text, or else its spec.
+function promptView(task) {
+  const spec = (task && task.spec) || {};
+  const box = el("div", { id: "prompt" });
+  box.append(el("h3", {}, "Prompt"));
+  if (Array.isArray(spec.messages)) {
+    for (const m of spec.messages) {
+      const content = typeof m.content === "string" ? m.content : JSON.stringify(m.content);
+      box.append(el("div", { class: "message", "data-role": m.role },
+        el("div", { class: "meta" }, m.role), el("pre", { "data-field": "prompt" }, content)));
+    }
+  } else if (typeof spec.prompt === "string") {
+    box.append(el("pre", { "data-field": "prompt" }, spec.prompt));
+  } else {
+    box.append(el("pre", { "data-field": "spec" }, JSON.stringify(spec, null, 2)));
+  }
+  return box;
+}
+
+// The stages' times (queued, started, finished, wait, work) and every event.
+function timeline(job, events) {
+  const box = el("div", { id: "timeline" });
+  box.append(el("h3", {}, "Stage timeline"));
+  const t0 = job.created_at;
+  const rel = at => at ? "+" + fmtMs(at - t0) : "–";
+  box.append(table("stage-times",
+    ["stage", "queued", "started", "finished", "#wait", "#work"],
+    ["init", "run", "eval"].map(st => {
+      const x = job.timings[st] || {};
+      const wait = x.started_at && x.queued_at ? x.started_at - x.queued_at : null;
+      const work = x.finished_at && x.started_at ? x.finished_at - x.started_at : null;
+      return el("tr", { "data-stage": st },
+        cell("stage", st), cell("queued_at", rel(x.queued_at)), cell("started_at", rel(x.started_at)),
+        cell("finished_at", rel(x.finished_at)),
+        num("wait_ms", wait, fmtMs(wait)), num("work_ms", work, fmtMs(work)));
+    }), ""));
+  box.append(el("p", { class: "muted" }, "Events (times from submission):"));
+  box.append(eventTable("events", events || [], t0));
+  return box;
+}
+
+function eventTable(id, events, t0) {
+  return table(id, ["time", "event", "stage", "#attempt", "node", "detail"],
+    events.map(e => el("tr", { "data-event": e.event },
+      cell("at", "+" + fmtMs(e.at - t0)), cell("event", e.event), cell("stage", e.stage || ""),
+      num("attempt", e.attempt), cell("node", e.node || ""), cell("detail", e.detail || ""))),
+    "No events.");
 }
 
 function trajectory(run) {
@@ -352,6 +616,8 @@ async function render() {
       refresh = false;
     } else if (parts[0] === "batches" && parts[1]) {
       view = await batchView(parts[1]);
+    } else if (parts[0] === "training") {
+      view = await trainingView();
     } else {
       view = overview(await api("/v1/dashboard"));
     }

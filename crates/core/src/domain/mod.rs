@@ -266,6 +266,14 @@ pub struct Job {
     pub updated_at: i64,
     /// When the job reached its terminal status (epoch ms).
     pub finished_at: Option<i64>,
+    /// In lists of jobs (`GET /v1/jobs`): its result's reward, once it has one, so a
+    /// batch's jobs can be read with their rewards without fetching every result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<f64>,
+    /// In lists of jobs: its result's finish reason (see the trajectory's), when its
+    /// episode has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
 }
 
 /// Epoch-millisecond timestamps of each stage: when it was queued, started and finished.
