@@ -301,24 +301,18 @@ class Verl(Live):
             self.assertEqual(task["spec"]["sampling"],
                              {"temperature": 0.7, "top_p": 0.95, "top_k": -1})
             self.assertEqual(task["spec"]["limits"]["max_tokens"], 8192)
-        stats = outputs[0]
-        self.assertIn(0, stats["response_mask"], "the stats episode has tool observations")
-        self.assertGreater(stats["num_turns"], 2)
+        squares = outputs[1]
+        self.assertIn(0, squares["response_mask"], "a tool call, then its observation")
+        self.assertEqual(squares["num_turns"], 4, "the prompt, a tool call, its result, finish")
         math_task = self.job_of(outputs[3]).job.task
         self.assertEqual(math_task["spec"]["grader"], {"type": "math", "answer": "\\frac{3}{4}"})
         self.assertEqual(outputs[3]["reward_score"],
                          math_reward(self.job_of(outputs[3]).result.trajectory))
 
     def test_a_response_longer_than_response_length_is_cut_with_its_mask_and_logprobs(self):
-        # The stats prompt's episodes run 1 to 5 turns; keep running until one has an
-        # observation to cut into.
-        for _ in range(6):
-            (fields,) = self.run_rows([{"raw_prompt": [], "task": STATS}], response_length=24)
-            traj = self.job_of(fields).result.trajectory
-            if any(t["observation_range"][1] > t["observation_range"][0] for t in traj.turns):
-                break
-        else:
-            self.fail("no multi-turn stats episode in six")
+        # Every squares episode is a tool call, its observation and a call of finish.
+        (fields,) = self.run_rows([{"raw_prompt": [], "task": SQUARES}], response_length=24)
+        traj = self.job_of(fields).result.trajectory
         self.assertGreater(len(traj.response_ids), 24)
         self.assertEqual(fields["response_ids"], traj.response_ids[:24])
         self.assertEqual(fields["response_mask"], traj.loss_mask[:24])
@@ -328,8 +322,11 @@ class Verl(Live):
         self.assertEqual(fields["reward_score"], self.job_of(fields).result.reward)
         # A cut inside the first observation keeps the model's tokens (mask 1, their
         # logprobs) and the observation's first two (mask 0, logprob 0).
-        start, end = traj.turns[0]["observation_range"]
-        cut = verl_adapter.agent_loop_output(self.job_of(fields).result, start + 2, prompt_length=5)
+        start, _ = traj.turns[0]["observation_range"]
+        with self.assertLogs("rollout_client.adapters.verl", "WARNING") as logs:
+            cut = verl_adapter.agent_loop_output(self.job_of(fields).result, start + 2,
+                                                 prompt_length=5)
+        self.assertIn(f"prompt of {len(traj.prompt_ids)} tokens exceeds", logs.output[0])
         self.assertEqual(cut["response_mask"], [1] * start + [0, 0])
         self.assertEqual(cut["response_logprobs"], traj.logprobs[:start] + [0.0, 0.0])
         self.assertTrue(all(lp < 0 for lp in traj.logprobs[:start]), "the model's logprobs")
@@ -463,6 +460,9 @@ class SkyRL(Live):
             self.assertEqual(out["loss_masks"][i], traj.loss_mask)
             self.assertEqual(out["rollout_logprobs"][i], traj.logprobs)
             self.assertEqual(out["rewards"][i], r.reward)
+            # SkyRL's validate_generator_output (skyrl_train/utils/trainer_utils.py).
+            self.assertEqual(len(out["loss_masks"][i]), len(out["response_ids"][i]))
+            self.assertEqual(len(out["rollout_logprobs"][i]), len(out["response_ids"][i]))
             task = client.job(r.job_id).job.task
             self.assertEqual(task["group_id"], f"p{i}")
             self.assertEqual(task["spec"]["sampling"], {"temperature": 0.8, "top_p": 1.0})

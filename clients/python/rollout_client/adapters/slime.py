@@ -16,8 +16,9 @@ slime v0.3.1 (``slime/utils/types.py``, ``slime/rollout/sglang_rollout.py``).
 where ``rollout.yaml`` (slime sets each key on ``args``) may hold ``rollout_gateway``
 (else ``$ROLLOUT_GATEWAY``), ``rollout_gateway_token``, ``rollout_task_fn`` (the dotted
 path of a function from the ``Sample`` to a task; default :func:`sample_task`) and
-``rollout_timeout`` (seconds per episode). This module never imports slime: it fills
-the ``Sample`` it is given.
+``rollout_timeout`` (seconds per episode). Leave ``--group-rm`` off: slime's group
+reward model scores every group again and would replace the service's rewards. This
+module never imports slime: it fills the ``Sample`` it is given.
 """
 
 from __future__ import annotations
