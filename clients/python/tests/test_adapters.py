@@ -158,9 +158,12 @@ class TaskMapping(unittest.TestCase):
         self.assertEqual(default_task(prompt, {"task": task}, "7"), task)
 
     def test_messages_with_a_ground_truth_become_a_math_graded_episode(self):
-        class Array(list):  # what a parquet row holds: numpy arrays answer tolist()
+        class Array:  # what a parquet row holds: a numpy array, which answers tolist()
+            def __init__(self, items):
+                self.items = items
+
             def tolist(self):
-                return list(self)
+                return list(self.items)
 
         row = {"raw_prompt": Array(MATH_MESSAGES), "reward_model": {"ground_truth": "\\frac{3}{4}"}}
         self.assertEqual(verl_adapter.row_task(row), {

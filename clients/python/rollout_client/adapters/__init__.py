@@ -22,10 +22,25 @@ import copy
 import importlib
 import json
 import uuid
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from .. import RolloutClient, RolloutError, RolloutTimeout
 from ..types import JobResult, Trajectory
+
+__all__ = [
+    "EPISODE_KINDS",
+    "EpisodeFailed",
+    "Episodes",
+    "SAMPLING_KEYS",
+    "TRUNCATED",
+    "default_task",
+    "load_function",
+    "plain",
+    "scored_trajectory",
+    "shared_episodes",
+    "turn_versions",
+    "with_trainer_sampling",
+]
 
 Json = Dict[str, Any]
 
@@ -238,9 +253,11 @@ class Episodes:
 
     async def _watch(self) -> None:
         """Long-polls the batch's results while calls wait, handing each result to its
-        call; results nobody waits for (abandoned episodes) are dropped."""
+        call; results nobody waits for (abandoned episodes) are dropped. It ends as
+        soon as no call waits, so that no poll outlives the episodes (an event loop
+        that closes waits for its threads)."""
         failures = 0
-        while self._waiting:
+        while any(not waiter.done() for waiter in self._waiting.values()):
             try:
                 page = await asyncio.to_thread(
                     self.client.results, self.batch_id, self._cursor, 5000
@@ -275,18 +292,3 @@ def shared_episodes(
     if key not in _shared:
         _shared[key] = Episodes(RolloutClient(gateway, token), timeout=timeout)
     return _shared[key]
-
-
-__all__: Sequence[str] = [
-    "EPISODE_KINDS",
-    "EpisodeFailed",
-    "Episodes",
-    "SAMPLING_KEYS",
-    "TRUNCATED",
-    "default_task",
-    "load_function",
-    "plain",
-    "scored_trajectory",
-    "shared_episodes",
-    "turn_versions",
-]
