@@ -4,7 +4,8 @@
 # tests again against Postgres when a server answers on 127.0.0.1:5432 (or wherever
 # ROLLOUT_TEST_DATABASE_URL points). Installs what it needs first if it is missing
 # (scripts/setup.sh, schemathesis, transformers with jinja2, math-verify, the agent
-# frameworks of scripts/agent-frameworks-env.sh, and Debian's
+# frameworks of scripts/agent-frameworks-env.sh, the trainer package of
+# scripts/trainer-adapters-env.sh, and Debian's
 # chromium, chromium-driver, slurm-wlm, munge and docker-compose). Formatting and
 # clippy's lints are checked first; the Python client's tests run after the SQLite ones.
 # It ends with a check that nothing the run started (a process, a mount, a loop device)
@@ -134,6 +135,17 @@ cargo clippy --workspace --all-targets -- -D warnings
 # `postgres_` tests anywhere) run in the Postgres pass below, not in this one.
 echo "== unit and integration tests (SQLite), every crate of the workspace" >&2
 env -u ROLLOUT_TEST_DATABASE_URL cargo test --workspace --all-targets -- --skip postgres:: --skip ::postgres_
+
+# The trainer adapters' tests subclass SkyRL's real generator interface, installed
+# without its dependencies (a few seconds and megabytes the first time, then cached).
+if [ -z "${ROLLOUT_TRAINER_SITE:-}" ]; then
+  echo "== preparing the trainer package the adapter tests import (cached after the first run)" >&2
+  if trainer_site="$(scripts/trainer-adapters-env.sh)"; then
+    export ROLLOUT_TRAINER_SITE="$trainer_site"
+  else
+    echo "== could not install skyrl-train; the SkyRL adapter test will fail under CI" >&2
+  fi
+fi
 
 echo "== Python client tests (against a real rollout up with the stand-in server)" >&2
 (cd clients/python && ROLLOUT_BIN_DIR="$(cd ../.. && realpath "${CARGO_TARGET_DIR:-target}")/debug" \

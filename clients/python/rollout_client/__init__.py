@@ -413,7 +413,10 @@ class AsyncRolloutClient:
     rollout, SkyRL's generator): the same methods as coroutines, and ``groups`` and
     ``stream_results`` as async iterators. Each call runs the blocking client in a
     worker thread (``asyncio.to_thread``), so the event loop never waits on the network
-    and no HTTP library beyond the standard one is needed."""
+    and no HTTP library beyond the standard one is needed. A ``run`` holds its thread
+    until its results are in, and the event loop has few: for many one-task calls at
+    once (a trainer's per-sample hook), ``rollout_client.adapters.Episodes`` shares one
+    stream of results among them."""
 
     def __init__(
         self,
