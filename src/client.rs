@@ -310,6 +310,15 @@ impl Client {
         self.send(self.http.get(&url), url).await
     }
 
+    /// `GET /v1/training`: the training view of the latest `batches` batches.
+    pub async fn training(
+        &self,
+        batches: i64,
+    ) -> Result<crate::api::training::Training, ClientError> {
+        let url = format!("{}/v1/training?batches={batches}", self.base);
+        self.send(self.http.get(&url), url).await
+    }
+
     /// `GET /v1/jobs/{id}`.
     pub async fn job(&self, id: &str) -> Result<JobView, ClientError> {
         let url = format!("{}/v1/jobs/{id}", self.base);
@@ -364,6 +373,16 @@ impl Client {
             "{}/v1/batches/{id}/groups?after={after}&wait_ms={wait_ms}",
             self.base
         );
+        self.send(self.http.get(&url), url).await
+    }
+
+    /// `GET /v1/batches/{id}/verdicts`: every group of a sampling batch with its
+    /// verdict so far.
+    pub async fn sampling_verdicts(
+        &self,
+        id: &str,
+    ) -> Result<crate::api::batches::VerdictPage, ClientError> {
+        let url = format!("{}/v1/batches/{id}/verdicts?limit=10000", self.base);
         self.send(self.http.get(&url), url).await
     }
 

@@ -108,6 +108,15 @@ pub enum CancelledBatch {
     Plain(PlainBatchCancelled),
 }
 
+/// Response of `GET /v1/batches/{id}/verdicts`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct VerdictPage {
+    /// The batch's groups in launch order, each with its verdict so far.
+    pub groups: Vec<crate::store::GroupVerdict>,
+    /// Whether the batch has more groups than `limit` asked for.
+    pub more: bool,
+}
+
 /// Response of `GET /v1/batches/{id}/groups`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct GroupPage {

@@ -182,8 +182,8 @@ fn ended_line(v: &BatchView) -> String {
     )
 }
 
-/// `rollout batches show`: a sampling batch's status and accepted groups, each with
-/// its samples' rewards; a plain batch's counters.
+/// `rollout batches show`: a sampling batch's status and every group it launched, with
+/// its verdict, rank when accepted and each sample's reward; a plain batch's counters.
 pub async fn show(client: &Client, id: &str) -> anyhow::Result<()> {
     let view = match client.sampling_batch(id).await {
         Ok(v) => v,
@@ -202,33 +202,48 @@ pub async fn show(client: &Client, id: &str) -> anyhow::Result<()> {
         Err(e) => return Err(e.into()),
     };
     println!("{}", ended_line(&view));
+    let verdicts = client.sampling_verdicts(id).await?;
+    let jobs = client.batch_jobs(id).await?;
     let mut t = Table::new(&[
-        ("RANK", Align::Right),
         ("GROUP", Align::Left),
         ("PROMPT", Align::Right),
+        ("VERDICT", Align::Left),
+        ("RANK", Align::Right),
         ("MEAN", Align::Right),
         ("STD", Align::Right),
         ("REWARDS", Align::Left),
-        ("FROM", Align::Left),
     ]);
-    for g in &view.groups {
+    for g in &verdicts.groups {
+        let rewards = match &g.carried_from {
+            Some(from) => format!("(in batch {from})"),
+            None => jobs
+                .iter()
+                .filter(|j| j.group_id.as_deref() == Some(g.group_id.as_str()))
+                .map(|j| {
+                    j.reward
+                        .map_or_else(|| j.status.as_str().to_string(), |r| format!("{r:.2}"))
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+        };
         t.row(vec![
-            g.rank.to_string(),
             g.group_id.clone(),
             g.prompt_index.to_string(),
+            g.state.clone(),
+            g.accepted_rank
+                .map_or_else(|| "-".into(), |r| r.to_string()),
             opt_f64(g.reward_mean, 3),
             opt_f64(g.reward_std, 3),
-            rewards(g),
-            g.carried_from.clone().unwrap_or_else(|| "-".into()),
+            rewards,
         ]);
     }
-    if view.groups.is_empty() {
-        println!("no group accepted yet");
+    if verdicts.groups.is_empty() {
+        println!("no group launched yet");
     } else {
         println!("{}", t.render());
     }
-    if let Some(after) = view.more_groups_after {
-        println!("(more groups after rank {after}: `GET /v1/batches/{id}/groups?after={after}`)");
+    if verdicts.more {
+        println!("(only the first groups launched are shown)");
     }
     Ok(())
 }

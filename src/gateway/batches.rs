@@ -28,7 +28,7 @@ use super::jobs::{batch_id_or_new, check_task, decode_body, read_body};
 use super::params::{ApiQuery, CheckQuery, IdPath, check_range, last_event_id};
 use super::results::Wakeup;
 use crate::api::batches::{
-    BatchRequest, BatchView, CancelledBatch, GroupPage, PlainBatchCancelled,
+    BatchRequest, BatchView, CancelledBatch, GroupPage, PlainBatchCancelled, VerdictPage,
 };
 use crate::domain::EpochMs;
 use crate::domain::sampling::{AcceptedGroup, OnCancel, SamplingParams, SamplingStatus};
@@ -516,6 +516,50 @@ pub async fn groups(
         }
         wakeup.wait(&state, deadline).await;
     }
+}
+
+/// Query of `GET /v1/batches/{id}/verdicts`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct VerdictsQuery {
+    /// How many groups, from the first launched (default 1000, at most 10000).
+    #[param(minimum = 0, maximum = 10000)]
+    pub limit: Option<i64>,
+}
+
+impl CheckQuery for VerdictsQuery {
+    fn check(&self) -> Result<(), ApiError> {
+        check_range("limit", self.limit, 10_000)
+    }
+}
+
+/// Every group of a sampling batch with its verdict so far (`informative`, `uniform`,
+/// `incomplete`, …, or `in_flight`), in launch order: the accepted ones and the rest.
+#[utoipa::path(
+    get,
+    path = "/v1/batches/{id}/verdicts",
+    tag = "batches",
+    params(("id" = String, Path, description = "Batch id", pattern = "^[^\\u0000]{1,256}$"), VerdictsQuery),
+    responses(
+        (status = 200, body = VerdictPage),
+        (status = 400, body = ApiErrorBody),
+        (status = 404, body = ApiErrorBody),
+    )
+)]
+pub async fn verdicts(
+    State(state): State<AppState>,
+    IdPath(id): IdPath,
+    ApiQuery(q): ApiQuery<VerdictsQuery>,
+) -> Result<Json<VerdictPage>, ApiError> {
+    if state.store.sampling_batch(&id).await?.is_none() {
+        return Err(no_batch(&id));
+    }
+    let limit = q.limit.unwrap_or(1000).max(1);
+    let mut groups = state.store.group_verdicts(&id, limit + 1).await?;
+    let more = i64::try_from(groups.len()).unwrap_or(i64::MAX) > limit;
+    groups.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    Ok(Json(VerdictPage { groups, more }))
 }
 
 /// The accepted groups as Server-Sent Events: a `group` event per group (its rank the

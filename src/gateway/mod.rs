@@ -101,6 +101,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(batches::cancel_batch))
         .routes(routes!(batches::groups))
         .routes(routes!(batches::groups_stream))
+        .routes(routes!(batches::verdicts))
         .routes(routes!(backends::list_backends, backends::add_backend))
         .routes(routes!(backends::get_backend, backends::remove_backend))
         .routes(routes!(policy::announce_policy, policy::current_policy))

@@ -236,7 +236,7 @@ impl Stand {
     }
 
     /// Submits one task into `batch` and waits for its result.
-    async fn run_one(&self, task: Task, batch: &str) -> JobResult {
+    pub(crate) async fn run_one(&self, task: Task, batch: &str) -> JobResult {
         self.env.submit(&[task], batch).await;
         let mut results = self
             .env

@@ -75,7 +75,7 @@ pub use policy::{Announced, Pausing, PolicyStore, Resumed};
 use query::query;
 pub use recovery::{AbandonedRun, RecoveryStore, StaleJob};
 pub use results::ResultStore;
-pub use sampling::{Created, NewSampling, SamplingStore};
+pub use sampling::{Created, GroupVerdict, NewSampling, SamplingStore};
 pub use sandboxes::{SandboxRecord, SandboxStore};
 use sql_store::SqlStore;
 pub use verdict::{Decided, Ended};

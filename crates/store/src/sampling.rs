@@ -84,6 +84,9 @@ pub trait SamplingStore: Send + Sync {
     async fn sampling_to_drive(&self) -> StoreResult<Vec<String>>;
     /// Ranks of accepted groups not yet published on the groups subject.
     async fn unpublished_groups(&self, id: &str) -> StoreResult<Vec<i64>>;
+    /// Every group the batch launched or adopted with its verdict so far, in launch
+    /// order, the first `limit`.
+    async fn group_verdicts(&self, id: &str, limit: i64) -> StoreResult<Vec<GroupVerdict>>;
     /// Records that the accepted group `rank` was published.
     async fn mark_group_published(&self, id: &str, rank: i64, now: EpochMs) -> StoreResult<()>;
     /// Takes batch `id`'s group-publisher lease until `until`, if no one holds it or its
@@ -102,6 +105,33 @@ pub trait SamplingStore: Send + Sync {
 
 /// The jobs of prompts `first .. first + n` of a batch: `group_size` samples each,
 /// with fixed client ids and the policy version stamped in their metadata.
+/// One group of a sampling batch and where it stands: every group, not only the
+/// accepted ones, so a reader sees why the batch took the prompts it took.
+#[derive(
+    Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema, sqlx::FromRow,
+)]
+pub struct GroupVerdict {
+    /// The group (`p<index>`; an adopted group's id in the batch that kept it).
+    pub group_id: String,
+    /// Its prompt's index in the pool (in the batch that launched it).
+    pub prompt_index: i64,
+    /// `in_flight`, `informative`, `uniform`, `incomplete`, `cancelled`, `stale` or
+    /// `kept`.
+    pub state: String,
+    /// Its rank among the accepted groups, when accepted.
+    pub accepted_rank: Option<i64>,
+    /// Mean reward of its samples, once decided.
+    pub reward_mean: Option<f64>,
+    /// Their standard deviation.
+    pub reward_std: Option<f64>,
+    /// When it was launched (epoch ms).
+    pub launched_at: i64,
+    /// When its verdict was taken (epoch ms).
+    pub decided_at: Option<i64>,
+    /// For an adopted group, the batch that kept it (its jobs are there).
+    pub carried_from: Option<String>,
+}
+
 async fn group_jobs<C: Conn>(
     conn: &mut C,
     batch_id: &str,
@@ -420,6 +450,15 @@ impl<D: Dialect> SamplingStore for SqlStore<D> {
             });
         }
         Ok(out)
+    }
+
+    async fn group_verdicts(&self, id: &str, limit: i64) -> StoreResult<Vec<GroupVerdict>> {
+        let mut conn = self.reader().await?;
+        Ok(query(sql::GROUP_VERDICTS)
+            .bind(id)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?)
     }
 
     async fn end_sampling(

@@ -922,6 +922,15 @@ pub(super) const SAMPLING_STATUS: &str = "SELECT status FROM sampling_batches WH
 pub(super) const END_SAMPLING: &str = "UPDATE sampling_batches SET status = $2, reason = $3, \
      ended_at = $4, updated_at = $4 WHERE id = $1 AND status = 'running'";
 
+/// Every group of batch `$1` with its verdict, in launch order, the first `$2` (an
+/// adopted group under its own id and prompt index, as [`ACCEPTED_GROUPS`] has them).
+pub(super) const GROUP_VERDICTS: &str = "SELECT COALESCE(g.source_group, g.group_id) AS group_id, \
+     COALESCE(o.idx, g.idx) AS prompt_index, g.state, g.accepted_rank, g.reward_mean, \
+     g.reward_std, g.launched_at, g.decided_at, g.source_batch AS carried_from \
+     FROM sampling_groups g LEFT JOIN sampling_groups o \
+     ON o.batch_id = g.source_batch AND o.group_id = g.source_group \
+     WHERE g.batch_id = $1 ORDER BY g.launched_at, g.idx LIMIT CAST($2 AS INTEGER)";
+
 pub(super) const ACCEPTED_GROUPS: &str = "SELECT COALESCE(o.idx, g.idx), \
      COALESCE(g.source_group, g.group_id), g.accepted_rank, g.reward_mean, g.reward_std, \
      g.source_batch FROM sampling_groups g LEFT JOIN sampling_groups o \

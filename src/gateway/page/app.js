@@ -62,6 +62,11 @@ function fmtTime(ms) {
   return new Date(ms).toLocaleTimeString();
 }
 
+// A minute's start as hours and minutes, for axis labels.
+function fmtMinute(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+}
+
 function fmtAgo(ms, now) {
   if (!ms) return "–";
   return fmtMs(Math.max(0, now - ms)) + " ago";
@@ -223,7 +228,7 @@ function perMinute(rows) {
   const byMinute = new Map();
   for (const m of rows) byMinute.set(m.minute, (byMinute.get(m.minute) || 0) + m.jobs);
   return [...byMinute.keys()].sort((a, b) => a - b)
-    .map(m => ({ label: fmtTime(m), value: byMinute.get(m), title: fmtTime(m) }));
+    .map(m => ({ label: fmtMinute(m), value: byMinute.get(m), title: fmtTime(m) }));
 }
 
 // ---------- charts ----------
@@ -282,8 +287,8 @@ function lineChart(id, title, xLabel, yLabel, series, yFmt) {
   const Y = y => CHART_H - PAD_B - (CHART_H - PAD_B - PAD_T) * (y - lo) / (hi - lo);
   const root = svg("svg", { viewBox: "0 0 " + CHART_W + " " + CHART_H, role: "img", "aria-label": title });
   root.append(axes(title, xLabel, yLabel, lo, hi, yFmt));
-  root.append(svg("text", { x: PAD_L, y: CHART_H - PAD_B + 14, class: "tick", text: fmtTime(xlo) }));
-  root.append(svg("text", { x: CHART_W - PAD_R, y: CHART_H - PAD_B + 14, "text-anchor": "end", class: "tick", text: fmtTime(xhi) }));
+  root.append(svg("text", { x: PAD_L, y: CHART_H - PAD_B + 14, class: "tick", text: fmtMinute(xlo) }));
+  root.append(svg("text", { x: CHART_W - PAD_R, y: CHART_H - PAD_B + 14, "text-anchor": "end", class: "tick", text: fmtMinute(xhi) }));
   const legend = el("div", { class: "legend" });
   series.forEach((s, i) => {
     const cls = SERIES_CLASSES[i % SERIES_CLASSES.length];
@@ -345,9 +350,9 @@ async function trainingView() {
   const stages = ["init", "run", "eval"];
   view.append(el("div", { class: "charts" },
     barChart("chart-throughput", "Results per minute (last " + fmtMs(t.window_ms) + ")", "time (minute)",
-      "results / minute", t.minutes.map(m => ({ label: fmtTime(m.minute), value: m.results, title: fmtTime(m.minute) })),
+      "results / minute", t.minutes.map(m => ({ label: fmtMinute(m.minute), value: m.results, title: fmtTime(m.minute) })),
       v => String(Math.round(v))),
-    lineChart("chart-stage-latency", "Stage work time p50, per minute", "time (minute)", "p50 work time (ms)",
+    lineChart("chart-stage-latency", "Stage work time p50, per minute", "time (minute)", "p50 work time",
       stages.map(st => ({ name: st, points: t.stage_latency.filter(s => s.stage === st && s.work_ms.p50 !== null)
         .map(s => ({ x: s.minute, y: s.work_ms.p50 })) })).filter(s => s.points.length),
       v => fmtMs(v)),
@@ -370,7 +375,7 @@ async function trainingView() {
       cell("response_histogram", histogramBars(b.response_tokens_histogram, "tokens from")),
       num("tool_calls", b.tool_calls), num("tool_errors", b.tool_errors),
       num("tool_error_rate", b.tool_error_rate,
-        b.tool_error_rate === null ? "–" : (100 * b.tool_error_rate).toFixed(1) + "%")))),
+        b.tool_error_rate === null ? "–" : (100 * b.tool_error_rate).toFixed(1) + "%"))),
     "No batches yet."));
   if (t.batches.some(b => b.read < b.results)) {
     view.append(el("p", { class: "muted" }, "Distributions of large batches are read from their latest results."));
@@ -404,7 +409,10 @@ async function batchView(id) {
   const sampling = await api("/v1/batches/" + encodeURIComponent(id)).catch(() => null);
   const view = el("div", { id: "batch" });
   view.append(el("h2", {}, "Batch ", el("code", {}, id)));
-  if (sampling && sampling.batch) view.append(groupsView(sampling));
+  if (sampling && sampling.batch) {
+    const verdicts = await api("/v1/batches/" + encodeURIComponent(id) + "/verdicts");
+    view.append(groupsView(sampling, verdicts, page.jobs));
+  }
   view.append(el("h3", {}, "Jobs"));
   view.append(table("jobs",
     ["job", "client id", "kind", "group", "status", "stage", "#reward", "finish", "#attempts", "#restarts", "error"],
@@ -420,8 +428,9 @@ async function batchView(id) {
   return view;
 }
 
-// A sampling batch: its verdict counts and its accepted groups, each sample's reward.
-function groupsView(v) {
+// A sampling batch: its verdict counts, then every group it launched with its verdict
+// and each sample's reward (from the batch's jobs).
+function groupsView(v, verdicts, jobs) {
   const b = v.batch, c = b.counters;
   const box = el("div", { id: "groups-view" });
   box.append(el("h3", {}, "Dynamic sampling"));
@@ -435,16 +444,25 @@ function groupsView(v) {
       c.groups_launched + " / " + c.groups_decided),
     el("dt", {}, "samples cancelled early"), el("dd", { "data-field": "jobs_saved", "data-value": c.jobs_saved }, c.jobs_saved),
   ));
+  const byGroup = new Map();
+  for (const j of jobs) {
+    if (!byGroup.has(j.group_id)) byGroup.set(j.group_id, []);
+    byGroup.get(j.group_id).push(j);
+  }
   box.append(table("groups",
-    ["#rank", "group", "#prompt", "#mean reward", "#reward std", "rewards per sample"],
-    v.groups.map(g => el("tr", { "data-group": g.group_id },
-      num("rank", g.rank), cell("group_id", g.group_id), num("prompt_index", g.prompt_index),
-      num("reward_mean", g.reward_mean, fmtNum(g.reward_mean, 3)),
+    ["group", "#prompt", "verdict", "#accepted rank", "#mean reward", "#reward std", "rewards per sample"],
+    verdicts.groups.map(g => el("tr", { "data-group": g.group_id },
+      cell("group_id", g.group_id), num("prompt_index", g.prompt_index),
+      el("td", { "data-field": "state", class: g.state === "informative" ? "ok" : g.state === "in_flight" ? "" : "warn" },
+        g.state),
+      num("accepted_rank", g.accepted_rank), num("reward_mean", g.reward_mean, fmtNum(g.reward_mean, 3)),
       num("reward_std", g.reward_std, fmtNum(g.reward_std, 3)),
-      cell("rewards", el("span", { class: "chips" }, g.results.map(r =>
-        el("a", { class: "chip", href: "#/jobs/" + encodeURIComponent(r.job_id), "data-job": r.job_id,
-          "data-value": r.reward ?? "" }, fmtNum(r.reward, 2)))))))),
-    "No group accepted yet."));
+      cell("rewards", g.carried_from ? "samples in batch " + g.carried_from :
+        el("span", { class: "chips" }, (byGroup.get(g.group_id) || []).map(j =>
+          el("a", { class: "chip", href: "#/jobs/" + encodeURIComponent(j.id), "data-job": j.id,
+            "data-value": j.reward ?? "" }, j.reward === undefined ? j.status : fmtNum(j.reward, 2))))))),
+    "No group launched yet."));
+  if (verdicts.more) box.append(el("p", { class: "muted" }, "Showing the first groups launched."));
   return box;
 }
 
