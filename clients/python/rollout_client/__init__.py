@@ -20,6 +20,8 @@ and installed.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import http.client
 import json
 import os
@@ -412,19 +414,28 @@ class AsyncRolloutClient:
     """:class:`RolloutClient`'s surface for asyncio trainers (verl's agent loop, slime's
     rollout, SkyRL's generator): the same methods as coroutines, and ``groups`` and
     ``stream_results`` as async iterators. Each call runs the blocking client in a
-    worker thread (``asyncio.to_thread``), so the event loop never waits on the network
-    and no HTTP library beyond the standard one is needed. A ``run`` holds its thread
-    until its results are in, and the event loop has few: for many one-task calls at
-    once (a trainer's per-sample hook), ``rollout_client.adapters.Episodes`` shares one
-    stream of results among them."""
+    thread of the client's own pool (``max_workers`` threads, 64 by default, not the
+    event loop's default executor, which has a handful and is shared with the trainer),
+    so the event loop never waits on the network and no HTTP library beyond the
+    standard one is needed. A ``run`` or a long poll holds its thread until it returns:
+    for many one-task calls at once (a trainer's per-sample hook),
+    ``rollout_client.adapters.Episodes`` shares one stream of results among them."""
 
     def __init__(
         self,
         url: Optional[str] = None,
         token: Optional[str] = None,
         timeout: float = 60.0,
+        max_workers: int = 64,
     ):
         self.sync = RolloutClient(url, token, timeout)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="rollout-client"
+        )
+
+    def close(self) -> None:
+        """Stops the client's threads once their calls return."""
+        self._pool.shutdown(wait=False)
 
     @property
     def url(self) -> str:
@@ -432,12 +443,13 @@ class AsyncRolloutClient:
         return self.sync.url
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
     async def _iterate(self, it: Iterator[Any]) -> AsyncIterator[Any]:
         done = object()
         while True:
-            item = await asyncio.to_thread(next, it, done)
+            item = await self._call(next, it, done)
             if item is done:
                 return
             yield item

@@ -2,8 +2,10 @@
 whole client against a real `rollout up` with the stand-in inference server (the
 binaries are taken from ROLLOUT_BIN_DIR, default target/debug)."""
 
+import asyncio
 import json
 import os
+import threading
 import time
 import unittest
 import urllib.request
@@ -109,6 +111,25 @@ class Offline(unittest.TestCase):
         g["results"][0]["output"] = {"run": {"answer": "synthetic"}}
         with self.assertRaisesRegex(ValueError, "j1-0"):
             to_tensors([g])
+
+
+class AsyncPool(unittest.TestCase):
+    def test_the_async_client_runs_many_blocking_calls_at_once(self):
+        """Forty calls at once each hold a thread (as forty long polls would): the
+        client's own pool runs them together, where the event loop's default executor
+        (a handful of threads) would queue them and the barrier would break."""
+        n = 40
+        barrier = threading.Barrier(n, timeout=60)
+        client = AsyncRolloutClient("http://127.0.0.1:9")
+
+        async def main():
+            return await asyncio.gather(*(client._call(barrier.wait) for _ in range(n)))
+
+        try:
+            arrivals = asyncio.run(main())
+        finally:
+            client.close()
+        self.assertEqual(sorted(arrivals), list(range(n)))
 
 
 class AgainstTheService(unittest.TestCase):
