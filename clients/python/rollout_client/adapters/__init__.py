@@ -21,6 +21,7 @@ import asyncio
 import copy
 import importlib
 import json
+import sys
 import uuid
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -34,6 +35,7 @@ __all__ = [
     "SAMPLING_KEYS",
     "TRUNCATED",
     "default_task",
+    "lazy_class",
     "load_function",
     "plain",
     "scored_trajectory",
@@ -140,6 +142,24 @@ def with_trainer_sampling(task: Json, sampling: Mapping[str, Any], **limits: Any
         if value is not None:
             own_limits.setdefault(key, value)
     return task
+
+
+def lazy_class(module: str, name: str, make: Callable[[], type]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that makes the class ``name`` with ``make`` when it is
+    first looked up (a class derived from a trainer's base class imports the trainer
+    then, not when the module is imported), and names it as ``module``'s attribute,
+    where Hydra's ``_target_`` and pickle look it up."""
+
+    def getattr_(attr: str) -> Any:
+        if attr != name:
+            raise AttributeError(f"module {module!r} has no attribute {attr!r}")
+        cls = make()
+        cls.__module__ = module
+        cls.__qualname__ = name
+        setattr(sys.modules[module], name, cls)
+        return cls
+
+    return getattr_
 
 
 def scored_trajectory(result: JobResult) -> Trajectory:

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .. import RolloutClient, RolloutError, RolloutTimeout
 from ..types import JobResult
-from . import TRUNCATED, default_task, scored_trajectory, with_trainer_sampling
+from . import TRUNCATED, default_task, lazy_class, scored_trajectory, with_trainer_sampling
 
 Json = Dict[str, Any]
 
@@ -139,17 +139,9 @@ def _generator_class() -> type:
             except RolloutError:
                 pass  # it ended meanwhile (409), or the gateway is gone: nothing to stop
 
-    # Named as its module's attribute, where Hydra's `_target_` and pickle look it up.
-    RolloutServiceGenerator.__module__ = __name__
-    RolloutServiceGenerator.__qualname__ = RolloutServiceGenerator.__name__
     return RolloutServiceGenerator
 
 
-def __getattr__(name: str) -> Any:
-    # The class derives from SkyRL's GeneratorInterface, so it is made (importing
-    # SkyRL) when first looked up.
-    if name == "RolloutServiceGenerator":
-        cls = _generator_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The class derives from the trainer's base class, so it is made (importing the trainer)
+# when first looked up.
+__getattr__ = lazy_class(__name__, "RolloutServiceGenerator", _generator_class)

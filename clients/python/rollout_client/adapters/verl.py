@@ -30,7 +30,7 @@ import logging
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from ..types import JobResult, Trajectory
-from . import Episodes, default_task, plain, scored_trajectory, with_trainer_sampling
+from . import Episodes, default_task, lazy_class, plain, scored_trajectory, with_trainer_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -164,17 +164,9 @@ def _agent_loop_class() -> type:
             )
             return AgentLoopOutput(**fields)
 
-    # Named as its module's attribute, where Hydra's `_target_` and pickle look it up.
-    RolloutServiceAgentLoop.__module__ = __name__
-    RolloutServiceAgentLoop.__qualname__ = RolloutServiceAgentLoop.__name__
     return RolloutServiceAgentLoop
 
 
-def __getattr__(name: str) -> Any:
-    # The class derives from verl's AgentLoopBase, so it is made (importing verl) when
-    # first looked up: by Hydra's `_target_`, or by an import of it.
-    if name == "RolloutServiceAgentLoop":
-        cls = _agent_loop_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The class derives from the trainer's base class, so it is made (importing the trainer)
+# when first looked up.
+__getattr__ = lazy_class(__name__, "RolloutServiceAgentLoop", _agent_loop_class)
