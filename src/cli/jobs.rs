@@ -81,9 +81,7 @@ pub async fn results(client: &Client, args: ResultsArgs) -> anyhow::Result<()> {
     let mut after = args.after;
     let mut shown = 0u64;
     let mut stdout = std::io::stdout().lock();
-    if !args.json {
-        writeln!(stdout, "{}", result_table(&[]).render())?;
-    }
+    let mut header = !args.json;
     loop {
         let wait_ms = if args.follow { 20_000 } else { 0 };
         let page = client
@@ -99,12 +97,13 @@ pub async fn results(client: &Client, args: ResultsArgs) -> anyhow::Result<()> {
             for r in &take {
                 writeln!(stdout, "{}", serde_json::to_string(r)?)?;
             }
-        } else if !take.is_empty() {
-            // Rows under the header printed first: each page aligned on its own.
+        } else if !take.is_empty() || header {
+            // Each page is aligned on its own; the header comes with the first.
             let text = result_table(&take).render();
-            for line in text.lines().skip(1) {
+            for line in text.lines().skip(usize::from(!header)) {
                 writeln!(stdout, "{line}")?;
             }
+            header = false;
         }
         stdout.flush()?;
         let done = args.count.is_some_and(|c| shown >= c);
@@ -178,6 +177,10 @@ pub async fn cancel(client: &Client, jobs: &[String], batch: Option<&str>) -> an
             Err(e) => return Err(e.into()),
         }
     }
-    anyhow::ensure!(missing == 0, "{missing} of the jobs named do not exist");
+    anyhow::ensure!(
+        missing == 0,
+        "{missing} of the {} job ids given name no job",
+        jobs.len()
+    );
     Ok(())
 }
