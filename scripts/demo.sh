@@ -8,12 +8,21 @@
 # (rollout-scripted-llm, one speaking vLLM's format and one SGLang's) that play the script
 # in examples/agent-policy.json: they are not models.
 # Uses SQLite under ./.rollout and a NATS server on 127.0.0.1:4222 (started as a child
-# process if none answers there). Extra arguments go to `rollout up`.
+# process if none answers there). Builds into CARGO_TARGET_DIR when it is set (default:
+# ./target). Extra arguments go to `rollout up`.
 set -euo pipefail
+# A relative CARGO_TARGET_DIR means the directory it was given in, not the repository.
+if [ -n "${CARGO_TARGET_DIR:-}" ]; then
+  case "$CARGO_TARGET_DIR" in
+    /*) ;;
+    *) CARGO_TARGET_DIR="$PWD/$CARGO_TARGET_DIR" ;;
+  esac
+  export CARGO_TARGET_DIR
+fi
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
 cargo build --release --bins
-bin=target/release
+bin="${CARGO_TARGET_DIR:-target}/release"
 state=.rollout
 mkdir -p "$state"
 

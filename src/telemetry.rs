@@ -20,6 +20,13 @@ fn filter(log: &LogSettings) -> EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&log.level))
 }
 
+/// Whether text lines on stderr get colour: only on a terminal (a batch job's output
+/// file, a pipe or a collector gets plain text), and not under `NO_COLOR`.
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 /// Installs the global subscriber: everything at the configured level to stderr. Safe
 /// to call twice (the second call does nothing).
 pub fn init(log: &LogSettings) {
@@ -29,7 +36,7 @@ pub fn init(log: &LogSettings) {
     let _ = if log.json {
         builder.json().flatten_event(true).try_init()
     } else {
-        builder.compact().try_init()
+        builder.compact().with_ansi(colour_on_stderr()).try_init()
     };
 }
 
@@ -45,7 +52,12 @@ pub fn init_to_file(log: &LogSettings, file: &Path) -> std::io::Result<()> {
         .append(true)
         .open(file)?;
     let to_file = layer(log.json, false, std::sync::Mutex::new(out), filter(log));
-    let to_screen = layer(log.json, true, std::io::stderr, LevelFilter::WARN);
+    let to_screen = layer(
+        log.json,
+        colour_on_stderr(),
+        std::io::stderr,
+        LevelFilter::WARN,
+    );
     let _ = tracing_subscriber::registry()
         .with(vec![to_file, to_screen])
         .try_init();

@@ -42,6 +42,9 @@ pub enum StartError {
     /// A worker.
     #[error(transparent)]
     Worker(#[from] WorkerError),
+    /// The node's sandboxes cannot work as configured (their root).
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
     /// A background task (reconciler, prober, reaper, a watcher) stopped early.
     #[error(transparent)]
     Task(#[from] TaskFailed),
@@ -351,6 +354,7 @@ pub async fn start_up(
         source,
     })?;
     let nats = ensure_nats(&mut settings)?;
+    crate::sandbox::root::settle(&mut settings)?;
     let settings = Arc::new(settings);
     let deps = connect(settings.clone(), "rollout-up", false).await?;
     // Nothing but this process uses its sandboxes: they end with it, however it ends.
@@ -458,6 +462,9 @@ pub async fn worker_process(
         f.apply(&mut settings.log);
     }
     crate::telemetry::init(&settings.log);
+    // Before anything connects: a sandbox root whose sockets cannot fit is found now,
+    // not at the first sandboxed job.
+    crate::sandbox::root::settle(&mut settings)?;
     let handle = crate::metrics::install();
     let mut essentials = Vec::new();
     if let Some(addr) = &args.metrics_listen {

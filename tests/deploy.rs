@@ -3,11 +3,15 @@
 //! installed by `scripts/test.sh`), every command its services run from the image is a
 //! command the `rollout` binary accepts, the Dockerfile and the Apptainer definition put
 //! every binary a node needs in the image (the sandbox server beside the workers), and
-//! the image is built when a Docker engine answers.
+//! the image is built when a Docker engine answers. The Slurm scripts of `deploy/slurm/`
+//! are run here outside Slurm, against stand-in programs, for what they do before they
+//! start anything: say which program is missing and what to set, with exit status 3,
+//! find programs through `ROLLOUT_ENV_SETUP` and `ROLLOUT_BIN_DIR`, and choose the log
+//! format (`tests/pipeline/slurm.rs` runs them on a real cluster).
 
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 use serde_json::Value;
 
@@ -177,4 +181,256 @@ fn the_image_builds_where_an_engine_answers() {
         "docker build failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A directory of stand-ins for a Slurm script: links to the ordinary tools it uses, a
+/// `rollout` (in `rollout_bin/`) that prints its arguments and the grace it got, and an
+/// `scontrol` (in `slurm/`) that reports a KillWait of 42 s.
+struct Stand {
+    dir: tempfile::TempDir,
+}
+
+impl Stand {
+    fn new() -> Stand {
+        let stand = Stand {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        for sub in ["tools", "rollout_bin", "slurm", "tmp"] {
+            std::fs::create_dir(stand.path(sub)).unwrap();
+        }
+        for tool in [
+            "awk", "cat", "chmod", "date", "head", "hostname", "mkdir", "od", "readlink", "seq",
+            "sleep", "tr",
+        ] {
+            let found = host::which(tool).unwrap_or_else(|| panic!("`{tool}` is not installed"));
+            std::os::unix::fs::symlink(found, stand.path("tools").join(tool)).unwrap();
+        }
+        stand.script(
+            "rollout_bin/rollout",
+            "echo \"rollout $*\"\necho \"grace=$ROLLOUT__STAGES__GRACE_MS\"\n",
+        );
+        stand.script(
+            "slurm/scontrol",
+            "echo 'KillWait                = 42 sec'\n",
+        );
+        std::fs::write(
+            stand.path("head.env"),
+            "ROLLOUT__NATS__URL=nats://head:4222\n",
+        )
+        .unwrap();
+        stand
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn script(&self, rel: &str, body: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.path(rel);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// A `PATH` of these stand-in directories.
+    fn path_of(&self, dirs: &[&str]) -> String {
+        dirs.iter()
+            .map(|d| self.path(d).display().to_string())
+            .collect::<Vec<_>>()
+            .join(":")
+    }
+
+    /// Runs `deploy/slurm/<script>` with bash, with nothing of this process's
+    /// environment but `env`.
+    fn run(&self, script: &str, env: &[(&str, String)]) -> Output {
+        let bash = host::which("bash").expect("bash is installed");
+        let mut cmd = Command::new(bash);
+        cmd.env_clear()
+            .current_dir(self.dir.path())
+            .arg(root().join("deploy/slurm").join(script))
+            .env("TMPDIR", self.path("tmp"))
+            .env("ROLLOUT_HEAD_FILE", self.path("head.env"))
+            .env("ROLLOUT_HEAD_WAIT_S", "1");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    }
+}
+
+/// Standard output and error.
+fn texts(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A script, the directories of its `PATH`, more environment, and the words its error
+/// must hold.
+type MissingCase<'a> = (
+    &'a str,
+    &'a [&'a str],
+    &'a [(&'a str, &'a str)],
+    &'a [&'a str],
+);
+
+/// A missing program stops a script at once with its name, what to set and status 3
+/// (a worker without `scontrol` used to exit 127 saying nothing).
+#[test]
+fn the_slurm_scripts_name_a_missing_program_and_what_to_set() {
+    let stand = Stand::new();
+    let cases: &[MissingCase] = &[
+        (
+            "rollout-worker.sbatch",
+            &["tools", "rollout_bin"],
+            &[],
+            &[
+                "`scontrol` is not on PATH",
+                "ROLLOUT_ENV_SETUP",
+                "ROLLOUT__STAGES__GRACE_MS",
+            ],
+        ),
+        (
+            "rollout-worker.sbatch",
+            &["tools", "slurm"],
+            &[],
+            &[
+                "`rollout` is not on PATH",
+                "ROLLOUT_BIN_DIR",
+                "ROLLOUT_ENV_SETUP",
+            ],
+        ),
+        (
+            "rollout-worker.sbatch",
+            &["tools", "rollout_bin", "slurm"],
+            &[("ROLLOUT_ENV_SETUP", "no-such-file.sh")],
+            &["cannot read ROLLOUT_ENV_SETUP"],
+        ),
+        (
+            "rollout-head.sbatch",
+            &["tools"],
+            &[],
+            &["`rollout` is not on PATH", "ROLLOUT_BIN_DIR"],
+        ),
+        (
+            "rollout-head.sbatch",
+            &["tools", "rollout_bin"],
+            &[],
+            &[
+                "`nats-server` is not on PATH",
+                "ROLLOUT_BIN_DIR",
+                "ROLLOUT_ENV_SETUP",
+            ],
+        ),
+        (
+            "rollout-head.sbatch",
+            &["tools", "rollout_bin"],
+            &[
+                ("ROLLOUT_NATS_FILE", "nats.env"),
+                ("ROLLOUT_HEAD_POSTGRES", "1"),
+            ],
+            &["`initdb` is not on PATH", "ROLLOUT_ENV_SETUP"],
+        ),
+        (
+            "rollout-nats.sbatch",
+            &["tools", "slurm"],
+            &[],
+            &["`nats-server` is not on PATH", "ROLLOUT_BIN_DIR"],
+        ),
+    ];
+    for (script, path, env, words) in cases {
+        let mut vars = vec![("PATH", stand.path_of(path))];
+        vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+        let out = stand.run(script, &vars);
+        let (stdout, stderr) = texts(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{script} with PATH {path:?} and {env:?}: {stdout}{stderr}"
+        );
+        for word in *words {
+            assert!(
+                stderr.contains(word),
+                "{script} with PATH {path:?}: `{word}` missing from: {stderr}"
+            );
+        }
+    }
+}
+
+/// The worker script finds `rollout` in `ROLLOUT_BIN_DIR` and `scontrol` through the
+/// file `ROLLOUT_ENV_SETUP` names, sets the grace below KillWait, and runs `rollout
+/// node` with readable logs unless `ROLLOUT_LOG_FORMAT` says `json`.
+#[test]
+fn the_worker_script_finds_its_programs_through_its_variables_and_logs_text_by_default() {
+    let stand = Stand::new();
+    let setup = stand.path("setup.sh");
+    std::fs::write(
+        &setup,
+        format!(
+            "# module load slurm\nexport PATH=\"{}:$PATH\"\n",
+            stand.path("slurm").display()
+        ),
+    )
+    .unwrap();
+    let base = vec![
+        ("PATH", stand.path_of(&["tools"])),
+        (
+            "ROLLOUT_BIN_DIR",
+            stand.path("rollout_bin").display().to_string(),
+        ),
+        ("ROLLOUT_ENV_SETUP", setup.display().to_string()),
+    ];
+    let out = stand.run("rollout-worker.sbatch", &base);
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("rollout --log-format text node --stages init,run,eval"),
+        "{stdout}{stderr}"
+    );
+    assert!(
+        stdout.contains("grace=37000"),
+        "KillWait 42 s less 5: {stdout}"
+    );
+    assert!(stderr.contains("text logs"), "{stderr}");
+
+    let mut json = base.clone();
+    json.push(("ROLLOUT_LOG_FORMAT", "json".into()));
+    let (stdout, stderr) = texts(&stand.run("rollout-worker.sbatch", &json));
+    assert!(
+        stdout.contains("rollout --log-format json node"),
+        "{stdout}{stderr}"
+    );
+
+    let mut wrong = base.clone();
+    wrong.push(("ROLLOUT_LOG_FORMAT", "xml".into()));
+    let out = stand.run("rollout-worker.sbatch", &wrong);
+    let (stdout, stderr) = texts(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("ROLLOUT_LOG_FORMAT must be"), "{stderr}");
+
+    // A grace given needs no scontrol.
+    let out = stand.run(
+        "rollout-worker.sbatch",
+        &[
+            ("PATH", stand.path_of(&["tools", "rollout_bin"])),
+            ("ROLLOUT__STAGES__GRACE_MS", "1234".into()),
+        ],
+    );
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("grace=1234"), "{stdout}");
+}
+
+/// The head job asks for a time limit of its own (a partition's default may be
+/// minutes), and so does the NATS cluster's: both must outlive the training run.
+#[test]
+fn the_head_and_nats_jobs_ask_for_a_time_limit() {
+    for script in ["rollout-head.sbatch", "rollout-nats.sbatch"] {
+        let text = std::fs::read_to_string(root().join("deploy/slurm").join(script)).unwrap();
+        assert!(
+            text.lines().any(|l| l.starts_with("#SBATCH --time=")),
+            "{script} sets no --time"
+        );
+    }
 }

@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// What separates the job id from the claim's generation in an EVAL sandbox's name.
-const EVAL_INFIX: &str = "-eval-";
+pub(crate) const EVAL_INFIX: &str = "-eval-";
 
 /// Whether `dir` is named as an EVAL sandbox: `<job id>-eval-<generation>`.
 fn is_eval_dir(dir: &Path) -> bool {

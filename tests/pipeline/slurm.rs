@@ -4,7 +4,7 @@
 //! without cgroups (`proctrack/linuxproc`, `task/none`). The head job and two worker
 //! jobs are submitted with `sbatch`; a batch runs through them; one worker job is
 //! `scancel`led while it holds jobs, which are handed back and finish on the other; every
-//! job ends exactly once.
+//! job ends exactly once; the jobs' output files are plain text.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -310,6 +310,16 @@ async fn head_and_worker_jobs_run_a_batch_and_a_cancelled_worker_loses_nothing()
     assert!(
         !victim_log.contains("exiting now"),
         "a repeated SIGTERM ended the worker without its hand-back"
+    );
+    // The scripts' default log format is plain text a person reads in the output file:
+    // no JSON objects, no colour codes.
+    let started = victim_log
+        .lines()
+        .find(|l| l.contains("worker started"))
+        .unwrap_or_default();
+    assert!(
+        !started.starts_with('{') && !victim_log.contains('\u{1b}'),
+        "the worker job's output is not plain text: {started}"
     );
     drop(cluster);
 }

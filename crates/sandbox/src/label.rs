@@ -69,6 +69,30 @@ pub struct Label {
     pub host_oom_kills: Option<u64>,
 }
 
+/// The socket of a `backend` sandbox whose directory is `dir`. Apptainer's server binds
+/// its socket in a directory bound into the instance; the others' sockets are bound by
+/// the launcher outside the sandbox's reach (see `crate::bind_socket`).
+pub fn socket_in(dir: &Path, backend: RuntimeKind) -> PathBuf {
+    match backend {
+        RuntimeKind::Apptainer => dir.join("run").join("sock"),
+        RuntimeKind::Local | RuntimeKind::Bwrap => dir.join("sock"),
+    }
+}
+
+/// The longest of the sockets [`socket_in`] puts in `dir`, whichever backend: what a
+/// node checks before it knows which backends its tasks will ask for.
+pub fn longest_socket_in(dir: &Path) -> PathBuf {
+    [
+        RuntimeKind::Local,
+        RuntimeKind::Bwrap,
+        RuntimeKind::Apptainer,
+    ]
+    .into_iter()
+    .map(|b| socket_in(dir, b))
+    .max_by_key(|s| s.as_os_str().len())
+    .unwrap_or_else(|| dir.join("sock"))
+}
+
 impl Label {
     /// A label for a sandbox not started yet.
     pub fn new(job_id: &str, node: &str, backend: RuntimeKind, dir: &Path) -> Self {
@@ -77,13 +101,7 @@ impl Label {
             node: node.to_string(),
             backend,
             dir: dir.to_path_buf(),
-            // Apptainer's server binds its socket in a directory bound into the
-            // instance; the others' sockets are bound by the launcher outside the
-            // sandbox's reach (see `crate::bind_socket`).
-            socket: match backend {
-                RuntimeKind::Apptainer => dir.join("run").join("sock"),
-                _ => dir.join("sock"),
-            },
+            socket: socket_in(dir, backend),
             pid: None,
             pid_start: None,
             ns_init: None,

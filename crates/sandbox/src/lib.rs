@@ -239,12 +239,17 @@ impl Runtimes {
     }
 }
 
-/// Linux limits a socket path to 107 bytes; say so before `bind` fails obscurely.
+/// The longest sandbox socket path accepted, in bytes: Linux limits a Unix socket's
+/// path to 107 bytes (and a NUL); a margin below that.
+pub const SOCKET_PATH_LIMIT: usize = 100;
+
+/// Refuses a socket path over [`SOCKET_PATH_LIMIT`], saying so before `bind` fails
+/// obscurely.
 pub fn check_socket_path(socket: &Path) -> Result<(), SandboxError> {
     let len = socket.as_os_str().len();
-    if len > 100 {
+    if len > SOCKET_PATH_LIMIT {
         return Err(SandboxError::Config(format!(
-            "the sandbox socket path {} is {len} bytes long, over the 100-byte limit of Unix sockets; set a shorter `sandbox.root`",
+            "the sandbox socket path {} is {len} bytes long, over the {SOCKET_PATH_LIMIT}-byte limit of Unix sockets; set a shorter `sandbox.root`",
             socket.display()
         )));
     }
@@ -275,6 +280,36 @@ pub fn sandboxes_root(root: &Path) -> std::io::Result<()> {
         0o700
     };
     dir_with_mode(root, mode)
+}
+
+/// Makes `dir` (whose parent must exist) a directory of this user's to hold sandbox
+/// roots, or checks that the one already there is: a real directory (not a symbolic
+/// link) owned by this user, then given the mode of [`sandboxes_root`]. For a directory
+/// of a fixed name in a place every user may write (`/tmp`), where someone else could
+/// have made it first to see into, or redirect, what this user puts there.
+pub fn owned_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.file_type().is_dir() {
+        return Err(std::io::Error::other(format!(
+            "{} exists and is not a directory (a symbolic link or a file)",
+            dir.display()
+        )));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(std::io::Error::other(format!(
+            "{} belongs to user id {}, not to this user ({me})",
+            dir.display(),
+            meta.uid()
+        )));
+    }
+    sandboxes_root(dir)
 }
 
 /// Binds the sandbox's socket at `path` (replacing a stale one) for the server to serve
@@ -843,4 +878,39 @@ pub(crate) fn clean_env(cmd: &mut tokio::process::Command, keep_prefixes: &[&str
         })
         .collect();
     cmd.env_clear().envs(kept);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A root's holder in a shared directory is this user's own directory, or nothing:
+    /// a symbolic link or a file in its place is refused, not followed.
+    #[test]
+    fn an_owned_dir_is_made_private_and_a_link_in_its_place_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("mine");
+        owned_dir(&dir).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert!(mode == 0o700 || mode == 0o711, "mode {mode:o}");
+        // Again: the directory already there is accepted.
+        owned_dir(&dir).unwrap();
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let e = owned_dir(&link).unwrap_err().to_string();
+        assert!(e.contains("not a directory"), "{e}");
+        let file = tmp.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        assert!(owned_dir(&file).is_err());
+    }
+
+    /// The longest socket of a sandbox directory is Apptainer's, in `run/`.
+    #[test]
+    fn the_longest_socket_in_a_sandbox_dir_is_apptainers() {
+        let dir = Path::new("/r/job");
+        assert_eq!(label::longest_socket_in(dir), dir.join("run/sock"));
+        assert!(check_socket_path(&dir.join("x".repeat(SOCKET_PATH_LIMIT))).is_err());
+        assert!(check_socket_path(dir).is_ok());
+    }
 }

@@ -227,22 +227,34 @@ pub fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The mount points at or below `dir`, from `/proc/self/mountinfo` (none where there is
+/// no such file).
+fn mount_points_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let info = match std::fs::read_to_string("/proc/self/mountinfo") {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect())
+}
+
+/// Whether anything is mounted at or below `dir` (an unreadable mount table counts as
+/// yes: the caller is about to remove `dir`).
+pub fn mounted_under(dir: &Path) -> bool {
+    mount_points_under(dir).map_or(true, |p| !p.is_empty())
+}
+
 /// Detaches every mount at or below `dir` (a sandbox directory), deepest first, so the
 /// directory can be removed. Lazy (`MNT_DETACH`): a mount still held by a dying
 /// sandbox's namespace goes when that does. Reads `/proc/self/mountinfo`, so it also
 /// finds what an earlier, crashed worker mounted.
 pub fn unmount_under(dir: &Path) -> std::io::Result<()> {
-    let info = match std::fs::read_to_string("/proc/self/mountinfo") {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    let mut points: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape(p)))
-        .filter(|p| p.starts_with(dir))
-        .collect();
+    let mut points = mount_points_under(dir)?;
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     points.dedup();
     for p in points {

@@ -365,8 +365,10 @@ pub struct SandboxSettings {
     /// image, set per task) or `local` (no isolation: development only). A task may name
     /// its own.
     pub backend: String,
-    /// Where sandbox directories live. Empty: `<state_dir>/sb`. Keep it short: socket
-    /// paths inside it must stay under 100 bytes.
+    /// Where sandbox directories live. Empty: `<state_dir>/sb`, or, when that is too long
+    /// for the sockets inside (they must stay under 100 bytes), a short directory of the
+    /// worker's user under `/tmp` chosen at start. Set, it is used as it is, and one too
+    /// long stops the worker at start.
     pub root: PathBuf,
     /// The `rollout-sandbox` server binary. Empty: the one beside this executable.
     pub server_bin: PathBuf,
