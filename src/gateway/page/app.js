@@ -5,6 +5,8 @@
 "use strict";
 
 const REFRESH_MS = 3000;
+// The training tab reads every result's summary of the latest batches: a slower beat.
+const TRAINING_REFRESH_MS = 15000;
 const TOKEN_KEY = "rollout-gateway-token";
 let timer = null;
 
@@ -626,16 +628,17 @@ async function render() {
   const hash = location.hash.replace(/^#/, "") || "/";
   const parts = hash.split("/").filter(Boolean).map(decodeURIComponent);
   const errorBox = document.getElementById("error");
-  let refresh = true;
+  let refresh = REFRESH_MS;
   try {
     let view;
     if (parts[0] === "jobs" && parts[1]) {
       view = await jobView(parts[1]);
-      refresh = false;
+      refresh = 0;
     } else if (parts[0] === "batches" && parts[1]) {
       view = await batchView(parts[1]);
     } else if (parts[0] === "training") {
       view = await trainingView();
+      refresh = TRAINING_REFRESH_MS;
     } else {
       view = overview(await api("/v1/dashboard"));
     }
@@ -647,7 +650,7 @@ async function render() {
     errorBox.textContent = "Cannot read the gateway: " + e.message;
     errorBox.hidden = false;
   }
-  if (refresh) timer = setTimeout(render, REFRESH_MS);
+  if (refresh) timer = setTimeout(render, refresh);
 }
 
 document.getElementById("token").addEventListener("submit", ev => {
