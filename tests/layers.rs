@@ -53,12 +53,13 @@ fn layer_of(module: &str) -> Option<usize> {
 }
 
 /// The top-level module a file of `src/` belongs to (`None` for `lib.rs` and the
-/// binaries, which sit above everything).
+/// binaries, which sit above everything: `main.rs`, its own modules under `cli/`, and
+/// `bin/`).
 fn module_of(src: &Path, file: &Path) -> Option<String> {
     let rel = file.strip_prefix(src).ok()?;
     let first = rel.components().next()?.as_os_str().to_str()?;
     match first {
-        "lib.rs" | "main.rs" | "bin" => None,
+        "lib.rs" | "main.rs" | "cli" | "bin" => None,
         f => Some(f.trim_end_matches(".rs").to_string()),
     }
 }
