@@ -71,7 +71,7 @@ async fn the_api_answers_as_its_document_says() {
         String::from_utf8_lossy(&out.stderr)
     );
     // It did test the operations (not zero by a bad filter).
-    assert!(said.contains("Tested: 21"), "{said}");
+    assert!(said.contains("Tested: 23"), "{said}");
 }
 
 /// The whole document as a gateway serves it, compared with the reviewed copy in
