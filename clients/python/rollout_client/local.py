@@ -64,7 +64,10 @@ class LocalService:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def _start(self) -> None:
-        self._dir = tempfile.mkdtemp(prefix="rollout-client-")
+        # A short name: the sandboxes' sockets live under `<dir>/state/sb` and Unix
+        # sockets allow 100 bytes, so a long one would send them to a directory of the
+        # service's choosing outside it (see the README's `sandbox.root`).
+        self._dir = tempfile.mkdtemp(prefix="rc-")
         # mkdtemp makes it private (0700); sandboxes run as their own user and reach
         # their workspaces below it.
         os.chmod(self._dir, 0o755)

@@ -250,7 +250,8 @@ class AgainstTheService(unittest.TestCase):
                         if not n.startswith("_")}
         async_methods = {n for n, f in inspect.getmembers(AsyncRolloutClient, inspect.isfunction)
                          if not n.startswith("_")}
-        self.assertEqual(sync_methods, async_methods)
+        # `close` stops the async client's own thread pool, which the sync one has not.
+        self.assertEqual(sync_methods, async_methods - {"close"})
 
         async def go():
             client = AsyncRolloutClient(self.svc.url)
