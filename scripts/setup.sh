@@ -24,8 +24,9 @@ apt_install() {
 }
 
 # Sandboxes see the host's /usr, so their python3 is the system one, not a pyenv or venv.
-# pytest-3 (python3-pytest) runs the unit tests of code and SWE tasks in their sandboxes.
-for tool in bwrap:bubblewrap git:git /usr/bin/python3:python3 /usr/bin/pytest-3:python3-pytest slirp4netns:slirp4netns ip:iproute2 mkfs.ext4:e2fsprogs; do
+# pytest-3 (python3-pytest) runs the unit tests of code and SWE tasks in their sandboxes;
+# python3-dev lets the grading tests build the extension module a forgery would plant.
+for tool in bwrap:bubblewrap git:git /usr/bin/python3:python3 /usr/bin/pytest-3:python3-pytest /usr/bin/python3-config:python3-dev slirp4netns:slirp4netns ip:iproute2 mkfs.ext4:e2fsprogs; do
   cmd="${tool%%:*}" pkg="${tool#*:}"
   if ! have "$cmd"; then
     echo "setup: installing $pkg" >&2

@@ -443,28 +443,6 @@ pub async fn in_fresh_sandbox(
     scored
 }
 
-/// EVAL with a check command: [`in_fresh_sandbox`], then the kernel-reported exit
-/// status of `check` is the reward.
-pub async fn eval(
-    sandboxes: &NodeSandboxes,
-    ctx: &StageContext,
-    spec: &SandboxSpec,
-    check: &Check,
-    env: BTreeMap<String, String>,
-) -> Result<EvalOutput, StageError> {
-    let setup = EvalSetup {
-        env,
-        protect: check.protect.clone(),
-        files: check.files.clone(),
-        probe: None,
-    };
-    let check = check.clone();
-    let score: Scorer = Box::new(move |client, prepared| {
-        Box::pin(async move { run_check(client, &check, prepared.applied).await })
-    });
-    in_fresh_sandbox(sandboxes, ctx, spec, setup, score).await
-}
-
 /// Runs the probe command (from the shell's state, as the check will run); `None`, with
 /// a warning, when it cannot.
 async fn probe(client: &SandboxClient, command: &str, job_id: &str) -> Option<ExecResult> {
@@ -508,46 +486,6 @@ async fn apply(
         )),
         Err(e) => Err(stage_error("cannot apply the changes", e)),
     }
-}
-
-/// Runs the check command in a prepared EVAL sandbox.
-async fn run_check(
-    client: &SandboxClient,
-    check: &Check,
-    applied: serde_json::Value,
-) -> Result<EvalOutput, StageError> {
-    let r = client
-        .exec(
-            &ExecArgs {
-                env: Default::default(),
-                command: check.command.clone(),
-                max_output_bytes: None,
-                shell_state: true,
-                printable: false,
-            },
-            Some(Duration::from_millis(check.timeout_ms)),
-        )
-        .await
-        .map_err(|e| stage_error("the check command could not run", e))?;
-    let passed = r.exit_code == Some(0) && !r.timed_out;
-    let failure = match (r.timed_out, r.exit_code, r.signal) {
-        (true, _, _) => Some(format!("the check timed out after {} ms", check.timeout_ms)),
-        (false, Some(0), _) => None,
-        (false, Some(code), _) => Some(format!("the check exited with status {code}")),
-        (false, None, Some(sig)) => Some(format!("the check was killed by signal {sig}")),
-        (false, None, None) => Some("the check did not report an exit status".to_string()),
-    };
-    Ok(EvalOutput {
-        reward: if passed { 1.0 } else { 0.0 },
-        details: serde_json::json!({
-            "failure": failure,
-            "exit_code": r.exit_code,
-            "signal": r.signal,
-            "timed_out": r.timed_out,
-            "output": r.output,
-            "applied": applied,
-        }),
-    })
 }
 
 /// Removes the sandbox the ending stage held, and only that one: a stale attempt (whose

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod guard;
 pub mod runner;
 pub mod seal;
 pub mod swe;
@@ -36,6 +37,7 @@ use crate::graders::{logs, math};
 use crate::sandbox::client::SandboxClient;
 use crate::sandbox::protocol::ExecArgs;
 use crate::sandbox::{NodeSandboxes, SandboxSpec};
+use guard::Guard;
 
 /// A grader, by `type`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -334,7 +336,7 @@ pub async fn eval(
         return Ok(out);
     }
     let mut out = match grader {
-        Grader::Command(check) => sandboxed::eval(sandboxes, ctx, spec, check, env).await?,
+        Grader::Command(check) => grade_command(sandboxes, ctx, spec, check, env).await?,
         Grader::Math(m) => grade_math(m, response.as_ref()),
         Grader::Code(c) => {
             let text = response.as_ref().map(|r| r.text.as_str());
@@ -344,6 +346,78 @@ pub async fn eval(
     };
     out.details["grader"] = grader.kind().into();
     Ok(out)
+}
+
+/// The `command` grader: [`sandboxed::in_fresh_sandbox`] with the import guard
+/// ([`guard`]: the check's hidden `files` count as the workspace's own), then the
+/// kernel-reported exit status of `check` is the reward; a module the guard refused
+/// makes it 0.
+async fn grade_command(
+    sandboxes: &NodeSandboxes,
+    ctx: &StageContext,
+    spec: &SandboxSpec,
+    check: &Check,
+    env: BTreeMap<String, String>,
+) -> Result<EvalOutput, StageError> {
+    let guard = Guard::new(check.files.keys().cloned());
+    let setup = EvalSetup {
+        env,
+        protect: check.protect.clone(),
+        files: check.files.clone(),
+        probe: Some(guard.probe()),
+    };
+    let check = check.clone();
+    let score: Scorer = Box::new(move |client, prepared| {
+        Box::pin(async move { run_check(client, &check, &guard, prepared).await })
+    });
+    sandboxed::in_fresh_sandbox(sandboxes, ctx, spec, setup, score).await
+}
+
+/// Runs the check command in a prepared EVAL sandbox, under the import guard.
+async fn run_check(
+    client: &SandboxClient,
+    check: &Check,
+    guard: &Guard,
+    prepared: sandboxed::Prepared,
+) -> Result<EvalOutput, StageError> {
+    let mut report = match guard_before(client, guard, &prepared).await? {
+        Ok(report) => report,
+        Err(zeroed) => return Ok(zeroed),
+    };
+    let r = client
+        .exec(
+            &ExecArgs {
+                env: Default::default(),
+                command: format!("{}{}", guard.prefix(&report), check.command),
+                max_output_bytes: None,
+                shell_state: true,
+                printable: false,
+            },
+            Some(Duration::from_millis(check.timeout_ms)),
+        )
+        .await
+        .map_err(|e| sandboxed::stage_error("the check command could not run", e))?;
+    guard.after_run(client, &r.output, &mut report).await;
+    let failure = match (r.timed_out, r.exit_code, r.signal) {
+        _ if report.failure().is_some() => report.failure(),
+        (true, _, _) => Some(format!("the check timed out after {} ms", check.timeout_ms)),
+        (false, Some(0), _) => None,
+        (false, Some(code), _) => Some(format!("the check exited with status {code}")),
+        (false, None, Some(sig)) => Some(format!("the check was killed by signal {sig}")),
+        (false, None, None) => Some("the check did not report an exit status".to_string()),
+    };
+    Ok(EvalOutput {
+        reward: if failure.is_none() { 1.0 } else { 0.0 },
+        details: serde_json::json!({
+            "failure": failure,
+            "exit_code": r.exit_code,
+            "signal": r.signal,
+            "timed_out": r.timed_out,
+            "output": r.output,
+            "applied": prepared.applied,
+            "guard": report,
+        }),
+    })
 }
 
 /// The code grader: the program from the answer (when `program` says so), the cases'
@@ -373,18 +447,20 @@ async fn grade_code(
         .protect
         .clone()
         .unwrap_or_else(|| runner::default_protect(c.tests.keys().map(String::as_str)));
+    let guard = Guard::new(files.keys().cloned());
+    let probe = match c.test_command {
+        Some(_) => format!("{}\n{}", runner::PLUGIN_PROBE, guard.probe()),
+        None => guard.probe(),
+    };
     let setup = EvalSetup {
         env,
         protect,
         files,
-        probe: c
-            .test_command
-            .is_some()
-            .then(|| runner::PLUGIN_PROBE.to_string()),
+        probe: Some(probe),
     };
     let c = c.clone();
     let score: Scorer = Box::new(move |client, prepared| {
-        Box::pin(async move { run_code(client, &c, prepared).await })
+        Box::pin(async move { run_code(client, &c, &guard, prepared).await })
     });
     sandboxed::in_fresh_sandbox(sandboxes, ctx, spec, setup, score).await
 }
@@ -433,9 +509,15 @@ impl Tally {
 async fn run_code(
     client: &SandboxClient,
     c: &CodeGrader,
+    guard: &Guard,
     prepared: sandboxed::Prepared,
 ) -> Result<EvalOutput, StageError> {
+    let mut report = match guard_before(client, guard, &prepared).await? {
+        Ok(report) => report,
+        Err(zeroed) => return Ok(zeroed),
+    };
     let applied = prepared.applied;
+    let prefix = guard.prefix(&report);
     let mut tally = Tally::default();
     let mut cases = Vec::new();
     for (i, case) in c.cases.iter().enumerate() {
@@ -445,7 +527,7 @@ async fn run_code(
             cases.push(serde_json::json!({"name": name, "skipped": "an earlier case failed"}));
             continue;
         }
-        cases.push(run_case(client, c, i, case, &name, &mut tally).await?);
+        cases.push(run_case(client, c, i, case, &name, &prefix, &mut tally).await?);
     }
     let tests = match &c.test_command {
         Some(_) if tally.failure.is_some() && c.reward == RewardMode::All => {
@@ -453,10 +535,29 @@ async fn run_code(
         }
         Some(cmd) => {
             let plugins = runner::plugins(prepared.probe.as_ref());
-            run_tests(client, c, cmd, &plugins, &prepared.job_id, &mut tally).await?
+            let run = TestRun {
+                command: cmd,
+                plugins: &plugins,
+                guard,
+                prefix: &prefix,
+                job_id: &prepared.job_id,
+            };
+            run_tests(client, c, run, &mut tally).await?
         }
         None => serde_json::Value::Null,
     };
+    guard
+        .after_run(
+            client,
+            tests["log"].as_str().unwrap_or_default(),
+            &mut report,
+        )
+        .await;
+    if let Some(why) = report.failure() {
+        tally.total = tally.total.max(1);
+        tally.passed = 0;
+        tally.failure = Some(why);
+    }
     let reward = match c.reward {
         RewardMode::All => f64::from(u8::from(tally.failure.is_none() && tally.total > 0)),
         RewardMode::Fraction if tally.total > 0 => tally.passed as f64 / tally.total as f64,
@@ -471,8 +572,32 @@ async fn run_code(
             "cases": cases,
             "tests": tests,
             "applied": applied,
+            "guard": report,
         }),
     })
+}
+
+/// The import guard's steps before a graded run ([`guard`]): its sweep of the applied
+/// changes and, when the sandbox has a Python, its bootstrap written. The report, or
+/// the 0 to give when the changes add a module the run may not load.
+async fn guard_before(
+    client: &SandboxClient,
+    guard: &Guard,
+    prepared: &sandboxed::Prepared,
+) -> Result<Result<guard::Report, EvalOutput>, StageError> {
+    let report = guard
+        .sweep(client, Guard::python(prepared.probe.as_ref()))
+        .await?;
+    if let Some(why) = report.failure() {
+        let mut out = sandboxed::zero(why);
+        out.details["guard"] = serde_json::to_value(&report).unwrap_or_default();
+        out.details["applied"] = prepared.applied.clone();
+        return Ok(Err(out));
+    }
+    if report.python.is_some() {
+        guard.install_bootstrap(client).await?;
+    }
+    Ok(Ok(report))
 }
 
 /// Runs case `i` under the limits and judges its output: its entry for `details`.
@@ -482,6 +607,7 @@ async fn run_case(
     i: usize,
     case: &IoCase,
     name: &str,
+    guard: &str,
     tally: &mut Tally,
 ) -> Result<serde_json::Value, StageError> {
     let err_path = format!(".grader/case-{i}.err");
@@ -492,10 +618,13 @@ async fn run_case(
         .exec(
             &ExecArgs {
                 env: Default::default(),
-                command: limited(
-                    run,
-                    c.memory_limit_mb,
-                    &format!("< {} 2> {err_path}", input_path(i)),
+                command: format!(
+                    "{guard}{}",
+                    limited(
+                        run,
+                        c.memory_limit_mb,
+                        &format!("< {} 2> {err_path}", input_path(i)),
+                    )
                 ),
                 max_output_bytes: Some(cap),
                 shell_state: true,
@@ -535,6 +664,16 @@ async fn run_case(
     })
 }
 
+/// A code grader's unit-test run: its command, the environment's pytest plugins, and
+/// the import guard it runs under (`prefix` is the guard's environment line).
+struct TestRun<'a> {
+    command: &'a str,
+    plugins: &'a [String],
+    guard: &'a Guard,
+    prefix: &'a str,
+    job_id: &'a str,
+}
+
 /// How much of a test run's output the code grader reads (head and tail).
 const TEST_LOG_BYTES: usize = 4 * 1024 * 1024;
 
@@ -546,19 +685,24 @@ const TEST_LOG_BYTES: usize = 4 * 1024 * 1024;
 async fn run_tests(
     client: &SandboxClient,
     c: &CodeGrader,
-    cmd: &str,
-    plugins: &[String],
-    job_id: &str,
+    run: TestRun<'_>,
     tally: &mut Tally,
 ) -> Result<serde_json::Value, StageError> {
-    let seal = seal::Seal::for_parser(&c.log_parser);
+    let TestRun {
+        command: cmd,
+        plugins,
+        guard,
+        prefix,
+        job_id,
+    } = run;
+    let seal = seal::Seal::for_parser(&c.log_parser).in_dir(guard.dir());
     let sealed = seal.install(client, job_id).await.then_some(&seal);
     let r = client
         .exec(
             &ExecArgs {
                 env: Default::default(),
                 command: limited(
-                    &runner::hardened(cmd, plugins, sealed),
+                    &runner::hardened(cmd, plugins, prefix, sealed),
                     c.memory_limit_mb,
                     "2>&1",
                 ),

@@ -148,9 +148,11 @@ pub fn plugins(probe: Option<&ExecResult>) -> Vec<String> {
 
 /// `command` with the run's environment set first: plugin autoloading off, the
 /// environment's `plugins` and no cache plugin in `PYTEST_ADDOPTS` (added to any the
-/// sandbox sets), no bytecode written, and the run's Pythons loading the `seal`'s
-/// bootstrap when there is one ([`super::seal`]).
-pub fn hardened(command: &str, plugins: &[String], seal: Option<&Seal>) -> String {
+/// sandbox sets), no bytecode written, the import guard's line (`guard`, from
+/// [`super::guard::Guard::prefix`]: safe-path mode and the bootstrap's directory), and
+/// the run's Pythons loading the `seal`'s bootstrap when there is one
+/// ([`super::seal`]).
+pub fn hardened(command: &str, plugins: &[String], guard: &str, seal: Option<&Seal>) -> String {
     let mut addopts = String::from("-p no:cacheprovider");
     for p in plugins {
         addopts.push_str(" -p ");
@@ -158,7 +160,7 @@ pub fn hardened(command: &str, plugins: &[String], seal: Option<&Seal>) -> Strin
     }
     let seal = seal.map(|s| format!("{}\n", s.env())).unwrap_or_default();
     format!(
-        "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTEST_ADDOPTS=\"${{PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }}{addopts}\"\n{seal}{command}"
+        "export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTEST_ADDOPTS=\"${{PYTEST_ADDOPTS:+$PYTEST_ADDOPTS }}{addopts}\"\n{guard}{seal}{command}"
     )
 }
 
@@ -212,7 +214,7 @@ mod tests {
         };
         assert_eq!(plugins(Some(&probe)), ["pytest_cov.plugin", "xdist.plugin"]);
         assert!(plugins(None).is_empty());
-        let cmd = hardened("pytest -rA t.py", &plugins(Some(&probe)), None);
+        let cmd = hardened("pytest -rA t.py", &plugins(Some(&probe)), "", None);
         assert!(cmd.contains("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1"), "{cmd}");
         assert!(
             cmd.contains("-p no:cacheprovider -p pytest_cov.plugin -p xdist.plugin\""),

@@ -76,6 +76,13 @@ impl Seal {
         }
     }
 
+    /// The same seal with its files in `dir` (the import guard's, whose bootstrap it
+    /// shares: one `sitecustomize.py` does both).
+    pub fn in_dir(mut self, dir: &str) -> Self {
+        self.dir = dir.to_string();
+        self
+    }
+
     /// Writes the bootstrap and the secret into the sandbox. `false` (with a warning)
     /// when it cannot: the run then goes unsealed, and the log is read as without it.
     pub async fn install(&self, client: &SandboxClient, job_id: &str) -> bool {

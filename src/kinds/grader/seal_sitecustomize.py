@@ -1,4 +1,8 @@
-# The grader's completion seal: loaded by Python at start (this directory is first on
+# The grader's own bootstrap for a test run (the directory holding this file is first on
+# PYTHONPATH): the import guard, then the completion seal. Anything that goes wrong here
+# leaves the run untouched.
+#
+# The completion seal: loaded by Python at start (this directory is first on
 # PYTHONPATH) in a test run the grader is about to read. The first Python process to
 # start claims a secret the grader wrote for this run (the file is read, then removed,
 # before any code under test is imported) and prints an opening mark; when that process
@@ -12,6 +16,141 @@
 # after printing a forged log. When the grader names the runner (ROLLOUT_SEAL_RUNNER),
 # the seal also records whether the runner's run returned, and says "unfinished" when
 # it did not.
+
+
+def _rollout_others(me, name, path, target):
+    # The spec the finders after `me` on sys.meta_path give for `name` (the finders
+    # here delegate to each other: a finder already asking is skipped).
+    import sys
+
+    local = _rollout_others.__dict__.get("local")
+    if local is None:
+        import _thread
+
+        local = _rollout_others.__dict__.setdefault("local", _thread._local())
+    busy = local.__dict__.setdefault("busy", set())
+    key = (id(me), name)
+    if key in busy:
+        return None
+    busy.add(key)
+    try:
+        for finder in list(sys.meta_path):
+            if finder is me:
+                continue
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find else None
+            if spec is not None:
+                return spec
+        return None
+    finally:
+        busy.discard(key)
+
+
+def _rollout_guard():
+    # The import guard (guard.rs): with ROLLOUT_GUARD naming the directory the grader's
+    # sweep wrote, every module this process imports from the workspace is checked
+    # against what the grader expected there: a module file the agent added that is an
+    # extension module, that takes the place of an expected module of the same name in
+    # the same directory, or that is a top-level module under a name the standard
+    # library, an installed package or another directory of the workspace already
+    # gives, is refused (the import fails) and recorded (a line on the original stderr
+    # and in the directory's `refused`). Under safe-path mode (PYTHONSAFEPATH) the
+    # directory Python would have put first on the path goes last instead, so the
+    # repository's own modules still import and none of them shadows anything.
+    import importlib.machinery
+    import os
+    import sys
+
+    where = os.environ.get("ROLLOUT_GUARD")
+    if not where:
+        return
+
+    def lines(name):
+        with open(os.path.join(where, name), errors="surrogateescape") as f:
+            return [l for l in f.read().split("\n") if l]
+
+    try:
+        expected = set(lines("expected"))
+        known = set(lines("known"))
+        root = os.path.abspath(lines("root")[0])
+        err = os.dup(2)
+    except (OSError, IOError, IndexError):
+        return
+    if getattr(sys.flags, "safe_path", False):
+        first = sys.argv[0] if sys.argv else ""
+        if first and first not in ("-c", "-m", "-"):
+            first = os.path.dirname(os.path.abspath(first))
+        else:
+            first = os.getcwd()
+        if first not in sys.path:
+            sys.path.append(first)
+    extensions = tuple(importlib.machinery.EXTENSION_SUFFIXES) + (".so", ".pyd")
+
+    def key(rel):
+        d, _, f = rel.rpartition("/")
+        stem = f.split(".", 1)[0]
+        if stem == "__init__":
+            d, _, stem = d.rpartition("/")
+        return d, stem
+
+    keys = {}
+    for p in expected:
+        if p.endswith(".py") or p.endswith(extensions):
+            keys.setdefault(key(p), p)
+
+    def verdict(name, origin):
+        if not origin:
+            return None
+        a = os.path.abspath(origin)
+        if not a.startswith(root + os.sep):
+            return None
+        rel = a[len(root) + 1 :]
+        if rel in expected:
+            return None
+        if rel.endswith(extensions):
+            return rel, "an extension module the agent added"
+        k = key(rel)
+        if k in keys:
+            return rel, "shadows %s, a module of the same name in the same directory" % keys[k]
+        if "." not in name and name in known:
+            return rel, "shadows `%s`, which the grader expected from elsewhere" % name
+        return None
+
+    def record(name, found):
+        line = "rollout-guard-refused\t%s\t%s (imported as `%s`)\n" % (found[0], found[1], name)
+        line = line.encode("utf-8", "backslashreplace")
+        try:
+            os.write(err, line)
+        except OSError:
+            pass
+        try:
+            with open(os.path.join(where, "refused"), "ab") as f:
+                f.write(line)
+        except (OSError, IOError):
+            pass
+
+    class Guard(object):
+        def find_spec(self, name, path=None, target=None):
+            spec = _rollout_others(self, name, path, target)
+            if spec is None or not getattr(spec, "has_location", False):
+                return spec
+            found = verdict(name, spec.origin)
+            if found is None:
+                return spec
+            record(name, found)
+            raise ModuleNotFoundError(
+                "rollout's grader refused to import %s from %s: %s" % (name, found[0], found[1]),
+                name=name,
+            )
+
+    # Modules imported before this ran (PYTHONPATH into the workspace) are recorded.
+    for name, module in list(sys.modules.items()):
+        found = verdict(name, getattr(module, "__file__", None))
+        if found is not None:
+            record(name, found)
+    sys.meta_path.insert(0, Guard())
+
+
 def _rollout_after_import(patches):
     # Calls patches[name](module) once module `name` has been executed, whoever
     # imports it: a finder first on sys.meta_path that asks the others for the spec
@@ -41,16 +180,8 @@ def _rollout_after_import(patches):
             patch = patches.get(name)
             if patch is None:
                 return None
-            for finder in sys.meta_path:
-                if finder is self:
-                    continue
-                find = getattr(finder, "find_spec", None)
-                spec = find(name, path, target) if find else None
-                if spec is not None:
-                    break
-            else:
-                return None
-            if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            spec = _rollout_others(self, name, path, target)
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
                 return spec
             spec.loader = Loader(spec.loader, patch)
             return spec
@@ -186,8 +317,12 @@ def _rollout_chain():
 
 
 try:
+    _rollout_guard()
+except Exception:
+    pass
+try:
     _rollout_seal()
 except Exception:
     pass
 _rollout_chain()
-del _rollout_seal, _rollout_chain, _rollout_runner, _rollout_after_import
+del _rollout_guard, _rollout_seal, _rollout_chain, _rollout_runner, _rollout_after_import

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::super::sandboxed::{self, EvalSetup, Prepared, Scorer};
 use super::super::{EvalOutput, SpecError, StageContext, StageError};
+use super::guard::Guard;
 use super::runner;
 use super::seal::Seal;
 use crate::graders::swe::{self, Instance};
@@ -247,16 +248,17 @@ pub async fn grade(
             );
         }
     }
+    let guard = Guard::new(touched.iter().cloned());
     let setup = EvalSetup {
         env,
         protect,
         files: BTreeMap::from([(TEST_PATCH_PATH.to_string(), g.instance.test_patch.clone())]),
-        probe: Some(runner::PLUGIN_PROBE.to_string()),
+        probe: Some(format!("{}\n{}", runner::PLUGIN_PROBE, guard.probe())),
     };
     let sandbox = sandbox_for(spec, g);
     let g = g.clone();
     let score: Scorer = Box::new(move |client, prepared| {
-        Box::pin(async move { run(client, &g, touched, prepared).await })
+        Box::pin(async move { run(client, &g, &guard, touched, prepared).await })
     });
     sandboxed::in_fresh_sandbox(sandboxes, ctx, &sandbox, setup, score).await
 }
@@ -265,6 +267,7 @@ pub async fn grade(
 async fn run(
     client: &SandboxClient,
     g: &SweGrader,
+    guard: &Guard,
     touched: Vec<String>,
     prepared: Prepared,
 ) -> Result<EvalOutput, StageError> {
@@ -275,6 +278,13 @@ async fn run(
         "applied": prepared.applied,
         "plugins": plugins,
     });
+    let mut guarded = match super::guard_before(client, guard, &prepared).await? {
+        Ok(report) => report,
+        Err(mut zeroed) => {
+            merge(&mut zeroed.details, base);
+            return Ok(zeroed);
+        }
+    };
     let patched = exec(
         client,
         format!(
@@ -294,7 +304,7 @@ async fn run(
     }
     let command = g.command();
     let parser = g.parser();
-    let seal = Seal::for_parser(&parser);
+    let seal = Seal::for_parser(&parser).in_dir(guard.dir());
     let sealed = seal
         .install(client, &prepared.job_id)
         .await
@@ -303,12 +313,18 @@ async fn run(
         client,
         format!(
             "{} 2>&1",
-            runner::hardened(&format!("( {command} )"), &plugins, sealed)
+            runner::hardened(
+                &format!("( {command} )"),
+                &plugins,
+                &guard.prefix(&guarded),
+                sealed
+            )
         ),
         LOG_READ_BYTES,
         Duration::from_millis(g.timeout_ms),
     )
     .await?;
+    guard.after_run(client, &ran.output, &mut guarded).await;
     let reading = seal.read(&ran.output, &parser);
     let log = reading.log;
     let mut report = logs::parse(&parser, &log).unwrap_or_default();
@@ -316,9 +332,11 @@ async fn run(
     report.doubts.splice(0..0, reading.doubt);
     let verdict = swe::verdict(&g.instance, &report);
     let failure = match (&verdict.failure, ran.timed_out) {
+        _ if guarded.failure().is_some() => guarded.failure(),
         (Some(f), true) => Some(format!("the tests timed out: {f}")),
         (f, _) => f.clone(),
     };
+    let resolved = verdict.resolved && guarded.failure().is_none();
     let tail_from = log.floor_char_boundary(log.len().saturating_sub(LOG_TAIL_BYTES));
     let mut details = serde_json::to_value(&verdict).unwrap_or_default();
     details["failure"] = failure.into();
@@ -329,9 +347,11 @@ async fn run(
     details["exit_code"] = ran.exit_code.into();
     details["timed_out"] = ran.timed_out.into();
     details["log_tail"] = log[tail_from..].into();
+    details["resolved"] = resolved.into();
+    details["guard"] = serde_json::to_value(&guarded).unwrap_or_default();
     merge(&mut details, base);
     Ok(EvalOutput {
-        reward: f64::from(u8::from(verdict.resolved)),
+        reward: f64::from(u8::from(resolved)),
         details,
     })
 }
