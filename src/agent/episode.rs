@@ -507,7 +507,10 @@ impl<'a> EpisodeState<'a> {
             let resp = match resp {
                 Err(_) => return ToolsEnd::TimedOut,
                 Ok(Err(
-                    e @ (SandboxError::Closed | SandboxError::Io(_) | SandboxError::NoAnswer(_)),
+                    e @ (SandboxError::Closed
+                    | SandboxError::Io(_)
+                    | SandboxError::NoAnswer(_)
+                    | SandboxError::Stopped(_)),
                 )) => {
                     return ToolsEnd::SandboxFailed(format!(
                         "the sandbox failed during turn {}: {e}",

@@ -161,8 +161,21 @@ impl TaskKind for Shell {
             let latency_us = duration_us(t0.elapsed());
             let resp: Response = match resp {
                 Ok(r) => r,
-                Err(e @ (SandboxError::Closed | SandboxError::Io(_))) => {
-                    let why = format!("the sandbox died during step {} ({e})", steps.len() + 1);
+                // A server that stopped answering while the stage is fine (`kill -STOP
+                // -1`, its CPU or memory taken by the episode's own processes) is the
+                // episode's doing as much as one that died: scored, not re-rolled,
+                // unless the node says otherwise (`died` asks).
+                Err(
+                    e @ (SandboxError::Closed
+                    | SandboxError::Io(_)
+                    | SandboxError::NoAnswer(_)
+                    | SandboxError::Stopped(_)),
+                ) => {
+                    let what = match e {
+                        SandboxError::NoAnswer(_) | SandboxError::Stopped(_) => "stopped answering",
+                        _ => "died",
+                    };
+                    let why = format!("the sandbox {what} during step {} ({e})", steps.len() + 1);
                     let so_far = serde_json::json!({"steps": steps});
                     return sandboxed::died(&self.sandboxes, &ctx.job, why, so_far).await;
                 }

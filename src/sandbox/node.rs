@@ -550,7 +550,8 @@ impl NodeSandboxes {
                 "the sandbox of job {job_id} is not the one its INIT made (generation {generation})"
             )));
         }
-        let client = SandboxClient::connect(&socket).await?;
+        let mut client = SandboxClient::connect(&socket).await?;
+        client.watch(label.as_ref().and_then(Label::server));
         client.ping().await?;
         Ok(client)
     }

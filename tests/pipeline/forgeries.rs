@@ -31,11 +31,11 @@ const FORGE_PLUGIN: &str = "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True
 /// The same, done at import time by a module pytest imports before the tests.
 const FORGE_AT_IMPORT: &str = "import _pytest.reports as _r\n\n_orig = _r.TestReport.from_item_and_call.__func__\n\n\ndef _forged(cls, item, call):\n    rep = _orig(cls, item, call)\n    rep.outcome = 'passed'\n    rep.longrepr = None\n    return rep\n\n\n_r.TestReport.from_item_and_call = classmethod(_forged)\n";
 
-fn bash(command: &str) -> Value {
+pub(crate) fn bash(command: &str) -> Value {
     json!({"tool": "bash", "args": {"command": command}, "timeout_ms": 60000})
 }
 
-fn write(path: &str, text: &str) -> Value {
+pub(crate) fn write(path: &str, text: &str) -> Value {
     json!({"tool": "file", "args": {"command": "create", "path": path, "file_text": text}})
 }
 
@@ -52,7 +52,11 @@ fn unchecked_pyc(path: &str, source: &str) -> Value {
 }
 
 /// Runs `tasks` to their results (whole, from the job view) in a fresh environment.
-async fn run(tasks: Vec<Task>, batch: &str, workers: usize) -> BTreeMap<String, JobResult> {
+pub(crate) async fn run(
+    tasks: Vec<Task>,
+    batch: &str,
+    workers: usize,
+) -> BTreeMap<String, JobResult> {
     let env = grading_env(workers).await;
     run_in(&env, tasks, batch).await
 }
@@ -84,7 +88,7 @@ async fn run_in(env: &TestEnv, tasks: Vec<Task>, batch: &str) -> BTreeMap<String
 
 /// Asserts every forgery ended `done` with reward 0 and a reason, listing all that did
 /// not (so a run on unhardened graders shows which forgeries work).
-fn assert_all_zero(results: &BTreeMap<String, JobResult>) {
+pub(crate) fn assert_all_zero(results: &BTreeMap<String, JobResult>) {
     let mut forged = Vec::new();
     for (name, r) in results {
         let eval = &r.output["eval"];
@@ -111,7 +115,7 @@ fn assert_all_zero(results: &BTreeMap<String, JobResult>) {
 }
 
 /// The reason a grade gives for a 0, wherever its grader puts it.
-fn reason(eval: &Value) -> String {
+pub(crate) fn reason(eval: &Value) -> String {
     ["failure", "error", "reason"]
         .iter()
         .find_map(|k| eval[*k].as_str())
@@ -391,8 +395,41 @@ async fn an_episode_that_kills_its_own_sandbox_is_scored_not_restarted() {
         }),
     );
     eval_kill.client_id = Some("kill/in-eval".into());
+    // Stopping is the same free re-roll: the sandbox server stops answering (`kill
+    // -STOP 2` stops the server itself, `-1` every process of the sandbox), in RUN and
+    // in EVAL.
+    let stop = |name: &str, command: &str| {
+        let mut t = Task::new(
+            "shell",
+            json!({
+                "steps": [bash("echo working"), {"tool": "bash", "args": {"command": command}, "timeout_ms": 2000}],
+                "check": {"command": "true"},
+            }),
+        );
+        t.client_id = Some(name.into());
+        t
+    };
+    let mut eval_stop = Task::new(
+        "shell",
+        json!({
+            "steps": [write("add.py", "import os, signal\nos.kill(-1, signal.SIGSTOP)\n")],
+            "check": {"command": "python3 -c 'import add'", "timeout_ms": 3000},
+        }),
+    );
+    eval_stop.client_id = Some("stop/in-eval".into());
     let env = grading_env(1).await;
-    let results = run_in(&env, vec![t, eval_kill], "self-kill").await;
+    let results = run_in(
+        &env,
+        vec![
+            t,
+            eval_kill,
+            stop("stop/server", "kill -STOP 2"),
+            stop("stop/all", "kill -STOP -1"),
+            eval_stop,
+        ],
+        "self-kill",
+    )
+    .await;
     assert_all_zero(&results);
     let in_eval = &results["kill/in-eval"];
     assert!(
@@ -405,6 +442,15 @@ async fn an_episode_that_kills_its_own_sandbox_is_scored_not_restarted() {
         reason(&r.output["eval"]).contains("ended its own sandbox"),
         "{:#}",
         r.output
+    );
+    for name in ["stop/server", "stop/all"] {
+        let why = reason(&results[name].output["eval"]);
+        assert!(why.contains("ended its own sandbox"), "{name}: {why}");
+    }
+    let why = reason(&results["stop/in-eval"].output["eval"]);
+    assert!(
+        why.contains("ended its own evaluation sandbox") || why.contains("timed out"),
+        "stop/in-eval: {why}"
     );
     // Scored, not re-rolled: one INIT, and the episode's record is kept.
     assert_eq!(

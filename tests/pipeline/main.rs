@@ -41,6 +41,7 @@ mod program;
 mod replay;
 mod results;
 mod sampling;
+mod shadows;
 mod shell;
 mod slurm;
 mod store;

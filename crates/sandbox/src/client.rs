@@ -30,6 +30,10 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 /// interpreter may take its whole start-up allowance (30 s) on top.
 const ESCALATION_ALLOWANCE: Duration = Duration::from_secs(60);
 
+/// How often a waiting call looks at whether the server process has been stopped (one
+/// read of its `/proc` status).
+const STOP_CHECK: Duration = Duration::from_secs(1);
+
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
 
 /// A connection to one sandbox server.
@@ -39,6 +43,9 @@ pub struct SandboxClient {
     pending: Pending,
     next_id: AtomicU64,
     reader: tokio::task::JoinHandle<()>,
+    /// The server's process id in this process's namespace, when the caller knows it
+    /// ([`SandboxClient::watch`]), to tell a server that was stopped from a slow one.
+    server_pid: Option<i32>,
 }
 
 impl Drop for SandboxClient {
@@ -89,7 +96,15 @@ impl SandboxClient {
             pending,
             next_id: AtomicU64::new(1),
             reader,
+            server_pid: None,
         })
+    }
+
+    /// Watches the server process `pid` (in this process's namespace) while calls wait:
+    /// a call to a server that was stopped ends at once with
+    /// [`SandboxError::Stopped`] rather than after its timeout and escalation allowance.
+    pub fn watch(&mut self, pid: Option<i32>) {
+        self.server_pid = pid;
     }
 
     /// The socket this client is connected to.
@@ -121,12 +136,29 @@ impl SandboxClient {
             return Err(SandboxError::Io(e));
         }
         let wait = timeout.unwrap_or(super::server::DEFAULT_TOOL_TIMEOUT) + ESCALATION_ALLOWANCE;
-        match tokio::time::timeout(wait, rx).await {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(_)) => Err(SandboxError::Closed),
-            Err(_) => {
-                self.pending.lock().expect("pending lock").remove(&id);
-                Err(SandboxError::NoAnswer(wait))
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut rx = rx;
+        let mut ticks = tokio::time::interval(STOP_CHECK);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                answer = &mut rx => {
+                    return match answer {
+                        Ok(resp) => Ok(resp),
+                        Err(_) => Err(SandboxError::Closed),
+                    };
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    self.pending.lock().expect("pending lock").remove(&id);
+                    return Err(SandboxError::NoAnswer(wait));
+                }
+                _ = ticks.tick() => {
+                    // A stopped server never answers: no point waiting out the allowance.
+                    if let Some(pid) = self.server_pid.filter(|p| is_stopped(*p)) {
+                        self.pending.lock().expect("pending lock").remove(&id);
+                        return Err(SandboxError::Stopped(pid));
+                    }
+                }
             }
         }
     }
@@ -280,4 +312,17 @@ impl SandboxClient {
         .await?
         .map_err(SandboxError::Tool)
     }
+}
+
+/// Whether process `pid` is stopped (by a signal, or under a tracer): its state in
+/// `/proc/<pid>/stat` is `T` or `t`. A process that is gone is not stopped.
+pub fn is_stopped(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and may hold any
+    // character: read after the last `)`.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "T" || state == "t")
 }

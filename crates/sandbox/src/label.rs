@@ -138,6 +138,15 @@ impl Label {
         ))
     }
 
+    /// The sandbox server's process, when the root process is still this label's.
+    pub fn server(&self) -> Option<i32> {
+        let root = self.pid?;
+        if process_start(root) != self.pid_start {
+            return None;
+        }
+        server_process(root)
+    }
+
     /// Records `pid` (and its start time) as the sandbox's root process.
     pub fn set_process(&mut self, pid: i32) {
         self.pid = Some(pid);
@@ -263,6 +272,53 @@ pub fn process_start(pid: i32) -> Option<u64> {
     let after = &stat[stat.rfind(')')? + 1..];
     // After the name: state(3) ppid(4) ... starttime is field 22, the 20th after the name.
     after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The sandbox server's process under `root` (the sandbox's root process, host pid):
+/// the topmost descendant running the server's binary (`rollout-sandbox`), found once
+/// so that a waiting call can watch it cheaply ([`crate::client::SandboxClient::watch`]).
+pub fn server_process(root: i32) -> Option<i32> {
+    let dir = std::fs::read_dir("/proc").ok()?;
+    let mut rows = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = stat[open + 1..close].to_string();
+        let ppid = stat[close + 1..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse::<i32>().ok());
+        if let Some(ppid) = ppid {
+            rows.push((pid, ppid, comm));
+        }
+    }
+    // Breadth first from the root: the first server found is the topmost.
+    let mut frontier = vec![root];
+    while !frontier.is_empty() {
+        if let Some((pid, _, _)) = rows
+            .iter()
+            .find(|(pid, _, comm)| frontier.contains(pid) && comm == "rollout-sandbox")
+        {
+            return Some(*pid);
+        }
+        frontier = rows
+            .iter()
+            .filter(|(_, ppid, _)| frontier.contains(ppid))
+            .map(|(pid, _, _)| *pid)
+            .collect();
+    }
+    None
 }
 
 /// One row of the process table.

@@ -152,6 +152,10 @@ pub enum SandboxError {
     /// The server did not answer within the call's timeout plus its escalation grace.
     #[error("the sandbox server did not answer within {0:?}")]
     NoAnswer(Duration),
+    /// The server's process was stopped (SIGSTOP, from inside the sandbox: nothing
+    /// outside stops a sandbox), so it will never answer.
+    #[error("the sandbox server (process {0}) was stopped (SIGSTOP) and will never answer")]
+    Stopped(i32),
     /// The tool refused the call.
     #[error("{}: {}", .0.code_str(), .0.message)]
     Tool(protocol::ToolError),
@@ -528,7 +532,8 @@ async fn launch(req: &StartRequest, launch: Launch) -> Result<Sandbox, SandboxEr
         finish_joining(join, &mut unfinished, backend).await?;
         profile.mark("cgroups joined");
     }
-    let (client, ready_after, ping) = reaped_until_ready(req, backend, started, child).await?;
+    let (mut client, ready_after, ping) = reaped_until_ready(req, backend, started, child).await?;
+    client.watch(label.server());
     unfinished.finish();
     profile.mark("first ping answered");
     if let Some(s) = &ping.startup {

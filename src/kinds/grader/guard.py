@@ -96,7 +96,9 @@ def probe(out_dir):
         except Exception:
             continue
         origin = getattr(spec, "origin", None) if spec else None
-        if origin and os.path.realpath(origin).startswith(real_root + os.sep):
+        if not (origin and getattr(spec, "has_location", False) and os.path.isabs(origin)):
+            continue  # built-in, frozen, or a namespace: not the workspace's file
+        if os.path.realpath(origin).startswith(real_root + os.sep):
             names.discard(n)
     with open(os.path.join(out_dir, "reserved"), "w", errors="surrogateescape") as f:
         f.write("\n".join(sorted(names)))

@@ -31,8 +31,10 @@
 //! - **What the run imports** (the bootstrap's finder, `seal_sitecustomize.py`): the
 //!   run's Pythons are in safe-path mode (`PYTHONSAFEPATH`, Python 3.11+), so the
 //!   working directory or script directory is not put first on the path; the
-//!   bootstrap appends it last instead, so the repository's own modules import and
-//!   none of them can shadow the standard library or an installed package. A finder
+//!   bootstrap puts it after the standard library instead, so the repository's own
+//!   modules import as before and none of them can shadow the standard library (nor
+//!   an installed package, unless it was there before the agent: the sweep refuses
+//!   the agent's). A finder
 //!   first on `sys.meta_path` applies the same rules to every module the run imports
 //!   from the workspace (so a file written during the run, or a directory a runner
 //!   puts first, is held to them too) and records a refusal, which scores 0 with the

@@ -55,8 +55,9 @@ def _rollout_guard():
     # library, an installed package or another directory of the workspace already
     # gives, is refused (the import fails) and recorded (a line on the original stderr
     # and in the directory's `refused`). Under safe-path mode (PYTHONSAFEPATH) the
-    # directory Python would have put first on the path goes last instead, so the
-    # repository's own modules still import and none of them shadows anything.
+    # directory Python would have put first on the path goes after the standard
+    # library instead, so the repository's own modules still import and none of them
+    # shadows the standard library.
     import importlib.machinery
     import os
     import sys
@@ -83,7 +84,19 @@ def _rollout_guard():
         else:
             first = os.getcwd()
         if first not in sys.path:
-            sys.path.append(first)
+            # After the standard library (which it may never shadow) and before the
+            # installed packages: the repository's own modules, as they were before the
+            # agent (the sweep refuses any it added under an installed name), keep the
+            # precedence the working directory gave them.
+            std = os.path.dirname(os.path.abspath(os.__file__))
+            at = 0
+            for i, p in enumerate(sys.path):
+                a = os.path.abspath(p or ".")
+                if a == std or a.startswith(std + os.sep) or (
+                    a.endswith(".zip") and os.path.dirname(a) == os.path.dirname(std)
+                ):
+                    at = i + 1
+            sys.path.insert(at, first)
     extensions = tuple(importlib.machinery.EXTENSION_SUFFIXES) + (".so", ".pyd")
 
     def key(rel):
