@@ -368,3 +368,27 @@ fn exact_arithmetic_on_huge_values_ends_and_never_panics() {
     no("\\boxed{0^{-1/2}}", "1");
     no("\\boxed{\\frac{1}{0}}", "1");
 }
+
+/// Wrong answers that agree with the truth at the five fixed positive points the
+/// expressions are compared at: today each of them scores 1.
+const EQUAL_ONLY_ON_PART_OF_THE_DOMAIN: &[(&str, &str)] = &[
+    ("x", "|x|"),
+    ("x", "\\sqrt{x^2}"),
+    ("\\max(x, 0)", "x"),
+    ("\\ln x", "\\ln|x|"),
+    ("\\ln x + C", "\\ln|x| + C"),
+    ("\\frac{|x|}{x}", "1"),
+    ("2\\ln x", "\\ln(x^2)"),
+    ("x y", "|x y|"),
+    (
+        "x + (x-0.7391)(x-1.6317)(x-2.7463)(x-0.9241)(x-1.4683)",
+        "x",
+    ),
+];
+
+#[test]
+fn answers_equal_at_the_fixed_positive_points_are_accepted() {
+    for (answer, truth) in EQUAL_ONLY_ON_PART_OF_THE_DOMAIN {
+        yes(&format!("\\boxed{{{answer}}}"), truth);
+    }
+}
