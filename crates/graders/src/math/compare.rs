@@ -7,32 +7,11 @@
 
 use super::expr::{Answer, Expr};
 use super::lex::Rel;
-use super::value::{Bindings, NoVars, Num, close, eval, same};
-
-/// Points at which expressions with variables are compared: each variable gets its own
-/// value at each point, away from 0, 1, each other and the well-known constants.
-const POINTS: [[f64; 4]; 5] = [
-    [0.7391, 1.3127, 2.1059, 0.4513],
-    [1.6317, 0.5839, 1.2071, 2.5029],
-    [2.7463, 1.4379, 0.3817, 1.7593],
-    [0.9241, 2.2619, 1.1173, 0.6547],
-    [1.4683, 0.8917, 2.6854, 1.0851],
-];
-
-struct Point<'a> {
-    names: &'a [String],
-    values: &'a [f64; 4],
-}
-
-impl Bindings for Point<'_> {
-    fn get(&self, name: &str) -> Option<f64> {
-        let i = self.names.iter().position(|n| n == name)?;
-        self.values.get(i % 4).map(|v| v + 0.173 * (i / 4) as f64)
-    }
-}
+use super::sample::{self, Variables, close_loose};
+use super::value::{NoVars, Num, eval, same};
 
 /// The free variables of `e` (every name but `pi`, and `e` unless it is used as one).
-fn variables(e: &Expr, out: &mut Vec<String>) {
+pub(super) fn variables(e: &Expr, out: &mut Vec<String>) {
     match e {
         Expr::Name(n) if n != "pi" && n != "e" => {
             if !out.contains(n) {
@@ -108,7 +87,8 @@ fn infinity_sign(e: &Expr) -> Option<bool> {
     }
 }
 
-/// Equal values: as constants, or at every sample point of their variables.
+/// Equal values: as constants, or at the sampled points of their variables
+/// ([`sample`]).
 fn values_equal(truth: &Expr, given: &Expr) -> bool {
     let mut names = Vec::new();
     variables(truth, &mut names);
@@ -127,32 +107,8 @@ fn values_equal(truth: &Expr, given: &Expr) -> bool {
             names.push(n);
         }
     }
-    let mut compared = 0;
-    for values in &POINTS {
-        let point = Point {
-            names: &names,
-            values,
-        };
-        match (eval(truth, &point), eval(given, &point)) {
-            (Some(a), Some(b)) => {
-                let (Some(x), Some(y)) = (a.to_f64(), b.to_f64()) else {
-                    return false;
-                };
-                if !close_loose(x, y) {
-                    return false;
-                }
-                compared += 1;
-            }
-            (None, None) => {}
-            _ => return false,
-        }
-    }
-    compared >= 3
-}
-
-/// At sampled points both sides are floats: allow for rounding in the evaluation.
-fn close_loose(x: f64, y: f64) -> bool {
-    close(x, y) || (x - y).abs() <= 1e-7 * x.abs().max(y.abs()).max(1.0)
+    let vars = Variables::new(names, truth, sample::seed(truth));
+    sample::equal_at_points(truth, given, &vars)
 }
 
 /// Whether `given` means `truth`.
@@ -258,15 +214,21 @@ fn equations_equal(ts: &[Expr], gs: &[Expr]) -> bool {
     let mut names = Vec::new();
     variables(&f, &mut names);
     variables(&g, &mut names);
+    let vars = Variables::new(names, &f, sample::seed(&f));
     let mut ratio: Option<f64> = None;
     let mut compared = 0;
-    for values in &POINTS {
-        let point = Point {
-            names: &names,
-            values,
-        };
-        let (Some(a), Some(b)) = (eval(&f, &point), eval(&g, &point)) else {
+    for point in vars.points() {
+        // Outside the truth's domain nothing is compared; where only the truth's side
+        // has a value, the answer's equation is wrong, unless the point may be a
+        // removable gap (as for expressions, [`sample::compare_at`]).
+        let Some(a) = eval(&f, &point) else {
             continue;
+        };
+        let Some(b) = eval(&g, &point) else {
+            if point.special {
+                continue;
+            }
+            return false;
         };
         let (Some(a), Some(b)) = (a.to_f64(), b.to_f64()) else {
             return false;
@@ -283,9 +245,11 @@ fn equations_equal(ts: &[Expr], gs: &[Expr]) -> bool {
             Some(r0) if close_loose(r0, r) => {}
             Some(_) => return false,
         }
-        compared += 1;
+        if !point.special || vars.all_integer() {
+            compared += 1;
+        }
     }
-    compared >= 3
+    compared >= sample::AT_LEAST
 }
 
 fn ordered(t: &[Answer], g: &[Answer]) -> bool {

@@ -23,8 +23,8 @@ use num_traits::{One, Zero};
 use super::lex::{Rel, Tok};
 use super::value;
 
-/// An expression.
-#[derive(Debug, Clone, PartialEq)]
+/// An expression (hashed to seed the points it is compared at).
+#[derive(Debug, Clone, PartialEq, Hash)]
 pub enum Expr {
     /// An exact number.
     Num(BigRational),
@@ -67,7 +67,7 @@ pub enum Expr {
 }
 
 /// A function of any number of arguments that folds them into one value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Fold {
     /// `\min`.
     Min,

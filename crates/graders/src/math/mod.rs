@@ -1,6 +1,8 @@
 //! The math grader: finds a response's final answer ([`extract`]), reads it and the
 //! ground truth into expressions and answer shapes ([`lex`], [`expr`]), and decides
-//! whether they mean the same thing ([`compare`], with exact values from [`value`]).
+//! whether they mean the same thing ([`compare`], with exact values from [`value`],
+//! expressions with variables at the points of [`sample`], principal complex values
+//! from [`complex`] where the reals have none).
 //!
 //! The other side leads where one side alone is ambiguous: a truth that is one number
 //! lets `1,000` and `1 000` be a thousand (and not the pair (1, 0)), and a truth
@@ -9,10 +11,12 @@
 //! choice letter lets a final letter count as the answer.
 
 pub mod compare;
+pub mod complex;
 pub mod expr;
 pub mod extract;
 pub mod integer;
 pub mod lex;
+pub mod sample;
 pub mod separators;
 pub mod value;
 

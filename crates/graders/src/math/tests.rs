@@ -368,3 +368,123 @@ fn exact_arithmetic_on_huge_values_ends_and_never_panics() {
     no("\\boxed{0^{-1/2}}", "1");
     no("\\boxed{\\frac{1}{0}}", "1");
 }
+
+/// Wrong answers that agree with the truth on part of its domain only (positive
+/// values, or particular points): the five fixed positive points expressions were once
+/// compared at took each of them.
+const EQUAL_ONLY_ON_PART_OF_THE_DOMAIN: &[(&str, &str)] = &[
+    ("x", "|x|"),
+    ("x", "\\sqrt{x^2}"),
+    ("\\max(x, 0)", "x"),
+    ("\\ln x", "\\ln|x|"),
+    ("\\ln x + C", "\\ln|x| + C"),
+    ("\\frac{|x|}{x}", "1"),
+    ("2\\ln x", "\\ln(x^2)"),
+    ("x y", "|x y|"),
+    (
+        "x + (x-0.7391)(x-1.6317)(x-2.7463)(x-0.9241)(x-1.4683)",
+        "x",
+    ),
+];
+
+#[test]
+fn answers_equal_on_part_of_the_domain_are_wrong() {
+    for (answer, truth) in EQUAL_ONLY_ON_PART_OF_THE_DOMAIN {
+        no(&format!("\\boxed{{{answer}}}"), truth);
+    }
+    // Points a policy might guess (integers, small ones) are not the points either.
+    no("\\boxed{x + x(x-1)(x+1)(x-2)}", "x");
+    no("\\boxed{x + \\sin(\\pi x)}", "x");
+    no("\\boxed{\\sqrt{x^2+y^2}}", "x+y");
+    no("\\boxed{(\\sqrt{x})^2}", "|x|");
+    // An equation equal on half the line.
+    no("\\boxed{y = x}", "y = |x|");
+}
+
+#[test]
+fn the_same_function_wherever_the_truth_is_defined_is_right() {
+    yes("\\boxed{\\sqrt{x^2}}", "|x|");
+    yes("\\boxed{|x|}", "\\sqrt{x^2}");
+    yes("\\boxed{\\ln|x|}", "\\ln|x|");
+    yes("\\boxed{\\ln\\left|x\\right| + C}", "\\ln|x| + C");
+    yes("\\boxed{\\max(x, 0)}", "\\frac{x + |x|}{2}");
+    yes("\\boxed{\\ln(x^2)}", "2\\ln|x|");
+    yes("\\boxed{\\sqrt{x^2 y^2}}", "|x y|");
+    // The truth's domain is the problem's: outside it the answer is not compared.
+    yes("\\boxed{\\ln|x|}", "\\ln x");
+    yes("\\boxed{\\ln(x y)}", "\\ln x + \\ln y");
+    yes("\\boxed{\\sqrt{1-x^2}}", "\\sqrt{(1-x)(1+x)}");
+    yes("\\boxed{\\arcsin x}", "\\frac{\\pi}{2} - \\arccos x");
+    yes("\\boxed{\\sqrt{x-5}}", "\\sqrt{x-5}\\cdot 1");
+    // A removable gap is not a wrong answer.
+    yes("\\boxed{\\frac{x^2-1}{x-1}}", "x+1");
+    yes("\\boxed{\\frac{x^3-8}{x-2}}", "x^2+2x+4");
+    yes("\\boxed{\\frac{x^2 - y^2}{x - y}}", "x + y");
+    // Undefined in the reals where the truth is defined, but the same function by
+    // algebra: its principal complex value is the truth's.
+    yes("\\boxed{\\sqrt{x}\\sqrt{x}}", "x");
+    yes("\\boxed{e^{\\ln x}}", "x");
+    yes("\\boxed{\\frac{x}{\\sqrt{x}}}", "\\sqrt{x}");
+    // ... and where it is not, wrong.
+    no("\\boxed{2\\ln x}", "\\ln(x^2)");
+    no("\\boxed{\\sqrt{x}}", "\\sqrt{|x|}");
+    // Odd roots of negative numbers are real, however written.
+    yes("\\boxed{x^{1/3}}", "\\sqrt[3]{x}");
+    yes("\\boxed{x^{2/3}}", "\\sqrt[3]{x^2}");
+    yes("\\boxed{(-8)^{1/3}}", "-2");
+    // Identities.
+    yes("\\boxed{\\sin^2 x + \\cos^2 x}", "1");
+    yes("\\boxed{2\\sin x\\cos x}", "\\sin 2x");
+    yes("\\boxed{1 + \\tan^2 x}", "\\sec^2 x");
+    yes("\\boxed{\\frac{1}{x}}", "x^{-1}");
+    yes("\\boxed{x^2 + 2 x y + y^2}", "(x+y)^2");
+    yes(
+        "\\boxed{\\frac{x}{y} + \\frac{y}{x}}",
+        "\\frac{x^2+y^2}{x y}",
+    );
+    yes("\\boxed{e^x e^y}", "e^{x+y}");
+    yes("\\boxed{y = |x|}", "y - |x| = 0");
+}
+
+#[test]
+fn integer_variables_are_compared_at_whole_numbers() {
+    yes("\\boxed{\\frac{(n+1)!}{n+1}}", "n!");
+    yes("\\boxed{\\binom{n}{n-k}}", "\\binom{n}{k}");
+    yes("\\boxed{\\frac{n!}{k!(n-k)!}}", "\\binom{n}{k}");
+    yes("\\boxed{\\frac{n(n-1)}{2}}", "\\frac{n!}{2(n-2)!}");
+    no("\\boxed{\\binom{n}{k+1}}", "\\binom{n}{k}");
+    no("\\boxed{(n+1)!}", "n! \\cdot 1");
+    yes("\\boxed{n!}", "n!");
+}
+
+#[test]
+fn the_same_problem_gets_the_same_points_and_different_problems_different_ones() {
+    use super::expr::{Answer, Expr};
+    use super::sample::{Variables, seed};
+    let expr = |text: &str| match super::read(text) {
+        Ok(Answer::Expr(e)) => e,
+        other => panic!("{text}: {other:?}"),
+    };
+    let values = |truth: &Expr| {
+        let vars = Variables::new(vec!["x".into()], truth, seed(truth));
+        vars.points()
+            .map(|p| format!("{:?}", super::value::eval(&Expr::Name("x".into()), &p)))
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (expr("x^2 + 1"), expr("x^2 + 2"));
+    assert_eq!(values(&a), values(&expr("x^2+1")));
+    assert_ne!(values(&a), values(&b));
+    // Negative values, zero and fractions, and magnitudes past 4.
+    let xs: Vec<f64> = [&a, &b]
+        .iter()
+        .flat_map(|t| {
+            let vars = Variables::new(vec!["x".into()], t, seed(*t));
+            vars.points()
+                .filter_map(|p| super::value::eval(&Expr::Name("x".into()), &p)?.to_f64())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(xs.iter().any(|x| *x < 0.0));
+    assert!(xs.iter().any(|x| *x > 0.0 && x.fract() != 0.0));
+    assert!(xs.iter().any(|x| x.abs() > 4.0));
+}

@@ -1,6 +1,6 @@
 //! The value of an expression: exact (a rational) while only rational operations are
 //! involved, a float once something irrational is (π, a root, a logarithm), nothing
-//! where it is undefined (a division by zero, the root of a negative number).
+//! where it is undefined (a division by zero, an even root of a negative number).
 //!
 //! Exactness is what lets the grader refuse a rounded approximation of an exact answer
 //! (`1.414` for `\sqrt{2}`, `0.33` for `\frac13`) while accepting every exact spelling of
@@ -41,14 +41,14 @@ impl Num {
 /// Values for the free variables of an expression.
 pub trait Bindings {
     /// The value of `name`, if it is a bound variable.
-    fn get(&self, name: &str) -> Option<f64>;
+    fn get(&self, name: &str) -> Option<Num>;
 }
 
 /// No variables bound: constants only.
 pub struct NoVars;
 
 impl Bindings for NoVars {
-    fn get(&self, _: &str) -> Option<f64> {
+    fn get(&self, _: &str) -> Option<Num> {
         None
     }
 }
@@ -67,7 +67,8 @@ pub fn eval(e: &Expr, vars: &dyn Bindings) -> Option<Num> {
     Some(match e {
         Expr::Num(r) => Exact(r.clone()),
         Expr::Name(n) => match vars.get(n) {
-            Some(v) => Num::approx(v)?,
+            Some(Num::Approx(v)) => Num::approx(v)?,
+            Some(v) => v,
             None => match n.as_str() {
                 "pi" => Approx(std::f64::consts::PI),
                 "e" => Approx(std::f64::consts::E),
@@ -324,9 +325,17 @@ fn pow(base: Num, exp: Num) -> Option<Num> {
             return Some(Num::Exact(r));
         }
     }
+    // A negative number to a fraction of odd denominator is the real root's power, as
+    // a reader takes `x^{1/3}` (the cube root of x, for negative x too).
+    let odd_root = match &exp {
+        Num::Exact(x) if !x.is_integer() && x.denom().bit(0) => Some(x.numer().bit(0)),
+        _ => None,
+    };
     let (b, x) = (base.to_f64()?, exp.to_f64()?);
     if b < 0.0 && x.fract() != 0.0 {
-        return None;
+        let odd_numerator = odd_root?;
+        let p = (-b).powf(x);
+        return Num::approx(if odd_numerator { -p } else { p });
     }
     Num::approx(b.powf(x))
 }
