@@ -85,21 +85,9 @@ def probe(out_dir):
             continue  # the workspace's own (PYTHONPATH into it, an editable install)
         for m in pkgutil.iter_modules([p]):
             names.add(m.name)
-    # Names an editable install maps into the workspace are the repository's own.
-    import importlib.util
-
-    for n in sorted(names):
-        if n in sys.builtin_module_names:
-            continue
-        try:
-            spec = importlib.util.find_spec(n)
-        except Exception:
-            continue
-        origin = getattr(spec, "origin", None) if spec else None
-        if not (origin and getattr(spec, "has_location", False) and os.path.isabs(origin)):
-            continue  # built-in, frozen, or a namespace: not the workspace's file
-        if os.path.realpath(origin).startswith(real_root + os.sep):
-            names.discard(n)
+    # An editable install's names are the repository's own: its path entry (a `.pth`
+    # line) is inside the workspace and skipped above, and a finder-based one
+    # (`__editable__`) lists no module file in site-packages, so neither is reserved.
     with open(os.path.join(out_dir, "reserved"), "w", errors="surrogateescape") as f:
         f.write("\n".join(sorted(names)))
     print("rollout-guard-python %d.%d %s" % (sys.version_info[0], sys.version_info[1], root))
