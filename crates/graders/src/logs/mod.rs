@@ -246,15 +246,16 @@ pub enum Names {
     /// prints it (`test_m (pkg.mod.Class)`), as 3.11 and later print it (`test_m
     /// (pkg.mod.Class.test_m)`), or by its dotted id (`pkg.mod.Class.test_m`, what
     /// `TestCase.id()` gives and SWE-Gym-style lists hold). unittest never prints a
-    /// test method's dotted id, so a dotted id is looked up by the printed forms
-    /// first; only a test printed under its dotted name (a doctest) is found as it is.
+    /// test's dotted id (a doctest's neither: `name (module)`), so a dotted id is
+    /// looked up by the printed forms only: a line naming a test by its dotted id was
+    /// written by the code under test.
     Unittest,
 }
 
 impl Report {
     /// The status of the test an instance names `id`, by [`Report::names`]: the
-    /// name's own entry, or for unittest's names the entry of any form of the same
-    /// test (the first found, in the order the id's own form makes likely).
+    /// name's own entry, or for unittest's names the entry of either printed form of
+    /// the same test (the id's own form first).
     pub fn status(&self, id: &str) -> Option<TestStatus> {
         match self.names {
             Names::Exact => self.results.get(id).copied(),
