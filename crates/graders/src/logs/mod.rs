@@ -74,14 +74,15 @@
 //! tests does not close a log whose every per-test line passes. For unittest and
 //! Django also: one closing summary, as many per-test results as `Ran N tests` (a line
 //! per test started, skips before the start aside), and exactly as many failure and
-//! error reports as `FAILED (failures=…, errors=…)` counts (none with `OK`). For pytest also: no closing summary without a session to
-//! close, and no pass claimed in captured output for a test of a file that pytest's
-//! complete `-rA` list names but not that test (a module that fails to import can
-//! print `PASSED` for its own tests, and SWE-bench's map takes the line). Results come
-//! from the log, never from the runner's exit status alone: a program that exits the
-//! interpreter with status 0 before the summary has passed nothing. None of this can
-//! see through code that changes the runner's own reports in-process (a `conftest.py`
-//! hook): the grader keeps such files out.
+//! error reports as `FAILED (failures=…, errors=…)` counts (none with `OK`). For
+//! pytest also: no closing summary without a session to close, and no pass claimed in
+//! captured output for a test of a file that pytest's complete `-rA` list names but
+//! not that test (a module that fails to import can print `PASSED` for its own tests,
+//! and SWE-bench's map takes the line). Results come from the log, never from the
+//! runner's exit status alone: a program that exits the interpreter with status 0
+//! before the summary has passed nothing. None of this can see through code that
+//! changes the runner's own reports in-process (a `conftest.py` hook): the grader
+//! keeps such files out.
 
 /// A fixture log and the status maps the reference parsers give for it
 /// (`tests/fixtures/logs/RUNNER/NAME.log` and `NAME.expected.json`).
@@ -266,10 +267,15 @@ impl Report {
     }
 
     /// Why this log cannot be trusted as evidence, in words for a user, or `None` when
-    /// it can: no runner summary at all (the run was cut short, or never started); a
-    /// doubt ([`Report::doubts`]); a test reported with two different outcomes (named);
+    /// it can: a doubt ([`Report::doubts`]); no runner summary at all (the run was cut
+    /// short, or never started); a test reported with two different outcomes (named);
     /// a failing exit status with no failure in the log.
     pub fn distrust(&self) -> Option<String> {
+        // A doubt first: it says more than a missing summary (the seal's, that the
+        // code under test ended the run, leaves no summary of the runner's either).
+        if let Some(d) = self.doubts.first() {
+            return Some(d.clone());
+        }
         if self.summary.is_none() {
             return Some(
                 "the log has no closing summary from the test runner: the run ended before \
@@ -277,9 +283,6 @@ impl Report {
                  process), so its test lines prove nothing"
                     .to_string(),
             );
-        }
-        if let Some(d) = self.doubts.first() {
-            return Some(d.clone());
         }
         if let Some((id, statuses)) = self.conflicts.iter().next() {
             let said: Vec<&str> = statuses.iter().map(|s| s.name()).collect();
