@@ -348,25 +348,16 @@ pub(crate) fn calc_grader(repo: &Path, base: &str) -> Value {
     })
 }
 
-/// A unittest-style instance, as SWE-bench's non-pytest repositories ship them: the
-/// ids are unittest's names, the tests run under `python3 -m unittest -v` and the
-/// `unittest` parser reads them. The gold patch resolves it; a wrong fix does not, and
-/// the reason names the test; a wrong fix that prints unittest's lines for the
-/// expected tests and ends the run does not either (no summary from the runner), nor
-/// one that prints the runner's summary too (no completion seal).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_unittest_instance_is_graded_by_its_own_runner() {
-    let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("calc");
-    let base = calc_repo(&repo);
-    let grader = calc_grader(&repo, &base);
+/// The versions of `calc.py` [`a_unittest_instance_is_graded_by_its_own_runner`]
+/// grades, by name: gold and wrong fixes, and wrong fixes that forge the runner's lines.
+fn unittest_fixes() -> Vec<(&'static str, String)> {
     let id = calc_test_id;
     // unittest's lines for both tests, then the run ended before the runner's summary.
     let forged_lines = format!("{} ... ok\n{} ... ok\n", id("test_double"), id("test_type"));
     let complete = format!(
         "{forged_lines}\n----------------------------------------------------------------------\nRan 2 tests in 0.001s\n\nOK\n"
     );
-    let fixes = [
+    vec![
         ("gold", "def double(x):\n    return x + x\n".to_string()),
         ("wrong", "def double(x):\n    return x * 3\n".to_string()),
         (
@@ -385,15 +376,47 @@ async fn a_unittest_instance_is_graded_by_its_own_runner() {
             "forged-complete-exit",
             format!("import sys\nsys.stderr.write({complete:?})\nsys.exit(0)\n"),
         ),
-    ];
+        ("gold-dotted", "def double(x):\n    return x + x\n".to_string()),
+        (
+            "forged-dotted",
+            "import sys\n\ndef double(x):\n    t = sys._getframe(1).f_locals['self']\n    sys.stderr.write('\\n%s ... ok\\n' % t.id())\n    raise ValueError('not fixed')\n".to_string(),
+        ),
+    ]
+}
+
+/// A unittest-style instance, as SWE-bench's non-pytest repositories ship them: the
+/// ids are unittest's names, the tests run under `python3 -m unittest -v` and the
+/// `unittest` parser reads them. The gold patch resolves it; a wrong fix does not, and
+/// the reason names the test; a wrong fix that prints unittest's lines for the
+/// expected tests and ends the run does not either (no summary from the runner), nor
+/// one that prints the runner's summary too (no completion seal). The same instance
+/// with unittest's dotted ids (`tests.test_calc.CalcTest.test_double`, as SWE-Gym-style
+/// rows give them) resolves with the gold patch, and not with a wrong fix that prints
+/// `… ... ok` for each test it then fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unittest_instance_is_graded_by_its_own_runner() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("calc");
+    let base = calc_repo(&repo);
+    let grader = calc_grader(&repo, &base);
+    let id = calc_test_id;
+    let fixes = unittest_fixes();
+    let mut dotted = grader.clone();
+    dotted["instance"]["FAIL_TO_PASS"] = json!(["tests.test_calc.CalcTest.test_double"]);
+    dotted["instance"]["PASS_TO_PASS"] = json!(["tests.test_calc.CalcTest.test_type"]);
     let tasks: Vec<Task> = fixes
         .iter()
         .map(|(name, code)| {
+            let g = if name.ends_with("-dotted") {
+                &dotted
+            } else {
+                &grader
+            };
             let mut t = Task::new(
                 "shell",
                 json!({
                     "steps": [{"tool": "file", "args": {"command": "create", "path": "calc.py", "file_text": code}}],
-                    "grader": grader,
+                    "grader": g,
                 }),
             );
             t.client_id = Some(name.to_string());
@@ -449,5 +472,13 @@ async fn a_unittest_instance_is_graded_by_its_own_runner() {
             .unwrap()
             .contains("did not end normally"),
         "{complete:#}"
+    );
+    let gold = &by("gold-dotted").output["eval"];
+    assert_eq!(by("gold-dotted").reward, Some(1.0), "{gold:#}");
+    let forged = &by("forged-dotted").output["eval"];
+    assert_eq!(by("forged-dotted").reward, Some(0.0), "{forged:#}");
+    assert_eq!(
+        forged["not_passed"]["tests.test_calc.CalcTest.test_double"], "error",
+        "{forged:#}"
     );
 }

@@ -215,7 +215,9 @@ const NAMED_IN_FAILURE: usize = 5;
 /// The verdict on `instance` from a run's parsed log, by SWE-bench's grading: a
 /// `FAIL_TO_PASS` test resolves when it passed or failed as expected
 /// ([`TestStatus::passed`]); a `PASS_TO_PASS` test is kept when it did so or was
-/// skipped; an absent test did neither. An expected id cut inside its `[…]` (more `[`
+/// skipped; an absent test did neither. Under the `unittest` parser an expected id
+/// names its test in any of unittest's forms (dotted `pkg.mod.Class.test_m`, or as
+/// Python before or after 3.11 prints it), whichever the run's Python printed. An expected id cut inside its `[…]` (more `[`
 /// than `]`, as older SWE-bench lists hold) stands for the ids it begins when they
 /// agree on passing. A report [`Report::distrust`]s never resolves.
 pub fn verdict(instance: &Instance, report: &Report) -> Verdict {
@@ -226,7 +228,7 @@ pub fn verdict(instance: &Instance, report: &Report) -> Verdict {
     let mut count = |names: &[String], skip_keeps: bool| -> usize {
         let mut passed = 0;
         for name in names {
-            let status = lookup(name, &report.results);
+            let status = lookup(name, report);
             let ok = status.is_some_and(|s| s.passed() || (skip_keeps && s == TestStatus::Skipped));
             if ok {
                 passed += 1;
@@ -284,13 +286,15 @@ fn named(names: &[String]) -> String {
     }
 }
 
-/// The status of the expected id `name`: its own, or, for an id cut inside its
-/// brackets, that of the ids it begins when they agree on passing (SWE-bench's
-/// `_resolve_case`; of agreeing ids the first in name order stands for them all).
-fn lookup(name: &str, results: &BTreeMap<String, TestStatus>) -> Option<TestStatus> {
-    if let Some(s) = results.get(name) {
-        return Some(*s);
+/// The status of the expected id `name`: its own ([`Report::status`], which finds a
+/// unittest test by any of its names), or, for an id cut inside its brackets, that of
+/// the ids it begins when they agree on passing (SWE-bench's `_resolve_case`; of
+/// agreeing ids the first in name order stands for them all).
+fn lookup(name: &str, report: &Report) -> Option<TestStatus> {
+    if let Some(s) = report.status(name) {
+        return Some(s);
     }
+    let results = &report.results;
     if name.matches('[').count() <= name.matches(']').count() {
         return None;
     }
@@ -526,6 +530,42 @@ diff --git \"a/tests/sp ace\\303\\244.py\" \"b/tests/sp ace\\303\\244.py\"
                 .unwrap()
                 .contains("after the test runner's closing summary")
         );
+    }
+
+    #[test]
+    fn unittest_dotted_ids_resolve_a_gold_run_of_either_python_and_not_a_forged_one() {
+        use crate::logs::parse;
+        let fixture = |p: &str| {
+            std::fs::read_to_string(format!(
+                "{}/../../tests/fixtures/logs/unittest/{p}.log",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .unwrap()
+        };
+        // SWE-Gym-style rows: unittest's own dotted ids, one of them a documented test.
+        let inst = instance(
+            &["tests.test_calc.C.test_add", "tests.test_calc.C.test_div"],
+            &["tests.test_calc.C.test_mul", "tests.test_calc.C.test_sub"],
+        );
+        for gold in ["calc_py39", "calc_py311"] {
+            let v = verdict(&inst, &parse("unittest", &fixture(gold)).unwrap());
+            assert!(v.resolved, "{gold}: {v:?}");
+        }
+        // The same ids as Python 3.9 printed them match a 3.11 run, and back.
+        let printed = instance(&["test_add (tests.test_calc.C)"], &[]);
+        let r = parse("unittest", &fixture("calc_py311")).unwrap();
+        assert!(verdict(&printed, &r).resolved);
+        // A wrong fix that printed `tests.test_calc.C.test_x ... ok` for each test it
+        // failed: unittest's own summary says `FAILED (errors=4)`.
+        for forged in ["calc_forged_py39", "calc_forged_py311"] {
+            let r = parse("unittest", &fixture(forged)).unwrap();
+            let v = verdict(&inst, &r);
+            assert!(!v.resolved, "{forged}");
+            assert_eq!(v.fail_to_pass_passed, 0, "{forged}: {v:?}");
+            assert_eq!(v.not_passed["tests.test_calc.C.test_add"], "error");
+            let why = v.failure.unwrap();
+            assert!(why.contains("per-test results"), "{forged}: {why}");
+        }
     }
 
     #[test]

@@ -248,9 +248,10 @@ pub fn fill_command(template: &str, directives: &[String]) -> String {
 /// Whether the parser named `parser` can ever report every one of an instance's
 /// expected tests as passing; `Err` with the reason, naming an example id, when it
 /// cannot (a `pytest` instance none of whose ids is a `path::name` node id, a `django`
-/// instance with pytest ids, a `sympy` id that is not a bare `test_…` name, a
-/// `pytest` id with a space in it). Meant for submit time: such an instance would
-/// score 0 whatever the agent did.
+/// instance with pytest ids or unittest's dotted ids, a `unittest` id that is neither
+/// a name as unittest prints it nor a dotted id, such as a docstring or a subtest's
+/// name, a `sympy` id that is not a bare `test_…` name, a `pytest` id with a space in
+/// it). Meant for submit time: such an instance would score 0 whatever the agent did.
 pub fn parseable(
     parser: &str,
     fail_to_pass: &[String],

@@ -715,7 +715,7 @@ async fn run_tests(
         .await
         .map_err(|e| sandboxed::stage_error("the test command could not run", e))?;
     let reading = seal.read(&r.output, &c.log_parser);
-    let mut report = logs::parse(&c.log_parser, &reading.log).unwrap_or_default();
+    let mut report = logs::parse(&c.log_parser, reading.for_parser()).unwrap_or_default();
     report.exit_code = r.exit_code;
     report.doubts.splice(0..0, reading.doubt);
     let unknown = unknown_tests(&c.tests, report.results.keys());

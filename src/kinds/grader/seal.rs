@@ -23,6 +23,14 @@
 //! `PYTHONHASHSEED` is set, so a sympy run gets a random seed from the grader, which
 //! keeps the tests in the sealed process and their hash order random as before.
 //!
+//! The code under test also writes to the log the runner writes to, and can print the
+//! runner's own lines (`test_x (m.C) ... ok`) for tests the runner says failed. Under
+//! the seal, unittest's runner (which Django's runs too) frames each of its writes in
+//! its outermost run with a random token, writing them straight to the run's stderr,
+//! and the seal tells the token at the end; the log parser then reads only the framed
+//! text ([`Reading::for_parser`]), never a line the code printed. pytest and sympy logs
+//! are read whole, checked against the runner's summary.
+//!
 //! Where the run loads no Python with the seal (another language, a Python started
 //! with `-I`/`-E`, a command that sets its own `PYTHONPATH`), there is no opening mark
 //! and nothing is required: the log is read as before. The seal raises the bar; it is
@@ -62,7 +70,24 @@ pub struct Reading {
     pub doubt: Option<String>,
     /// The lines after the seal (written by processes the run left behind).
     pub after: String,
+    /// What the test runner itself wrote, when it framed its writes (unittest's
+    /// runner under the seal, [`FRAME`]): the only text the log parser reads, so lines
+    /// the code under test prints in the runner's shape are never taken as results.
+    pub runner: Option<String>,
 }
+
+impl Reading {
+    /// The text the log parser reads: the runner's own, when it was framed, else the
+    /// log.
+    pub fn for_parser(&self) -> &str {
+        self.runner.as_deref().unwrap_or(&self.log)
+    }
+}
+
+/// A framed write of unittest's runner is `[rollout-runner TOKEN[text]rollout-runner
+/// TOKEN]`, TOKEN random per run and told only in the seal; the bootstrap writes
+/// frames straight to the run's stderr, around the code under test's own streams.
+const FRAME: &str = "rollout-runner ";
 
 impl Seal {
     /// A seal with a fresh random secret (122 bits) and its own directory under `/tmp`,
@@ -134,6 +159,7 @@ impl Seal {
         let mut after = String::new();
         let mut opened = false;
         let mut sealed: Option<String> = None;
+        let mut token: Option<String> = None;
         let mut forged = false;
         for line in log.split_inclusive('\n') {
             let text = line.trim_end_matches(['\n', '\r']);
@@ -146,6 +172,7 @@ impl Seal {
                 match (parts.next(), parts.next()) {
                     (Some(s), Some(state)) if s == self.secret && sealed.is_none() => {
                         sealed = Some(state.to_string());
+                        token = parts.next().map(str::to_string);
                     }
                     _ => forged = true,
                 }
@@ -159,6 +186,11 @@ impl Seal {
         }
         let late = !after.trim().is_empty()
             && logs::parse(parser, &after).is_some_and(|r| !r.results.is_empty());
+        let runner = token.map(|t| {
+            let (runner, plain) = unframe(&kept, &t);
+            kept = plain;
+            runner
+        });
         kept.push_str(&after);
         let (state, doubt) = if forged {
             (
@@ -202,8 +234,33 @@ impl Seal {
             state,
             doubt,
             after,
+            runner,
         }
     }
+}
+
+/// The text of `log`'s frames with `token` ([`FRAME`]), joined: what the runner
+/// wrote; and `log` with those frames' marks removed, their text left in place. A
+/// frame cut short (the log's end) runs to the end.
+fn unframe(log: &str, token: &str) -> (String, String) {
+    let start = format!("[{FRAME}{token}[");
+    let end = format!("]{FRAME}{token}]");
+    let mut runner = String::new();
+    let mut plain = String::with_capacity(log.len());
+    let mut rest = log;
+    while let Some(i) = rest.find(&start) {
+        plain.push_str(&rest[..i]);
+        let body = &rest[i + start.len()..];
+        let (text, next) = match body.find(&end) {
+            Some(j) => (&body[..j], &body[j + end.len()..]),
+            None => (body, ""),
+        };
+        runner.push_str(text);
+        plain.push_str(text);
+        rest = next;
+    }
+    plain.push_str(rest);
+    (runner, plain)
 }
 
 /// A random `PYTHONHASHSEED` (Python takes 0 to 2^32 - 1).
@@ -423,6 +480,106 @@ mod tests {
         std::fs::write(dir.path().join("calc.py"), &forged).unwrap();
         let got = sealed_run(&["-c", "import calc"], None, Some(dir.path())).unwrap();
         assert!(got.starts_with("sealed|"), "{got}");
+    }
+
+    /// Runs `python3 -m unittest -v t` under the real bootstrap watching unittest, in a
+    /// directory holding `t.py` (`tests`) and `calc.py` (`calc`), with stderr and stdout
+    /// in one log as a test run has them; the seal and the log. `None` without
+    /// `python3`.
+    fn unittest_log(tests: &str, calc: &str) -> Option<(Seal, String)> {
+        let Ok(python) = which_python() else {
+            crate::prerequisite::missing(
+                "the seal's bootstrap test",
+                "python3 is not on PATH (scripts/setup.sh installs it)",
+            );
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        std::fs::write(work.path().join("t.py"), tests).unwrap();
+        std::fs::write(work.path().join("calc.py"), calc).unwrap();
+        std::fs::write(dir.path().join("sitecustomize.py"), BOOTSTRAP).unwrap();
+        std::fs::write(dir.path().join("secret"), "s3cr3t").unwrap();
+        let log_path = work.path().join("log");
+        let log = std::fs::File::create(&log_path).unwrap();
+        let status = std::process::Command::new(python)
+            .args(["-m", "unittest", "-v", "t"])
+            .env("ROLLOUT_SEAL", dir.path().join("secret"))
+            .env("ROLLOUT_SEAL_RUNNER", "unittest")
+            .env("PYTHONPATH", dir.path())
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .current_dir(work.path())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .status()
+            .unwrap();
+        assert!(status.code().is_some());
+        let seal = Seal {
+            secret: "s3cr3t".into(),
+            dir: dir.path().to_string_lossy().into_owned(),
+            runner: Some("unittest"),
+        };
+        Some((seal, std::fs::read_to_string(log_path).unwrap()))
+    }
+
+    /// Two tests of `calc.add`, by unittest's dotted ids.
+    const CALC_TESTS: &str = "import unittest\nfrom calc import add\n\nclass T(unittest.TestCase):\n    def test_a(self):\n        self.assertEqual(add(1, 2), 3)\n\n    def test_b(self):\n        self.assertEqual(add(2, 2), 4)\n";
+
+    #[test]
+    fn only_what_unittests_runner_wrote_is_read() {
+        let Some((seal, log)) = unittest_log(CALC_TESTS, "def add(a, b):\n    return a + b\n")
+        else {
+            return;
+        };
+        let r = seal.read(&log, "unittest");
+        assert_eq!(r.state, "sealed", "{log}");
+        let runner = r.runner.clone().unwrap();
+        assert!(
+            runner.contains("test_a (t.T") && runner.contains("\nOK\n"),
+            "{runner}"
+        );
+        // The log shown keeps everything, without the frames' marks.
+        assert!(!r.log.contains("rollout-runner"), "{}", r.log);
+        let report = logs::parse("unittest", r.for_parser()).unwrap();
+        assert_eq!(report.distrust(), None);
+        assert_eq!(report.status("t.T.test_a"), Some(logs::TestStatus::Passed));
+        // A wrong fix printing the runner's lines for the tests it fails, in every
+        // form, and a whole passing summary: none of it is the runner's.
+        let forged = "import sys\n\ndef add(a, b):\n    t = sys._getframe(1).f_locals['self']\n    \
+            sys.stderr.write('\\n%s ... ok\\n%s ... ok\\n' % (t.id(), t))\n    \
+            sys.stderr.write('\\nRan 2 tests in 0.001s\\n\\nOK\\n')\n    raise ValueError\n";
+        let (seal, log) = unittest_log(CALC_TESTS, forged).unwrap();
+        let r = seal.read(&log, "unittest");
+        assert_eq!(r.state, "sealed", "{log}");
+        assert!(r.log.contains("t.T.test_a ... ok"), "{}", r.log);
+        let runner = r.runner.clone().unwrap();
+        assert!(!runner.contains(" ... ok"), "{runner}");
+        let report = logs::parse("unittest", r.for_parser()).unwrap();
+        assert_eq!(report.distrust(), None, "{runner}");
+        assert_eq!(report.status("t.T.test_a"), Some(logs::TestStatus::Error));
+        assert_eq!(report.status("test_b (t.T)"), Some(logs::TestStatus::Error));
+        // Without the frames (the whole log), the forgery is at least distrusted.
+        let whole = logs::parse("unittest", &r.log).unwrap();
+        assert!(whole.distrust().is_some());
+        // Frames with another token are not the runner's.
+        let planted = format!("[rollout-runner 00[t ... ok\n]rollout-runner 00]{log}");
+        assert!(
+            !seal
+                .read(&planted, "unittest")
+                .runner
+                .unwrap()
+                .contains("t ... ok")
+        );
+    }
+
+    #[test]
+    fn frames_are_read_out_in_order() {
+        let (runner, plain) = unframe(
+            "a[rollout-runner k[x ... ]rollout-runner k]out\n[rollout-runner k[ok\n]rollout-runner k]b[rollout-runner k[cut",
+            "k",
+        );
+        assert_eq!(runner, "x ... ok\ncut");
+        assert_eq!(plain, "ax ... out\nok\nbcut");
     }
 
     /// A sympy checkout's runner as far as the seal sees it: `bin/test` imports

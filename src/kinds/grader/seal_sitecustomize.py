@@ -229,6 +229,60 @@ def _rollout_runner(runner, done):
         )
 
 
+def _rollout_frame(cls, write, token):
+    # The outermost run of unittest's TextTestRunner writes through a stream that
+    # frames each of its writes with this run's token, straight to the run's own
+    # stderr (a copy of fd 2 taken at start): the grader reads only framed text as the
+    # runner's, so lines the code under test prints are never read as results. The
+    # token is told only in the seal, after the run. Runs inside a test are left alone.
+    import sys
+
+    start = ("[rollout-runner %s[" % token).encode()
+    end = ("]rollout-runner %s]" % token).encode()
+    inner = cls.run
+    depth = [0]
+
+    class Framed(object):
+        def __init__(self, stream):
+            self._stream = stream
+
+        def write(self, text):
+            if not text:
+                return
+            if not isinstance(text, bytes):
+                text = text.encode("utf-8", "replace")
+            try:
+                sys.stderr.flush()  # what the tests wrote first comes first
+            except Exception:
+                pass
+            write(start + text + end)
+
+        def writeln(self, text=None):
+            if text:
+                self.write(text)
+            self.write("\n")
+
+        def flush(self):
+            pass
+
+        def __getattr__(self, name):
+            return getattr(self._stream, name)
+
+    def run(self, *args, **kwargs):
+        if depth[0]:
+            return inner(self, *args, **kwargs)
+        depth[0] += 1
+        saved = getattr(self, "stream", None)
+        self.stream = Framed(saved)
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            self.stream = saved
+            depth[0] -= 1
+
+    cls.run = run
+
+
 def _rollout_seal():
     import os
     import sys
@@ -273,6 +327,22 @@ def _rollout_seal():
             _rollout_runner(runner, done)
         except Exception:
             pass  # the run is then read as unfinished: a runner that is not there
+    token = ""
+    if runner == "unittest":
+        try:
+            import binascii
+            import unittest.runner
+
+            err, write = os.dup(2), os.write
+
+            def put(data):
+                while data:
+                    data = data[write(err, data) :]
+
+            token = binascii.hexlify(os.urandom(8)).decode()
+            _rollout_frame(unittest.runner.TextTestRunner, put, token)
+        except Exception:
+            token = ""
     fds = (identity(1), identity(2))
     streams = (sys.stdout, sys.stderr)
     pid = os.getpid()
@@ -295,7 +365,11 @@ def _rollout_seal():
             marks.append("streams")  # sys.stdout or sys.stderr replaced at the end
         if not finished[0]:
             marks.append("unfinished")  # the runner's run never returned
-        line = "\nrollout-seal %s %s\n" % (secret, ",".join(marks) or "ok")
+        line = "\nrollout-seal %s %s%s\n" % (
+            secret,
+            ",".join(marks) or "ok",
+            " " + token if token else "",
+        )
         try:
             os.write(out, line.encode())
         except Exception:
@@ -338,4 +412,4 @@ try:
 except Exception:
     pass
 _rollout_chain()
-del _rollout_guard, _rollout_seal, _rollout_chain, _rollout_runner, _rollout_after_import
+del _rollout_guard, _rollout_seal, _rollout_chain, _rollout_runner, _rollout_after_import, _rollout_frame

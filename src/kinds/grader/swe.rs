@@ -326,8 +326,8 @@ async fn run(
     .await?;
     guard.after_run(client, &ran.output, &mut guarded).await;
     let reading = seal.read(&ran.output, &parser);
+    let mut report = logs::parse(&parser, reading.for_parser()).unwrap_or_default();
     let log = reading.log;
-    let mut report = logs::parse(&parser, &log).unwrap_or_default();
     report.exit_code = ran.exit_code;
     report.doubts.splice(0..0, reading.doubt);
     let verdict = swe::verdict(&g.instance, &report);

@@ -58,24 +58,31 @@
 //! test's full name as printed, `test_x (module.Class)` before Python 3.11 and
 //! `test_x (module.Class.test_x)` after, a docstring's line given to the name above
 //! it, `expected failure` as [`TestStatus::XFail`] and `unexpected success` as
-//! [`TestStatus::XPass`]. SWE-bench's own names (`parse_log_django`,
+//! [`TestStatus::XPass`]; an instance may name a test in either printed form or by
+//! its dotted id (`module.Class.test_x`), which finds the test under whichever form
+//! the run's Python printed ([`Names::Unittest`]). SWE-bench's own names (`parse_log_django`,
 //! `parse_log_astropy`, …) are accepted too ([`canonical`]).
 //!
 //! # Trust
 //!
 //! The log is written by the code under test, so it is evidence only when it reads as
 //! one complete run of the runner ([`Report::distrust`]): the runner's closing summary
-//! is there, no test line follows it, no test is reported with two different outcomes,
-//! and where the format lists every outcome (pytest's `-rA` summary, unittest and
-//! Django at verbosity 2, sympy's `--verbose`) no more tests are listed with an outcome
-//! than the summary counts. For pytest also: no closing summary without a session to
-//! close, and no pass claimed in captured output for a test of a file that pytest's
-//! complete `-rA` list names but not that test (a module that fails to import can
-//! print `PASSED` for its own tests, and SWE-bench's map takes the line). Results come
-//! from the log, never from the runner's exit status alone: a program that exits the
-//! interpreter with status 0 before the summary has passed nothing. None of this can
-//! see through code that changes the runner's own reports in-process (a `conftest.py`
-//! hook): the grader keeps such files out.
+//! is there, no test line follows it, no test is reported with two different outcomes
+//! (under any of its names), where the format lists every outcome (pytest's `-rA`
+//! summary, unittest and Django at verbosity 2, sympy's `--verbose`) no more tests are
+//! listed with an outcome than the summary counts, and a summary that counts failing
+//! tests does not close a log whose every per-test line passes. For unittest and
+//! Django also: one closing summary, as many per-test results as `Ran N tests` (a line
+//! per test started, skips before the start aside), and exactly as many failure and
+//! error reports as `FAILED (failures=…, errors=…)` counts (none with `OK`). For
+//! pytest also: no closing summary without a session to close, and no pass claimed in
+//! captured output for a test of a file that pytest's complete `-rA` list names but
+//! not that test (a module that fails to import can print `PASSED` for its own tests,
+//! and SWE-bench's map takes the line). Results come from the log, never from the
+//! runner's exit status alone: a program that exits the interpreter with status 0
+//! before the summary has passed nothing. None of this can see through code that
+//! changes the runner's own reports in-process (a `conftest.py` hook): the grader
+//! keeps such files out.
 
 /// A fixture log and the status maps the reference parsers give for it
 /// (`tests/fixtures/logs/RUNNER/NAME.log` and `NAME.expected.json`).
@@ -224,14 +231,51 @@ pub struct Report {
     /// with it, a non-zero status while no test failed or errored is a doubt, as in
     /// SWE-bench.
     pub exit_code: Option<i32>,
+    /// How an expected id finds its test in [`Report::results`] ([`Report::status`]).
+    #[serde(skip)]
+    pub names: Names,
+}
+
+/// How an instance's expected ids are matched against a parser's names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Names {
+    /// Only the name exactly as the parser records it (SWE-bench's parsers: their
+    /// instance lists were made by them).
+    #[default]
+    Exact,
+    /// unittest's names in any of the forms a test is known by: as Python before 3.11
+    /// prints it (`test_m (pkg.mod.Class)`), as 3.11 and later print it (`test_m
+    /// (pkg.mod.Class.test_m)`), or by its dotted id (`pkg.mod.Class.test_m`, what
+    /// `TestCase.id()` gives and SWE-Gym-style lists hold). unittest never prints a
+    /// test's dotted id (a doctest's neither: `name (module)`), so a dotted id is
+    /// looked up by the printed forms only: a line naming a test by its dotted id was
+    /// written by the code under test.
+    Unittest,
 }
 
 impl Report {
+    /// The status of the test an instance names `id`, by [`Report::names`]: the
+    /// name's own entry, or for unittest's names the entry of either printed form of
+    /// the same test (the id's own form first).
+    pub fn status(&self, id: &str) -> Option<TestStatus> {
+        match self.names {
+            Names::Exact => self.results.get(id).copied(),
+            Names::Unittest => unittest::spellings(id)
+                .iter()
+                .find_map(|name| self.results.get(name).copied()),
+        }
+    }
+
     /// Why this log cannot be trusted as evidence, in words for a user, or `None` when
-    /// it can: no runner summary at all (the run was cut short, or never started); a
-    /// doubt ([`Report::doubts`]); a test reported with two different outcomes (named);
+    /// it can: a doubt ([`Report::doubts`]); no runner summary at all (the run was cut
+    /// short, or never started); a test reported with two different outcomes (named);
     /// a failing exit status with no failure in the log.
     pub fn distrust(&self) -> Option<String> {
+        // A doubt first: it says more than a missing summary (the seal's, that the
+        // code under test ended the run, leaves no summary of the runner's either).
+        if let Some(d) = self.doubts.first() {
+            return Some(d.clone());
+        }
         if self.summary.is_none() {
             return Some(
                 "the log has no closing summary from the test runner: the run ended before \
@@ -239,9 +283,6 @@ impl Report {
                  process), so its test lines prove nothing"
                     .to_string(),
             );
-        }
-        if let Some(d) = self.doubts.first() {
-            return Some(d.clone());
         }
         if let Some((id, statuses)) = self.conflicts.iter().next() {
             let said: Vec<&str> = statuses.iter().map(|s| s.name()).collect();
@@ -388,6 +429,12 @@ struct Reading {
     list: Option<Range<usize>>,
     /// The parser's own doubts (counts that disagree with the summary).
     doubts: Vec<String>,
+    /// The one name of a test the runner may name in several ways (unittest's printed
+    /// and dotted forms), so that two outcomes given it under different names are
+    /// seen as a conflict; `None` when each name is its own test.
+    same: Option<fn(&str) -> Option<String>>,
+    /// How expected ids find their tests in the report ([`Report::names`]).
+    names: Names,
 }
 
 impl Reading {
@@ -421,6 +468,23 @@ impl Reading {
         }
     }
 
+    /// Adds a doubt when the runner's summary (on line `at`) counts failed or errored
+    /// tests (`counted`, those it leaves out as zero) while every per-test line before
+    /// it that reports an outcome reports a pass: the runner wrote the summary, so the
+    /// passing lines were written by something else (the code under test printing the
+    /// runner's lines for itself).
+    fn check_failing(&mut self, runner: &str, summary: &str, at: usize, counted: u64) {
+        let before = || self.sightings.iter().filter(|s| s.line < at);
+        let failing = before().any(|s| matches!(s.status, TestStatus::Failed | TestStatus::Error));
+        let passing = before().any(|s| s.status.passed());
+        if counted > 0 && passing && !failing {
+            self.doubts.push(format!(
+                "{runner}'s own summary (`{summary}`) counts {counted} failing tests, but every \
+                 per-test line in the log reports a pass: {runner} did not write those lines"
+            ));
+        }
+    }
+
     /// The shared checks: test lines after the summary, and conflicting reports.
     fn into_report(mut self) -> Report {
         let mut doubts = Vec::new();
@@ -440,28 +504,33 @@ impl Reading {
             }
         }
         doubts.append(&mut self.doubts);
-        let checked: std::collections::BTreeSet<&str> = match &self.list {
+        // Sightings of one test under its different names are grouped by its one
+        // name, and a conflict is reported under the name first seen.
+        let same = self.same;
+        let key = |id: &str| same.and_then(|f| f(id)).unwrap_or_else(|| id.to_string());
+        let checked: std::collections::BTreeSet<String> = match &self.list {
             Some(range) => self
                 .sightings
                 .iter()
                 .filter(|s| range.contains(&s.line))
-                .map(|s| s.id.as_str())
+                .map(|s| key(&s.id))
                 .collect(),
-            None => self.sightings.iter().map(|s| s.id.as_str()).collect(),
+            None => self.sightings.iter().map(|s| key(&s.id)).collect(),
         };
-        let mut seen: BTreeMap<&str, Vec<TestStatus>> = BTreeMap::new();
+        let mut seen: BTreeMap<String, (&str, Vec<TestStatus>)> = BTreeMap::new();
         for s in &self.sightings {
-            if checked.contains(s.id.as_str()) {
-                let statuses = seen.entry(&s.id).or_default();
+            let k = key(&s.id);
+            if checked.contains(&k) {
+                let (_, statuses) = seen.entry(k).or_insert((&s.id, Vec::new()));
                 if !statuses.contains(&s.status) {
                     statuses.push(s.status);
                 }
             }
         }
         let conflicts = seen
-            .into_iter()
+            .into_values()
             .filter(|(_, v)| v.len() > 1)
-            .map(|(k, v)| (k.to_string(), v))
+            .map(|(first, v)| (first.to_string(), v))
             .collect();
         Report {
             results: self.results,
@@ -469,6 +538,7 @@ impl Reading {
             summary: self.summary.map(|(s, _)| s),
             doubts,
             exit_code: None,
+            names: self.names,
         }
     }
 }

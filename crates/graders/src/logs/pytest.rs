@@ -110,6 +110,10 @@ pub(super) fn read(log: &str, flavor: Flavor) -> Reading {
             r.doubts.push(doubt);
         }
     }
+    if let Some((at, s)) = summaries.last() {
+        let failing = s.failed.unwrap_or(0).saturating_add(s.errors.unwrap_or(0));
+        r.check_failing("pytest", &s.line, *at, failing);
+    }
     r.summary = summaries.into_iter().last().map(|(i, s)| (s, i));
     r
 }

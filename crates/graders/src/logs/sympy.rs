@@ -98,6 +98,9 @@ pub(super) fn read(log: &str) -> Reading {
         for (word, n, counted) in counts {
             r.check_count("sympy", &format!("`{word}`"), n, counted);
         }
+        // Only failures: an exception may be a test file's import error, which has no
+        // per-test line.
+        r.check_failing("sympy", &s.line, at, s.failed.unwrap_or(0));
     }
     r
 }

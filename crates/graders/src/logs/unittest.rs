@@ -12,11 +12,18 @@
 //! on an indented line of its own). Failures are then shown under `FAIL: name` and
 //! `ERROR: name` headers, and the run ends with `Ran N tests in Xs` and `OK` or `FAILED
 //! (failures=1, errors=2, skipped=1, expected failures=1, unexpected successes=1)`.
+//!
+//! The code under test writes to the same log, and can write lines of the runner's
+//! shape (`tests.test_x.C.test_m ... ok`) for tests the runner says failed. So the
+//! lines are checked against the summary the runner writes last ([`agree`]), one test's
+//! names (`test_m (m.C)`, `test_m (m.C.test_m)`, `m.C.test_m`) count as one
+//! ([`dotted`]), and an expected dotted id is looked for under the runner's printed
+//! forms only ([`spellings`]).
 
 use std::collections::BTreeSet;
 
 use super::text::{is_py_space, lines, py_split, py_strip};
-use super::{Reading, Summary, TestStatus};
+use super::{Names, Reading, Summary, TestStatus};
 
 /// Which of the unittest parsers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,14 +34,30 @@ pub(super) enum Flavor {
     Unittest,
 }
 
+/// The names unittest gives the errors of a class's or a module's fixtures (its
+/// `_ErrorHolder`s): reported, but not tests that ran.
+const FIXTURES: [&str; 4] = [
+    "setUpClass",
+    "tearDownClass",
+    "setUpModule",
+    "tearDownModule",
+];
+
+/// The rule unittest writes above each failure report (`separator1`).
+const REPORT_RULE: &str = "======================================================================";
+
 /// Reads a unittest or Django log.
 pub(super) fn read(log: &str, flavor: Flavor) -> Reading {
     let lines = lines(log);
-    let mut r = Reading::default();
-    sightings(&mut r, &lines);
+    let mut r = Reading {
+        same: Some(dotted),
+        ..Reading::default()
+    };
+    let seen = sightings(&mut r, &lines);
     match flavor {
         Flavor::Django => django(&mut r, log, &lines),
         Flavor::Unittest => {
+            r.names = Names::Unittest;
             let seen: Vec<(String, TestStatus)> = r
                 .sightings
                 .iter()
@@ -45,33 +68,48 @@ pub(super) fn read(log: &str, flavor: Flavor) -> Reading {
             }
         }
     }
-    r.summary = summary(&lines);
-    if let Some((s, at)) = &r.summary
-        && let Some(total) = s.total
-    {
-        // Every test that ran, skipped ones aside (Python 3.12 stops counting them),
-        // is in `Ran N`; one with an expected failure or unexpected success is not `ok`.
-        let room = total
-            .saturating_sub(s.xfailed.unwrap_or(0))
-            .saturating_sub(s.xpassed.unwrap_or(0));
-        let ok: BTreeSet<&str> = r
-            .sightings
-            .iter()
-            .filter(|x| x.status == TestStatus::Passed && x.line < *at)
-            .map(|x| x.id.as_str())
-            .collect();
-        let ok = u64::try_from(ok.len()).unwrap_or(u64::MAX);
-        r.check_count("the runner", "ok", ok, Some(room));
+    let mut all = summaries(&lines);
+    r.summary = all.pop();
+    if let Some((s, at)) = r.summary.clone() {
+        if let Some((earlier, line)) = all.last() {
+            r.doubts.push(format!(
+                "the log holds two closing summaries of unittest's (`{}` on line {}, and `{}` \
+                 last): the runner writes one, so the other was written by the code under test",
+                earlier.line,
+                line + 1,
+                s.line
+            ));
+        }
+        agree(&mut r, &seen, &s, at);
     }
     r
 }
 
+/// What the runner's own lines say about each test, for the checks against its
+/// summary.
+#[derive(Debug, Default)]
+struct Lines {
+    /// Each outcome a per-test line gives (not a failure report, nor a subtest's line,
+    /// nor a class's or module's fixture): the test's name, the outcome and the line.
+    outcomes: Vec<(String, TestStatus, usize)>,
+    /// The line of each test's start: its name (or docstring) written before ` ... `,
+    /// once each time a test is started (fixtures and subtests aside).
+    started: Vec<usize>,
+    /// Each failure report (`FAIL: name`, `ERROR: name` under unittest's `====` rule):
+    /// its outcome and line.
+    reports: Vec<(TestStatus, usize)>,
+}
+
 /// The per-test lines, by full name: `name ... outcome`, an outcome alone on a later
 /// line for the test still open, and the `FAIL:`/`ERROR:`/`UNEXPECTED SUCCESS:`
-/// headers.
-fn sightings(r: &mut Reading, lines: &[&str]) {
+/// headers. A ` ... outcome` line that names no test as unittest prints names (output
+/// of the code under test, or a doctest's dotted name) does not close the test that
+/// is open: its outcome, on a later line, is still the runner's word on that test.
+fn sightings(r: &mut Reading, lines: &[&str]) -> Lines {
+    let mut seen = Lines::default();
     let mut open: Option<String> = None;
     let mut name_above: Option<String> = None;
+    let mut rule_above = false;
     for (i, raw) in lines.iter().enumerate() {
         let line = py_strip(raw);
         let this_name = (!line.contains(" ... "))
@@ -81,34 +119,177 @@ fn sightings(r: &mut Reading, lines: &[&str]) {
         if let Some((status, rest)) = header(line) {
             let id = test_name(rest).unwrap_or(rest);
             r.saw(id, status, i);
+            if rule_above && status != TestStatus::XPass {
+                seen.reports.push((status, i));
+            }
             open = None;
         } else if line.contains(" ... ") || line.ends_with(" ...") {
             // A line left open ends in ` ...`: its outcome comes later.
             let padded = format!("{line} ");
             let parts: Vec<&str> = padded.split(" ... ").collect();
-            let (Some(outcome), Some(desc)) = (parts.last(), parts.len().checked_sub(2)) else {
+            let Some((outcome, descs)) = parts.split_last() else {
                 continue;
             };
-            let desc = parts[desc];
-            let id = match test_name(desc) {
-                Some(name) => name.to_string(),
-                None if parts.len() == 2 => name_above.clone().unwrap_or_else(|| desc.to_string()),
-                None => desc.to_string(),
+            // Each description's test. A line naming no test, just below a name, is
+            // that test's docstring (whatever it holds, ` ... ` included).
+            let named = descs.iter().any(|d| test_name(d).is_some());
+            let ids: Vec<(String, bool, bool)> = match &name_above {
+                Some(above) if !named => vec![(above.clone(), true, true)],
+                _ => descs
+                    .iter()
+                    .map(|d| match test_name(d) {
+                        Some(name) => (name.to_string(), true, name == d.trim()),
+                        None => (d.trim().to_string(), false, true),
+                    })
+                    .collect(),
+            };
+            for (id, _, whole) in &ids {
+                if *whole && !id.is_empty() && !is_fixture(id) {
+                    seen.started.push(i);
+                }
+            }
+            let last_name = ids
+                .iter()
+                .rev()
+                .find(|(_, name, _)| *name)
+                .map(|x| x.0.clone());
+            let Some((id, is_name, whole)) = ids.last() else {
+                continue;
             };
             match outcome_word(outcome.trim()) {
                 Some(status) => {
-                    r.saw(&id, status, i);
-                    open = None;
+                    r.saw(id, status, i);
+                    // Output of a test that merely holds ` ... ok` names no test; a
+                    // line naming one in any of its forms counts as its result.
+                    if *whole && !is_fixture(id) && (*is_name || dotted(id).is_some()) {
+                        seen.outcomes.push((id.clone(), status, i));
+                    }
+                    if *is_name {
+                        open = None;
+                    } else if last_name.is_some() {
+                        open = last_name;
+                    }
                 }
-                None => open = Some(id),
+                None => {
+                    if last_name.is_some() {
+                        open = last_name;
+                    } else if open.is_none() {
+                        open = Some(id.clone());
+                    }
+                }
             }
         } else if let Some(status) = outcome_word(line)
             && let Some(id) = open.take()
         {
             r.saw(&id, status, i);
+            if !is_fixture(&id) {
+                seen.outcomes.push((id, status, i));
+            }
         }
         name_above = this_name;
+        rule_above = line == REPORT_RULE;
     }
+    seen
+}
+
+/// Whether `id` names a class's or module's fixture (`setUpClass (m.C)`).
+fn is_fixture(id: &str) -> bool {
+    id.split_once(" (")
+        .is_some_and(|(method, _)| FIXTURES.contains(&method))
+}
+
+/// Adds a doubt for each way the runner's lines before its summary (on line `at`)
+/// disagree with what the summary counts. unittest writes, per test it starts, its
+/// name and ` ... ` and then one outcome (a failing subtest adds lines of its own,
+/// and, before Python 3.11, leaves the test's own line without one); a report under a
+/// `====` rule per failure and per error (of a subtest or a fixture too); and `Ran N
+/// tests` counting the tests started (from 3.12 not those skipped before they
+/// started) and `OK` or `FAILED (failures=…, errors=…, …)` counting the reports. A
+/// log whose lines say more than that, or other than that, was written in part by
+/// something else: the code under test printing the runner's lines for itself.
+fn agree(r: &mut Reading, seen: &Lines, s: &Summary, at: usize) {
+    let before = |line: &usize| *line < at;
+    let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+    let total = s.total.unwrap_or(0);
+    let (failed, errors, skipped) = (
+        s.failed.unwrap_or(0),
+        s.errors.unwrap_or(0),
+        s.skipped.unwrap_or(0),
+    );
+    let reported = |st: TestStatus| {
+        count(
+            seen.reports
+                .iter()
+                .filter(|(x, l)| *x == st && before(l))
+                .count(),
+        )
+    };
+    let (failure_reports, error_reports) =
+        (reported(TestStatus::Failed), reported(TestStatus::Error));
+    if (failure_reports, error_reports) != (failed, errors) {
+        r.doubts.push(format!(
+            "unittest's own summary (`{}`) counts {failed} failures and {errors} errors, but the \
+             log holds {failure_reports} failure and {error_reports} error reports: the log is \
+             not one run of the runner",
+            s.line
+        ));
+    }
+    let outcomes: Vec<&(String, TestStatus, usize)> =
+        seen.outcomes.iter().filter(|(_, _, l)| before(l)).collect();
+    let results = count(outcomes.len());
+    let unskipped = count(
+        outcomes
+            .iter()
+            .filter(|(_, st, _)| *st != TestStatus::Skipped)
+            .count(),
+    );
+    if unskipped > total || results > total.saturating_add(skipped) {
+        r.doubts.push(format!(
+            "the log gives {results} per-test results but unittest's own summary (`{}`) says it \
+             ran {total} tests: lines were added to the log",
+            s.line
+        ));
+    }
+    let started = count(seen.started.iter().filter(|l| before(l)).count());
+    if started < total {
+        r.doubts.push(format!(
+            "unittest's own summary (`{}`) says it ran {total} tests, but the log names only \
+             {started} (run it with `-v`, verbosity 2, so each test has its line)",
+            s.line
+        ));
+    }
+    let tests = |st: TestStatus| -> u64 {
+        let ids: BTreeSet<String> = outcomes
+            .iter()
+            .filter(|(_, x, _)| *x == st)
+            .map(|(id, _, _)| dotted(id).unwrap_or_else(|| id.clone()))
+            .collect();
+        count(ids.len())
+    };
+    // Every test that ran, skipped ones aside (Python 3.12 stops counting them), is in
+    // `Ran N`; one with an expected failure or unexpected success is not `ok`.
+    let room = total
+        .saturating_sub(s.xfailed.unwrap_or(0))
+        .saturating_sub(s.xpassed.unwrap_or(0));
+    for (st, word, counted) in [
+        (TestStatus::Passed, "ok", room),
+        (TestStatus::Failed, "FAIL", failed),
+        (TestStatus::Error, "ERROR", errors),
+        (TestStatus::Skipped, "skipped", skipped),
+        (
+            TestStatus::XFail,
+            "expected failure",
+            s.xfailed.unwrap_or(0),
+        ),
+        (
+            TestStatus::XPass,
+            "unexpected success",
+            s.xpassed.unwrap_or(0),
+        ),
+    ] {
+        r.check_count("the runner", word, tests(st), Some(counted));
+    }
+    r.check_failing("unittest", &s.line, at, failed.saturating_add(errors));
 }
 
 /// An outcome as unittest writes it after ` ... `.
@@ -162,20 +343,95 @@ fn test_name(s: &str) -> Option<&str> {
     (after.is_empty() || (after.starts_with(" (") && after.ends_with(')'))).then(|| &s[..end])
 }
 
-/// `Ran N tests in Xs` (the last one) and the `OK` / `FAILED (…)` / `NO TESTS RAN`
-/// line after it, with the index of the `Ran` line.
-fn summary(lines: &[&str]) -> Option<(Summary, usize)> {
-    let (at, ran) = lines.iter().enumerate().rev().find_map(|(i, l)| {
-        let l = py_strip(l);
-        let rest = l.strip_prefix("Ran ")?;
-        let (n, rest) = super::text::leading_number(rest)?;
-        let rest = rest
-            .strip_prefix("tests in ")
-            .or_else(|| rest.strip_prefix("test in "))?;
-        rest.strip_suffix('s')
-            .filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit() || c == '.'))?;
-        Some((i, n))
-    })?;
+/// Whether `s` is a dotted name: two or more words of letters, digits and `_`,
+/// joined by dots (`pkg.mod.Class.test_m`, what `TestCase.id()` gives).
+fn is_dotted(s: &str) -> bool {
+    let word = |w: &str| !w.is_empty() && w.chars().all(|c| c.is_alphanumeric() || c == '_');
+    s.contains('.') && s.split('.').all(word)
+}
+
+/// A test's one name, its dotted id (`pkg.mod.Class.test_m`), from any of the forms
+/// unittest gives it: `test_m (pkg.mod.Class)` (Python before 3.11), `test_m
+/// (pkg.mod.Class.test_m)` (3.11 and later: the dotted id in brackets, at least
+/// module, class and method), or the dotted id itself. `None` for anything else (a
+/// subtest's name with its parameters, a docstring). A class whose name is its
+/// method's, in a dotted module, printed by a Python before 3.11 (`test_m
+/// (pkg.mod.test_m)`), reads as 3.11's form: the one ambiguity of the two forms.
+pub(super) fn dotted(id: &str) -> Option<String> {
+    if is_dotted(id) {
+        return Some(id.to_string());
+    }
+    if test_name(id) != Some(id) {
+        return None;
+    }
+    let (method, rest) = id.split_once(" (")?;
+    let path = rest.strip_suffix(')')?;
+    let full = path
+        .strip_suffix(method)
+        .is_some_and(|p| p.ends_with('.') && p.matches('.').count() >= 2);
+    Some(if full {
+        path.to_string()
+    } else {
+        format!("{path}.{method}")
+    })
+}
+
+/// The names a test `id` may be recorded under by the `unittest` parser, in the order
+/// to try them: `id` itself, then its other printed form; a dotted id only under its
+/// two printed forms, since unittest never prints one (a doctest too is printed as
+/// `name (module)`): a line that names a test by its dotted id was written by
+/// something else.
+pub(super) fn spellings(id: &str) -> Vec<String> {
+    let Some(full) = dotted(id) else {
+        return vec![id.to_string()];
+    };
+    let Some((path, method)) = full.rsplit_once('.') else {
+        return vec![id.to_string()];
+    };
+    let new = format!("{method} ({full})");
+    let old = format!("{method} ({path})");
+    let mut out = if is_dotted(id) {
+        vec![new, old]
+    } else {
+        vec![id.to_string(), new, old]
+    };
+    let mut seen = BTreeSet::new();
+    out.retain(|n| seen.insert(n.clone()));
+    out
+}
+
+/// Every closing summary in the log with the index of its `Ran N tests in Xs` line:
+/// the `OK` / `FAILED (…)` / `NO TESTS RAN` line after it read into counts. The last
+/// `Ran` line is the runner's; without its verdict line the run was cut short and
+/// there is none.
+fn summaries(lines: &[&str]) -> Vec<(Summary, usize)> {
+    let ran: Vec<(usize, u64)> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let l = py_strip(l);
+            let rest = l.strip_prefix("Ran ")?;
+            let (n, rest) = super::text::leading_number(rest)?;
+            let rest = rest
+                .strip_prefix("tests in ")
+                .or_else(|| rest.strip_prefix("test in "))?;
+            rest.strip_suffix('s')
+                .filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit() || c == '.'))?;
+            Some((i, n))
+        })
+        .collect();
+    let complete: Vec<(Summary, usize)> = ran
+        .iter()
+        .filter_map(|&(at, n)| Some((summary_at(lines, at, n)?, at)))
+        .collect();
+    match (ran.last(), complete.last()) {
+        (Some((last, _)), Some((_, at))) if last == at => complete,
+        _ => Vec::new(),
+    }
+}
+
+/// The summary whose `Ran {ran} tests` line is line `at`, if its verdict line follows.
+fn summary_at(lines: &[&str], at: usize, ran: u64) -> Option<Summary> {
     let verdict = lines
         .iter()
         .skip(at + 1)
@@ -212,7 +468,7 @@ fn summary(lines: &[&str]) -> Option<(Summary, usize)> {
             *slot = Some(n);
         }
     }
-    Some((s, at))
+    Some(s)
 }
 
 /// SWE-bench's Django parser, line by line, then its three patterns for Django's own
@@ -408,7 +664,14 @@ fn tail_match(
     }
 }
 
-/// Why `parser` can never report `id` as passing.
+/// Why `parser` can never report `id` as passing. The `unittest` parser reports a
+/// test by its name as unittest prints it (`test_x (module.Class)`, or from Python 3.11
+/// `test_x (module.Class.test_x)`; a `FunctionTestCase`'s `module.Class (function)`),
+/// and finds a test by its dotted id (`module.Class.test_x`) under either printed form;
+/// nothing else (a docstring, which unittest prints below the name; a subtest's
+/// parameters, which are not part of the test's name; a bare method name). SWE-bench's
+/// `django` parser records a passing test by its line's text, which Django's runner
+/// never writes as a dotted id.
 pub(super) fn unreportable(parser: &str, id: &str) -> Option<String> {
     if let Some((file, _)) = id.split_once("::")
         && file.contains(".py")
@@ -418,13 +681,46 @@ pub(super) fn unreportable(parser: &str, id: &str) -> Option<String> {
              `test_x (module.Class)` names"
         ));
     }
-    if parser == "unittest" && py_strip(id) != id {
+    if parser == "django" {
+        if is_dotted(id) && id.matches('.').count() >= 2 {
+            return Some(format!(
+                "`{id}` is unittest's dotted id, which Django's runner never prints and the \
+                 `django` parser (SWE-bench's) never reports: name the test as the runner prints \
+                 it (`test_x (module.Class)`), or use the `unittest` parser, which reads Django's \
+                 runner and matches dotted ids"
+            ));
+        }
+        return None;
+    }
+    if py_strip(id) != id {
         return Some(format!(
             "the `unittest` parser reads names from stripped lines, so it can never report `{id}` \
              with its surrounding whitespace"
         ));
     }
-    None
+    let printed = id.split_once(" (").is_some_and(|(left, rest)| {
+        let word = |c: char| c.is_alphanumeric() || c == '_' || c == '.';
+        !left.is_empty()
+            && left.chars().all(word)
+            && rest
+                .strip_suffix(')')
+                .is_some_and(|p| !p.is_empty() && p.chars().all(word))
+    });
+    if is_dotted(id) || printed {
+        return None;
+    }
+    let what = if test_name(id).is_some() {
+        "a subtest's parameters are not part of its test's name, and the parser reports the test"
+    } else if id.chars().all(|c| c.is_alphanumeric() || c == '_') {
+        "a bare method name is never printed alone"
+    } else {
+        "unittest prints a test's docstring below its name, which the parser reports it by"
+    };
+    Some(format!(
+        "the `unittest` parser reports a test by its name as unittest prints it (`test_x \
+         (module.Class)`, `test_x (module.Class.test_x)` from Python 3.11) or finds it by its \
+         dotted id (`module.Class.test_x`), so it can never report `{id}`: {what}"
+    ))
 }
 
 #[cfg(test)]

@@ -234,5 +234,15 @@ fn instances_a_parser_cannot_read_are_refused() {
             .contains("not a log parser")
     );
     assert!(parseable("pytest", &ids(&[""]), &[]).is_err());
+    // unittest's dotted ids: the `unittest` parser finds them, SWE-bench's Django
+    // parser never reports them; neither reports a subtest or a docstring as a name.
+    let dotted = ids(&["tests.test_calc.C.test_add"]);
+    assert_eq!(parseable("unittest", &dotted, &[]), Ok(()));
+    let e = parseable("django", &dotted, &[]).unwrap_err();
+    assert!(e.contains("`tests.test_calc.C.test_add`"), "{e}");
+    let e = parseable("unittest", &dotted, &ids(&["test_x (a.C.test_x) (i=1)"])).unwrap_err();
+    assert!(e.contains("`test_x (a.C.test_x) (i=1)`"), "{e}");
+    let e = parseable("unittest", &ids(&["A docstring."]), &[]).unwrap_err();
+    assert!(e.contains("`A docstring.`"), "{e}");
     assert_eq!(parseable("parse_log_astropy", &spaced, &[]), Ok(()));
 }

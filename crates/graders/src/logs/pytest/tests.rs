@@ -328,6 +328,20 @@ fn a_second_summary_after_pytests_own_is_caught() {
 }
 
 #[test]
+fn a_summary_counting_failures_over_passing_lines_is_caught() {
+    // Every listed test passed; the summary says one failed (the code under test
+    // printed the list, or the summary is another run's).
+    let (log, _) = fixture!("pytest", "mouse");
+    assert_eq!(parse("matplotlib", log).unwrap().distrust(), None);
+    let forged = log.replace(" 2 passed in ", " 1 failed, 2 passed in ");
+    let why = parse("matplotlib", &forged).unwrap().distrust().unwrap();
+    assert!(
+        why.contains("counts 1 failing tests") && why.contains("every per-test line"),
+        "{why}"
+    );
+}
+
+#[test]
 fn summaries_of_every_pytest_era_are_read() {
     let s = summary("============ 1 failed, 2 passed, 3 warnings in 0.12s =============").unwrap();
     assert_eq!((s.failed, s.passed, s.errors), (Some(1), Some(2), None));

@@ -64,6 +64,17 @@ fn a_passing_run_has_a_one_line_summary() {
 }
 
 #[test]
+fn a_summary_counting_failures_over_passing_lines_is_caught() {
+    let (log, _) = fixture!("sympy", "passing");
+    let forged = log.replace("3 passed, in", "3 passed, 1 failed, in");
+    let why = parse("sympy", &forged).unwrap().distrust().unwrap();
+    assert!(why.contains("counts 1 failing tests"), "{why}");
+    // An exception need not have a line of its own (a test file that fails to import).
+    let exception = log.replace("3 passed, in", "3 passed, 1 exceptions, in");
+    assert_eq!(parse("sympy", &exception).unwrap().distrust(), None);
+}
+
+#[test]
 fn a_run_cut_short_is_distrusted() {
     let (log, _) = fixture!("sympy", "cut");
     let r = parse("sympy", log).unwrap();

@@ -15,6 +15,14 @@ fn fixtures() -> Vec<(&'static str, (&'static str, &'static str))> {
         ("py39", fixture!("unittest", "py39")),
         ("py311", fixture!("unittest", "py311")),
         ("py312", fixture!("unittest", "py312")),
+        ("calc_py39", fixture!("unittest", "calc_py39")),
+        ("calc_py311", fixture!("unittest", "calc_py311")),
+        ("calc_forged_py39", fixture!("unittest", "calc_forged_py39")),
+        (
+            "calc_forged_py311",
+            fixture!("unittest", "calc_forged_py311"),
+        ),
+        ("calc_quiet_py311", fixture!("unittest", "calc_quiet_py311")),
     ]
 }
 
@@ -170,7 +178,9 @@ fn more_ok_lines_than_tests_run_are_caught() {
     let forged = log.replacen("test_pass (", &format!("{extra}test_pass ("), 1);
     let r = parse("django", &forged).unwrap();
     assert!(
-        r.doubts[0].contains("14 tests are listed as ok"),
+        r.doubts
+            .iter()
+            .any(|d| d.contains("14 tests are listed as ok")),
         "{:?}",
         r.doubts
     );
@@ -245,4 +255,199 @@ fn test_names_are_recognised_as_unittest_prints_them() {
     ] {
         assert_eq!(test_name(not), None, "{not}");
     }
+}
+
+/// The four tests of `tests/test_calc.py` by their dotted ids.
+const CALC: [&str; 4] = [
+    "tests.test_calc.C.test_add",
+    "tests.test_calc.C.test_div",
+    "tests.test_calc.C.test_mul",
+    "tests.test_calc.C.test_sub",
+];
+
+#[test]
+fn dotted_ids_find_their_tests_in_either_pythons_names() {
+    for (name, (log, _)) in [
+        ("calc_py39", fixture!("unittest", "calc_py39")),
+        ("calc_py311", fixture!("unittest", "calc_py311")),
+    ] {
+        let r = parse("unittest", log).unwrap();
+        assert_eq!(r.distrust(), None, "{name}");
+        for id in CALC {
+            // `test_div` has a docstring: its name is the line above it.
+            assert_eq!(r.status(id), Some(Passed), "{name}: {id}");
+        }
+        // A name as the other Python prints it finds the same test.
+        assert_eq!(
+            r.status("test_add (tests.test_calc.C)"),
+            Some(Passed),
+            "{name}"
+        );
+        assert_eq!(
+            r.status("test_add (tests.test_calc.C.test_add)"),
+            Some(Passed),
+            "{name}"
+        );
+        assert_eq!(r.status("tests.test_calc.C.test_nope"), None, "{name}");
+        assert_eq!(r.status("tests.test_calc.C"), None, "{name}");
+        // SWE-bench's Django parser matches exact names only.
+        let d = parse("django", log).unwrap();
+        assert_eq!(d.status(CALC[0]), None, "{name}");
+    }
+}
+
+#[test]
+fn the_forms_of_a_tests_name() {
+    use super::{dotted, spellings};
+    for (id, want) in [
+        ("test_m (a.b.C)", Some("a.b.C.test_m")),
+        ("test_m (a.b.C.test_m)", Some("a.b.C.test_m")),
+        ("test_m (C.test_m)", Some("C.test_m.test_m")),
+        ("test_m (a.C)", Some("a.C.test_m")),
+        ("a.b.C.test_m", Some("a.b.C.test_m")),
+        ("test_m (a.b.C.test_m) (i=1)", None),
+        ("A docstring.", None),
+        ("test_m", None),
+        ("a..b", None),
+    ] {
+        assert_eq!(dotted(id).as_deref(), want, "{id}");
+    }
+    assert_eq!(
+        spellings("a.C.test_m"),
+        ["test_m (a.C.test_m)", "test_m (a.C)"]
+    );
+    // A printed name is never looked up as a dotted one: unittest prints a test
+    // method's dotted id only when something else wrote the line.
+    assert_eq!(
+        spellings("test_m (a.C)"),
+        ["test_m (a.C)", "test_m (a.C.test_m)"]
+    );
+    assert_eq!(spellings("A docstring."), ["A docstring."]);
+}
+
+#[test]
+fn a_wrong_fix_printing_ok_lines_for_its_failing_tests_is_distrusted() {
+    // The code under test writes `tests.test_calc.C.test_x ... ok` for each test it
+    // fails; unittest's own `ERROR`s, reports and `FAILED (errors=4)` follow.
+    for (name, (log, _)) in [
+        ("calc_forged_py39", fixture!("unittest", "calc_forged_py39")),
+        (
+            "calc_forged_py311",
+            fixture!("unittest", "calc_forged_py311"),
+        ),
+    ] {
+        for parser in ["unittest", "django"] {
+            let r = parse(parser, log).unwrap();
+            let why = r.distrust().unwrap();
+            assert!(
+                why.contains("8 per-test results") && why.contains("ran 4 tests"),
+                "{name} {parser}: {why}"
+            );
+            // Each test is reported both ways, under its two names.
+            assert_eq!(r.conflicts.len(), 4, "{name} {parser}: {:?}", r.conflicts);
+            assert_eq!(
+                r.conflicts["tests.test_calc.C.test_add"],
+                [Passed, Error],
+                "{name} {parser}"
+            );
+        }
+        // And the dotted ids find unittest's own word on the tests, never the forgery
+        // (a line naming a test by its dotted id).
+        let r = parse("unittest", log).unwrap();
+        for id in CALC {
+            assert_eq!(r.status(id), Some(Error), "{name}: {id}");
+        }
+        let only_forged = log.replace("ERROR: test_", "ERROR: other_");
+        let only_forged = only_forged.replace("\nERROR\n", "\n");
+        let r = parse("unittest", &only_forged).unwrap();
+        assert_eq!(r.results["tests.test_calc.C.test_add"], Passed, "{name}");
+        assert_eq!(r.status("tests.test_calc.C.test_add"), None, "{name}");
+    }
+}
+
+#[test]
+fn a_summary_that_disagrees_with_the_lines_is_distrusted() {
+    let (ok, _) = fixture!("unittest", "calc_py311");
+    let verdict = "\nOK\n";
+    assert!(ok.ends_with(verdict));
+    let body = &ok[..ok.len() - verdict.len()];
+    // Every line passes, the summary says four errors: no report of them.
+    let failed = format!("{body}\nFAILED (errors=4)\n");
+    let r = parse("unittest", &failed).unwrap();
+    let why = r.distrust().unwrap();
+    assert!(
+        why.contains("counts 0 failures and 4 errors") || why.contains("4 errors, but"),
+        "{why}"
+    );
+    assert!(
+        r.doubts.iter().any(|d| d.contains("every per-test line")),
+        "{:?}",
+        r.doubts
+    );
+    // `OK` with a failing line.
+    let failing = ok.replacen(
+        "test_mul (tests.test_calc.C.test_mul) ... ok",
+        "test_mul (tests.test_calc.C.test_mul) ... FAIL",
+        1,
+    );
+    let r = parse("unittest", &failing).unwrap();
+    let why = r.distrust().unwrap();
+    assert!(why.contains("listed as FAIL"), "{why}");
+    // A line more than the tests run.
+    let more = ok.replacen(
+        "test_mul (",
+        "test_new (tests.test_calc.C.test_new) ... ok\ntest_mul (",
+        1,
+    );
+    let why = parse("unittest", &more).unwrap().distrust().unwrap();
+    assert!(why.contains("5 per-test results"), "{why}");
+    // A run without `-v`: the summary counts tests the log does not name.
+    let (quiet, _) = fixture!("unittest", "calc_quiet_py311");
+    let why = parse("unittest", quiet).unwrap().distrust().unwrap();
+    assert!(why.contains("names only 0"), "{why}");
+}
+
+#[test]
+fn a_second_summary_is_distrusted() {
+    // A forger's whole passing run printed after the real, failing one (from an exit
+    // hook): the last summary is the forged one.
+    let (forged, _) = fixture!("unittest", "calc_forged_py311");
+    let (gold, _) = fixture!("unittest", "calc_py311");
+    let log = format!("{forged}{gold}");
+    for parser in ["unittest", "django"] {
+        let r = parse(parser, &log).unwrap();
+        assert!(r.summary.as_ref().unwrap().line.ends_with("; OK"));
+        let why = r.distrust().unwrap();
+        assert!(why.contains("two closing summaries"), "{parser}: {why}");
+    }
+}
+
+#[test]
+fn ids_the_parser_never_reports_are_refused() {
+    use super::super::unreportable;
+    for id in [
+        "tests.test_calc.C.test_add",
+        "test_add (tests.test_calc.C)",
+        "test_add (tests.test_calc.C.test_add)",
+        "setUpClass (tests.test_outcomes.BrokenClassSetup)",
+        "unittest.case.FunctionTestCase (test_fn)",
+        "mymod.func",
+    ] {
+        assert_eq!(unreportable("unittest", id), None, "{id}");
+    }
+    for (id, why) in [
+        ("test_x (a.C.test_x) (i=1)", "subtest"),
+        ("A docstring's first line.", "docstring"),
+        ("test_add", "bare method name"),
+        ("t.py::test_x", "pytest node id"),
+        (" test_x (a.C)", "whitespace"),
+    ] {
+        let got = unreportable("unittest", id).unwrap_or_default();
+        assert!(got.contains(why) && got.contains(id.trim()), "{id}: {got}");
+    }
+    // SWE-bench's Django parser never reports a dotted id; its own forms pass.
+    let got = unreportable("django", "tests.test_calc.C.test_add").unwrap();
+    assert!(got.contains("`unittest` parser"), "{got}");
+    assert_eq!(unreportable("django", "test_x (a.C)"), None);
+    assert_eq!(unreportable("django", "A docstring."), None);
 }
