@@ -120,24 +120,49 @@ impl Guard {
     }
 
     /// The command that records the workspace's modules and the names that resolve
-    /// outside it, for the sandbox's first `python3` (or `python`); it prints nothing
-    /// where there is no Python, and the guard is then off ([`Guard::python`]).
+    /// outside it, for the sandbox's first Python 3 (`python3`, else a `python` that is
+    /// 3). It always says what it found, on a line of its own: the version, `none` (no
+    /// Python 3: nothing to guard), or `failed` with the probe's last words.
     pub fn probe(&self) -> String {
         format!(
-            "mkdir -p {dir} && cat > {dir}/guard.py <<'ROLLOUT_GUARD_EOF'\n{SCRIPT}\nROLLOUT_GUARD_EOF\nfor py in python3 python; do command -v \"$py\" >/dev/null 2>&1 || continue; \"$py\" {dir}/guard.py probe {dir} 2>/dev/null; break; done; true",
+            "mkdir -p {dir} && cat > {dir}/guard.py <<'ROLLOUT_GUARD_EOF'\n{SCRIPT}\nROLLOUT_GUARD_EOF\n\
+             found=none\n\
+             for py in python3 python; do\n\
+             \x20 command -v \"$py\" >/dev/null 2>&1 || continue\n\
+             \x20 \"$py\" -c 'import sys; sys.exit(sys.version_info[0] < 3)' >/dev/null 2>&1 || continue\n\
+             \x20 found=$py; break\n\
+             done\n\
+             if [ \"$found\" = none ]; then echo '{PYTHON_LINE}none'\n\
+             elif ! \"$found\" {dir}/guard.py probe {dir} 2>{dir}/probe.err; then\n\
+             \x20 echo \"{PYTHON_LINE}failed $(tail -c 600 {dir}/probe.err | tr '\\n' ' ')\"\n\
+             fi; true",
             dir = self.dir
         )
     }
 
-    /// The sandbox's Python version from the probe's output (`3.11`), or `None` when it
-    /// has none (nothing to guard).
-    pub fn python(probe: Option<&ExecResult>) -> Option<String> {
-        probe?
+    /// What the probe found (see [`Guard::probe`]): the sandbox's Python version
+    /// (`3.11`), `None` when it has no Python 3 (nothing to guard), or why the probe
+    /// failed. A failed or missing probe is never read as "no Python": the graded run
+    /// would go unguarded.
+    pub fn python(probe: Option<&ExecResult>) -> Result<Option<String>, String> {
+        let Some(probe) = probe else {
+            return Err("the probe could not run in the evaluation sandbox".into());
+        };
+        let line = probe
             .output
             .lines()
             .find_map(|l| l.strip_prefix(PYTHON_LINE))
-            .and_then(|rest| rest.split_whitespace().next())
-            .map(str::to_string)
+            .ok_or_else(|| {
+                format!(
+                    "the probe said nothing (exit status {:?}, timed out: {})",
+                    probe.exit_code, probe.timed_out
+                )
+            })?;
+        match line.split_once(' ').map_or((line, ""), |(a, b)| (a, b)) {
+            ("none", _) => Ok(None),
+            ("failed", why) => Err(format!("the probe failed: {}", why.trim())),
+            (version, _) => Ok(Some(version.to_string())),
+        }
     }
 
     /// Whether a Python version (`3.11`) has safe-path mode.
@@ -149,16 +174,24 @@ impl Guard {
 
     /// Runs the sweep (after the changes are applied): the report, its refusals those
     /// of the agent's module entries that would shadow something. `python` is what
-    /// [`Guard::python`] found; without one the report is empty and nothing ran. A
-    /// sweep that cannot run is the machine's fault (the stage is tried again); one
-    /// that fails on what the workspace holds is a refusal of its own.
+    /// [`Guard::python`] found; without a Python the report is empty and nothing ran.
+    /// A probe or sweep that cannot run is the machine's fault (the stage is tried
+    /// again); a sweep that fails on what the workspace holds is a refusal of its own.
     pub async fn sweep(
         &self,
         client: &SandboxClient,
-        python: Option<String>,
+        python: Result<Option<String>, String>,
     ) -> Result<Report, StageError> {
-        let Some(version) = python else {
-            return Ok(Report::default());
+        let version = match python {
+            Ok(Some(version)) => version,
+            Ok(None) => return Ok(Report::default()),
+            // The probe ran before any of the agent's changes were there: its failure is
+            // the machine's or the task's, never a reason to grade unguarded.
+            Err(why) => {
+                return Err(StageError::Transient(format!(
+                    "the import guard cannot tell what the workspace held: {why}"
+                )));
+            }
         };
         let files = serde_json::to_string(&self.grader_files).unwrap_or_else(|_| "[]".into());
         let command = format!(
@@ -297,5 +330,206 @@ async fn run(client: &SandboxClient, command: String) -> Option<ExecResult> {
             tracing::warn!(error = %e, "the import guard's command could not run");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::process::Command;
+
+    /// The sandboxes' Python (they see the host's `/usr`); `None`, failing under CI,
+    /// where it is missing.
+    fn python() -> Option<&'static str> {
+        const PYTHON: &str = "/usr/bin/python3";
+        if Path::new(PYTHON).exists() {
+            return Some(PYTHON);
+        }
+        crate::prerequisite::missing(
+            "the import guard's tests",
+            "/usr/bin/python3 is missing (scripts/setup.sh installs it)",
+        );
+        None
+    }
+
+    /// Runs `script` with bash in `cwd` with `path` as `PATH`.
+    fn sh(script: &str, cwd: &Path, path: &str) -> ExecResult {
+        let out = Command::new("/bin/bash")
+            .arg("-c")
+            .arg(script)
+            .current_dir(cwd)
+            .env_clear()
+            .env("PATH", path)
+            .output()
+            .unwrap();
+        ExecResult {
+            output: String::from_utf8_lossy(&out.stdout).into_owned(),
+            exit_code: out.status.code(),
+            signal: None,
+            omitted_bytes: 0,
+            timed_out: false,
+            elapsed_us: 0,
+        }
+    }
+
+    fn guard_in(dir: &Path, files: &[&str]) -> Guard {
+        Guard {
+            dir: dir.to_string_lossy().into_owned(),
+            grader_files: files.iter().map(|f| f.to_string()).collect(),
+        }
+    }
+
+    /// A directory of links to the programs the probe's shell needs, and `extra`.
+    fn bin_dir(extra: &[(&str, &str)]) -> tempfile::TempDir {
+        let bin = tempfile::tempdir().unwrap();
+        for tool in ["mkdir", "cat", "tail", "tr"] {
+            std::os::unix::fs::symlink(format!("/usr/bin/{tool}"), bin.path().join(tool))
+                .or_else(|_| {
+                    std::os::unix::fs::symlink(format!("/bin/{tool}"), bin.path().join(tool))
+                })
+                .unwrap();
+        }
+        for (name, text) in extra {
+            let p = bin.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+        }
+        bin
+    }
+
+    #[test]
+    fn the_probe_says_what_it_found_and_a_failure_is_never_no_python() {
+        let Some(_) = python() else {
+            return;
+        };
+        let ws = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let g = guard_in(&dir.path().join("g"), &[]);
+        let found = sh(&g.probe(), ws.path(), "/usr/bin:/bin");
+        let version = Guard::python(Some(&found)).unwrap();
+        assert!(
+            version.as_deref().is_some_and(|v| v.starts_with("3.")),
+            "{}",
+            found.output
+        );
+        // No Python 3 at all: nothing to guard.
+        let empty = bin_dir(&[]);
+        let none = sh(&g.probe(), ws.path(), &empty.path().to_string_lossy());
+        assert_eq!(Guard::python(Some(&none)), Ok(None), "{}", none.output);
+        // A Python whose probe fails: the reason, never "none".
+        let broken = bin_dir(&[(
+            "python3",
+            "#!/bin/sh\ncase \"$1\" in -c) exit 0;; esac\necho 'cannot walk' >&2\nexit 1\n",
+        )]);
+        let failed = sh(&g.probe(), ws.path(), &broken.path().to_string_lossy());
+        let why = Guard::python(Some(&failed)).unwrap_err();
+        assert!(why.contains("cannot walk"), "{why}");
+        assert!(Guard::python(None).is_err());
+    }
+
+    #[test]
+    fn the_bootstrap_refuses_a_shadow_the_sweep_never_saw() {
+        let Some(py) = python() else {
+            return;
+        };
+        let ws = tempfile::tempdir().unwrap();
+        let root = ws.path();
+        std::fs::create_dir_all(root.join("numkit")).unwrap();
+        std::fs::create_dir_all(root.join("tests")).unwrap();
+        std::fs::write(root.join("numkit/__init__.py"), "VALUE = 'real'\n").unwrap();
+        std::fs::write(root.join("tests/test_core.py"), "import numkit\n").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let g = guard_in(dir.path(), &["checker.py"]);
+        std::fs::write(dir.path().join("guard.py"), SCRIPT).unwrap();
+        std::fs::write(
+            dir.path().join("sitecustomize.py"),
+            super::super::seal::BOOTSTRAP,
+        )
+        .unwrap();
+        let guard_py = dir.path().join("guard.py");
+        let probe = Command::new(py)
+            .arg(&guard_py)
+            .args(["probe", g.dir()])
+            .current_dir(root)
+            .output()
+            .unwrap();
+        assert!(probe.status.success());
+        let swept = Command::new(py)
+            .args(["-I", "-S"])
+            .arg(&guard_py)
+            .args(["sweep", g.dir(), "[\"checker.py\"]"])
+            .current_dir(root)
+            .output()
+            .unwrap();
+        assert!(
+            refusals(&String::from_utf8_lossy(&swept.stdout)).is_empty(),
+            "the task's own workspace has no shadow"
+        );
+        // Written after the sweep (by a process of the run, say): a package in the test
+        // directory over the package under test, and a module over the hidden checker.
+        std::fs::create_dir_all(root.join("tests/numkit")).unwrap();
+        std::fs::write(root.join("tests/numkit/__init__.py"), "VALUE = 'forged'\n").unwrap();
+        std::fs::create_dir_all(root.join("checker")).unwrap();
+        std::fs::write(root.join("checker/__init__.py"), "").unwrap();
+        std::fs::write(root.join("argparse.py"), "FORGED = True\n").unwrap();
+        let run = |code: &str| {
+            let out = Command::new(py)
+                .args(["-c", code])
+                .current_dir(root)
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                .env("PYTHONDONTWRITEBYTECODE", "1")
+                .env("PYTHONSAFEPATH", "1")
+                .env("ROLLOUT_GUARD", g.dir())
+                .env("PYTHONPATH", g.dir())
+                .output()
+                .unwrap();
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        };
+        // The repository's own package imports from the root, after the standard
+        // library: a root `argparse.py` is not the standard library's.
+        let (ok, out, err) =
+            run("import numkit, argparse; print(numkit.VALUE, hasattr(argparse, 'FORGED'))");
+        assert!(ok && out.trim() == "real False", "{out}{err}");
+        // The test directory first on the path, as pytest puts it: refused, recorded.
+        let (ok, _, err) = run("import sys; sys.path.insert(0, 'tests'); import numkit");
+        assert!(!ok, "the shadow was imported: {err}");
+        let refused = refusals(&err);
+        assert_eq!(
+            refused.iter().map(|r| r.path.as_str()).collect::<Vec<_>>(),
+            ["tests/numkit/__init__.py"],
+            "{err}"
+        );
+        let (ok, _, err) = run("import checker");
+        assert!(!ok, "{err}");
+        assert!(err.contains("shadows checker.py"), "{err}");
+        let recorded = std::fs::read_to_string(dir.path().join("refused")).unwrap();
+        assert_eq!(refusals(&recorded).len(), 2, "{recorded}");
+    }
+
+    #[test]
+    fn a_report_names_the_first_refusal_and_counts_the_rest() {
+        let out = "noise\nrollout-guard-refused\ta.py\tshadows `a`\nrollout-guard-refused\tb/__init__.py\tshadows b.py\nrollout-guard-refused\tbroken line\n";
+        let refused = refusals(out);
+        assert_eq!(refused.len(), 2);
+        let report = Report {
+            python: Some("3.11".into()),
+            safe_path: true,
+            refused,
+        };
+        let why = report.failure().unwrap();
+        assert!(
+            why.contains("a.py shadows `a`") && why.ends_with("(and 1 more)"),
+            "{why}"
+        );
+        assert_eq!(Report::default().failure(), None);
+        assert!(Guard::has_safe_path("3.11") && Guard::has_safe_path("3.13"));
+        assert!(!Guard::has_safe_path("3.10") && !Guard::has_safe_path("2.7"));
     }
 }
