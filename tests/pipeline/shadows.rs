@@ -4,8 +4,9 @@
 //! unittest test pass wherever it is imported, then becomes the module it shadows, so
 //! the run looks normal. Each test first shows on the host, outside the service, that
 //! the forgery works (the workspace as the grader would run it, without the guard:
-//! the wrong fix passes), then that the service scores it 0 and names the shadow, and
-//! that the right fix still scores 1.
+//! the wrong fix passes), then that the service scores it 0 with the shadow named
+//! among what its guard removed before the run (or refused), and that the right fix
+//! still scores 1.
 //!
 //! - [`named_shadows_score_zero_and_right_fixes_still_score_one`]: the forms found
 //!   from outside (a package or `__main__` over the command grader's hidden
@@ -29,7 +30,7 @@ use std::process::Command;
 use rollout::domain::{JobResult, Task};
 use serde_json::{Value, json};
 
-use crate::forgeries::{assert_all_zero, bash, reason, run, write};
+use crate::forgeries::{assert_all_zero, bash, run, write};
 use crate::swe::{build_repos, instances, patches, task as swe_task};
 
 /// The forging shadow (`tests/data/shadow_trojan.py`).
@@ -232,9 +233,13 @@ fn assert_one(results: &BTreeMap<String, JobResult>, right: &[&str]) {
     }
 }
 
-/// Asserts the jobs named in `right` scored 1 and every other one 0 for a module the
-/// guard refused.
-fn assert_right_one_rest_refused(results: &BTreeMap<String, JobResult>, right: &[&str]) {
+/// Asserts the jobs named in `right` scored 1, every other one 0, and each job of
+/// `planted` had every shadow it planted removed or refused by the guard.
+fn assert_right_one_rest_zero(
+    results: &BTreeMap<String, JobResult>,
+    right: &[&str],
+    planted: &BTreeMap<String, Vec<String>>,
+) {
     assert_one(results, right);
     let forged: BTreeMap<String, JobResult> = results
         .iter()
@@ -242,13 +247,8 @@ fn assert_right_one_rest_refused(results: &BTreeMap<String, JobResult>, right: &
         .map(|(n, r)| (n.clone(), r.clone()))
         .collect();
     assert_all_zero(&forged);
-    // A configuration file the grader puts back scores 0 on the wrong fix's own failure.
-    for (name, r) in forged.iter().filter(|(n, _)| !n.contains("config:")) {
-        let why = reason(&r.output["eval"]);
-        assert!(
-            why.contains("may not load"),
-            "{name} scored 0 for another reason than the shadow: {why}"
-        );
+    for (name, paths) in planted {
+        assert_named(name, &results[name], paths);
     }
 }
 
@@ -427,7 +427,19 @@ async fn named_shadows_score_zero_and_right_fixes_still_score_one() {
         "command/right-main",
         "code/right",
     ];
-    assert_right_one_rest_refused(&results, &right);
+    let mut planted: BTreeMap<String, Vec<String>> = swe_shadows
+        .iter()
+        .map(|(n, steps)| (n.to_string(), written(steps).into_iter().map(|(p, _)| p).collect()))
+        .collect();
+    for (name, path) in [
+        ("command/hidden-package", "checker/__init__.py"),
+        ("command/hidden-main", "checker/__init__.py"),
+        ("command/protected-extension", "check_add.ext"),
+        ("code/unittest-package-over-module", "tests/test_calc/__init__.py"),
+    ] {
+        planted.insert(name.to_string(), vec![path.to_string()]);
+    }
+    assert_right_one_rest_zero(&results, &right, &planted);
     let built =
         &results["command/protected-extension"].output["run"]["steps"][0]["observation"]["output"];
     assert!(
@@ -625,17 +637,17 @@ fn prefix(dir: &str) -> String {
     }
 }
 
-/// Asserts every planted path of `planted` is named among the guard's refusals of `r`
-/// (an `.ext` path stands for the extension module of that stem, whatever its suffix).
+/// Asserts every planted path of `planted` is named among what the guard removed or
+/// refused in `r` (an `.ext` path stands for the extension module of that stem,
+/// whatever its suffix).
 fn assert_named(name: &str, r: &JobResult, planted: &[String]) {
-    let refused: Vec<String> = r.output["eval"]["guard"]["refused"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|x| x["path"].as_str().unwrap_or_default().to_string())
-                .collect()
-        })
-        .unwrap_or_default();
+    let guard = &r.output["eval"]["guard"];
+    let refused: Vec<String> = ["removed", "refused"]
+        .iter()
+        .filter_map(|k| guard[*k].as_array())
+        .flatten()
+        .map(|x| x["path"].as_str().unwrap_or_default().to_string())
+        .collect();
     let missing: Vec<&String> = planted
         .iter()
         .filter(|p| match p.strip_suffix(".ext") {
@@ -648,7 +660,7 @@ fn assert_named(name: &str, r: &JobResult, planted: &[String]) {
         .collect();
     assert!(
         missing.is_empty(),
-        "{name}: {} of {} planted shadows were not refused: {missing:?}\n{:#}",
+        "{name}: {} of {} planted shadows were neither removed nor refused: {missing:?}\n{:#}",
         missing.len(),
         planted.len(),
         r.output["eval"]
@@ -765,10 +777,7 @@ async fn the_derived_attack_surface_is_refused() {
     ));
     let results = run(tasks, "derived-shadows", 3).await;
     let rights = ["swe/right", "code/right", "command/right"];
-    assert_right_one_rest_refused(&results, &rights);
-    for (name, paths) in &planted {
-        assert_named(name, &results[name], paths);
-    }
+    assert_right_one_rest_zero(&results, &rights, &planted);
     assert_eq!(
         swe_command(&results, "swe/right"),
         pytest_command,

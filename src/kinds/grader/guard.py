@@ -7,8 +7,11 @@
 #                    workspace as the task's setup left it.
 #   sweep DIR FILES  after the changes are applied and before anything of them runs:
 #                    every module entry the agent added that would shadow another
-#                    module is listed, one `rollout-guard-refused` line each, and the
-#                    runtime guard's sets are written (DIR/expected, DIR/known). FILES
+#                    module is removed (a package's `__init__`, so that its directory
+#                    is a namespace portion again and nothing else of it goes), one
+#                    `rollout-guard-removed` line each (`rollout-guard-refused` for one
+#                    that could not be), and the runtime guard's sets are written
+#                    (DIR/expected, DIR/known). FILES
 #                    is a JSON list of the paths the grader itself writes (hidden tests,
 #                    the test patch's files), which count as the workspace's own. Runs
 #                    with -I -S: nothing of the workspace can be on its path.
@@ -167,7 +170,12 @@ def sweep(out_dir, grader_files):
             f.write("\n".join(lines))
     out = sys.stdout.buffer
     for p, why in refused:
-        line = "rollout-guard-refused\t%s\t%s\n" % (p.replace("\t", " ").replace("\n", " "), why)
+        try:
+            os.remove(os.path.join(root, p))
+            kind = "removed"
+        except OSError as e:
+            kind, why = "refused", "%s (it could not be removed: %s)" % (why, e)
+        line = "rollout-guard-%s\t%s\t%s\n" % (kind, p.replace("\t", " ").replace("\n", " "), why)
         out.write(line.encode("utf-8", "backslashreplace"))
     out.write(("rollout-guard-swept %d\n" % len(now)).encode())
     out.flush()

@@ -20,14 +20,18 @@
 //!   program taken from the answer) count as the workspace's own.
 //! - **What the agent added that would shadow something** ([`Guard::sweep`], after
 //!   the changes are applied and before the tests run, in an isolated Python that has
-//!   nothing of the workspace on its path): an agent-added module entry is refused
-//!   when it is an extension module (compiled code the grader cannot read), when an
-//!   expected module of the same name sits in the same directory (a package beside a
-//!   restored or hidden module), or when it sits in a directory that can be on the
-//!   path (the root, or any directory that is not a regular package) under a name the
-//!   standard library, an installed package or another directory of the workspace
-//!   already gives. Any refusal scores 0 with the paths and reasons: the graded run
-//!   never starts.
+//!   nothing of the workspace on its path): an agent-added module entry goes when it
+//!   is an extension module (compiled code the grader cannot read), when an expected
+//!   module of the same name sits in the same directory (a package beside a restored
+//!   or hidden module), or when it sits in a directory that can be on the path (the
+//!   root, or any directory that is not a regular package) under a name the standard
+//!   library, an installed package or another directory of the workspace already
+//!   gives. It is removed, as an agent-added `conftest.py` is (a package loses its
+//!   `__init__`, so the directory is a namespace portion, which never shadows a
+//!   module, and nothing else of it goes), and listed in `details.guard.removed`: the
+//!   run then grades the agent's real fix, so a forgery earns nothing and a right fix
+//!   that left a scratch `test.py` at the root keeps its 1. One that cannot be removed
+//!   is refused, a 0 with the reason.
 //! - **What the run imports** (the bootstrap's finder, `seal_sitecustomize.py`): the
 //!   run's Pythons are in safe-path mode (`PYTHONSAFEPATH`, Python 3.11+), so the
 //!   working directory or script directory is not put first on the path; the
@@ -37,8 +41,8 @@
 //!   the agent's). A finder
 //!   first on `sys.meta_path` applies the same rules to every module the run imports
 //!   from the workspace (so a file written during the run, or a directory a runner
-//!   puts first, is held to them too) and records a refusal, which scores 0 with the
-//!   module named. On a Python older than 3.11 the finder is what stands in for safe
+//!   puts first, is held to them too): the import fails and the refusal is recorded,
+//!   which scores 0 with the module named. On a Python older than 3.11 the finder is what stands in for safe
 //!   path: a shadow of the runner is refused when `-m` resolves it.
 //!
 //! What the guard does not claim: the code under test itself (a module the tests are
@@ -59,6 +63,8 @@ pub const SCRIPT: &str = include_str!("guard.py");
 const PYTHON_LINE: &str = "rollout-guard-python ";
 /// A refusal's line: the path and why, tab-separated (the sweep's and the finder's).
 const REFUSED_LINE: &str = "rollout-guard-refused\t";
+/// The sweep's line for a module entry it removed: the path and why.
+const REMOVED_LINE: &str = "rollout-guard-removed\t";
 
 /// One EVAL's guard: the directory its files live in (outside the workspace) and the
 /// paths the grader writes into the workspace itself.
@@ -68,7 +74,7 @@ pub struct Guard {
     grader_files: Vec<String>,
 }
 
-/// A module entry refused: where, and why.
+/// A module entry removed or refused: where, and why.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 pub struct Refusal {
     /// The workspace path of the module (a package's `__init__.py`).
@@ -84,7 +90,10 @@ pub struct Report {
     pub python: Option<String>,
     /// Whether the run's Pythons were in safe-path mode (Python 3.11+).
     pub safe_path: bool,
-    /// Module entries refused, by the sweep or while the run imported.
+    /// Module entries the agent added that the sweep removed before the run.
+    pub removed: Vec<Refusal>,
+    /// Module entries refused: one the sweep could not remove, or an import of the
+    /// run's that the finder stopped. Any makes the grade 0.
     pub refused: Vec<Refusal>,
 }
 
@@ -204,6 +213,7 @@ impl Guard {
             .await
             .map_err(|e| sandboxed::stage_error("the import guard's sweep could not run", e))?;
         let mut refused = refusals(&r.output);
+        let removed = lines_of(&r.output, REMOVED_LINE);
         if r.exit_code != Some(0) || r.timed_out {
             let tail = r
                 .output
@@ -224,6 +234,7 @@ impl Guard {
         Ok(Report {
             safe_path: Self::has_safe_path(&version),
             python: Some(version),
+            removed,
             refused,
         })
     }
@@ -286,9 +297,14 @@ impl Guard {
 
 /// The refusals among `output`'s lines.
 pub fn refusals(output: &str) -> Vec<Refusal> {
+    lines_of(output, REFUSED_LINE)
+}
+
+/// The entries of `output`'s lines that start with `prefix` (a path and why).
+fn lines_of(output: &str, prefix: &str) -> Vec<Refusal> {
     let mut out: Vec<Refusal> = output
         .lines()
-        .filter_map(|l| l.strip_prefix(REFUSED_LINE))
+        .filter_map(|l| l.strip_prefix(prefix))
         .filter_map(|rest| {
             let (path, why) = rest.split_once('\t')?;
             Some(Refusal {
@@ -514,6 +530,73 @@ mod tests {
     }
 
     #[test]
+    fn the_sweep_removes_what_would_shadow_and_nothing_else() {
+        let Some(py) = python() else {
+            return;
+        };
+        let ws = tempfile::tempdir().unwrap();
+        let root = ws.path();
+        let write = |p: &str, text: &str| {
+            let p = root.join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        write("numkit/__init__.py", "");
+        write("tests/test_core.py", "import numkit\n");
+        write("checker/data.txt", "the task's own data beside the hidden checker\n");
+        let dir = tempfile::tempdir().unwrap();
+        let g = guard_in(dir.path(), &["checker.py"]);
+        std::fs::write(dir.path().join("guard.py"), SCRIPT).unwrap();
+        let guard_py = dir.path().join("guard.py");
+        let ran = |args: &[&str]| {
+            Command::new(py)
+                .args(args)
+                .current_dir(root)
+                .output()
+                .unwrap()
+        };
+        let probe = ran(&[guard_py.to_str().unwrap(), "probe", g.dir()]);
+        assert!(probe.status.success());
+        // The agent's changes: shadows, and a right fix's own new modules.
+        write("pytest.py", "");
+        write("tests/numkit/__init__.py", "");
+        write("checker/__init__.py", "");
+        write("tests/test_core/__init__.py", "");
+        write("numkit/bounds.py", "");
+        write("clamp_notes.py", "");
+        write("checker.py", "# the grader's hidden file, written after the changes\n");
+        let swept = ran(&["-I", "-S", guard_py.to_str().unwrap(), "sweep", g.dir(), "[\"checker.py\"]"]);
+        let out = String::from_utf8_lossy(&swept.stdout);
+        let removed: Vec<String> = lines_of(&out, REMOVED_LINE)
+            .into_iter()
+            .map(|r| r.path)
+            .collect();
+        assert_eq!(
+            removed,
+            [
+                "checker/__init__.py",
+                "pytest.py",
+                "tests/numkit/__init__.py",
+                "tests/test_core/__init__.py"
+            ],
+            "{out}"
+        );
+        assert!(refusals(&out).is_empty(), "{out}");
+        for gone in &removed {
+            assert!(!root.join(gone).exists(), "{gone} is still there");
+        }
+        for kept in [
+            "checker/data.txt",
+            "checker.py",
+            "numkit/bounds.py",
+            "clamp_notes.py",
+            "tests/test_core.py",
+        ] {
+            assert!(root.join(kept).exists(), "{kept} was removed");
+        }
+    }
+
+    #[test]
     fn a_report_names_the_first_refusal_and_counts_the_rest() {
         let out = "noise\nrollout-guard-refused\ta.py\tshadows `a`\nrollout-guard-refused\tb/__init__.py\tshadows b.py\nrollout-guard-refused\tbroken line\n";
         let refused = refusals(out);
@@ -521,8 +604,10 @@ mod tests {
         let report = Report {
             python: Some("3.11".into()),
             safe_path: true,
+            removed: lines_of("rollout-guard-removed\tc.py\tshadows `c`\n", REMOVED_LINE),
             refused,
         };
+        assert_eq!(report.removed.len(), 1);
         let why = report.failure().unwrap();
         assert!(
             why.contains("a.py shadows `a`") && why.ends_with("(and 1 more)"),
