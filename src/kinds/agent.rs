@@ -321,6 +321,10 @@ pub(super) fn validate_model_side(
         c.check()
             .map_err(|m| SpecError::new("sampling.structured_outputs", m))?;
     }
+    // A turn allowed no token would ask the backend nothing.
+    if sampling.max_tokens == Some(0) {
+        return Err(SpecError::new("sampling.max_tokens", "must be above 0"));
+    }
     if sampling.top_k.is_some_and(|k| k < -1) {
         return Err(SpecError::new(
             "sampling.top_k",
