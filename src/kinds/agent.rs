@@ -117,6 +117,9 @@ pub struct AgentLimits {
     pub stop_without_tool_call: Option<bool>,
     /// The longest observation (bytes).
     pub max_observation_bytes: Option<usize>,
+    /// For an agent program: the refused model calls its episode allows (the call
+    /// that reaches this ends the episode, which is graded as it stands).
+    pub max_refused_calls: Option<usize>,
 }
 
 /// The `agent` kind, bound to this node's sandboxes and the backend pool.
@@ -355,6 +358,7 @@ pub(super) fn validate_model_side(
             "max_observation_bytes",
             l.max_observation_bytes.map(|v| v as u64),
         ),
+        ("max_refused_calls", l.max_refused_calls.map(|v| v as u64)),
     ] {
         if v == Some(0) {
             return Err(SpecError::new(format!("limits.{name}"), "must be above 0"));
@@ -410,6 +414,12 @@ impl TaskKind for Agent {
                     "every message needs a `role` string",
                 ));
             }
+        }
+        if s.limits.max_refused_calls.is_some() {
+            return Err(SpecError::new(
+                "limits.max_refused_calls",
+                "applies to an agent program's model calls; the built-in loop makes none that can be refused",
+            ));
         }
         for (i, t) in s.tools.iter().enumerate() {
             if !TOOL_NAMES.contains(&t.as_str()) {
