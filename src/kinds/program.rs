@@ -110,6 +110,10 @@ pub struct ProgramSpec {
     /// requests first left the recording (`rollout replay` sets it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_of: Option<String>,
+    /// Permits `replay_of` to name a job of another batch (a replay shows the
+    /// recording in its result, so it is scoped to its own batch otherwise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay_across_batches: bool,
 }
 
 /// The `agent_program` kind: the `agent` kind's sandboxes, backends and grading, with
@@ -214,7 +218,7 @@ impl TaskKind for AgentProgram {
             s.model.as_deref(),
             &s.limits,
         )?;
-        agent::validate_replay_of(s.replay_of.as_deref())?;
+        agent::validate_replay_of(s.replay_of.as_deref(), s.replay_across_batches)?;
         s.sandbox
             .validate("sandbox", self.agent.sandboxes().settings())?;
         grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
@@ -238,6 +242,7 @@ impl TaskKind for AgentProgram {
                 ctx,
                 spec.model.as_ref(),
                 spec.replay_of.as_deref(),
+                spec.replay_across_batches,
                 deadline,
             )
             .await?;

@@ -368,6 +368,10 @@ async fn bad_agent_program_tasks_are_refused_naming_the_field() {
             (with("max_output_bytes", json!(0)), "max_output_bytes"),
             (with("replay_of", json!(" ")), "replay_of"),
             (
+                with("replay_across_batches", json!(true)),
+                "replay_across_batches",
+            ),
+            (
                 with("limits", json!({"max_refused_calls": 0})),
                 "limits.max_refused_calls",
             ),
