@@ -505,8 +505,8 @@ async fn replay(
         println!("{}", serde_json::to_string_pretty(&policy)?);
         return Ok(true);
     }
-    let task = rollout::agent::replay::replay_task(&original.job)?;
     let batch = batch.unwrap_or_else(|| format!("replay-{}", uuid::Uuid::now_v7().simple()));
+    let task = rollout::agent::replay::replay_task(&original.job, &batch)?;
     let resp = client.submit(&[task], Some(&batch)).await?;
     let id = resp.jobs.first().map(|j| j.id.clone()).unwrap_or_default();
     eprintln!("replaying job {job} as job {id} (batch {batch})");

@@ -119,11 +119,10 @@ pub(crate) async fn generate_turn(
     room: usize,
 ) -> Result<ControlFlow<FinishReason, (Generated, u64, TurnVersions)>, GenStop> {
     let mut sampling = source.sampling.clone();
-    // A task's own `max_tokens` can only lower the per-turn limit.
-    let asked = sampling
-        .max_tokens
-        .map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX));
-    let budget = source.max_new_tokens.min(asked).min(room);
+    let budget = match source.budget(room) {
+        Ok(budget) => budget,
+        Err(why) => return Ok(ControlFlow::Break(why)),
+    };
     let t_llm = Instant::now();
     let check = guard.still_wanted();
     tokio::pin!(check);
@@ -219,10 +218,27 @@ pub(crate) async fn generate_turn(
         parts: parts.len(),
         answered,
     };
-    Ok(ControlFlow::Continue((join_parts(parts), llm_us, versions)))
+    // A budget above 0 makes at least one part.
+    let done = |whole| ControlFlow::Continue((whole, llm_us, versions));
+    Ok(join_parts(parts).map_or(ControlFlow::Break(FinishReason::TurnLength), done))
 }
 
 impl TurnSource<'_> {
+    /// The most tokens the turn may generate with `room` left in the context (a
+    /// task's own `max_tokens` can only lower the per-turn limit); when that is none,
+    /// why the turn cannot be asked for (no room left, or a limit of 0 tokens).
+    fn budget(&self, room: usize) -> Result<usize, FinishReason> {
+        let asked = self
+            .sampling
+            .max_tokens
+            .map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX));
+        match self.max_new_tokens.min(asked).min(room) {
+            0 if room == 0 => Err(FinishReason::ContextLength),
+            0 => Err(FinishReason::TurnLength),
+            budget => Ok(budget),
+        }
+    }
+
     /// A generation part sent under `sent_under`, with the version its tokens carry and
     /// whether it ends the turn (see [`TurnSource::ends_turn`]). A request the server refused
     /// as paused was generated after the pause ended: under the weights current now,
@@ -258,10 +274,11 @@ impl TurnSource<'_> {
 
 /// One turn's generation from its parts (a generation the server aborted, then its
 /// continuation): their tokens and logprobs in order, the last part's finish, backend
-/// and logprobs mode, the first part's cache hit, and the time waited on all.
-fn join_parts(parts: Vec<(Generated, Option<i64>)>) -> Generated {
+/// and logprobs mode, the first part's cache hit, and the time waited on all. None
+/// without a part (a turn whose budget was 0 asks the backend nothing).
+fn join_parts(parts: Vec<(Generated, Option<i64>)>) -> Option<Generated> {
     let mut parts = parts.into_iter().map(|(g, _)| g);
-    let mut whole = parts.next().expect("a turn has a part");
+    let mut whole = parts.next()?;
     for g in parts {
         whole.generation.token_ids.extend(g.generation.token_ids);
         whole.generation.logprobs.extend(g.generation.logprobs);
@@ -275,7 +292,7 @@ fn join_parts(parts: Vec<(Generated, Option<i64>)>) -> Generated {
         // Aborted with the whole budget generated: as long as it may be.
         whole.generation.finish = Finish::Length;
     }
-    whole
+    Some(whole)
 }
 
 pub(crate) fn finish_name(f: Finish) -> &'static str {
@@ -284,5 +301,62 @@ pub(crate) fn finish_name(f: Finish) -> &'static str {
         Finish::Length => "length",
         Finish::Aborted => "aborted",
         Finish::Other => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::episode::AlwaysWanted;
+    use crate::agent::trajectory::BackendSwitch;
+    use async_trait::async_trait;
+
+    /// A backend that must not be asked.
+    struct Unasked;
+
+    #[async_trait]
+    impl Generator for Unasked {
+        async fn generate(
+            &mut self,
+            _prompt_ids: &[u32],
+            _sampling: &Sampling,
+            _turn: usize,
+        ) -> Result<Generated, GenerateError> {
+            Err(GenerateError::Refused(
+                "asked for a turn allowed no token".into(),
+            ))
+        }
+
+        fn take_switches(&mut self) -> Vec<BackendSwitch> {
+            Vec::new()
+        }
+    }
+
+    /// A turn allowed no token asks the backend nothing and says why (it once panicked
+    /// RUN: "a turn has a part", and the job was run again).
+    #[tokio::test]
+    async fn a_turn_allowed_no_token_is_not_asked_for() {
+        let policy = PolicyWatch::at_version(None);
+        let zero = Sampling {
+            max_tokens: Some(0),
+            ..Sampling::default()
+        };
+        let any = Sampling::default();
+        for (sampling, room, why) in [
+            (&zero, 100, FinishReason::TurnLength),
+            (&any, 0, FinishReason::ContextLength),
+        ] {
+            let source = TurnSource {
+                policy: &policy,
+                deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+                sampling,
+                max_new_tokens: 16,
+            };
+            let r = generate_turn(&source, &mut Unasked, &AlwaysWanted, &[1], 0, room).await;
+            assert!(
+                matches!(r, Ok(ControlFlow::Break(w)) if w == why),
+                "{why:?}"
+            );
+        }
     }
 }

@@ -23,10 +23,19 @@
 //! also carries the drift check of its request: whether rendering and tokenizing its
 //! messages afresh gives the tokens it was sent, so a trainer that re-tokenizes sees
 //! where it would differ.
+//!
+//! Nothing a program sends can end its own job. A request vLLM would refuse is refused
+//! with a 400 naming the field ([`openai`]), before it reaches the backend; a call the
+//! endpoint fails on in any other way (a panic included) is refused too. A refused call
+//! is recorded with the first bytes of its body and its length, never the whole body,
+//! and counts toward the episode's cap on refused calls: the call that reaches it ends
+//! the episode, which is then graded as it stands. A program that keeps sending calls
+//! it cannot get answered so neither runs until its deadline nor grows its record.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -55,6 +64,8 @@ pub struct ProgramEpisode {
     pub sampling: Sampling,
     /// `max_turns` caps the calls; `max_tokens` the context; `max_new_tokens` a call.
     pub limits: EpisodeLimits,
+    /// The refused calls the episode allows: the one that reaches this ends it.
+    pub max_refused_calls: usize,
     /// Extra variables for the chat template.
     pub template_args: serde_json::Map<String, Value>,
     /// Whether tool results are tokenized as plain text.
@@ -110,7 +121,9 @@ pub struct ModelCall {
     pub continues: Option<usize>,
     /// The request body as the agent sent it; for a call that `continues` another,
     /// `messages` holds only what follows that call's conversation and answer (so a
-    /// long episode's record grows with its calls, not with their square).
+    /// long episode's record grows with its calls, not with their square). For a
+    /// refused call, `{"bytes": <the body's length>, "head": <its first bytes>}`: a
+    /// refused body may be anything up to the endpoint's limit, and is not kept whole.
     pub request: Value,
     /// What it was answered: the assistant message (chat) or `{"text": ...}`, or the
     /// error.
@@ -150,6 +163,9 @@ impl Answer {
 pub enum EndpointStop {
     /// The job is no longer wanted.
     Cancelled,
+    /// The program's calls were refused as often as the episode allows: the episode
+    /// ends here, and is graded as it stands.
+    Refusals,
     /// No backend could answer.
     Backend(String),
     /// The deadline passed while a call generated.
@@ -160,6 +176,12 @@ pub enum EndpointStop {
 /// from its last one, or from one of the few conversations it interleaves (sub-agents);
 /// a continuation of an older call is rendered afresh (and is then a sample of its own).
 const MEMOS: usize = 16;
+
+/// The refused calls an episode allows when its task sets no `max_refused_calls`.
+pub const DEFAULT_MAX_REFUSED_CALLS: usize = 16;
+
+/// The most bytes of a refused call's body its record keeps.
+pub const REFUSED_BODY_HEAD: usize = 2048;
 
 /// A chat call's conversation as later calls may continue it.
 struct ChatMemo {
@@ -244,6 +266,8 @@ pub struct Endpoint {
     samples: Vec<Trajectory>,
     /// Calls answered with tokens (the calls the task's `max_turns` counts).
     answered: usize,
+    /// Calls refused (counted against `max_refused_calls`).
+    refusals: usize,
     /// The limit that refused a call, when one did.
     refused: Option<FinishReason>,
     /// Drift checks still running, by call index.
@@ -267,6 +291,7 @@ impl Endpoint {
             memos: Vec::new(),
             samples: Vec::new(),
             answered: 0,
+            refusals: 0,
             refused: None,
             drifts: Vec::new(),
             switches: Vec::new(),
@@ -280,6 +305,8 @@ impl Endpoint {
 
     /// Answers one HTTP request of the agent. An error the agent made is its answer
     /// (4xx); an episode that cannot go on is the `Err`, with the answer to send first.
+    /// A panic while serving it is caught and the call refused: whatever the program
+    /// sent, the job goes on.
     pub async fn serve(
         &mut self,
         method: &str,
@@ -288,12 +315,47 @@ impl Endpoint {
         llm: &mut dyn Generator,
         guard: &dyn TurnGuard,
     ) -> Result<Answer, (EndpointStop, Answer)> {
-        let route = path
-            .split('?')
-            .next()
-            .unwrap_or_default()
-            .trim_end_matches('/');
-        let route = route.strip_prefix("/v1").unwrap_or(route);
+        let served = std::panic::AssertUnwindSafe(self.route(method, path, body, llm, guard))
+            .catch_unwind()
+            .await;
+        let panic = match served {
+            Ok(answered) => return answered,
+            Err(panic) => panic,
+        };
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(
+            panic = %what,
+            method,
+            path = openai::head(path, 200),
+            "serving an agent program's call panicked: the call is refused"
+        );
+        let e = ApiError::new(
+            400,
+            format!("the endpoint failed on this request ({what}); it is refused"),
+            None,
+        );
+        let route = match route_of(path) {
+            "/chat/completions" => "chat.completions",
+            "/completions" => "completions",
+            other => openai::head(other, 200),
+        }
+        .to_string();
+        self.refuse(&route, body, None, e)
+    }
+
+    async fn route(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &str,
+        llm: &mut dyn Generator,
+        guard: &dyn TurnGuard,
+    ) -> Result<Answer, (EndpointStop, Answer)> {
+        let route = route_of(path);
         match (method, route) {
             ("GET", "/models") => Ok(Answer {
                 status: 200,
@@ -302,21 +364,49 @@ impl Endpoint {
             }),
             ("POST", "/chat/completions") => self.chat(body, llm, guard).await,
             ("POST", "/completions") => self.completion(body, llm, guard).await,
-            _ => Ok(Answer::error(&ApiError {
-                status: 404,
-                code: "not_found",
-                message: format!(
+            // Not a model call: answered, not recorded (it cost nothing).
+            (_, "/models" | "/chat/completions" | "/completions") => Ok(Answer::error(
+                &ApiError::new(405, format!("{method} is not allowed on {route}"), None),
+            )),
+            _ => Ok(Answer::error(&ApiError::new(
+                404,
+                format!(
                     "{method} {path} is not served here; this endpoint serves POST /v1/chat/completions, POST /v1/completions and GET /v1/models"
                 ),
-                param: None,
-            })),
+                None,
+            ))),
         }
     }
 
-    /// Refuses a call for a limit, recording it; the limit becomes the episode's finish
-    /// reason if nothing else ends it.
-    fn refuse(&mut self, route: &str, request: Value, limit: FinishReason, e: ApiError) -> Answer {
-        self.refused = Some(limit);
+    /// Refuses a call, recording it (its body's first bytes and its length, never the
+    /// whole body) and counting it toward the episode's cap; `limit`, when a limit
+    /// refused it, becomes the episode's finish reason if nothing else ends it. The
+    /// call that reaches the cap ends the episode (the `Err`).
+    fn refuse(
+        &mut self,
+        route: &str,
+        body: &str,
+        limit: Option<FinishReason>,
+        e: ApiError,
+    ) -> Result<Answer, (EndpointStop, Answer)> {
+        if limit.is_some() {
+            self.refused = limit;
+        }
+        self.refusals += 1;
+        let (n, cap) = (self.refusals, self.ep.max_refused_calls);
+        let last = n >= cap;
+        let e = if last {
+            ApiError::new(
+                e.status,
+                format!(
+                    "refused call {n} of the {cap} this episode allows, so the episode ends here: {}",
+                    e.message
+                ),
+                e.param,
+            )
+        } else {
+            e
+        };
         self.calls.push(ModelCall {
             route: route.into(),
             sample: None,
@@ -327,20 +417,29 @@ impl Endpoint {
             prompt_tokens: 0,
             drift: None,
             continues: None,
-            request,
-            reply: serde_json::from_str(&e.body()).unwrap_or_default(),
+            request: json!({"bytes": body.len(), "head": openai::head(body, REFUSED_BODY_HEAD)}),
+            reply: e.to_json(),
             finish_reason: None,
         });
-        Answer::error(&e)
+        let answer = Answer::error(&e);
+        if last {
+            tracing::warn!(
+                refused = n,
+                "the agent program's calls were refused as often as its episode allows: the episode ends"
+            );
+            return Err((EndpointStop::Refusals, answer));
+        }
+        Ok(answer)
     }
 
     fn call_limit(&self) -> Option<ApiError> {
         let max = self.ep.limits.max_turns;
-        (self.answered >= max).then(|| ApiError {
-            status: 400,
-            code: "rollout_call_limit",
-            message: format!("this episode's {max} model calls are spent (the task's max_turns)"),
-            param: None,
+        (self.answered >= max).then(|| {
+            ApiError::new(
+                400,
+                format!("this episode's {max} model calls are spent (the task's max_turns)"),
+                None,
+            )
         })
     }
 
@@ -352,32 +451,40 @@ impl Endpoint {
     ) -> Result<Answer, (EndpointStop, Answer)> {
         const ROUTE: &str = "chat.completions";
         let t_call = Instant::now();
-        let mut request: Value = serde_json::from_str(body).unwrap_or(Value::Null);
-        let (req, stop) = match check_chat(body) {
+        let vocab = self.ep.model.tokenizer.vocab_size();
+        let checked = openai::parse::<openai::ChatRequest>(body)
+            .and_then(|req| req.check(vocab).map(|stop| (req, stop)));
+        let (req, stop) = match checked {
             Ok(r) => r,
-            Err(e) => return Ok(Answer::error(&e)),
+            Err(e) => return self.refuse(ROUTE, body, None, e),
         };
         if let Some(e) = self.call_limit() {
-            return Ok(self.refuse(ROUTE, request, FinishReason::MaxTurns, e));
+            return self.refuse(ROUTE, body, Some(FinishReason::MaxTurns), e);
         }
         let tools = req.tools.clone().filter(|t| !t.is_empty());
         let mut prompt = match self.chat_prompt(&req.messages, tools.clone()).await {
             Ok(p) => p,
             Err(message) => {
-                return Ok(Answer::error(&ApiError::bad(
+                let e = ApiError::bad(
                     "messages",
                     format!("the model's chat template cannot render this conversation: {message}"),
-                )));
+                );
+                return self.refuse(ROUTE, body, None, e);
             }
         };
-        let limit = req.max_completion_tokens.or(req.max_tokens);
+        let limit = req
+            .max_completion_tokens
+            .or(req.max_tokens)
+            .and_then(|m| u64::try_from(m).ok());
         let g = match self
-            .generate(ROUTE, &request, &prompt.ids, limit, stop, llm, guard)
+            .generate(ROUTE, body, &prompt.ids, limit, stop, llm, guard)
             .await?
         {
             Ok(g) => g,
             Err(answer) => return Ok(answer),
         };
+        // Read as a tree only now: a refused body is never kept whole.
+        let mut request: Value = serde_json::from_str(body).unwrap_or(Value::Null);
         let (generated, llm_us, versions) = g;
         let text = self.decode(&generated);
         let cut = generated.generation.finish == Finish::Length && !self.ended(&generated);
@@ -477,38 +584,52 @@ impl Endpoint {
     ) -> Result<Answer, (EndpointStop, Answer)> {
         const ROUTE: &str = "completions";
         let t_call = Instant::now();
-        let request: Value = serde_json::from_str(body).unwrap_or(Value::Null);
-        let req: openai::CompletionRequest = match openai::parse(body) {
+        let vocab = self.ep.model.tokenizer.vocab_size();
+        let checked = openai::parse::<openai::CompletionRequest>(body)
+            .and_then(|req| req.check(vocab).map(|stop| (req, stop)));
+        let (req, stop) = match checked {
             Ok(r) => r,
-            Err(e) => return Ok(Answer::error(&e)),
-        };
-        let checked = openai::one_choice(req.n)
-            .and_then(|()| openai::stop_strings(req.stop.as_ref()))
-            .and_then(|stop| req.prompt().map(|p| (stop, p)));
-        let (stop, prompt) = match checked {
-            Ok(x) => x,
-            Err(e) => return Ok(Answer::error(&e)),
+            Err(e) => return self.refuse(ROUTE, body, None, e),
         };
         if let Some(e) = self.call_limit() {
-            return Ok(self.refuse(ROUTE, request, FinishReason::MaxTurns, e));
+            return self.refuse(ROUTE, body, Some(FinishReason::MaxTurns), e);
         }
+        let openai::CompletionRequest {
+            prompt,
+            max_tokens,
+            stream,
+            ..
+        } = req;
         let ids = match prompt {
-            openai::Prompt::Tokens(ids) => ids,
-            openai::Prompt::Text(text) => match self.ep.model.tokenizer.encode(&text) {
-                Ok(ids) => ids,
-                Err(e) => return Ok(Answer::error(&ApiError::bad("prompt", e.to_string()))),
-            },
+            openai::Prompt::Tokens(ids) => Ok(ids),
+            // A long text takes a while to tokenize: not on the runtime's threads.
+            openai::Prompt::Text(text) => {
+                let model = self.ep.model.clone();
+                tokio::task::spawn_blocking(move || model.tokenizer.encode(&text))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()))
+            }
+            // Refused by the check above; kept total.
+            openai::Prompt::Batch(_) | openai::Prompt::Invalid(_) => Ok(Vec::new()),
         };
-        if ids.is_empty() {
-            return Ok(Answer::error(&ApiError::bad("prompt", "must not be empty")));
-        }
+        let ids = match ids {
+            Ok(ids) if !ids.is_empty() => ids,
+            Ok(_) => {
+                let e = ApiError::bad("prompt", "must not be empty");
+                return self.refuse(ROUTE, body, None, e);
+            }
+            Err(why) => return self.refuse(ROUTE, body, None, ApiError::bad("prompt", why)),
+        };
+        let asked = max_tokens.and_then(|m| u64::try_from(m).ok());
         let (generated, llm_us, versions) = match self
-            .generate(ROUTE, &request, &ids, req.max_tokens, stop, llm, guard)
+            .generate(ROUTE, body, &ids, asked, stop, llm, guard)
             .await?
         {
             Ok(g) => g,
             Err(answer) => return Ok(answer),
         };
+        let request: Value = serde_json::from_str(body).unwrap_or(Value::Null);
         let all = generated.generation.token_ids.clone();
         let text = self.ep.model.tokenizer.decode(&all).unwrap_or_default();
         let cut = generated.generation.finish == Finish::Length;
@@ -540,7 +661,7 @@ impl Endpoint {
             &text,
             finish,
             openai::usage(ids.len(), all.len()),
-            req.stream.unwrap_or(false),
+            stream.unwrap_or(false),
         );
         Ok(Answer {
             status: 200,
@@ -555,7 +676,7 @@ impl Endpoint {
     async fn generate(
         &mut self,
         route: &str,
-        request: &Value,
+        body: &str,
         prompt: &[u32],
         asked: Option<u64>,
         stop: Vec<String>,
@@ -566,13 +687,9 @@ impl Endpoint {
         let max = self.ep.limits.max_tokens;
         let room = max.saturating_sub(prompt.len());
         if room == 0 {
-            let e = context_full(prompt.len(), max);
-            return Ok(Err(self.refuse(
-                route,
-                request.clone(),
-                FinishReason::ContextLength,
-                e,
-            )));
+            let e = context_full(route, prompt.len(), max);
+            let limit = Some(FinishReason::ContextLength);
+            return self.refuse(route, body, limit, e).map(Err);
         }
         let mut sampling = self.sampling.clone();
         if let Some(a) = asked {
@@ -594,39 +711,31 @@ impl Endpoint {
                 Ok(Ok(g))
             }
             Ok(std::ops::ControlFlow::Break(FinishReason::ContextLength)) => {
-                let e = context_full(prompt.len(), max);
-                Ok(Err(self.refuse(
-                    route,
-                    request.clone(),
-                    FinishReason::ContextLength,
-                    e,
-                )))
+                let e = context_full(route, prompt.len(), max);
+                let limit = Some(FinishReason::ContextLength);
+                self.refuse(route, body, limit, e).map(Err)
             }
-            Ok(std::ops::ControlFlow::Break(_)) => Err((
+            Ok(std::ops::ControlFlow::Break(FinishReason::Timeout)) => Err((
                 EndpointStop::Timeout,
-                Answer::error(&ApiError {
-                    status: 504,
-                    code: "timeout",
-                    message: "the episode's time limit passed".into(),
-                    param: None,
-                }),
+                Answer::error(&ApiError::new(504, "the episode's time limit passed", None)),
             )),
+            // Nothing generated within the call's limit (none is left to it).
+            Ok(std::ops::ControlFlow::Break(reason)) => {
+                let e = ApiError::bad(
+                    "max_tokens",
+                    format!(
+                        "no token can be generated for this call ({})",
+                        reason.as_str()
+                    ),
+                );
+                self.refuse(route, body, None, e).map(Err)
+            }
             Err(GenStop::Cancelled) => Err((
                 EndpointStop::Cancelled,
-                Answer::error(&ApiError {
-                    status: 503,
-                    code: "cancelled",
-                    message: "the episode was cancelled".into(),
-                    param: None,
-                }),
+                Answer::error(&ApiError::new(503, "the episode was cancelled", None)),
             )),
             Err(GenStop::Backend(m)) => {
-                let answer = Answer::error(&ApiError {
-                    status: 503,
-                    code: "backend_unavailable",
-                    message: m.clone(),
-                    param: None,
-                });
+                let answer = Answer::error(&ApiError::new(503, m.clone(), None));
                 Err((EndpointStop::Backend(m), answer))
             }
         }
@@ -834,15 +943,21 @@ impl Endpoint {
     /// a program that exited after a limit refused one of its calls ended for that limit.
     pub async fn finish(mut self, ended: ProgramEnd) -> ProgramRun {
         for (index, check) in std::mem::take(&mut self.drifts) {
-            self.calls[index].drift = Some(match check.await {
+            let drift = match check.await {
                 Ok(Ok(d)) => d,
                 Ok(Err(e)) => Drift::unchecked(e),
                 Err(e) => Drift::unchecked(format!("the check did not finish: {e}")),
-            });
+            };
+            // Looked up, not indexed: a call cut short by a panic may have left its
+            // check without its record.
+            if let Some(call) = self.calls.get_mut(index) {
+                call.drift = Some(drift);
+            }
         }
         let reason = match ended {
             ProgramEnd::Timeout => FinishReason::Timeout,
             ProgramEnd::Exited => self.refused.unwrap_or(FinishReason::Exited),
+            ProgramEnd::Refused => self.refused.unwrap_or(FinishReason::RefusedCalls),
         };
         let main = self
             .calls
@@ -896,6 +1011,9 @@ pub enum ProgramEnd {
     Exited,
     /// The episode's deadline passed.
     Timeout,
+    /// Its calls were refused as often as the episode allows
+    /// ([`EndpointStop::Refusals`]): it was stopped with its sandbox.
+    Refused,
 }
 
 /// An agent program's episode, for the trainer.
@@ -911,15 +1029,28 @@ pub struct ProgramRun {
     pub calls: Vec<ModelCall>,
 }
 
-fn context_full(prompt: usize, max: usize) -> ApiError {
-    ApiError {
-        status: 400,
-        code: "context_length_exceeded",
-        message: format!(
-            "the prompt is {prompt} tokens and the episode's context is {max} (the task's max_tokens): no room to generate"
+/// The refusal of a call whose prompt leaves no room in the episode's context.
+fn context_full(route: &str, prompt: usize, max: usize) -> ApiError {
+    ApiError::bad(
+        if route == "completions" {
+            "prompt"
+        } else {
+            "messages"
+        },
+        format!(
+            "This model's maximum context length is {max} tokens (the task's max_tokens). However, your prompt contains {prompt} input tokens: no room to generate"
         ),
-        param: Some("messages"),
-    }
+    )
+}
+
+/// The route of a request's path: without its query, trailing `/` and `/v1`.
+fn route_of(path: &str) -> &str {
+    let route = path
+        .split('?')
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches('/');
+    route.strip_prefix("/v1").unwrap_or(route)
 }
 
 /// Why a chat call started a sample of its own.
@@ -934,27 +1065,6 @@ fn new_sample_reason(prompt: &ChatPrompt, diverges: Option<usize>) -> String {
             prompt.continues.unwrap_or_default()
         ),
     }
-}
-
-/// A chat request parsed and checked, with its stop strings.
-fn check_chat(body: &str) -> Result<(openai::ChatRequest, Vec<String>), ApiError> {
-    let req: openai::ChatRequest = openai::parse(body)?;
-    openai::one_choice(req.n)?;
-    let stop = openai::stop_strings(req.stop.as_ref())?;
-    if req.messages.is_empty() {
-        return Err(ApiError::bad("messages", "must hold at least one message"));
-    }
-    if req
-        .messages
-        .last()
-        .is_some_and(|m| m["role"] == "assistant")
-    {
-        return Err(ApiError::bad(
-            "messages",
-            "the conversation ends with an assistant message; continuing a message is not served",
-        ));
-    }
-    Ok((req, stop))
 }
 
 /// Why a chat request does not continue the last call's conversation.
@@ -1078,6 +1188,7 @@ mod tests {
                 stop_without_tool_call: true,
                 max_observation_bytes: 1024,
             },
+            max_refused_calls: DEFAULT_MAX_REFUSED_CALLS,
             template_args: serde_json::Map::new(),
             observations_as_text: true,
             deadline: tokio::time::Instant::now() + std::time::Duration::from_secs(60),
@@ -1209,7 +1320,7 @@ mod tests {
             .unwrap();
         assert_eq!(refused.status, 400);
         assert!(
-            refused.body.contains("rollout_call_limit"),
+            refused.body.contains("model calls are spent"),
             "{}",
             refused.body
         );
@@ -1235,6 +1346,134 @@ mod tests {
         assert_eq!(missing.status, 404);
         let run = e.finish(ProgramEnd::Exited).await;
         assert_eq!(run.trajectory.finish_reason, Some(FinishReason::MaxTurns));
-        assert_eq!(run.calls.len(), 3, "the refused call is recorded");
+        assert_eq!(run.calls.len(), 4, "the refused calls are recorded");
+        assert_eq!(run.calls[3].reply["error"]["param"], "n");
+    }
+
+    async fn serve(e: &mut Endpoint, llm: &mut Script, body: &str) -> Answer {
+        e.serve("POST", "/v1/completions", body, llm, &AlwaysWanted)
+            .await
+            .unwrap_or_else(|(stop, _)| panic!("the episode ended: {stop:?}"))
+    }
+
+    /// Requests vLLM refuses (and that once panicked the job or failed it) are 400s the
+    /// program reads; their records are short whatever the body; none reaches the
+    /// backend.
+    #[tokio::test]
+    async fn malformed_calls_are_refused_and_recorded_short() {
+        let model = Arc::new(demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap());
+        let mut llm = Script {
+            model: model.clone(),
+            texts: vec!["One.".into()],
+            prompts: Vec::new(),
+        };
+        let mut e = endpoint(&model);
+        let vocab = model.tokenizer.vocab_size() as u64;
+        let huge = "x".repeat(4 << 20);
+        for (body, param) in [
+            // It panicked RUN ("a turn has a part"), and the job was run again.
+            (json!({"prompt": [5, 6], "max_tokens": 0}), "max_tokens"),
+            // The backend refused it, which failed the job.
+            (json!({"prompt": [5, vocab]}), "prompt"),
+            (json!({"prompt": [5], "stop": [""]}), "stop"),
+            (json!({"prompt": [5], "user": huge}), ""),
+            (json!({"prompt": [5], "max_tokens": huge}), "max_tokens"),
+        ] {
+            let mut body = body.to_string();
+            if param.is_empty() {
+                // A body past its JSON (trailing bytes) is not a request.
+                body.push_str(" trailing");
+            }
+            let a = serve(&mut e, &mut llm, &body).await;
+            assert_eq!(a.status, 400, "{}", a.body);
+            let j: Value = serde_json::from_str(&a.body).unwrap();
+            assert_eq!(j["error"]["type"], "BadRequestError", "{j}");
+            if !param.is_empty() {
+                assert_eq!(j["error"]["param"], param, "{j}");
+            }
+            assert!(a.body.len() < 4096, "{}", a.body.len());
+        }
+        assert!(llm.prompts.is_empty(), "a refused call reached the backend");
+        assert_eq!(
+            serve(&mut e, &mut llm, &json!({"prompt": [5, 6]}).to_string())
+                .await
+                .status,
+            200
+        );
+        let run = e.finish(ProgramEnd::Exited).await;
+        assert_eq!(run.trajectory.finish_reason, Some(FinishReason::Exited));
+        assert_eq!(run.calls.len(), 6);
+        for c in &run.calls[..5] {
+            assert_eq!(c.sample, None);
+            let head = c.request["head"].as_str().unwrap();
+            assert!(head.len() <= REFUSED_BODY_HEAD, "{}", head.len());
+            assert!(c.request["bytes"].as_u64().unwrap() >= head.len() as u64);
+        }
+        assert!(run.calls[3].request["bytes"].as_u64().unwrap() > 4 << 20);
+        assert_eq!(run.calls[5].merge, Some(Merge::First));
+        let record = serde_json::to_string(&run).unwrap();
+        assert!(record.len() < 64 << 10, "{}", record.len());
+    }
+
+    /// The call that reaches the cap on refused calls ends the episode, for its own
+    /// reason unless a limit refused a call.
+    #[tokio::test]
+    async fn refused_calls_are_capped() {
+        let model = Arc::new(demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap());
+        let mut llm = Script {
+            model: model.clone(),
+            texts: Vec::new(),
+            prompts: Vec::new(),
+        };
+        let mut e = endpoint(&model);
+        e.ep.max_refused_calls = 3;
+        let bad = json!({"prompt": [5], "n": 0}).to_string();
+        for _ in 0..2 {
+            assert_eq!(serve(&mut e, &mut llm, &bad).await.status, 400);
+        }
+        // Not a model call: neither recorded nor counted.
+        let missing = e
+            .serve("POST", "/v1/embeddings", "{}", &mut llm, &AlwaysWanted)
+            .await
+            .unwrap();
+        assert_eq!(missing.status, 404);
+        let wrong = e
+            .serve("GET", "/v1/completions", "", &mut llm, &AlwaysWanted)
+            .await
+            .unwrap();
+        assert_eq!(wrong.status, 405);
+        let Err((EndpointStop::Refusals, last)) = e
+            .serve("POST", "/v1/completions", &bad, &mut llm, &AlwaysWanted)
+            .await
+        else {
+            panic!("the third refused call did not end the episode");
+        };
+        assert_eq!(last.status, 400);
+        assert!(last.body.contains("the episode ends here"), "{}", last.body);
+        let run = e.finish(ProgramEnd::Refused).await;
+        assert_eq!(run.calls.len(), 3);
+        assert_eq!(
+            run.trajectory.finish_reason,
+            Some(FinishReason::RefusedCalls)
+        );
+    }
+
+    /// A call the endpoint panics on (here: the generator has no answer scripted) is
+    /// refused, not the end of the job.
+    #[tokio::test]
+    async fn a_panic_while_serving_is_a_refused_call() {
+        let model = Arc::new(demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap());
+        let mut llm = Script {
+            model: model.clone(),
+            texts: Vec::new(),
+            prompts: Vec::new(),
+        };
+        let mut e = endpoint(&model);
+        let a = serve(&mut e, &mut llm, &json!({"prompt": [5, 6]}).to_string()).await;
+        assert_eq!(a.status, 400, "{}", a.body);
+        assert!(a.body.contains("the endpoint failed"), "{}", a.body);
+        let run = e.finish(ProgramEnd::Exited).await;
+        assert_eq!(run.calls.len(), 1);
+        assert_eq!(run.calls[0].route, "completions");
     }
 }

@@ -10,6 +10,12 @@
 //! the environment returned differs), and, for the built-in loop, the first tool whose
 //! observation differs. Graders and environments can so be checked against old
 //! episodes without a GPU; no backend is called.
+//!
+//! A replay shows the recorded episode (its text, its tokens) in its own result, so
+//! who may replay what is scoped ([`check_scope`]): a task may replay a job of its own
+//! batch; a job of another batch only when its spec says so
+//! (`replay_across_batches: true`), so that a task set cannot pull another batch's
+//! recordings into this one's results without the submitter meaning it.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -114,10 +120,43 @@ pub struct Divergence {
     pub replayed_text: Option<String>,
 }
 
-/// The task that replays `job`: its own task with `spec.replay_of` set, in a group and
-/// under a client id of its own. Only an `agent` or `agent_program` job that finished
-/// its RUN stage has a recording.
-pub fn replay_task(job: &crate::domain::Job) -> Result<crate::domain::Task, RecordingError> {
+/// Why a task of batch `batch` may not replay `original`, if it may not: a replay is
+/// scoped to its own batch, unless its spec permits another (`across_batches`, its
+/// `replay_across_batches`). Checked at submit and again before RUN plays a recording.
+pub fn check_scope(
+    original: &crate::domain::Job,
+    batch: &str,
+    across_batches: bool,
+) -> Result<(), ScopeError> {
+    if original.batch_id == batch || across_batches {
+        return Ok(());
+    }
+    Err(ScopeError {
+        job: original.id.clone(),
+        batch: original.batch_id.clone(),
+    })
+}
+
+/// A replay of a job of another batch, not permitted by its spec.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "job `{job}` is of batch `{batch}`: a task replays jobs of its own batch only, unless its spec says `replay_across_batches: true` (a replay shows the recorded episode in its result)"
+)]
+pub struct ScopeError {
+    /// The job it would replay.
+    pub job: String,
+    /// That job's batch.
+    pub batch: String,
+}
+
+/// The task that replays `job` in batch `into`: its own task with `spec.replay_of` set
+/// (and `replay_across_batches` when `into` is not the job's batch: whoever names a
+/// job to replay asks for it explicitly), under a client id of its own. Only an
+/// `agent` or `agent_program` job that finished its RUN stage has a recording.
+pub fn replay_task(
+    job: &crate::domain::Job,
+    into: &str,
+) -> Result<crate::domain::Task, RecordingError> {
     if job.kind != "agent" && job.kind != "agent_program" {
         return Err(RecordingError(format!(
             "job {} is a `{}` job; only `agent` and `agent_program` episodes are recorded",
@@ -138,6 +177,9 @@ pub fn replay_task(job: &crate::domain::Job) -> Result<crate::domain::Task, Reco
     }
     let mut spec = job.task["spec"].clone();
     spec["replay_of"] = Value::String(job.id.clone());
+    if job.batch_id != into {
+        spec["replay_across_batches"] = Value::Bool(true);
+    }
     let mut task = crate::domain::Task::new(&job.kind, spec);
     task.client_id = Some(format!(
         "replay-{}-{}",

@@ -31,6 +31,9 @@ pub enum FinishReason {
     Timeout,
     /// The agent program of an `agent_program` episode exited (whatever its status).
     Exited,
+    /// The agent program's calls were refused as often as its episode allows
+    /// (`limits.max_refused_calls`): the episode was ended there.
+    RefusedCalls,
 }
 
 impl FinishReason {
@@ -44,6 +47,7 @@ impl FinishReason {
             FinishReason::TurnLength => "turn_length",
             FinishReason::Timeout => "timeout",
             FinishReason::Exited => "exited",
+            FinishReason::RefusedCalls => "refused_calls",
         }
     }
 }

@@ -24,7 +24,7 @@ use utoipa::IntoParams;
 
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
-use super::jobs::{batch_id_or_new, check_task, decode_body, read_body};
+use super::jobs::{batch_id_or_new, check_replays, check_task, decode_body, read_body};
 use super::params::{ApiQuery, CheckQuery, IdPath, check_range, last_event_id};
 use super::results::Wakeup;
 use crate::api::batches::{
@@ -169,6 +169,12 @@ pub async fn create_body(state: &AppState, body: &[u8]) -> Result<BatchView, Api
     let req: BatchRequest = decode_body(body)?;
     let id = batch_id_or_new(req.batch_id.clone())?;
     let params = check_request(state, &req)?;
+    let prompts = req
+        .prompts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (format!("prompts[{i}]"), &t.spec));
+    check_replays(state, &id, prompts).await?;
     if let Some(from) = &req.carry_from {
         check_carry_from(state, from, &id).await?;
     }

@@ -173,6 +173,36 @@ pub(super) fn check_task(
     Ok(value)
 }
 
+/// Refuses a task (`at`, its spec) that would replay a job it may not: no job at all,
+/// or one of another batch without `replay_across_batches` (see
+/// [`crate::agent::replay::check_scope`]: a replay shows the recorded episode in its
+/// own result).
+pub(super) async fn check_replays<'a>(
+    state: &AppState,
+    batch_id: &str,
+    tasks: impl Iterator<Item = (String, &'a serde_json::Value)>,
+) -> Result<(), ApiError> {
+    for (at, spec) in tasks {
+        let Some(of) = spec.get("replay_of").and_then(serde_json::Value::as_str) else {
+            continue;
+        };
+        let field = format!("{at}.spec.replay_of");
+        let across = spec
+            .get("replay_across_batches")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false);
+        let Some(original) = state.store.job(of).await? else {
+            return Err(ApiError::bad_field(
+                field,
+                format!("no job with id `{of}` to replay"),
+            ));
+        };
+        crate::agent::replay::check_scope(&original, batch_id, across)
+            .map_err(|e| ApiError::bad_field(field, e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// Submit tasks.
 ///
 /// Writes every job in one transaction, then queues them for INIT. A task whose
@@ -231,6 +261,11 @@ pub(super) fn too_large(state: &AppState) -> ApiError {
 /// queues them for INIT.
 pub async fn submit_body(state: &AppState, body: &[u8]) -> Result<SubmitResponse, ApiError> {
     let (batch_id, jobs) = parse_submit(state, body)?;
+    let tasks = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| (format!("tasks[{i}]"), &j.task["spec"]));
+    check_replays(state, &batch_id, tasks).await?;
     // A batch that has ended takes no more jobs (any that raced in with its end are
     // cancelled by the reconciler, never run).
     if let Some(ended) = state

@@ -93,6 +93,10 @@ pub struct AgentSpec {
     /// where the run first left the recording (`rollout replay` sets it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_of: Option<String>,
+    /// Permits `replay_of` to name a job of another batch (a replay shows the
+    /// recording in its result, so it is scoped to its own batch otherwise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay_across_batches: bool,
 }
 
 fn all_tools() -> Vec<String> {
@@ -117,6 +121,9 @@ pub struct AgentLimits {
     pub stop_without_tool_call: Option<bool>,
     /// The longest observation (bytes).
     pub max_observation_bytes: Option<usize>,
+    /// For an agent program: the refused model calls its episode allows (the call
+    /// that reaches this ends the episode, which is graded as it stands).
+    pub max_refused_calls: Option<usize>,
 }
 
 /// The `agent` kind, bound to this node's sandboxes and the backend pool.
@@ -255,8 +262,8 @@ pub(super) fn group_key(
     })
 }
 
-/// Checks a `replay_of` job id.
-pub(super) fn validate_replay_of(of: Option<&str>) -> Result<(), SpecError> {
+/// Checks a `replay_of` job id, and that `replay_across_batches` comes with one.
+pub(super) fn validate_replay_of(of: Option<&str>, across_batches: bool) -> Result<(), SpecError> {
     match of {
         Some(id) if id.trim().is_empty() || id.len() > 256 || id.chars().any(char::is_control) => {
             Err(SpecError::new(
@@ -264,6 +271,10 @@ pub(super) fn validate_replay_of(of: Option<&str>) -> Result<(), SpecError> {
                 "must be the id of a finished job",
             ))
         }
+        None if across_batches => Err(SpecError::new(
+            "replay_across_batches",
+            "permits a replay of another batch's job: it needs `replay_of`",
+        )),
         _ => Ok(()),
     }
 }
@@ -321,6 +332,10 @@ pub(super) fn validate_model_side(
         c.check()
             .map_err(|m| SpecError::new("sampling.structured_outputs", m))?;
     }
+    // A turn allowed no token would ask the backend nothing.
+    if sampling.max_tokens == Some(0) {
+        return Err(SpecError::new("sampling.max_tokens", "must be above 0"));
+    }
     if sampling.top_k.is_some_and(|k| k < -1) {
         return Err(SpecError::new(
             "sampling.top_k",
@@ -351,6 +366,7 @@ pub(super) fn validate_model_side(
             "max_observation_bytes",
             l.max_observation_bytes.map(|v| v as u64),
         ),
+        ("max_refused_calls", l.max_refused_calls.map(|v| v as u64)),
     ] {
         if v == Some(0) {
             return Err(SpecError::new(format!("limits.{name}"), "must be above 0"));
@@ -407,6 +423,12 @@ impl TaskKind for Agent {
                 ));
             }
         }
+        if s.limits.max_refused_calls.is_some() {
+            return Err(SpecError::new(
+                "limits.max_refused_calls",
+                "applies to an agent program's model calls; the built-in loop makes none that can be refused",
+            ));
+        }
         for (i, t) in s.tools.iter().enumerate() {
             if !TOOL_NAMES.contains(&t.as_str()) {
                 return Err(SpecError::new(
@@ -422,7 +444,7 @@ impl TaskKind for Agent {
             s.model.as_deref(),
             &s.limits,
         )?;
-        validate_replay_of(s.replay_of.as_deref())?;
+        validate_replay_of(s.replay_of.as_deref(), s.replay_across_batches)?;
         s.sandbox.validate("sandbox", self.sandboxes.settings())?;
         grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
     }
@@ -444,6 +466,7 @@ impl TaskKind for Agent {
                 ctx,
                 spec.model.as_ref(),
                 spec.replay_of.as_deref(),
+                spec.replay_across_batches,
                 deadline,
             )
             .await?;
@@ -570,17 +593,19 @@ impl Agent {
 
     /// The model side of a RUN, its model's files and name: a backend session for the
     /// job (`model`'s, or any), or, for a replay, job `replay_of`'s recording played back
-    /// with the files of the backend it ran on (registered still; it is not called).
+    /// with the files of the backend it ran on (registered still; it is not called),
+    /// when the job may replay it (its own batch's, or `across_batches`).
     pub(super) async fn model_side(
         &self,
         ctx: &StageContext,
         model: Option<&String>,
         replay_of: Option<&str>,
+        across_batches: bool,
         deadline: tokio::time::Instant,
     ) -> Result<(ModelSide, Arc<ModelFiles>, String), StageError> {
         let job = &ctx.job;
         if let Some(of) = replay_of {
-            return self.recording(of).await;
+            return self.recording(of, &job.batch_id, across_batches).await;
         }
         let session_job = SessionJob {
             job_id: job.id.clone(),
@@ -607,17 +632,22 @@ impl Agent {
         Ok((ModelSide::Live(Box::new(session)), files, backend.model))
     }
 
-    /// Job `of`'s recording, to replay.
+    /// Job `of`'s recording, to replay in batch `batch` (checked again here: a task
+    /// that reached RUN without the gateway's check must not read another batch's
+    /// recording either).
     async fn recording(
         &self,
         of: &str,
+        batch: &str,
+        across_batches: bool,
     ) -> Result<(ModelSide, Arc<ModelFiles>, String), StageError> {
         let transient = |e: crate::store::StoreError| StageError::Transient(e.to_string());
-        let recorded = self
-            .jobs
-            .job(of)
-            .await
-            .map_err(transient)?
+        let original = self.jobs.job(of).await.map_err(transient)?;
+        if let Some(j) = &original {
+            replay::check_scope(j, batch, across_batches)
+                .map_err(|e| StageError::Failed(format!("replay_of: {e}")))?;
+        }
+        let recorded = original
             .and_then(|j| j.run_output)
             .filter(|o| o.get("turns").is_some() || o.get("calls").is_some())
             .ok_or_else(|| {

@@ -11,7 +11,10 @@
 //! answered. The program is a command like any tool's: it runs in the sandbox, under
 //! its limits, and whatever it leaves running is ended with it. Its calls are capped
 //! by the task's limits (`max_turns` calls, `max_tokens` of context, `max_new_tokens`
-//! per call) and the episode's deadline kills it. EVAL grades the workspace's changes
+//! per call) and the episode's deadline kills it. Nothing the program sends ends its
+//! job: a malformed call is a 400 it can read, recorded short; the call that reaches
+//! `max_refused_calls` refused ones ends the episode (the program is stopped with its
+//! sandbox, the workspace exported as it stands). EVAL grades the workspace's changes
 //! (and the last answer, as `$ROLLOUT_ANSWER`) as for `agent`.
 //!
 //! ```json
@@ -40,7 +43,9 @@ use super::grader::{self, Grader};
 use super::sandboxed::{self, Check};
 use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
 use crate::agent::episode::Parser;
-use crate::agent::program::{Endpoint, EndpointStop, ProgramEnd, ProgramEpisode};
+use crate::agent::program::{
+    DEFAULT_MAX_REFUSED_CALLS, Endpoint, EndpointStop, ProgramEnd, ProgramEpisode,
+};
 use crate::backends::generate::Generator;
 use crate::backends::wire::Sampling;
 use crate::domain::Job;
@@ -80,7 +85,8 @@ pub struct ProgramSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parser: Option<String>,
     /// Limits: `max_turns` caps the program's model calls, `max_tokens` a call's
-    /// context, `max_new_tokens` a call's output, `timeout_ms` the program's run.
+    /// context, `max_new_tokens` a call's output, `timeout_ms` the program's run,
+    /// `max_refused_calls` the calls refused before the episode ends (16 when absent).
     #[serde(default)]
     pub limits: AgentLimits,
     /// Whether tool results in the program's messages are tokenized as plain text;
@@ -104,6 +110,10 @@ pub struct ProgramSpec {
     /// requests first left the recording (`rollout replay` sets it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_of: Option<String>,
+    /// Permits `replay_of` to name a job of another batch (a replay shows the
+    /// recording in its result, so it is scoped to its own batch otherwise).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay_across_batches: bool,
 }
 
 /// The `agent_program` kind: the `agent` kind's sandboxes, backends and grading, with
@@ -141,6 +151,10 @@ impl AgentProgram {
                 .unwrap_or_default(),
             sampling: spec.sampling.clone(),
             limits,
+            max_refused_calls: spec
+                .limits
+                .max_refused_calls
+                .unwrap_or(DEFAULT_MAX_REFUSED_CALLS),
             template_args: spec.template_args.clone(),
             observations_as_text: spec
                 .observations_as_text
@@ -204,7 +218,7 @@ impl TaskKind for AgentProgram {
             s.model.as_deref(),
             &s.limits,
         )?;
-        agent::validate_replay_of(s.replay_of.as_deref())?;
+        agent::validate_replay_of(s.replay_of.as_deref(), s.replay_across_batches)?;
         s.sandbox
             .validate("sandbox", self.agent.sandboxes().settings())?;
         grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
@@ -228,6 +242,7 @@ impl TaskKind for AgentProgram {
                 ctx,
                 spec.model.as_ref(),
                 spec.replay_of.as_deref(),
+                spec.replay_across_batches,
                 deadline,
             )
             .await?;
@@ -268,7 +283,10 @@ impl TaskKind for AgentProgram {
         )
         .await;
         let exit = match driven {
-            Driven::Exited(r) => r,
+            Driven::Exited(r) => Some(r),
+            // The program is not waited for: its sandbox's stop ends it, after the
+            // workspace is exported as it stands.
+            Driven::Refusals => None,
             Driven::Cancelled => {
                 return Err(StageError::Transient(
                     "the job is no longer held by this worker".into(),
@@ -286,16 +304,16 @@ impl TaskKind for AgentProgram {
                 return sandboxed::died(a.sandboxes(), job, why, partial(endpoint).await).await;
             }
         };
-        let how = if exit.timed_out {
-            ProgramEnd::Timeout
-        } else {
-            ProgramEnd::Exited
+        let how = match &exit {
+            Some(r) if r.timed_out => ProgramEnd::Timeout,
+            Some(_) => ProgramEnd::Exited,
+            None => ProgramEnd::Refused,
         };
         let run = endpoint.finish(how).await;
         tracing::info!(
             calls = run.calls.len(),
             samples = run.samples.len(),
-            exit_code = ?exit.exit_code,
+            exit_code = ?exit.as_ref().and_then(|r| r.exit_code),
             finish_reason = ?run.trajectory.finish_reason,
             "agent program ended"
         );
@@ -304,13 +322,7 @@ impl TaskKind for AgentProgram {
             let report = replayer.report(of, |ids| model.tokenizer.decode(ids).unwrap_or_default());
             out["replay"] = serde_json::to_value(report).unwrap_or_default();
         }
-        out["program"] = json!({
-            "exit_code": exit.exit_code,
-            "signal": exit.signal,
-            "timed_out": exit.timed_out,
-            "output": exit.output,
-            "omitted_bytes": exit.omitted_bytes,
-        });
+        out["program"] = program_record(exit);
         sandboxed::finish_into(a.sandboxes(), job, client, out).await
     }
 
@@ -372,6 +384,8 @@ fn program_args(spec: &ProgramSpec, port: u16, key: &str, model: &str) -> ExecAr
 enum Driven {
     /// It ended (exited, or was killed at the deadline).
     Exited(ExecResult),
+    /// Its calls were refused as often as the episode allows: it is not waited for.
+    Refusals,
     /// The job is no longer wanted.
     Cancelled,
     /// No backend could answer a call.
@@ -427,8 +441,30 @@ async fn drive(
             // The deadline kills the program: its exec ends next.
             None | Some(EndpointStop::Timeout) => {}
             Some(EndpointStop::Cancelled) => return Driven::Cancelled,
+            Some(EndpointStop::Refusals) => return Driven::Refusals,
             Some(EndpointStop::Backend(message)) => return Driven::Backend(message),
         }
+    }
+}
+
+/// The result's `program`: how the program ended (none: it was not waited for, the
+/// episode having ended at its refused calls).
+fn program_record(exit: Option<ExecResult>) -> serde_json::Value {
+    match exit {
+        Some(exit) => json!({
+            "exit_code": exit.exit_code,
+            "signal": exit.signal,
+            "timed_out": exit.timed_out,
+            "output": exit.output,
+            "omitted_bytes": exit.omitted_bytes,
+        }),
+        None => json!({
+            "exit_code": null,
+            "signal": null,
+            "timed_out": false,
+            "output": null,
+            "stopped": "its model calls were refused as often as the episode allows (limits.max_refused_calls): it was stopped with its sandbox, without its output",
+        }),
     }
 }
 

@@ -1129,6 +1129,14 @@ async fn bad_agent_tasks_are_refused_and_unknown_models_fail_clearly() {
         ),
         (json!({"messages": []}), "tasks[0].spec.messages"),
         (
+            json!({"limits": {"max_refused_calls": 3}}),
+            "tasks[0].spec.limits.max_refused_calls",
+        ),
+        (
+            json!({"sampling": {"max_tokens": 0}}),
+            "tasks[0].spec.sampling.max_tokens",
+        ),
+        (
             json!({"sampling": {"temprature": 1.0}}),
             "tasks[0].spec.sampling",
         ),

@@ -255,8 +255,20 @@ fn assert_cut_by_the_call_limit(r: &rollout::domain::JobResult) {
         run["program"]["exit_code"], 0,
         "the SDK raised on the refusal"
     );
+    let error = &run["calls"][2]["reply"]["error"];
+    assert_eq!(error["code"], 400, "{}", run["calls"][2]);
+    assert_eq!(error["type"], "BadRequestError", "{}", run["calls"][2]);
     assert!(
-        run["calls"][2]["reply"]["error"]["code"] == "rollout_call_limit",
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("model calls are spent"),
+        "{}",
+        run["calls"][2]
+    );
+    // A refused call is recorded short: its body's length and first bytes.
+    assert!(
+        run["calls"][2]["request"]["bytes"].as_u64().unwrap() > 0,
         "{}",
         run["calls"][2]
     );
@@ -355,7 +367,266 @@ async fn bad_agent_program_tasks_are_refused_naming_the_field() {
             (with("parser", json!("nope")), "parser"),
             (with("max_output_bytes", json!(0)), "max_output_bytes"),
             (with("replay_of", json!(" ")), "replay_of"),
+            (
+                with("replay_across_batches", json!(true)),
+                "replay_across_batches",
+            ),
+            (
+                with("limits", json!({"max_refused_calls": 0})),
+                "limits.max_refused_calls",
+            ),
+            (
+                with("sampling", json!({"max_tokens": 0})),
+                "sampling.max_tokens",
+            ),
         ],
     )
     .await;
+}
+
+/// An agent program (the standard library only) that sends its endpoint a corpus of
+/// malformed requests, prints `CASE <name> <expected status> <status> <shape>` for
+/// each (`vllm`: vLLM's error shape; `json`: another JSON error; `none`), then fixes the
+/// file and makes one good call. `shape` is judged by the program, as a client would.
+const MALFORMED_AGENT: &str = r#"
+import http.client, json, os, urllib.parse
+
+base = urllib.parse.urlparse(os.environ["OPENAI_BASE_URL"])
+key = os.environ["OPENAI_API_KEY"]
+model = os.environ["ROLLOUT_MODEL"]
+user = [{"role": "user", "content": "Fix add()."}]
+call = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}
+tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
+def chat(**fields):
+    body = {"model": model, "messages": user}
+    body.update(fields)
+    return json.dumps(body).encode()
+
+def completion(**fields):
+    body = {"model": model, "prompt": [1, 2, 3]}
+    body.update(fields)
+    return json.dumps(body).encode()
+
+def send(method, path, body, auth=True):
+    c = http.client.HTTPConnection(base.hostname, base.port, timeout=120)
+    headers = {"Content-Type": "application/json"}
+    if auth:
+        headers["Authorization"] = "Bearer " + key
+    c.request(method, base.path + path, body=body, headers=headers)
+    r = c.getresponse()
+    status, text = r.status, r.read()
+    c.close()
+    try:
+        err = json.loads(text)["error"]
+        ok = isinstance(err["message"], str) and err["message"]
+        if ok and err.get("type") == "BadRequestError" and err.get("code") == status and "param" in err:
+            return status, "vllm"
+        if ok and err.get("code") == status and "type" in err and "param" in err:
+            return status, "vllm"
+        return status, "json" if ok else "none"
+    except Exception:
+        return status, "none"
+
+C, P = "/chat/completions", "/completions"
+huge = "x" * (7 << 20)
+cases = [
+    # Each of these once ended the job: a panic ("a turn has a part"), a backend refusal.
+    ("max_tokens-0", 400, C, chat(max_tokens=0)),
+    ("max_completion_tokens-0", 400, C, chat(max_completion_tokens=0)),
+    ("completion-max_tokens-0", 400, P, completion(max_tokens=0)),
+    ("token-out-of-vocabulary", 400, P, completion(prompt=[1, 10 ** 6])),
+    ("stop-empty", 400, C, chat(stop=[""])),
+    # Bodies that are no request.
+    ("empty-body", 400, C, b""),
+    ("not-json", 400, C, b"{not json"),
+    ("trailing-bytes", 400, C, chat() + b" x"),
+    ("json-array", 400, C, b"[1, 2]"),
+    ("deep-nesting", 400, C, b"[" * 100000 + b"]" * 100000),
+    ("invalid-utf8", 400, C, b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}'),
+    # Wrong types, every field.
+    ("messages-number", 400, C, chat(messages=3)),
+    ("messages-empty", 400, C, chat(messages=[])),
+    ("message-string", 400, C, chat(messages=["hi"])),
+    ("role-missing", 400, C, chat(messages=[{"content": "hi"}])),
+    ("role-number", 400, C, chat(messages=[{"role": 3, "content": "hi"}])),
+    ("content-number", 400, C, chat(messages=[{"role": "user", "content": 3}])),
+    ("content-image", 400, C, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])),
+    ("ends-with-assistant", 400, C, chat(messages=user + [{"role": "assistant", "content": "x"}])),
+    ("tool-calls-string", 400, C, chat(messages=user + [{"role": "assistant", "tool_calls": "bash"}, {"role": "user", "content": "x"}])),
+    ("tool-call-not-object", 400, C, chat(messages=user + [{"role": "assistant", "tool_calls": ["bash"]}, {"role": "user", "content": "x"}])),
+    ("tool-call-function-string", 400, C, chat(messages=user + [{"role": "assistant", "tool_calls": [{"function": "bash"}]}, {"role": "user", "content": "x"}])),
+    ("tool-result-unknown-id", 400, C, chat(messages=user + [call, {"role": "tool", "tool_call_id": "nope", "content": "x"}], tools=tools)),
+    ("tool-result-no-call", 400, C, chat(messages=user + [{"role": "tool", "tool_call_id": "c1", "content": "x"}])),
+    ("model-number", 400, C, chat(model=7)),
+    ("max_tokens-string", 400, C, chat(max_tokens="ten")),
+    ("max_tokens-float", 400, C, chat(max_tokens=1.5)),
+    ("n-2", 400, C, chat(n=2)),
+    ("n-string", 400, C, chat(n="one")),
+    ("temperature-negative", 400, C, chat(temperature=-1)),
+    ("temperature-string", 400, C, chat(temperature="hot")),
+    ("top_p-0", 400, C, chat(top_p=0)),
+    ("top_k--5", 400, C, chat(top_k=-5)),
+    ("presence_penalty-9", 400, C, chat(presence_penalty=9)),
+    ("seed-huge", 400, C, chat(seed=2 ** 64)),
+    ("stop-number", 400, C, chat(stop=3)),
+    ("stream-string", 400, C, chat(stream="yes")),
+    ("stream_options-alone", 400, C, chat(stream_options={"include_usage": True})),
+    ("logprobs-number", 400, C, chat(logprobs=3)),
+    ("top_logprobs-alone", 400, C, chat(top_logprobs=3)),
+    ("tools-object", 400, C, chat(tools={"bash": 1})),
+    ("tool-no-name", 400, C, chat(tools=[{"type": "function", "function": {}}])),
+    ("tool_choice-no-tools", 400, C, chat(tool_choice="required")),
+    ("tool_choice-unknown", 400, C, chat(tools=tools, tool_choice={"type": "function", "function": {"name": "python"}})),
+    ("response_format-bad", 400, C, chat(response_format={"type": "yaml"})),
+    ("logit_bias-bad", 400, C, chat(logit_bias={"1": "x"})),
+    ("user-number", 400, C, chat(user=1)),
+    ("prompt-negative", 400, P, completion(prompt=[1, -2])),
+    ("prompt-batch", 400, P, completion(prompt=[[1], [2]])),
+    ("prompt-object", 400, P, completion(prompt={"a": 1})),
+    ("prompt-empty", 400, P, completion(prompt=[])),
+    ("echo", 400, P, completion(echo=True)),
+    ("best_of-2", 400, P, completion(best_of=2)),
+    # Paths and methods not served, and a call without the key: answered, not calls.
+    ("wrong-method", 405, C, None),
+    ("unknown-path", 404, "/embeddings", b"{}"),
+    ("no-key", 401, C, chat()),
+    # Huge bodies: refused, and recorded short.
+    ("over-the-limit", 413, C, b" " * ((8 << 20) + 1)),
+]
+cases += [("huge-%d" % i, 400, C, chat(max_tokens=huge)) for i in range(12)]
+cases += [("huge-message-%d" % i, 400, C, chat(messages=[{"role": 3, "content": huge}])) for i in range(2)]
+
+for name, expected, path, body in cases:
+    method = "GET" if body is None else "POST"
+    status, shape = send(method, path, body, auth=(name != "no-key"))
+    print("CASE", name, expected, status, shape, flush=True)
+
+with open("calc/add.py", "w") as f:
+    f.write("def add(a, b):\n    return a + b\n")
+status, _ = send("POST", C, chat(max_tokens=16))
+print("GOOD", status, flush=True)
+"#;
+
+/// An agent program that fixes the file, then sends the same malformed call forever.
+const LOOPING_AGENT: &str = r#"
+import json, os, urllib.error, urllib.request
+
+with open("calc/add.py", "w") as f:
+    f.write("def add(a, b):\n    return a + b\n")
+while True:
+    req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"messages": 3}).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    try:
+        urllib.request.urlopen(req, timeout=600)
+    except urllib.error.HTTPError as e:
+        print("refused", e.code, flush=True)
+"#;
+
+/// Nothing a program sends ends its job: a corpus of malformed requests (every field of
+/// the wrong type or range, bodies that are no request, huge ones, conversations that do
+/// not hold together, and the requests that once panicked RUN or failed the job) is
+/// answered 4xx with a JSON error, each refused call is recorded short, and the episode
+/// is graded. A program that keeps sending refused calls is ended at the cap, for that
+/// reason, and graded too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_are_refused_and_the_episode_is_graded() {
+    let stand = Stand::start(&[WireKind::Vllm], |_| {}, |_, _| {}).await;
+    stand.env.workers_in_process(1);
+    let check = json!({"command": "cd calc && python3 -c 'import add; assert add.add(2, 3) == 5'"});
+    let sandbox = |agent: &str| json!({"files": {"calc/add.py": "def add(a, b):\n    return a - b\n", "agent.py": agent}});
+    let mut corpus = program_task(
+        "python3 agent.py",
+        json!({}),
+        sandbox(MALFORMED_AGENT),
+        json!({"check": check, "limits": {"max_refused_calls": 200, "timeout_ms": 300_000}}),
+    );
+    corpus.client_id = Some("corpus".into());
+    let mut looping = program_task(
+        "python3 agent.py",
+        json!({}),
+        sandbox(LOOPING_AGENT),
+        json!({"check": check, "limits": {"max_refused_calls": 5, "timeout_ms": 300_000}}),
+    );
+    looping.client_id = Some("looping".into());
+    stand.env.submit(&[corpus, looping], "malformed").await;
+    let results = stand
+        .env
+        .wait_results("malformed", 2, Duration::from_secs(400))
+        .await;
+    let by = |id: &str| {
+        results
+            .iter()
+            .find(|r| r.client_id.as_deref() == Some(id))
+            .unwrap()
+    };
+
+    let r = by("corpus");
+    assert_eq!(r.status, Status::Done, "{r:?}");
+    let run = run_output(r);
+    let out = run["program"]["output"].as_str().unwrap_or_default();
+    assert_eq!(run["program"]["exit_code"], 0, "{}", run["program"]);
+    let cases: Vec<Vec<&str>> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("CASE "))
+        .map(|l| l.split(' ').collect())
+        .collect();
+    assert_eq!(cases.len(), 71, "{out}");
+    let mut reached_host = 0;
+    for c in &cases {
+        let (name, expected, got, shape) = (c[0], c[1], c[2], c[3]);
+        assert_eq!(got, expected, "{name}: {out}");
+        // The relay inside the sandbox answers what never reaches the host (no key, a
+        // body over its limit or not UTF-8) with its own JSON error; the endpoint
+        // answers everything else in vLLM's shape.
+        let relay = matches!(name, "no-key" | "over-the-limit" | "invalid-utf8");
+        if relay {
+            assert_ne!(shape, "none", "{name}: {out}");
+        } else {
+            assert_eq!(shape, "vllm", "{name}: {out}");
+        }
+        if !relay && !matches!(name, "wrong-method" | "unknown-path") {
+            reached_host += 1;
+        }
+    }
+    assert!(out.contains("GOOD 200"), "{out}");
+    assert_eq!(run["finish_reason"], "exited", "{run}");
+    // The episode is graded: the fix made after the refusals counts.
+    assert_eq!(r.reward, Some(1.0), "{r:?}");
+    let calls = run["calls"].as_array().unwrap();
+    let refused: Vec<&Value> = calls.iter().filter(|c| c["sample"].is_null()).collect();
+    assert_eq!(refused.len(), reached_host, "{}", run["calls"]);
+    assert_eq!(calls.len(), reached_host + 1);
+    for c in &refused {
+        assert!(c["request"]["head"].as_str().unwrap().len() <= 2048, "{c}");
+        assert_eq!(c["reply"]["error"]["type"], "BadRequestError", "{c}");
+    }
+    assert!(
+        refused
+            .iter()
+            .any(|c| c["request"]["bytes"].as_u64().unwrap() > 7 << 20),
+        "the huge bodies were refused"
+    );
+    // Fourteen refused calls of 7 MiB each wrote a result of kilobytes, not of 100 MB.
+    let size = serde_json::to_string(&r).unwrap().len();
+    assert!(size < 1 << 20, "the result is {size} bytes");
+
+    let r = by("looping");
+    assert_eq!(r.status, Status::Done, "{r:?}");
+    let run = run_output(r);
+    assert_eq!(run["finish_reason"], "refused_calls", "{run}");
+    assert_eq!(
+        run["calls"].as_array().unwrap().len(),
+        5,
+        "{}",
+        run["calls"]
+    );
+    assert!(
+        run["program"]["stopped"].as_str().is_some(),
+        "{}",
+        run["program"]
+    );
+    assert_eq!(r.reward, Some(1.0), "{r:?}");
 }

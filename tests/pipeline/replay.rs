@@ -16,8 +16,10 @@ use crate::program::{SDK_AGENT, agent_site, program_task};
 /// Submits the replay of `original` into its own batch and waits for its result.
 async fn replay(stand: &Stand, original: &JobResult) -> (JobResult, ReplayReport) {
     let job = stand.env.client.job(&original.job_id).await.unwrap().job;
-    let t = replay_task(&job).unwrap();
     let batch = format!("replay-{}", original.job_id);
+    let t = replay_task(&job, &batch).unwrap();
+    // Another batch's job: the task says it may replay it.
+    assert_eq!(t.spec["replay_across_batches"], true);
     stand.env.submit(&[t], &batch).await;
     let r = stand
         .env
@@ -166,4 +168,74 @@ async fn an_agent_program_replays_without_a_backend() {
             assert_eq!(a[key], b[key], "{key}");
         }
     }
+}
+
+/// A replay shows the recorded episode in its result, so a task replays jobs of its own
+/// batch only, unless its spec permits another batch's: the gateway refuses the rest at
+/// submit, naming the field, whichever way the tasks come (`POST /v1/jobs` or a sampling
+/// batch's prompts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_are_scoped_to_their_own_batch() {
+    let env = crate::helpers::TestEnv::start(|_| {}).await;
+    let original = env
+        .submit(&[task("Fix add().", "demo", json!({}))], "theirs")
+        .await
+        .remove(0);
+    let replaying = |extra: serde_json::Value| {
+        let mut spec = json!({"replay_of": original});
+        if let (serde_json::Value::Object(s), serde_json::Value::Object(e)) = (&mut spec, extra) {
+            s.extend(e);
+        }
+        task("Fix add().", "demo", spec)
+    };
+    let refused =
+        |r: Result<rollout::api::jobs::SubmitResponse, rollout::client::ClientError>| match r {
+            Err(rollout::client::ClientError::Api {
+                status,
+                field,
+                message,
+            }) => (status, field.unwrap_or_default(), message),
+            other => panic!("not refused: {other:?}"),
+        };
+
+    // Another batch's job, without the permission: refused.
+    let (status, field, message) = refused(
+        env.client
+            .submit(&[replaying(json!({}))], Some("mine"))
+            .await,
+    );
+    assert_eq!(status, 400);
+    assert_eq!(field, "tasks[0].spec.replay_of");
+    assert!(message.contains("replay_across_batches"), "{message}");
+    assert!(message.contains("theirs"), "{message}");
+    // The same as a sampling batch's prompt.
+    let batch = json!({"batch_id": "sampled", "prompts": [replaying(json!({}))],
+        "group_size": 2, "target_groups": 1});
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{}/v1/batches", env.base))
+        .json(&batch)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["field"], "prompts[0].spec.replay_of", "{body}");
+    // No such job at all.
+    let mut ghost = replaying(json!({"replay_across_batches": true}));
+    ghost.spec["replay_of"] = json!("no-such-job");
+    let (status, field, _) = refused(env.client.submit(&[ghost], Some("mine")).await);
+    assert_eq!((status, field.as_str()), (400, "tasks[0].spec.replay_of"));
+    // The permission alone is no replay.
+    let alone = task("Fix add().", "demo", json!({"replay_across_batches": true}));
+    let (status, field, _) = refused(env.client.submit(&[alone], Some("mine")).await);
+    assert_eq!(
+        (status, field.as_str()),
+        (400, "tasks[0].spec.replay_across_batches")
+    );
+
+    // Its own batch's job, or another's with the permission: accepted.
+    env.submit(&[replaying(json!({}))], "theirs").await;
+    env.submit(&[replaying(json!({"replay_across_batches": true}))], "mine")
+        .await;
 }
