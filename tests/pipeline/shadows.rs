@@ -354,6 +354,31 @@ fn assert_forgeries_work_unguarded(
     );
 }
 
+/// The shadows each named forgery plants, by job.
+fn named_planted(swe_shadows: &[(&str, Vec<Value>)]) -> BTreeMap<String, Vec<String>> {
+    let mut planted: BTreeMap<String, Vec<String>> = swe_shadows
+        .iter()
+        .map(|(n, steps)| {
+            (
+                n.to_string(),
+                written(steps).into_iter().map(|(p, _)| p).collect(),
+            )
+        })
+        .collect();
+    for (name, path) in [
+        ("command/hidden-package", "checker/__init__.py"),
+        ("command/hidden-main", "checker/__init__.py"),
+        ("command/protected-extension", "check_add.ext"),
+        (
+            "code/unittest-package-over-module",
+            "tests/test_calc/__init__.py",
+        ),
+    ] {
+        planted.insert(name.to_string(), vec![path.to_string()]);
+    }
+    planted
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn named_shadows_score_zero_and_right_fixes_still_score_one() {
     let test = "named_shadows_score_zero_and_right_fixes_still_score_one";
@@ -427,18 +452,7 @@ async fn named_shadows_score_zero_and_right_fixes_still_score_one() {
         "command/right-main",
         "code/right",
     ];
-    let mut planted: BTreeMap<String, Vec<String>> = swe_shadows
-        .iter()
-        .map(|(n, steps)| (n.to_string(), written(steps).into_iter().map(|(p, _)| p).collect()))
-        .collect();
-    for (name, path) in [
-        ("command/hidden-package", "checker/__init__.py"),
-        ("command/hidden-main", "checker/__init__.py"),
-        ("command/protected-extension", "check_add.ext"),
-        ("code/unittest-package-over-module", "tests/test_calc/__init__.py"),
-    ] {
-        planted.insert(name.to_string(), vec![path.to_string()]);
-    }
+    let planted = named_planted(&swe_shadows);
     assert_right_one_rest_zero(&results, &right, &planted);
     let built =
         &results["command/protected-extension"].output["run"]["steps"][0]["observation"]["output"];

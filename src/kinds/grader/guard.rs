@@ -543,7 +543,10 @@ mod tests {
         };
         write("numkit/__init__.py", "");
         write("tests/test_core.py", "import numkit\n");
-        write("checker/data.txt", "the task's own data beside the hidden checker\n");
+        write(
+            "checker/data.txt",
+            "the task's own data beside the hidden checker\n",
+        );
         let dir = tempfile::tempdir().unwrap();
         let g = guard_in(dir.path(), &["checker.py"]);
         std::fs::write(dir.path().join("guard.py"), SCRIPT).unwrap();
@@ -564,8 +567,18 @@ mod tests {
         write("tests/test_core/__init__.py", "");
         write("numkit/bounds.py", "");
         write("clamp_notes.py", "");
-        write("checker.py", "# the grader's hidden file, written after the changes\n");
-        let swept = ran(&["-I", "-S", guard_py.to_str().unwrap(), "sweep", g.dir(), "[\"checker.py\"]"]);
+        write(
+            "checker.py",
+            "# the grader's hidden file, written after the changes\n",
+        );
+        let swept = ran(&[
+            "-I",
+            "-S",
+            guard_py.to_str().unwrap(),
+            "sweep",
+            g.dir(),
+            "[\"checker.py\"]",
+        ]);
         let out = String::from_utf8_lossy(&swept.stdout);
         let removed: Vec<String> = lines_of(&out, REMOVED_LINE)
             .into_iter()
