@@ -15,7 +15,8 @@
 //!   directory over the package under test, a package over a restored unittest
 //!   module).
 //! - [`the_derived_attack_surface_is_refused`]: nothing listed by hand. For each
-//!   grader (SWE with pytest, code with unittest, command), the test runs the graded
+//!   grader (SWE with pytest, code with unittest under `-m` and under a runner script
+//!   read by the `django` parser, command), the test runs the graded
 //!   command on the host with an audit hook, collects every module the run imported
 //!   and every workspace file it opened, and plants a shadow of each: every top-level
 //!   name at the root and (where pytest puts the test directory first) as a package
@@ -209,6 +210,32 @@ fn unittest_grader() -> Value {
 
 fn unittest_task(name: &str, steps: Vec<Value>) -> Task {
     shell_task(name, json!({}), steps, "grader", unittest_grader())
+}
+
+/// A test runner started as a script from a directory that is not a package, as
+/// Django's `tests/runtests.py` is: unittest over `test_calc`, the repository's root
+/// on the path after the runner's own directory.
+const RUNNER_SCRIPT: &str = "import os\nimport sys\nimport unittest\n\nsys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))\nsuite = unittest.defaultTestLoader.loadTestsFromName('test_calc')\nresult = unittest.TextTestRunner(verbosity=2).run(suite)\nsys.exit(not result.wasSuccessful())\n";
+/// The command that starts it.
+const SCRIPT_RUNNER: &str = "python3 tests/runtests.py";
+
+/// The grader's files of the script runner's task (the runner and its test module).
+fn script_runner_files() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("tests/runtests.py".to_string(), RUNNER_SCRIPT.to_string()),
+        ("tests/test_calc.py".to_string(), UNIT_TESTS.to_string()),
+    ])
+}
+
+/// The code grader with the script runner, its log read by the `django` parser.
+fn script_runner_task(name: &str, steps: Vec<Value>) -> Task {
+    let grader = json!({
+        "type": "code",
+        "tests": script_runner_files(),
+        "test_command": SCRIPT_RUNNER,
+        "log_parser": "django",
+    });
+    shell_task(name, json!({}), steps, "grader", grader)
 }
 
 /// The files the code grader's workspace holds once graded, with the program `calc`.
@@ -581,7 +608,8 @@ fn plant_trojans(paths: &[String]) -> Value {
 /// a package) and an extension module beside every workspace module. Names the
 /// workspace already holds at a place are planted beside it, not over it. Returns (job
 /// suffix, steps, planted paths). `agents` are the modules the agent itself wrote (its
-/// program): a twin of the agent's own module shadows nothing the grader expects.
+/// program, at the root): a twin or a second copy of the agent's own module shadows
+/// nothing the grader expects (the agent could put the same code in the module itself).
 fn shadows_of(
     touched: &Touched,
     test_dir: Option<&str>,
@@ -595,7 +623,12 @@ fn shadows_of(
         if !own.contains(&file) && !own.contains(&format!("{name}/__init__.py")) {
             root.push(file);
         }
-        if let Some(dir) = test_dir {
+        // A module of the agent's own is code under test wherever it sits: a second
+        // copy of it shadows nothing the grader expects.
+        let agents_own = agents
+            .iter()
+            .any(|a| a.strip_suffix(".py").is_some_and(|stem| stem == name));
+        if let Some(dir) = test_dir.filter(|_| !agents_own) {
             let package = format!("{dir}/{name}/__init__.py");
             if !own.contains(&package) && !own.contains(&format!("{dir}/{name}.py")) {
                 in_tests.push(package);
@@ -683,7 +716,7 @@ fn assert_named(name: &str, r: &JobResult, planted: &[String]) {
 
 /// What each grader's run touches (SWE with pytest, code with unittest, command),
 /// from a real run on the host.
-fn discover_all(clamp: &Clamp, pytest_command: &str) -> (Touched, Touched, Touched) {
+fn discover_all(clamp: &Clamp, pytest_command: &str) -> [Touched; 4] {
     // What each grader's run touches, from a real run on the host.
     let swe = discover(
         &Local::from_repo(&clamp.repo, &[&clamp.patches["wrong"], &clamp.test_patch]),
@@ -700,7 +733,15 @@ fn discover_all(clamp: &Clamp, pytest_command: &str) -> (Touched, Touched, Touch
         ])),
         "python3 -m checker",
     );
-    for (what, t) in [("pytest", &swe), ("unittest", &code), ("checker", &command)] {
+    let mut files = script_runner_files();
+    files.insert("calc.py".into(), WRONG_MUL.into());
+    let script = discover(&Local::from_files(&files), SCRIPT_RUNNER);
+    for (what, t) in [
+        ("pytest", &swe),
+        ("unittest", &code),
+        ("checker", &command),
+        ("unittest", &script),
+    ] {
         assert!(
             t.names.contains(what) || what == "checker",
             "the {what} run's modules were not recorded: {:?}",
@@ -716,10 +757,11 @@ fn discover_all(clamp: &Clamp, pytest_command: &str) -> (Touched, Touched, Touch
     assert!(
         swe.workspace_modules.contains("tests/test_core.py")
             && code.workspace_modules.contains("tests/test_calc.py")
-            && command.workspace_modules.contains("checker.py"),
+            && command.workspace_modules.contains("checker.py")
+            && script.workspace_modules.contains("tests/runtests.py"),
         "the runs' own workspace modules were not recorded"
     );
-    (swe, code, command)
+    [swe, code, command, script]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -731,7 +773,7 @@ async fn the_derived_attack_surface_is_refused() {
     let clamp = Clamp::build();
     let (inst, repo, patch) = (&clamp.instance, &clamp.repo, &clamp.patches);
     let pytest_command = "python3 -m pytest -rA -p no:cacheprovider 'tests/test_core.py'";
-    let (swe, code, command) = discover_all(&clamp, pytest_command);
+    let [swe, code, command, script] = discover_all(&clamp, pytest_command);
 
     let mut tasks = Vec::new();
     let mut planted = BTreeMap::new();
@@ -747,6 +789,14 @@ async fn the_derived_attack_surface_is_refused() {
         let mut all = vec![write("calc.py", WRONG_MUL)];
         all.extend(steps);
         tasks.push(unittest_task(&name, all));
+        planted.insert(name, paths);
+    }
+    // A runner started as a script puts its own directory first: Django's runtests.py.
+    for (suffix, steps, paths) in shadows_of(&script, Some("tests"), &["calc.py"]) {
+        let name = format!("script/{suffix}");
+        let mut all = vec![write("calc.py", WRONG_MUL)];
+        all.extend(steps);
+        tasks.push(script_runner_task(&name, all));
         planted.insert(name, paths);
     }
     for (suffix, steps, paths) in shadows_of(&command, None, &[]) {
@@ -789,8 +839,12 @@ async fn the_derived_attack_surface_is_refused() {
         "python3 -m checker",
         vec![],
     ));
+    tasks.push(script_runner_task(
+        "script/right",
+        vec![write("calc.py", RIGHT_MUL)],
+    ));
     let results = run(tasks, "derived-shadows", 3).await;
-    let rights = ["swe/right", "code/right", "command/right"];
+    let rights = ["swe/right", "code/right", "command/right", "script/right"];
     assert_right_one_rest_zero(&results, &rights, &planted);
     assert_eq!(
         swe_command(&results, "swe/right"),
