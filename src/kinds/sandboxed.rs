@@ -103,8 +103,20 @@ pub fn stage_error(context: &str, e: SandboxError) -> StageError {
         SandboxError::Setup(_) | SandboxError::Config(_) | SandboxError::Tool(_) => {
             StageError::Failed(format!("{context}: {e}"))
         }
+        SandboxError::NoAnswer(_) | SandboxError::Stopped(_) => {
+            StageError::Transient(format!("{context}: {STOPPED_ANSWERING} ({e})"))
+        }
         _ => StageError::Transient(format!("{context}: {e}")),
     }
+}
+
+/// What [`stage_error`] says of a sandbox server that stopped answering (stopped, or
+/// starved by what runs beside it), so that EVAL can tell it from other faults.
+const STOPPED_ANSWERING: &str = "the sandbox stopped answering";
+
+/// Whether `e` is [`stage_error`]'s for a server that stopped answering.
+fn stopped_answering(e: &StageError) -> bool {
+    matches!(e, StageError::Transient(m) if m.contains(STOPPED_ANSWERING))
 }
 
 /// INIT: starts the job's sandbox from `spec` and checks the interpreter answers.
@@ -417,8 +429,10 @@ pub async fn in_fresh_sandbox(
         )
         .await
         {
-            // The graded code ran in there: if the sandbox is gone, ask why.
-            Err(e) if sb.client.ping().await.is_err() => {
+            // The graded code ran in there: if the sandbox is gone, or its server
+            // stopped answering (the graded code stopped it, or took its CPU or memory),
+            // ask why.
+            Err(e) if stopped_answering(&e) || sb.client.ping().await.is_err() => {
                 match sandboxes
                     .cause_of_death(job_id, Purpose::Eval, ctx.job.attempts)
                     .await

@@ -481,6 +481,14 @@ async fn named_shadows_score_zero_and_right_fixes_still_score_one() {
     ];
     let planted = named_planted(&swe_shadows);
     assert_right_one_rest_zero(&results, &right, &planted);
+    // What the right fix's run loaded from the workspace is on record.
+    let imported = &results["swe/right"].output["eval"]["guard"]["imported"];
+    assert!(
+        imported
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p == "numkit/core.py")),
+        "the run's workspace imports are not recorded: {imported}"
+    );
     let built =
         &results["command/protected-extension"].output["run"]["steps"][0]["observation"]["output"];
     assert!(

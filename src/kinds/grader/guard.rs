@@ -42,7 +42,8 @@
 //!   first on `sys.meta_path` applies the same rules to every module the run imports
 //!   from the workspace (so a file written during the run, or a directory a runner
 //!   puts first, is held to them too): the import fails and the refusal is recorded,
-//!   which scores 0 with the module named. On a Python older than 3.11 the finder is what stands in for safe
+//!   which scores 0 with the module named. Every module the run did load from the
+//!   workspace is recorded too (`details.guard.imported`). On a Python older than 3.11 the finder is what stands in for safe
 //!   path: a shadow of the runner is refused when `-m` resolves it.
 //!
 //! What the guard does not claim: the code under test itself (a module the tests are
@@ -63,6 +64,8 @@ pub const SCRIPT: &str = include_str!("guard.py");
 const PYTHON_LINE: &str = "rollout-guard-python ";
 /// A refusal's line: the path and why, tab-separated (the sweep's and the finder's).
 const REFUSED_LINE: &str = "rollout-guard-refused\t";
+/// The prefix of a workspace module the run imported, as `after_run` lists them.
+const IMPORTED_LINE: &str = "rollout-guard-imported ";
 /// The sweep's line for a module entry it removed: the path and why.
 const REMOVED_LINE: &str = "rollout-guard-removed\t";
 
@@ -95,7 +98,15 @@ pub struct Report {
     /// Module entries refused: one the sweep could not remove, or an import of the
     /// run's that the finder stopped. Any makes the grade 0.
     pub refused: Vec<Refusal>,
+    /// The workspace's module files the run's Pythons imported (the first
+    /// [`IMPORTED_SHOWN`], in order of path), for the record.
+    pub imported: Vec<String>,
+    /// How many there were.
+    pub imported_count: usize,
 }
+
+/// How many of the imported workspace modules a report lists.
+pub const IMPORTED_SHOWN: usize = 200;
 
 impl Report {
     /// The reason for a 0 when something was refused.
@@ -236,6 +247,7 @@ impl Guard {
             python: Some(version),
             removed,
             refused,
+            ..Report::default()
         })
     }
 
@@ -278,18 +290,33 @@ impl Guard {
         )
     }
 
-    /// Adds the refusals the run's finder recorded (its lines in `output`, and its file
-    /// in the guard's directory) to `report`.
+    /// Adds what the run's finder recorded to `report`: its refusals (its lines in
+    /// `output`, and its file in the guard's directory) and the workspace modules the
+    /// run imported.
     pub async fn after_run(&self, client: &SandboxClient, output: &str, report: &mut Report) {
         let mut found: BTreeSet<Refusal> = report.refused.drain(..).collect();
         found.extend(refusals(output));
-        let file = run(
+        let files = run(
             client,
-            format!("cat {}/refused 2>/dev/null; true", self.dir),
+            format!(
+                "cat {dir}/refused 2>/dev/null; sort -u {dir}/imported 2>/dev/null | sed 's/^/{IMPORTED_LINE}/'; true",
+                dir = self.dir
+            ),
         )
         .await;
-        if let Some(r) = file {
+        if let Some(r) = files {
             found.extend(refusals(&r.output));
+            let imported: Vec<&str> = r
+                .output
+                .lines()
+                .filter_map(|l| l.strip_prefix(IMPORTED_LINE))
+                .collect();
+            report.imported_count = imported.len();
+            report.imported = imported
+                .into_iter()
+                .take(IMPORTED_SHOWN)
+                .map(str::to_string)
+                .collect();
         }
         report.refused = found.into_iter().collect();
     }
@@ -527,6 +554,12 @@ mod tests {
         assert!(err.contains("shadows checker.py"), "{err}");
         let recorded = std::fs::read_to_string(dir.path().join("refused")).unwrap();
         assert_eq!(refusals(&recorded).len(), 2, "{recorded}");
+        // What the run did load from the workspace is on record.
+        let imported = std::fs::read_to_string(dir.path().join("imported")).unwrap();
+        assert!(
+            imported.lines().all(|l| l == "numkit/__init__.py") && !imported.is_empty(),
+            "{imported}"
+        );
     }
 
     #[test]
@@ -619,6 +652,7 @@ mod tests {
             safe_path: true,
             removed: lines_of("rollout-guard-removed\tc.py\tshadows `c`\n", REMOVED_LINE),
             refused,
+            ..Report::default()
         };
         assert_eq!(report.removed.len(), 1);
         let why = report.failure().unwrap();

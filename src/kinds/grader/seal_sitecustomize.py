@@ -111,14 +111,18 @@ def _rollout_guard():
         if p.endswith(".py") or p.endswith(extensions):
             keys.setdefault(key(p), p)
 
-    def verdict(name, origin):
+    def inside(origin):
+        # The workspace-relative path of a module's file, or None outside it.
         if not origin:
             return None
         a = os.path.abspath(origin)
         if not a.startswith(root + os.sep):
             return None
-        rel = a[len(root) + 1 :]
-        if rel in expected:
+        return a[len(root) + 1 :]
+
+    def verdict(name, origin):
+        rel = inside(origin)
+        if rel is None or rel in expected:
             return None
         if rel.endswith(extensions):
             return rel, "an extension module the agent added"
@@ -149,6 +153,14 @@ def _rollout_guard():
                 return spec
             found = verdict(name, spec.origin)
             if found is None:
+                rel = inside(spec.origin)
+                if rel is not None:
+                    # The record of what the run loaded from the workspace.
+                    try:
+                        with open(os.path.join(where, "imported"), "a", errors="surrogateescape") as f:
+                            f.write(rel + "\n")
+                    except (OSError, IOError):
+                        pass
                 return spec
             record(name, found)
             raise ModuleNotFoundError(
