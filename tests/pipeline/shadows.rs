@@ -406,6 +406,28 @@ fn named_planted(swe_shadows: &[(&str, Vec<Value>)]) -> BTreeMap<String, Vec<Str
     planted
 }
 
+/// Asserts what the named test's jobs must show besides their rewards: the right fix's
+/// workspace imports on record, and the extension forgery really built in its sandbox.
+fn assert_on_record(results: &BTreeMap<String, JobResult>) {
+    // What the right fix's run loaded from the workspace is on record.
+    let imported = &results["swe/right"].output["eval"]["guard"]["imported"];
+    assert!(
+        imported
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p == "numkit/core.py")),
+        "the run's workspace imports are not recorded: {imported}"
+    );
+    let built =
+        &results["command/protected-extension"].output["run"]["steps"][0]["observation"]["output"];
+    assert!(
+        built
+            .as_str()
+            .unwrap_or_default()
+            .contains("built-check_add"),
+        "the extension forgery was not built in the sandbox: {built}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn named_shadows_score_zero_and_right_fixes_still_score_one() {
     let test = "named_shadows_score_zero_and_right_fixes_still_score_one";
@@ -481,23 +503,7 @@ async fn named_shadows_score_zero_and_right_fixes_still_score_one() {
     ];
     let planted = named_planted(&swe_shadows);
     assert_right_one_rest_zero(&results, &right, &planted);
-    // What the right fix's run loaded from the workspace is on record.
-    let imported = &results["swe/right"].output["eval"]["guard"]["imported"];
-    assert!(
-        imported
-            .as_array()
-            .is_some_and(|a| a.iter().any(|p| p == "numkit/core.py")),
-        "the run's workspace imports are not recorded: {imported}"
-    );
-    let built =
-        &results["command/protected-extension"].output["run"]["steps"][0]["observation"]["output"];
-    assert!(
-        built
-            .as_str()
-            .unwrap_or_default()
-            .contains("built-check_add"),
-        "the extension forgery was not built in the sandbox: {built}"
-    );
+    assert_on_record(&results);
 
     // The controls: on the host, without the guard, each forgery does pass its wrong fix.
     let command = swe_command(&results, "swe/right");
