@@ -164,7 +164,7 @@ if [ -n "$pg_url" ]; then
   # jobs go through the paths every other suite takes on Postgres): they run once, in
   # the SQLite pass above.
   ROLLOUT_TEST_DATABASE_URL="$pg_url" cargo test --workspace --lib --test pipeline -- \
-    --skip forgeries:: --skip swe:: --skip slurm:: --skip hostile:: --skip graders::
+    --skip forgeries:: --skip shadows:: --skip swe:: --skip slurm:: --skip hostile:: --skip graders::
 else
   why="no Postgres answers on 127.0.0.1:5432 and ROLLOUT_TEST_DATABASE_URL is unset"
   if [ "${CI:-}" = true ]; then
