@@ -50,6 +50,8 @@ mod results;
 mod rows;
 mod sampling;
 mod sandboxes;
+#[cfg(test)]
+mod schema_check;
 mod sql;
 mod sql_store;
 mod sqlite;
