@@ -51,10 +51,11 @@ def environment(extra):
 def measure(name, workspace, test_argv, runs):
     guard_dir = tempfile.mkdtemp(prefix="guard-")
     shutil.copy(BOOTSTRAP, os.path.join(guard_dir, "sitecustomize.py"))
-    shutil.copy(GUARD, os.path.join(guard_dir, "guard.py"))
-    probe = timed([PYTHON, os.path.join(guard_dir, "guard.py"), "probe", guard_dir], workspace, environment({}), runs)
+    script = os.path.join(guard_dir, "rollout-guard.py")
+    shutil.copy(GUARD, script)
+    probe = timed([PYTHON, script, "probe", guard_dir], workspace, environment({}), runs)
     sweep = timed(
-        [PYTHON, "-I", "-S", os.path.join(guard_dir, "guard.py"), "sweep", guard_dir, json.dumps([])],
+        [PYTHON, "-I", "-S", script, "sweep", guard_dir, json.dumps([])],
         workspace,
         environment({}),
         runs,

@@ -60,6 +60,10 @@ use crate::sandbox::protocol::{ExecArgs, ExecResult, FileArgs};
 
 /// The probe and sweep, as one Python script (`probe DIR` / `sweep DIR FILES`).
 pub const SCRIPT: &str = include_str!("guard.py");
+/// Its file name in the guard's directory, which is first on the run's `PYTHONPATH`:
+/// not a module name, so the script can never be imported in place of a repository's
+/// own module (a `guard.py` there would lose to it).
+const SCRIPT_FILE: &str = "rollout-guard.py";
 /// The line the probe prints with the sandbox's Python version and the workspace.
 const PYTHON_LINE: &str = "rollout-guard-python ";
 /// A refusal's line: the path and why, tab-separated (the sweep's and the finder's).
@@ -145,7 +149,7 @@ impl Guard {
     /// Python 3: nothing to guard), or `failed` with the probe's last words.
     pub fn probe(&self) -> String {
         format!(
-            "mkdir -p {dir} && cat > {dir}/guard.py <<'ROLLOUT_GUARD_EOF'\n{SCRIPT}\nROLLOUT_GUARD_EOF\n\
+            "mkdir -p {dir} && cat > {dir}/{SCRIPT_FILE} <<'ROLLOUT_GUARD_EOF'\n{SCRIPT}\nROLLOUT_GUARD_EOF\n\
              found=none\n\
              for py in python3 python; do\n\
              \x20 command -v \"$py\" >/dev/null 2>&1 || continue\n\
@@ -153,7 +157,7 @@ impl Guard {
              \x20 found=$py; break\n\
              done\n\
              if [ \"$found\" = none ]; then echo '{PYTHON_LINE}none'\n\
-             elif ! \"$found\" {dir}/guard.py probe {dir} 2>{dir}/probe.err; then\n\
+             elif ! \"$found\" {dir}/{SCRIPT_FILE} probe {dir} 2>{dir}/probe.err; then\n\
              \x20 echo \"{PYTHON_LINE}failed $(tail -c 600 {dir}/probe.err | tr '\\n' ' ')\"\n\
              fi; true",
             dir = self.dir
@@ -215,7 +219,7 @@ impl Guard {
         };
         let files = serde_json::to_string(&self.grader_files).unwrap_or_else(|_| "[]".into());
         let command = format!(
-            "for py in python3 python; do command -v \"$py\" >/dev/null 2>&1 || continue; \"$py\" -I -S {dir}/guard.py sweep {dir} {files}; exit $?; done",
+            "for py in python3 python; do command -v \"$py\" >/dev/null 2>&1 || continue; \"$py\" -I -S {dir}/{SCRIPT_FILE} sweep {dir} {files}; exit $?; done",
             dir = self.dir,
             files = shell_quote(&files),
         );
@@ -483,15 +487,17 @@ mod tests {
         std::fs::create_dir_all(root.join("tests")).unwrap();
         std::fs::write(root.join("numkit/__init__.py"), "VALUE = 'real'\n").unwrap();
         std::fs::write(root.join("tests/test_core.py"), "import numkit\n").unwrap();
+        // A repository module named like the grader's script: the repository's wins.
+        std::fs::write(root.join("guard.py"), "WHO = 'repository'\n").unwrap();
         let dir = tempfile::tempdir().unwrap();
         let g = guard_in(dir.path(), &["checker.py"]);
-        std::fs::write(dir.path().join("guard.py"), SCRIPT).unwrap();
+        std::fs::write(dir.path().join(SCRIPT_FILE), SCRIPT).unwrap();
         std::fs::write(
             dir.path().join("sitecustomize.py"),
             super::super::seal::BOOTSTRAP,
         )
         .unwrap();
-        let guard_py = dir.path().join("guard.py");
+        let guard_py = dir.path().join(SCRIPT_FILE);
         let probe = Command::new(py)
             .arg(&guard_py)
             .args(["probe", g.dir()])
@@ -537,9 +543,10 @@ mod tests {
         };
         // The repository's own package imports from the root, after the standard
         // library: a root `argparse.py` is not the standard library's.
-        let (ok, out, err) =
-            run("import numkit, argparse; print(numkit.VALUE, hasattr(argparse, 'FORGED'))");
-        assert!(ok && out.trim() == "real False", "{out}{err}");
+        let (ok, out, err) = run(
+            "import numkit, argparse, guard; print(numkit.VALUE, hasattr(argparse, 'FORGED'), guard.WHO)",
+        );
+        assert!(ok && out.trim() == "real False repository", "{out}{err}");
         // The test directory first on the path, as pytest puts it: refused, recorded.
         let (ok, _, err) = run("import sys; sys.path.insert(0, 'tests'); import numkit");
         assert!(!ok, "the shadow was imported: {err}");
@@ -556,8 +563,10 @@ mod tests {
         assert_eq!(refusals(&recorded).len(), 2, "{recorded}");
         // What the run did load from the workspace is on record.
         let imported = std::fs::read_to_string(dir.path().join("imported")).unwrap();
-        assert!(
-            imported.lines().all(|l| l == "numkit/__init__.py") && !imported.is_empty(),
+        let loaded: BTreeSet<&str> = imported.lines().collect();
+        assert_eq!(
+            loaded,
+            BTreeSet::from(["guard.py", "numkit/__init__.py"]),
             "{imported}"
         );
     }
@@ -582,8 +591,8 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         let g = guard_in(dir.path(), &["checker.py"]);
-        std::fs::write(dir.path().join("guard.py"), SCRIPT).unwrap();
-        let guard_py = dir.path().join("guard.py");
+        std::fs::write(dir.path().join(SCRIPT_FILE), SCRIPT).unwrap();
+        let guard_py = dir.path().join(SCRIPT_FILE);
         let ran = |args: &[&str]| {
             Command::new(py)
                 .args(args)
