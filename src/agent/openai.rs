@@ -102,14 +102,7 @@ fn clip(s: String, max: usize) -> String {
 
 /// The first bytes of `s`, at most `max`, ending on a character boundary.
 pub fn head(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    &s[..s.floor_char_boundary(max)]
 }
 
 /// A `/v1/chat/completions` request: what decides the tokens, and every other field

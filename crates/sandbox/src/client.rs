@@ -138,7 +138,9 @@ impl SandboxClient {
         let wait = timeout.unwrap_or(super::server::DEFAULT_TOOL_TIMEOUT) + ESCALATION_ALLOWANCE;
         let deadline = tokio::time::Instant::now() + wait;
         let mut rx = rx;
-        let mut ticks = tokio::time::interval(STOP_CHECK);
+        // The first look after one period: a call answered sooner costs no `/proc` read.
+        let mut ticks =
+            tokio::time::interval_at(tokio::time::Instant::now() + STOP_CHECK, STOP_CHECK);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

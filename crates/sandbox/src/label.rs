@@ -278,44 +278,21 @@ pub fn process_start(pid: i32) -> Option<u64> {
 /// the topmost descendant running the server's binary (`rollout-sandbox`), found once
 /// so that a waiting call can watch it cheaply ([`crate::client::SandboxClient::watch`]).
 pub fn server_process(root: i32) -> Option<i32> {
-    let dir = std::fs::read_dir("/proc").ok()?;
-    let mut rows = Vec::new();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let comm = stat[open + 1..close].to_string();
-        let ppid = stat[close + 1..]
-            .split_whitespace()
-            .nth(1)
-            .and_then(|p| p.parse::<i32>().ok());
-        if let Some(ppid) = ppid {
-            rows.push((pid, ppid, comm));
-        }
-    }
+    let rows = process_table();
+    let is_server = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim_end() == "rollout-sandbox")
+    };
     // Breadth first from the root: the first server found is the topmost.
     let mut frontier = vec![root];
     while !frontier.is_empty() {
-        if let Some((pid, _, _)) = rows
-            .iter()
-            .find(|(pid, _, comm)| frontier.contains(pid) && comm == "rollout-sandbox")
-        {
-            return Some(*pid);
+        if let Some(&pid) = frontier.iter().find(|&&pid| is_server(pid)) {
+            return Some(pid);
         }
         frontier = rows
             .iter()
-            .filter(|(_, ppid, _)| frontier.contains(ppid))
-            .map(|(pid, _, _)| *pid)
+            .filter(|r| frontier.contains(&r.ppid))
+            .map(|r| r.pid)
             .collect();
     }
     None
