@@ -22,17 +22,9 @@ use tokio_util::sync::CancellationToken;
 
 #[allow(dead_code)] // each benchmark uses part of these
 mod common;
-#[path = "../tests/common/eventually.rs"]
-#[allow(dead_code)]
-mod eventually;
-#[path = "../tests/common/fresh_postgres.rs"]
-#[allow(dead_code)] // remove_blocking is for tests' Drop
-mod fresh_postgres;
-use fresh_postgres::FreshPostgres;
-#[path = "../tests/common/rack.rs"]
-#[allow(dead_code)]
-mod rack;
 use rack::{NodeProc, Rack, database_for_nodes};
+use rollout_test_support::database::FreshPostgres;
+use rollout_test_support::rack;
 
 /// RUN slots per node (INIT and EVAL get as many).
 const SLOTS: usize = 32;

@@ -35,12 +35,9 @@ use tokio_util::sync::CancellationToken;
 mod common;
 #[path = "common/dashboard.rs"]
 mod dashboard;
-#[path = "../tests/common/fresh_postgres.rs"]
-#[allow(dead_code)] // remove_blocking is for tests' Drop
-mod fresh_postgres;
 #[path = "common/service.rs"]
 mod service;
-use fresh_postgres::FreshPostgres;
+use rollout_test_support::database::FreshPostgres;
 use service::{Env, start};
 
 fn task(spec: serde_json::Value) -> Task {

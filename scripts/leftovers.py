@@ -10,8 +10,12 @@ the run's when its environment carries the run id, when its command line or work
 directory names the root, or when it is a sandbox (a mount namespace of its own, its
 environment cleared) whose binds come from below the root. A mount is the run's when its
 mount point is below the root; a loop device, when its backing file is (deleted or not).
+With --database, a Postgres database is the run's when its name carries the run's tag
+(rollout-test-support names each test's `rollout_test_TAG_…`, and the run's template
+`rollout_tpl_TAG_…`): the template is the run's to drop and is dropped, a test's
+database is a leftover.
 
-    leftovers.py --run ID --root DIR [--no-clean]
+    leftovers.py --run ID --root DIR [--database ADMIN_URL] [--no-clean]
 """
 
 import argparse
@@ -102,6 +106,36 @@ def loop_devices(root):
     return found
 
 
+def run_tag(run):
+    """The run's tag in database names, as rollout-test-support's `run_tag` makes it."""
+    return "".join(c.lower() if c.isascii() and c.isalnum() else "_" for c in run)[:16]
+
+
+def psql(url, sql):
+    out = subprocess.run(
+        ["psql", "-X", "-At", "-v", "ON_ERROR_STOP=1", url, "-c", sql],
+        capture_output=True, text=True, check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"psql: {out.stderr.strip()}")
+    return [line for line in out.stdout.splitlines() if line]
+
+
+def drop_database(url, name):
+    psql(url, f'ALTER DATABASE "{name}" WITH IS_TEMPLATE false')
+    psql(url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def databases(url, run):
+    """The run's test databases left on the server (its templates are dropped here)."""
+    tag = run_tag(run)
+    names = psql(url, "SELECT datname FROM pg_database")
+    for name in names:
+        if name.startswith(f"rollout_tpl_{tag}_"):
+            drop_database(url, name)
+    return [n for n in names if n.startswith(f"rollout_test_{tag}_")]
+
+
 def clean(procs, points, loops):
     for pid, _ in procs:
         try:
@@ -121,6 +155,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", required=True, help="the run id (ROLLOUT_TEST_RUN)")
     ap.add_argument("--root", required=True, help="the run's temporary root")
+    ap.add_argument("--database", help="the Postgres server the tests used (an admin URL)")
     ap.add_argument("--no-clean", action="store_true", help="only report")
     args = ap.parse_args()
     root = os.path.realpath(args.root)
@@ -132,7 +167,15 @@ def main():
         if not (procs or points or loops) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    if not (procs or points or loops):
+    dbs = []
+    if args.database:
+        try:
+            dbs = databases(args.database, args.run)
+        except (OSError, RuntimeError) as e:
+            print(f"== leftover check FAILED: cannot list the databases at {args.database}: {e}",
+                  file=sys.stderr)
+            return 1
+    if not (procs or points or loops or dbs):
         print("== leftover check: nothing the run started is left", file=sys.stderr)
         return 0
     print(f"== leftover check FAILED: the run ({args.run}, {root}) left behind:", file=sys.stderr)
@@ -142,8 +185,12 @@ def main():
         print(f"   mount {point}", file=sys.stderr)
     for dev, backing in loops:
         print(f"   loop device {dev} -> {backing}", file=sys.stderr)
+    for name in dbs:
+        print(f"   database {name}", file=sys.stderr)
     if not args.no_clean:
         clean(procs, points, loops)
+        for name in dbs:
+            drop_database(args.database, name)
         print("== leftover check: removed them (the run still fails)", file=sys.stderr)
     return 1
 

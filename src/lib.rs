@@ -8,7 +8,7 @@
 //! worker binary per stage, the in-sandbox server and the stand-in inference server. It
 //! is built on the workspace's crates (`crates/`), re-exported under their layers'
 //! names: `rollout-core` ([`domain`], [`config`], [`nul`], [`metrics`], [`retry`],
-//! [`supervise`]), `rollout-store` ([`store`]), `rollout-sandbox` (most of [`sandbox`])
+//! [`supervise`], [`natsd`]), `rollout-store` ([`store`]), `rollout-sandbox` (most of [`sandbox`])
 //! and `rollout-graders` ([`graders`]).
 //!
 //! The modules form layers; each uses only the layers below it (`tests/layers.rs`
@@ -52,7 +52,7 @@
 
 // The crates of the workspace, under the names of the layers they are: the paths
 // `crate::domain::…`, `crate::store::…` read the same as when they were modules.
-pub use rollout_core::{config, domain, metrics, nul, retry, shutdown, supervise};
+pub use rollout_core::{config, domain, metrics, natsd, nul, retry, shutdown, supervise};
 pub use rollout_graders as graders;
 pub use rollout_scripted_llm as scripted;
 pub use rollout_store as store;
@@ -64,13 +64,9 @@ pub mod client;
 pub mod ending;
 pub mod gateway;
 pub mod kinds;
-pub mod natsd;
 pub mod policy;
-/// What a unit test does when something it needs is missing: fails under `CI=true`,
-/// else says it skipped (the integration tests' own helper, shared).
 #[cfg(test)]
-#[path = "../tests/common/prerequisite.rs"]
-pub(crate) mod prerequisite;
+pub(crate) use rollout_test_support::prerequisite;
 pub mod queue;
 pub mod reconciler;
 pub mod sampling;

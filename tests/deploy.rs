@@ -15,9 +15,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-#[path = "common/host.rs"]
-#[allow(dead_code)] // this crate needs only `which`
-mod host;
+use rollout_test_support::host;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -73,12 +71,27 @@ fn compose_config() -> Value {
 fn binaries() -> BTreeSet<String> {
     let manifest = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
     let manifest: toml::Table = manifest.parse().unwrap();
-    manifest["bin"]
+    let mut bins: BTreeSet<String> = manifest["bin"]
         .as_array()
         .unwrap()
         .iter()
         .map(|b| b["name"].as_str().unwrap().to_string())
-        .collect()
+        .collect();
+    // The other default members' binaries (`cargo build --bins` at the top builds them
+    // too): a crate's `src/main.rs` is a binary named after its package.
+    for member in manifest["workspace"]["default-members"].as_array().unwrap() {
+        let member = member.as_str().unwrap();
+        let dir = root().join(member);
+        if member == "." || !dir.join("src/main.rs").is_file() {
+            continue;
+        }
+        let theirs: toml::Table = std::fs::read_to_string(dir.join("Cargo.toml"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        bins.insert(theirs["package"]["name"].as_str().unwrap().to_string());
+    }
+    bins
 }
 
 #[test]

@@ -10,8 +10,8 @@
 //! worker, reconciler, gateway    the services
 //! kinds, scripted                task kinds; the stand-in inference server (crate
 //!                                rollout-scripted-llm)
-//! agent, sampling, graders, natsd the multi-turn episode; the sampling-batch driver;
-//!                                graders (crate rollout-graders); a local nats-server
+//! agent, sampling, graders       the multi-turn episode; the sampling-batch driver;
+//!                                graders (crate rollout-graders)
 //! ending, sandbox, backends, api finishing jobs; sandboxes (crate rollout-sandbox, and
 //! model, policy                  the service's `sandbox::node`); inference servers;
 //!                                the HTTP API's wire types; a model's tokenizer and
@@ -19,12 +19,13 @@
 //!                                `agent::{model, template, tokenizer, …}`); the
 //!                                current policy version (`policy`)
 //! store, queue, telemetry        the database (crate rollout-store); JetStream; logging
-//! config                         settings (plain data)
-//! domain, nul, shutdown, metrics, retry, supervise
+//! config, natsd                  settings (plain data); a local nats-server
+//! domain, nul, shutdown, metrics, retry, supervise, child
 //! ```
 //!
-//! `rollout-core` holds `domain`, `nul`, `metrics`, `retry`, `shutdown`, `supervise` and
-//! `config`.
+//! `rollout-core` holds `domain`, `nul`, `metrics`, `retry`, `shutdown`, `supervise`,
+//! `child`, `config` and `natsd`. `rollout-test-support` (the tests' fixtures) holds no
+//! layer: it is only ever a dev-dependency.
 //! Every `crate::…` path in `src/` and `crates/core/src/` (in `use` items, code, and
 //! macro arguments) is checked against the table below; test code (`#[cfg(test)]`) may
 //! reach anywhere, since the stand-in server a test drives sits above what it tests. A
@@ -37,11 +38,19 @@ use syn::visit::Visit;
 
 /// Lowest first. Modules in one layer do not use each other.
 const LAYERS: &[&[&str]] = &[
-    &["domain", "nul", "shutdown", "metrics", "retry", "supervise"],
-    &["config"],
+    &[
+        "domain",
+        "nul",
+        "shutdown",
+        "metrics",
+        "retry",
+        "supervise",
+        "child",
+    ],
+    &["config", "natsd"],
     &["store", "queue", "telemetry"],
     &["ending", "sandbox", "backends", "api", "model", "policy"],
-    &["agent", "sampling", "graders", "natsd"],
+    &["agent", "sampling", "graders"],
     &["kinds", "scripted"],
     &["worker", "reconciler", "gateway"],
     &["client"],
@@ -218,7 +227,9 @@ const CRATES: &[(&str, &str, &[&str])] = &[
             "retry",
             "shutdown",
             "supervise",
+            "child",
             "config",
+            "natsd",
         ],
     ),
     ("store", "rollout-store", &["store"]),
@@ -226,6 +237,7 @@ const CRATES: &[(&str, &str, &[&str])] = &[
     ("graders", "rollout-graders", &["graders"]),
     ("model", "rollout-model", &["model"]),
     ("scripted-llm", "rollout-scripted-llm", &["scripted"]),
+    ("test-support", "rollout-test-support", &[]),
 ];
 
 fn root() -> &'static Path {
@@ -268,6 +280,22 @@ fn each_crate_depends_only_on_crates_of_lower_layers() {
                 .parse()
                 .unwrap();
         assert_eq!(manifest["package"]["name"].as_str(), Some(*name));
+        if mods.is_empty() {
+            // The tests' fixtures: below nothing, so nothing may depend on it but tests.
+            for (other, ..) in CRATES {
+                let text =
+                    std::fs::read_to_string(root().join("crates").join(other).join("Cargo.toml"))
+                        .unwrap();
+                let theirs: toml::Table = text.parse().unwrap();
+                let normal = theirs.get("dependencies").and_then(|d| d.as_table());
+                if normal.is_some_and(|d| d.contains_key(*name)) {
+                    problems.push(format!(
+                        "{other} depends on {name}, which is for tests only"
+                    ));
+                }
+            }
+            continue;
+        }
         let deps = manifest.get("dependencies").and_then(|d| d.as_table());
         for dep in deps.into_iter().flat_map(|d| d.keys()) {
             let Some((_, _, theirs)) = CRATES.iter().find(|(_, n, _)| n == dep) else {
@@ -284,13 +312,14 @@ fn each_crate_depends_only_on_crates_of_lower_layers() {
 }
 
 /// `unsafe` only where a sandbox is started: every crate root but the sandbox crate's
-/// forbids it, and the store's denies it but in the one module that borrows sockets.
+/// forbids it; the store's denies it but in the one module that borrows sockets, and
+/// the core's but in the one that asks for a parent-death signal before `exec`.
 #[test]
 fn only_the_sandbox_crate_may_use_unsafe() {
     let mut roots = vec![
         ("src/lib.rs", "#![forbid(unsafe_code)]"),
         ("src/main.rs", "#![forbid(unsafe_code)]"),
-        ("crates/core/src/lib.rs", "#![forbid(unsafe_code)]"),
+        ("crates/core/src/lib.rs", "#![deny(unsafe_code)]"),
         ("crates/graders/src/lib.rs", "#![forbid(unsafe_code)]"),
         ("crates/model/src/lib.rs", "#![forbid(unsafe_code)]"),
         ("crates/scripted-llm/src/lib.rs", "#![forbid(unsafe_code)]"),
@@ -308,27 +337,31 @@ fn only_the_sandbox_crate_may_use_unsafe() {
         let text = std::fs::read_to_string(root().join(file)).unwrap();
         assert!(text.contains(attr), "{file} lacks `{attr}`");
     }
-    // Under `deny`, an `allow` reopens it: the store has one, on `nodelay`.
-    let mut store = Vec::new();
-    rust_files(&root().join("crates/store/src"), &mut store);
-    let allows: Vec<String> = store
-        .iter()
-        .flat_map(|f| {
-            let text = std::fs::read_to_string(f).unwrap();
-            let shown = f.strip_prefix(root()).unwrap().display().to_string();
-            text.lines()
-                .filter(|l| l.contains("allow(unsafe_code)"))
-                .map(|l| format!("{shown}: {}", l.trim()))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    assert_eq!(
-        allows,
-        ["crates/store/src/lib.rs: #[allow(unsafe_code)]"],
-        "the store allows `unsafe` in its `nodelay` module only"
-    );
-    let lib = std::fs::read_to_string(root().join("crates/store/src/lib.rs")).unwrap();
-    assert!(lib.contains("#[allow(unsafe_code)]\npub mod nodelay;"));
+    // Under `deny`, an `allow` reopens it: the store has one, on `nodelay`, and the
+    // core one, on `child`.
+    for (krate, module) in [("store", "nodelay"), ("core", "child")] {
+        let mut files = Vec::new();
+        rust_files(&root().join("crates").join(krate).join("src"), &mut files);
+        let allows: Vec<String> = files
+            .iter()
+            .flat_map(|f| {
+                let text = std::fs::read_to_string(f).unwrap();
+                let shown = f.strip_prefix(root()).unwrap().display().to_string();
+                text.lines()
+                    .filter(|l| l.contains("allow(unsafe_code)"))
+                    .map(|l| format!("{shown}: {}", l.trim()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(
+            allows,
+            [format!("crates/{krate}/src/lib.rs: #[allow(unsafe_code)]")],
+            "{krate} allows `unsafe` in its `{module}` module only"
+        );
+        let lib =
+            std::fs::read_to_string(root().join("crates").join(krate).join("src/lib.rs")).unwrap();
+        assert!(lib.contains(&format!("#[allow(unsafe_code)]\npub mod {module};")));
+    }
 }
 
 /// The store crate's modules import one another without a circle, so each can be read

@@ -19,16 +19,10 @@ use rollout::client::{Client, read_tasks_jsonl};
 use rollout::domain::{Status, Task};
 use serde_json::{Value, json};
 
-#[path = "common/eventually.rs"]
-#[allow(dead_code)] // this crate needs only `eventually`
-mod eventually;
-#[path = "common/host.rs"]
-mod host;
-#[path = "common/leftovers.rs"]
-mod leftovers;
-use eventually::eventually;
 use host::{free_port, shared_tempdir, which};
 use leftovers::{Service as Proc, assert_nothing_left};
+use rollout_test_support::eventually::eventually;
+use rollout_test_support::{host, leftovers};
 
 const TOKEN: &str = "status-page-test-token-0123456789";
 

@@ -15,17 +15,10 @@ use rollout::client::Client;
 use rollout::domain::{Stage, Status, Task};
 use serde_json::json;
 
-#[path = "common/eventually.rs"]
-#[allow(dead_code)] // this crate needs only `eventually`
-mod eventually;
-#[path = "common/host.rs"]
-#[allow(dead_code)] // nor `which`
-mod host;
-#[path = "common/leftovers.rs"]
-mod leftovers;
-use eventually::eventually;
 use host::{free_port, shared_tempdir};
 use leftovers::{Service, assert_nothing_left};
+use rollout_test_support::eventually::eventually;
+use rollout_test_support::{host, leftovers};
 
 const TOKEN: &str = "up-stop-test-token-0123456789";
 

@@ -1,10 +1,11 @@
-//! Test fixtures: a private NATS server (or the one `ROLLOUT_TEST_NATS_URL` names), a
-//! fresh database per test (SQLite in a temp dir, or a new Postgres database on the
-//! server `ROLLOUT_TEST_DATABASE_URL` names), a unique subject prefix, an in-process
-//! gateway, and workers in-process or as real processes.
+//! Test fixtures: the test binary's shared NATS server (or the one
+//! `ROLLOUT_TEST_NATS_URL` names) with a subject prefix of the test's own, a fresh
+//! database per test copied from a migrated template (SQLite in a temp dir, or Postgres
+//! on the server `ROLLOUT_TEST_DATABASE_URL` names; see `rollout_test_support`), an
+//! in-process gateway, and workers in-process or as real processes.
 
 use crate::eventually::{eventually, holds};
-use crate::fresh_postgres::FreshPostgres;
+pub use rollout_test_support::database::TestDb;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,42 +43,6 @@ pub fn init_logging() {
     }
 }
 
-/// A fresh database for one test: SQLite in `dir`, or a new Postgres database on the
-/// server `ROLLOUT_TEST_DATABASE_URL` names, dropped with this value.
-pub struct TestDb {
-    /// The database's URL.
-    pub url: String,
-    pg: Option<FreshPostgres>,
-}
-
-impl TestDb {
-    pub async fn new(dir: &std::path::Path) -> TestDb {
-        match std::env::var("ROLLOUT_TEST_DATABASE_URL") {
-            Ok(admin) if !admin.is_empty() => {
-                let db = FreshPostgres::create(&admin)
-                    .await
-                    .expect("create a test database on the ROLLOUT_TEST_DATABASE_URL server");
-                TestDb {
-                    url: db.url.clone(),
-                    pg: Some(db),
-                }
-            }
-            _ => TestDb {
-                url: format!("sqlite://{}", dir.join("rollout.db").display()),
-                pg: None,
-            },
-        }
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        if let Some(db) = self.pg.take() {
-            db.remove_blocking();
-        }
-    }
-}
-
 impl TestEnv {
     /// Starts NATS (unless given), the database and the gateway. `tweak` adjusts the
     /// settings first (timeouts, limits); workers are started separately.
@@ -85,19 +50,18 @@ impl TestEnv {
         Self::start_with_nats(None, tweak).await
     }
 
-    /// [`TestEnv::start`] with a private nats-server listening on `nats_listen` even
-    /// when `ROLLOUT_TEST_NATS_URL` is set: for tests whose workers reach NATS from other
-    /// network namespaces.
+    /// [`TestEnv::start`] with a private nats-server listening on `nats_listen`: for
+    /// tests whose workers reach NATS from other network namespaces. Without it, the
+    /// shared server (`rollout_test_support::nats`).
     pub async fn start_with_nats(
         nats_listen: Option<std::net::SocketAddr>,
         tweak: impl FnOnce(&mut Settings),
     ) -> TestEnv {
         init_logging();
         let dir = tempfile::tempdir().expect("temp dir");
-        let (nats, nats_url) = match std::env::var("ROLLOUT_TEST_NATS_URL") {
-            Ok(url) if !url.is_empty() && nats_listen.is_none() => (None, url),
-            _ => {
-                let listen = nats_listen.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
+        let (nats, nats_url) = match nats_listen {
+            None => (None, rollout_test_support::nats::shared_url()),
+            Some(listen) => {
                 let server = NatsServer::start(&dir.path().join("nats"), listen)
                     .expect("start nats-server (is it installed? see README)");
                 let url = server.url();
@@ -127,7 +91,7 @@ impl TestEnv {
         let db_url = db.url.clone();
         let mut settings = Settings::default();
         settings.nats.url = nats_url;
-        settings.nats.prefix = format!("t{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
+        settings.nats.prefix = rollout_test_support::nats::unique_prefix();
         settings.database.url = db_url;
         settings.state_dir = dir.path().join("state");
         settings.node.name = "test-node".into();

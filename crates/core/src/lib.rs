@@ -9,16 +9,21 @@
 //!   Postgres deployments store the same things;
 //! - [`metrics`]: Prometheus metric names; [`retry`]: every retry schedule, one policy
 //!   per concern; [`supervise`]: background tasks that never die silently;
-//!   [`shutdown`]: SIGINT and SIGTERM as a cancellation token.
+//!   [`shutdown`]: SIGINT and SIGTERM as a cancellation token;
+//! - [`child`]: children that die with their parent (the one module with `unsafe`);
+//!   [`natsd`]: starting a local `nats-server` child, for `rollout up` and the tests.
 //!
 //! Every other crate of the workspace builds on this one, so it is kept small and free
 //! of heavy dependencies: a change here rebuilds everything.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+#[allow(unsafe_code)]
+pub mod child;
 pub mod config;
 pub mod domain;
 pub mod metrics;
+pub mod natsd;
 pub mod nul;
 pub mod retry;
 pub mod shutdown;

@@ -46,11 +46,8 @@ pub use label::{Death, Label};
 pub use profile::StartProfile;
 pub use spec::SandboxSpec;
 
-/// What a unit test does when something it needs is missing: fails under `CI=true`,
-/// else says it skipped (the integration tests' own helper, shared).
 #[cfg(test)]
-#[path = "../../../tests/common/prerequisite.rs"]
-pub(crate) mod prerequisite;
+pub(crate) use rollout_test_support::prerequisite;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

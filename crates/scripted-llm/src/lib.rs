@@ -13,7 +13,7 @@
 //! (`POST /control`: fail with 5xx, stall, drop connections, go down).
 //!
 //! Where it answers as vLLM, it answers as vLLM 0.32 does, checked against the real
-//! server (`tests/real_vllm.rs`, `docs/real-vllm.md`): nested error bodies naming the
+//! server (`tests/pipeline/real_vllm.rs`, `docs/real-vllm.md`): nested error bodies naming the
 //! parameter, `max_tokens` cut to the room left in the context (and 16 when absent),
 //! a prompt that leaves no room refused in vLLM's words, token IDs outside the
 //! vocabulary refused, an integer `stop_reason` for a stop token. Its pause is vLLM
@@ -701,7 +701,7 @@ struct Ask {
 
 /// vLLM's check of `cache_salt` (the same in 0.32 and 0.33): a non-empty string of at
 /// most 128 characters without `@`, `/`, `\` or NUL. The messages are the real
-/// server's, doubled backslash and parameter suffix included (`tests/real_vllm.rs`).
+/// server's, doubled backslash and parameter suffix included (`tests/pipeline/real_vllm.rs`).
 fn refuse_cache_salt(salt: Option<&str>) -> Option<Response> {
     let salt = salt?;
     let message = if salt.is_empty() {

@@ -2,7 +2,7 @@
 //! on the same machinery, SGLang's `/pause_generation` and `/continue_generation`, see
 //! the crate root)
 //! (`VLLM_SERVER_DEV_MODE=1`), so that the client, and the service around it, are tested
-//! against the real semantics (checked against the real server by `tests/real_vllm.rs`):
+//! against the real semantics (checked against the real server by `tests/pipeline/real_vllm.rs`):
 //!
 //! - `POST /pause?mode=abort` (the default) aborts every request in the server, those
 //!   generating and those waiting, and holds new ones; `mode=keep` freezes the

@@ -1,5 +1,5 @@
 //! The stand-in answers as vLLM 0.32 answered the same requests (`docs/real-vllm.md`,
-//! sections 5 and 8, and `tests/real_vllm.rs` against the real server): each expected
+//! sections 5 and 8, and `tests/pipeline/real_vllm.rs` against the real server): each expected
 //! body below is the real server's, with only the numbers of this smaller context.
 
 use super::*;

@@ -58,11 +58,8 @@ mod sqlite;
 mod verdict;
 mod write;
 
-/// What a unit test does when something it needs is missing: fails under `CI=true`,
-/// else says it skipped (the integration tests' own helper, shared).
 #[cfg(test)]
-#[path = "../../../tests/common/prerequisite.rs"]
-pub(crate) mod prerequisite;
+pub(crate) use rollout_test_support::prerequisite;
 
 pub use backends::BackendStore;
 pub use dashboard::{

@@ -381,13 +381,13 @@ impl WriteKind for Marks {
     }
 }
 
-/// A database of its own on the server `ROLLOUT_TEST_DATABASE_URL` names, for the
-/// store's unit tests (the integration tests have their own in `tests/common`, which a
-/// library unit test cannot reach).
+/// An empty database of its own on the server `ROLLOUT_TEST_DATABASE_URL` names, for
+/// the store's unit tests that migrate it themselves (part of the way, or to compare
+/// schemas): the test-support crate's, named for the run so the test command's final
+/// check finds any left behind.
 #[cfg(test)]
 pub(super) struct UnitDb {
-    admin: PgConnection,
-    name: String,
+    db: rollout_test_support::database::FreshPostgres,
     /// The database's URL.
     pub(super) url: String,
 }
@@ -398,9 +398,7 @@ impl UnitDb {
     /// skipped, saying so, and fails under `CI` (the test command runs these tests on
     /// Postgres, and leaves them out of its SQLite pass by name).
     pub(super) async fn create() -> Option<Self> {
-        use sqlx::Connection;
-        let admin = std::env::var("ROLLOUT_TEST_DATABASE_URL").unwrap_or_default();
-        if admin.is_empty() {
+        let Some(admin) = rollout_test_support::database::postgres_admin_url() else {
             // The test harness names each test's thread after the test.
             let current = std::thread::current();
             crate::prerequisite::missing(
@@ -410,31 +408,19 @@ impl UnitDb {
                 "ROLLOUT_TEST_DATABASE_URL names no Postgres server (scripts/test.sh sets it when one answers on 127.0.0.1:5432)",
             );
             return None;
-        }
-        let name = format!("rollout_unit_{}", uuid::Uuid::now_v7().simple());
-        let mut conn = PgConnection::connect(&admin).await.unwrap();
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut conn)
+        };
+        let db = rollout_test_support::database::FreshPostgres::create_empty(&admin)
             .await
             .unwrap();
-        let base = admin.split('?').next().unwrap();
-        let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
         Some(Self {
-            admin: conn,
-            url: format!("{base}/{name}"),
-            name,
+            url: db.url.clone(),
+            db,
         })
     }
 
     /// Drops the database (closing whatever is still connected to it).
-    pub(super) async fn remove(mut self) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&mut self.admin)
-        .await
-        .unwrap();
+    pub(super) async fn remove(self) {
+        self.db.remove().await;
     }
 }
 

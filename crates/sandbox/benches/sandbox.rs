@@ -26,9 +26,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use rollout::sandbox::{Label, RuntimeKind, Runtimes, Sandbox, SandboxLimits, StartRequest};
-
-mod common;
+use rollout_sandbox::{Label, RuntimeKind, Runtimes, Sandbox, SandboxLimits, StartRequest};
+use rollout_test_support::bench as common;
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[common::rank(sorted.len(), p).min(sorted.len() - 1)]
@@ -535,7 +534,7 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
                 .0,
         );
     }
-    let quota = rollout::sandbox::quota::WorkspaceQuota::probe();
+    let quota = rollout_sandbox::quota::WorkspaceQuota::probe();
     let back_to_back = quota_starts(root, backends, &quota, starts, false).await;
     let settled = quota_starts(root, backends, &quota, starts, true).await;
     let (ready, floor, ready_net) = (stats(ready), stats(floor), stats(ready_net));
@@ -585,7 +584,7 @@ async fn start_rows(root: &Path, backends: &Runtimes) {
 /// The quota rows: each run of [`quota_starts`] against the bare bwrap starts that
 /// alternated with it and the plain start (`plain`, p50).
 fn print_quota_rows(
-    quota: &rollout::sandbox::quota::WorkspaceQuota,
+    quota: &rollout_sandbox::quota::WorkspaceQuota,
     starts: usize,
     [back_to_back, settled]: [&QuotaRun; 2],
     ready: &Stats,
@@ -621,8 +620,8 @@ fn print_quota_rows(
 /// (`etc_view`) or its entries one by one.
 fn bwrap_runtimes(launchers: usize, etc_view: bool) -> Runtimes {
     Runtimes {
-        bwrap: rollout::sandbox::bwrap::BwrapRuntime {
-            launchers: rollout::sandbox::launcher::LauncherPool::new(launchers),
+        bwrap: rollout_sandbox::bwrap::BwrapRuntime {
+            launchers: rollout_sandbox::launcher::LauncherPool::new(launchers),
             etc_view,
             ..Default::default()
         },
@@ -642,7 +641,7 @@ fn print_vs_bare(what: &str, s: &Stats, floor: &Stats) {
     );
 }
 
-/// Prints the p50 of each step of `profiles` (see `rollout::sandbox::profile`), in the
+/// Prints the p50 of each step of `profiles` (see `rollout_sandbox::profile`), in the
 /// order the steps ended in the first start.
 fn print_profile(what: &str, profiles: &[Vec<(&'static str, Duration)>]) {
     let Some(first) = profiles.first() else {
@@ -684,7 +683,7 @@ async fn timed_start(backends: &Runtimes, req: &StartRequest, what: &str) -> (Du
 
 /// Bwrap sandbox starts with the workspace's own filesystem (the disk quota of a root
 /// worker), taken from a pool of images mounted ahead of time as a node keeps it (see
-/// `rollout::sandbox::pool`; filled before the first start, its chores done after each
+/// `rollout_sandbox::pool`; filled before the first start, its chores done after each
 /// start as a node does them), unmounted on stop, each beside a bare `bwrap /bin/true`
 /// for the same run's floor. With `settled`, each start waits (untimed) until the pool
 /// is full again, as on a node whose starts are not back to back; without, the pool's
@@ -692,7 +691,7 @@ async fn timed_start(backends: &Runtimes, req: &StartRequest, what: &str) -> (Du
 async fn quota_starts(
     root: &Path,
     backends: &Runtimes,
-    quota: &rollout::sandbox::quota::WorkspaceQuota,
+    quota: &rollout_sandbox::quota::WorkspaceQuota,
     starts: usize,
     settled: bool,
 ) -> QuotaRun {
@@ -700,7 +699,7 @@ async fn quota_starts(
     let bytes = SandboxLimits::default().workspace_bytes;
     // The pool an operator turns on with `sandbox.workspace_pool = 2` (off by default).
     let depth = 2;
-    let pool = rollout::sandbox::pool::WorkspacePool::new(quota.clone(), root, depth);
+    let pool = rollout_sandbox::pool::WorkspacePool::new(quota.clone(), root, depth);
     if quota.enforced() {
         pool.refill(bytes);
         wait_full(&pool, bytes, depth).await;
@@ -752,7 +751,7 @@ struct QuotaRun {
 }
 
 /// Waits until the pool holds `depth` images of `bytes` (its chores done).
-async fn wait_full(pool: &rollout::sandbox::pool::WorkspacePool, bytes: u64, depth: usize) {
+async fn wait_full(pool: &rollout_sandbox::pool::WorkspacePool, bytes: u64, depth: usize) {
     while pool.ready(bytes) < depth {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -2,14 +2,12 @@
 //! away: each member has its own free ports (client, routes, monitoring) and its own
 //! store directory, routes to every other member over loopback, and can be killed
 //! with SIGKILL and started again on the same ports and store.
-//!
-//! Shared by the test crates through `#[path]`.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rollout::natsd::{ClusterMember, NatsServer};
+use rollout_core::natsd::{ClusterMember, NatsServer};
 
 use crate::eventually::eventually;
 

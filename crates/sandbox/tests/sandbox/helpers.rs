@@ -1,6 +1,8 @@
 //! Starting a sandbox for a test: its own temporary root, its own label.
 
-use rollout::sandbox::{self, Label, RuntimeKind, Runtimes, Sandbox, SandboxLimits, StartRequest};
+use rollout_sandbox::{
+    self as sandbox, Label, RuntimeKind, Runtimes, Sandbox, SandboxLimits, StartRequest,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -113,13 +115,13 @@ macro_rules! on_backends {
         mod local {
             $(#[tokio::test]
             async fn $name() {
-                super::$name(rollout::sandbox::RuntimeKind::Local).await
+                super::$name(rollout_sandbox::RuntimeKind::Local).await
             })*
         }
         mod bwrap {
             $(#[tokio::test]
             async fn $name() {
-                super::$name(rollout::sandbox::RuntimeKind::Bwrap).await
+                super::$name(rollout_sandbox::RuntimeKind::Bwrap).await
             })*
         }
     };

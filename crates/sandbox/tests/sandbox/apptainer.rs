@@ -3,8 +3,8 @@
 //! on the build machines; `docs/apptainer.md` says how to check on a real cluster).
 
 use crate::helpers::{TestSandbox, request};
-use rollout::sandbox::apptainer::{ApptainerRuntime, instance_name};
-use rollout::sandbox::{RuntimeKind, Runtimes, SandboxError, SandboxRuntime};
+use rollout_sandbox::apptainer::{ApptainerRuntime, instance_name};
+use rollout_sandbox::{RuntimeKind, Runtimes, SandboxError, SandboxRuntime};
 use std::path::{Path, PathBuf};
 
 /// Copies the stand-in into a directory of its own and returns its path.

@@ -5,12 +5,12 @@
 //! attacks, which need EVAL, are in the pipeline suite (`tests/pipeline/hostile.rs`).
 
 use crate::helpers::{TestSandbox, request, start, start_with};
-use rollout::sandbox::RuntimeKind;
-use rollout::sandbox::protocol::{ErrorCode, ExecArgs, FileArgs};
+use rollout_sandbox::RuntimeKind;
+use rollout_sandbox::protocol::{ErrorCode, ExecArgs, FileArgs};
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::time::Duration;
 
-async fn sh(t: &TestSandbox, command: &str) -> rollout::sandbox::protocol::BashResult {
+async fn sh(t: &TestSandbox, command: &str) -> rollout_sandbox::protocol::BashResult {
     t.sb.client
         .bash(command, Some(Duration::from_secs(60)))
         .await
@@ -33,9 +33,9 @@ fn host_addrs() -> Vec<Ipv4Addr> {
 async fn networked() -> Option<TestSandbox> {
     let (root, mut req) = request(RuntimeKind::Bwrap, &[]);
     req.network = true;
-    let settings = rollout::sandbox::net::NetSettings::default();
-    if let Err(why) = rollout::sandbox::net::probe(&settings) {
-        let err = rollout::sandbox::Runtimes::default()
+    let settings = rollout_sandbox::net::NetSettings::default();
+    if let Err(why) = rollout_sandbox::net::probe(&settings) {
+        let err = rollout_sandbox::Runtimes::default()
             .get(RuntimeKind::Bwrap)
             .start(&req)
             .await
@@ -132,8 +132,8 @@ async fn a_networked_sandboxs_helper_dies_with_it() {
     let helper = t.sb.label.live_net_helper().expect("slirp4netns recorded");
     t.stop().await;
     assert!(
-        rollout::sandbox::label::is_zombie(helper)
-            || rollout::sandbox::label::process_start(helper).is_none(),
+        rollout_sandbox::label::is_zombie(helper)
+            || rollout_sandbox::label::process_start(helper).is_none(),
         "slirp4netns {helper} outlived its sandbox"
     );
 }
@@ -340,7 +340,7 @@ async fn the_socket_is_out_of_the_sandboxs_reach() {
     let link = t._root.path().join("link");
     std::os::unix::fs::symlink(&sock, &link).unwrap();
     assert!(
-        rollout::sandbox::SandboxClient::connect(&link)
+        rollout_sandbox::SandboxClient::connect(&link)
             .await
             .is_err()
     );
@@ -372,7 +372,7 @@ async fn sandbox_directories_are_private() {
 
 #[tokio::test]
 async fn memory_is_limited_per_sandbox_not_per_process() {
-    let cgroups = rollout::sandbox::cgroup::Cgroups::probe(None);
+    let cgroups = rollout_sandbox::cgroup::Cgroups::probe(None);
     if !cgroups.enforced() {
         crate::prerequisite::missing(
             "memory_is_limited_per_sandbox_not_per_process",

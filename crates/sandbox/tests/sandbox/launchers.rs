@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rollout::sandbox::bwrap::BwrapRuntime;
-use rollout::sandbox::cgroup::Cgroups;
-use rollout::sandbox::launcher::LauncherPool;
-use rollout::sandbox::{Label, RuntimeKind, SandboxRuntime, StartRequest};
+use rollout_sandbox::bwrap::BwrapRuntime;
+use rollout_sandbox::cgroup::Cgroups;
+use rollout_sandbox::launcher::LauncherPool;
+use rollout_sandbox::{Label, RuntimeKind, SandboxRuntime, StartRequest};
 
 use crate::helpers::{TestSandbox, request};
 
@@ -23,7 +23,7 @@ fn runtime(depth: usize) -> BwrapRuntime {
 
 /// Whether `pid` is a running process (not gone, not a zombie).
 fn running(pid: i32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists() && !rollout::sandbox::label::is_zombie(pid)
+    Path::new(&format!("/proc/{pid}")).exists() && !rollout_sandbox::label::is_zombie(pid)
 }
 
 /// Waits (up to a generous deadline, for a loaded machine) until `done` holds, and
@@ -42,7 +42,7 @@ async fn filled(rt: &BwrapRuntime, depth: usize) {
     let (_root, req) = request(RuntimeKind::Bwrap, &[]);
     let sb = rt.start(&req).await.expect("the first start");
     drop(sb.client);
-    rollout::sandbox::Runtimes::default()
+    rollout_sandbox::Runtimes::default()
         .stop(&req.dir)
         .await
         .unwrap();
@@ -150,7 +150,7 @@ async fn cancelled_starts_and_a_closed_pool_leave_no_launcher_or_cgroup() {
         let ready_before = rt.launchers.ready_launchers();
         let _ = tokio::time::timeout(Duration::from_micros(wait_us), rt.start(&req)).await;
         // A start that finished anyway is stopped like any other.
-        rollout::sandbox::Runtimes::default()
+        rollout_sandbox::Runtimes::default()
             .stop(&req.dir)
             .await
             .unwrap();
@@ -181,7 +181,7 @@ async fn cancelled_starts_and_a_closed_pool_leave_no_launcher_or_cgroup() {
         "a closed pool makes no launchers"
     );
     drop(sb.client);
-    rollout::sandbox::Runtimes::default()
+    rollout_sandbox::Runtimes::default()
         .stop(&req.dir)
         .await
         .unwrap();

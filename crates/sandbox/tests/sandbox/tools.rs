@@ -2,8 +2,8 @@
 
 use crate::helpers::{TestSandbox, start};
 use crate::on_backends;
-use rollout::sandbox::RuntimeKind;
-use rollout::sandbox::protocol::{ErrorCode, Escalation, ExportArgs, ExportResult, FileArgs};
+use rollout_sandbox::RuntimeKind;
+use rollout_sandbox::protocol::{ErrorCode, Escalation, ExportArgs, ExportResult, FileArgs};
 use std::time::Duration;
 
 const SHORT: Option<Duration> = Some(Duration::from_millis(400));
@@ -32,7 +32,7 @@ on_backends!(
     model_endpoint_relays_requests_to_the_host,
 );
 
-async fn bash(t: &TestSandbox, cmd: &str) -> rollout::sandbox::protocol::BashResult {
+async fn bash(t: &TestSandbox, cmd: &str) -> rollout_sandbox::protocol::BashResult {
     t.sb.client.bash(cmd, None).await.expect("bash call")
 }
 
@@ -152,7 +152,7 @@ async fn bash_output_is_capped_head_and_tail(kind: RuntimeKind) {
         "max_output_bytes": 1000,
     });
     let resp = t.sb.client.call("bash", args, None).await.unwrap();
-    let r: rollout::sandbox::protocol::BashResult =
+    let r: rollout_sandbox::protocol::BashResult =
         serde_json::from_value(resp.result.unwrap()).unwrap();
     assert_eq!(r.exit_code, Some(0));
     let total = 6 + 2_000_000 + 1 + 4;
@@ -594,7 +594,7 @@ async fn bash_background_jobs_keep_running_between_calls(kind: RuntimeKind) {
 /// with `endpoint_next` and answers it with `endpoint_reply`; a request without the
 /// episode's key is answered 401 by the sandbox and never reaches the host.
 async fn model_endpoint_relays_requests_to_the_host(kind: RuntimeKind) {
-    use rollout::sandbox::protocol::{EndpointReplyArgs, ExecArgs};
+    use rollout_sandbox::protocol::{EndpointReplyArgs, ExecArgs};
     let agent = r#"
 import json, os, sys, urllib.request, urllib.error
 base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]

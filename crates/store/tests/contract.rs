@@ -1,16 +1,73 @@
-//! The store's contract, checked on the database the run uses (SQLite, or Postgres when
-//! `ROLLOUT_TEST_DATABASE_URL` is set): what every worker, gateway and reconciler relies
-//! on when it claims, renews, advances, hands back and ends a job. Time is the `now`
-//! each call is given, so nothing here waits on a clock.
+//! The store's contract, checked on both databases: what every worker, gateway and
+//! reconciler relies on when it claims, renews, advances, hands back and ends a job.
+//! Each check is written once, as a function of the database, and [`on_both_databases`]
+//! makes two tests of it, `sqlite::NAME` and `postgres::NAME` (the latter on the server
+//! `ROLLOUT_TEST_DATABASE_URL` names; without one it says it skipped, and fails under
+//! `CI=true`). Each test gets a fresh database copied from a migrated template
+//! (`rollout_test_support::database`). Time is the `now` each call is given, so nothing
+//! here waits on a clock.
 
 use std::sync::Arc;
 
-use rollout::domain::{EpochMs, Outcome, Stage, Status, WorkMessage};
-use rollout::store::{Claim, FinishIf, NewJob, Store};
+use rollout_core::domain::{EpochMs, Outcome, Stage, Status, Task, WorkMessage};
+use rollout_store::{Claim, FinishIf, NewJob, Store};
+use rollout_test_support::database::{TestDb, postgres_admin_url};
+use rollout_test_support::eventually::{eventually, holds};
 use serde_json::json;
 
-use crate::eventually::{eventually, holds};
-use crate::helpers::{TestDb, synthetic};
+/// Which database a check runs on.
+#[derive(Clone, Copy, Debug)]
+enum Database {
+    Sqlite,
+    Postgres,
+}
+
+/// Makes a `sqlite::NAME` and a `postgres::NAME` test of each check `NAME(Database)`,
+/// on a current-thread runtime or, for the checks that race tasks, a multi-thread one.
+macro_rules! on_both_databases {
+    (current: [$($one:ident),* $(,)?], multi: [$($many:ident),* $(,)?] $(,)?) => {
+        on_both_databases!(@module sqlite, Database::Sqlite, [$($one),*], [$($many),*]);
+        on_both_databases!(@module postgres, Database::Postgres, [$($one),*], [$($many),*]);
+    };
+    (@module $module:ident, $db:expr, [$($one:ident),*], [$($many:ident),*]) => {
+        mod $module {
+            use super::Database;
+            $(
+                #[tokio::test]
+                async fn $one() {
+                    super::$one($db).await;
+                }
+            )*
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $many() {
+                    super::$many($db).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_databases! {
+    current: [
+        a_stage_entry_is_claimed_once_until_its_lease_lapses,
+        only_the_current_claim_renews_advances_releases_or_ends,
+        a_hand_back_does_not_count_as_an_attempt_and_a_fault_does,
+        restarts_go_back_to_init_until_the_limit,
+        a_job_ends_once_with_one_result_and_counts_once,
+        totals_by_status_agree_with_the_job_rows,
+        giving_up_on_a_message_waits_for_its_lease,
+        a_repeated_client_id_returns_the_first_job,
+        nothing_of_an_ended_batch_starts_moves_on_or_is_scored,
+        policy_versions_only_move_forward_and_racing_announcers_get_one_order,
+        a_weight_update_holds_one_version_until_resumed_or_its_lease_runs_out,
+    ],
+    multi: [
+        results_followed_by_cursor_while_two_stores_end_jobs_are_all_seen_once,
+        racing_claims_and_hand_offs_of_many_jobs_apply_once_each_to_their_own_job,
+        results_marked_published_at_once_by_many_tasks_are_all_marked_and_no_others,
+    ],
+}
 
 /// A fresh migrated store and the directory (and database) that hold it.
 struct Fixture {
@@ -19,15 +76,37 @@ struct Fixture {
     _dir: tempfile::TempDir,
 }
 
-async fn fixture() -> Fixture {
+/// The fixture on `database`, or `None` (after saying so, or failing under `CI=true`)
+/// when it is Postgres and no server is named.
+async fn fixture(database: Database) -> Option<Fixture> {
     let dir = tempfile::tempdir().unwrap();
-    let db = TestDb::new(dir.path()).await;
-    let store = rollout::store::connect(&db.url, 4).await.unwrap();
-    Fixture {
+    let db = match database {
+        Database::Sqlite => TestDb::sqlite(dir.path()),
+        Database::Postgres => {
+            let Some(admin) = postgres_admin_url() else {
+                let current = std::thread::current();
+                rollout_test_support::prerequisite::missing(
+                    current
+                        .name()
+                        .unwrap_or("a store contract test on Postgres"),
+                    "ROLLOUT_TEST_DATABASE_URL names no Postgres server (scripts/test.sh sets it when one answers on 127.0.0.1:5432)",
+                );
+                return None;
+            };
+            TestDb::postgres(&admin).await
+        }
+    };
+    let store = rollout_store::connect(&db.url, 4).await.unwrap();
+    Some(Fixture {
         store,
         db,
         _dir: dir,
-    }
+    })
+}
+
+/// A synthetic task: the store never looks inside it.
+fn synthetic() -> Task {
+    Task::new("synthetic", json!({}))
 }
 
 fn new_job(client_id: Option<&str>, group: Option<&str>) -> NewJob {
@@ -36,7 +115,7 @@ fn new_job(client_id: Option<&str>, group: Option<&str>) -> NewJob {
         kind: "synthetic".into(),
         client_id: client_id.map(str::to_string),
         group_id: group.map(str::to_string),
-        task: serde_json::to_value(synthetic(json!({}))).unwrap(),
+        task: serde_json::to_value(synthetic()).unwrap(),
     }
 }
 
@@ -84,9 +163,10 @@ async fn claim(store: &dyn Store, msg: &WorkMessage, node: &str, now: i64) -> i6
     }
 }
 
-#[tokio::test]
-async fn a_stage_entry_is_claimed_once_until_its_lease_lapses() {
-    let f = fixture().await;
+async fn a_stage_entry_is_claimed_once_until_its_lease_lapses(database: Database) {
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.as_ref();
     let msg = submit_one(store, "b").await;
     let first = claim(store, &msg, "n1", 2_000).await;
@@ -135,9 +215,10 @@ async fn a_stage_entry_is_claimed_once_until_its_lease_lapses() {
     assert_eq!(second, 2);
 }
 
-#[tokio::test]
-async fn only_the_current_claim_renews_advances_releases_or_ends() {
-    let f = fixture().await;
+async fn only_the_current_claim_renews_advances_releases_or_ends(database: Database) {
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.as_ref();
     let msg = submit_one(store, "b").await;
     let stale = claim(store, &msg, "n1", 2_000).await;
@@ -239,9 +320,10 @@ async fn only_the_current_claim_renews_advances_releases_or_ends() {
     ));
 }
 
-#[tokio::test]
-async fn a_hand_back_does_not_count_as_an_attempt_and_a_fault_does() {
-    let f = fixture().await;
+async fn a_hand_back_does_not_count_as_an_attempt_and_a_fault_does(database: Database) {
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.as_ref();
     let msg = submit_one(store, "b").await;
     let t = claim(store, &msg, "n1", 2_000).await;
@@ -257,9 +339,10 @@ async fn a_hand_back_does_not_count_as_an_attempt_and_a_fault_does() {
     );
 }
 
-#[tokio::test]
-async fn restarts_go_back_to_init_until_the_limit() {
-    let f = fixture().await;
+async fn restarts_go_back_to_init_until_the_limit(database: Database) {
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.as_ref();
     let init = submit_one(store, "b").await;
     let t = claim(store, &init, "n1", 2_000).await;
@@ -308,9 +391,10 @@ async fn restarts_go_back_to_init_until_the_limit() {
     );
 }
 
-#[tokio::test]
-async fn a_job_ends_once_with_one_result_and_counts_once() {
-    let f = fixture().await;
+async fn a_job_ends_once_with_one_result_and_counts_once(database: Database) {
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.as_ref();
     let msg = submit_one(store, "b").await;
     let t = claim(store, &msg, "n1", 2_000).await;
@@ -374,9 +458,10 @@ async fn a_job_ends_once_with_one_result_and_counts_once() {
 /// `totals` (what the metrics scrape reads) agrees with the job rows counted by
 /// `counts`, over several batches and every status, though it takes the finished jobs
 /// from their batches' counters.
-#[tokio::test]
-async fn totals_by_status_agree_with_the_job_rows() {
-    let f = fixture().await;
+async fn totals_by_status_agree_with_the_job_rows(database: Database) {
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.as_ref();
     let submit_to = |batch| submit_in(store, batch, None);
     for (batch, status) in [
@@ -431,9 +516,10 @@ async fn totals_by_status_agree_with_the_job_rows() {
     assert_eq!(totals.len(), Status::ALL.len(), "{totals:?}");
 }
 
-#[tokio::test]
-async fn giving_up_on_a_message_waits_for_its_lease() {
-    let f = fixture().await;
+async fn giving_up_on_a_message_waits_for_its_lease(database: Database) {
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.as_ref();
     let msg = submit_one(store, "b").await;
     claim(store, &msg, "n1", 2_000).await;
@@ -454,9 +540,10 @@ async fn giving_up_on_a_message_waits_for_its_lease() {
     assert_eq!(result.map(|r| r.result.status), Some(Status::Failed));
 }
 
-#[tokio::test]
-async fn a_repeated_client_id_returns_the_first_job() {
-    let f = fixture().await;
+async fn a_repeated_client_id_returns_the_first_job(database: Database) {
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.as_ref();
     let first = store
         .submit(
@@ -489,11 +576,14 @@ async fn a_repeated_client_id_returns_the_first_job() {
 /// result exactly once. A result committed after a higher `seq` became visible would be
 /// behind the cursor and never seen (on Postgres, identity values are handed out at
 /// insert, not at commit; the result-ordering lock is what prevents that).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn results_followed_by_cursor_while_two_stores_end_jobs_are_all_seen_once() {
+async fn results_followed_by_cursor_while_two_stores_end_jobs_are_all_seen_once(
+    database: Database,
+) {
     const N: usize = 300;
-    let f = fixture().await;
-    let other = rollout::store::connect(&f.db.url, 4).await.unwrap();
+    let Some(f) = fixture(database).await else {
+        return;
+    };
+    let other = rollout_store::connect(&f.db.url, 4).await.unwrap();
     let stores = [f.store.clone(), other];
     let msgs = submit_many(stores[0].as_ref(), N).await;
     let mut claims = Vec::new();
@@ -569,11 +659,14 @@ async fn results_followed_by_cursor_while_two_stores_end_jobs_are_all_seen_once(
 /// their statements are coalesced, many jobs to a statement): every job's entry is
 /// claimed by exactly one of two racing deliveries, only the holder's token hands it
 /// off, and each job carries its own output into the next stage.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn racing_claims_and_hand_offs_of_many_jobs_apply_once_each_to_their_own_job() {
+async fn racing_claims_and_hand_offs_of_many_jobs_apply_once_each_to_their_own_job(
+    database: Database,
+) {
     const N: usize = 200;
-    let f = fixture().await;
-    let other = rollout::store::connect(&f.db.url, 4).await.unwrap();
+    let Some(f) = fixture(database).await else {
+        return;
+    };
+    let other = rollout_store::connect(&f.db.url, 4).await.unwrap();
     let stores = [f.store.clone(), other];
     let msgs = submit_many(stores[0].as_ref(), N).await;
 
@@ -647,10 +740,13 @@ async fn racing_claims_and_hand_offs_of_many_jobs_apply_once_each_to_their_own_j
 /// Many tasks mark results published at once (every job's end marks its own; on Postgres
 /// the marks are coalesced into shared statements): exactly the marked ones stop being
 /// unpublished, whichever statement carried them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn results_marked_published_at_once_by_many_tasks_are_all_marked_and_no_others() {
+async fn results_marked_published_at_once_by_many_tasks_are_all_marked_and_no_others(
+    database: Database,
+) {
     const N: usize = 120;
-    let f = fixture().await;
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.clone();
     let mut seqs = Vec::new();
     for msg in submit_many(store.as_ref(), N).await {
@@ -705,9 +801,10 @@ async fn results_marked_published_at_once_by_many_tasks_are_all_marked_and_no_ot
 /// however long the cancelling takes, nothing of a cancelled batch is scored after the
 /// cancel. Jobs of other batches are untouched; the ended batch with jobs left is found
 /// for the reconciler until they have ended.
-#[tokio::test]
-async fn nothing_of_an_ended_batch_starts_moves_on_or_is_scored() {
-    let f = fixture().await;
+async fn nothing_of_an_ended_batch_starts_moves_on_or_is_scored(database: Database) {
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.as_ref();
     let running = submit_one(store, "b").await;
     let in_run = submit_one(store, "b").await;
@@ -831,10 +928,11 @@ async fn cancel_the_rest(store: &dyn Store, left: &[&WorkMessage]) {
     assert_eq!((b.finished, b.cancelled, b.done), (3, 3, 0));
 }
 
-#[tokio::test]
-async fn policy_versions_only_move_forward_and_racing_announcers_get_one_order() {
-    use rollout::store::Announced;
-    let f = fixture().await;
+async fn policy_versions_only_move_forward_and_racing_announcers_get_one_order(database: Database) {
+    use rollout_store::Announced;
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.as_ref();
     assert_eq!(store.current_policy().await.unwrap(), None);
     let Announced::New(v3) = store.announce_policy(3, EpochMs(1_000)).await.unwrap() else {
@@ -904,11 +1002,12 @@ async fn policy_versions_only_move_forward_and_racing_announcers_get_one_order()
     assert_eq!(store.recent_policies(2).await.unwrap().len(), 2);
 }
 
-#[tokio::test]
-async fn a_weight_update_holds_one_version_until_resumed_or_its_lease_runs_out() {
-    use rollout::domain::policy::UpdateMode;
-    use rollout::store::{Announced, Pausing, Resumed};
-    let f = fixture().await;
+async fn a_weight_update_holds_one_version_until_resumed_or_its_lease_runs_out(database: Database) {
+    use rollout_core::domain::policy::UpdateMode;
+    use rollout_store::{Announced, Pausing, Resumed};
+    let Some(f) = fixture(database).await else {
+        return;
+    };
     let store = f.store.as_ref();
     store.announce_policy(1, EpochMs(1_000)).await.unwrap();
     let seq0 = store.policy_state().await.unwrap().seq;

@@ -11,8 +11,8 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use rollout::sandbox::bwrap::{BwrapRuntime, Descriptors};
-use rollout::sandbox::{RuntimeKind, SandboxClient, StartRequest};
+use rollout_sandbox::bwrap::{BwrapRuntime, Descriptors};
+use rollout_sandbox::{RuntimeKind, SandboxClient, StartRequest};
 
 use crate::helpers;
 
@@ -99,13 +99,13 @@ async fn ended(held: &mut Held, req: &StartRequest, what: &str) {
     loop {
         let exited = held.child.try_wait().unwrap().is_some();
         let init_gone = !Path::new(&format!("/proc/{}", held.ns_init)).exists()
-            || rollout::sandbox::label::is_zombie(held.ns_init);
+            || rollout_sandbox::label::is_zombie(held.ns_init);
         if exited && init_gone {
             return;
         }
         if std::time::Instant::now() > deadline {
             let _ = held.child.kill();
-            rollout::sandbox::label::kill_tree(held.ns_init);
+            rollout_sandbox::label::kill_tree(held.ns_init);
             panic!(
                 "{what}: the sandbox still runs (bwrap exited: {exited}); log: {}",
                 log_of(req)

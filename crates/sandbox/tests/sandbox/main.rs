@@ -9,6 +9,5 @@ mod helpers;
 mod hostile;
 mod launchers;
 mod lifeline;
-#[path = "../common/prerequisite.rs"]
-mod prerequisite;
+use rollout_test_support::prerequisite;
 mod tools;

@@ -5,7 +5,7 @@
 //! JetStream, stores its data in the given directory, and is killed when the handle is
 //! dropped — or when the thread that started it ends, the process's death included (a
 //! SIGKILL runs no destructor, and a server left behind would hold its port and its
-//! store for good; see [`die_with_parent`]). [`NatsServer::start_with_token`] also
+//! store for good; see [`crate::child::die_with_parent`]). [`NatsServer::start_with_token`] also
 //! makes it require a token, which is what `rollout up` does: otherwise any process on
 //! the machine, sandboxed agent code included, could connect to it and read or inject
 //! work.
@@ -118,7 +118,7 @@ impl NatsServer {
         if let Some(config) = config {
             cmd.arg("-c").arg(config);
         }
-        crate::sandbox::lifeline::die_with_parent(&mut cmd);
+        crate::child::die_with_parent(&mut cmd);
         let child = cmd
             .arg("-js")
             .arg("-a")

@@ -2,7 +2,7 @@
 //! to the agent, and the host and this test process are unharmed.
 
 use crate::helpers::{TestSandbox, request, start, start_with};
-use rollout::sandbox::RuntimeKind;
+use rollout_sandbox::RuntimeKind;
 use std::time::Duration;
 
 /// The host can still start processes and the sandbox is still usable.
@@ -179,7 +179,7 @@ async fn a_fork_bomb_hits_the_process_limit() {
     );
     let pid = t.sb.label.pid.unwrap();
     t.stop().await;
-    assert!(rollout::sandbox::label::descendants(pid).is_empty());
+    assert!(rollout_sandbox::label::descendants(pid).is_empty());
 }
 
 #[tokio::test]
@@ -275,8 +275,8 @@ async fn the_label_finds_the_namespace_even_after_bwrap_itself_died() {
     );
     t.stop().await;
     assert!(
-        rollout::sandbox::label::process_start(init).is_none()
-            || rollout::sandbox::label::is_zombie(init)
+        rollout_sandbox::label::process_start(init).is_none()
+            || rollout_sandbox::label::is_zombie(init)
     );
 }
 

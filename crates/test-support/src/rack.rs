@@ -1,17 +1,16 @@
 //! Nodes on one machine: a bridge and a network namespace per node, `rollout node`
 //! processes in them, and a TCP proxy that puts the host's loopback-only database on the
-//! bridge. Shared by the many-nodes test and the scaling benchmark through `#[path]`;
-//! needs root and `ip` (iproute2).
+//! bridge. Used by the many-nodes test and the scaling benchmark; needs root and `ip` (iproute2).
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use rollout::config::Settings;
+use rollout_core::config::Settings;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::eventually::eventually;
+use crate::eventually::eventually;
 
 /// A bridge and one network namespace per node, attached to it; removed when dropped.
 pub struct Rack {

@@ -14,18 +14,7 @@
 //! `CI=true` it fails. One server serves every check, in order, in one test: a start
 //! takes about a minute. The server's log is printed when a check fails.
 
-#[path = "common/eventually.rs"]
-mod eventually;
-#[path = "common/fresh_postgres.rs"]
-mod fresh_postgres;
-#[path = "pipeline/helpers.rs"]
-#[allow(dead_code)] // the pipeline's fixtures; this suite uses a few
-mod helpers;
-#[path = "common/host.rs"]
-#[allow(dead_code)] // `which` is for the suites that start installed programs
-mod host;
-#[path = "common/prerequisite.rs"]
-mod prerequisite;
+use crate::{helpers, host, prerequisite};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,7 +1,7 @@
 //! `eventually`: the one way the integration tests wait for something that happens in
 //! the background (a result, a sandbox gone, a process exited, a counter reached).
 //!
-//! Shared by the test crates through `#[path]`. The time limit is a safety net against a
+//! The time limit is a safety net against a
 //! hang, never a timing assertion: it is generous, and what a test checks is the state it
 //! waited for.
 

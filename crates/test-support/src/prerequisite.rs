@@ -5,7 +5,7 @@
 //! The skip is written straight to the process's standard error, past the test
 //! harness's capture (which shows a passing test's output to nobody), and appended to
 //! the file `ROLLOUT_TEST_SKIPS` names, from which the test command counts and lists
-//! every skip at its end. The library's own unit tests include this file too.
+//! every skip at its end.
 
 use std::io::Write;
 
