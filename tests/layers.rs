@@ -364,56 +364,270 @@ fn only_the_sandbox_crate_may_use_unsafe() {
     }
 }
 
-/// The store crate's modules import one another without a circle, so each can be read
-/// (and changed) knowing only those below it: the queries over the write path over the
-/// dialect and the rows, never back. (The write path once formed a four-file circle with
-/// the dialect, the job ends and the sampling verdicts.)
+/// The modules of each folder import one another without a circle, so each can be read
+/// (and changed) knowing only those below it. Every folder of every crate is checked
+/// (`src/` and `crates/*/src/`, and each folder below them): a module is a sibling's
+/// file or subfolder, and it uses a sibling when any of its files, outside test code,
+/// names a path through it (`super::x`, `crate::a::x`, in `use` items, code and macro
+/// arguments). The store's write path once formed a four-file circle with the
+/// dialect, the job ends and the sampling verdicts; the agent's episode and generation,
+/// the worker's claim, lease and record, and the math grader's parser, values and
+/// sampling each formed one.
 #[test]
-fn the_store_modules_import_one_another_without_a_circle() {
-    let src = root().join("crates/store/src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    let modules: BTreeSet<String> = files.iter().filter_map(|f| module_of(&src, f)).collect();
-    let mut edges: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
-    for file in &files {
-        let Some(module) = module_of(&src, file) else {
-            continue;
-        };
-        let text = std::fs::read_to_string(file).unwrap();
-        let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        let mut uses = Uses {
-            super_is_crate: file.parent() == Some(src.as_path()),
-            ..Uses::default()
-        };
-        uses.visit_file(&ast);
-        let used: Vec<String> = uses
-            .modules
-            .into_iter()
-            .filter(|m| *m != module && modules.contains(m))
-            .collect();
-        edges.entry(module).or_default().extend(used);
+fn the_modules_of_each_folder_import_one_another_without_a_circle() {
+    let mut roots = vec![root().join("src")];
+    for entry in std::fs::read_dir(root().join("crates")).unwrap() {
+        roots.push(entry.unwrap().path().join("src"));
     }
-    // Peel off modules that use nothing left; what cannot be peeled is on a circle.
-    let mut left = edges.clone();
-    loop {
-        let free: Vec<String> = left
-            .iter()
-            .filter(|(_, uses)| uses.iter().all(|u| !left.contains_key(u)))
-            .map(|(m, _)| m.clone())
-            .collect();
-        if free.is_empty() {
-            break;
-        }
-        for m in free {
-            left.remove(&m);
+    let mut circles = Vec::new();
+    for src in &roots {
+        for (folder, left) in folder_circles(src) {
+            let shown = folder.strip_prefix(root()).unwrap().display().to_string();
+            circles.push(format!("{shown}: {left:?}"));
         }
     }
     assert!(
-        left.is_empty(),
-        "the store's modules on an import circle, or above one: {left:#?}"
+        circles.is_empty(),
+        "modules on an import circle, or above one, by folder:\n{}",
+        circles.join("\n")
     );
-    // The checker sees the circle it is meant to find.
-    assert!(edges["write"].contains("dialect") && !edges["dialect"].contains("write"));
+}
+
+/// The checker finds a circle between two files of a folder through `super::`, `use`
+/// groups, `crate::` paths and macro arguments, and none where the arrows point one way.
+#[test]
+fn the_circle_checker_sees_circles_and_only_circles() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    let write = |file: &str, text: &str| {
+        let path = src.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write("lib.rs", "mod a;\n");
+    write("a/mod.rs", "mod x; mod y; mod z; mod w;\n");
+    write("a/x.rs", "use super::{y::Y, z};\n");
+    write(
+        "a/y.rs",
+        "fn f() { tracing::info!(v = %crate::a::x::X); }\n",
+    );
+    write(
+        "a/z.rs",
+        "#[cfg(test)] mod tests { use super::super::w::W; }\n",
+    );
+    write("a/w.rs", "fn g() -> super::z::Z { todo!() }\n");
+    let found = folder_circles(src);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, src.join("a"));
+    assert_eq!(
+        found[0].1,
+        ["x", "y"]
+            .map(String::from)
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+    );
+}
+
+/// For each folder under `src` whose modules import one another in a circle, the
+/// modules that cannot be peeled off (those on a circle, or using one).
+fn folder_circles(src: &Path) -> Vec<(PathBuf, BTreeSet<String>)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    // Each file's module path and the absolute module paths it names.
+    let mut named: Vec<(Vec<String>, Vec<Vec<String>>)> = Vec::new();
+    for file in &files {
+        let module = module_path(src, file);
+        let text = std::fs::read_to_string(file).unwrap();
+        let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let mut paths = Paths::default();
+        paths.visit_file(&ast);
+        let absolute = paths
+            .found
+            .into_iter()
+            .filter_map(|p| absolute(&module, &p))
+            .collect();
+        named.push((module, absolute));
+    }
+    let mut folders: BTreeSet<Vec<String>> = BTreeSet::new();
+    for (module, _) in &named {
+        for n in 0..module.len() {
+            folders.insert(module[..n].to_vec());
+        }
+    }
+    let mut found = Vec::new();
+    for folder in folders {
+        let depth = folder.len();
+        let siblings: BTreeSet<String> = named
+            .iter()
+            .filter(|(m, _)| m.len() > depth && m.starts_with(&folder))
+            .map(|(m, _)| m[depth].clone())
+            .collect();
+        let mut edges: std::collections::BTreeMap<String, BTreeSet<String>> = siblings
+            .iter()
+            .map(|s| (s.clone(), BTreeSet::new()))
+            .collect();
+        for (module, paths) in &named {
+            if module.len() <= depth || !module.starts_with(&folder) {
+                continue;
+            }
+            let from = &module[depth];
+            for path in paths {
+                if path.len() > depth
+                    && path.starts_with(&folder)
+                    && path[depth] != *from
+                    && siblings.contains(&path[depth])
+                {
+                    edges.get_mut(from).unwrap().insert(path[depth].clone());
+                }
+            }
+        }
+        // Peel off modules that use nothing left; what cannot be peeled is on a circle.
+        loop {
+            let free: Vec<String> = edges
+                .iter()
+                .filter(|(_, uses)| uses.iter().all(|u| !edges.contains_key(u)))
+                .map(|(m, _)| m.clone())
+                .collect();
+            if free.is_empty() {
+                break;
+            }
+            for m in free {
+                edges.remove(&m);
+            }
+        }
+        if !edges.is_empty() {
+            let dir = folder.iter().fold(src.to_path_buf(), |d, m| d.join(m));
+            found.push((dir, edges.into_keys().collect()));
+        }
+    }
+    found
+}
+
+/// The module path of a file under `src`: `a/b.rs` and `a/b/mod.rs` are `[a, b]`, the
+/// crate's roots (`lib.rs`, `main.rs`) are `[]`.
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_str().unwrap().to_string())
+        .collect();
+    let last = parts.pop().unwrap();
+    match last.as_str() {
+        "mod.rs" => {}
+        "lib.rs" | "main.rs" if parts.is_empty() => {}
+        other => parts.push(other.trim_end_matches(".rs").to_string()),
+    }
+    parts
+}
+
+/// `path` as named in the file of `module`, made absolute (`crate::`, `super::`,
+/// `self::`); `None` for paths that start anywhere else (another crate, a local item).
+fn absolute(module: &[String], path: &[String]) -> Option<Vec<String>> {
+    let (first, rest) = path.split_first()?;
+    let mut base: Vec<String> = match first.as_str() {
+        "crate" => Vec::new(),
+        "self" => module.to_vec(),
+        "super" => module[..module.len().checked_sub(1)?].to_vec(),
+        _ => return None,
+    };
+    let mut rest = rest;
+    while let Some(("super", tail)) = rest.split_first().map(|(h, t)| (h.as_str(), t)) {
+        base.pop()?;
+        rest = tail;
+    }
+    base.extend(rest.iter().cloned());
+    Some(base)
+}
+
+/// Every path a file names outside test code, as its segments: in `use` trees (each
+/// branch), in code and types, and in macro arguments (`crate::…`, `super::…`).
+#[derive(Default)]
+struct Paths {
+    found: Vec<Vec<String>>,
+}
+
+impl Paths {
+    fn scan_tokens(&mut self, tokens: proc_macro2::TokenStream) {
+        let tokens: Vec<proc_macro2::TokenTree> = tokens.into_iter().collect();
+        let mut i = 0;
+        while i < tokens.len() {
+            if let proc_macro2::TokenTree::Group(g) = &tokens[i] {
+                self.scan_tokens(g.stream());
+            }
+            let mut path = Vec::new();
+            let mut j = i;
+            while let Some(proc_macro2::TokenTree::Ident(id)) = tokens.get(j) {
+                path.push(id.to_string());
+                match (tokens.get(j + 1), tokens.get(j + 2)) {
+                    (
+                        Some(proc_macro2::TokenTree::Punct(a)),
+                        Some(proc_macro2::TokenTree::Punct(b)),
+                    ) if a.as_char() == ':' && b.as_char() == ':' => j += 3,
+                    _ => break,
+                }
+            }
+            if path.len() > 1 {
+                self.found.push(path);
+                i = j + 1;
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Paths {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if !is_test_only(item_attrs(item)) {
+            syn::visit::visit_item(self, item);
+        }
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if !is_test_only(&f.attrs) {
+            syn::visit::visit_impl_item_fn(self, f);
+        }
+    }
+
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        fn walk(paths: &mut Paths, tree: &syn::UseTree, prefix: &mut Vec<String>) {
+            match tree {
+                syn::UseTree::Path(p) => {
+                    prefix.push(p.ident.to_string());
+                    walk(paths, &p.tree, prefix);
+                    prefix.pop();
+                }
+                syn::UseTree::Name(n) => {
+                    let mut path = prefix.clone();
+                    path.push(n.ident.to_string());
+                    paths.found.push(path);
+                }
+                syn::UseTree::Rename(r) => {
+                    let mut path = prefix.clone();
+                    path.push(r.ident.to_string());
+                    paths.found.push(path);
+                }
+                syn::UseTree::Glob(_) => paths.found.push(prefix.clone()),
+                syn::UseTree::Group(g) => {
+                    for t in &g.items {
+                        walk(paths, t, prefix);
+                    }
+                }
+            }
+        }
+        walk(self, &u.tree, &mut Vec::new());
+    }
+
+    fn visit_path(&mut self, p: &'ast syn::Path) {
+        self.found
+            .push(p.segments.iter().map(|s| s.ident.to_string()).collect());
+        syn::visit::visit_path(self, p);
+    }
+
+    fn visit_macro(&mut self, m: &'ast syn::Macro) {
+        self.scan_tokens(m.tokens.clone());
+        syn::visit::visit_macro(self, m);
+    }
 }
 
 /// Checks every file under `src` (shown as `shown_dir/…`) against the layers.

@@ -23,10 +23,10 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::generation::{self, GenStop, TurnSource, TurnVersions, finish_name};
+pub use super::generation::{AlwaysWanted, TurnGuard};
 use super::model::ModelFiles;
 use super::parse::{self, CallError, ParsedTurn, ToolCall};
 use super::render::TurnGlue;
@@ -87,24 +87,6 @@ pub struct Episode {
     pub deadline: tokio::time::Instant,
     /// The current policy version, which each turn's tokens are tagged with.
     pub policy: PolicyWatch,
-}
-
-/// Whether the job is still wanted; read at every turn boundary.
-#[async_trait]
-pub trait TurnGuard: Send + Sync {
-    /// False once the job was cancelled or taken over.
-    async fn still_wanted(&self) -> bool;
-}
-
-/// A guard that always says yes (tests, benchmarks).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AlwaysWanted;
-
-#[async_trait]
-impl TurnGuard for AlwaysWanted {
-    async fn still_wanted(&self) -> bool {
-        true
-    }
 }
 
 /// Why an episode stopped without a trajectory to score.
@@ -774,6 +756,7 @@ mod tests {
     use crate::domain::backend::LogprobsMode;
     use crate::sandbox::protocol::Response;
     use crate::scripted::demo;
+    use async_trait::async_trait;
 
     /// Plays scripted turn texts as a backend would: the text's tokens, then the
     /// end-of-turn token, with made-up logprobs; records the prompts it was sent.

@@ -7,12 +7,31 @@
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
-use super::episode::TurnGuard;
+use async_trait::async_trait;
+
 use super::trajectory::FinishReason;
 use crate::backends::generate::{GenerateError, Generated, Generator};
 use crate::backends::wire::{Finish, Generation, Sampling};
 use crate::domain::duration_us;
 use crate::policy::PolicyWatch;
+
+/// Whether the job is still wanted; read at every turn boundary.
+#[async_trait]
+pub trait TurnGuard: Send + Sync {
+    /// False once the job was cancelled or taken over.
+    async fn still_wanted(&self) -> bool;
+}
+
+/// A guard that always says yes (tests, benchmarks).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AlwaysWanted;
+
+#[async_trait]
+impl TurnGuard for AlwaysWanted {
+    async fn still_wanted(&self) -> bool {
+        true
+    }
+}
 
 /// What a turn's generation needs from its episode.
 pub(crate) struct TurnSource<'a> {
@@ -307,9 +326,7 @@ pub(crate) fn finish_name(f: Finish) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::episode::AlwaysWanted;
     use crate::agent::trajectory::BackendSwitch;
-    use async_trait::async_trait;
 
     /// A backend that must not be asked.
     struct Unasked;

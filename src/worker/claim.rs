@@ -8,34 +8,13 @@ use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use super::Worker;
+use super::held::Held;
 use super::lease::StageEnd;
 use super::record::ack;
 use crate::domain::{EpochMs, Job, StageTimes, WorkMessage};
 use crate::kinds::{StageContext, StageError};
 use crate::queue::{Answer, Delivery};
-use crate::store::{Claim, FinishIf};
-
-/// A stage entry this worker has claimed.
-pub(super) struct Held {
-    /// The stage entry.
-    pub(super) work: WorkMessage,
-    /// The claim's token (the job's `attempts` after the claim).
-    pub(super) attempt: i64,
-    /// Starts of this stage entry, this one included.
-    pub(super) stage_attempts: i64,
-    /// The queue's delivery count of the message.
-    pub(super) delivered: i64,
-}
-
-impl Held {
-    /// The condition under which this claim may end the job.
-    pub(super) fn cond(&self) -> FinishIf {
-        FinishIf::Claimed {
-            msg: self.work.clone(),
-            attempt: self.attempt,
-        }
-    }
-}
+use crate::store::Claim;
 
 impl Worker {
     /// Handles one pulled message; `_permit` holds its slot until the stage is done.

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use super::Worker;
-use super::claim::Held;
+use super::held::Held;
 use crate::domain::{EpochMs, Stage};
 use crate::kinds::{EvalOutput, InitOutput, StageContext, StageError, TaskKind};
 use crate::queue::{Answer, Delivery};

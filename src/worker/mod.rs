@@ -29,6 +29,7 @@
 //! the rest back (release the claim, nak) so other workers pick them up at once.
 
 mod claim;
+mod held;
 mod lease;
 mod pull;
 mod record;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::Worker;
-use super::claim::Held;
+use super::held::Held;
 use super::lease::{HookOutput, StageEnd};
 use crate::domain::{EpochMs, Job, Outcome, Stage, Status, WorkMessage};
 use crate::ending::{dead_letter, publish_result};

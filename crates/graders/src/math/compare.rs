@@ -8,38 +8,8 @@
 use super::expr::{Answer, Expr};
 use super::lex::Rel;
 use super::sample::{self, Variables, close_loose};
+use super::tree::variables;
 use super::value::{NoVars, Num, eval, same};
-
-/// The free variables of `e` (every name but `pi`, and `e` unless it is used as one).
-pub(super) fn variables(e: &Expr, out: &mut Vec<String>) {
-    match e {
-        Expr::Name(n) if n != "pi" && n != "e" => {
-            if !out.contains(n) {
-                out.push(n.clone());
-            }
-        }
-        Expr::Name(_) | Expr::Num(_) | Expr::Infinity => {}
-        Expr::Neg(a)
-        | Expr::Func(_, a)
-        | Expr::Fact(a)
-        | Expr::Floor(a)
-        | Expr::Ceil(a)
-        | Expr::Abs(a)
-        | Expr::Percent(a)
-        | Expr::Degrees(a) => variables(a, out),
-        Expr::Add(a, b)
-        | Expr::Mul(a, b)
-        | Expr::Div(a, b)
-        | Expr::Pow(a, b)
-        | Expr::Root(a, b)
-        | Expr::Log(a, b)
-        | Expr::Binom(a, b) => {
-            variables(a, out);
-            variables(b, out);
-        }
-        Expr::Fold(_, args) => args.iter().for_each(|a| variables(a, out)),
-    }
-}
 
 /// The number before the percent sign (`percent`) or the degree sign (otherwise), when
 /// `e` carries that unit.

@@ -14,7 +14,7 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 use num_traits::ToPrimitive;
 
-use super::expr::Expr;
+use super::tree::Expr;
 use super::value::{self, Bindings, Num};
 
 /// A complex number.

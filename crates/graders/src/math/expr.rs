@@ -23,73 +23,7 @@ use num_traits::{One, Zero};
 use super::lex::{Rel, Tok};
 use super::value;
 
-/// An expression (hashed to seed the points it is compared at).
-#[derive(Debug, Clone, PartialEq, Hash)]
-pub enum Expr {
-    /// An exact number.
-    Num(BigRational),
-    /// A variable or a constant (`pi`, `e`, `i`).
-    Name(String),
-    /// `-a`.
-    Neg(Box<Expr>),
-    /// `a + b`.
-    Add(Box<Expr>, Box<Expr>),
-    /// `a · b`.
-    Mul(Box<Expr>, Box<Expr>),
-    /// `a / b`.
-    Div(Box<Expr>, Box<Expr>),
-    /// `a ^ b`.
-    Pow(Box<Expr>, Box<Expr>),
-    /// `\sqrt[n]{a}`: (index, radicand).
-    Root(Box<Expr>, Box<Expr>),
-    /// A function applied: `sin`, `cos`, `tan`, `ln`, `exp`, …
-    Func(String, Box<Expr>),
-    /// `\log_b a`: (base, argument).
-    Log(Box<Expr>, Box<Expr>),
-    /// `a!`.
-    Fact(Box<Expr>),
-    /// `\binom{n}{k}`, `{n \choose k}`: (n, k).
-    Binom(Box<Expr>, Box<Expr>),
-    /// `\lfloor a \rfloor`.
-    Floor(Box<Expr>),
-    /// `\lceil a \rceil`.
-    Ceil(Box<Expr>),
-    /// `\max(a, b, …)` and the like: one value of several.
-    Fold(Fold, Vec<Expr>),
-    /// `|a|`.
-    Abs(Box<Expr>),
-    /// `a%`: a hundredth of `a`, remembered as written so `50\%` can match `50`.
-    Percent(Box<Expr>),
-    /// `a°`: an angle in degrees.
-    Degrees(Box<Expr>),
-    /// `\infty`.
-    Infinity,
-}
-
-/// A function of any number of arguments that folds them into one value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Fold {
-    /// `\min`.
-    Min,
-    /// `\max`.
-    Max,
-    /// `\gcd` (of integers).
-    Gcd,
-    /// `\operatorname{lcm}` (of integers).
-    Lcm,
-}
-
-impl Fold {
-    fn named(name: &str) -> Option<Fold> {
-        Some(match name {
-            "min" => Fold::Min,
-            "max" => Fold::Max,
-            "gcd" => Fold::Gcd,
-            "lcm" => Fold::Lcm,
-            _ => return None,
-        })
-    }
-}
+pub use super::tree::{Expr, Fold};
 
 /// The shape of a whole answer.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,5 +1,5 @@
 //! The math grader: finds a response's final answer ([`extract`]), reads it and the
-//! ground truth into expressions and answer shapes ([`lex`], [`expr`]), and decides
+//! ground truth into expressions ([`tree`]) and answer shapes ([`lex`], [`expr`]), and decides
 //! whether they mean the same thing ([`compare`], with exact values from [`value`],
 //! expressions with variables at the points of [`sample`], principal complex values
 //! from [`complex`] where the reals have none).
@@ -18,6 +18,7 @@ pub mod integer;
 pub mod lex;
 pub mod sample;
 pub mod separators;
+pub mod tree;
 pub mod value;
 
 use serde::Serialize;

@@ -21,7 +21,7 @@ use num_bigint::BigInt;
 use num_rational::BigRational;
 
 use super::complex;
-use super::expr::{Expr, Fold};
+use super::tree::{Expr, Fold};
 use super::value::{Bindings, Num, close, eval, same};
 
 /// Special points drawn for each comparison.
@@ -197,12 +197,12 @@ impl Variables {
 /// Variables that `e` uses as integers: under a factorial, in a binomial coefficient
 /// whose lower index has a variable (both indices), in a gcd or lcm.
 fn integer_variables(e: &Expr, out: &mut Vec<String>) {
-    let mut all = |a: &Expr| super::compare::variables(a, out);
+    let mut all = |a: &Expr| super::tree::variables(a, out);
     match e {
         Expr::Fact(a) => all(a),
         Expr::Binom(n, k) => {
             let mut in_k = Vec::new();
-            super::compare::variables(k, &mut in_k);
+            super::tree::variables(k, &mut in_k);
             if in_k.is_empty() {
                 integer_variables(n, out);
             } else {

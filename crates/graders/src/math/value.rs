@@ -12,8 +12,8 @@ use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::{One, Signed, ToPrimitive, Zero};
 
-use super::expr::{Expr, Fold};
 use super::integer::{self, TooLarge};
+use super::tree::{Expr, Fold};
 
 /// A value.
 #[derive(Debug, Clone, PartialEq)]
