@@ -10,13 +10,14 @@
 //! names: `rollout-core` ([`domain`], [`config`], [`nul`], [`metrics`], [`retry`],
 //! [`supervise`], [`natsd`]), `rollout-store` ([`store`]), `rollout-sandbox` (most of [`sandbox`])
 //! and `rollout-graders` ([`graders`]).
+//! `rollout-api` holds the HTTP API's wire types ([`api`]) and its client ([`client`]), so
+//! that a program can talk to the service without building it.
 //!
 //! The modules form layers; each uses only the layers below it (`tests/layers.rs`
 //! checks every `crate::` path, and Cargo the crates' boundaries), from the top:
 //!
 //! - [`wiring`]: building the processes from settings: the all-in-one `rollout up`, the
 //!   gateway, the workers.
-//! - [`client`]: an HTTP client of the gateway API (CLI, tests, benchmarks).
 //! - [`worker`]: the stage worker loop shared by the three worker binaries;
 //!   [`reconciler`]: repairs hand-offs lost between the database and the queue;
 //!   [`gateway`]: the HTTP API (axum) with its OpenAPI document and metrics.
@@ -32,13 +33,14 @@
 //! - [`ending`]: dead-lettering a job and publishing results, for every component;
 //!   [`sandbox`]: sandboxes (local, bubblewrap, Apptainer), the tool server inside
 //!   them, and a node's sandboxes tied to its jobs; [`backends`]: inference servers:
-//!   wire formats, the pooled client, the pool; [`api`]: the HTTP API's wire types,
-//!   shared by the gateway and the client.
+//!   wire formats, the pooled client, the pool; [`client`]: an HTTP client of the
+//!   gateway API (CLI, tests, benchmarks, a trainer's own program).
 //! - [`store`]: durable job state, one trait per concern (jobs, recovery, results,
 //!   sandboxes, backends, sampling, dashboard) over one generic SQLite/Postgres
 //!   implementation; each component holds only the concerns it uses;
 //!   [`queue`]: JetStream streams, consumers, subjects and publishing; [`telemetry`]:
-//!   logging.
+//!   logging; [`api`]: the HTTP API's wire types, shared by the gateway and the client,
+//!   beside the store and not above it: the gateway copies store rows into them.
 //! - [`config`]: the typed settings tree (file, then `ROLLOUT__SECTION__KEY`
 //!   environment), plain data.
 //! - [`domain`]: the words everything shares: jobs, stages, statuses, tasks, results,
@@ -56,11 +58,12 @@ pub use rollout_core::{config, domain, metrics, natsd, nul, retry, shutdown, sup
 pub use rollout_graders as graders;
 pub use rollout_scripted_llm as scripted;
 pub use rollout_store as store;
+// The wire types sit beside the store and the client above them, but both are in one
+// crate, which a trainer links without the service.
+pub use rollout_api::{api, client};
 
 pub mod agent;
-pub mod api;
 pub mod backends;
-pub mod client;
 pub mod ending;
 pub mod gateway;
 pub mod kinds;

@@ -6,30 +6,33 @@
 //!
 //! ```text
 //! wiring                         the `up` / `serve` processes: builds everything below
-//! client                         the gateway's HTTP client
 //! worker, reconciler, gateway    the services
 //! kinds, scripted                task kinds; the stand-in inference server (crate
 //!                                rollout-scripted-llm)
 //! agent, sampling, graders       the multi-turn episode; the sampling-batch driver;
 //!                                graders (crate rollout-graders)
-//! ending, sandbox, backends, api finishing jobs; sandboxes (crate rollout-sandbox, and
-//! model, policy                  the service's `sandbox::node`); inference servers;
-//!                                the HTTP API's wire types; a model's tokenizer and
-//!                                chat template (crate rollout-model, re-exported as
-//!                                `agent::{model, template, tokenizer, …}`); the
-//!                                current policy version (`policy`)
-//! store, queue, telemetry        the database (crate rollout-store); JetStream; logging
+//! ending, sandbox, backends,     finishing jobs; sandboxes (crate rollout-sandbox, and
+//! client, model, policy          the service's `sandbox::node`); inference servers;
+//!                                the gateway's HTTP client (crate rollout-api); a
+//!                                model's tokenizer and chat template (crate
+//!                                rollout-model, re-exported as `agent::{model,
+//!                                template, tokenizer, …}`); the current policy
+//!                                version (`policy`)
+//! store, queue, telemetry, api   the database (crate rollout-store); JetStream; logging;
+//!                                the HTTP API's wire types (crate rollout-api), beside
+//!                                the store: neither uses the other
 //! config, natsd                  settings (plain data); a local nats-server
 //! domain, nul, shutdown, metrics, retry, supervise, child
 //! ```
 //!
 //! `rollout-core` holds `domain`, `nul`, `metrics`, `retry`, `shutdown`, `supervise`,
-//! `child`, `config` and `natsd`. `rollout-test-support` (the tests' fixtures) holds no
-//! layer: it is only ever a dev-dependency.
-//! Every `crate::…` path in `src/` and `crates/core/src/` (in `use` items, code, and
-//! macro arguments) is checked against the table below; test code (`#[cfg(test)]`) may
-//! reach anywhere, since the stand-in server a test drives sits above what it tests. A
-//! new top-level module must be given a layer here.
+//! `child`, `config` and `natsd`; `rollout-api` holds `api` and `client`.
+//! `rollout-test-support` (the tests' fixtures) holds no layer: it is only ever a
+//! dev-dependency.
+//! Every `crate::…` path in `src/`, `crates/core/src/` and `crates/api/src/` (in `use`
+//! items, code, and macro arguments) is checked against the table below; test code
+//! (`#[cfg(test)]`) may reach anywhere, since the stand-in server a test drives sits
+//! above what it tests. A new top-level module must be given a layer here.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -48,12 +51,11 @@ const LAYERS: &[&[&str]] = &[
         "child",
     ],
     &["config", "natsd"],
-    &["store", "queue", "telemetry"],
-    &["ending", "sandbox", "backends", "api", "model", "policy"],
+    &["store", "queue", "telemetry", "api"],
+    &["ending", "sandbox", "backends", "client", "model", "policy"],
     &["agent", "sampling", "graders"],
     &["kinds", "scripted"],
     &["worker", "reconciler", "gateway"],
-    &["client"],
     &["wiring"],
 ];
 
@@ -233,6 +235,7 @@ const CRATES: &[(&str, &str, &[&str])] = &[
         ],
     ),
     ("store", "rollout-store", &["store"]),
+    ("api", "rollout-api", &["api", "client"]),
     ("sandbox", "rollout-sandbox", &["sandbox"]),
     ("graders", "rollout-graders", &["graders"]),
     ("model", "rollout-model", &["model"]),
@@ -247,8 +250,8 @@ fn root() -> &'static Path {
 #[test]
 fn lower_layers_never_use_higher_ones() {
     let mut problems = Vec::new();
-    // The service's own modules, and those of the crate that holds several layers.
-    for dir in ["src", "crates/core/src"] {
+    // The service's own modules, and those of the crates that hold several layers.
+    for dir in ["src", "crates/core/src", "crates/api/src"] {
         check_layers(&root().join(dir), dir, &mut problems);
     }
     assert!(
@@ -311,6 +314,43 @@ fn each_crate_depends_only_on_crates_of_lower_layers() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
+/// The API's crate is what a program links to talk to the service, and what keeps the
+/// database's rows out of the API: nothing it builds on, however indirectly, is a
+/// database driver, the queue's client, the store or the sandbox. (The layers keep the
+/// workspace's crates out of its manifest; this follows `Cargo.lock` through every
+/// crate it pulls in. Dev-dependencies are followed too, which only makes it stricter.)
+#[test]
+fn the_api_crate_pulls_in_no_database_queue_or_sandbox() {
+    let lock: toml::Table = std::fs::read_to_string(root().join("Cargo.lock"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let packages = lock["package"].as_array().unwrap();
+    // A dependency is written `name` or, when several versions are locked, `name version`.
+    let deps_of = |name: &str| -> Vec<String> {
+        packages
+            .iter()
+            .filter(|p| p["name"].as_str() == Some(name))
+            .flat_map(|p| p.get("dependencies").and_then(|d| d.as_array()).cloned())
+            .flatten()
+            .map(|d| d.as_str().unwrap().split(' ').next().unwrap().to_string())
+            .collect()
+    };
+    let mut seen = BTreeSet::new();
+    let mut todo = vec!["rollout-api".to_string()];
+    while let Some(name) = todo.pop() {
+        if seen.insert(name.clone()) {
+            todo.extend(deps_of(&name));
+        }
+    }
+    assert!(seen.len() > 10, "Cargo.lock was not followed: {seen:?}");
+    let banned: Vec<&str> = ["sqlx", "async-nats", "rollout-store", "rollout-sandbox"]
+        .into_iter()
+        .filter(|b| seen.contains(*b))
+        .collect();
+    assert!(banned.is_empty(), "rollout-api pulls in {banned:?}");
+}
+
 /// `unsafe` only where a sandbox is started: every crate root but the sandbox crate's
 /// forbids it; the store's denies it but in the one module that borrows sockets, and
 /// the core's but in the one that asks for a parent-death signal before `exec`.
@@ -320,6 +360,7 @@ fn only_the_sandbox_crate_may_use_unsafe() {
         ("src/lib.rs", "#![forbid(unsafe_code)]"),
         ("src/main.rs", "#![forbid(unsafe_code)]"),
         ("crates/core/src/lib.rs", "#![deny(unsafe_code)]"),
+        ("crates/api/src/lib.rs", "#![forbid(unsafe_code)]"),
         ("crates/graders/src/lib.rs", "#![forbid(unsafe_code)]"),
         ("crates/model/src/lib.rs", "#![forbid(unsafe_code)]"),
         ("crates/scripted-llm/src/lib.rs", "#![forbid(unsafe_code)]"),

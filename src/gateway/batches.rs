@@ -565,7 +565,10 @@ pub async fn verdicts(
     let mut groups = state.store.group_verdicts(&id, limit + 1).await?;
     let more = i64::try_from(groups.len()).unwrap_or(i64::MAX) > limit;
     groups.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-    Ok(Json(VerdictPage { groups, more }))
+    Ok(Json(VerdictPage {
+        groups: groups.into_iter().map(super::wire::group_verdict).collect(),
+        more,
+    }))
 }
 
 /// The accepted groups as Server-Sent Events: a `group` event per group (its rank the

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use super::AppState;
 use super::error::{ApiError, ApiErrorBody};
 use super::params::{self, ApiQuery, CheckQuery};
+use super::wire;
 use crate::api::dashboard::{Dashboard, Percentiles, StageView, Throughput};
 use crate::domain::EpochMs;
 use crate::store::{DashboardStore, StageQueue, StageTiming, StoreResult, ThroughputMinute};
@@ -101,15 +102,26 @@ pub async fn read(
     Ok(Dashboard {
         generated_at: now,
         window_ms,
-        batches: store.batch_progress(limit).await?,
+        batches: rows(store.batch_progress(limit).await?, wire::batch_progress),
         stages,
         throughput,
-        backends: store.backend_load().await?,
-        failures: store.failures(since, MAX_FAILURES, limit).await?,
-        sandboxes: store.sandbox_counts().await?,
-        sampling: store.sampling_progress(limit).await?,
+        backends: rows(store.backend_load().await?, wire::backend_load),
+        failures: rows(
+            store.failures(since, MAX_FAILURES, limit).await?,
+            wire::failure_reason,
+        ),
+        sandboxes: rows(store.sandbox_counts().await?, wire::sandbox_count),
+        sampling: rows(
+            store.sampling_progress(limit).await?,
+            wire::sampling_progress,
+        ),
         policy: Default::default(),
     })
+}
+
+/// The store's rows of a view as the API shows them (see [`wire`]).
+fn rows<R, W>(list: Vec<R>, copy: fn(R) -> W) -> Vec<W> {
+    list.into_iter().map(copy).collect()
 }
 
 /// A stage's queue with the percentiles of its timings.
@@ -127,7 +139,7 @@ fn stage_view(queue: StageQueue, timings: &[StageTiming]) -> StageView {
     StageView {
         wait_ms: of(|t| t.wait_ms),
         work_ms: of(|t| t.work_ms),
-        queue,
+        queue: wire::stage_queue(queue),
     }
 }
 
@@ -150,7 +162,7 @@ fn throughput(per_minute: Vec<ThroughputMinute>, since: i64, now: i64) -> Throug
     #[allow(clippy::cast_precision_loss)] // counts and a span of at most two minutes
     let recent_jobs_per_s = recent as f64 / ((now - recent_from).max(1) as f64 / 1000.0);
     Throughput {
-        per_minute,
+        per_minute: rows(per_minute, wire::throughput_minute),
         jobs,
         recent_jobs_per_s,
     }
@@ -159,18 +171,6 @@ fn throughput(per_minute: Vec<ThroughputMinute>, since: i64, now: i64) -> Throug
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles_interpolate_like_percentile_cont() {
-        let p = Percentiles::of((1..=10).map(f64::from).collect());
-        assert_eq!(p.count, 10);
-        assert_eq!(p.p50, Some(5.5));
-        assert!((p.p90.unwrap() - 9.1).abs() < 1e-9);
-        assert!((p.p99.unwrap() - 9.91).abs() < 1e-9);
-        let one = Percentiles::of(vec![7.0]);
-        assert_eq!((one.p50, one.p99), (Some(7.0), Some(7.0)));
-        assert_eq!(Percentiles::of(Vec::new()), Percentiles::default());
-    }
 
     #[test]
     fn recent_throughput_counts_the_last_full_minute_and_this_one() {

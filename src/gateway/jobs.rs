@@ -306,7 +306,7 @@ pub async fn submit_body(state: &AppState, body: &[u8]) -> Result<SubmitResponse
     tracing::info!(batch_id, jobs = submitted.len(), "tasks submitted");
     Ok(SubmitResponse {
         batch_id,
-        jobs: submitted,
+        jobs: submitted.into_iter().map(super::wire::submitted).collect(),
     })
 }
 
@@ -336,7 +336,7 @@ pub async fn get_job(
     Ok(Json(JobView {
         job,
         result,
-        events,
+        events: events.into_iter().map(super::wire::job_event).collect(),
     }))
 }
 

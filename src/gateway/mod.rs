@@ -40,6 +40,7 @@ mod params;
 pub mod policy;
 pub mod results;
 pub mod training;
+mod wire;
 
 use error::{ApiError, ApiErrorBody};
 use params::{ApiQuery, CheckQuery};
@@ -277,7 +278,10 @@ async fn status(
         ),
         None => None,
     };
-    Ok(Json(StatusView { counts, batch }))
+    Ok(Json(StatusView {
+        counts: counts.into_iter().map(wire::status_count).collect(),
+        batch,
+    }))
 }
 
 /// Health: whether NATS and the database answer. 503 when either does not. Needs no

@@ -4,10 +4,11 @@
 //!
 //! The rows are the views' columns as they are; what the views leave to the reader
 //! (latency percentiles over a time window) is computed here from `stage_timings`.
+//! They are the store's, not the API's: the gateway copies them into the HTTP API's
+//! types of the same names, so a view's columns can change without the API following.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use super::dialect::Dialect;
 use super::query::query;
@@ -15,7 +16,7 @@ use super::sql_store::SqlStore;
 use super::{StoreResult, sql};
 
 /// A row of `batch_progress`: one batch's counters and rewards so far.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct BatchProgress {
     /// The batch.
     pub batch_id: String,
@@ -46,7 +47,7 @@ pub struct BatchProgress {
 }
 
 /// A row of `stage_queue`: one stage's queue.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct StageQueue {
     /// `init`, `run` or `eval`.
     pub stage: String,
@@ -101,7 +102,7 @@ pub struct ResultStats {
 }
 
 /// A row of `throughput_per_minute`: results of one minute and final status.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct ThroughputMinute {
     /// The minute's start (epoch ms).
     pub minute: i64,
@@ -114,7 +115,7 @@ pub struct ThroughputMinute {
 }
 
 /// A row of `failures_by_reason`: failed or timed-out jobs with one error.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct FailureReason {
     /// `failed` or `timed_out`.
     pub status: String,
@@ -131,7 +132,7 @@ pub struct FailureReason {
 }
 
 /// A row of `backend_load`: one inference backend's health and load (no API key).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct BackendLoad {
     /// The backend.
     pub backend_id: String,
@@ -156,7 +157,7 @@ pub struct BackendLoad {
 }
 
 /// A row of `sandbox_counts`: live RUN sandboxes of one node and sandbox backend.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct SandboxCount {
     /// The node.
     pub node: String,
@@ -171,7 +172,7 @@ pub struct SandboxCount {
 }
 
 /// A row of `sampling_progress`: one dynamic-sampling batch's target and counters.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct SamplingProgress {
     /// The sampling batch.
     pub batch_id: String,

@@ -8,8 +8,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use serde::Serialize;
 
 use super::dialect::{Dialect, StageAdvance, StageClaim};
 use super::query::query;
@@ -40,7 +39,7 @@ pub struct NewJob {
 }
 
 /// What submit did with one task.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone)]
 pub struct Submitted {
     /// The job's id (the existing one for a repeated `client_id`).
     pub id: String,
@@ -51,7 +50,6 @@ pub struct Submitted {
     /// Its current stage.
     pub stage: Stage,
     /// Its stage-entry counter (needed to re-publish its message).
-    #[serde(skip)]
     pub epoch: i64,
     /// True when the `client_id` already existed and no new job was created.
     pub duplicate: bool,
@@ -123,7 +121,7 @@ pub struct JobsPage {
 }
 
 /// One line of `rollout status`: how many jobs have this status in this stage.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone)]
 pub struct StatusCount {
     /// Status.
     pub status: Status,
@@ -134,7 +132,7 @@ pub struct StatusCount {
 }
 
 /// One entry of a job's event log.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone)]
 pub struct JobEvent {
     /// When (epoch ms).
     pub at: i64,

@@ -103,13 +103,9 @@ pub trait SamplingStore: Send + Sync {
     async fn release_group_publisher(&self, id: &str, until: EpochMs) -> StoreResult<()>;
 }
 
-/// The jobs of prompts `first .. first + n` of a batch: `group_size` samples each,
-/// with fixed client ids and the policy version stamped in their metadata.
 /// One group of a sampling batch and where it stands: every group, not only the
 /// accepted ones, so a reader sees why the batch took the prompts it took.
-#[derive(
-    Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema, sqlx::FromRow,
-)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct GroupVerdict {
     /// The group (`p<index>`; an adopted group's id in the batch that kept it).
     pub group_id: String,
@@ -132,6 +128,8 @@ pub struct GroupVerdict {
     pub carried_from: Option<String>,
 }
 
+/// The jobs of prompts `first .. first + n` of a batch: `group_size` samples each,
+/// with fixed client ids and the policy version stamped in their metadata.
 async fn group_jobs<C: Conn>(
     conn: &mut C,
     batch_id: &str,

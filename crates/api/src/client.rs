@@ -1,5 +1,7 @@
 //! A small HTTP client for the gateway's API, used by `rollout submit`, `rollout status`,
-//! `rollout up --submit`, the tests and the benchmarks.
+//! `rollout up --submit`, the tests and the benchmarks, and usable from any program that
+//! talks to a running service: it needs only the wire types ([`crate::api`]) and
+//! `rollout-core`, not the service.
 //!
 //! A gateway with `gateway.token` set answers 401 to requests without it; give the
 //! client the token with [`Client::with_token`] and every request carries it.
@@ -12,7 +14,7 @@ use crate::api::batches::{BatchRequest, BatchView, GroupPage};
 use crate::api::jobs::{CancelResponse, JobPage, JobView, SubmitResponse};
 use crate::api::results::ResultPage;
 use crate::api::status::StatusView;
-use crate::domain::Task;
+use rollout_core::domain::Task;
 
 /// A failed API call.
 #[derive(Debug, thiserror::Error)]
@@ -205,7 +207,7 @@ impl Client {
         &self,
         batch: &str,
         n: usize,
-    ) -> Result<Vec<crate::domain::JobResult>, ClientError> {
+    ) -> Result<Vec<rollout_core::domain::JobResult>, ClientError> {
         let mut out = Vec::with_capacity(n);
         let mut after = 0;
         while out.len() < n {
@@ -217,7 +219,9 @@ impl Client {
     }
 
     /// `GET /v1/backends`.
-    pub async fn backends(&self) -> Result<Vec<crate::domain::backend::BackendState>, ClientError> {
+    pub async fn backends(
+        &self,
+    ) -> Result<Vec<rollout_core::domain::backend::BackendState>, ClientError> {
         let url = format!("{}/v1/backends", self.base);
         self.send(self.http.get(&url), url).await
     }
@@ -225,8 +229,8 @@ impl Client {
     /// `POST /v1/backends`.
     pub async fn add_backend(
         &self,
-        spec: &crate::domain::backend::BackendSpec,
-    ) -> Result<crate::domain::backend::BackendState, ClientError> {
+        spec: &rollout_core::domain::backend::BackendSpec,
+    ) -> Result<rollout_core::domain::backend::BackendState, ClientError> {
         let url = format!("{}/v1/backends", self.base);
         self.send(self.http.post(&url).json(spec), url).await
     }
@@ -326,7 +330,10 @@ impl Client {
     }
 
     /// Every job of `batch` (`GET /v1/jobs?batch=…`, page by page), with its timings.
-    pub async fn batch_jobs(&self, batch: &str) -> Result<Vec<crate::domain::Job>, ClientError> {
+    pub async fn batch_jobs(
+        &self,
+        batch: &str,
+    ) -> Result<Vec<rollout_core::domain::Job>, ClientError> {
         let mut out = Vec::new();
         let mut cursor: Option<String> = None;
         loop {
@@ -489,7 +496,7 @@ pub fn task_label(task: &Task) -> String {
 /// (one per task, in order).
 pub fn job_labels<'a>(
     tasks: &[Task],
-    jobs: impl IntoIterator<Item = &'a crate::store::Submitted>,
+    jobs: impl IntoIterator<Item = &'a crate::api::jobs::Submitted>,
 ) -> std::collections::HashMap<String, String> {
     tasks
         .iter()
@@ -560,7 +567,7 @@ impl Client {
         expected: u64,
         labels: &std::collections::HashMap<String, String>,
     ) -> Result<BatchSummary, ClientError> {
-        use crate::domain::Status;
+        use rollout_core::domain::Status;
         use std::io::IsTerminal;
         let start = std::time::Instant::now();
         let bar = if std::io::stderr().is_terminal() {
@@ -668,4 +675,93 @@ pub fn read_task_lines(text: &str) -> Result<Vec<(usize, Task)>, (usize, String)
         tasks.push((i + 1, task));
     }
     Ok(tasks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::jobs::Submitted;
+    use rollout_core::domain::{Stage, Status};
+
+    #[test]
+    fn a_failure_reason_is_the_first_line_cut_to_160_characters() {
+        assert_eq!(failure_reason(None), "(no error recorded)");
+        assert_eq!(failure_reason(Some("  \nsecond")), "(no error recorded)");
+        assert_eq!(failure_reason(Some("boom \nat line 2")), "boom");
+        // Cut at a character, not a byte: the dashboard's grouping counts the same way.
+        let cut = failure_reason(Some(&"é".repeat(200)));
+        assert_eq!(cut, format!("{}…", "é".repeat(160)));
+    }
+
+    #[test]
+    fn a_task_is_labelled_by_its_kind_and_grader() {
+        let task = |kind, spec| Task::new(kind, spec);
+        let math = task("agent", serde_json::json!({"grader": {"type": "math"}}));
+        assert_eq!(task_label(&math), "agent/math");
+        let shell = task("shell", serde_json::json!({"check": "test -f out"}));
+        assert_eq!(task_label(&shell), "shell/command");
+        let plain = task("synthetic", serde_json::json!({}));
+        assert_eq!(task_label(&plain), "synthetic");
+        let submitted = |id: &str| Submitted {
+            id: id.into(),
+            client_id: None,
+            status: Status::Queued,
+            stage: Stage::Init,
+            duplicate: false,
+        };
+        let labels = job_labels(&[math, plain], &[submitted("j1"), submitted("j2")]);
+        assert_eq!(labels["j1"], "agent/math");
+        assert_eq!(labels["j2"], "synthetic");
+    }
+
+    #[test]
+    fn task_lines_skip_blanks_and_comments_and_name_a_bad_line() {
+        let text =
+            "# tasks\n\n{\"kind\": \"synthetic\", \"spec\": {}}\n  \n{\"kind\": \"shell\"}\n";
+        let lines = read_task_lines(text).unwrap();
+        let at: Vec<(usize, &str)> = lines.iter().map(|(n, t)| (*n, t.kind.as_str())).collect();
+        assert_eq!(at, [(3, "synthetic"), (5, "shell")]);
+        let err = read_tasks_jsonl("{\"kind\": \"synthetic\"}\n{\"kind\": 7}\n").unwrap_err();
+        assert!(err.starts_with("line 2: "), "{err}");
+        assert!(err.contains("at `kind`"), "{err}");
+    }
+
+    #[test]
+    fn the_token_is_sent_only_when_set_and_never_shown() {
+        let client = Client::new("http://gateway:7878/").with_token(Some("s3cret".into()));
+        let shown = format!("{client:?}");
+        assert!(shown.contains("http://gateway:7878\""), "{shown}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(
+            Client::new("x")
+                .with_token(Some(String::new()))
+                .token
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn an_api_error_reads_as_the_gateways_sentence() {
+        let e = ClientError::Api {
+            status: 400,
+            message: "`run_ms` must be at most 60000".into(),
+            field: Some("tasks[2].spec.run_ms".into()),
+        };
+        assert_eq!(
+            e.to_string(),
+            "`run_ms` must be at most 60000 (field `tasks[2].spec.run_ms`) (HTTP 400)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_gateway_that_is_not_there_is_unreachable() {
+        // Port 9 (discard) on the loopback: nothing listens, the connection is refused.
+        let client = Client::new("http://127.0.0.1:9");
+        match client.status(None).await {
+            Err(ClientError::Unreachable { url, .. }) => {
+                assert_eq!(url, "http://127.0.0.1:9/v1/status");
+            }
+            other => panic!("expected Unreachable, got {other:?}"),
+        }
+    }
 }

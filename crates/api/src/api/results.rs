@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::JobResult;
+use rollout_core::domain::JobResult;
 
 /// Response of `GET /v1/results`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -4,9 +4,9 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::BatchCounters;
-use crate::domain::Task;
-use crate::domain::sampling::{
+use rollout_core::domain::BatchCounters;
+use rollout_core::domain::Task;
+use rollout_core::domain::sampling::{
     AcceptedGroup, InformativeRule, OnCancel, SamplingBatch, SamplingStatus,
 };
 
@@ -112,9 +112,44 @@ pub enum CancelledBatch {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct VerdictPage {
     /// The batch's groups in launch order, each with its verdict so far.
-    pub groups: Vec<crate::store::GroupVerdict>,
+    pub groups: Vec<GroupVerdict>,
     /// Whether the batch has more groups than `limit` asked for.
     pub more: bool,
+}
+
+/// One group of a sampling batch and where it stands: every group, not only the
+/// accepted ones, so a reader sees why the batch took the prompts it took.
+// The served description (see the reviewed OpenAPI snapshot) starts with the doc
+// comment of a store function that once sat just above this type's store row, when
+// that row was the schema. It is kept word for word so that moving the type changed
+// nothing served; correcting it is a change to the snapshot, to be reviewed on its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(description = concat!(
+    "The jobs of prompts `first .. first + n` of a batch: `group_size` samples each,\n",
+    "with fixed client ids and the policy version stamped in their metadata.\n",
+    "One group of a sampling batch and where it stands: every group, not only the\n",
+    "accepted ones, so a reader sees why the batch took the prompts it took."
+))]
+pub struct GroupVerdict {
+    /// The group (`p<index>`; an adopted group's id in the batch that kept it).
+    pub group_id: String,
+    /// Its prompt's index in the pool (in the batch that launched it).
+    pub prompt_index: i64,
+    /// `in_flight`, `informative`, `uniform`, `incomplete`, `cancelled`, `stale` or
+    /// `kept`.
+    pub state: String,
+    /// Its rank among the accepted groups, when accepted.
+    pub accepted_rank: Option<i64>,
+    /// Mean reward of its samples, once decided.
+    pub reward_mean: Option<f64>,
+    /// Their standard deviation.
+    pub reward_std: Option<f64>,
+    /// When it was launched (epoch ms).
+    pub launched_at: i64,
+    /// When its verdict was taken (epoch ms).
+    pub decided_at: Option<i64>,
+    /// For an adopted group, the batch that kept it (its jobs are there).
+    pub carried_from: Option<String>,
 }
 
 /// Response of `GET /v1/batches/{id}/groups`.

@@ -3,8 +3,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::BatchCounters;
-use crate::store::StatusCount;
+use rollout_core::domain::{BatchCounters, Stage, Status};
 
 /// Response of `GET /v1/status`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -13,6 +12,17 @@ pub struct StatusView {
     pub counts: Vec<StatusCount>,
     /// The batch's counters, when a batch was named.
     pub batch: Option<BatchCounters>,
+}
+
+/// One line of `rollout status`: how many jobs have this status in this stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StatusCount {
+    /// Status.
+    pub status: Status,
+    /// Stage.
+    pub stage: Stage,
+    /// Number of jobs.
+    pub count: i64,
 }
 
 /// Reachability of one dependency.

@@ -4,8 +4,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::{Job, JobResult, Status, Task};
-use crate::store::{JobEvent, Submitted};
+use rollout_core::domain::{Job, JobResult, Stage, Status, Task};
 
 /// Body of `POST /v1/jobs`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -31,6 +30,21 @@ pub struct SubmitResponse {
     pub jobs: Vec<Submitted>,
 }
 
+/// What submit did with one task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Submitted {
+    /// The job's id (the existing one for a repeated `client_id`).
+    pub id: String,
+    /// The caller's key, echoed.
+    pub client_id: Option<String>,
+    /// The job's status now.
+    pub status: Status,
+    /// Its current stage.
+    pub stage: Stage,
+    /// True when the `client_id` already existed and no new job was created.
+    pub duplicate: bool,
+}
+
 /// Response of `GET /v1/jobs/{id}`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct JobView {
@@ -40,6 +54,25 @@ pub struct JobView {
     pub result: Option<JobResult>,
     /// Its event log.
     pub events: Vec<JobEvent>,
+}
+
+/// One entry of a job's event log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobEvent {
+    /// When (epoch ms).
+    pub at: i64,
+    /// A status name for transitions, or a named event such as `republished`.
+    pub event: String,
+    /// Stage at the time.
+    pub stage: Option<String>,
+    /// Stage-entry counter at the time.
+    pub epoch: Option<i64>,
+    /// Attempt counter at the time.
+    pub attempt: Option<i64>,
+    /// Node involved.
+    pub node: Option<String>,
+    /// Error text or other detail.
+    pub detail: Option<String>,
 }
 
 /// Response of `GET /v1/jobs`.

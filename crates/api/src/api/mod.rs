@@ -3,9 +3,12 @@
 //! server (it sits beside it: a trainer's process links the client, never the gateway),
 //! and the OpenAPI document the gateway serves is derived from these same types.
 //!
+//! None is a database row: what an answer shows of a store row has its own type here,
+//! which the gateway fills from the row, so a column can change without the API.
+//!
 //! One module per group of routes: [`jobs`], [`batches`], [`results`], [`policy`], [`status`],
-//! [`dashboard`], [`training`], and [`error`] for the body of every error response. The query
-//! parameters stay with the gateway, which checks them.
+//! [`dashboard`] (its rows in [`views`]), [`training`], and [`error`] for the body of every
+//! error response. The query parameters stay with the gateway, which checks them.
 
 pub mod batches;
 pub mod dashboard;
@@ -15,3 +18,4 @@ pub mod policy;
 pub mod results;
 pub mod status;
 pub mod training;
+pub mod views;

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::store::{
+use super::views::{
     BackendLoad, BatchProgress, FailureReason, SamplingProgress, SandboxCount, StageQueue,
     ThroughputMinute,
 };
@@ -92,5 +92,22 @@ pub struct Dashboard {
     pub sampling: Vec<SamplingProgress>,
     /// The current policy version and the weight update in progress.
     #[serde(default)]
-    pub policy: crate::domain::policy::PolicyState,
+    pub policy: rollout_core::domain::policy::PolicyState,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_interpolate_like_percentile_cont() {
+        let p = Percentiles::of((1..=10).map(f64::from).collect());
+        assert_eq!(p.count, 10);
+        assert_eq!(p.p50, Some(5.5));
+        assert!((p.p90.unwrap() - 9.1).abs() < 1e-9);
+        assert!((p.p99.unwrap() - 9.91).abs() < 1e-9);
+        let one = Percentiles::of(vec![7.0]);
+        assert_eq!((one.p50, one.p99), (Some(7.0), Some(7.0)));
+        assert_eq!(Percentiles::of(Vec::new()), Percentiles::default());
+    }
 }

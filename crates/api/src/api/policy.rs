@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-pub use crate::domain::policy::{BackendAnswer, PolicyPause, PolicyVersion, UpdateMode};
+pub use rollout_core::domain::policy::{BackendAnswer, PolicyPause, PolicyVersion, UpdateMode};
 
 /// An announcement: the trainer's weights are now at `version` (no `mode`), or are about
 /// to be updated to it (`mode`: stop generation first, until
