@@ -30,7 +30,8 @@
 //!   batches;
 //!   [`graders`]: turning a finished episode into a reward (math answers, code,
 //!   patches); [`natsd`]: starting a local `nats-server` child.
-//! - [`ending`]: dead-lettering a job and publishing results, for every component;
+//! - [`publish`]: the queue side of what the store records (a submitted job handed to
+//!   INIT, a result once durable, a dead letter), for every component;
 //!   [`sandbox`]: sandboxes (local, bubblewrap, Apptainer), the tool server inside
 //!   them, and a node's sandboxes tied to its jobs; [`backends`]: inference servers:
 //!   wire formats, the pooled client, the pool; [`client`]: an HTTP client of the
@@ -64,10 +65,10 @@ pub use rollout_api::{api, client};
 
 pub mod agent;
 pub mod backends;
-pub mod ending;
 pub mod gateway;
 pub mod kinds;
 pub mod policy;
+pub mod publish;
 #[cfg(test)]
 pub(crate) use rollout_test_support::prerequisite;
 pub mod queue;

@@ -55,7 +55,7 @@ pub enum ReconcileError {
     Store(#[from] StoreError),
     /// Dead-lettering.
     #[error(transparent)]
-    DeadLetter(#[from] crate::ending::DeadLetterError),
+    DeadLetter(#[from] crate::publish::DeadLetterError),
 }
 
 /// What one sweep did.
@@ -454,7 +454,7 @@ async fn fail_unleased(
     let Some(result) = store.finish(&cond, &msg.job_id, &outcome, now).await? else {
         return Ok(false);
     };
-    crate::ending::publish_result(queue, store, &result).await;
+    crate::publish::publish_result(queue, store, &result).await;
     Ok(true)
 }
 
@@ -594,7 +594,7 @@ async fn handle_max_deliveries(
     // Never ends a stage someone holds a live lease on: then this message was a
     // duplicate copy, and the holder's own message carries the job on.
     let cond = FinishIf::Unleased(work);
-    crate::ending::dead_letter(queue, store, store, &cond, adv.deliveries, &error, None).await?;
+    crate::publish::dead_letter(queue, store, store, &cond, adv.deliveries, &error, None).await?;
     stream
         .delete_message(adv.stream_seq)
         .await

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::sampling::SamplingStatus;
 use crate::domain::{EpochMs, Outcome};
-use crate::ending::{publish_result, start_submitted};
+use crate::publish::{publish_result, start_submitted};
 use crate::queue::{Queue, QueueError};
 use crate::store::{FinishIf, JobStore, ResultStore, SamplingStore, StoreError};
 

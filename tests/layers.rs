@@ -11,7 +11,7 @@
 //!                                rollout-scripted-llm)
 //! agent, sampling, graders       the multi-turn episode; the sampling-batch driver;
 //!                                graders (crate rollout-graders)
-//! ending, sandbox, backends,     finishing jobs; sandboxes (crate rollout-sandbox, and
+//! publish, sandbox, backends,    publishing what the store records; sandboxes (crate rollout-sandbox, and
 //! client, model, policy          the service's `sandbox::node`); inference servers;
 //!                                the gateway's HTTP client (crate rollout-api); a
 //!                                model's tokenizer and chat template (crate
@@ -52,7 +52,9 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["config", "natsd"],
     &["store", "queue", "telemetry", "api"],
-    &["ending", "sandbox", "backends", "client", "model", "policy"],
+    &[
+        "publish", "sandbox", "backends", "client", "model", "policy",
+    ],
     &["agent", "sampling", "graders"],
     &["kinds", "scripted"],
     &["worker", "reconciler", "gateway"],

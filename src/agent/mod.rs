@@ -11,15 +11,15 @@
 //! - [`generation`]: one model turn's generation (weight-update holds, aborts,
 //!   versions), shared by the loop and the agent programs' endpoint.
 //! - [`episode`]: the multi-turn loop itself.
-//! - [`openai`], [`program`]: the OpenAI-compatible endpoint an agent program written
+//! - [`openai`], [`endpoint`]: the OpenAI-compatible endpoint an agent program written
 //!   elsewhere calls, and the samples assembled from its calls.
 //! - [`replay`]: an episode's recording played back against a fresh sandbox.
 
+pub mod endpoint;
 pub mod episode;
 pub mod generation;
 pub mod openai;
 pub mod parse;
-pub mod program;
 pub mod replay;
 pub mod tools;
 pub mod trajectory;

@@ -5,8 +5,41 @@ use rollout::api::batches::{BatchRequest, BatchView};
 use rollout::client::{Client, ClientError};
 use rollout::domain::sampling::{AcceptedGroup, SamplingStatus};
 
+use super::args::BatchesAction;
 use super::table::{Align, Table, opt_f64};
 use super::tasks::TaskFiles;
+
+/// `rollout batches`: the action named.
+pub async fn run(client: &Client, action: BatchesAction) -> anyhow::Result<()> {
+    match action {
+        BatchesAction::List { limit } => list(client, limit).await,
+        BatchesAction::Show { id } => show(client, &id).await,
+        BatchesAction::Submit {
+            file,
+            group_size,
+            target_groups,
+            batch,
+            max_groups_in_flight,
+            max_groups,
+            policy_version,
+            max_staleness,
+            wait,
+        } => {
+            let files = TaskFiles::load(&[file])?;
+            let args = SamplingArgs {
+                batch,
+                group_size,
+                target_groups,
+                max_groups_in_flight,
+                max_groups,
+                policy_version,
+                max_staleness,
+                wait,
+            };
+            submit(client, &files, args).await
+        }
+    }
+}
 
 /// `rollout batches list`: the latest `limit` batches with their counters; sampling
 /// batches with their status and groups.

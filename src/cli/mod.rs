@@ -1,9 +1,16 @@
-//! The `rollout` binary's commands that talk to a gateway: jobs, results, batches and
-//! what they print. Part of the binary, not the library: each is a few lines over
-//! [`rollout::client::Client`], and prints for a person (aligned tables, sentences)
-//! or, where asked, JSON lines for a program.
+//! The `rollout` binary's command line ([`args`]) and its commands: those that run the
+//! service ([`services`]) and those that talk to a gateway (jobs, results, batches,
+//! status, replay, backends) and what they print. Part of the binary, not the library:
+//! each is a few lines over the library (most over [`rollout::client::Client`]), and
+//! prints for a person (aligned tables, sentences) or, where asked, JSON lines for a
+//! program.
 
+pub mod args;
+pub mod backends;
 pub mod batches;
 pub mod jobs;
+pub mod replay;
+pub mod services;
+pub mod status;
 pub mod table;
 pub mod tasks;

@@ -295,7 +295,7 @@ pub async fn submit_body(state: &AppState, body: &[u8]) -> Result<SubmitResponse
     };
     metrics::counter!(crate::metrics::JOBS_SUBMITTED)
         .increment(submitted.iter().filter(|s| !s.duplicate).count() as u64);
-    crate::ending::start_submitted(&state.queue, &submitted)
+    crate::publish::start_submitted(&state.queue, &submitted)
         .await
         .map_err(|e| {
             ApiError::unavailable(format!(
@@ -411,7 +411,7 @@ pub async fn cancel_job(
             if let Err(e) = state.queue.publish_cancel(&id).await {
                 tracing::warn!(job_id = %id, error = %e, "cancel broadcast failed; the worker will notice at its next lease renewal");
             }
-            crate::ending::publish_result(&state.queue, state.store.as_ref(), &result).await;
+            crate::publish::publish_result(&state.queue, state.store.as_ref(), &result).await;
             Ok(Json(CancelResponse { id, status }))
         }
         None => match state.store.job(&id).await? {

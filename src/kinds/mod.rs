@@ -22,8 +22,8 @@ use crate::domain::Job;
 pub use crate::domain::SpecError;
 
 pub mod agent;
+pub mod agent_program;
 pub mod grader;
-pub mod program;
 pub mod sandboxed;
 pub mod shell;
 pub mod synthetic;
@@ -190,7 +190,7 @@ impl Registry {
             policy,
         ));
         r.register(agent.clone());
-        r.register(Arc::new(program::AgentProgram::new(agent)));
+        r.register(Arc::new(agent_program::AgentProgram::new(agent)));
         r
     }
 

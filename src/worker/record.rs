@@ -9,8 +9,8 @@ use super::Worker;
 use super::held::Held;
 use super::lease::{HookOutput, StageEnd};
 use crate::domain::{EpochMs, Job, Outcome, Stage, Status, WorkMessage};
-use crate::ending::{dead_letter, publish_result};
 use crate::kinds::{Route, StageError, TaskKind};
+use crate::publish::{dead_letter, publish_result};
 use crate::queue::ANY_ROUTE;
 use crate::queue::{Answer, Delivery};
 

@@ -13,7 +13,7 @@
 //!   unit-test files run by `test_command` with the results read from its log; reward
 //!   all-pass (1 or 0) or the fraction passed, the first failure's diff in `details`.
 //! - `swe`: a SWE-bench instance's tests run over the agent's patch in a fresh sandbox,
-//!   the test files put back first; 1 iff every named test passes ([`swe`]).
+//!   the test files put back first; 1 iff every named test passes ([`swe_eval`]).
 //!
 //! A bad answer or a hostile program is never a failed job: it gets reward 0 with the
 //! reason in `details`.
@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 pub mod guard;
 pub mod runner;
 pub mod seal;
-pub mod swe;
+pub mod swe_eval;
 
 use super::sandboxed::{self, Check, EvalSetup, Scorer};
 use super::{EvalOutput, SpecError, StageContext, StageError};
@@ -50,7 +50,7 @@ pub enum Grader {
     /// A program against test cases and/or unit tests.
     Code(CodeGrader),
     /// A repository patch against a SWE-bench instance's tests.
-    Swe(swe::SweGrader),
+    Swe(swe_eval::SweGrader),
 }
 
 /// The `math` grader's settings.
@@ -193,7 +193,7 @@ pub fn validate_choice(
 /// `swe` grader's instance checked out at its `base_commit`.
 pub fn sandbox_for(spec: &SandboxSpec, grader: Option<&Grader>) -> SandboxSpec {
     match grader {
-        Some(Grader::Swe(g)) => swe::sandbox_for(spec, g),
+        Some(Grader::Swe(g)) => swe_eval::sandbox_for(spec, g),
         _ => spec.clone(),
     }
 }
@@ -342,7 +342,7 @@ pub async fn eval(
             let text = response.as_ref().map(|r| r.text.as_str());
             grade_code(sandboxes, ctx, spec, c, text, env).await?
         }
-        Grader::Swe(g) => swe::grade(sandboxes, ctx, spec, g, env).await?,
+        Grader::Swe(g) => swe_eval::grade(sandboxes, ctx, spec, g, env).await?,
     };
     out.details["grader"] = grader.kind().into();
     Ok(out)

@@ -6,7 +6,7 @@
 //! over the sandbox socket: the sandbox keeps no network), starts the task's `command`
 //! in the workspace with `OPENAI_BASE_URL`, `OPENAI_API_BASE` and `OPENAI_API_KEY`
 //! pointing at it (and `ROLLOUT_MODEL` naming the model), and answers the program's
-//! calls token-in, token-out against the backend pool ([`crate::agent::program`]) until
+//! calls token-in, token-out against the backend pool ([`crate::agent::endpoint`]) until
 //! it exits. The key is the episode's own, made afresh for each run: nothing else is
 //! answered. The program is a command like any tool's: it runs in the sandbox, under
 //! its limits, and whatever it leaves running is ended with it. Its calls are capped
@@ -42,10 +42,10 @@ use super::agent::{self, Agent, AgentLimits, ModelSide, StillClaimed};
 use super::grader::{self, Grader};
 use super::sandboxed::{self, Check};
 use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
-use crate::agent::episode::Parser;
-use crate::agent::program::{
+use crate::agent::endpoint::{
     DEFAULT_MAX_REFUSED_CALLS, Endpoint, EndpointStop, ProgramEnd, ProgramEpisode,
 };
+use crate::agent::episode::Parser;
 use crate::backends::generate::Generator;
 use crate::backends::wire::Sampling;
 use crate::domain::Job;

@@ -1,4 +1,5 @@
-//! The `swe` grader: a SWE-bench instance's tests run over the agent's patch.
+//! The `swe` grader's EVAL: a SWE-bench instance's tests run over the agent's patch (the
+//! instance and the verdict from a test log are `crate::graders::swe`).
 //!
 //! INIT's sandbox holds the instance's repository at `base_commit` ([`sandbox_for`]
 //! fills the task's `sandbox.repo` in from the instance). EVAL starts a fresh sandbox

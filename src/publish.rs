@@ -1,6 +1,8 @@
-//! Ending jobs from outside their stage's happy path: giving up on a message (the
-//! dead-letter copy, the failure, the result), publishing a result once it is durable,
-//! and queueing submitted jobs for INIT. Shared by the workers, the reconciler and the gateway's cancel.
+//! What is published once the store has recorded it: submitted jobs queued for INIT, a
+//! result once it is durable, and the dead-letter copy of a message given up on (with
+//! the job's failure and its result). Shared by the workers, the reconciler, the
+//! sampling driver and the gateway (submits and cancels). Named for what it does: it
+//! started as "ending" jobs, but starting them goes through here too.
 
 use crate::domain::{EpochMs, Outcome, Stage, Status, WorkMessage};
 use crate::queue::{Outbox, Queue, QueueError};
