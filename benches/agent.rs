@@ -43,7 +43,7 @@ use rollout::domain::duration_us;
 use rollout::domain::placement::AffinityPolicy;
 use rollout::sandbox::SandboxError;
 use rollout::sandbox::protocol::Response;
-use rollout::scripted::policy::Policy;
+use rollout::scripted::script::Script;
 use rollout::scripted::{ScriptedConfig, ScriptedServer, demo};
 use rollout::store::Store;
 use serde_json::{Value, json};
@@ -70,9 +70,9 @@ struct Shape {
     tool_ms: u64,
 }
 
-/// The bench policy: every task plays one of four scripted episodes of four turns (three
+/// The bench script: every task plays one of four scripted episodes of four turns (three
 /// bash calls, then finish), picked per sample by the server's seeded variation.
-fn policy() -> Policy {
+fn script() -> Script {
     let call = |name: &str, args: Value| {
         format!(
             "<tool_call>\n{}\n</tool_call>",
@@ -89,7 +89,7 @@ fn policy() -> Policy {
             ]})
         })
         .collect();
-    Policy::from_json(&json!({"fallback": variants}).to_string()).unwrap()
+    Script::from_json(&json!({"fallback": variants}).to_string()).unwrap()
 }
 
 /// A unique task description per group, `words` long, from a fixed word list.
@@ -300,7 +300,7 @@ fn bench_episode(model: Arc<ModelFiles>, text: String) -> Episode {
 async fn start_backends(
     shape: Shape,
     model: &Arc<ModelFiles>,
-    p: &Policy,
+    p: &Script,
     model_dir: &std::path::Path,
 ) -> (Vec<ScriptedServer>, Vec<BackendSpec>) {
     let mut servers = Vec::new();
@@ -351,7 +351,7 @@ async fn run_scheme(
     model_dir: &std::path::Path,
     dir: &std::path::Path,
 ) -> Outcome {
-    let p = policy();
+    let p = script();
     let (servers, specs) = start_backends(shape, &model, &p, model_dir).await;
     let specs = Arc::new(specs);
     let client = InferenceClient::new(ClientSettings::default());
@@ -434,7 +434,7 @@ async fn main() {
     let shape = shape_from_env();
     let dir = tempfile::tempdir().unwrap();
     let model_dir = dir.path().join("model");
-    let p = policy();
+    let p = script();
     let mut corpus: Vec<String> = p.fallback.iter().flat_map(|v| v.turns.clone()).collect();
     corpus.push(WORDS.join(" "));
     let extra: Vec<&str> = corpus.iter().map(String::as_str).collect();
@@ -569,7 +569,7 @@ async fn routing(
 /// `ids`, for timing the reading of an answer.
 async fn baseline(
     model: &Arc<ModelFiles>,
-    p: &Policy,
+    p: &Script,
     model_dir: &std::path::Path,
     typical: usize,
     ids: &[u32],

@@ -53,7 +53,7 @@ use rollout::domain::policy::{PolicyPause, PolicyState, PolicyVersion, UpdateMod
 use rollout::policy::PolicyWatch;
 use rollout::sandbox::SandboxError;
 use rollout::sandbox::protocol::Response;
-use rollout::scripted::policy::Policy;
+use rollout::scripted::script::Script;
 use rollout::scripted::{ScriptedConfig, ScriptedServer, demo};
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
@@ -349,7 +349,7 @@ impl Trainer<'_> {
 }
 
 /// Runs one strategy for `shape.duration` on a fresh server.
-async fn run(strategy: Strategy, shape: Shape, model: &Arc<ModelFiles>, script: &Policy) -> Run {
+async fn run(strategy: Strategy, shape: Shape, model: &Arc<ModelFiles>, script: &Script) -> Run {
     let mut cfg = ScriptedConfig::new(model.clone(), script.clone());
     cfg.model_name = "demo".into();
     cfg.token_us = TOKEN_US;
@@ -434,7 +434,7 @@ async fn main() {
     let rounds = env_u64("BENCH_ROUNDS", if quick { 1 } else { 3 });
     let essay = SENTENCE.repeat(450);
     let model = Arc::new(demo::model_files(demo::CHATML_TEMPLATE, &[essay.as_str()]).unwrap());
-    let script = Policy::from_json(&json!({"fallback": [{"turns": [essay]}]}).to_string()).unwrap();
+    let script = Script::from_json(&json!({"fallback": [{"turns": [essay]}]}).to_string()).unwrap();
     println!(
         "# async RL: C = {C} episodes in flight, an update every {:?} taking {:?}, for {:?} a run, staleness bound {BOUND}, {rounds} round(s)",
         shape.period, shape.update, shape.duration

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use rollout::domain::backend::{BackendSpec, WireKind};
 use rollout::domain::{Status, Task};
-use rollout::scripted::policy::Policy;
+use rollout::scripted::script::Script;
 use rollout::scripted::{ScriptedConfig, ScriptedServer, demo};
 use serde_json::json;
 
@@ -39,7 +39,7 @@ fn call(command: &str) -> String {
     )
 }
 
-fn policy() -> Policy {
+fn script() -> Script {
     let p = json!({"rules": [
         {"match": "Keep talking", "variants": [{"turns": ["Noted; go on."]}]},
         {"match": "Repair add()", "variants": [{"turns": [
@@ -48,7 +48,7 @@ fn policy() -> Policy {
             "The function adds now.",
         ]}]},
     ]});
-    Policy::from_json(&p.to_string()).unwrap()
+    Script::from_json(&p.to_string()).unwrap()
 }
 
 /// Sends `n` chat calls of one conversation to the endpoint and prints each call's
@@ -124,7 +124,7 @@ fn main() {
         let site = site.to_string_lossy().to_string();
         let dir = tempfile::tempdir().unwrap();
         let model_dir = dir.path().join("model");
-        let p = policy();
+        let p = script();
         let extra: Vec<String> = p
             .rules
             .iter()

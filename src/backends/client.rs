@@ -392,7 +392,7 @@ mod tests {
         api_key_is_sent(&c, t, &never).await;
         // The pool's model name differs from the name vLLM serves.
         let s = server_with(|cfg| {
-            cfg.policy = crate::scripted::policy::Policy::from_json(
+            cfg.script = crate::scripted::script::Script::from_json(
                 r#"{"fallback": [{"turns": ["Looking.\n<tool_call>\n{}\n</tool_call>"]}]}"#,
             )
             .unwrap();

@@ -13,7 +13,7 @@ use rollout::agent::template::python_json;
 use rollout::domain::backend::{BackendSpec, WireKind};
 use rollout::domain::sampling::SamplingStatus;
 use rollout::domain::{Job, JobResult, Stage, Status, Task};
-use rollout::scripted::policy::Policy;
+use rollout::scripted::script::Script;
 use rollout::scripted::{Control, FaultMode, ScriptedConfig, ScriptedServer, demo};
 use serde_json::{Value, json};
 
@@ -31,8 +31,8 @@ fn call(name: &str, args: Value) -> String {
     format!("<tool_call>\n{body}\n</tool_call>")
 }
 
-/// The stand-in policy of these tests.
-fn policy() -> Policy {
+/// The stand-in's script for these tests.
+fn script() -> Script {
     let fix = |new: &str, answer: &str| {
         json!({"turns": [
             format!("Let me look at the code first.\n{}", call("bash", json!({"command": "cat calc/add.py"}))),
@@ -122,10 +122,10 @@ fn policy() -> Policy {
             ]},
         ]
     });
-    Policy::from_json(&p.to_string()).unwrap()
+    Script::from_json(&p.to_string()).unwrap()
 }
 
-fn policy_turns(p: &Policy) -> Vec<String> {
+fn script_turns(p: &Script) -> Vec<String> {
     p.rules
         .iter()
         .flat_map(|r| &r.variants)
@@ -158,8 +158,8 @@ impl Stand {
             tweak(s);
         })
         .await;
-        let p = policy();
-        let turns = policy_turns(&p);
+        let p = script();
+        let turns = script_turns(&p);
         let extra: Vec<&str> = turns.iter().map(String::as_str).collect();
         let dir = env.dir.path().join("model");
         demo::write_model_dir(&dir, demo::CHATML_TEMPLATE, &extra).unwrap();
@@ -480,9 +480,9 @@ async fn a_deepseek_r1_episode_runs_end_to_end_with_its_real_template() {
     std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
     // R1 opens no new assistant turn after tool outputs: the turns are counted by the
     // end of their reasoning, which each of them writes.
-    let policy = json!({"turn_end_marker": "</think>", "fallback": [{"turns": turns}]});
-    let policy = Policy::from_json(&policy.to_string()).unwrap();
-    let mut cfg = ScriptedConfig::new(Arc::new(ModelFiles::load(&dir).unwrap()), policy);
+    let script = json!({"turn_end_marker": "</think>", "fallback": [{"turns": turns}]});
+    let script = Script::from_json(&script.to_string()).unwrap();
+    let mut cfg = ScriptedConfig::new(Arc::new(ModelFiles::load(&dir).unwrap()), script);
     cfg.model_name = "r1".into();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server = ScriptedServer::spawn(listener, cfg).unwrap();

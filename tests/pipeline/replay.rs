@@ -75,17 +75,17 @@ async fn replays_run_the_tools_again_and_find_where_the_environment_changed() {
         run_output(&fix)["response_ids"]
     );
     assert_eq!(run_output(&again)["backend"], "replay");
-    // The recording as a stand-in policy plays the same turns for the same task.
+    // The recording as the stand-in's script plays the same turns for the same task.
     let job = stand.env.client.job(&fix.job_id).await.unwrap().job;
-    let policy = rollout::agent::replay::as_policy(&job).unwrap();
-    let policy = rollout::scripted::policy::Policy::from_json(&policy.to_string()).unwrap();
+    let script = rollout::agent::replay::as_policy(&job).unwrap();
+    let script = rollout::scripted::script::Script::from_json(&script.to_string()).unwrap();
     let turns = run_output(&fix)["turns"].as_array().unwrap().clone();
     for (t, turn) in turns.iter().enumerate() {
         let prompt = format!(
             "<|im_start|>user\nFix add() in calc/add.py, then finish.<|im_end|>\n{}",
             "<|im_start|>assistant\n".repeat(t + 1)
         );
-        let pick = policy.pick(&prompt, 7);
+        let pick = script.pick(&prompt, 7);
         assert_eq!(
             (pick.turn, pick.text.as_str()),
             (t, turn["text"].as_str().unwrap())

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::policy::stable_hash;
+use super::script::stable_hash;
 
 /// The cache of one simulated engine.
 #[derive(Debug)]

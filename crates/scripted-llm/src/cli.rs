@@ -3,7 +3,7 @@
 //!
 //! **It plays a script; it is not a model.** It speaks vLLM's `POST /v1/completions` and
 //! SGLang's `POST /generate` token-in and token-out, answering with the assistant turns a
-//! policy file scripts per task (see [`crate::policy`]), as real token IDs of
+//! script file gives per task (see [`crate::script`]), as real token IDs of
 //! the model directory's tokenizer with deterministic pseudo-logprobs. It simulates
 //! per-token generation time and a prefix cache (cached prompt tokens are reported the
 //! way vLLM and SGLang report them), and plays faults on `POST /control`.
@@ -19,7 +19,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::policy::Policy;
+use crate::script::Script;
 use crate::{ScriptedConfig, ScriptedServer, demo};
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -29,7 +29,7 @@ use rollout_model::model::ModelFiles;
 #[command(
     name = "rollout-scripted-llm",
     version,
-    about = "A stand-in vLLM/SGLang server that plays a scripted policy (not a model), for tests, benchmarks and demos"
+    about = "A stand-in vLLM/SGLang server that plays a script (not a model), for tests, benchmarks and demos"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -46,9 +46,10 @@ enum Command {
         /// The model directory (tokenizer.json and tokenizer_config.json).
         #[arg(long)]
         model: PathBuf,
-        /// The policy file (JSON): which turns to play for which task.
-        #[arg(long)]
-        policy: Option<PathBuf>,
+        /// The script file (JSON): which turns to play for which task. `--policy`, its
+        /// first name, still works.
+        #[arg(long = "policy", visible_alias = "script", value_name = "FILE")]
+        script: Option<PathBuf>,
         /// The model name it reports.
         #[arg(long, default_value = "scripted")]
         model_name: String,
@@ -91,23 +92,24 @@ enum Command {
     WriteModel {
         /// Where to write tokenizer.json and tokenizer_config.json.
         dir: PathBuf,
-        /// A policy file whose turns join the tokenizer's training text.
-        #[arg(long)]
-        policy: Option<PathBuf>,
+        /// A script file whose turns join the tokenizer's training text (`--script`
+        /// as well).
+        #[arg(long = "policy", visible_alias = "script", value_name = "FILE")]
+        script: Option<PathBuf>,
         /// A chat template to use instead of the built-in ChatML one.
         #[arg(long)]
         template: Option<PathBuf>,
     },
 }
 
-fn read_policy(path: Option<&PathBuf>) -> anyhow::Result<Policy> {
+fn read_script(path: Option<&PathBuf>) -> anyhow::Result<Script> {
     match path {
         Some(p) => {
             let text = std::fs::read_to_string(p)
-                .with_context(|| format!("cannot read the policy file {}", p.display()))?;
-            Policy::from_json(&text).map_err(anyhow::Error::msg)
+                .with_context(|| format!("cannot read the script file {}", p.display()))?;
+            Script::from_json(&text).map_err(anyhow::Error::msg)
         }
-        None => Ok(Policy::default()),
+        None => Ok(Script::default()),
     }
 }
 
@@ -131,15 +133,15 @@ async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::WriteModel {
             dir,
-            policy,
+            script,
             template,
         } => {
-            let policy = read_policy(policy.as_ref())?;
-            let turns: Vec<&str> = policy
+            let script = read_script(script.as_ref())?;
+            let turns: Vec<&str> = script
                 .rules
                 .iter()
                 .flat_map(|r| &r.variants)
-                .chain(&policy.fallback)
+                .chain(&script.fallback)
                 .flat_map(|v| v.turns.iter().map(String::as_str))
                 .collect();
             let template = match template {
@@ -153,7 +155,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Serve {
             listen,
             model,
-            policy,
+            script,
             model_name,
             seed,
             token_us,
@@ -173,7 +175,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     model.display()
                 )
             })?;
-            let mut cfg = ScriptedConfig::new(Arc::new(files), read_policy(policy.as_ref())?);
+            let mut cfg = ScriptedConfig::new(Arc::new(files), read_script(script.as_ref())?);
             cfg.model_name = model_name;
             cfg.seed = seed;
             cfg.token_us = token_us;
@@ -204,4 +206,31 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The script file's flag kept its first name, `--policy` (what existing commands and
+    /// scripts say), and also answers to `--script`.
+    #[test]
+    fn the_script_flag_answers_to_its_old_and_new_names() {
+        for flag in ["--policy", "--script"] {
+            let serve = Cli::try_parse_from(["x", "serve", "--model", "m", flag, "s.json"])
+                .unwrap()
+                .command;
+            assert!(
+                matches!(serve, Command::Serve { script: Some(p), .. } if p.as_os_str() == "s.json"),
+                "serve {flag}"
+            );
+            let write = Cli::try_parse_from(["x", "write-model", "d", flag, "s.json"])
+                .unwrap()
+                .command;
+            assert!(
+                matches!(write, Command::WriteModel { script: Some(p), .. } if p.as_os_str() == "s.json"),
+                "write-model {flag}"
+            );
+        }
+    }
 }

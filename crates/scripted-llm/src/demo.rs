@@ -57,7 +57,7 @@ const CORPUS: &[&str] = &[
     "Let me look at the repository first, then fix the bug and check the result.",
 ];
 
-/// Trains the demo tokenizer; `extra` text (a policy's turns, say) joins the corpus.
+/// Trains the demo tokenizer; `extra` text (a script's turns, say) joins the corpus.
 pub fn tokenizer(extra: &[&str]) -> Result<Tokenizer, ModelError> {
     let mut corpus: Vec<&str> = CORPUS.to_vec();
     corpus.push(CHATML_TEMPLATE);

@@ -56,7 +56,7 @@ pub(super) struct CompletionRequest {
     /// Stop tokens.
     #[serde(default)]
     pub(super) stop_token_ids: Option<Vec<u32>>,
-    /// The sampling seed; range-checked by [`super::refuse_sampling`] with vLLM's message.
+    /// The sampling seed; range-checked by [`crate::refuse::refuse_sampling`] with vLLM's message.
     #[serde(default)]
     pub(super) seed: Option<serde_json::Number>,
     /// The top-k cut-off.

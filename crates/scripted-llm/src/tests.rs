@@ -4,6 +4,7 @@
 
 use super::*;
 use serde_json::{Value, json};
+use std::time::Duration;
 
 /// A stand-in with a 64-token context whose every turn is long (so `max_tokens` cuts it).
 async fn server() -> ScriptedServer {
@@ -18,8 +19,8 @@ async fn server_playing(turn: &str) -> ScriptedServer {
 /// [`server_playing`] `turn`, its configuration changed by `tweak`.
 async fn server_with(turn: &str, tweak: impl FnOnce(&mut ScriptedConfig)) -> ScriptedServer {
     let model = demo::model_files(demo::CHATML_TEMPLATE, &[]).unwrap();
-    let policy = Policy::from_json(&json!({"fallback": [{"turns": [turn]}]}).to_string()).unwrap();
-    let mut cfg = ScriptedConfig::new(Arc::new(model), policy);
+    let script = Script::from_json(&json!({"fallback": [{"turns": [turn]}]}).to_string()).unwrap();
+    let mut cfg = ScriptedConfig::new(Arc::new(model), script);
     cfg.model_name = "tiny".into();
     cfg.max_model_len = 64;
     tweak(&mut cfg);

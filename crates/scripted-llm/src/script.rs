@@ -1,6 +1,7 @@
 //! The stand-in server's script: which assistant turns it plays for which task.
 //!
-//! A policy file is JSON:
+//! A script file is JSON (what the `--policy` flag of `rollout-scripted-llm` reads, and
+//! `--script` as well; the flag keeps its old name so existing commands go on working):
 //!
 //! ```json
 //! {
@@ -18,7 +19,7 @@
 //!
 //! The server decodes the prompt, takes the first rule whose `match` text occurs in it,
 //! and counts the `assistant_marker`s to know which turn it is asked for (the last
-//! marker opens the turn being generated), or, when the policy names a
+//! marker opens the turn being generated), or, when the script names a
 //! `turn_end_marker`, the turns the prompt already holds. A variant is the script of one possible
 //! episode; at each turn the server keeps the variants whose earlier turns appear in the
 //! prompt and picks one of them by weight, from a hash of the request's `seed` (or of
@@ -28,10 +29,12 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A policy file.
+/// A script file: the turns the stand-in plays for each task. A script, not a policy:
+/// it only chooses, by weight and seed, among the turns it is given (the service's own
+/// `policy` module is about the trained policy's weight versions, an unrelated thing).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Policy {
+pub struct Script {
     /// The text that opens an assistant turn in a rendered prompt.
     #[serde(default = "default_marker")]
     pub assistant_marker: String,
@@ -60,9 +63,9 @@ fn default_fallback() -> Vec<Variant> {
     }]
 }
 
-impl Default for Policy {
+impl Default for Script {
     fn default() -> Self {
-        Policy {
+        Script {
             assistant_marker: default_marker(),
             turn_end_marker: None,
             rules: Vec::new(),
@@ -98,7 +101,7 @@ fn one() -> f64 {
     1.0
 }
 
-/// What the policy says for one request.
+/// What the script says for one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pick {
     /// The turn's text.
@@ -127,32 +130,32 @@ pub fn stable_hash(parts: &[u64]) -> u64 {
     h
 }
 
-impl Policy {
-    /// Parses and checks a policy file's text.
+impl Script {
+    /// Parses and checks a script file's text, naming the field at fault when it is wrong.
     pub fn from_json(text: &str) -> Result<Self, String> {
         let mut de = serde_json::Deserializer::from_str(text);
-        let p: Policy = serde_path_to_error::deserialize(&mut de)
-            .map_err(|e| format!("policy file: {}: {}", e.path(), e.inner()))?;
+        let p: Script = serde_path_to_error::deserialize(&mut de)
+            .map_err(|e| format!("script file: {}: {}", e.path(), e.inner()))?;
         for (i, r) in p.rules.iter().enumerate() {
             if r.variants.is_empty() {
                 return Err(format!(
-                    "policy file: rules[{i}].variants must not be empty"
+                    "script file: rules[{i}].variants must not be empty"
                 ));
             }
             if r.matches.is_empty() {
-                return Err(format!("policy file: rules[{i}].match must not be empty"));
+                return Err(format!("script file: rules[{i}].match must not be empty"));
             }
         }
         for v in p.rules.iter().flat_map(|r| &r.variants).chain(&p.fallback) {
             if !(v.weight.is_finite() && v.weight > 0.0) {
-                return Err("policy file: every variant's weight must be above 0".into());
+                return Err("script file: every variant's weight must be above 0".into());
             }
             if v.turns.is_empty() {
-                return Err("policy file: every variant needs at least one turn".into());
+                return Err("script file: every variant needs at least one turn".into());
             }
         }
         if p.fallback.is_empty() {
-            return Err("policy file: fallback must not be empty".into());
+            return Err("script file: fallback must not be empty".into());
         }
         Ok(p)
     }
@@ -218,8 +221,8 @@ impl Policy {
 mod tests {
     use super::*;
 
-    fn policy() -> Policy {
-        Policy::from_json(
+    fn script() -> Script {
+        Script::from_json(
             r#"{"rules": [{"match": "task-a", "variants": [
                 {"turns": ["A1", "A2 right"]},
                 {"turns": ["A1", "A2 wrong"]},
@@ -231,7 +234,7 @@ mod tests {
 
     #[test]
     fn counts_turns_and_keeps_to_the_variant_in_the_prompt() {
-        let p = policy();
+        let p = script();
         let first = "<|im_start|>user\ntask-a<|im_end|>\n<|im_start|>assistant\n";
         let picks: Vec<Pick> = (0..64).map(|seed| p.pick(first, seed)).collect();
         assert!(picks.iter().all(|k| k.turn == 0 && k.rule == Some(0)));
@@ -250,7 +253,7 @@ mod tests {
 
     #[test]
     fn same_seed_same_pick_and_fallback_without_a_match() {
-        let p = policy();
+        let p = script();
         let prompt = "<|im_start|>assistant\n";
         assert_eq!(p.pick("task-a", 7), p.pick("task-a", 7));
         let k = p.pick(prompt, 1);
@@ -260,9 +263,9 @@ mod tests {
 
     #[test]
     fn bad_files_are_explained() {
-        let e = Policy::from_json(r#"{"rules": [{"match": "x", "variants": []}]}"#).unwrap_err();
+        let e = Script::from_json(r#"{"rules": [{"match": "x", "variants": []}]}"#).unwrap_err();
         assert!(e.contains("rules[0].variants"), "{e}");
-        let e = Policy::from_json(r#"{"rulez": []}"#).unwrap_err();
+        let e = Script::from_json(r#"{"rulez": []}"#).unwrap_err();
         assert!(e.contains("rulez"), "{e}");
     }
 }
