@@ -98,11 +98,21 @@ pub async fn connect(
     let store = store::connect(&url, settings.database.max_connections).await?;
     crate::backends::pool::register_configured(store.as_ref(), &settings.backends).await?;
     let queue = Queue::connect(&settings, name, wait_for_nats).await?;
+    let server_bin = settings.sandbox_server_bin();
+    if !server_bin.is_file() {
+        // Jobs without a sandbox still run; each sandbox start will fail until it is there.
+        tracing::warn!(
+            path = %server_bin.display(),
+            "the sandbox server binary is not there: build it beside this one (`cargo build \
+             --bins` at the workspace's top, or `cargo build -p rollout-sandbox`) or set \
+             sandbox.server_bin"
+        );
+    }
     let sandboxes = Arc::new(crate::sandbox::NodeSandboxes::new(
         &settings.sandbox,
         &settings.node.name,
         settings.sandbox_root(),
-        settings.sandbox_server_bin(),
+        server_bin,
         store.clone(),
         store.clone(),
     ));
