@@ -32,6 +32,8 @@ use tokio_util::sync::CancellationToken;
 const SERVED: &str = "tiny";
 /// The model's context (`--max-model-len`).
 const CONTEXT: usize = 1024;
+/// The server's count of generated tokens (a counter over every request).
+const GENERATED: &str = "vllm:generation_tokens_total";
 /// How long the server may take to answer `/health` after its start.
 const START_LIMIT: Duration = Duration::from_secs(600);
 
@@ -540,20 +542,21 @@ async fn context_limits(real: &Real) {
 /// and logprobs of the same request undisturbed. Sent back after the prompt (as the agent
 /// loop continues a turn after a weight update), they are continued, token for token and
 /// logprob for logprob as a direct request for that continuation; a paused server holds
-/// the continuation until its resume. The request is frozen (`mode=keep`) a third of the
-/// way through before the abort, so the engine cannot finish it first.
+/// the continuation until its resume. The request is frozen (`mode=keep`) once the server
+/// counts a few of its tokens generated, before the abort, so the engine cannot finish
+/// it first (a share of an earlier request's time was not enough: under load the two
+/// runs differ, and a request finished before the freeze).
 async fn pause_and_abort(real: &Real) {
     let prompt = real.prompt("Tell me a long story about a lighthouse.");
     let s = sampling(160, 5);
-    let t0 = Instant::now();
     let calm = real.generate(&prompt, &s).await;
-    let calm_took = t0.elapsed();
     assert!(calm.token_ids.len() > 8, "a long enough answer: {calm:?}");
     for how in ["pause", "abort_requests"] {
         let aborted_before = real
             .vllm
             .metric("vllm:request_success_total", "finished_reason=\"abort\"")
             .await;
+        let generated = real.vllm.metric(GENERATED, "").await;
         let client = real.client.clone();
         let backend = real.backend.clone();
         let (p, s2) = (prompt.clone(), s.clone());
@@ -562,9 +565,17 @@ async fn pause_and_abort(real: &Real) {
                 .generate(&backend, &p, &s2, &CancellationToken::new())
                 .await
         });
-        // A third of the way through, freeze it where it is (the engine may run ahead
-        // of the API process; frozen, it cannot finish before the abort lands).
-        tokio::time::sleep(calm_took / 3).await;
+        // A few tokens in, freeze it where it is (the engine may run ahead of the API
+        // process, which counts the tokens; frozen, it cannot finish before the abort).
+        crate::eventually::eventually(
+            &format!("{how}: the request under way"),
+            Duration::from_secs(60),
+            || async {
+                let now = real.vllm.metric(GENERATED, "").await;
+                crate::eventually::holds(now >= generated + 4.0, now)
+            },
+        )
+        .await;
         let (st, _) = real.vllm.post("/pause?mode=keep", &json!({})).await;
         assert_eq!(st, 200);
         let (st, answer) = match how {
