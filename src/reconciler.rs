@@ -399,20 +399,30 @@ fn count(
     }
 }
 
-/// Re-publishes a queued job's hand-off (deduplicated by the server if it still exists),
-/// noting it in the job's events when `log` says so.
+/// Re-publishes a queued job's hand-off. An overdue one (`stale` false: its publish may
+/// have been lost with the process that committed it) goes under its own message id, so
+/// the server drops it if the first still exists. A stale one (`stale`: queued, and
+/// unchanged for `stale_after_ms`) goes under an id of its own, since its first message
+/// may be gone while the server still remembers its id (delivered, then acknowledged by
+/// a worker whose claim had been superseded); it is noted in the job's events.
 async fn republish(
     store: &dyn Store,
     queue: &Queue,
     job: &StaleJob,
     now: EpochMs,
-    log: bool,
+    stale: bool,
 ) -> Result<bool, ReconcileError> {
     if !store.touch(&job.msg, now).await? {
         return Ok(false);
     }
-    queue.publish_work(&job.msg, job.route.as_deref()).await?;
-    if log {
+    if stale {
+        queue
+            .publish_work_again(&job.msg, job.route.as_deref(), now)
+            .await?;
+    } else {
+        queue.publish_work(&job.msg, job.route.as_deref()).await?;
+    }
+    if stale {
         record(
             store,
             &job.msg.job_id,

@@ -45,10 +45,38 @@ impl Queue {
         Ok(())
     }
 
+    /// Publishes the hand-off again under a message id of its own, so that the server
+    /// does not drop it as a copy of the first (it would, inside the duplicate window,
+    /// even when the first is gone: delivered, and acknowledged by a worker whose claim
+    /// had been superseded, while the job went back to its queue). A copy that does
+    /// reach a worker is dropped at pickup by the claim's compare-and-set. `at` makes
+    /// the id; one publish per job and `at` is what the caller guarantees.
+    pub async fn publish_work_again(
+        &self,
+        msg: &WorkMessage,
+        route: Option<&str>,
+        at: EpochMs,
+    ) -> Result<(), QueueError> {
+        let id = format!("{}:again:{}", msg.msg_id(), at.0);
+        let ack = self.send_work_as(msg, route, id).await?;
+        ack.await
+            .map_err(|e| js_err("publish ack")(e.to_string()))?;
+        Ok(())
+    }
+
     async fn send_work(
         &self,
         msg: &WorkMessage,
         route: Option<&str>,
+    ) -> Result<jetstream::context::PublishAckFuture, QueueError> {
+        self.send_work_as(msg, route, msg.msg_id()).await
+    }
+
+    async fn send_work_as(
+        &self,
+        msg: &WorkMessage,
+        route: Option<&str>,
+        id: String,
     ) -> Result<jetstream::context::PublishAckFuture, QueueError> {
         let payload = serde_json::to_vec(msg).expect("work message serialises");
         self.js
@@ -56,7 +84,7 @@ impl Queue {
                 self.subjects.work(msg.stage, route),
                 jetstream::message::PublishMessage::build()
                     .payload(Bytes::from(payload))
-                    .message_id(msg.msg_id()),
+                    .message_id(id),
             )
             .await
             .map_err(|e| js_err("publish")(e.to_string()))
