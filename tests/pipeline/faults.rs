@@ -508,3 +508,48 @@ async fn an_episode_whose_sandbox_dies_at_export_once_restarts_are_used_up_fails
     let stored = env.client.job(&job.id).await.unwrap().job;
     assert_eq!((stored.restarts, stored.status), (1, Status::Failed));
 }
+
+/// A queued job whose message is gone while the server still remembers its id (it was
+/// delivered, and acknowledged by a worker whose claim had been superseded, after another
+/// claim handed the job back to its queue) runs once the reconciler finds it stale: the
+/// copy it publishes has a message id of its own, which the server does not drop as a
+/// duplicate of the first for the duplicate window's two minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_job_whose_message_was_acknowledged_elsewhere_runs_after_a_republish() {
+    use futures::StreamExt;
+    let env = TestEnv::start(|_| {}).await;
+    assert!(
+        env.deps.settings.queue.duplicate_window_ms >= 60_000,
+        "the check needs a window longer than its wait"
+    );
+    let ids = env
+        .submit(&[synthetic(serde_json::json!({}))], "acked")
+        .await;
+    // The INIT message taken and acknowledged the way the superseded worker did, with
+    // the job left queued for INIT.
+    let consumers = env
+        .deps
+        .queue
+        .consumers(Stage::Init, &env.deps.settings.node.name)
+        .await
+        .unwrap();
+    let mut taken = consumers[0]
+        .fetch()
+        .max_messages(1)
+        .messages()
+        .await
+        .unwrap();
+    let message = taken.next().await.expect("the INIT message").unwrap();
+    message.ack().await.unwrap();
+    let job = env.client.job(&ids[0]).await.unwrap().job;
+    assert_eq!((job.status, job.stage), (Status::Queued, Stage::Init));
+    env.workers_in_process(1);
+    // Well inside the duplicate window: a copy under the first id would be dropped.
+    let results = env.wait_results("acked", 1, Duration::from_secs(45)).await;
+    assert_eq!(results[0].status, Status::Done, "{:?}", results[0]);
+    let events = env.client.job(&ids[0]).await.unwrap().events;
+    assert!(
+        events.iter().any(|e| e.event == "republished"),
+        "{events:?}"
+    );
+}
