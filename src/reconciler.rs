@@ -415,24 +415,21 @@ async fn republish(
     if !store.touch(&job.msg, now).await? {
         return Ok(false);
     }
-    if stale {
-        queue
-            .publish_work_again(&job.msg, job.route.as_deref(), now)
-            .await?;
-    } else {
-        queue.publish_work(&job.msg, job.route.as_deref()).await?;
+    let route = job.route.as_deref();
+    if !stale {
+        queue.publish_work(&job.msg, route).await?;
+        return Ok(true);
     }
-    if stale {
-        record(
-            store,
-            &job.msg.job_id,
-            "republished",
-            Some(job.msg.stage),
-            None,
-            now,
-        )
-        .await;
-    }
+    queue.publish_work_again(&job.msg, route, now).await?;
+    record(
+        store,
+        &job.msg.job_id,
+        "republished",
+        Some(job.msg.stage),
+        None,
+        now,
+    )
+    .await;
     Ok(true)
 }
 

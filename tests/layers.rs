@@ -88,15 +88,6 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Collects the first segment after `crate::` of every path outside test code (and
-/// after `super::`, in a crate's top-level files, where it means the same).
-#[derive(Default)]
-struct Uses {
-    modules: BTreeSet<String>,
-    /// `super::` names the crate's root (the file is a top-level module's own).
-    super_is_crate: bool,
-}
-
 fn is_test_only(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
         (a.path().is_ident("cfg")
@@ -129,93 +120,17 @@ fn item_attrs(item: &syn::Item) -> &[syn::Attribute] {
     }
 }
 
-impl Uses {
-    fn is_root(&self, first: &syn::Ident) -> bool {
-        first == "crate" || (self.super_is_crate && first == "super")
-    }
-
-    fn note(&mut self, first: &syn::Ident, second: Option<&syn::Ident>) {
-        if self.is_root(first)
-            && let Some(s) = second
-        {
-            self.modules.insert(s.to_string());
-        }
-    }
-
-    /// `crate :: name` inside a macro's tokens (`tracing::info!`, `json!`, …).
-    fn scan_tokens(&mut self, tokens: proc_macro2::TokenStream) {
-        let tokens: Vec<proc_macro2::TokenTree> = tokens.into_iter().collect();
-        for (i, t) in tokens.iter().enumerate() {
-            match t {
-                proc_macro2::TokenTree::Group(g) => self.scan_tokens(g.stream()),
-                proc_macro2::TokenTree::Ident(id) if id == "crate" => {
-                    if let (
-                        Some(proc_macro2::TokenTree::Punct(a)),
-                        Some(proc_macro2::TokenTree::Punct(b)),
-                        Some(proc_macro2::TokenTree::Ident(name)),
-                    ) = (tokens.get(i + 1), tokens.get(i + 2), tokens.get(i + 3))
-                        && a.as_char() == ':'
-                        && b.as_char() == ':'
-                    {
-                        self.modules.insert(name.to_string());
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-}
-
-impl<'ast> Visit<'ast> for Uses {
-    fn visit_item(&mut self, item: &'ast syn::Item) {
-        if !is_test_only(item_attrs(item)) {
-            syn::visit::visit_item(self, item);
-        }
-    }
-
-    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
-        if !is_test_only(&f.attrs) {
-            syn::visit::visit_impl_item_fn(self, f);
-        }
-    }
-
-    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
-        /// Notes the name that follows `crate::` in each branch of a `use` tree.
-        fn walk(uses: &mut Uses, tree: &syn::UseTree, after_crate: bool) {
-            match tree {
-                syn::UseTree::Path(p) if after_crate => {
-                    uses.modules.insert(p.ident.to_string());
-                }
-                syn::UseTree::Path(p) if uses.is_root(&p.ident) => walk(uses, &p.tree, true),
-                syn::UseTree::Name(n) if after_crate => {
-                    uses.modules.insert(n.ident.to_string());
-                }
-                syn::UseTree::Rename(r) if after_crate => {
-                    uses.modules.insert(r.ident.to_string());
-                }
-                syn::UseTree::Group(g) => {
-                    for t in &g.items {
-                        walk(uses, t, after_crate);
-                    }
-                }
-                _ => {}
-            }
-        }
-        walk(self, &u.tree, false);
-    }
-
-    fn visit_path(&mut self, p: &'ast syn::Path) {
-        let mut segs = p.segments.iter();
-        if let Some(first) = segs.next() {
-            self.note(&first.ident, segs.next().map(|s| &s.ident));
-        }
-        syn::visit::visit_path(self, p);
-    }
-
-    fn visit_macro(&mut self, m: &'ast syn::Macro) {
-        self.scan_tokens(m.tokens.clone());
-        syn::visit::visit_macro(self, m);
-    }
+/// The top-level modules a file's code outside its tests names through `crate::` (in
+/// `use` items, code and types, and macro arguments).
+fn crate_modules(ast: &syn::File) -> BTreeSet<String> {
+    let mut paths = Paths::default();
+    paths.visit_file(ast);
+    paths
+        .found
+        .into_iter()
+        .filter(|p| p.len() > 1 && p[0] == "crate")
+        .map(|p| p[1].clone())
+        .collect()
 }
 
 /// The crates of the workspace, each with the layers' modules it holds (its directory
@@ -691,9 +606,7 @@ fn check_layers(src: &Path, shown_dir: &str, problems: &mut Vec<String>) {
         };
         let text = std::fs::read_to_string(file).unwrap();
         let ast = syn::parse_file(&text).unwrap_or_else(|e| panic!("{shown}: {e}"));
-        let mut uses = Uses::default();
-        uses.visit_file(&ast);
-        for used in &uses.modules {
+        for used in &crate_modules(&ast) {
             if *used == module {
                 continue;
             }
@@ -722,10 +635,8 @@ fn the_checker_finds_uses_in_code_and_macros_but_not_in_tests() {
         "#,
     )
     .unwrap();
-    let mut uses = Uses::default();
-    uses.visit_file(&ast);
     assert_eq!(
-        uses.modules.into_iter().collect::<Vec<_>>(),
+        crate_modules(&ast).into_iter().collect::<Vec<_>>(),
         ["a", "b", "c", "d", "e"]
     );
 }

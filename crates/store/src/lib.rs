@@ -58,9 +58,6 @@ mod sqlite;
 mod verdict;
 mod write;
 
-#[cfg(test)]
-pub(crate) use rollout_test_support::prerequisite;
-
 pub use backends::BackendStore;
 pub use dashboard::{
     BackendLoad, BatchProgress, DashboardStore, FailureReason, ResultStats, SamplingProgress,

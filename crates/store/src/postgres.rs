@@ -398,17 +398,9 @@ impl UnitDb {
     /// skipped, saying so, and fails under `CI` (the test command runs these tests on
     /// Postgres, and leaves them out of its SQLite pass by name).
     pub(super) async fn create() -> Option<Self> {
-        let Some(admin) = rollout_test_support::database::postgres_admin_url() else {
-            // The test harness names each test's thread after the test.
-            let current = std::thread::current();
-            crate::prerequisite::missing(
-                current
-                    .name()
-                    .unwrap_or("a Postgres unit test of the store"),
-                "ROLLOUT_TEST_DATABASE_URL names no Postgres server (scripts/test.sh sets it when one answers on 127.0.0.1:5432)",
-            );
-            return None;
-        };
+        let admin = rollout_test_support::database::postgres_admin_url_or_skip(
+            "a Postgres unit test of the store",
+        )?;
         let db = rollout_test_support::database::FreshPostgres::create_empty(&admin)
             .await
             .unwrap();

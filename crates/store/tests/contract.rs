@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use rollout_core::domain::{EpochMs, Outcome, Stage, Status, Task, WorkMessage};
 use rollout_store::{Claim, FinishIf, NewJob, Store};
-use rollout_test_support::database::{TestDb, postgres_admin_url};
+use rollout_test_support::database::{TestDb, postgres_admin_url_or_skip};
 use rollout_test_support::eventually::{eventually, holds};
 use serde_json::json;
 
@@ -83,16 +83,7 @@ async fn fixture(database: Database) -> Option<Fixture> {
     let db = match database {
         Database::Sqlite => TestDb::sqlite(dir.path()),
         Database::Postgres => {
-            let Some(admin) = postgres_admin_url() else {
-                let current = std::thread::current();
-                rollout_test_support::prerequisite::missing(
-                    current
-                        .name()
-                        .unwrap_or("a store contract test on Postgres"),
-                    "ROLLOUT_TEST_DATABASE_URL names no Postgres server (scripts/test.sh sets it when one answers on 127.0.0.1:5432)",
-                );
-                return None;
-            };
+            let admin = postgres_admin_url_or_skip("a store contract test on Postgres")?;
             TestDb::postgres(&admin).await
         }
     };

@@ -39,6 +39,21 @@ pub fn postgres_admin_url() -> Option<String> {
         .filter(|u| !u.is_empty())
 }
 
+/// The admin URL of the Postgres server, for a test that cannot run without one: when
+/// none is named, the test (named after the harness's thread, else `what`) is reported
+/// missing its prerequisite (a failure under `CI=true`) and the caller returns.
+pub fn postgres_admin_url_or_skip(what: &str) -> Option<String> {
+    let admin = postgres_admin_url();
+    if admin.is_none() {
+        let current = std::thread::current();
+        crate::prerequisite::missing(
+            current.name().unwrap_or(what),
+            "ROLLOUT_TEST_DATABASE_URL names no Postgres server (scripts/test.sh sets it when one answers on 127.0.0.1:5432)",
+        );
+    }
+    admin
+}
+
 /// A fresh database for one test: SQLite in the test's directory, or a new Postgres
 /// database, dropped with this value.
 pub struct TestDb {
@@ -77,11 +92,6 @@ impl TestDb {
             url: db.url.clone(),
             pg: Some(db),
         }
-    }
-
-    /// Whether this is a Postgres database.
-    pub fn is_postgres(&self) -> bool {
-        self.pg.is_some()
     }
 }
 
