@@ -59,7 +59,7 @@ async fn a_weight_update_stops_generation_and_every_token_keeps_its_version() {
                 .env
                 .submit(&[task("Write an essay.", "demo", json!({}))], &batch)
                 .await;
-            wait_stats(server, "is generating", |s| s.in_flight == 1).await;
+            wait_stats(server, "is generating", |s| s.generating == 1).await;
             tokio::time::sleep(Duration::from_millis(300)).await;
             let paused = client.pause_policy(new, mode, Some(120)).await.unwrap();
             assert_eq!(paused.current.map(|c| c.version), Some(old), "{what}");
@@ -421,7 +421,7 @@ async fn a_sample_older_than_its_bound_ends_stale_and_is_kept() {
         })
         .collect();
     stand.env.submit(&tasks, "stale-plain").await;
-    wait_stats(server, "is generating all three", |s| s.in_flight == 3).await;
+    wait_stats(server, "is generating all three", |s| s.generating == 3).await;
     client.announce_policy(2).await.unwrap();
     let results = stand
         .env
@@ -500,7 +500,7 @@ async fn a_stale_group_is_replaced_by_the_next_prompt() {
     };
     client.submit_sampling(&request).await.unwrap();
     wait_stats(server, "is generating the first group", |s| {
-        s.in_flight == 2
+        s.generating == 2
     })
     .await;
     client.announce_policy(2).await.unwrap();
@@ -591,7 +591,7 @@ async fn kept_episodes_go_on_under_the_new_version_in_the_next_batch() {
         ))
         .await
         .unwrap();
-    wait_stats(server, "is generating both essays", |s| s.in_flight == 2).await;
+    wait_stats(server, "is generating both essays", |s| s.generating == 2).await;
     // Both essays must have tokens under version 1 before the update cuts them: the
     // stand-in counts an aborted request's tokens by the time it generated (20 ms each),
     // and a loaded machine can otherwise cancel and pause within the second essay's

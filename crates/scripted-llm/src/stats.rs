@@ -25,8 +25,13 @@ pub struct Stats {
     pub completion_tokens: u64,
     /// Requests that got a fault instead.
     pub faulted: u64,
-    /// Requests being served now.
+    /// Requests being served now: from their arrival, including those a pause holds
+    /// before they generate.
     pub in_flight: u64,
+    /// Requests let in and generating now (vLLM's `num_requests_running`): a test that
+    /// needs an update to land in the middle of a generation waits for this, since a
+    /// request still waiting at a `wait` pause is held, not let finish.
+    pub generating: u64,
     /// Requests whose client went away before the answer was ready (the handler was
     /// dropped): what a cancelled job's closed connection looks like from here.
     pub aborted: u64,
@@ -64,6 +69,7 @@ impl Shared {
             completion_tokens: self.completion_tokens.load(Ordering::Relaxed),
             faulted: self.faulted.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
+            generating: self.pause.load().1,
             aborted: self.aborted.load(Ordering::Relaxed),
         }
     }
