@@ -1,4 +1,4 @@
-//! The dashboard views (migration 0009) answer on the database the tests run against
+//! The dashboard views (`migrations/views.sql`) answer on the database the tests run against
 //! (SQLite, or Postgres when `ROLLOUT_TEST_DATABASE_URL` is set), with the same column
 //! types on both (every whole number a 64-bit integer, so one Grafana query or one
 //! decoder reads either), and agree with the API about a batch that really ran.

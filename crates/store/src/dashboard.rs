@@ -1,5 +1,5 @@
 //! Dashboards: the status page's reads, each one of the documented SQL views
-//! (`migrations/*/0009_dashboard_views.sql`), so the page, Grafana and a user's own SQL
+//! (`migrations/views.sql`), so the page, Grafana and a user's own SQL
 //! all see the same numbers.
 //!
 //! The rows are the views' columns as they are; what the views leave to the reader

@@ -26,7 +26,8 @@
 //! module (`write`), and so is what a job's end does to its sampling batch
 //! (`verdict`): both sit below the queries that use them, so imports point one way.
 //!
-//! The migrations (the workspace's top-level `migrations/`) are compiled into this crate.
+//! The migrations and the views (the workspace's top-level `migrations/`) are compiled
+//! into this crate (see `migrations`).
 //! No `unsafe` but in `nodelay`, which borrows the driver's sockets by descriptor until
 //! sqlx sets `TCP_NODELAY` again; the lint denies it everywhere else.
 
@@ -40,6 +41,7 @@ mod backends;
 mod dashboard;
 mod dialect;
 mod jobs;
+mod migrations;
 #[allow(unsafe_code)]
 pub mod nodelay;
 mod policy;
@@ -87,6 +89,11 @@ pub enum StoreError {
     /// database is newer than this binary).
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The dashboard views could not be made from `migrations/views.sql` after the
+    /// migrations (a view reads a column the migrations no longer make, or uses SQL one
+    /// of the databases does not take).
+    #[error("the dashboard views (migrations/views.sql) could not be made: {0}")]
+    Views(sqlx::Error),
     /// A stored value could not be decoded; the row was written by an incompatible version.
     #[error("corrupt row in the database: {0}")]
     Corrupt(String),

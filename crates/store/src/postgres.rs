@@ -30,6 +30,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
 use super::dialect::{Dialect, StageAdvance, StageClaim, in_request_order};
+use super::migrations::Schema;
 use super::query::query;
 use super::rows::JobRow;
 use super::write::coalesce::{Coalescer, WriteKind};
@@ -52,6 +53,9 @@ const BEGIN_RESULTS: &str = concat!("BEGIN; SELECT pg_advisory_xact_lock(", resu
 /// Advisory-lock key serialising backend assignments (see [`PostgresDb::lock_pool`]).
 const POOL_LOCK: i64 = 0x0072_6f6c_6c70_6f6f; // "rollpoo"
 
+/// Advisory-lock key a process holds while it migrates (see [`PostgresDb::migrate`]).
+const SETUP_LOCK: i64 = 0x0072_6f6c_6c73_6574; // "rollset"
+
 /// A Postgres database behind a connection pool.
 #[derive(Debug, Clone)]
 pub(crate) struct PostgresDb {
@@ -67,8 +71,6 @@ pub(crate) struct PostgresDb {
 }
 
 impl PostgresDb {
-    const MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
-
     /// Connects to the database at `url`.
     pub(crate) async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
         let options: PgConnectOptions = url.parse()?;
@@ -110,9 +112,20 @@ impl Dialect for PostgresDb {
     const FINISH_BARE: &'static str = sql::FINISH_BARE_POSTGRES;
     const INSERT_JOBS: &'static str = sql::INSERT_JOBS_POSTGRES;
 
+    /// Applies the migrations and the views (see [`migrations`](super::migrations)) on
+    /// a connection of its own, holding the setup lock (a session-level advisory lock)
+    /// from before the first migration to after the views: sqlx's migrator locks each
+    /// of its runs only, and the views are made between runs. The connection is closed
+    /// after, which releases the lock whatever happened.
     async fn migrate(&self) -> StoreResult<()> {
-        Self::MIGRATOR.run(&self.pool).await?;
-        Ok(())
+        let mut conn = self.pool.acquire().await?.detach();
+        query(sql::ADVISORY_LOCK)
+            .bind(SETUP_LOCK)
+            .execute(&mut conn)
+            .await?;
+        let brought_up = Schema::POSTGRES.bring_up(&mut conn).await;
+        let _ = sqlx::Connection::close(conn).await;
+        brought_up
     }
 
     async fn reader(&self) -> StoreResult<PoolConnection<Postgres>> {
@@ -498,7 +511,10 @@ mod tests {
             return;
         };
         let db = PostgresDb::connect(&unit.url, 2).await.unwrap();
-        PostgresDb::MIGRATOR.run_to(11, &db.pool).await.unwrap();
+        crate::migrations::POSTGRES
+            .run_to(11, &db.pool)
+            .await
+            .unwrap();
         upgrade_counts_existing_rewards_into_their_batches(&db).await;
         drop(db);
         unit.remove().await;

@@ -3,18 +3,20 @@
 //! SQLite and Postgres get the same schema from two trees of migrations, numbered
 //! differently, and nothing else compares them: a column added to one tree and
 //! forgotten in the other would only show when a statement that reads it runs on the
-//! other database. This test migrates a fresh database of each kind and compares what
-//! the store reads: every table and view, every column with its type (as a family:
-//! SQLite's `INTEGER` is Postgres's `bigint`, its `REAL` is `double precision`; a view's
-//! column on SQLite has no declared type, or NUMERIC affinity, and matches any), and
-//! every index the
-//! migrations create (its table, whether it is unique, its columns or expression). The
-//! differences that are meant are listed in [`MEANT`], each with its reason; any other
-//! fails the test, named.
+//! other database. This test brings a fresh database of each kind up to date as the
+//! store does (the migrations, then the views file) and compares what the store reads:
+//! every table and view, every column with its type (as a family: SQLite's `INTEGER` is
+//! Postgres's `bigint`, its `REAL` is `double precision`; a view's column on SQLite has
+//! no declared type, or NUMERIC affinity, and matches any), and every index the
+//! migrations create (its table, whether it is unique, its columns or expression, and,
+//! for a partial index, the rows it covers). The differences that are meant are listed
+//! in [`MEANT`], each with its reason; any other fails the test, named.
 
 use std::collections::BTreeMap;
 
 use sqlx::Row;
+
+use crate::migrations::Schema;
 
 /// Differences between the trees that are meant: an index only one dialect has, and
 /// why.
@@ -26,7 +28,7 @@ const MEANT: &[(&str, &str)] = &[(
 /// One database's schema as the store reads it: relation → its kind and its columns'
 /// type families; index → its description.
 #[derive(Debug, Default)]
-struct Schema {
+struct Read {
     relations: BTreeMap<String, (String, BTreeMap<String, String>)>,
     indexes: BTreeMap<String, String>,
 }
@@ -56,14 +58,14 @@ fn family(declared: &str) -> &'static str {
 }
 
 /// SQLite's schema after its migrations, on a fresh file in `dir`.
-async fn sqlite_schema(dir: &std::path::Path) -> Schema {
+async fn sqlite_schema(dir: &std::path::Path) -> Read {
     let url = format!("sqlite://{}?mode=rwc", dir.join("schema.db").display());
     let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    sqlx::migrate!("../../migrations/sqlite")
-        .run(&pool)
+    Schema::SQLITE
+        .bring_up(&mut *pool.acquire().await.unwrap())
         .await
         .unwrap();
-    let mut schema = Schema::default();
+    let mut schema = Read::default();
     let relations = sqlx::query(
         "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view') \
          AND name NOT LIKE 'sqlite_%' AND name <> '_sqlx_migrations'",
@@ -106,22 +108,27 @@ async fn sqlite_schema(dir: &std::path::Path) -> Schema {
                 })
                 .collect();
         let unique = sql.to_ascii_uppercase().starts_with("CREATE UNIQUE");
-        schema
-            .indexes
-            .insert(name, describe_index(&table, unique, &columns));
+        let predicate = sql
+            .to_ascii_uppercase()
+            .rfind(" WHERE ")
+            .map(|at| sql[at + " WHERE ".len()..].to_string());
+        schema.indexes.insert(
+            name,
+            describe_index(&table, unique, &columns, predicate.as_deref()),
+        );
     }
     pool.close().await;
     schema
 }
 
 /// Postgres's schema after its migrations, on the fresh database at `url`.
-async fn postgres_schema(url: &str) -> Schema {
+async fn postgres_schema(url: &str) -> Read {
     let pool = sqlx::PgPool::connect(url).await.unwrap();
-    sqlx::migrate!("../../migrations/postgres")
-        .run(&pool)
+    Schema::POSTGRES
+        .bring_up(&mut *pool.acquire().await.unwrap())
         .await
         .unwrap();
-    let mut schema = Schema::default();
+    let mut schema = Read::default();
     let relations = sqlx::query(
         "SELECT table_type, table_name FROM information_schema.tables \
          WHERE table_schema = 'public' AND table_name <> '_sqlx_migrations'",
@@ -152,7 +159,8 @@ async fn postgres_schema(url: &str) -> Schema {
                 array(SELECT coalesce(a.attname::text, '(expression)') \
                       FROM unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) \
                       LEFT JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum \
-                      ORDER BY k.ord) \
+                      ORDER BY k.ord), \
+                pg_get_expr(x.indpred, x.indrelid) \
          FROM pg_index x \
          JOIN pg_class i ON i.oid = x.indexrelid \
          JOIN pg_class t ON t.oid = x.indrelid \
@@ -166,26 +174,55 @@ async fn postgres_schema(url: &str) -> Schema {
     for i in indexes {
         let (name, table, unique, columns): (String, String, bool, Vec<String>) =
             (i.get(0), i.get(1), i.get(2), i.get(3));
-        schema
-            .indexes
-            .insert(name, describe_index(&table, unique, &columns));
+        let predicate: Option<String> = i.get(4);
+        schema.indexes.insert(
+            name,
+            describe_index(&table, unique, &columns, predicate.as_deref()),
+        );
     }
     pool.close().await;
     schema
 }
 
-fn describe_index(table: &str, unique: bool, columns: &[String]) -> String {
+/// An index in words: its table, whether it is unique, its columns, and the rows it
+/// covers when it is partial (see [`predicate`]).
+fn describe_index(
+    table: &str,
+    unique: bool,
+    columns: &[String],
+    predicate: Option<&str>,
+) -> String {
     format!(
-        "{}on {table} ({})",
+        "{}on {table} ({}){}",
         if unique { "unique " } else { "" },
-        columns.join(", ")
+        columns.join(", "),
+        predicate
+            .map(|p| format!(" where {}", self::predicate(p)))
+            .unwrap_or_default()
     )
 }
 
+/// A partial index's condition in one spelling for both databases: SQLite keeps it as
+/// written, Postgres as it reads it back (`(status = ANY (ARRAY['a'::text, …]))` for
+/// `status IN ('a', …)`, in parentheses, with casts). Lower case, without casts to text
+/// and without parentheses, with `= ANY (ARRAY[…])` read as `IN (…)`, and single spaces.
+fn predicate(p: &str) -> String {
+    let mut s = p.to_ascii_lowercase().replace("::text", "");
+    while let Some(at) = s.find(" = any (array[") {
+        let Some(len) = s[at..].find("])") else { break };
+        let items = s[at + " = any (array[".len()..at + len].to_string();
+        s.replace_range(at..at + len + 2, &format!(" in ({items})"));
+    }
+    s.replace(['(', ')'], "")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Every difference between the two schemas, in words.
-fn differences(sqlite: &Schema, postgres: &Schema) -> Vec<String> {
+fn differences(sqlite: &Read, postgres: &Read) -> Vec<String> {
     let mut out = Vec::new();
-    let names = |s: &Schema| s.relations.keys().cloned().collect::<Vec<_>>();
+    let names = |s: &Read| s.relations.keys().cloned().collect::<Vec<_>>();
     for name in names(sqlite).iter().chain(names(postgres).iter()) {
         let (Some((kind_s, cols_s)), Some((kind_p, cols_p))) =
             (sqlite.relations.get(name), postgres.relations.get(name))
@@ -277,7 +314,7 @@ fn a_column_one_tree_lacks_is_a_difference() {
             .iter()
             .map(|(c, t)| (c.to_string(), family(t).to_string()))
             .collect();
-        Schema {
+        Read {
             relations: BTreeMap::from([("jobs".to_string(), ("table".to_string(), columns))]),
             indexes: BTreeMap::new(),
         }
@@ -307,5 +344,40 @@ fn a_column_one_tree_lacks_is_a_difference() {
     assert_eq!(
         differences(&sqlite, &retyped),
         ["relation jobs: column attempts is integer on SQLite, text on Postgres"]
+    );
+}
+
+/// The two databases' spellings of one condition read the same; a different condition
+/// does not.
+#[test]
+fn a_partial_index_reads_the_same_on_both_and_a_different_condition_differs() {
+    assert_eq!(
+        predicate("status IN ('failed', 'timed_out')"),
+        predicate("(status = ANY (ARRAY['failed'::text, 'timed_out'::text]))")
+    );
+    assert_eq!(
+        predicate("finished_at IS NULL"),
+        predicate("(finished_at IS NULL)")
+    );
+    let index = |p: &str| {
+        let mut indexes = BTreeMap::new();
+        let columns = ["created_at".to_string()];
+        indexes.insert(
+            "jobs_open".to_string(),
+            describe_index("jobs", false, &columns, Some(p)),
+        );
+        Read {
+            relations: BTreeMap::new(),
+            indexes,
+        }
+    };
+    let sqlite = index("finished_at IS NULL");
+    assert!(differences(&sqlite, &index("(finished_at IS NULL)")).is_empty());
+    assert_eq!(
+        differences(&sqlite, &index("(finished_at IS NOT NULL)")),
+        [
+            "index jobs_open: on jobs (created_at) where finished_at is null on SQLite, \
+          on jobs (created_at) where finished_at is not null on Postgres"
+        ]
     );
 }

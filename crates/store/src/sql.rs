@@ -763,6 +763,10 @@ pub(super) const ADVANCE_MANY_SQLITE: &str = advance_many!(
     "+status"
 );
 
+/// Takes a session-scoped advisory lock (Postgres), held until unlocked or the
+/// connection closes; the key is `$1`.
+pub(super) const ADVISORY_LOCK: &str = "SELECT pg_advisory_lock($1)";
+
 /// Takes a transaction-scoped advisory lock (Postgres); the key is `$1`.
 pub(super) const ADVISORY_XACT_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 

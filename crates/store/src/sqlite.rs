@@ -34,6 +34,7 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Sqlite, SqlitePool};
 
 use super::dialect::{Dialect, StageAdvance, StageClaim, in_request_order};
+use super::migrations::Schema;
 use super::query::query;
 use super::rows::JobRow;
 use super::write::coalesce::{Coalescer, WriteKind};
@@ -66,8 +67,6 @@ pub(crate) struct SqliteDb {
 }
 
 impl SqliteDb {
-    const MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
-
     /// Opens (creating if missing, with its directory) the database at `url`.
     pub(crate) async fn connect(url: &str, max_connections: u32) -> StoreResult<Self> {
         let opts = SqliteConnectOptions::from_str(url)?
@@ -105,19 +104,16 @@ impl SqliteDb {
         })
     }
 
-    /// Applies the migrations under the setup lock (see [`setup_lock`]): sqlx does not
-    /// lock SQLite migrations, so processes started together on a fresh database (a
-    /// Slurm array, `docker compose up`) would each apply the first migration and all
-    /// but one would fail.
+    /// Applies the migrations and the views (see [`migrations`](super::migrations))
+    /// under the setup lock (see [`setup_lock`]): sqlx does not lock SQLite migrations,
+    /// so processes started together on a fresh database (a Slurm array, `docker
+    /// compose up`) would each apply the first migration and all but one would fail.
     async fn run_migrations(&self) -> StoreResult<()> {
         let _lock = setup_lock(&self.opts).await?;
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(self.opts.clone())
-            .await?;
-        Self::MIGRATOR.run(&pool).await?;
-        pool.close().await;
-        Ok(())
+        let mut conn = self.opts.connect().await?;
+        let brought_up = Schema::SQLITE.bring_up(&mut conn).await;
+        let _ = sqlx::Connection::close(conn).await;
+        brought_up
     }
 }
 
@@ -591,7 +587,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("r.db").display());
         let db = SqliteDb::connect(&url, 2).await.unwrap();
-        SqliteDb::MIGRATOR.run_to(9, &db.pool).await.unwrap();
+        crate::migrations::SQLITE.run_to(9, &db.pool).await.unwrap();
         upgrade_counts_existing_rewards_into_their_batches(&db).await;
     }
 

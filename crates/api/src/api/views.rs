@@ -1,6 +1,6 @@
 //! The dashboard views' rows as the API shows them (in `GET /v1/dashboard`): one type
 //! per view, with the view's columns as fields, as the views document them
-//! (`migrations/*/0009_dashboard_views.sql`).
+//! (`migrations/views.sql`).
 //!
 //! The store reads the views into rows of its own, and the gateway copies those into
 //! these: a view's column can be renamed, or a column added, without the API changing
