@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use rollout::domain::{Stage, Task};
-use rollout::kinds::{StageContext, TaskKind, synthetic::Synthetic};
+use rollout::kinds::synthetic::Synthetic;
+use rollout::stage::{StageContext, TaskKind};
 use tokio_util::sync::CancellationToken;
 
 mod common;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the grader's import guard adds to a graded Python test run.
 
-The guard (src/kinds/grader/guard.rs) adds three things to EVAL: a probe before the
+The guard (src/grading/guard.rs) adds three things to EVAL: a probe before the
 agent's changes are applied (one Python start that walks the workspace and lists the
 names installed outside it), a sweep after (one isolated Python start that walks the
 workspace again), and a finder in the run's bootstrap that looks at every import. This
@@ -26,8 +26,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-GUARD = os.path.join(ROOT, "src/kinds/grader/guard.py")
-BOOTSTRAP = os.path.join(ROOT, "src/kinds/grader/seal_sitecustomize.py")
+GUARD = os.path.join(ROOT, "src/grading/guard.py")
+BOOTSTRAP = os.path.join(ROOT, "src/grading/seal_sitecustomize.py")
 PYTHON = "/usr/bin/python3"
 
 

@@ -21,15 +21,21 @@
 //! - [`worker`]: the stage worker loop shared by the three worker binaries;
 //!   [`reconciler`]: repairs hand-offs lost between the database and the queue;
 //!   [`gateway`]: the HTTP API (axum) with its OpenAPI document and metrics.
-//! - [`kinds`]: the task-kind interface (a hook per stage) and the `synthetic`, `shell`
-//!   and `agent` kinds; [`scripted`]: the stand-in inference server (a script, not a
-//!   model) for tests, benchmarks and the demo (crate `rollout-scripted-llm`).
+//! - [`kinds`]: the `synthetic`, `shell`, `agent` and `agent_program` kinds, and the
+//!   registry of every kind this build ships; [`scripted`]: the stand-in inference
+//!   server (a script, not a model) for tests, benchmarks and the demo (crate
+//!   `rollout-scripted-llm`).
+//! - [`grading`]: what a kind's EVAL runs: the task's grader (a command, a math answer,
+//!   code, SWE-bench tests), in a fresh sandbox where it needs one, guarded and sealed
+//!   against the graded code.
 //! - [`agent`]: the multi-turn agent loop: chat templates and tokenizers (crate
 //!   `rollout-model`, re-exported there), tool-call
 //!   parsers, observations, trajectories; [`sampling`]: the driver of dynamic-sampling
 //!   batches;
 //!   [`graders`]: turning a finished episode into a reward (math answers, code,
-//!   patches); [`natsd`]: starting a local `nats-server` child.
+//!   patches); [`stage`]: the task-kind interface (a hook per stage, what each hands
+//!   back) and the sandbox steps the sandboxed kinds share; [`natsd`]: starting a local
+//!   `nats-server` child.
 //! - [`publish`]: the queue side of what the store records (a submitted job handed to
 //!   INIT, a result once durable, a dead letter), for every component;
 //!   [`sandbox`]: sandboxes (local, bubblewrap, Apptainer), the tool server inside
@@ -66,6 +72,7 @@ pub use rollout_api::{api, client};
 pub mod agent;
 pub mod backends;
 pub mod gateway;
+pub mod grading;
 pub mod kinds;
 pub mod policy;
 pub mod publish;
@@ -75,6 +82,7 @@ pub mod queue;
 pub mod reconciler;
 pub mod sampling;
 pub mod sandbox;
+pub mod stage;
 pub mod telemetry;
 pub mod wiring;
 pub mod worker;

@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::domain::Stage;
 use crate::gateway::{self, AppState};
-use crate::kinds::Registry;
 use crate::natsd::{NatsServer, NatsdError};
 use crate::queue::{Queue, QueueError};
+use crate::stage::Registry;
 use crate::store::{self, StoreError};
 use crate::supervise::{Essential, TaskFailed, spawn_essential};
 use crate::worker::{Worker, WorkerError, WorkerSettings};
@@ -118,7 +118,7 @@ pub async fn connect(
     ));
     sandboxes.log_report();
     let policy = crate::policy::PolicyWatch::new(store.policy_state().await?);
-    let kinds = Registry::builtin(
+    let kinds = crate::kinds::builtin(
         sandboxes.clone(),
         store.clone(),
         settings.clone(),

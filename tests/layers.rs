@@ -9,8 +9,11 @@
 //! worker, reconciler, gateway    the services
 //! kinds, scripted                task kinds; the stand-in inference server (crate
 //!                                rollout-scripted-llm)
-//! agent, sampling, graders       the multi-turn episode; the sampling-batch driver;
-//!                                graders (crate rollout-graders)
+//! grading                        what a kind's EVAL runs: the task's grader in a
+//!                                fresh sandbox, guarded and sealed
+//! agent, sampling, graders,      the multi-turn episode; the sampling-batch driver;
+//! stage                          graders (crate rollout-graders); the stage contract
+//!                                kinds implement, and their shared sandbox steps
 //! publish, sandbox, backends,    publishing what the store records; sandboxes (crate rollout-sandbox, and
 //! client, model, policy          the service's `sandbox::node`); inference servers;
 //!                                the gateway's HTTP client (crate rollout-api); a
@@ -55,7 +58,8 @@ const LAYERS: &[&[&str]] = &[
     &[
         "publish", "sandbox", "backends", "client", "model", "policy",
     ],
-    &["agent", "sampling", "graders"],
+    &["agent", "sampling", "graders", "stage"],
+    &["grading"],
     &["kinds", "scripted"],
     &["worker", "reconciler", "gateway"],
     &["wiring"],
@@ -86,6 +90,84 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(path);
         }
     }
+}
+
+/// The files of `files` that are test code as a whole: a module declared
+/// `#[cfg(test)] mod name;` (in `name.rs` or `name/mod.rs` beside its parent's own
+/// file, or under the parent's folder), and every file below such a module's folder.
+fn test_only_files(files: &[PathBuf]) -> BTreeSet<PathBuf> {
+    let mut tests = BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let Ok(ast) = syn::parse_file(&text) else {
+            continue;
+        };
+        let stem = file.file_stem().unwrap_or_default();
+        let dir = file.parent().unwrap();
+        // A module's children live in its own folder, unless it is a folder's `mod.rs`
+        // (or the crate's root).
+        let children = if stem == "mod" || stem == "lib" || stem == "main" {
+            dir.to_path_buf()
+        } else {
+            dir.join(stem)
+        };
+        for item in &ast.items {
+            if let syn::Item::Mod(m) = item
+                && m.content.is_none()
+                && is_test_only(&m.attrs)
+            {
+                let name = m.ident.to_string();
+                let folder = children.join(&name);
+                let own = children.join(format!("{name}.rs"));
+                tests.extend(
+                    files
+                        .iter()
+                        .filter(|f| **f == own || f.starts_with(&folder))
+                        .cloned(),
+                );
+            }
+        }
+    }
+    tests
+}
+
+/// A test module in a file of its own is test code like an inline one, and so is
+/// everything in its folder.
+#[test]
+fn modules_declared_for_tests_are_test_code_whatever_their_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    let write = |path: &str, text: &str| {
+        let path = src.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let files = vec![
+        write(
+            "a/mod.rs",
+            "mod b;\n#[cfg(test)]\nmod tests;\n#[cfg(test)]\nmod deep;\n",
+        ),
+        write("a/b.rs", "#[cfg(test)]\nmod tests;\n"),
+        write("a/b/tests.rs", ""),
+        write("a/tests.rs", ""),
+        write("a/deep/mod.rs", "mod more;\n"),
+        write("a/deep/more.rs", ""),
+        write("c.rs", "#[cfg(test)] mod inline { }\n"),
+    ];
+    let found: Vec<_> = test_only_files(&files)
+        .into_iter()
+        .map(|f| f.strip_prefix(src).unwrap().display().to_string())
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "a/b/tests.rs",
+            "a/deep/mod.rs",
+            "a/deep/more.rs",
+            "a/tests.rs"
+        ]
+    );
 }
 
 fn is_test_only(attrs: &[syn::Attribute]) -> bool {
@@ -593,7 +675,8 @@ fn check_layers(src: &Path, shown_dir: &str, problems: &mut Vec<String>) {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     files.sort();
-    for file in &files {
+    let tests = test_only_files(&files);
+    for file in files.iter().filter(|f| !tests.contains(*f)) {
         let Some(module) = module_of(src, file) else {
             continue;
         };

@@ -24,8 +24,8 @@ use utoipa_axum::routes;
 
 use crate::api::status::{DependencyHealth, Health, StatusView};
 use crate::config::Settings;
-use crate::kinds::Registry;
 use crate::queue::Queue;
+use crate::stage::Registry;
 use crate::store::Store;
 
 pub mod auth;

@@ -3,7 +3,7 @@
 //! INIT starts the job's sandbox; RUN takes a backend from the pool (the one its prompt
 //! group uses, when that one has room), runs the episode ([`crate::agent::episode`])
 //! with the sandbox's tools, exports the workspace's changes and stops the sandbox; EVAL
-//! grades the episode with the task's grader ([`super::grader`]): a check command in a
+//! grades the episode with the task's grader ([`crate::grading`]): a check command in a
 //! fresh sandbox holding the changes (with the final answer in `$ROLLOUT_ANSWER`), the
 //! final answer against a math ground truth, or a program against test cases. RUN's output is the trajectory (`prompt_ids`, `response_ids`, `loss_mask`,
 //! `logprobs`, turns, finish reason, backend, drift verdict) plus `export`.
@@ -32,9 +32,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::grader::{self, Grader};
-use super::sandboxed::{self, Check};
-use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
 use crate::agent::episode::{self, Episode, EpisodeError, EpisodeLimits, Parser, TurnGuard};
 use crate::agent::model::{ModelCache, ModelFiles};
 use crate::agent::replay::{self, Replayer};
@@ -45,7 +42,10 @@ use crate::backends::session::{BackendSession, SessionError, SessionJob};
 use crate::backends::wire::Sampling;
 use crate::config::Settings;
 use crate::domain::{Job, Stage, Status};
+use crate::grading::{self, Grader};
 use crate::sandbox::{NodeSandboxes, SandboxSpec};
+use crate::stage::sandboxed::{self, Check};
+use crate::stage::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
 use crate::store::{BackendStore, JobStore};
 
 /// An `agent` task's `spec`.
@@ -85,7 +85,7 @@ pub struct AgentSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check: Option<Check>,
     /// How EVAL scores the result: `{"type": "math" | "code" | "command", ...}` (see
-    /// [`super::grader`]). Give this or `check`.
+    /// [`crate::grading`]). Give this or `check`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grader: Option<Grader>,
     /// Replays job `replay_of`'s recording instead of calling a backend: its model
@@ -446,12 +446,12 @@ impl TaskKind for Agent {
         )?;
         validate_replay_of(s.replay_of.as_deref(), s.replay_across_batches)?;
         s.sandbox.validate("sandbox", self.sandboxes.settings())?;
-        grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
+        grading::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
     }
 
     async fn init(&self, ctx: &StageContext) -> Result<InitOutput, StageError> {
         let spec = spec_of(&ctx.job)?;
-        let sandbox = grader::sandbox_for(&spec.sandbox, spec.grader.as_ref());
+        let sandbox = grading::sandbox_for(&spec.sandbox, spec.grader.as_ref());
         sandboxed::init(&self.sandboxes, ctx, &sandbox).await
     }
 
@@ -582,9 +582,9 @@ impl Agent {
             .unwrap_or_default()
             .replace('\0', "");
         let env = BTreeMap::from([("ROLLOUT_ANSWER".to_string(), answer)]);
-        let chosen = grader::for_eval(check, grader)?;
-        let response = grader::agent_response(run);
-        let mut out = grader::eval(&self.sandboxes, ctx, sandbox, &chosen, response, env).await?;
+        let chosen = grading::for_eval(check, grader)?;
+        let response = grading::agent_response(run);
+        let mut out = grading::eval(&self.sandboxes, ctx, sandbox, &chosen, response, env).await?;
         if let Some(reason) = run.map(|o| o["finish_reason"].clone()) {
             out.details["finish_reason"] = reason;
         }

@@ -39,9 +39,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::agent::{self, Agent, AgentLimits, ModelSide, StillClaimed};
-use super::grader::{self, Grader};
-use super::sandboxed::{self, Check};
-use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
 use crate::agent::endpoint::{
     DEFAULT_MAX_REFUSED_CALLS, Endpoint, EndpointStop, ProgramEnd, ProgramEpisode,
 };
@@ -49,9 +46,12 @@ use crate::agent::episode::Parser;
 use crate::backends::generate::Generator;
 use crate::backends::wire::Sampling;
 use crate::domain::Job;
+use crate::grading::{self, Grader};
 use crate::sandbox::protocol::ExecResult;
 use crate::sandbox::protocol::{EndpointReplyArgs, ExecArgs};
 use crate::sandbox::{SandboxClient, SandboxError, SandboxSpec};
+use crate::stage::sandboxed::{self, Check};
+use crate::stage::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
 
 /// How long one `endpoint_next` waits before it is asked again (the program's end is
 /// noticed between waits at the latest).
@@ -221,12 +221,12 @@ impl TaskKind for AgentProgram {
         agent::validate_replay_of(s.replay_of.as_deref(), s.replay_across_batches)?;
         s.sandbox
             .validate("sandbox", self.agent.sandboxes().settings())?;
-        grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
+        grading::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
     }
 
     async fn init(&self, ctx: &StageContext) -> Result<InitOutput, StageError> {
         let spec = spec_of(&ctx.job)?;
-        let sandbox = grader::sandbox_for(&spec.sandbox, spec.grader.as_ref());
+        let sandbox = grading::sandbox_for(&spec.sandbox, spec.grader.as_ref());
         sandboxed::init(self.agent.sandboxes(), ctx, &sandbox).await
     }
 

@@ -4,9 +4,10 @@
 //! commands) on its node; RUN replays a fixed list of tool calls through the sandbox
 //! server, recording each observation and its latency, then exports the workspace's
 //! changes and stops the sandbox; EVAL grades the result with the task's grader
-//! ([`super::grader`]): by default the exit code of its `check` command, run in a fresh
-//! sandbox from the same spec holding those changes (1 on success, 0 otherwise). It exercises every piece the agent loop uses, so it is the
-//! end-to-end test of sandboxes and the shape of a scripted environment.
+//! ([`crate::grading`]): by default the exit code of its `check` command, run in a fresh
+//! sandbox from the same spec holding those changes (1 on success, 0 otherwise). It
+//! exercises every piece the agent loop uses, so it is the end-to-end test of sandboxes
+//! and the shape of a scripted environment.
 //!
 //! ```json
 //! {"kind": "shell", "spec": {
@@ -26,12 +27,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::grader::{self, Grader};
-use super::sandboxed::{self, Check};
-use super::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
 use crate::domain::{Job, duration_us};
+use crate::grading::{self, Grader};
 use crate::sandbox::protocol::{BashArgs, ExportArgs, FileArgs, PythonArgs, Response};
 use crate::sandbox::{NodeSandboxes, SandboxError, SandboxSpec};
+use crate::stage::sandboxed::{self, Check};
+use crate::stage::{EvalOutput, InitOutput, SpecError, StageContext, StageError, TaskKind};
 
 /// A `shell` task's `spec`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -48,7 +49,7 @@ pub struct ShellSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check: Option<Check>,
     /// How EVAL scores the result: `{"type": "math" | "code" | "command", ...}` (see
-    /// [`super::grader`]). Give this or `check`.
+    /// [`crate::grading`]). Give this or `check`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grader: Option<Grader>,
 }
@@ -136,12 +137,12 @@ impl TaskKind for Shell {
         for (i, step) in s.steps.iter().enumerate() {
             check_step(i, step)?;
         }
-        grader::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
+        grading::validate_choice(s.check.as_ref(), s.grader.as_ref(), &s.sandbox)
     }
 
     async fn init(&self, ctx: &StageContext) -> Result<InitOutput, StageError> {
         let spec = spec_of(&ctx.job)?;
-        let sandbox = grader::sandbox_for(&spec.sandbox, spec.grader.as_ref());
+        let sandbox = grading::sandbox_for(&spec.sandbox, spec.grader.as_ref());
         sandboxed::init(&self.sandboxes, ctx, &sandbox).await
     }
 
@@ -198,16 +199,16 @@ impl TaskKind for Shell {
 
     async fn eval(&self, ctx: &StageContext) -> Result<EvalOutput, StageError> {
         let spec = spec_of(&ctx.job)?;
-        let chosen = grader::for_eval(spec.check.as_ref(), spec.grader.as_ref())?;
+        let chosen = grading::for_eval(spec.check.as_ref(), spec.grader.as_ref())?;
         // The response a math grader reads: the last step's output.
         let response = ctx.job.run_output.as_ref().and_then(|o| {
             let text = o["steps"].as_array()?.last()?["observation"]["output"].as_str()?;
-            Some(grader::Response {
+            Some(grading::Response {
                 text: text.to_string(),
                 is_answer: false,
             })
         });
-        grader::eval(
+        grading::eval(
             &self.sandboxes,
             ctx,
             &spec.sandbox,

@@ -21,8 +21,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use super::{EvalOutput, InitOutput, Route, SpecError, StageContext, StageError, TaskKind};
 use crate::domain::Stage;
+use crate::stage::{EvalOutput, InitOutput, Route, SpecError, StageContext, StageError, TaskKind};
 
 /// The `synthetic` kind.
 #[derive(Debug, Clone, Copy, Default)]

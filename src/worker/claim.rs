@@ -12,8 +12,8 @@ use super::held::Held;
 use super::lease::StageEnd;
 use super::record::ack;
 use crate::domain::{EpochMs, Job, StageTimes, WorkMessage};
-use crate::kinds::{StageContext, StageError};
 use crate::queue::{Answer, Delivery};
+use crate::stage::{StageContext, StageError};
 use crate::store::Claim;
 
 impl Worker {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::Worker;
 use super::held::Held;
 use crate::domain::{EpochMs, Stage};
-use crate::kinds::{EvalOutput, InitOutput, StageContext, StageError, TaskKind};
 use crate::queue::{Answer, Delivery};
+use crate::stage::{EvalOutput, InitOutput, StageContext, StageError, TaskKind};
 
 type HookFuture<'a> = Pin<Box<dyn Future<Output = Result<HookOutput, StageError>> + Send + 'a>>;
 

@@ -46,8 +46,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{QueueSettings, Settings, StagesSettings};
 use crate::domain::Stage;
-use crate::kinds::Registry;
 use crate::queue::{Queue, QueueError, WorkQueue};
+use crate::stage::Registry;
 use crate::store::{JobStore, PolicyStore, ResultStore};
 use crate::supervise::spawn_essential;
 use running::RunningJobs;

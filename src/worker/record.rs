@@ -9,10 +9,10 @@ use super::Worker;
 use super::held::Held;
 use super::lease::{HookOutput, StageEnd};
 use crate::domain::{EpochMs, Job, Outcome, Stage, Status, WorkMessage};
-use crate::kinds::{Route, StageError, TaskKind};
 use crate::publish::{dead_letter, publish_result};
 use crate::queue::ANY_ROUTE;
 use crate::queue::{Answer, Delivery};
+use crate::stage::{Route, StageError, TaskKind};
 
 impl Worker {
     /// Records how the claimed stage of `job` ended and acknowledges `msg`.

@@ -17,10 +17,10 @@ use tokio_util::sync::CancellationToken;
 use super::{Worker, WorkerError, WorkerSettings};
 use crate::config::{QueueSettings, StagesSettings};
 use crate::domain::{EpochMs, JobResult, Outcome, Stage, Status, WorkMessage};
-use crate::kinds::{
+use crate::queue::{Answer, Delivery, Outbox, QueueError, WorkQueue, WorkSource};
+use crate::stage::{
     EvalOutput, InitOutput, Registry, Route, SpecError, StageContext, StageError, TaskKind,
 };
-use crate::queue::{Answer, Delivery, Outbox, QueueError, WorkQueue, WorkSource};
 use crate::store::{FinishIf, NewJob, Store};
 
 /// The safety net of every wait: far beyond what any step takes, never a measure.

@@ -415,30 +415,30 @@ async fn a_duplicate_copy_of_a_running_stage_does_not_fail_the_job() {
 struct EpisodeThenLostSandbox;
 
 #[async_trait::async_trait]
-impl rollout::kinds::TaskKind for EpisodeThenLostSandbox {
+impl rollout::stage::TaskKind for EpisodeThenLostSandbox {
     fn name(&self) -> &'static str {
         "episode_then_lost_sandbox"
     }
 
-    fn validate(&self, _spec: &serde_json::Value) -> Result<(), rollout::kinds::SpecError> {
+    fn validate(&self, _spec: &serde_json::Value) -> Result<(), rollout::stage::SpecError> {
         Ok(())
     }
 
     async fn init(
         &self,
-        _ctx: &rollout::kinds::StageContext,
-    ) -> Result<rollout::kinds::InitOutput, rollout::kinds::StageError> {
-        Ok(rollout::kinds::InitOutput {
+        _ctx: &rollout::stage::StageContext,
+    ) -> Result<rollout::stage::InitOutput, rollout::stage::StageError> {
+        Ok(rollout::stage::InitOutput {
             output: serde_json::json!({}),
-            route: rollout::kinds::Route::ThisNode,
+            route: rollout::stage::Route::ThisNode,
         })
     }
 
     async fn run(
         &self,
-        ctx: &rollout::kinds::StageContext,
-    ) -> Result<serde_json::Value, rollout::kinds::StageError> {
-        Err(rollout::kinds::StageError::RestartWith {
+        ctx: &rollout::stage::StageContext,
+    ) -> Result<serde_json::Value, rollout::stage::StageError> {
+        Err(rollout::stage::StageError::RestartWith {
             message: "the sandbox is gone at the export".into(),
             output: serde_json::json!({"episode": ctx.job.id, "restarts": ctx.job.restarts}),
         })
@@ -446,9 +446,9 @@ impl rollout::kinds::TaskKind for EpisodeThenLostSandbox {
 
     async fn eval(
         &self,
-        _ctx: &rollout::kinds::StageContext,
-    ) -> Result<rollout::kinds::EvalOutput, rollout::kinds::StageError> {
-        Err(rollout::kinds::StageError::Failed(
+        _ctx: &rollout::stage::StageContext,
+    ) -> Result<rollout::stage::EvalOutput, rollout::stage::StageError> {
+        Err(rollout::stage::StageError::Failed(
             "EVAL must not run without RUN's export".into(),
         ))
     }

@@ -21,8 +21,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::super::sandboxed::{self, EvalSetup, Prepared, Scorer};
-use super::super::{EvalOutput, SpecError, StageContext, StageError};
 use super::guard::Guard;
 use super::runner;
 use super::seal::Seal;
@@ -32,6 +30,8 @@ use crate::sandbox::client::SandboxClient;
 use crate::sandbox::protocol::ExecArgs;
 use crate::sandbox::spec::RepoSpec;
 use crate::sandbox::{NodeSandboxes, SandboxSpec};
+use crate::stage::sandboxed::{self, EvalSetup, Prepared, Scorer};
+use crate::stage::{EvalOutput, SpecError, StageContext, StageError};
 
 /// Where the test patch is written in EVAL's workspace (then applied and removed).
 const TEST_PATCH_PATH: &str = ".grader/test.patch";

@@ -53,10 +53,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::super::StageError;
-use super::super::sandboxed;
 use crate::sandbox::client::SandboxClient;
 use crate::sandbox::protocol::{ExecArgs, ExecResult, FileArgs};
+use crate::stage::StageError;
+use crate::stage::sandboxed;
 
 /// The probe and sweep, as one Python script (`probe DIR` / `sweep DIR FILES`).
 pub const SCRIPT: &str = include_str!("guard.py");

@@ -28,8 +28,6 @@ pub mod runner;
 pub mod seal;
 pub mod swe_eval;
 
-use super::sandboxed::{self, Check, EvalSetup, Scorer};
-use super::{EvalOutput, SpecError, StageContext, StageError};
 use crate::graders::code::{
     OutputMatch, first_difference, last_code_block, output_matches, verdict_of_run,
 };
@@ -37,6 +35,8 @@ use crate::graders::{logs, math};
 use crate::sandbox::client::SandboxClient;
 use crate::sandbox::protocol::ExecArgs;
 use crate::sandbox::{NodeSandboxes, SandboxSpec};
+use crate::stage::sandboxed::{self, Check, EvalSetup, Scorer};
+use crate::stage::{EvalOutput, SpecError, StageContext, StageError};
 use guard::Guard;
 
 /// A grader, by `type`.
