@@ -54,43 +54,30 @@ pub(crate) trait Migrating: Conn {
     fn run_script(&mut self, sql: String) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 }
 
-impl Migrating for SqliteConnection {
-    async fn apply(
-        &mut self,
-        migrator: &Migrator,
-        target: Option<i64>,
-    ) -> Result<(), sqlx::migrate::MigrateError> {
-        // What `run` and `run_to` call: they take an `Acquire`, whose lifetimes make
-        // the future they return fail the `Send` check here.
-        migrator.run_direct(target, self, false).await
-    }
+/// The one body of [`Migrating`] for each connection type (sqlx's traits differ per
+/// database only in their types).
+macro_rules! migrating {
+    ($($conn:ty),*) => {$(
+        impl Migrating for $conn {
+            async fn apply(
+                &mut self,
+                migrator: &Migrator,
+                target: Option<i64>,
+            ) -> Result<(), sqlx::migrate::MigrateError> {
+                // What `run` and `run_to` call: they take an `Acquire`, whose lifetimes
+                // make the future they return fail the `Send` check here.
+                migrator.run_direct(target, self, false).await
+            }
 
-    async fn run_script(&mut self, sql: String) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(self)
-            .await?;
-        Ok(())
-    }
+            async fn run_script(&mut self, sql: String) -> Result<(), sqlx::Error> {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(self).await?;
+                Ok(())
+            }
+        }
+    )*};
 }
 
-impl Migrating for PgConnection {
-    async fn apply(
-        &mut self,
-        migrator: &Migrator,
-        target: Option<i64>,
-    ) -> Result<(), sqlx::migrate::MigrateError> {
-        // What `run` and `run_to` call: they take an `Acquire`, whose lifetimes make
-        // the future they return fail the `Send` check here.
-        migrator.run_direct(target, self, false).await
-    }
-
-    async fn run_script(&mut self, sql: String) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(self)
-            .await?;
-        Ok(())
-    }
-}
+migrating!(SqliteConnection, PgConnection);
 
 /// What a database is brought up to: its migrations, the last of them that makes views
 /// itself, and the views' definition.
