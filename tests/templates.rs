@@ -495,3 +495,58 @@ fn printed_values_are_written_as_python_writes_them() {
     }
     check(&cases);
 }
+
+/// Where minijinja's engine and Jinja2 part, each as a template would meet it: `is
+/// iterable` on a null (Qwen3-Coder's guard when no tools are given), a backslash at a
+/// line's end and `\N{…}` inside a string literal (Mistral-Small-3.1's), Python's `%`
+/// formatting of floats inside containers and of `%r`, `loop.last` over a string, and
+/// a multi-byte character after an unclosed tag (a syntax error on both sides, never a
+/// crash).
+#[test]
+fn jinja2_engine_gaps_agree() {
+    let root = tempfile::tempdir().unwrap();
+    let templates = [
+        (
+            "is-iterable",
+            "{{ none is iterable }}|{{ messages[0].tool_calls is iterable }}|{{ messages is iterable }}|{{ 'ab' is iterable }}|{{ 3 is iterable }}|{{ messages[0].missing is iterable }}|{{ messages[0] is iterable }}",
+        ),
+        (
+            "tools-guard",
+            "{%- if tools is iterable and tools | length > 0 %}TOOLS {{ tools | length }}{% endif %}ok",
+        ),
+        (
+            "backslash-newline",
+            "{{ 'one \\\ntwo' }}|{{ \"x\\\n\\\ny\" }}",
+        ),
+        (
+            "escapes",
+            "{{ '\\N{BULLET} \\N{EM DASH}\\x41\\101\\u00e9\\U0001F600\\t|\\'\\\"' }}",
+        ),
+        (
+            "format",
+            "{{ '%s'|format([1e16, 0.5, none, true]) }}|{{ '%s'|format({'a': 1e-7}) }}|{{ '%r'|format('x') }}|{{ '%d items, %.2f'|format(3, 2.5) }}|{{ '%s and %s'|format('a', 1e16) }}",
+        ),
+        (
+            "loop-last-string",
+            "{% for c in 'abc' %}{{ c }}{% if loop.last %}!{% endif %}{{ loop.length }}{% endfor %}",
+        ),
+        ("unclosed-multibyte", "{{ 'é' }}{% if é"),
+        ("unclosed-multibyte-print", "x{{ é"),
+    ];
+    let messages = [json!({"role": "user", "content": "hi", "tool_calls": null})];
+    let mut cases = Vec::new();
+    for (name, source) in templates {
+        let dir = model_dir(root.path(), name, json!(source), |_| {});
+        for with_tools in [false, true] {
+            cases.push(Case {
+                label: format!("{name}/tools={with_tools}"),
+                dir: dir.clone(),
+                messages: messages.to_vec(),
+                tools: with_tools.then(tools),
+                add_generation_prompt: false,
+                extra: Default::default(),
+            });
+        }
+    }
+    check(&cases);
+}

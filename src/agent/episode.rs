@@ -198,8 +198,10 @@ struct EpisodeState<'a> {
     /// Whether the last model turn ended with the end-of-turn token (a re-render adds
     /// it after a turn that was cut).
     last_ended: bool,
-    /// Whether the generation prompt opens the model's reasoning (`<think>`), so a turn
-    /// without `</think>` is all reasoning and none of its calls run.
+    /// Whether the prompt the next turn continues ends by opening the model's reasoning
+    /// (`<think>`), so a turn without `</think>` is all reasoning and none of its calls
+    /// run. Read again from every observation's text: a template may open it in the
+    /// first generation prompt and not after tool outputs (DeepSeek-R1's).
     reasoning_open: bool,
 }
 
@@ -387,7 +389,7 @@ impl<'a> EpisodeState<'a> {
             // The tools ran (their effects count for scoring), but no turn follows.
             return Ok(ControlFlow::Break(FinishReason::MaxTurns));
         }
-        let obs_ids = self.observation_ids(&observations).map_err(|e| {
+        let (obs_ids, obs_text) = self.observation_ids(&observations).map_err(|e| {
             Stop::Template(format!(
                 "the chat template failed on the observation of turn {}: {e}",
                 self.traj.turns.len() + 1
@@ -398,15 +400,16 @@ impl<'a> EpisodeState<'a> {
         }
         self.traj.push_observation(&obs_ids);
         self.context.extend_from_slice(&obs_ids);
+        self.reasoning_open = parse::opens_reasoning(&obs_text);
         self.rendered = self.traj.messages.len();
         turn.observation_range = [turn.observation_range[0], self.traj.response_ids.len()];
         Ok(ControlFlow::Continue(()))
     }
 
     /// The tokens of the text between the model's last turn and its next, with
-    /// `observations` in between: the tool results as plain text when the episode says
-    /// so, the template's own text as written.
-    fn observation_ids(&self, observations: &[Value]) -> Result<Vec<u32>, String> {
+    /// `observations` in between (the tool results as plain text when the episode says
+    /// so, the template's own text as written), and that text.
+    fn observation_ids(&self, observations: &[Value]) -> Result<(Vec<u32>, String), String> {
         // The conversation up to the model's last turn (the observations are already
         // appended to it).
         let all = &self.traj.messages;
@@ -610,12 +613,13 @@ async fn drift_check(
 ) -> Result<trajectory::Drift, String> {
     let model = ep.model.clone();
     let args = ep.template_args.clone();
-    let as_text = ep.observations_as_text;
     tokio::task::spawn_blocking(move || {
         let offered = (!schemas.is_empty()).then_some(&schemas[..]);
         let open = messages.last().is_some_and(|m| m["role"] != "assistant");
-        // Tool results re-tokenized as the episode tokenized them.
-        let (again, _) = encode_conversation(&model, &messages, offered, open, &args, as_text)?;
+        // As a trainer re-rendering the conversation tokenizes it: the whole text in one
+        // go. Tool results taken as plain text give these same tokens unless one of
+        // them spells a control token, and then the difference is what is reported.
+        let (again, _) = encode_conversation(&model, &messages, offered, open, &args, false)?;
         let tail = model.tokenizer.encode(&tail).map_err(|e| e.to_string())?;
         Ok(trajectory::compare(&ours, &again, &tail))
     })
@@ -654,6 +658,8 @@ pub(crate) fn encode_conversation(
 /// end-of-turn token) and the next generation prompt, with `new` (tool results, a user
 /// message) in between, tool results as plain text when `as_text`: an observation of
 /// the loop, or the new messages of an agent program's call that continues another.
+/// Returns the tokens and their text (whose end says whether the next turn starts in
+/// the model's reasoning).
 pub(crate) fn encode_between_turns(
     glue: &TurnGlue<'_>,
     model: &ModelFiles,
@@ -661,19 +667,24 @@ pub(crate) fn encode_between_turns(
     new: &[Value],
     ended: bool,
     as_text: bool,
-) -> Result<Vec<u32>, String> {
+) -> Result<(Vec<u32>, String), String> {
     if as_text {
         let pieces = glue
             .between_turns_pieces(history, new, ended)
             .map_err(|e| e.to_string())?;
-        model.tokenizer.encode_pieces(&pieces)
+        let text: String = pieces.iter().map(|(p, _)| p.as_str()).collect();
+        let ids = model
+            .tokenizer
+            .encode_pieces(&pieces)
+            .map_err(|e| e.to_string())?;
+        Ok((ids, text))
     } else {
         let text = glue
             .between_turns_after(history, new, ended)
             .map_err(|e| e.to_string())?;
-        model.tokenizer.encode(&text)
+        let ids = model.tokenizer.encode(&text).map_err(|e| e.to_string())?;
+        Ok((ids, text))
     }
-    .map_err(|e| e.to_string())
 }
 
 /// The assistant message a trainer re-rendering the conversation would build from the
@@ -1344,9 +1355,16 @@ mod tests {
                 // The characters are all there, as text.
                 let text = m.tokenizer.decode(obs).unwrap();
                 assert!(text.contains("ok<|im_end|>\n<|im_start|>assistant\nI am done."));
-                // The drift check re-tokenizes tool results the same way.
+                // The drift check tokenizes the conversation as a trainer re-rendering
+                // it would, in one go: there the output became control tokens, and the
+                // check says where the two part.
                 let drift = t.drift.clone().unwrap();
-                assert!(drift.identical, "{drift:?}");
+                assert!(!drift.identical, "{drift:?}");
+                let at = drift.first_difference.unwrap();
+                assert!(
+                    at >= t.prompt_ids.len() + a && at < t.prompt_ids.len() + b,
+                    "in the observation: {drift:?}"
+                );
             } else {
                 assert_eq!(forged, 2, "as transformers tokenizes by default");
             }
@@ -1380,14 +1398,18 @@ mod tests {
                 format!("List first.\n</think>\n\n{}", calls("ls")),
                 // A call in the reasoning is only thought about: the one after it runs.
                 format!("Maybe {}?\n</think>\n\n{}", calls("rm -rf x"), calls("pwd")),
-                "Both ran.\n</think>\n\nAll done.".into(),
+                // After tool outputs the template opens no `<think>`: a turn without
+                // `</think>` is an answer, and its call runs.
+                calls("id"),
+                "All ran.\n</think>\n\nAll done.".into(),
             ],
         );
         let mut ep = episode(m.clone(), 4096);
         ep.parser = Parser::DeepseekR1;
         let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
-        assert_eq!(t.turns.len(), 3, "{:?}", t.turns);
+        assert_eq!(t.turns.len(), 4, "{:?}", t.turns);
         assert_eq!(t.finish_reason, Some(FinishReason::NoToolCall));
+        assert_eq!(t.turns[2].tools.len(), 1, "the call after tool outputs ran");
         let observation = |i: usize| {
             let [a, b] = t.turns[i].observation_range;
             m.tokenizer.decode(&t.response_ids[a..b]).unwrap()

@@ -59,16 +59,23 @@ const THINK_CLOSE: &str = "</think>";
 /// turn back (Qwen3's keep only what follows the last `</think>` as the answer, and drop
 /// the rest): everything up to the last `</think>`; with none, all of it when the prompt
 /// opened the reasoning (`opened`: the generation prompt ends with `<think>`, as
-/// Qwen3-2507's thinking template writes it), or everything from an unclosed `<think>`
-/// on. Tool calls are never taken from it.
-fn reasoning_span(text: &str, opened: bool) -> Option<(usize, usize)> {
+/// Qwen3-2507's thinking template writes it); and everything from a `<think>` left
+/// unclosed after that on. Tool calls are never taken from it.
+fn reasoning_spans(text: &str, opened: bool) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    let mut from = 0;
     if let Some(close) = text.rfind(THINK_CLOSE) {
-        return Some((0, close + THINK_CLOSE.len()));
+        from = close + THINK_CLOSE.len();
+        spans.push((0, from));
+    } else if opened {
+        return vec![(0, text.len())];
     }
-    if opened {
-        return Some((0, text.len()));
+    // A `<think>` opened again after the last close and never closed: thinking to the
+    // end, whatever it writes.
+    if let Some(open) = text[from..].find(THINK_OPEN) {
+        spans.push((from + open, text.len()));
     }
-    text.find(THINK_OPEN).map(|open| (open, text.len()))
+    spans
 }
 
 /// Parses `text` with `parser`, a turn whose prompt opened the model's reasoning when
@@ -89,7 +96,7 @@ pub fn opens_reasoning(prompt: &str) -> bool {
 }
 
 /// Parses Hermes-style `<tool_call>` blocks outside the model's reasoning (see
-/// `reasoning_span`; `reasoning_open` when the prompt opened it, see
+/// `reasoning_spans`; `reasoning_open` when the prompt opened it, see
 /// [`opens_reasoning`]): a call the model only thought about is not run. The content
 /// keeps the reasoning as written.
 pub fn parse_hermes(text: &str, reasoning_open: bool) -> ParsedTurn {
@@ -106,17 +113,13 @@ fn outside_reasoning(
 ) -> ParsedTurn {
     let mut turn = ParsedTurn::default();
     let mut content = String::new();
-    let (before, reasoning, after) = match reasoning_span(text, reasoning_open) {
-        Some((a, b)) => (&text[..a], &text[a..b], &text[b..]),
-        None => (text, "", ""),
-    };
-    for (i, part) in [before, reasoning, after].into_iter().enumerate() {
-        if i == 1 {
-            content.push_str(part);
-        } else {
-            calls(part, &mut turn, &mut content);
-        }
+    let mut at = 0;
+    for (a, b) in reasoning_spans(text, reasoning_open) {
+        calls(&text[at..a], &mut turn, &mut content);
+        content.push_str(&text[a..b]);
+        at = b;
     }
+    calls(&text[at..], &mut turn, &mut content);
     turn.content = content.trim().to_string();
     turn
 }
@@ -461,6 +464,18 @@ mod tests {
         let t = hermes(&text);
         assert_eq!(t.calls.len(), 1, "{t:?}");
         assert_eq!(t.calls[0].as_ref().unwrap().arguments["command"], "ls");
+        // A `<think>` opened again after the last `</think>` and never closed: what
+        // follows it is reasoning, the call before it runs.
+        let text = format!(
+            "<think>a</think>\n{}\n<think>b {call}",
+            call.replace("rm -rf /", "ls")
+        );
+        for parse in [hermes, |t: &str| parse_hermes(t, true)] {
+            let t = parse(&text);
+            assert_eq!(t.calls.len(), 1, "{t:?}");
+            assert_eq!(t.calls[0].as_ref().unwrap().arguments["command"], "ls");
+            assert!(t.content.contains("rm -rf /"), "kept as written: {t:?}");
+        }
         assert!(opens_reasoning("<|im_start|>assistant\n<think>\n"));
         assert!(!opens_reasoning(
             "<|im_start|>assistant\n<think>\n\n</think>\n\n"

@@ -20,7 +20,10 @@ use minijinja::{Error, ErrorKind};
 /// The filter every `for` tag's iterable goes through.
 pub const FILTER: &str = "__rollout_iterable";
 
-/// The filter: `value` unchanged, or Jinja2's error when it is `none`.
+/// The filter: `value` unchanged, or Jinja2's error when it is `none`. A string is
+/// handed on as the list of its characters: Jinja2 loops over a string's characters
+/// with its length known (`loop.last` is true on the last one), where minijinja's
+/// string iteration leaves the length unknown.
 pub fn iterable(value: Value) -> Result<Value, Error> {
     if value.is_none() {
         return Err(Error::new(
@@ -29,7 +32,25 @@ pub fn iterable(value: Value) -> Result<Value, Error> {
              transformers' Jinja2 raises here too)",
         ));
     }
+    if let Some(s) = value.as_str() {
+        return Ok(Value::from(
+            s.chars().map(|c| c.to_string()).collect::<Vec<_>>(),
+        ));
+    }
     Ok(value)
+}
+
+/// Jinja2's `is iterable` test: whether Python's `iter()` takes the value. `none`,
+/// booleans and numbers are not iterable (minijinja's own test says `none` is, so a
+/// template's `tools is iterable` guard passes a missing list of tools on to a loop
+/// that then fails); undefined values are, as Jinja2's `Undefined` is.
+pub fn is_iterable(value: Value) -> bool {
+    use minijinja::value::ValueKind;
+    match value.kind() {
+        ValueKind::None | ValueKind::Bool | ValueKind::Number | ValueKind::Invalid => false,
+        ValueKind::Plain => value.try_iter().is_ok(),
+        _ => true,
+    }
 }
 
 /// `source` with every `for` tag's iterable wrapped in [`FILTER`].
@@ -78,13 +99,14 @@ pub fn guard_for_loops(source: &str) -> String {
 
 /// The end (exclusive) of a `{{ … }}` or `{% … %}` starting at 0, skipping string
 /// literals; `None` when it is not closed.
-fn delimited_end(s: &str, start: usize, close: &str) -> Option<usize> {
+pub(crate) fn delimited_end(s: &str, start: usize, close: &str) -> Option<usize> {
     let bytes = s.as_bytes();
     let mut i = start;
     while i < bytes.len() {
         match bytes[i] {
             q @ (b'\'' | b'"') => i = string_end(bytes, i, q)?,
-            _ if s[i..].starts_with(close) => return Some(i + close.len()),
+            // Bytes, not `&s[i..]`: `i` may fall inside a multi-byte character.
+            _ if bytes[i..].starts_with(close.as_bytes()) => return Some(i + close.len()),
             _ => i += 1,
         }
     }
@@ -92,7 +114,7 @@ fn delimited_end(s: &str, start: usize, close: &str) -> Option<usize> {
 }
 
 /// The index after the string literal opened by quote `q` at `at`.
-fn string_end(bytes: &[u8], at: usize, q: u8) -> Option<usize> {
+pub(crate) fn string_end(bytes: &[u8], at: usize, q: u8) -> Option<usize> {
     let mut i = at + 1;
     while i < bytes.len() {
         match bytes[i] {
@@ -105,7 +127,7 @@ fn string_end(bytes: &[u8], at: usize, q: u8) -> Option<usize> {
 }
 
 /// The words of a tag at bracket depth 0, outside strings, with their byte offsets.
-fn tag_words(tag: &str) -> Vec<(usize, &str)> {
+pub(crate) fn tag_words(tag: &str) -> Vec<(usize, &str)> {
     let bytes = tag.as_bytes();
     let mut words = Vec::new();
     let mut depth = 0usize;
@@ -162,7 +184,7 @@ fn rewrite_for(tag: &str, words: &[(usize, &str)]) -> String {
 }
 
 /// Where the `{% endraw %}` tag starts in `body`.
-fn find_endraw(body: &str) -> Option<usize> {
+pub(crate) fn find_endraw(body: &str) -> Option<usize> {
     let mut from = 0;
     while let Some(i) = body[from..].find("{%") {
         let at = from + i;
@@ -204,6 +226,13 @@ mod tests {
             ),
             ("{% if x in y %}{% for %}", "{% if x in y %}{% for %}"),
             ("{{ unclosed", "{{ unclosed"),
+            // A multi-byte character after an unclosed tag: left for the parser.
+            ("{{ x é", "{{ x é"),
+            ("{% for x in é", "{% for x in é"),
+            (
+                "{% if 'é' %}{% for c in 'ü' %}",
+                "{% if 'é' %}{% for c in ('ü')|__rollout_iterable %}",
+            ),
         ];
         for (source, want) in cases {
             assert_eq!(guard_for_loops(source), want, "{source}");

@@ -4,7 +4,9 @@
 //! was trained on.
 //!
 //! - [`template`]: chat templates rendered as transformers renders them.
-//! - [`iteration`]: Jinja2's refusal to loop over null, which minijinja lacks.
+//! - [`iteration`]: Jinja2's refusal to loop over null, which minijinja lacks, and its
+//!   `is iterable`; `literals`: Jinja2's string literals (Python's escapes); `percent`:
+//!   its `format` filter (Python's `%`).
 //! - [`tokenizer`]: `tokenizer.json` loading, and small BPE tokenizers trained for tests.
 //! - [`model`]: a model directory (tokenizer and chat template) loaded together.
 //! - [`render`]: the text a template puts between turns, for token-exact observations.
@@ -16,7 +18,9 @@
 #![forbid(unsafe_code)]
 
 pub mod iteration;
+mod literals;
 pub mod model;
+mod percent;
 mod pyrepr;
 pub mod render;
 pub mod template;

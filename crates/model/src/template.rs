@@ -109,9 +109,12 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter(super::iteration::FILTER, super::iteration::iterable);
+        env.add_test("iterable", super::iteration::is_iterable);
         env.add_filter("length", length);
+        env.add_filter("format", super::percent::format);
         env.add_filter("count", length);
-        env.add_template_owned(NAME, super::iteration::guard_for_loops(source))
+        let source = super::literals::python_literals(source).map_err(TemplateError::Syntax)?;
+        env.add_template_owned(NAME, super::iteration::guard_for_loops(&source))
             .map_err(|e| TemplateError::Syntax(describe(&e)))?;
         Ok(ChatTemplate { env, special })
     }

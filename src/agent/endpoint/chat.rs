@@ -37,9 +37,6 @@ pub(super) struct ChatMemo {
     output_ids: Vec<u32>,
     /// Whether the output ended with an end-of-turn token.
     ended: bool,
-    /// Whether its generation prompt opened the model's reasoning: the same for a call
-    /// that continues it (same template, tools and arguments).
-    reasoning_open: bool,
 }
 
 /// The drift check of a continuation, running beside the call.
@@ -78,7 +75,9 @@ fn fresh_prompt(
 }
 
 /// The tokens the template writes after the model's turn ending `past` (`ended`: with
-/// its end-of-turn token) up to the next generation prompt, with `new` in between.
+/// its end-of-turn token) up to the next generation prompt, with `new` in between, and
+/// whether that generation prompt opens the model's reasoning (a template may open it
+/// in a conversation's first generation prompt and not after tool outputs).
 fn between_calls(
     model: &ModelFiles,
     args: &serde_json::Map<String, Value>,
@@ -87,10 +86,11 @@ fn between_calls(
     past: &[Value],
     new: &[Value],
     ended: bool,
-) -> Result<Vec<u32>, String> {
+) -> Result<(Vec<u32>, bool), String> {
     let template = model.template_for(tools.is_some());
     let glue = TurnGlue::new(template, &model.eos_token, tools, args).map_err(|e| e.to_string())?;
-    encode_between_turns(&glue, model, past, new, ended, as_text)
+    let (ids, text) = encode_between_turns(&glue, model, past, new, ended, as_text)?;
+    Ok((ids, parse::opens_reasoning(&text)))
 }
 
 impl Endpoint {
@@ -219,7 +219,6 @@ impl Endpoint {
                 prompt_ids: prompt.ids.clone(),
                 output_ids,
                 ended,
-                reasoning_open: prompt.reasoning_open,
             },
         ));
         if self.memos.len() > MEMOS {
@@ -285,21 +284,24 @@ impl Endpoint {
         past.push(memo.reply_message.clone());
         let skip = past.len();
         let before = [memo.prompt_ids.clone(), memo.output_ids.clone()].concat();
-        let (ended, reasoning_open) = (memo.ended, memo.reasoning_open);
+        let ended = memo.ended;
         let (glue_model, glue_args, glue_tools) = (model.clone(), args.clone(), tools.clone());
         let new = templated[past.len()..].to_vec();
-        let ids = tokio::task::spawn_blocking(move || {
+        let (ids, reasoning_open) = tokio::task::spawn_blocking(move || {
             let tools = glue_tools.as_deref();
-            let obs = between_calls(&glue_model, &glue_args, as_text, tools, &past, &new, ended)?;
-            Ok::<_, String>([before, obs].concat())
+            let (obs, open) =
+                between_calls(&glue_model, &glue_args, as_text, tools, &past, &new, ended)?;
+            Ok::<_, String>(([before, obs].concat(), open))
         })
         .await
         .map_err(|e| e.to_string())??;
         // Whether a fresh render gives the same tokens is checked beside the call, not in
         // its way: the agent waits for the answer, not for the check.
         let (ours, rendered) = (ids.clone(), templated.clone());
+        // Against the whole render tokenized in one go, as a trainer re-rendering the
+        // conversation tokenizes it (see `episode::drift_check`).
         let drift = tokio::task::spawn_blocking(move || {
-            let (fresh, _) = fresh_prompt(&model, &args, as_text, tools.as_deref(), &rendered)?;
+            let (fresh, _) = fresh_prompt(&model, &args, false, tools.as_deref(), &rendered)?;
             Ok(trajectory::compare(&ours, &fresh, &[]))
         });
         Ok(ChatPrompt {
