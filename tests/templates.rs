@@ -10,7 +10,9 @@
 //! small templates for Jinja2's edge cases; and two real models' templates as they ship,
 //! DeepSeek-R1's (state carried across the conversation) and Seed-OSS-36B-Instruct's
 //! (tools as Python signatures, non-string call arguments printed with `|string`;
-//! `seed_oss.jinja`, the published template text with its Apache-2.0 model). Each is
+//! `seed_oss.jinja`, the published template text with its Apache-2.0 model), and
+//! Qwen3-Coder's (XML tools and calls; `qwen3_coder.jinja`, the published template
+//! text of its Apache-2.0 models, as vLLM's examples carry it). Each is
 //! written into a model directory that
 //! both sides load as they load a real model's, so transformers also chooses the
 //! template and passes the special tokens itself. The conversations carry tools,
@@ -285,6 +287,19 @@ fn fixture_templates_render_as_transformers_renders_them() {
         // The template Seed-OSS ships: tools written as Python signatures, and call
         // arguments that are not strings printed with `|string` (Python's str()).
         ("seed_oss", seed_oss_dir(root.path()), tools()),
+        // The template Qwen3-Coder ships: tools and calls as XML, each argument a
+        // `<parameter=…>` block printed with `|string` (or `tojson` for containers),
+        // and an `is iterable` guard on the tools, which are null when none are given.
+        (
+            "qwen3_coder",
+            model_dir(
+                root.path(),
+                "qwen3coder",
+                fixture("qwen3_coder.jinja"),
+                |_| {},
+            ),
+            tools(),
+        ),
     ];
     let mut cases = Vec::new();
     for (name, dir, tools) in &dirs {

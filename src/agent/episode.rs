@@ -1481,6 +1481,67 @@ mod tests {
         assert!(drift.identical, "{drift:?}");
     }
 
+    /// Qwen3-Coder end to end, with the template it ships: XML calls parsed by
+    /// `qwen3_coder`, tool outputs merged into one user turn, a finishing call, and a
+    /// record whose re-render is the episode's own tokens.
+    #[tokio::test]
+    async fn a_qwen3_coder_episode_runs_its_xml_calls() {
+        let template = include_str!("../../tests/fixtures/templates/qwen3_coder.jinja");
+        let m = Arc::new(demo::model_files(template, &[]).unwrap());
+        let xml = |name: &str, key: &str, value: &str| {
+            format!(
+                "<tool_call>\n<function={name}>\n<parameter={key}>\n{value}\n</parameter>\n</function>\n</tool_call>"
+            )
+        };
+        let mut llm = script(
+            &m,
+            &[
+                format!("I will look.\n\n{}", xml("bash", "command", "ls -la")),
+                // After the generation prompt's newline, as the template writes a turn
+                // of calls back: `<|im_start|>assistant` and a newline before each.
+                format!(
+                    "{}\n{}",
+                    xml("bash", "command", "cat a.py\nwc -l a.py"),
+                    xml("bash", "command", "pwd")
+                ),
+                xml("finish", "answer", "two files"),
+            ],
+        );
+        let mut ep = episode(m.clone(), 8192);
+        ep.parser = Parser::Qwen3Coder;
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(
+            t.finish_reason,
+            Some(FinishReason::Finished),
+            "{:?}",
+            t.turns
+        );
+        assert_eq!(t.answer.as_deref(), Some("two files"));
+        let ran: Vec<&str> = t
+            .turns
+            .iter()
+            .flat_map(|turn| &turn.tools)
+            .map(|r| r.observation.as_str())
+            .collect();
+        assert_eq!(
+            ran,
+            [
+                "bash ran ls -la",
+                "bash ran cat a.py\nwc -l a.py",
+                "bash ran pwd",
+                ""
+            ],
+            "the three commands, then the finishing call"
+        );
+        // Both outputs of the second turn in one user turn, as the template merges them.
+        let [a, b] = t.turns[1].observation_range;
+        let obs = m.tokenizer.decode(&t.response_ids[a..b]).unwrap();
+        assert_eq!(obs.matches("<|im_start|>user").count(), 1, "{obs}");
+        assert_eq!(obs.matches("<tool_response>").count(), 2, "{obs}");
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
     #[tokio::test]
     async fn bad_calls_and_unknown_tools_are_observations() {
         let m = model();

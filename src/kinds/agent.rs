@@ -66,8 +66,8 @@ pub struct AgentSpec {
     /// Sampling parameters passed to the backend (`max_tokens` is set per turn).
     #[serde(default)]
     pub sampling: Sampling,
-    /// `hermes` (`<tool_call>` blocks), `bash_block` or `deepseek_r1`; `agent.parser`
-    /// when absent.
+    /// `hermes` (`<tool_call>` blocks), `bash_block`, `deepseek_r1` or `qwen3_coder`
+    /// (see `Parser::ALL`); `agent.parser` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parser: Option<String>,
     /// Limits; each one absent takes the `agent.*` default.
@@ -316,10 +316,7 @@ pub(super) fn validate_model_side(
     if let Some(p) = parser
         && Parser::from_name(p).is_none()
     {
-        return Err(SpecError::new(
-            "parser",
-            "must be `hermes`, `bash_block` or `deepseek_r1`",
-        ));
+        return Err(SpecError::new("parser", Parser::expected()));
     }
     // What vLLM and SGLang both accept, refused here rather than by every request.
     if sampling.seed.is_some_and(|v| v > i64::MAX as u64) {

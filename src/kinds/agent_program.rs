@@ -81,7 +81,7 @@ pub struct ProgramSpec {
     #[serde(default)]
     pub sampling: Sampling,
     /// How tool calls are read from the model's text when a request offers tools:
-    /// `hermes`, `bash_block` or `deepseek_r1`; `agent.parser` when absent.
+    /// one of `Parser::ALL`'s names; `agent.parser` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parser: Option<String>,
     /// Limits: `max_turns` caps the program's model calls, `max_tokens` a call's

@@ -283,7 +283,7 @@ impl Settings {
             }
         }
         if crate::domain::parser::Parser::from_name(&a.parser).is_none() {
-            return bad("agent.parser", "must be hermes, bash_block or deepseek_r1");
+            return bad("agent.parser", &crate::domain::parser::Parser::expected());
         }
         Ok(())
     }

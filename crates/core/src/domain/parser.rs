@@ -14,16 +14,44 @@ pub enum Parser {
     BashBlock,
     /// DeepSeek-R1's (and V3's) `<｜tool▁calls▁begin｜>` sections.
     DeepseekR1,
+    /// Qwen3-Coder's XML calls: `<tool_call><function=NAME><parameter=KEY>value
+    /// </parameter></function></tool_call>` (vLLM's `qwen3_coder`).
+    Qwen3Coder,
 }
 
 impl Parser {
-    /// Parses `hermes`, `bash_block` or `deepseek_r1`.
+    /// Every parser, by the name settings and task specs give it.
+    pub const ALL: [(&'static str, Parser); 4] = [
+        ("hermes", Parser::Hermes),
+        ("bash_block", Parser::BashBlock),
+        ("deepseek_r1", Parser::DeepseekR1),
+        ("qwen3_coder", Parser::Qwen3Coder),
+    ];
+
+    /// The parser named `s` (one of [`Parser::ALL`]).
     pub fn from_name(s: &str) -> Option<Self> {
-        match s {
-            "hermes" => Some(Parser::Hermes),
-            "bash_block" => Some(Parser::BashBlock),
-            "deepseek_r1" => Some(Parser::DeepseekR1),
-            _ => None,
+        Self::ALL.iter().find(|(n, _)| *n == s).map(|&(_, p)| p)
+    }
+
+    /// What a bad name is told: the names there are.
+    pub fn expected() -> String {
+        let names: Vec<String> = Self::ALL.iter().map(|(n, _)| format!("`{n}`")).collect();
+        format!("must be one of {}", names.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each name reads back as the parser whose serde name it is.
+    #[test]
+    fn names_are_the_serde_names() {
+        for (name, parser) in Parser::ALL {
+            assert_eq!(serde_json::to_value(parser).unwrap(), name);
+            assert_eq!(Parser::from_name(name), Some(parser));
         }
+        assert_eq!(Parser::from_name("json"), None);
+        assert!(Parser::expected().contains("`qwen3_coder`"));
     }
 }

@@ -12,8 +12,14 @@
 //!   a call per `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` with its arguments in a
 //!   ```` ```json ```` block, as their chat template writes calls and vLLM's
 //!   `deepseek_v3` parser reads them.
+//! - [`parse_qwen3_coder`]: Qwen3-Coder's XML calls (`<function=…>` with a
+//!   `<parameter=…>` block per argument), as vLLM's `qwen3_coder` reads them.
 
 use serde::{Deserialize, Serialize};
+
+mod qwen3_coder;
+
+pub use qwen3_coder::parse_qwen3_coder;
 
 use crate::domain::parser::Parser;
 
@@ -86,6 +92,7 @@ pub fn parse_turn(parser: Parser, text: &str, reasoning_open: bool) -> ParsedTur
         Parser::Hermes => parse_hermes(text, reasoning_open),
         Parser::BashBlock => parse_bash_block(text),
         Parser::DeepseekR1 => parse_deepseek_r1(text, reasoning_open),
+        Parser::Qwen3Coder => parse_qwen3_coder(text, reasoning_open),
     }
 }
 
