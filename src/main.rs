@@ -11,7 +11,7 @@ use rollout::config::Settings;
 use rollout::wiring;
 
 mod cli;
-use cli::args::{BackendsAction, Cli, Command, gateway_client};
+use cli::args::{BackendsAction, Cli, Command, TemplateAction, gateway_client};
 use cli::services::UpOptions;
 use cli::tasks::TaskFiles;
 
@@ -64,6 +64,27 @@ async fn main() -> anyhow::Result<()> {
             };
             cli::services::up(settings, opts, &submit, batch).await?
         }
+        Command::Template { action } => match action {
+            TemplateAction::Render {
+                model,
+                input,
+                parser,
+                json,
+            } => cli::template::render(&model, input.as_deref(), &parser, json)?,
+            TemplateAction::Parse {
+                model,
+                input,
+                parser,
+                reasoning_open,
+                json,
+            } => cli::template::parse_output(
+                &model,
+                input.as_deref(),
+                &parser,
+                reasoning_open,
+                json,
+            )?,
+        },
         command => client_command(&settings, command).await?,
     }
     Ok(())
@@ -146,7 +167,11 @@ async fn client_command(settings: &Settings, command: Command) -> anyhow::Result
                 }
             }
         }
-        Command::Serve | Command::Migrate | Command::Node { .. } | Command::Up { .. } => {
+        Command::Serve
+        | Command::Migrate
+        | Command::Node { .. }
+        | Command::Up { .. }
+        | Command::Template { .. } => {
             unreachable!("`main` runs the commands that do not talk to a gateway")
         }
     }

@@ -565,3 +565,95 @@ fn jinja2_engine_gaps_agree() {
     }
     check(&cases);
 }
+
+/// Runs `rollout template ARGS` with `stdin`; returns the exit status's success, the
+/// standard output and the standard error.
+fn template_command(args: &[&str], stdin: &str) -> (bool, String, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rollout"))
+        .arg("template")
+        .args(args)
+        .env_remove("ROLLOUT_CONFIG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `rollout template render` prints the prompt a conversation becomes, its token IDs
+/// (an ordinary tool output gets the tokens of the whole text) and the parser the
+/// template implies; `parse` the calls taken from an output. A model whose template
+/// writes calls no parser reads gets none, and `parse` says which parsers there are.
+#[test]
+fn the_template_commands_show_what_the_service_makes_of_a_model() {
+    let root = tempfile::tempdir().unwrap();
+    let coder = model_dir(root.path(), "coder", fixture("qwen3_coder.jinja"), |_| {});
+    let conversation = json!({
+        "messages": [
+            {"role": "user", "content": "List the files."},
+            {"role": "assistant", "content": "", "tool_calls": [call("bash", json!({"command": "ls"}))]},
+            {"role": "tool", "content": "a.py\nb.py\n"}
+        ],
+        "tools": tools(),
+    });
+    let dir = coder.display().to_string();
+    let (ok, out, err) = template_command(
+        &["render", "--model", &dir, "--json"],
+        &conversation.to_string(),
+    );
+    assert!(ok, "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    let text = shown["text"].as_str().unwrap();
+    assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
+    assert!(
+        text.contains("<function=bash>\n<parameter=command>\nls\n</parameter>"),
+        "{text}"
+    );
+    let model = ModelFiles::load(&coder).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(shown["ids"].clone()).unwrap();
+    assert_eq!(ids, model.tokenizer.encode(text).unwrap());
+    assert_eq!(shown["parser"], "qwen3_coder", "{shown}");
+    assert_eq!(shown["template"], "default");
+
+    let output = "I will look.\n<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n</function>\n</tool_call>";
+    let (ok, out, err) = template_command(&["parse", "--model", &dir, "--json"], output);
+    assert!(ok, "{err}");
+    let parsed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(parsed["content"], "I will look.");
+    assert_eq!(
+        parsed["tool_calls"],
+        json!([{"name": "bash", "arguments": {"command": "ls -la"}}])
+    );
+
+    let llama = model_dir(root.path(), "llama", fixture("llama3_tools.jinja"), |_| {});
+    let dir = llama.display().to_string();
+    let (ok, out, err) = template_command(
+        &["render", "--model", &dir, "--json"],
+        &conversation.to_string(),
+    );
+    assert!(ok, "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["parser"], Value::Null, "{shown}");
+    assert!(
+        shown["parser_why"].as_str().unwrap().contains("no parser"),
+        "{shown}"
+    );
+    let (ok, _, err) = template_command(&["parse", "--model", &dir], output);
+    assert!(!ok);
+    assert!(
+        err.contains("`qwen3_coder`") && err.contains("`hermes`"),
+        "{err}"
+    );
+}

@@ -630,9 +630,9 @@ async fn drift_check(
 /// `messages` rendered with the model's chat template (offering `tools`, with the
 /// generation prompt when `open`) and tokenized, tool results as plain text when
 /// `as_text` ([`super::render::locate_results`]): what a fresh render of a conversation
-/// gives, for the drift checks of the loop and of agent programs' calls. Returns the
-/// tokens and the rendered text.
-pub(crate) fn encode_conversation(
+/// gives, for the drift checks of the loop and of agent programs' calls, and what
+/// `rollout template render` prints. Returns the tokens and the rendered text.
+pub fn encode_conversation(
     model: &ModelFiles,
     messages: &[Value],
     tools: Option<&[Value]>,

@@ -120,6 +120,13 @@ pub enum Command {
         #[command(flatten)]
         gateway: GatewayArgs,
     },
+    /// See what the service makes of a model before training on it: the prompt a
+    /// conversation becomes (`render`), and the tool calls it takes from a model's
+    /// output (`parse`). Needs no service running.
+    Template {
+        #[command(subcommand)]
+        action: TemplateAction,
+    },
     /// One node's workers in one process: by default INIT, RUN and EVAL, which share
     /// the node's sandboxes (`node.name`). What a Slurm job or a container runs on each
     /// machine; SIGTERM hands running work back within `stages.grace_ms`.
@@ -151,6 +158,49 @@ pub enum Command {
         /// `<state_dir>/logs/up.log` (with warnings on screen).
         #[arg(long)]
         logs_on_screen: bool,
+    },
+}
+
+/// What `rollout template` does.
+#[derive(Debug, Subcommand)]
+pub enum TemplateAction {
+    /// Print the prompt a conversation becomes with the model's chat template, its token
+    /// IDs as the service sends them (tool results tokenized as episodes tokenize them),
+    /// and which template and tool-call parser the model gets, and why. Reads
+    /// `{"messages": [...], "tools": [...], "template_args": {...}}` (or a list of
+    /// messages) as JSON.
+    Render {
+        /// The model directory (`tokenizer.json`, `tokenizer_config.json`, …).
+        #[arg(long)]
+        model: PathBuf,
+        /// The conversation (JSON); standard input when absent or `-`.
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// The tool-call parser: `auto` (from the template) or a parser's name.
+        #[arg(long, default_value = "auto")]
+        parser: String,
+        /// One JSON object: text, ids, template and parser, each with why.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the reasoning, the content and the tool calls the service takes from one
+    /// model output (its text, as the model generated it).
+    Parse {
+        /// The model directory.
+        #[arg(long)]
+        model: PathBuf,
+        /// The model's output text; standard input when absent or `-`.
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// The tool-call parser: `auto` (from the template) or a parser's name.
+        #[arg(long, default_value = "auto")]
+        parser: String,
+        /// The prompt ended by opening the model's reasoning (`<think>`).
+        #[arg(long)]
+        reasoning_open: bool,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -314,7 +314,7 @@ pub(super) fn validate_model_side(
     limits: &AgentLimits,
 ) -> Result<(), SpecError> {
     if let Some(p) = parser
-        && Parser::from_name(p).is_none()
+        && !Parser::is_name(p)
     {
         return Err(SpecError::new("parser", Parser::expected()));
     }
@@ -467,12 +467,12 @@ impl TaskKind for Agent {
                 deadline,
             )
             .await?;
-        let parser = spec
+        let name = spec
             .parser
             .as_deref()
-            .or(Some(self.settings.agent.parser.as_str()))
-            .and_then(Parser::from_name)
-            .unwrap_or_default();
+            .unwrap_or(&self.settings.agent.parser);
+        let parser = crate::agent::parse::choose(name, &model)
+            .map_err(|e| StageError::Failed(format!("model `{model_name}`: {e}")))?;
         let ep = Episode {
             model,
             model_name,

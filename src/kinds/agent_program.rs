@@ -42,7 +42,6 @@ use super::agent::{self, Agent, AgentLimits, ModelSide, StillClaimed};
 use crate::agent::endpoint::{
     DEFAULT_MAX_REFUSED_CALLS, Endpoint, EndpointStop, ProgramEnd, ProgramEpisode,
 };
-use crate::agent::episode::Parser;
 use crate::backends::generate::Generator;
 use crate::backends::wire::Sampling;
 use crate::domain::Job;
@@ -130,7 +129,8 @@ impl AgentProgram {
 }
 
 impl AgentProgram {
-    /// What the endpoint of `spec`'s episode needs, defaults filled in.
+    /// What the endpoint of `spec`'s episode needs, defaults filled in; the parser
+    /// chosen from the model's template unless the spec or the settings name one.
     fn episode(
         &self,
         spec: &ProgramSpec,
@@ -138,17 +138,15 @@ impl AgentProgram {
         model_name: &str,
         limits: crate::agent::episode::EpisodeLimits,
         deadline: tokio::time::Instant,
-    ) -> ProgramEpisode {
+    ) -> Result<ProgramEpisode, StageError> {
         let settings = &self.agent.settings().agent;
-        ProgramEpisode {
+        let name = spec.parser.as_deref().unwrap_or(&settings.parser);
+        let parser = crate::agent::parse::choose(name, &model)
+            .map_err(|e| StageError::Failed(format!("model `{model_name}`: {e}")))?;
+        Ok(ProgramEpisode {
             model,
             model_name: model_name.to_string(),
-            parser: spec
-                .parser
-                .as_deref()
-                .or(Some(settings.parser.as_str()))
-                .and_then(Parser::from_name)
-                .unwrap_or_default(),
+            parser,
             sampling: spec.sampling.clone(),
             limits,
             max_refused_calls: spec
@@ -161,7 +159,7 @@ impl AgentProgram {
                 .unwrap_or(settings.observations_as_text),
             deadline,
             policy: self.agent.policy().clone(),
-        }
+        })
     }
 }
 
@@ -247,7 +245,7 @@ impl TaskKind for AgentProgram {
             )
             .await?;
         let mut endpoint =
-            Endpoint::new(self.episode(&spec, model.clone(), &model_name, limits, deadline));
+            Endpoint::new(self.episode(&spec, model.clone(), &model_name, limits, deadline)?);
         let guard = StillClaimed {
             jobs: a.jobs().clone(),
             job_id: job.id.clone(),

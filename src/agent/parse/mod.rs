@@ -17,8 +17,10 @@
 
 use serde::{Deserialize, Serialize};
 
+mod detect;
 mod qwen3_coder;
 
+pub use detect::{choose, detect};
 pub use qwen3_coder::parse_qwen3_coder;
 
 use crate::domain::parser::Parser;
@@ -67,7 +69,7 @@ const THINK_CLOSE: &str = "</think>";
 /// opened the reasoning (`opened`: the generation prompt ends with `<think>`, as
 /// Qwen3-2507's thinking template writes it); and everything from a `<think>` left
 /// unclosed after that on. Tool calls are never taken from it.
-fn reasoning_spans(text: &str, opened: bool) -> Vec<(usize, usize)> {
+pub fn reasoning_spans(text: &str, opened: bool) -> Vec<(usize, usize)> {
     let mut spans = Vec::new();
     let mut from = 0;
     if let Some(close) = text.rfind(THINK_CLOSE) {

@@ -537,7 +537,9 @@ pub struct AgentSettings {
     pub timeout_ms: u64,
     /// One tool call's limit (ms).
     pub tool_timeout_ms: u64,
-    /// `hermes` (`<tool_call>` blocks) or `bash_block` (one fenced bash block per turn).
+    /// How tool calls are read: `auto` (the default: the parser that reads the calls
+    /// the model's own chat template writes), or a parser's name (`hermes`,
+    /// `bash_block`, `deepseek_r1`, `qwen3_coder`).
     pub parser: String,
     /// Whether a turn without a tool call ends the episode (otherwise the model is told
     /// to use a tool).
@@ -560,7 +562,7 @@ impl Default for AgentSettings {
             max_new_tokens: 4_096,
             timeout_ms: 1_800_000,
             tool_timeout_ms: 120_000,
-            parser: "hermes".into(),
+            parser: "auto".into(),
             stop_without_tool_call: true,
             max_observation_bytes: 16_384,
             observations_as_text: true,

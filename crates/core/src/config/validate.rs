@@ -282,7 +282,7 @@ impl Settings {
                 return bad(key, "must be at least 1");
             }
         }
-        if crate::domain::parser::Parser::from_name(&a.parser).is_none() {
+        if !crate::domain::parser::Parser::is_name(&a.parser) {
             return bad("agent.parser", &crate::domain::parser::Parser::expected());
         }
         Ok(())

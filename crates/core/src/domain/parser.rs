@@ -28,15 +28,34 @@ impl Parser {
         ("qwen3_coder", Parser::Qwen3Coder),
     ];
 
-    /// The parser named `s` (one of [`Parser::ALL`]).
+    /// The name that asks for the parser the model's own chat template implies (the
+    /// agent loop finds it by having the template write a call; see `agent::parse`).
+    pub const AUTO: &'static str = "auto";
+
+    /// The parser named `s` (one of [`Parser::ALL`]; not [`Parser::AUTO`], which names
+    /// no parser until a model is known).
     pub fn from_name(s: &str) -> Option<Self> {
         Self::ALL.iter().find(|(n, _)| *n == s).map(|&(_, p)| p)
     }
 
+    /// Whether `s` is a name settings and specs may give: a parser's, or `auto`.
+    pub fn is_name(s: &str) -> bool {
+        s == Self::AUTO || Self::from_name(s).is_some()
+    }
+
+    /// The parsers' names, for messages: `` `hermes`, `bash_block`, … ``.
+    pub fn expected_names() -> String {
+        let names: Vec<String> = Self::ALL.iter().map(|(n, _)| format!("`{n}`")).collect();
+        names.join(", ")
+    }
+
     /// What a bad name is told: the names there are.
     pub fn expected() -> String {
-        let names: Vec<String> = Self::ALL.iter().map(|(n, _)| format!("`{n}`")).collect();
-        format!("must be one of {}", names.join(", "))
+        format!(
+            "must be `{}` or one of {}",
+            Self::AUTO,
+            Self::expected_names()
+        )
     }
 }
 
@@ -52,6 +71,7 @@ mod tests {
             assert_eq!(Parser::from_name(name), Some(parser));
         }
         assert_eq!(Parser::from_name("json"), None);
+        assert!(Parser::is_name("auto") && !Parser::is_name("json"));
         assert!(Parser::expected().contains("`qwen3_coder`"));
     }
 }

@@ -1,0 +1,136 @@
+//! Which parser reads a model's tool calls, found from the model's own chat template
+//! (the `auto` parser, the default).
+//!
+//! A model is trained to write its calls the way its template writes them back. So the
+//! template is asked to write one: a conversation whose assistant turn calls a probe
+//! tool with a probe argument is rendered (the arguments as an object, and again as
+//! the JSON string OpenAI clients send, since some templates concatenate them), and
+//! every parser reads the text after the user's turn. The parser that reads back
+//! exactly that call is the model's; none, or more than one, and the model is refused
+//! with what its template writes and the parsers there are.
+
+use serde_json::{Value, json};
+
+use super::{Parser, parse_turn};
+use crate::agent::model::ModelFiles;
+
+/// The probe tool's name, argument and value: words no template writes of itself.
+const TOOL: &str = "probe_tool_rollout";
+const ARG: &str = "probe_arg";
+const VALUE: &str = "probe value 7";
+/// The user's message, after which the template writes the assistant's turn.
+const USER: &str = "PROBE-USER-TURN";
+
+/// The parser settings or a spec name (`name`) for episodes of `model`: the one named,
+/// or for `auto` the one its template implies ([`detect`]).
+pub fn choose(name: &str, model: &ModelFiles) -> Result<Parser, String> {
+    if let Some(p) = Parser::from_name(name) {
+        return Ok(p);
+    }
+    if name != Parser::AUTO {
+        return Err(format!("parser `{name}` {}", Parser::expected()));
+    }
+    let (parser, why) = detect(model)?;
+    tracing::debug!(?parser, why = %why, "tool-call parser chosen from the model's template");
+    Ok(parser)
+}
+
+/// The parser that reads back the call `model`'s template writes (with tools offered),
+/// and why; or why none can be chosen.
+pub fn detect(model: &ModelFiles) -> Result<(Parser, String), String> {
+    let schema = json!({"type": "function", "function": {
+        "name": TOOL, "description": "A probe.",
+        "parameters": {"type": "object", "properties": {ARG: {"type": "string"}}, "required": [ARG]}
+    }});
+    let template = model.template_for(true);
+    let mut written = Vec::new();
+    let mut errors = Vec::new();
+    for arguments in [
+        json!({ARG: VALUE}),
+        Value::String(json!({ARG: VALUE}).to_string()),
+    ] {
+        let messages = [
+            json!({"role": "user", "content": USER}),
+            json!({"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_0", "type": "function", "function": {"name": TOOL, "arguments": arguments}}
+            ]}),
+        ];
+        match template.render(
+            &messages,
+            Some(std::slice::from_ref(&schema)),
+            false,
+            &Default::default(),
+        ) {
+            Ok(text) => {
+                let after = text
+                    .rfind(USER)
+                    .map_or(&text[..], |at| &text[at + USER.len()..]);
+                written.push(after.to_string());
+            }
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    let reads = |p: Parser| {
+        written.iter().any(|text| {
+            let turn = parse_turn(p, text, false);
+            matches!(&turn.calls[..], [Ok(c)] if c.name == TOOL && c.arguments == json!({ARG: VALUE}))
+        })
+    };
+    let found: Vec<&str> = Parser::ALL
+        .iter()
+        .filter(|(_, p)| *p != Parser::BashBlock && reads(*p))
+        .map(|(n, _)| *n)
+        .collect();
+    match found[..] {
+        [name] => {
+            let parser = Parser::from_name(name).unwrap_or_default();
+            Ok((
+                parser,
+                format!("its chat template writes a tool call the `{name}` parser reads back"),
+            ))
+        }
+        [] => {
+            let shown = written
+                .first()
+                .map(|t| t.chars().take(300).collect::<String>())
+                .unwrap_or_else(|| errors.join("; "));
+            Err(format!(
+                "no parser here reads the tool calls its chat template writes ({shown:?}); set `parser` to one of {}",
+                Parser::expected_names()
+            ))
+        }
+        _ => Err(format!(
+            "several parsers read the tool calls its chat template writes ({}); set `parser` to the right one",
+            found.join(", ")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scripted::demo;
+
+    /// Each template the project has a parser for is recognised; a template that
+    /// writes calls in another format is refused, naming the parsers.
+    #[test]
+    fn the_template_names_its_parser() {
+        let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/templates/");
+        for (file, want) in [
+            ("chatml_tools.jinja", Parser::Hermes),
+            ("qwen3_like.jinja", Parser::Hermes),
+            ("qwen3_coder.jinja", Parser::Qwen3Coder),
+            // Its template concatenates the arguments: only the JSON string renders.
+            ("deepseek_r1.jinja", Parser::DeepseekR1),
+        ] {
+            let source = std::fs::read_to_string(format!("{fixtures}{file}")).unwrap();
+            let m = demo::model_files(&source, &demo::DEEPSEEK_R1_TOKENS).unwrap();
+            let (got, why) = detect(&m).unwrap();
+            assert_eq!(got, want, "{file}: {why}");
+        }
+        let llama = std::fs::read_to_string(format!("{fixtures}llama3_tools.jinja")).unwrap();
+        let m = demo::model_files(&llama, &[]).unwrap();
+        let e = detect(&m).unwrap_err();
+        assert!(e.contains("`qwen3_coder`") && e.contains(TOOL), "{e}");
+    }
+}
