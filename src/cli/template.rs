@@ -7,7 +7,7 @@
 //! parsers case by case.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 use rollout::agent::episode::encode_conversation;
@@ -54,7 +54,7 @@ fn parser_for(name: &str, model: &ModelFiles) -> (Result<Parser, String>, String
 
 /// `rollout template render`.
 pub fn render(
-    model_dir: &PathBuf,
+    model_dir: &Path,
     input: Option<&Path>,
     parser: &str,
     json_out: bool,
@@ -131,7 +131,7 @@ pub fn render(
 
 /// `rollout template parse`.
 pub fn parse_output(
-    model_dir: &PathBuf,
+    model_dir: &Path,
     input: Option<&Path>,
     parser: &str,
     reasoning_open: bool,
