@@ -11,7 +11,8 @@
 //! - [`parse_deepseek_r1`]: DeepSeek-R1's (and V3's) `<｜tool▁calls▁begin｜>` section,
 //!   a call per `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` with its arguments in a
 //!   ```` ```json ```` block, as their chat template writes calls and vLLM's
-//!   `deepseek_v3` parser reads them.
+//!   `deepseek_v3` parser reads them; and V3.1's `NAME<｜tool▁sep｜>JSON` calls in the
+//!   same section, as `deepseek_v31` reads them.
 //! - [`parse_qwen3_coder`]: Qwen3-Coder's XML calls (`<function=…>` with a
 //!   `<parameter=…>` block per argument), as vLLM's `qwen3_coder` reads them.
 
@@ -337,9 +338,10 @@ fn r1_call(body: &str) -> Result<ToolCall, CallError> {
         .split_once(R1_SEP)
         .ok_or_else(|| err(format!("the call has no {R1_SEP}; {form}")))?;
     if kind.trim() != "function" {
-        return Err(err(format!(
-            "the call's type is {kind:?}, not \"function\"; {form}"
-        )));
+        // DeepSeek-V3.1's shape (vLLM's `deepseek_v31`): `NAME<｜tool▁sep｜>ARGS`, the
+        // arguments' JSON right after the separator, with no type and no fence. (A
+        // tool named `function` is read in R1's shape.)
+        return v31_call(kind, rest).map_err(err);
     }
     let (name, fenced) = rest.split_once('\n').ok_or_else(|| {
         err(format!(
@@ -366,9 +368,55 @@ fn r1_call(body: &str) -> Result<ToolCall, CallError> {
     })
 }
 
+/// A DeepSeek-V3.1 call: the tool's name before the separator, the arguments' JSON
+/// (kept as written, which its template writes back) after it.
+fn v31_call(name: &str, raw: &str) -> Result<ToolCall, String> {
+    let form = format!("write {R1_CALL_BEGIN}<tool name>{R1_SEP}{{...}}{R1_CALL_END}");
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("the call names no tool; {form}"));
+    }
+    let arguments = match serde_json::from_str::<serde_json::Value>(raw) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        Ok(_) => return Err("the arguments must be a JSON object".into()),
+        Err(e) => return Err(format!("the arguments are not valid JSON ({e}); {form}")),
+    };
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments,
+        raw_arguments: Some(raw.to_string()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// DeepSeek-V3.1's calls (`NAME<｜tool▁sep｜>JSON`), several in one section, beside
+    /// R1's; their arguments kept as written.
+    #[test]
+    fn deepseek_v31_calls_are_read_as_vllm_reads_them() {
+        let v31 =
+            |name: &str, args: &str| format!("{R1_CALL_BEGIN}{name}{R1_SEP}{args}{R1_CALL_END}");
+        let text = format!(
+            "Let me check.{R1_CALLS_BEGIN}{}{}{R1_CALLS_END}",
+            v31("bash", r#"{"command": "ls"}"#),
+            v31("read_file", r#"{"path":"a.py","lines":[1,2]}"#)
+        );
+        let t = parse_deepseek_r1(&text, false);
+        assert_eq!(t.content, "Let me check.");
+        let calls: Vec<ToolCall> = t.calls.into_iter().map(Result::unwrap).collect();
+        assert_eq!(calls[0].name, "bash");
+        assert_eq!(calls[0].arguments, serde_json::json!({"command": "ls"}));
+        assert_eq!(
+            calls[1].raw_arguments.as_deref(),
+            Some(r#"{"path":"a.py","lines":[1,2]}"#)
+        );
+        for bad in [v31("", "{}"), v31("bash", "not json"), v31("bash", "[1]")] {
+            let t = parse_deepseek_r1(&format!("{R1_CALLS_BEGIN}{bad}{R1_CALLS_END}"), false);
+            assert!(t.calls[0].is_err(), "{bad}: {t:?}");
+        }
+    }
 
     /// A turn parsed after a prompt that did not open the reasoning.
     fn hermes(text: &str) -> ParsedTurn {
