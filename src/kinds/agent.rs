@@ -66,8 +66,9 @@ pub struct AgentSpec {
     /// Sampling parameters passed to the backend (`max_tokens` is set per turn).
     #[serde(default)]
     pub sampling: Sampling,
-    /// `hermes` (`<tool_call>` blocks), `bash_block`, `deepseek_r1` or `qwen3_coder`
-    /// (see `Parser::ALL`); `agent.parser` when absent.
+    /// `auto` (from the model's template), or a parser's name (`hermes`, `bash_block`,
+    /// `deepseek_r1`, `qwen3_coder`, `glm45`: see `Parser::ALL`); `agent.parser` when
+    /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parser: Option<String>,
     /// Limits; each one absent takes the `agent.*` default.

@@ -128,6 +128,13 @@ mod tests {
             let (got, why) = detect(&m).unwrap();
             assert_eq!(got, want, "{file}: {why}");
         }
+        // GLM-4.5's shape of call, written by a small template of the test's own.
+        let glm = "{% for m in messages %}{% if m.role == 'user' %}<|user|>{{ m.content }}\
+            {% elif m.tool_calls %}<|assistant|>{% for c in m.tool_calls %}<tool_call>{{ c.function.name }}\
+            {% for k, v in c.function.arguments.items() %}\n<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>{% endfor %}\
+            \n</tool_call>{% endfor %}{% endif %}{% endfor %}";
+        let m = demo::model_files(glm, &[]).unwrap();
+        assert_eq!(detect(&m).unwrap().0, Parser::Glm45);
         let llama = std::fs::read_to_string(format!("{fixtures}llama3_tools.jinja")).unwrap();
         let m = demo::model_files(&llama, &[]).unwrap();
         let e = detect(&m).unwrap_err();

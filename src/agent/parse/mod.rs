@@ -15,13 +15,17 @@
 //!   same section, as `deepseek_v31` reads them.
 //! - [`parse_qwen3_coder`]: Qwen3-Coder's XML calls (`<function=…>` with a
 //!   `<parameter=…>` block per argument), as vLLM's `qwen3_coder` reads them.
+//! - [`parse_glm45`]: GLM-4.5's `<tool_call>NAME<arg_key>…</arg_key><arg_value>…`
+//!   calls, as vLLM's `glm45` reads them.
 
 use serde::{Deserialize, Serialize};
 
 mod detect;
+mod glm;
 mod qwen3_coder;
 
 pub use detect::{choose, detect};
+pub use glm::parse_glm45;
 pub use qwen3_coder::parse_qwen3_coder;
 
 use crate::domain::parser::Parser;
@@ -96,6 +100,7 @@ pub fn parse_turn(parser: Parser, text: &str, reasoning_open: bool) -> ParsedTur
         Parser::BashBlock => parse_bash_block(text),
         Parser::DeepseekR1 => parse_deepseek_r1(text, reasoning_open),
         Parser::Qwen3Coder => parse_qwen3_coder(text, reasoning_open),
+        Parser::Glm45 => parse_glm45(text, reasoning_open),
     }
 }
 

@@ -17,15 +17,19 @@ pub enum Parser {
     /// Qwen3-Coder's XML calls: `<tool_call><function=NAME><parameter=KEY>value
     /// </parameter></function></tool_call>` (vLLM's `qwen3_coder`).
     Qwen3Coder,
+    /// GLM-4.5's calls: `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE
+    /// </arg_value></tool_call>` (vLLM's `glm45`).
+    Glm45,
 }
 
 impl Parser {
     /// Every parser, by the name settings and task specs give it.
-    pub const ALL: [(&'static str, Parser); 4] = [
+    pub const ALL: [(&'static str, Parser); 5] = [
         ("hermes", Parser::Hermes),
         ("bash_block", Parser::BashBlock),
         ("deepseek_r1", Parser::DeepseekR1),
         ("qwen3_coder", Parser::Qwen3Coder),
+        ("glm45", Parser::Glm45),
     ];
 
     /// The name that asks for the parser the model's own chat template implies (the
