@@ -1542,6 +1542,59 @@ mod tests {
         assert!(drift.identical, "{drift:?}");
     }
 
+    /// A Llama 3-style episode: JSON calls after the assistant header, read by
+    /// `llama3_json` (chosen from the template), tool outputs in `ipython` turns, the
+    /// record equal to a re-render.
+    #[tokio::test]
+    async fn a_llama3_json_episode_runs_its_calls() {
+        let template = include_str!("../../tests/fixtures/templates/llama3_tools.jinja");
+        let extra = [
+            "<|begin_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|eom_id|>",
+        ];
+        let config = json!({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+                            "chat_template": template});
+        let corpus = [
+            template,
+            "{\"name\": \"bash\", \"parameters\": {\"command\": \"ls\"}}",
+        ];
+        let tokenizer =
+            crate::agent::tokenizer::Tokenizer::train_bpe(&corpus, 800, &extra).unwrap();
+        let m = Arc::new(ModelFiles::from_parts(tokenizer, &config).unwrap());
+        let mut args = serde_json::Map::new();
+        args.insert("date_string".into(), json!("26 Jul 2024"));
+        let mut llm = script(
+            &m,
+            &[
+                "{\"name\": \"bash\", \"parameters\": {\"command\": \"ls\"}}".into(),
+                "{\"name\": \"finish\", \"parameters\": {\"answer\": \"done\"}}".into(),
+            ],
+        );
+        let mut ep = episode(m.clone(), 8192);
+        ep.template_args = args;
+        ep.parser = crate::agent::parse::choose("auto", &m).unwrap();
+        assert_eq!(ep.parser, Parser::Llama3Json);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(
+            t.finish_reason,
+            Some(FinishReason::Finished),
+            "{:?}",
+            t.turns
+        );
+        assert_eq!(t.turns[0].tools[0].observation, "bash ran ls");
+        let [a, b] = t.turns[0].observation_range;
+        let obs = m.tokenizer.decode(&t.response_ids[a..b]).unwrap();
+        assert!(
+            obs.contains("ipython<|end_header_id|>\n\nbash ran ls<|eot_id|>"),
+            "{obs}"
+        );
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
     #[tokio::test]
     async fn bad_calls_and_unknown_tools_are_observations() {
         let m = model();

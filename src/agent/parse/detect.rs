@@ -76,11 +76,17 @@ pub fn detect(model: &ModelFiles) -> Result<(Parser, String), String> {
             matches!(&turn.calls[..], [Ok(c)] if c.name == TOOL && c.arguments == json!({ARG: VALUE}))
         })
     };
-    let found: Vec<&str> = Parser::ALL
+    // The parsers that look for their own markup first; `llama3_json` reads any JSON
+    // object with a name (a Hermes call's inside too), so it is the model's only when
+    // none of those reads the call. `bash_block` reads no template's calls.
+    let mut found: Vec<&str> = Parser::ALL
         .iter()
-        .filter(|(_, p)| *p != Parser::BashBlock && reads(*p))
+        .filter(|(_, p)| !matches!(p, Parser::BashBlock | Parser::Llama3Json) && reads(*p))
         .map(|(n, _)| *n)
         .collect();
+    if found.is_empty() && reads(Parser::Llama3Json) {
+        found.push("llama3_json");
+    }
     match found[..] {
         [name] => {
             let parser = Parser::from_name(name).unwrap_or_default();
@@ -137,6 +143,12 @@ mod tests {
         assert_eq!(detect(&m).unwrap().0, Parser::Glm45);
         let llama = std::fs::read_to_string(format!("{fixtures}llama3_tools.jinja")).unwrap();
         let m = demo::model_files(&llama, &[]).unwrap();
+        assert_eq!(detect(&m).unwrap().0, Parser::Llama3Json);
+        // Calls written in a shape no parser here reads.
+        let other = "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}\
+            CALL {{ c.function.name }}({{ c.function.arguments }}){% endfor %}\
+            {% else %}{{ m.content }}{% endif %}{% endfor %}";
+        let m = demo::model_files(other, &[]).unwrap();
         let e = detect(&m).unwrap_err();
         assert!(e.contains("`qwen3_coder`") && e.contains(TOOL), "{e}");
     }

@@ -17,15 +17,19 @@
 //!   `<parameter=…>` block per argument), as vLLM's `qwen3_coder` reads them.
 //! - [`parse_glm45`]: GLM-4.5's `<tool_call>NAME<arg_key>…</arg_key><arg_value>…`
 //!   calls, as vLLM's `glm45` reads them.
+//! - [`parse_llama3_json`]: Llama 3.x's (and Llama 4's JSON) `{"name", "parameters"}`
+//!   calls, as vLLM's `llama3_json` reads them.
 
 use serde::{Deserialize, Serialize};
 
 mod detect;
 mod glm;
+mod llama;
 mod qwen3_coder;
 
 pub use detect::{choose, detect};
 pub use glm::parse_glm45;
+pub use llama::parse_llama3_json;
 pub use qwen3_coder::parse_qwen3_coder;
 
 use crate::domain::parser::Parser;
@@ -101,6 +105,7 @@ pub fn parse_turn(parser: Parser, text: &str, reasoning_open: bool) -> ParsedTur
         Parser::DeepseekR1 => parse_deepseek_r1(text, reasoning_open),
         Parser::Qwen3Coder => parse_qwen3_coder(text, reasoning_open),
         Parser::Glm45 => parse_glm45(text, reasoning_open),
+        Parser::Llama3Json => parse_llama3_json(text, reasoning_open),
     }
 }
 

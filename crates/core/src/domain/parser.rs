@@ -20,16 +20,20 @@ pub enum Parser {
     /// GLM-4.5's calls: `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE
     /// </arg_value></tool_call>` (vLLM's `glm45`).
     Glm45,
+    /// Llama 3.x's JSON calls, `{"name": …, "parameters": {…}}` objects (vLLM's
+    /// `llama3_json`).
+    Llama3Json,
 }
 
 impl Parser {
     /// Every parser, by the name settings and task specs give it.
-    pub const ALL: [(&'static str, Parser); 5] = [
+    pub const ALL: [(&'static str, Parser); 6] = [
         ("hermes", Parser::Hermes),
         ("bash_block", Parser::BashBlock),
         ("deepseek_r1", Parser::DeepseekR1),
         ("qwen3_coder", Parser::Qwen3Coder),
         ("glm45", Parser::Glm45),
+        ("llama3_json", Parser::Llama3Json),
     ];
 
     /// The name that asks for the parser the model's own chat template implies (the
