@@ -144,6 +144,12 @@ mod tests {
         let llama = std::fs::read_to_string(format!("{fixtures}llama3_tools.jinja")).unwrap();
         let m = demo::model_files(&llama, &[]).unwrap();
         assert_eq!(detect(&m).unwrap().0, Parser::Llama3Json);
+        // Llama 4's pythonic shape, written by a small template of the test's own.
+        let pythonic = "{% for m in messages %}{% if m.tool_calls %}[{% for c in m.tool_calls %}\
+            {{ c.function.name }}({% for k, v in c.function.arguments.items() %}{{ k }}={{ v | tojson }}\
+            {% endfor %}){% endfor %}]{% else %}{{ m.content }}{% endif %}{% endfor %}";
+        let m = demo::model_files(pythonic, &[]).unwrap();
+        assert_eq!(detect(&m).unwrap().0, Parser::Pythonic);
         // Calls written in a shape no parser here reads.
         let other = "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}\
             CALL {{ c.function.name }}({{ c.function.arguments }}){% endfor %}\

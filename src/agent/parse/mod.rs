@@ -19,17 +19,21 @@
 //!   calls, as vLLM's `glm45` reads them.
 //! - [`parse_llama3_json`]: Llama 3.x's (and Llama 4's JSON) `{"name", "parameters"}`
 //!   calls, as vLLM's `llama3_json` reads them.
+//! - [`parse_pythonic`]: Llama 3.2's and Llama 4's pythonic `[f(x=1), g()]` turns, as
+//!   vLLM's `pythonic` reads them.
 
 use serde::{Deserialize, Serialize};
 
 mod detect;
 mod glm;
 mod llama;
+mod pythonic;
 mod qwen3_coder;
 
 pub use detect::{choose, detect};
 pub use glm::parse_glm45;
 pub use llama::parse_llama3_json;
+pub use pythonic::parse_pythonic;
 pub use qwen3_coder::parse_qwen3_coder;
 
 use crate::domain::parser::Parser;
@@ -106,6 +110,7 @@ pub fn parse_turn(parser: Parser, text: &str, reasoning_open: bool) -> ParsedTur
         Parser::Qwen3Coder => parse_qwen3_coder(text, reasoning_open),
         Parser::Glm45 => parse_glm45(text, reasoning_open),
         Parser::Llama3Json => parse_llama3_json(text, reasoning_open),
+        Parser::Pythonic => parse_pythonic(text, reasoning_open),
     }
 }
 

@@ -23,17 +23,21 @@ pub enum Parser {
     /// Llama 3.x's JSON calls, `{"name": …, "parameters": {…}}` objects (vLLM's
     /// `llama3_json`).
     Llama3Json,
+    /// A Python list of keyword calls, `[f(x=1), g()]` (Llama 3.2's and Llama 4's
+    /// pythonic templates; vLLM's `pythonic`).
+    Pythonic,
 }
 
 impl Parser {
     /// Every parser, by the name settings and task specs give it.
-    pub const ALL: [(&'static str, Parser); 6] = [
+    pub const ALL: [(&'static str, Parser); 7] = [
         ("hermes", Parser::Hermes),
         ("bash_block", Parser::BashBlock),
         ("deepseek_r1", Parser::DeepseekR1),
         ("qwen3_coder", Parser::Qwen3Coder),
         ("glm45", Parser::Glm45),
         ("llama3_json", Parser::Llama3Json),
+        ("pythonic", Parser::Pythonic),
     ];
 
     /// The name that asks for the parser the model's own chat template implies (the
