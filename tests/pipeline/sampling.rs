@@ -832,17 +832,23 @@ async fn a_cancel_under_load_lets_nothing_of_the_batch_be_scored_after_it() {
     let env = TestEnv::start(|_| {}).await;
     env.workers_in_process(64);
     let spec = json!({"run_ms": 150, "run_sigma": 0.6, "eval_ms": 50});
+    // One prompt's samples (and one plain job) never finish RUN: whatever the load,
+    // the cancel finds work of each batch still running, and cancels it; the rest race
+    // the cancel.
+    let mut busy = prompts(400, &[0.5], &spec);
+    busy[0]["spec"]["hang_in"] = json!("run");
     let body = json!({
         "batch_id": "busy",
-        "prompts": prompts(400, &[0.5], &spec),
+        "prompts": busy,
         "group_size": 4,
         "target_groups": 400,
         "max_groups_in_flight": 16,
     });
     create(&env.base, &body).await;
-    let tasks: Vec<_> = (0..64)
+    let mut tasks: Vec<_> = (0..64)
         .map(|_| crate::helpers::synthetic(spec.clone()))
         .collect();
+    tasks[0].spec["hang_in"] = json!("run");
     env.submit(&tasks, "plain").await;
     // Let both batches get going: results arriving, more in flight.
     eventually(
