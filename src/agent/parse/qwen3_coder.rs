@@ -13,7 +13,9 @@
 //!
 //! Each parameter's value is its text, without the one newline the template writes
 //! after the opening tag and the one before the closing tag; a value ends at its
-//! `</parameter>` or where the next `<parameter=` begins. Values stay strings, as
+//! `</parameter>` or where the next `<parameter=` begins, and a last one that does
+//! neither is dropped, as vLLM drops it (`tests/parsers.rs` holds these against vLLM's
+//! own converter). Values stay strings, as
 //! vLLM 0.32 hands them on (the template writes a string back with `|string`, so a
 //! re-render of the call is the model's own text). A `<function=…>` with no
 //! `<tool_call>` before it is a call too, as vLLM reads it.
@@ -108,7 +110,8 @@ fn function(block: &str, raw: &str) -> Result<ToolCall, CallError> {
             (Some(c), Some(n)) if n < c => n,
             (Some(c), _) => c,
             (None, Some(n)) => n,
-            (None, None) => value.len(),
+            // Neither closed nor followed by another: vLLM drops it (a call cut short).
+            (None, None) => break,
         };
         let text = value[..end].strip_prefix('\n').unwrap_or(&value[..end]);
         let text = text.strip_suffix('\n').unwrap_or(text);
