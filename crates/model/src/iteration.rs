@@ -9,13 +9,15 @@
 //! which refuses `none` and passes anything else on unchanged. Undefined values still
 //! iterate as empty, as Jinja2's default `Undefined` does.
 //!
-//! The rewrite is done on the template source, tag by tag: comments, `raw` blocks and
-//! string literals are skipped, and only the expression between `in` and a top-level
-//! `if` or `recursive` (or the end of the tag) is wrapped. Nothing else moves, and no
-//! line is added, so errors still name the template's own lines.
+//! The rewrite is done on the template source, tag by tag (the `tags` module): comments,
+//! `raw` blocks and string literals are skipped, and only the expression between `in`
+//! and a top-level `if` or `recursive` (or the end of the tag) is wrapped. Nothing else
+//! moves, and no line is added, so errors still name the template's own lines.
 
 use minijinja::value::Value;
 use minijinja::{Error, ErrorKind};
+
+use super::tags::{rewrite_tags, tag_words};
 
 /// The filter every `for` tag's iterable goes through.
 pub const FILTER: &str = "__rollout_iterable";
@@ -55,109 +57,20 @@ pub fn is_iterable(value: Value) -> bool {
 
 /// `source` with every `for` tag's iterable wrapped in [`FILTER`].
 pub fn guard_for_loops(source: &str) -> String {
-    let mut out = String::with_capacity(source.len() + 64);
-    let mut rest = source;
-    while let Some(open) = rest.find('{') {
-        let (before, from) = rest.split_at(open);
-        out.push_str(before);
-        let kind = from.as_bytes().get(1).copied();
-        let end = match kind {
-            Some(b'#') => from.find("#}").map(|i| i + 2),
-            Some(b'{') => delimited_end(from, 2, "}}"),
-            Some(b'%') => delimited_end(from, 2, "%}"),
-            _ => Some(1),
-        };
-        let Some(end) = end else {
-            // An unclosed tag: leave the rest for the parser to report.
-            out.push_str(from);
-            return out;
-        };
-        let tag = &from[..end];
-        if kind == Some(b'%') {
-            let words = tag_words(tag);
-            if words.first().map(|w| w.1) == Some("raw") {
-                // Everything up to the endraw tag is text.
-                let body = &from[end..];
-                let close = find_endraw(body).unwrap_or(body.len());
-                out.push_str(tag);
-                out.push_str(&body[..close]);
-                rest = &body[close..];
-                continue;
-            }
-            if words.first().map(|w| w.1) == Some("for") {
-                out.push_str(&rewrite_for(tag, &words));
-                rest = &from[end..];
-                continue;
-            }
-        }
-        out.push_str(tag);
-        rest = &from[end..];
+    let rewritten = rewrite_tags(source, |tag, _| {
+        let words = tag_words(tag);
+        Ok::<_, std::convert::Infallible>(
+            if tag.starts_with("{%") && words.first().map(|w| w.1) == Some("for") {
+                rewrite_for(tag, &words)
+            } else {
+                tag.to_string()
+            },
+        )
+    });
+    match rewritten {
+        Ok(s) => s,
+        Err(never) => match never {},
     }
-    out.push_str(rest);
-    out
-}
-
-/// The end (exclusive) of a `{{ … }}` or `{% … %}` starting at 0, skipping string
-/// literals; `None` when it is not closed.
-pub(crate) fn delimited_end(s: &str, start: usize, close: &str) -> Option<usize> {
-    let bytes = s.as_bytes();
-    let mut i = start;
-    while i < bytes.len() {
-        match bytes[i] {
-            q @ (b'\'' | b'"') => i = string_end(bytes, i, q)?,
-            // Bytes, not `&s[i..]`: `i` may fall inside a multi-byte character.
-            _ if bytes[i..].starts_with(close.as_bytes()) => return Some(i + close.len()),
-            _ => i += 1,
-        }
-    }
-    None
-}
-
-/// The index after the string literal opened by quote `q` at `at`.
-pub(crate) fn string_end(bytes: &[u8], at: usize, q: u8) -> Option<usize> {
-    let mut i = at + 1;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'\\' => i += 2,
-            c if c == q => return Some(i + 1),
-            _ => i += 1,
-        }
-    }
-    None
-}
-
-/// The words of a tag at bracket depth 0, outside strings, with their byte offsets.
-pub(crate) fn tag_words(tag: &str) -> Vec<(usize, &str)> {
-    let bytes = tag.as_bytes();
-    let mut words = Vec::new();
-    let mut depth = 0usize;
-    let mut i = 2;
-    while i < bytes.len() {
-        let c = bytes[i];
-        match c {
-            b'\'' | b'"' => {
-                i = string_end(bytes, i, c).unwrap_or(bytes.len());
-                continue;
-            }
-            b'(' | b'[' | b'{' => depth += 1,
-            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
-            _ if c.is_ascii_alphabetic() || c == b'_' => {
-                let start = i;
-                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
-                    i += 1;
-                }
-                // A word preceded by `.` is an attribute (`x.if`), not a keyword.
-                let attribute = start > 0 && bytes[start - 1] == b'.';
-                if depth == 0 && !attribute {
-                    words.push((start, &tag[start..i]));
-                }
-                continue;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    words
 }
 
 /// The `for` tag with its iterable wrapped; unchanged if it has no `in`.
@@ -181,20 +94,6 @@ fn rewrite_for(tag: &str, words: &[(usize, &str)]) -> String {
         &raw[..lead],
         &tag[end..]
     )
-}
-
-/// Where the `{% endraw %}` tag starts in `body`.
-pub(crate) fn find_endraw(body: &str) -> Option<usize> {
-    let mut from = 0;
-    while let Some(i) = body[from..].find("{%") {
-        let at = from + i;
-        let end = delimited_end(&body[at..], 2, "%}")?;
-        if tag_words(&body[at..at + end]).first().map(|w| w.1) == Some("endraw") {
-            return Some(at);
-        }
-        from = at + 2;
-    }
-    None
 }
 
 #[cfg(test)]

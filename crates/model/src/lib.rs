@@ -23,5 +23,6 @@ pub mod model;
 mod percent;
 mod pyrepr;
 pub mod render;
+mod tags;
 pub mod template;
 pub mod tokenizer;

@@ -13,51 +13,16 @@
 //! Jinja2 refuses (`\x4`, an unknown `\N{…}` name, a lone `\` at its end) is refused
 //! here, with where it is.
 
-use super::iteration::{delimited_end, find_endraw, string_end, tag_words};
+use super::tags::{rewrite_tags, string_end};
 
 /// `source` with every string literal inside a `{{ … }}` or `{% … %}` tag decoded as
 /// Jinja2 decodes it and written back for minijinja; text, comments and `raw` blocks
 /// unchanged. The error names the literal's line.
 pub fn python_literals(source: &str) -> Result<String, String> {
-    let mut out = String::with_capacity(source.len());
-    let mut rest = source;
-    while let Some(open) = rest.find('{') {
-        let (before, from) = rest.split_at(open);
-        out.push_str(before);
-        let kind = from.as_bytes().get(1).copied();
-        let end = match kind {
-            Some(b'#') => from.find("#}").map(|i| i + 2),
-            Some(b'{') => delimited_end(from, 2, "}}"),
-            Some(b'%') => delimited_end(from, 2, "%}"),
-            _ => Some(1),
-        };
-        let Some(end) = end else {
-            // An unclosed tag: left for the parser to report.
-            out.push_str(from);
-            return Ok(out);
-        };
-        let tag = &from[..end];
-        let line = || {
-            source[..source.len() - rest.len() + open]
-                .matches('\n')
-                .count()
-                + 1
-        };
-        match kind {
-            Some(b'{' | b'%') => {
-                out.push_str(&rewrite_tag(tag).map_err(|e| format!("line {}: {e}", line()))?);
-            }
-            _ => out.push_str(tag),
-        }
-        rest = &from[end..];
-        if kind == Some(b'%') && tag_words(tag).first().map(|w| w.1) == Some("raw") {
-            let close = find_endraw(rest).unwrap_or(rest.len());
-            out.push_str(&rest[..close]);
-            rest = &rest[close..];
-        }
-    }
-    out.push_str(rest);
-    Ok(out)
+    rewrite_tags(source, |tag, at| {
+        rewrite_tag(tag)
+            .map_err(|e| format!("line {}: {e}", source[..at].matches('\n').count() + 1))
+    })
 }
 
 /// One tag with its string literals decoded and written back.
