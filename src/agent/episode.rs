@@ -1575,7 +1575,7 @@ mod tests {
         );
         let mut ep = episode(m.clone(), 8192);
         ep.template_args = args;
-        ep.parser = crate::agent::parse::choose("auto", &m).unwrap();
+        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
         assert_eq!(ep.parser, Parser::Llama3Json);
         let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
         assert_eq!(

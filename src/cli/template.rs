@@ -13,7 +13,6 @@ use anyhow::Context;
 use rollout::agent::episode::encode_conversation;
 use rollout::agent::model::ModelFiles;
 use rollout::agent::parse;
-use rollout::domain::parser::Parser;
 use serde_json::{Value, json};
 
 /// Reads `input` (a file, or standard input when absent or `-`).
@@ -35,21 +34,6 @@ fn read_input(input: Option<&Path>) -> anyhow::Result<String> {
 /// Loads the model directory `dir`, saying which one failed.
 fn load(dir: &Path) -> anyhow::Result<ModelFiles> {
     ModelFiles::load(dir).with_context(|| format!("cannot load the model at {}", dir.display()))
-}
-
-/// The parser `name` (or `auto`) for `model`, and why it is that one.
-fn parser_for(name: &str, model: &ModelFiles) -> (Result<Parser, String>, String) {
-    match Parser::from_name(name) {
-        Some(p) => (Ok(p), format!("named (`{name}`)")),
-        None if name == Parser::AUTO => match parse::detect(model) {
-            Ok((p, why)) => (Ok(p), why),
-            Err(e) => (Err(e.clone()), e),
-        },
-        None => (
-            Err(format!("`{name}` {}", Parser::expected())),
-            String::new(),
-        ),
-    }
 }
 
 /// `rollout template render`.
@@ -101,15 +85,19 @@ pub fn render(
     } else {
         ("default", "the model has one chat template")
     };
-    let (chosen, why) = parser_for(parser, &model);
+    let chosen = parse::choose(parser, &model);
     if json_out {
+        let (name, why) = match &chosen {
+            Ok((p, why)) => (serde_json::to_value(p)?, why.clone()),
+            Err(e) => (Value::Null, e.clone()),
+        };
         let out = json!({
             "text": text,
             "ids": ids,
             "generation_prompt": open,
             "template": template.0,
             "template_why": template.1,
-            "parser": chosen.as_ref().ok().map(|p| serde_json::to_value(p).unwrap_or(Value::Null)),
+            "parser": name,
             "parser_why": why,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -120,7 +108,7 @@ pub fn render(
     println!("{} tokens: {ids:?}", ids.len());
     println!("template: {} ({})", template.0, template.1);
     match chosen {
-        Ok(p) => println!(
+        Ok((p, why)) => println!(
             "parser: {} ({why})",
             serde_json::to_value(p)?.as_str().unwrap_or("?")
         ),
@@ -139,8 +127,8 @@ pub fn parse_output(
 ) -> anyhow::Result<()> {
     let model = load(model_dir)?;
     let text = read_input(input)?;
-    let (chosen, why) = parser_for(parser, &model);
-    let chosen = chosen.map_err(|e| anyhow::anyhow!("no parser: {e}"))?;
+    let (chosen, why) =
+        parse::choose(parser, &model).map_err(|e| anyhow::anyhow!("no parser: {e}"))?;
     let turn = parse::parse_turn(chosen, &text, reasoning_open);
     let reasoning: Vec<&str> = parse::reasoning_spans(&text, reasoning_open)
         .into_iter()

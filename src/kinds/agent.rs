@@ -473,7 +473,7 @@ impl TaskKind for Agent {
             .parser
             .as_deref()
             .unwrap_or(&self.settings.agent.parser);
-        let parser = crate::agent::parse::choose(name, &model)
+        let (parser, _) = crate::agent::parse::choose(name, &model)
             .map_err(|e| StageError::Failed(format!("model `{model_name}`: {e}")))?;
         let ep = Episode {
             model,

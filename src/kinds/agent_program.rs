@@ -141,7 +141,7 @@ impl AgentProgram {
     ) -> Result<ProgramEpisode, StageError> {
         let settings = &self.agent.settings().agent;
         let name = spec.parser.as_deref().unwrap_or(&settings.parser);
-        let parser = crate::agent::parse::choose(name, &model)
+        let (parser, _) = crate::agent::parse::choose(name, &model)
             .map_err(|e| StageError::Failed(format!("model `{model_name}`: {e}")))?;
         Ok(ProgramEpisode {
             model,

@@ -21,18 +21,18 @@ const VALUE: &str = "probe value 7";
 /// The user's message, after which the template writes the assistant's turn.
 const USER: &str = "PROBE-USER-TURN";
 
-/// The parser settings or a spec name (`name`) for episodes of `model`: the one named,
-/// or for `auto` the one its template implies ([`detect`]).
-pub fn choose(name: &str, model: &ModelFiles) -> Result<Parser, String> {
+/// The parser settings or a spec name (`name`) for episodes of `model`, and why it is
+/// that one: the one named, or for `auto` the one its template implies ([`detect`]).
+pub fn choose(name: &str, model: &ModelFiles) -> Result<(Parser, String), String> {
     if let Some(p) = Parser::from_name(name) {
-        return Ok(p);
+        return Ok((p, format!("named (`{name}`)")));
     }
     if name != Parser::AUTO {
         return Err(format!("parser `{name}` {}", Parser::expected()));
     }
     let (parser, why) = detect(model)?;
     tracing::debug!(?parser, why = %why, "tool-call parser chosen from the model's template");
-    Ok(parser)
+    Ok((parser, why))
 }
 
 /// The parser that reads back the call `model`'s template writes (with tools offered),
