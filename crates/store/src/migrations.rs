@@ -121,9 +121,7 @@ impl Schema<'_> {
             .any(|m| !applied.iter().any(|&(v,)| v == m.version));
         let made = made_from(conn).await?;
         if later_pending {
-            let mut names = view_names(self.views);
-            names.extend(made.as_deref().map(view_names).unwrap_or_default());
-            conn.run_script(drop_views(&names))
+            conn.run_script(self.drop_views(made.as_deref()))
                 .await
                 .map_err(StoreError::Views)?;
             conn.apply(self.migrator, None).await?;
@@ -134,6 +132,14 @@ impl Schema<'_> {
         Ok(())
     }
 
+    /// Statements dropping the views the database may have: those the file names, and
+    /// those the text it was `made` from names (a view the file no longer has).
+    fn drop_views(&self, made: Option<&str>) -> String {
+        let mut names = view_names(self.views);
+        names.extend(made.map(view_names).unwrap_or_default());
+        drop_views(&names)
+    }
+
     /// Drops the views the database has (those `made` names and those the file names)
     /// and creates the file's, recording the text they were made from, in one
     /// transaction: a reader sees the old views or the new ones, never none.
@@ -142,11 +148,9 @@ impl Schema<'_> {
         conn: &mut C,
         made: Option<&str>,
     ) -> StoreResult<()> {
-        let mut names = view_names(self.views);
-        names.extend(made.map(view_names).unwrap_or_default());
         conn.run_script("BEGIN".into()).await?;
         let done = async {
-            conn.run_script(format!("{}\n{}", drop_views(&names), self.views))
+            conn.run_script(format!("{}\n{}", self.drop_views(made), self.views))
                 .await
                 .map_err(StoreError::Views)?;
             query("DELETE FROM managed_views").execute(conn).await?;
