@@ -6,49 +6,33 @@
 //! edges where a hand-written parser drifts: newlines kept or trimmed, a parameter the
 //! model did not close, spaces around names, markup inside values, empty values.
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rollout::agent::parse::{parse_glm45, parse_qwen3_coder};
 use rollout_test_support::prerequisite;
 use serde_json::{Value, json};
 
 /// vLLM's arguments for each `(family, body)`, or its error.
-fn vllm(python: &PathBuf, cases: &[(&str, String)]) -> Vec<Result<Value, String>> {
+fn vllm(python: &Path, cases: &[(&str, String)]) -> Vec<Result<Value, String>> {
     let input: Vec<Value> = cases
         .iter()
         .map(|(family, body)| json!({"family": family, "body": body}))
         .collect();
-    let mut child = std::process::Command::new(python)
-        .arg(concat!(
+    rollout_test_support::reference::run_json(
+        python,
+        Path::new(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/fixtures/parsers/vllm_arguments.py"
-        ))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("the real-vLLM environment's python runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(serde_json::to_string(&input).unwrap().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "vLLM's parsers could not be run: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let results: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    results
-        .into_iter()
-        .map(|r| match r.get("arguments") {
-            Some(a) => Ok(a.clone()),
-            None => Err(r["error"].as_str().unwrap_or_default().to_string()),
-        })
-        .collect()
+        )),
+        &input,
+        "vLLM's parsers, in the real-vLLM environment",
+    )
+    .into_iter()
+    .map(|r| match r.get("arguments") {
+        Some(a) => Ok(a.clone()),
+        None => Err(r["error"].as_str().unwrap_or_default().to_string()),
+    })
+    .collect()
 }
 
 /// rollout's arguments for `body`, read in a whole call of `family`.

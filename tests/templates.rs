@@ -50,33 +50,18 @@ fn transformers(cases: &[Case]) -> Vec<Result<String, String>> {
             })
         })
         .collect();
-    let mut child = std::process::Command::new("python3")
-        .arg(format!("{FIXTURES}render_with_transformers.py"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs (scripts/test.sh installs transformers)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(serde_json::to_string(&input).unwrap().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "the transformers reference failed (scripts/test.sh installs transformers): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let results: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    results
-        .into_iter()
-        .map(|r| match r["text"].as_str() {
-            Some(t) => Ok(t.to_string()),
-            None => Err(r["error"].as_str().unwrap_or_default().to_string()),
-        })
-        .collect()
+    rollout_test_support::reference::run_json(
+        Path::new("python3"),
+        &Path::new(FIXTURES).join("render_with_transformers.py"),
+        &input,
+        "transformers, which scripts/test.sh installs",
+    )
+    .into_iter()
+    .map(|r| match r["text"].as_str() {
+        Some(t) => Ok(t.to_string()),
+        None => Err(r["error"].as_str().unwrap_or_default().to_string()),
+    })
+    .collect()
 }
 
 /// What rollout makes of a case, loading the directory as a RUN worker does.

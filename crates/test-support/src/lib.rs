@@ -14,7 +14,8 @@
 //! for something in the background), [`prerequisite`] (fail under `CI=true`, else say
 //! what was skipped), [`host`] (free ports, installed programs), [`leftovers`] (what a
 //! test left running or mounted), [`nats_cluster`] (a JetStream cluster on this
-//! machine) and [`rack`] (nodes in network namespaces).
+//! machine), [`rack`] (nodes in network namespaces) and [`reference`] (a real
+//! implementation's script run on the same cases, for differential tests).
 
 #![forbid(unsafe_code)]
 
@@ -27,3 +28,4 @@ pub mod nats;
 pub mod nats_cluster;
 pub mod prerequisite;
 pub mod rack;
+pub mod reference;
