@@ -13,10 +13,8 @@
 //! string, as vLLM 0.32 hands it on: the template writes a string argument back as it
 //! is). A call may have no arguments.
 
-use super::{CallError, ParsedTurn, ToolCall, outside_reasoning};
+use super::{CLOSE, CallError, OPEN, ParsedTurn, ToolCall, outside_reasoning, tool_call_blocks};
 
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
 const KEY: &str = "<arg_key>";
 const KEY_CLOSE: &str = "</arg_key>";
 const VALUE: &str = "<arg_value>";
@@ -30,29 +28,18 @@ pub fn parse_glm45(text: &str, reasoning_open: bool) -> ParsedTurn {
 
 /// The `<tool_call>` blocks of `text` into `turn`, the text around them into `content`.
 fn blocks(text: &str, turn: &mut ParsedTurn, content: &mut String) {
-    let mut rest = text;
-    while let Some(start) = rest.find(OPEN) {
-        content.push_str(&rest[..start]);
-        let body = &rest[start + OPEN.len()..];
-        match body.find(CLOSE) {
-            Some(end) => {
-                turn.calls
-                    .push(call(&body[..end]).map_err(|message| CallError {
-                        message,
-                        raw: rest[start..start + OPEN.len() + end + CLOSE.len()].to_string(),
-                    }));
-                rest = &body[end + CLOSE.len()..];
-            }
-            None => {
-                turn.calls.push(Err(CallError {
-                    message: format!("a {OPEN} block was not closed with {CLOSE}"),
-                    raw: rest[start..].to_string(),
-                }));
-                rest = "";
-            }
-        }
-    }
-    content.push_str(rest);
+    tool_call_blocks(
+        text,
+        turn,
+        content,
+        |body| body.find(CLOSE),
+        |body| {
+            call(body).map_err(|message| CallError {
+                message,
+                raw: format!("{OPEN}{body}{CLOSE}"),
+            })
+        },
+    );
 }
 
 /// One block's inside: the name, then `<arg_key>…</arg_key><arg_value>…</arg_value>`

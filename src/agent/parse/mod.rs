@@ -151,13 +151,27 @@ fn outside_reasoning(
 
 /// The `<tool_call>` blocks of `text` into `turn`, the text around them into `content`.
 fn hermes_blocks(text: &str, turn: &mut ParsedTurn, content: &mut String) {
+    tool_call_blocks(text, turn, content, block_end, hermes_call);
+}
+
+/// The `<tool_call>…</tool_call>` blocks of `text` into `turn`, each block's inside
+/// (up to where `end` says it closes) read by `call`, and the text around them into
+/// `content`; a block that is not closed is an error holding the rest of the text.
+/// The Hermes and GLM formats share the frame and differ inside it.
+fn tool_call_blocks(
+    text: &str,
+    turn: &mut ParsedTurn,
+    content: &mut String,
+    end: fn(&str) -> Option<usize>,
+    call: impl Fn(&str) -> Result<ToolCall, CallError>,
+) {
     let mut rest = text;
     while let Some(start) = rest.find(OPEN) {
         content.push_str(&rest[..start]);
         let after = &rest[start + OPEN.len()..];
-        match block_end(after) {
+        match end(after) {
             Some(end) => {
-                turn.calls.push(hermes_call(&after[..end]));
+                turn.calls.push(call(&after[..end]));
                 rest = &after[end + CLOSE.len()..];
             }
             None => {

@@ -20,10 +20,8 @@
 //! re-render of the call is the model's own text). A `<function=…>` with no
 //! `<tool_call>` before it is a call too, as vLLM reads it.
 
-use super::{CallError, ParsedTurn, ToolCall, outside_reasoning};
+use super::{CLOSE, CallError, OPEN, ParsedTurn, ToolCall, outside_reasoning};
 
-const CALL_OPEN: &str = "<tool_call>";
-const CALL_CLOSE: &str = "</tool_call>";
 const FUNCTION: &str = "<function=";
 const FUNCTION_CLOSE: &str = "</function>";
 const PARAMETER: &str = "<parameter=";
@@ -39,7 +37,7 @@ pub fn parse_qwen3_coder(text: &str, reasoning_open: bool) -> ParsedTurn {
 fn blocks(text: &str, turn: &mut ParsedTurn, content: &mut String) {
     let mut rest = text;
     loop {
-        let call = rest.find(CALL_OPEN);
+        let call = rest.find(OPEN);
         let bare = rest.find(FUNCTION);
         let (start, wrapped) = match (call, bare) {
             (Some(c), Some(f)) if f < c => (f, false),
@@ -49,15 +47,15 @@ fn blocks(text: &str, turn: &mut ParsedTurn, content: &mut String) {
         };
         content.push_str(&rest[..start]);
         if wrapped {
-            let body = &rest[start + CALL_OPEN.len()..];
-            match body.find(CALL_CLOSE) {
+            let body = &rest[start + OPEN.len()..];
+            match body.find(CLOSE) {
                 Some(end) => {
                     turn.calls.push(function(&body[..end], &rest[start..]));
-                    rest = &body[end + CALL_CLOSE.len()..];
+                    rest = &body[end + CLOSE.len()..];
                 }
                 None => {
                     turn.calls.push(Err(CallError {
-                        message: format!("a {CALL_OPEN} block was not closed with {CALL_CLOSE}"),
+                        message: format!("a {OPEN} block was not closed with {CLOSE}"),
                         raw: rest[start..].to_string(),
                     }));
                     rest = "";
@@ -84,7 +82,7 @@ fn function(block: &str, raw: &str) -> Result<ToolCall, CallError> {
     };
     let Some(at) = block.find(FUNCTION) else {
         return Err(fail(format!(
-            "a {CALL_OPEN} block must hold {FUNCTION}NAME>, with each argument in a {PARAMETER}NAME> block"
+            "a {OPEN} block must hold {FUNCTION}NAME>, with each argument in a {PARAMETER}NAME> block"
         )));
     };
     let after = &block[at + FUNCTION.len()..];
