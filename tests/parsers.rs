@@ -90,20 +90,13 @@ fn argument_bodies_read_as_vllm_reads_them() {
         .chain(glm.iter().map(|b| ("glm45", b.to_string())))
         .collect();
     let theirs = vllm(&python, &cases);
-    let mut bad = Vec::new();
-    for ((family, body), want) in cases.iter().zip(theirs) {
-        let got = ours(family, body);
-        let agree = match (&got, &want) {
-            (Ok(a), Ok(b)) => a == b,
-            (Err(_), Err(_)) => true,
-            _ => false,
-        };
-        if !agree {
-            bad.push(format!(
-                "{family} {body:?}:\n  rollout: {got:?}\n  vLLM:    {want:?}"
-            ));
-        }
-    }
+    let bad = rollout_test_support::reference::disagreements(
+        cases
+            .iter()
+            .zip(theirs)
+            .map(|((family, body), want)| (format!("{family} {body:?}"), ours(family, body), want)),
+        "vLLM",
+    );
     assert!(
         bad.is_empty(),
         "{} of {} bodies read otherwise than vLLM reads them:\n{}",

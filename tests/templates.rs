@@ -81,21 +81,13 @@ fn rollout(case: &Case) -> Result<String, String> {
 /// Renders every case both ways; panics listing each disagreement.
 fn check(cases: &[Case]) {
     let theirs = transformers(cases);
-    let mut bad = Vec::new();
-    for (case, want) in cases.iter().zip(theirs) {
-        let got = rollout(case);
-        let agree = match (&got, &want) {
-            (Ok(a), Ok(b)) => a == b,
-            (Err(_), Err(_)) => true,
-            _ => false,
-        };
-        if !agree {
-            bad.push(format!(
-                "{}:\n  rollout:      {got:?}\n  transformers: {want:?}",
-                case.label
-            ));
-        }
-    }
+    let bad = rollout_test_support::reference::disagreements(
+        cases
+            .iter()
+            .zip(theirs)
+            .map(|(case, want)| (case.label.clone(), rollout(case), want)),
+        "transformers",
+    );
     assert!(
         bad.is_empty(),
         "{} of {} cases disagree:\n{}",

@@ -47,3 +47,23 @@ pub fn run_json(python: &Path, script: &Path, cases: &[Value], what: &str) -> Ve
     );
     answers
 }
+
+/// The cases where the project's answer (`ours`) and the reference's (`theirs`) part,
+/// one message each naming the case's `label`. Two equal answers agree, and so do two
+/// refusals (what each refused with is not compared: the messages are each side's own).
+pub fn disagreements<T: PartialEq + std::fmt::Debug>(
+    cases: impl IntoIterator<Item = (String, Result<T, String>, Result<T, String>)>,
+    reference: &str,
+) -> Vec<String> {
+    cases
+        .into_iter()
+        .filter(|(_, ours, theirs)| match (ours, theirs) {
+            (Ok(a), Ok(b)) => a != b,
+            (Err(_), Err(_)) => false,
+            _ => true,
+        })
+        .map(|(label, ours, theirs)| {
+            format!("{label}:\n  rollout: {ours:?}\n  {reference}: {theirs:?}")
+        })
+        .collect()
+}
