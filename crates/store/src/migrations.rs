@@ -119,7 +119,13 @@ impl Schema<'_> {
             .iter()
             .filter(|m| m.migration_type.is_up_migration() && m.version > self.folded_at)
             .any(|m| !applied.iter().any(|&(v,)| v == m.version));
-        let made = made_from(conn).await?;
+        // `managed_views` is made by the first migration after the fold: it is there
+        // when any later migration has been applied, and not before.
+        let made = if applied.iter().any(|&(v,)| v > self.folded_at) {
+            made_from(conn).await?
+        } else {
+            None
+        };
         if later_pending {
             conn.run_script(self.drop_views(made.as_deref()))
                 .await
@@ -176,12 +182,7 @@ impl Schema<'_> {
 async fn made_from<C: Conn>(conn: &mut C) -> StoreResult<Option<String>> {
     let row: Option<(String,)> = query("SELECT definition FROM managed_views")
         .fetch_optional(conn)
-        .await
-        .or_else(|e| match &e {
-            // Not yet created: the migration that adds it is pending.
-            sqlx::Error::Database(d) if d.message().contains("managed_views") => Ok(None),
-            _ => Err(e),
-        })?;
+        .await?;
     Ok(row.map(|(d,)| d))
 }
 
@@ -346,6 +347,15 @@ mod tests {
                     last_with_view = m.version;
                 }
             }
+            // `bring_up` reads `managed_views` once any migration after the fold is in.
+            let first_after = schema
+                .migrator
+                .iter()
+                .find(|m| m.version > schema.folded_at);
+            assert!(
+                first_after.is_some_and(|m| m.sql.as_str().contains("CREATE TABLE managed_views")),
+                "the first migration after the fold makes managed_views"
+            );
             assert_eq!(
                 last_with_view, schema.folded_at,
                 "the last migration that touches a view must be the fold's; \
