@@ -5,10 +5,16 @@
 //! and the arguments must be the same. The bodies are the shapes models write and the
 //! edges where a hand-written parser drifts: newlines kept or trimmed, a parameter the
 //! model did not close, spaces around names, markup inside values, empty values.
+//!
+//! Whole turns of the families whose calls vLLM reads with the whole turn in view
+//! (Kimi-K2's sections, Mistral's `[TOOL_CALLS]` in both its shapes) are compared the
+//! same way (`tests/fixtures/parsers/vllm_tool_calls.py`): the calls' names, arguments
+//! and (Kimi-K2's) ids, and the content, must be the same, and a turn one side takes
+//! no call from the other must not either.
 
 use std::path::{Path, PathBuf};
 
-use rollout::agent::parse::{parse_glm45, parse_qwen3_coder};
+use rollout::agent::parse::{parse_glm45, parse_kimi_k2, parse_mistral, parse_qwen3_coder};
 use rollout_test_support::prerequisite;
 use serde_json::{Value, json};
 
@@ -56,13 +62,22 @@ fn ours(family: &str, body: &str) -> Result<Value, String> {
     }
 }
 
-#[test]
-fn argument_bodies_read_as_vllm_reads_them() {
-    let Some(python) = std::env::var_os("ROLLOUT_VLLM_PYTHON").map(PathBuf::from) else {
+/// The python of the real-vLLM environment, or `None` when it is not set (the test then
+/// says so, and fails under CI).
+fn vllm_python() -> Option<PathBuf> {
+    let python = std::env::var_os("ROLLOUT_VLLM_PYTHON").map(PathBuf::from);
+    if python.is_none() {
         prerequisite::missing(
             "parsers",
             "ROLLOUT_VLLM_PYTHON is not set: run `export ROLLOUT_VLLM_PYTHON=$(scripts/real-vllm-env.sh)` first (the test command does)",
         );
+    }
+    python
+}
+
+#[test]
+fn argument_bodies_read_as_vllm_reads_them() {
+    let Some(python) = vllm_python() else {
         return;
     };
     let qwen = [
@@ -100,6 +115,127 @@ fn argument_bodies_read_as_vllm_reads_them() {
     assert!(
         bad.is_empty(),
         "{} of {} bodies read otherwise than vLLM reads them:\n{}",
+        bad.len(),
+        cases.len(),
+        bad.join("\n")
+    );
+}
+
+/// vLLM's reading of each `(parser, turn)`: the calls and content, or that it took none.
+fn vllm_turns(python: &Path, cases: &[(&str, String)]) -> Vec<Result<Value, String>> {
+    let input: Vec<Value> = cases
+        .iter()
+        .map(|(parser, text)| json!({"parser": parser, "text": text}))
+        .collect();
+    rollout_test_support::reference::run_json(
+        python,
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/parsers/vllm_tool_calls.py"
+        )),
+        &input,
+        "vLLM's parsers, in the real-vLLM environment",
+    )
+    .into_iter()
+    .map(|r| match r.get("calls") {
+        Some(_) => Ok(r),
+        None => Err(r["error"].as_str().unwrap_or_default().to_string()),
+    })
+    .collect()
+}
+
+/// rollout's reading of a turn, in the script's shape: a turn with a call it could not
+/// read, or with none, took no call (vLLM then runs none either, or runs something
+/// else: a disagreement).
+fn our_turn(parser: &str, text: &str) -> Result<Value, String> {
+    let turn = match parser {
+        "kimi_k2" => parse_kimi_k2(text, false),
+        _ => parse_mistral(text, false),
+    };
+    if turn.calls.is_empty() {
+        return Err("no tool call".into());
+    }
+    let mut calls = Vec::new();
+    for call in &turn.calls {
+        let call = call.as_ref().map_err(|e| e.message.clone())?;
+        let mut one = json!({"name": call.name, "arguments": call.arguments});
+        if parser == "kimi_k2" {
+            one["id"] = json!(call.id);
+        }
+        calls.push(one);
+    }
+    Ok(json!({"calls": calls, "content": turn.content}))
+}
+
+#[test]
+fn whole_turns_read_as_vllm_reads_them() {
+    let Some(python) = vllm_python() else {
+        return;
+    };
+    let kimi = |calls: &[(&str, &str)]| {
+        let mut s = "<|tool_calls_section_begin|>".to_string();
+        for (id, args) in calls {
+            s += &format!(
+                "<|tool_call_begin|>{id}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
+            );
+        }
+        s + "<|tool_calls_section_end|>"
+    };
+    let mut cases: Vec<(&str, String)> = [
+        format!(
+            "Let me look.{}",
+            kimi(&[("functions.bash:0", r#"{"command": "ls"}"#)])
+        ),
+        kimi(&[
+            ("functions.bash:1", r#"{"command":"pwd"}"#),
+            (
+                " functions.read_file:2\n",
+                r#"{"path": "a.py", "lines": [1, 2]}"#,
+            ),
+        ]),
+        kimi(&[("functions.list_tools:3", "")]),
+        kimi(&[(
+            "functions.mcp.fs.read:4",
+            r#"{"path": "ü/日本.txt", "nested": {"a": null}}"#,
+        )]),
+        format!(
+            "{}\n",
+            kimi(&[("functions.bash:5", "  {\"command\": \"id\"}  ")])
+        ),
+        "No call here: functions.bash:0 {\"command\": \"ls\"}".into(),
+    ]
+    .into_iter()
+    .map(|t| ("kimi_k2", t))
+    .collect();
+    cases.extend(
+        [
+            r#"I will.[TOOL_CALLS]bash[ARGS]{"command": "ls"}[TOOL_CALLS]pwd[ARGS]{}"#,
+            r#"[TOOL_CALLS]bash{"command": "ls -la"}"#,
+            r#"[TOOL_CALLS]write[ARGS]{"path": "ü.txt", "text": "a\nb", "n": [1, 2.5]}"#,
+            "Just an answer.",
+        ]
+        .map(|t| ("mistral", t.to_string())),
+    );
+    cases.extend(
+        [
+            r#"[TOOL_CALLS] [{"name": "bash", "arguments": {"command": "ls"}}]"#,
+            r#"Let me see. [TOOL_CALLS] [{"name": "bash", "arguments": {"command": "ls"}, "id": "a1b2c3d4e"}, {"name": "python", "arguments": "{\"code\": \"1\"}"}]"#,
+            r#"[TOOL_CALLS]{"name": "pwd", "arguments": {}}"#,
+            r#"[TOOL_CALLS] [{"name": "list_tools"}]"#,
+            "Just an answer.",
+        ]
+        .map(|t| ("mistral_pre_v11", t.to_string())),
+    );
+    let theirs = vllm_turns(&python, &cases);
+    let bad = rollout_test_support::reference::disagreements(
+        cases.iter().zip(theirs).map(|((parser, text), want)| {
+            (format!("{parser} {text:?}"), our_turn(parser, text), want)
+        }),
+        "vLLM",
+    );
+    assert!(
+        bad.is_empty(),
+        "{} of {} turns read otherwise than vLLM reads them:\n{}",
         bad.len(),
         cases.len(),
         bad.join("\n")

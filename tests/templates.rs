@@ -12,7 +12,14 @@
 //! (tools as Python signatures, non-string call arguments printed with `|string`;
 //! `seed_oss.jinja`, the published template text with its Apache-2.0 model), and
 //! Qwen3-Coder's (XML tools and calls; `qwen3_coder.jinja`, the published template
-//! text of its Apache-2.0 models, as vLLM's examples carry it). Each is
+//! text of its Apache-2.0 models, as vLLM's examples carry it); Mistral's for its
+//! tokenizers before v11 (`mistral_v3_tools.jinja`, the template vLLM's examples carry
+//! as Mistral's official: calls as JSON lists with nine-character ids, results naming
+//! them), its template from v11 on (`mistral_v11_tools.jinja`: the conversation part of
+//! Devstral's and Ministral 3's published template, `[TOOL_CALLS]NAME[ARGS]{…}`, with
+//! its long default system prompt shortened), and Kimi-K2-Instruct-0905's
+//! (`kimi_k2.jinja`, as published: calls headed by ids, results `## Return of` them,
+//! no end-of-turn token after the last message). Each is
 //! written into a model directory that
 //! both sides load as they load a real model's, so transformers also chooses the
 //! template and passes the special tokens itself. The conversations carry tools,
@@ -152,6 +159,35 @@ fn seed_oss_dir(root: &Path) -> PathBuf {
     dir
 }
 
+/// Mistral's special tokens (tekken's and sentencepiece's alike).
+const MISTRAL_TOKENS: [&str; 11] = [
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[TOOL_CALLS]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+];
+
+/// A model directory with one of Mistral's templates and a tokenizer with its special
+/// tokens.
+fn mistral_dir(root: &Path, name: &str, template: &str) -> PathBuf {
+    let dir = model_dir(root, name, fixture(template), |c| {
+        c["bos_token"] = "<s>".into();
+        c["eos_token"] = "</s>".into();
+    });
+    let corpus = ["[{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}]"];
+    let tok =
+        rollout::agent::tokenizer::Tokenizer::train_bpe(&corpus, 600, &MISTRAL_TOKENS).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tok.to_json().unwrap()).unwrap();
+    dir
+}
+
 fn fixture(name: &str) -> Value {
     Value::String(std::fs::read_to_string(format!("{FIXTURES}{name}")).unwrap())
 }
@@ -174,25 +210,44 @@ fn tools() -> Vec<Value> {
     ]
 }
 
+/// A call with its id: nine letters and digits, as Mistral's templates insist (the
+/// others ignore ids, or write them as they are).
 fn call(name: &str, args: Value) -> Value {
-    json!({"type": "function", "function": {"name": name, "arguments": args}})
+    let id = format!(
+        "call{:05}",
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
+}
+
+/// Numbers the calls' ids.
+static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The result of `call`, as OpenAI clients send it.
+fn result(call: &Value, content: &str) -> Value {
+    json!({"role": "tool", "tool_call_id": call["id"], "content": content})
 }
 
 /// Conversations that exercise what episodes produce and trainers send.
 fn conversations() -> Vec<(&'static str, Vec<Value>)> {
     let floats = json!({"command": "python3 -c 'print(1)'", "timeout": 1e-7, "scale": 2.50, "big": 1e16, "small": 1e-05, "neg": -0.0, "n": 12345678901234567_u64});
+    let (ls, big) = (call("bash", json!({"command": "ls"})), call("bash", floats));
+    let (pytest_q, pytest) = (
+        call("bash", json!({"command": "pytest -q"})),
+        call("bash", json!({"command": "pytest"})),
+    );
     let agent = vec![
         json!({"role": "system", "content": "You fix bugs. Be brief."}),
         json!({"role": "user", "content": "  Which files are here? Ünïcödé — 日本語  "}),
-        json!({"role": "assistant", "content": "<think>\nList first.\n</think>\n\nLet me look.", "tool_calls": [call("bash", json!({"command": "ls"})), call("bash", floats)]}),
-        json!({"role": "tool", "content": "stats.py\ntest_stats.py"}),
-        json!({"role": "tool", "content": "  1\n"}),
-        json!({"role": "assistant", "content": "", "tool_calls": [call("bash", json!({"command": "pytest -q"}))]}),
-        json!({"role": "tool", "content": "<tool_response>tricky</tool_response>"}),
+        json!({"role": "assistant", "content": "<think>\nList first.\n</think>\n\nLet me look.", "tool_calls": [ls, big]}),
+        result(&ls, "stats.py\ntest_stats.py"),
+        result(&big, "  1\n"),
+        json!({"role": "assistant", "content": "", "tool_calls": [pytest_q]}),
+        result(&pytest_q, "<tool_response>tricky</tool_response>"),
         json!({"role": "assistant", "content": "Two files — ünïcode ok.", "reasoning_content": "\nThe tests pass.\n"}),
         json!({"role": "user", "content": "Run the tests again."}),
-        json!({"role": "assistant", "content": "<think>\nAgain.\n</think>\n\n", "tool_calls": [call("bash", json!({"command": "pytest"}))]}),
-        json!({"role": "tool", "content": "ok"}),
+        json!({"role": "assistant", "content": "<think>\nAgain.\n</think>\n\n", "tool_calls": [pytest]}),
+        result(&pytest, "ok"),
     ];
     let mut ending = agent.clone();
     ending.push(json!({"role": "assistant", "content": "All green.", "reasoning": "They pass."}));
@@ -277,6 +332,29 @@ fn fixture_templates_render_as_transformers_renders_them() {
             ),
             tools(),
         ),
+        // Mistral's template for its tokenizers before v11 (7B v0.3, Nemo), as vLLM's
+        // examples carry it: calls as a JSON list with nine-character ids, each result
+        // naming its call's id; no ids, and it refuses the conversation.
+        (
+            "mistral_v3",
+            mistral_dir(root.path(), "mistral3", "mistral_v3_tools.jinja"),
+            tools(),
+        ),
+        // v11's on (Devstral, Small 3.2, Ministral 3): `[TOOL_CALLS]NAME[ARGS]{…}`,
+        // the arguments written as the string they are, results without ids.
+        (
+            "mistral_v11",
+            mistral_dir(root.path(), "mistral11", "mistral_v11_tools.jinja"),
+            tools(),
+        ),
+        // Kimi-K2-Instruct-0905's, as it ships: each call headed by its id, each result
+        // `## Return of` that id, and no end-of-turn token after the last message
+        // unless a generation prompt follows.
+        (
+            "kimi_k2",
+            model_dir(root.path(), "kimi", fixture("kimi_k2.jinja"), |_| {}),
+            tools(),
+        ),
     ];
     let mut cases = Vec::new();
     for (name, dir, tools) in &dirs {
@@ -305,6 +383,23 @@ fn fixture_templates_render_as_transformers_renders_them() {
                     }
                 }
             }
+        }
+    }
+    // Agreeing by both refusing checks nothing: every template renders some cases, and
+    // the templates that pair calls with results by id render the agent's conversation.
+    for (name, _, _) in &dirs {
+        let mine = |c: &&Case| c.label.starts_with(&format!("{name}/"));
+        assert!(
+            cases.iter().filter(mine).any(|c| rollout(c).is_ok()),
+            "{name}"
+        );
+        if ["mistral_v3", "mistral_v11", "kimi_k2"].contains(name) {
+            let agent = cases
+                .iter()
+                .filter(mine)
+                .find(|c| c.label.contains("/agent/tools=true/gen=true/"));
+            let rendered = rollout(agent.unwrap());
+            assert!(rendered.is_ok(), "{name}: {rendered:?}");
         }
     }
     check(&cases);

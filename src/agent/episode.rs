@@ -327,7 +327,8 @@ impl<'a> EpisodeState<'a> {
             &g.token_ids[..]
         };
         let text = model.tokenizer.decode(body).unwrap_or_default();
-        let parsed = parse::parse_turn(self.ep.parser, &text, self.reasoning_open);
+        let mut parsed = parse::parse_turn(self.ep.parser, &text, self.reasoning_open);
+        parse::give_ids(self.ep.parser, &mut parsed, traj.turns.len());
         let turn = Turn {
             text,
             model_range: [model_start, traj.response_ids.len()],
@@ -442,14 +443,17 @@ impl<'a> EpisodeState<'a> {
             );
             observations.push(json!({"role": "user", "content": nudge}));
         }
-        for call in &parsed.calls {
+        for (i, call) in parsed.calls.iter().enumerate() {
+            // The id its result answers to (the parsed calls have theirs already).
+            let id = parse::call_id(ep.parser, self.traj.turns.len(), i);
             let call = match call {
                 Err(e) => {
-                    refuse_call(&mut observations, turn, None, e.clone());
+                    refuse_call(&mut observations, turn, None, e.clone(), &id);
                     continue;
                 }
                 Ok(c) => c,
             };
+            let id = call.id.clone().unwrap_or(id);
             if call.name == FINISH && ep.tools.iter().any(|t| t == FINISH) {
                 turn.tools.push(ToolRecord {
                     call: Some(call.clone()),
@@ -474,7 +478,7 @@ impl<'a> EpisodeState<'a> {
                     message,
                     raw: call.name.clone(),
                 };
-                refuse_call(&mut observations, turn, Some(call.clone()), error);
+                refuse_call(&mut observations, turn, Some(call.clone()), error, &id);
                 continue;
             }
             let left = ep
@@ -511,7 +515,7 @@ impl<'a> EpisodeState<'a> {
             };
             let (observation, ok) =
                 tools::observation(&call.name, &resp, ep.limits.max_observation_bytes);
-            observations.push(json!({"role": "tool", "content": observation}));
+            observations.push(json!({"role": "tool", "tool_call_id": id, "content": observation}));
             turn.tools.push(ToolRecord {
                 call: Some(call.clone()),
                 error: None,
@@ -621,7 +625,7 @@ async fn drift_check(
         // them spells a control token, and then the difference is what is reported.
         let (again, _) = encode_conversation(&model, &messages, offered, open, &args, false)?;
         let tail = model.tokenizer.encode(&tail).map_err(|e| e.to_string())?;
-        Ok(trajectory::compare(&ours, &again, &tail))
+        Ok(trajectory::compare(&ours, &again, &tail, &model.stop_ids))
     })
     .await
     .map_err(|e| e.to_string())?
@@ -700,7 +704,12 @@ fn assistant_message(parsed: &ParsedTurn) -> Value {
                 .raw_arguments
                 .as_ref()
                 .map_or_else(|| c.arguments.clone(), |raw| Value::String(raw.clone()));
-            json!({"type": "function", "function": {"name": c.name, "arguments": arguments}})
+            let mut call =
+                json!({"type": "function", "function": {"name": c.name, "arguments": arguments}});
+            if let Some(id) = &c.id {
+                call["id"] = json!(id);
+            }
+            call
         })
         .collect();
     let mut m = json!({"role": "assistant", "content": parsed.content});
@@ -711,16 +720,17 @@ fn assistant_message(parsed: &ParsedTurn) -> Value {
 }
 
 /// Records a call that did not run (its text did not parse, or it names no tool the
-/// episode offers) with `error` as its observation, so the model sees what was wrong and
+/// episode offers) with `error` as its observation (the result of call `id`), so the model sees what was wrong and
 /// can correct the call in its next turn.
 fn refuse_call(
     observations: &mut Vec<Value>,
     turn: &mut Turn,
     call: Option<ToolCall>,
     error: CallError,
+    id: &str,
 ) {
     let observation = format!("Error: {}", error.message);
-    observations.push(json!({"role": "tool", "content": observation}));
+    observations.push(json!({"role": "tool", "tool_call_id": id, "content": observation}));
     turn.tools.push(ToolRecord {
         call,
         error: Some(error),
@@ -1593,6 +1603,199 @@ mod tests {
         );
         let drift = t.drift.clone().unwrap();
         assert!(drift.identical, "{drift:?}");
+    }
+
+    /// A model of a family: `template`, a tokenizer trained on it and `sample` with the
+    /// family's `special` tokens, `bos` and `eos` as its configuration names them.
+    fn family(
+        template: &str,
+        special: &[&str],
+        bos: Option<&str>,
+        eos: &str,
+        sample: &str,
+    ) -> Arc<ModelFiles> {
+        let config = json!({"bos_token": bos, "eos_token": eos, "chat_template": template});
+        let tokenizer =
+            crate::agent::tokenizer::Tokenizer::train_bpe(&[template, sample], 800, special)
+                .unwrap();
+        Arc::new(ModelFiles::from_parts(tokenizer, &config).unwrap())
+    }
+
+    /// The text of turn `i`'s observation in `t`.
+    fn observation_text(m: &ModelFiles, t: &Trajectory, i: usize) -> String {
+        let [a, b] = t.turns[i].observation_range;
+        m.tokenizer.decode(&t.response_ids[a..b]).unwrap()
+    }
+
+    /// Kimi-K2 end to end, with the template it ships: each call headed by its id
+    /// (`functions.NAME:N`, which `kimi_k2`, chosen from the template, reads the name
+    /// from), each result `## Return of` that id, the record equal to a re-render.
+    #[tokio::test]
+    async fn a_kimi_k2_episode_pairs_results_with_calls_by_id() {
+        let template = include_str!("../../tests/fixtures/templates/kimi_k2.jinja");
+        let special = [
+            "<|im_end|>",
+            "<|im_user|>",
+            "<|im_assistant|>",
+            "<|im_system|>",
+            "<|im_middle|>",
+            "<|tool_calls_section_begin|>",
+            "<|tool_calls_section_end|>",
+            "<|tool_call_begin|>",
+            "<|tool_call_argument_begin|>",
+            "<|tool_call_end|>",
+        ];
+        let m = family(template, &special, None, "<|im_end|>", "functions.bash:0");
+        let calls = |calls: &[(&str, &str)]| {
+            let mut s = "<|tool_calls_section_begin|>".to_string();
+            for (id, args) in calls {
+                s += &format!(
+                    "<|tool_call_begin|>{id}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
+                );
+            }
+            s + "<|tool_calls_section_end|>"
+        };
+        let mut llm = script(
+            &m,
+            &[
+                format!(
+                    "Let me look.{}",
+                    calls(&[("functions.bash:0", r#"{"command": "ls"}"#)])
+                ),
+                calls(&[
+                    ("functions.bash:1", r#"{"command":"pwd"}"#),
+                    ("functions.bash:2", r#"{"command": "id"}"#),
+                ]),
+                calls(&[("functions.finish:3", r#"{"answer": "done"}"#)]),
+            ],
+        );
+        let mut ep = episode(m.clone(), 8192);
+        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
+        assert_eq!(ep.parser, Parser::KimiK2);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(
+            t.finish_reason,
+            Some(FinishReason::Finished),
+            "{:?}",
+            t.turns
+        );
+        assert_eq!(t.answer.as_deref(), Some("done"));
+        let obs = observation_text(&m, &t, 1);
+        assert!(
+            obs.contains("## Return of functions.bash:1\n    bash ran pwd<|im_end|>")
+                && obs.contains("## Return of functions.bash:2\n    bash ran id<|im_end|>"),
+            "{obs}"
+        );
+        let call = t.turns[1].tools[1].call.as_ref().unwrap();
+        assert_eq!(call.id.as_deref(), Some("functions.bash:2"));
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
+    /// Mistral's special tokens.
+    const MISTRAL: [&str; 12] = [
+        "<s>",
+        "</s>",
+        "[INST]",
+        "[/INST]",
+        "[TOOL_CALLS]",
+        "[ARGS]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]",
+        "[SYSTEM_PROMPT]",
+        "[/SYSTEM_PROMPT]",
+    ];
+
+    /// Mistral with the template of its tokenizers from v11 on (Devstral, Small 3.2):
+    /// `NAME[ARGS]{…}` calls read by `mistral` (chosen from the template), results
+    /// straight after the model's end-of-sequence token, the record equal to a
+    /// re-render.
+    #[tokio::test]
+    async fn a_mistral_v11_episode_runs_its_calls() {
+        let template = include_str!("../../tests/fixtures/templates/mistral_v11_tools.jinja");
+        let m = family(
+            template,
+            &MISTRAL,
+            Some("<s>"),
+            "</s>",
+            "[TOOL_CALLS]bash[ARGS]",
+        );
+        let mut llm = script(
+            &m,
+            &[
+                r#"[TOOL_CALLS]bash[ARGS]{"command": "ls"}[TOOL_CALLS]bash[ARGS]{"command":"pwd"}"#
+                    .into(),
+                r#"Done.[TOOL_CALLS]finish[ARGS]{"answer": "two"}"#.into(),
+            ],
+        );
+        let mut ep = episode(m.clone(), 8192);
+        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
+        assert_eq!(ep.parser, Parser::Mistral);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(
+            t.finish_reason,
+            Some(FinishReason::Finished),
+            "{:?}",
+            t.turns
+        );
+        assert_eq!(
+            observation_text(&m, &t, 0),
+            "[TOOL_RESULTS]bash ran ls[/TOOL_RESULTS][TOOL_RESULTS]bash ran pwd[/TOOL_RESULTS]"
+        );
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
+    /// Mistral with the template of its tokenizers before v11 (7B v0.3, Nemo): a JSON
+    /// list of calls, each result naming its call's id. The model's own id is kept; a
+    /// call written without one gets nine letters and digits, as the template insists
+    /// (and then the re-render, which writes that id into the call, differs from the
+    /// model's text, which the drift check reports).
+    #[tokio::test]
+    async fn a_mistral_v3_episode_pairs_results_with_ids() {
+        let template = include_str!("../../tests/fixtures/templates/mistral_v3_tools.jinja");
+        let m = family(
+            template,
+            &MISTRAL,
+            Some("<s>"),
+            "</s>",
+            "[TOOL_CALLS] [{\"name\"",
+        );
+        let mut llm = script(
+            &m,
+            &[
+                r#"[TOOL_CALLS] [{"name": "bash", "arguments": {"command": "ls"}, "id": "a1b2c3d4e"}]"#
+                    .into(),
+                r#"[TOOL_CALLS] [{"name": "bash", "arguments": {"command": "pwd"}}]"#.into(),
+                r#"[TOOL_CALLS] [{"name": "finish", "arguments": {"answer": "done"}}]"#.into(),
+            ],
+        );
+        let mut ep = episode(m.clone(), 8192);
+        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
+        assert_eq!(ep.parser, Parser::Mistral);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(
+            t.finish_reason,
+            Some(FinishReason::Finished),
+            "{:?}",
+            t.turns
+        );
+        assert_eq!(
+            observation_text(&m, &t, 0),
+            r#"[TOOL_RESULTS] {"content": bash ran ls, "call_id": "a1b2c3d4e"}[/TOOL_RESULTS]"#
+        );
+        let given = crate::agent::parse::call_id(Parser::Mistral, 1, 0);
+        assert_eq!(given, "c00001000");
+        assert_eq!(
+            observation_text(&m, &t, 1),
+            format!(
+                r#"[TOOL_RESULTS] {{"content": bash ran pwd, "call_id": "{given}"}}[/TOOL_RESULTS]"#
+            )
+        );
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.error.is_none() && !drift.identical, "{drift:?}");
     }
 
     #[tokio::test]

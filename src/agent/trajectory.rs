@@ -322,35 +322,28 @@ impl Trajectory {
 
 /// Compares `ours` with the re-tokenized conversation `again`; `tail` is what the
 /// template writes after a turn's end-of-turn token (ChatML's `"\n"`), which no model
-/// emits and which may legitimately follow our last token.
-pub fn compare(ours: &[u32], again: &[u32], tail: &[u32]) -> Drift {
+/// emits and which may legitimately follow our last token; `stops` are the model's
+/// end-of-turn tokens, one of which may legitimately end ours where `again` stops just
+/// before it (the templates that write none after the conversation's last message,
+/// Kimi-K2's and GLM-4.5's: the model did emit it, and is trained to).
+pub fn compare(ours: &[u32], again: &[u32], tail: &[u32], stops: &[u32]) -> Drift {
     let first = ours.iter().zip(again).position(|(a, b)| a != b);
     let retokenized_len = again.len();
-    match first {
-        Some(i) => Drift {
-            identical: false,
-            first_difference: Some(i),
-            retokenized_len,
-            error: None,
+    let same = match first {
+        Some(_) => false,
+        None if again.len() == ours.len() => true,
+        None if again.len() > ours.len() => &again[ours.len()..] == tail,
+        None => ours.len() == again.len() + 1 && ours.last().is_some_and(|t| stops.contains(t)),
+    };
+    Drift {
+        identical: same,
+        first_difference: if same {
+            None
+        } else {
+            Some(first.unwrap_or(ours.len().min(again.len())))
         },
-        None if again.len() == ours.len() => Drift {
-            identical: true,
-            first_difference: None,
-            retokenized_len,
-            error: None,
-        },
-        None if again.len() > ours.len() && &again[ours.len()..] == tail => Drift {
-            identical: true,
-            first_difference: None,
-            retokenized_len,
-            error: None,
-        },
-        None => Drift {
-            identical: false,
-            first_difference: Some(ours.len().min(again.len())),
-            retokenized_len,
-            error: None,
-        },
+        retokenized_len,
+        error: None,
     }
 }
 
@@ -372,13 +365,20 @@ mod tests {
 
     #[test]
     fn drift_verdicts() {
-        assert!(compare(&[1, 2, 3], &[1, 2, 3], &[]).identical);
-        assert!(compare(&[1, 2, 3], &[1, 2, 3, 9], &[9]).identical);
-        let d = compare(&[1, 2, 3], &[1, 7, 3], &[]);
+        assert!(compare(&[1, 2, 3], &[1, 2, 3], &[], &[]).identical);
+        assert!(compare(&[1, 2, 3], &[1, 2, 3, 9], &[9], &[]).identical);
+        let d = compare(&[1, 2, 3], &[1, 7, 3], &[], &[]);
         assert_eq!((d.identical, d.first_difference), (false, Some(1)));
-        let d = compare(&[1, 2, 3], &[1, 2, 3, 4, 5], &[9]);
+        let d = compare(&[1, 2, 3], &[1, 2, 3, 4, 5], &[9], &[]);
         assert_eq!((d.identical, d.first_difference), (false, Some(3)));
-        let d = compare(&[1, 2, 3], &[1, 2], &[]);
+        let d = compare(&[1, 2, 3], &[1, 2], &[], &[]);
+        assert_eq!((d.identical, d.first_difference), (false, Some(2)));
+        // Our last token an end-of-turn token a re-render leaves out: no drift. Any
+        // other token, or more than one, is.
+        assert!(compare(&[1, 2, 3], &[1, 2], &[], &[3]).identical);
+        let d = compare(&[1, 2, 3], &[1, 2], &[], &[4]);
+        assert_eq!((d.identical, d.first_difference), (false, Some(2)));
+        let d = compare(&[1, 2, 3, 3], &[1, 2], &[], &[3]);
         assert_eq!((d.identical, d.first_difference), (false, Some(2)));
     }
 }

@@ -219,7 +219,9 @@ impl<'a> TurnGlue<'a> {
         // when no tools are offered: a call the model makes anyway gets an error
         // observation.
         let user = [serde_json::json!({"role": "user", "content": "Go on."})];
-        let tool = |c: &str| serde_json::json!({"role": "tool", "content": c});
+        // Each result names a call, with an id of nine letters and digits: Mistral's
+        // templates refuse a result without one.
+        let tool = |c: &str| serde_json::json!({"role": "tool", "tool_call_id": "call00000", "content": c});
         let one_tool = [tool("a")];
         let two_tools = [tool("a"), tool("b")];
         let kinds: [(&'static str, &[Value]); 3] = [

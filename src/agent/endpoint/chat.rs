@@ -140,8 +140,9 @@ impl Endpoint {
         let text = self.decode(&generated);
         let cut = generated.generation.finish == Finish::Length && !self.ended(&generated);
         let message = if tools.is_some() {
-            let parsed = parse::parse_turn(self.ep.parser, &text, prompt.reasoning_open);
-            reply_with_calls(&parsed, &text, self.calls.len())
+            let mut parsed = parse::parse_turn(self.ep.parser, &text, prompt.reasoning_open);
+            parse::give_ids(self.ep.parser, &mut parsed, self.calls.len());
+            reply_with_calls(&parsed, &text)
         } else {
             json!({"role": "assistant", "content": text})
         };
@@ -302,7 +303,7 @@ impl Endpoint {
         // conversation tokenizes it (see `episode::drift_check`).
         let drift = tokio::task::spawn_blocking(move || {
             let (fresh, _) = fresh_prompt(&model, &args, false, tools.as_deref(), &rendered)?;
-            Ok(trajectory::compare(&ours, &fresh, &[]))
+            Ok(trajectory::compare(&ours, &fresh, &[], &[]))
         });
         Ok(ChatPrompt {
             ids,
@@ -359,8 +360,9 @@ fn why_not_continued(
 /// The assistant message for a call's text with tools offered: the calls that parsed
 /// as OpenAI `tool_calls` (arguments as a JSON string) and the text around them; the
 /// whole text as content when a call did not parse (the agent then sees what the model
-/// wrote).
-fn reply_with_calls(parsed: &parse::ParsedTurn, text: &str, call: usize) -> Value {
+/// wrote). Each call has its id ([`parse::give_ids`]): the model's own where its format
+/// writes one, else one in the shape the model's template accepts.
+fn reply_with_calls(parsed: &parse::ParsedTurn, text: &str) -> Value {
     if parsed.calls.is_empty() || parsed.calls.iter().any(Result::is_err) {
         return json!({"role": "assistant", "content": text});
     }
@@ -368,13 +370,12 @@ fn reply_with_calls(parsed: &parse::ParsedTurn, text: &str, call: usize) -> Valu
         .calls
         .iter()
         .filter_map(|c| c.as_ref().ok())
-        .enumerate()
-        .map(|(i, c)| {
+        .map(|c| {
             let arguments = c
                 .raw_arguments
                 .clone()
                 .unwrap_or_else(|| c.arguments.to_string());
-            json!({"id": format!("call_{call}_{i}"), "type": "function",
+            json!({"id": c.id, "type": "function",
                    "function": {"name": c.name, "arguments": arguments}})
         })
         .collect();

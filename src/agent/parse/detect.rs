@@ -4,7 +4,8 @@
 //! A model is trained to write its calls the way its template writes them back. So the
 //! template is asked to write one: a conversation whose assistant turn calls a probe
 //! tool with a probe argument is rendered (the arguments as an object, and again as
-//! the JSON string OpenAI clients send, since some templates concatenate them), and
+//! the JSON string OpenAI clients send, since some templates concatenate them; the
+//! call's id in Kimi-K2's shape, and again in Mistral's), and
 //! every parser reads the text after the user's turn. The parser that reads back
 //! exactly that call is the model's; none, or more than one, and the model is refused
 //! with what its template writes and the parsers there are.
@@ -45,14 +46,18 @@ pub fn detect(model: &ModelFiles) -> Result<(Parser, String), String> {
     let template = model.template_for(true);
     let mut written = Vec::new();
     let mut errors = Vec::new();
-    for arguments in [
+    let forms = [
         json!({ARG: VALUE}),
         Value::String(json!({ARG: VALUE}).to_string()),
-    ] {
+    ];
+    // Ids in the shapes templates insist on: Kimi-K2's names the tool (its parser reads
+    // the name from it), Mistral's are nine letters or digits.
+    let ids = [format!("functions.{TOOL}:0"), "call00000".to_string()];
+    for (arguments, id) in forms.iter().flat_map(|a| ids.iter().map(move |i| (a, i))) {
         let messages = [
             json!({"role": "user", "content": USER}),
             json!({"role": "assistant", "content": "", "tool_calls": [
-                {"id": "call_0", "type": "function", "function": {"name": TOOL, "arguments": arguments}}
+                {"id": id, "type": "function", "function": {"name": TOOL, "arguments": arguments}}
             ]}),
         ];
         match template.render(
@@ -128,6 +133,11 @@ mod tests {
             ("qwen3_coder.jinja", Parser::Qwen3Coder),
             // Its template concatenates the arguments: only the JSON string renders.
             ("deepseek_r1.jinja", Parser::DeepseekR1),
+            // Ids of nine characters, or it refuses the conversation.
+            ("mistral_v3_tools.jinja", Parser::Mistral),
+            ("mistral_v11_tools.jinja", Parser::Mistral),
+            // The tool's name is read from the call's id.
+            ("kimi_k2.jinja", Parser::KimiK2),
         ] {
             let source = std::fs::read_to_string(format!("{fixtures}{file}")).unwrap();
             let m = demo::model_files(&source, &demo::DEEPSEEK_R1_TOKENS).unwrap();

@@ -84,6 +84,7 @@ fn call(body: &str) -> Result<ToolCall, String> {
         name: name.to_string(),
         arguments: serde_json::Value::Object(arguments),
         raw_arguments: None,
+        id: None,
     })
 }
 

@@ -48,6 +48,7 @@ fn objects(text: &str, turn: &mut ParsedTurn, content: &mut String) {
                     name: name.to_string(),
                     arguments,
                     raw_arguments: None,
+                    id: None,
                 });
             }
             // An object that is not a call: as vLLM, the turn calls nothing.

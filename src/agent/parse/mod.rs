@@ -21,18 +21,27 @@
 //!   calls, as vLLM's `llama3_json` reads them.
 //! - [`parse_pythonic`]: Llama 3.2's and Llama 4's pythonic `[f(x=1), g()]` turns, as
 //!   vLLM's `pythonic` reads them.
+//! - [`parse_mistral`]: Mistral's `[TOOL_CALLS]` calls, both the JSON list of the
+//!   tokenizers before v11 and the `NAME[ARGS]{…}` calls after, as vLLM's `mistral`
+//!   reads them.
+//! - [`parse_kimi_k2`]: Kimi-K2's `<|tool_calls_section_begin|>` sections, each call
+//!   named by its id `functions.NAME:N`, as vLLM's `kimi_k2` reads them.
 
 use serde::{Deserialize, Serialize};
 
 mod detect;
 mod glm;
+mod kimi;
 mod llama;
+mod mistral;
 mod pythonic;
 mod qwen3_coder;
 
 pub use detect::{choose, detect};
 pub use glm::parse_glm45;
+pub use kimi::parse_kimi_k2;
 pub use llama::parse_llama3_json;
+pub use mistral::parse_mistral;
 pub use pythonic::parse_pythonic;
 pub use qwen3_coder::parse_qwen3_coder;
 
@@ -50,6 +59,12 @@ pub struct ToolCall {
     /// re-render of the conversation then gives the model's own text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raw_arguments: Option<String>,
+    /// The call's id: the one the model wrote, in the formats whose calls carry one
+    /// (Kimi-K2's `functions.NAME:N`, Mistral's JSON lists), else the one the agent loop
+    /// gave it ([`call_id`]). The assistant message and the tool result of a re-render
+    /// carry it, as templates that pair them (Mistral's, Kimi's) need.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 /// A call the model attempted that could not be understood.
@@ -83,18 +98,24 @@ const THINK_CLOSE: &str = "</think>";
 /// Qwen3-2507's thinking template writes it); and everything from a `<think>` left
 /// unclosed after that on. Tool calls are never taken from it.
 pub fn reasoning_spans(text: &str, opened: bool) -> Vec<(usize, usize)> {
+    marked_reasoning(text, opened, THINK_OPEN, THINK_CLOSE)
+}
+
+/// [`reasoning_spans`] with other markers than `<think>` and `</think>` (Magistral's
+/// `[THINK]` and `[/THINK]` tokens).
+fn marked_reasoning(text: &str, opened: bool, open: &str, close: &str) -> Vec<(usize, usize)> {
     let mut spans = Vec::new();
     let mut from = 0;
-    if let Some(close) = text.rfind(THINK_CLOSE) {
-        from = close + THINK_CLOSE.len();
+    if let Some(at) = text.rfind(close) {
+        from = at + close.len();
         spans.push((0, from));
     } else if opened {
         return vec![(0, text.len())];
     }
-    // A `<think>` opened again after the last close and never closed: thinking to the
+    // A reasoning opened again after the last close and never closed: thinking to the
     // end, whatever it writes.
-    if let Some(open) = text[from..].find(THINK_OPEN) {
-        spans.push((from + open, text.len()));
+    if let Some(at) = text[from..].find(open) {
+        spans.push((from + at, text.len()));
     }
     spans
 }
@@ -111,7 +132,37 @@ pub fn parse_turn(parser: Parser, text: &str, reasoning_open: bool) -> ParsedTur
         Parser::Glm45 => parse_glm45(text, reasoning_open),
         Parser::Llama3Json => parse_llama3_json(text, reasoning_open),
         Parser::Pythonic => parse_pythonic(text, reasoning_open),
+        Parser::Mistral => parse_mistral(text, reasoning_open),
+        Parser::KimiK2 => parse_kimi_k2(text, reasoning_open),
     }
+}
+
+/// The id the agent loop (or the agent-program endpoint) gives the `index`-th call of
+/// turn (or call) `turn` when the model wrote none, shaped as `parser`'s template
+/// accepts: Mistral's templates refuse any id that is not nine letters or digits
+/// (`c` + the turn in five digits + the call in three, wrapping past 99,999 turns or
+/// 999 calls, which no episode reaches); every other template ignores ids, and gets
+/// OpenAI's `call_…` shape.
+pub fn call_id(parser: Parser, turn: usize, index: usize) -> String {
+    match parser {
+        Parser::Mistral => format!("c{:05}{:03}", turn % 100_000, index % 1000),
+        _ => format!("call_{turn}_{index}"),
+    }
+}
+
+/// Gives each call of `parsed` that has no id the one [`call_id`] makes for it, and
+/// returns the ids of every attempted call in order (a call that did not parse gets
+/// one too: its error observation is that id's tool result).
+pub fn give_ids(parser: Parser, parsed: &mut ParsedTurn, turn: usize) -> Vec<String> {
+    parsed
+        .calls
+        .iter_mut()
+        .enumerate()
+        .map(|(i, call)| match call {
+            Ok(c) => c.id.get_or_insert_with(|| call_id(parser, turn, i)).clone(),
+            Err(_) => call_id(parser, turn, i),
+        })
+        .collect()
 }
 
 /// Whether a prompt ends inside the model's reasoning: its generation prompt opened
@@ -136,10 +187,19 @@ fn outside_reasoning(
     reasoning_open: bool,
     calls: fn(&str, &mut ParsedTurn, &mut String),
 ) -> ParsedTurn {
+    outside_spans(text, &reasoning_spans(text, reasoning_open), calls)
+}
+
+/// [`outside_reasoning`] with the reasoning at `spans` (ordered, apart).
+fn outside_spans(
+    text: &str,
+    spans: &[(usize, usize)],
+    calls: fn(&str, &mut ParsedTurn, &mut String),
+) -> ParsedTurn {
     let mut turn = ParsedTurn::default();
     let mut content = String::new();
     let mut at = 0;
-    for (a, b) in reasoning_spans(text, reasoning_open) {
+    for &(a, b) in spans {
         calls(&text[at..a], &mut turn, &mut content);
         content.push_str(&text[a..b]);
         at = b;
@@ -241,6 +301,7 @@ fn hermes_call(body: &str) -> Result<ToolCall, CallError> {
         name,
         arguments,
         raw_arguments: None,
+        id: None,
     })
 }
 
@@ -287,6 +348,7 @@ pub fn parse_bash_block(text: &str) -> ParsedTurn {
             name: "bash".into(),
             arguments: serde_json::json!({"command": body.trim_end_matches('\n')}),
             raw_arguments: None,
+            id: None,
         })),
         [(body, false)] => turn.calls.push(Err(CallError {
             message: "the ```bash block was not closed with ```".into(),
@@ -321,27 +383,57 @@ pub fn parse_deepseek_r1(text: &str, reasoning_open: bool) -> ParsedTurn {
 
 /// The calls sections of `text` into `turn`, the text around them into `content`.
 fn r1_section(text: &str, turn: &mut ParsedTurn, content: &mut String) {
+    let marks = Sections {
+        begin: R1_CALLS_BEGIN,
+        end: R1_CALLS_END,
+        call_begin: R1_CALL_BEGIN,
+        call_end: R1_CALL_END,
+    };
+    marked_sections(text, turn, content, &marks, r1_call);
+}
+
+/// The markers of a format whose calls come in a section, each call between its own
+/// begin and end markers (DeepSeek's, Kimi-K2's).
+pub(super) struct Sections {
+    pub begin: &'static str,
+    pub end: &'static str,
+    pub call_begin: &'static str,
+    pub call_end: &'static str,
+}
+
+/// The sections `marks` delimit in `text` into `turn`, each call's body read by `call`,
+/// and the text around the sections into `content`. A section whose end is missing
+/// (a turn cut short) holds the rest of the text; a call whose end is missing is an
+/// error.
+pub(super) fn marked_sections(
+    text: &str,
+    turn: &mut ParsedTurn,
+    content: &mut String,
+    marks: &Sections,
+    call: fn(&str) -> Result<ToolCall, CallError>,
+) {
     let mut rest = text;
-    while let Some(start) = rest.find(R1_CALLS_BEGIN) {
+    while let Some(start) = rest.find(marks.begin) {
         content.push_str(&rest[..start]);
-        let section = &rest[start + R1_CALLS_BEGIN.len()..];
-        let (calls, tail) = match section.find(R1_CALLS_END) {
-            Some(end) => (&section[..end], &section[end + R1_CALLS_END.len()..]),
+        let section = &rest[start + marks.begin.len()..];
+        let (calls, tail) = match section.find(marks.end) {
+            Some(end) => (&section[..end], &section[end + marks.end.len()..]),
             // A turn cut short (max_tokens) may lack the end: its whole calls are run.
             None => (section, ""),
         };
         let mut calls = calls;
-        while let Some(open) = calls.find(R1_CALL_BEGIN) {
-            let body = &calls[open + R1_CALL_BEGIN.len()..];
-            match body.find(R1_CALL_END) {
+        while let Some(open) = calls.find(marks.call_begin) {
+            let body = &calls[open + marks.call_begin.len()..];
+            match body.find(marks.call_end) {
                 Some(end) => {
-                    turn.calls.push(r1_call(&body[..end]));
-                    calls = &body[end + R1_CALL_END.len()..];
+                    turn.calls.push(call(&body[..end]));
+                    calls = &body[end + marks.call_end.len()..];
                 }
                 None => {
                     turn.calls.push(Err(CallError {
                         message: format!(
-                            "a {R1_CALL_BEGIN} call was not closed with {R1_CALL_END}"
+                            "a {} call was not closed with {}",
+                            marks.call_begin, marks.call_end
                         ),
                         raw: calls[open..].to_string(),
                     }));
@@ -394,6 +486,7 @@ fn r1_call(body: &str) -> Result<ToolCall, CallError> {
         name: name.to_string(),
         arguments,
         raw_arguments: Some(raw.to_string()),
+        id: None,
     })
 }
 
@@ -414,6 +507,7 @@ fn v31_call(name: &str, raw: &str) -> Result<ToolCall, String> {
         name: name.to_string(),
         arguments,
         raw_arguments: Some(raw.to_string()),
+        id: None,
     })
 }
 
@@ -466,11 +560,13 @@ mod tests {
                     name: "bash".into(),
                     arguments: serde_json::json!({"command": "ls"}),
                     raw_arguments: None,
+                    id: None,
                 }),
                 Ok(ToolCall {
                     name: "python".into(),
                     arguments: serde_json::json!({"code": "1+1"}),
                     raw_arguments: None,
+                    id: None,
                 }),
             ]
         );
@@ -596,6 +692,7 @@ mod tests {
                 name: "bash".into(),
                 arguments: serde_json::json!({"command": "ls -la\ncd src"}),
                 raw_arguments: None,
+                id: None,
             })]
         );
         let two = parse_bash_block("```bash\nls\n```\nand\n```\npwd\n```");
@@ -637,11 +734,13 @@ mod tests {
                     name: "bash".into(),
                     arguments: serde_json::json!({"command": "ls"}),
                     raw_arguments: Some(r#"{"command": "ls"}"#.into()),
+                    id: None,
                 }),
                 Ok(ToolCall {
                     name: "python".into(),
                     arguments: serde_json::json!({"code": "1+1"}),
                     raw_arguments: Some("{\"code\":\"1+1\"}".into()),
+                    id: None,
                 }),
             ]
         );

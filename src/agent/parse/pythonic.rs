@@ -115,6 +115,7 @@ impl Reader<'_> {
             name,
             arguments: Value::Object(arguments),
             raw_arguments: None,
+            id: None,
         })
     }
 

@@ -121,6 +121,7 @@ fn function(block: &str, raw: &str) -> Result<ToolCall, CallError> {
         name: name.to_string(),
         arguments: serde_json::Value::Object(arguments),
         raw_arguments: None,
+        id: None,
     })
 }
 

@@ -539,7 +539,8 @@ pub struct AgentSettings {
     pub tool_timeout_ms: u64,
     /// How tool calls are read: `auto` (the default: the parser that reads the calls
     /// the model's own chat template writes), or a parser's name (`hermes`,
-    /// `bash_block`, `deepseek_r1`, `qwen3_coder`, `glm45`, `llama3_json`, `pythonic`).
+    /// `bash_block`, `deepseek_r1`, `qwen3_coder`, `glm45`, `llama3_json`, `pythonic`,
+    /// `mistral`, `kimi_k2`).
     pub parser: String,
     /// Whether a turn without a tool call ends the episode (otherwise the model is told
     /// to use a tool).

@@ -26,11 +26,19 @@ pub enum Parser {
     /// A Python list of keyword calls, `[f(x=1), g()]` (Llama 3.2's and Llama 4's
     /// pythonic templates; vLLM's `pythonic`).
     Pythonic,
+    /// Mistral's `[TOOL_CALLS]` calls: a JSON list of `{"name", "arguments", "id"}`
+    /// objects (tokenizers before v11: Mistral 7B v0.3, Nemo, Small 3.1) or
+    /// `NAME[ARGS]{…}` after each marker (v11 on: Devstral, Magistral, Small 3.2)
+    /// (vLLM's `mistral`).
+    Mistral,
+    /// Kimi-K2's `<|tool_calls_section_begin|>` sections, each call named by its id
+    /// `functions.NAME:N` (vLLM's `kimi_k2`).
+    KimiK2,
 }
 
 impl Parser {
     /// Every parser, by the name settings and task specs give it.
-    pub const ALL: [(&'static str, Parser); 7] = [
+    pub const ALL: [(&'static str, Parser); 9] = [
         ("hermes", Parser::Hermes),
         ("bash_block", Parser::BashBlock),
         ("deepseek_r1", Parser::DeepseekR1),
@@ -38,6 +46,8 @@ impl Parser {
         ("glm45", Parser::Glm45),
         ("llama3_json", Parser::Llama3Json),
         ("pythonic", Parser::Pythonic),
+        ("mistral", Parser::Mistral),
+        ("kimi_k2", Parser::KimiK2),
     ];
 
     /// The name that asks for the parser the model's own chat template implies (the
