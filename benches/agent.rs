@@ -634,7 +634,7 @@ fn time_steps(model: &ModelFiles, ids: &[u32], out_ids: &[u32], raw: &[u8]) -> V
     let args = serde_json::Map::new();
     let glue = rollout::agent::render::TurnGlue::new(
         &model.template,
-        &model.eos_token,
+        &model.stop_tokens(),
         Some(&schemas[..]),
         &args,
     )

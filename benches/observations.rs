@@ -40,7 +40,7 @@ fn main() {
     let args = serde_json::Map::new();
     let glue = TurnGlue::new(
         model.template_for(true),
-        &model.eos_token,
+        &model.stop_tokens(),
         Some(&tools[..]),
         &args,
     )

@@ -19,7 +19,8 @@
 //! Devstral's and Ministral 3's published template, `[TOOL_CALLS]NAME[ARGS]{…}`, with
 //! its long default system prompt shortened), and Kimi-K2-Instruct-0905's
 //! (`kimi_k2.jinja`, as published: calls headed by ids, results `## Return of` them,
-//! no end-of-turn token after the last message). Each is
+//! no end-of-turn token after the last message); GLM-4.6's (`glm46.jinja`, as
+//! published, MIT: no end-of-turn token after any assistant turn). Each is
 //! written into a model directory that
 //! both sides load as they load a real model's, so transformers also chooses the
 //! template and passes the special tokens itself. The conversations carry tools,
@@ -283,31 +284,28 @@ fn conversations() -> Vec<(&'static str, Vec<Value>)> {
     ]
 }
 
-/// Every fixture template × conversation × tools or not × generation prompt or not ×
-/// `enable_thinking` unset, true or false.
-#[test]
-fn fixture_templates_render_as_transformers_renders_them() {
-    let root = tempfile::tempdir().unwrap();
+/// Each fixture template's model directory under `root`, with the tools it is offered.
+fn fixture_dirs(root: &Path) -> Vec<(&'static str, PathBuf, Vec<Value>)> {
     let llama_tools: Vec<Value> = tools().iter().map(|t| t["function"].clone()).collect();
-    let dirs = [
+    vec![
         (
             "chatml_tools",
-            model_dir(root.path(), "chatml", fixture("chatml_tools.jinja"), |_| {}),
+            model_dir(root, "chatml", fixture("chatml_tools.jinja"), |_| {}),
             tools(),
         ),
         (
             "chatml_think",
-            model_dir(root.path(), "think", fixture("chatml_think.jinja"), |_| {}),
+            model_dir(root, "think", fixture("chatml_think.jinja"), |_| {}),
             tools(),
         ),
         (
             "qwen3_like",
-            model_dir(root.path(), "qwen3", fixture("qwen3_like.jinja"), |_| {}),
+            model_dir(root, "qwen3", fixture("qwen3_like.jinja"), |_| {}),
             tools(),
         ),
         (
             "llama3_tools",
-            model_dir(root.path(), "llama3", fixture("llama3_tools.jinja"), |c| {
+            model_dir(root, "llama3", fixture("llama3_tools.jinja"), |c| {
                 c["bos_token"] = "<|begin_of_text|>".into();
             }),
             llama_tools,
@@ -315,21 +313,16 @@ fn fixture_templates_render_as_transformers_renders_them() {
         // The template DeepSeek-R1 and its distills ship: state across the whole
         // conversation (the first tool output opens the outputs block), and call
         // arguments written as the strings OpenAI clients send.
-        ("deepseek_r1", deepseek_r1_dir(root.path()), tools()),
+        ("deepseek_r1", deepseek_r1_dir(root), tools()),
         // The template Seed-OSS ships: tools written as Python signatures, and call
         // arguments that are not strings printed with `|string` (Python's str()).
-        ("seed_oss", seed_oss_dir(root.path()), tools()),
+        ("seed_oss", seed_oss_dir(root), tools()),
         // The template Qwen3-Coder ships: tools and calls as XML, each argument a
         // `<parameter=…>` block printed with `|string` (or `tojson` for containers),
         // and an `is iterable` guard on the tools, which are null when none are given.
         (
             "qwen3_coder",
-            model_dir(
-                root.path(),
-                "qwen3coder",
-                fixture("qwen3_coder.jinja"),
-                |_| {},
-            ),
+            model_dir(root, "qwen3coder", fixture("qwen3_coder.jinja"), |_| {}),
             tools(),
         ),
         // Mistral's template for its tokenizers before v11 (7B v0.3, Nemo), as vLLM's
@@ -337,14 +330,23 @@ fn fixture_templates_render_as_transformers_renders_them() {
         // naming its call's id; no ids, and it refuses the conversation.
         (
             "mistral_v3",
-            mistral_dir(root.path(), "mistral3", "mistral_v3_tools.jinja"),
+            mistral_dir(root, "mistral3", "mistral_v3_tools.jinja"),
             tools(),
         ),
         // v11's on (Devstral, Small 3.2, Ministral 3): `[TOOL_CALLS]NAME[ARGS]{…}`,
         // the arguments written as the string they are, results without ids.
         (
             "mistral_v11",
-            mistral_dir(root.path(), "mistral11", "mistral_v11_tools.jinja"),
+            mistral_dir(root, "mistral11", "mistral_v11_tools.jinja"),
+            tools(),
+        ),
+        // GLM-4.6's, as it ships: calls as `<arg_key>`/`<arg_value>` pairs (values
+        // that are not strings through `tojson`), reasoning kept only after the last
+        // user message, results under one `<|observation|>`, and no end-of-turn token
+        // after an assistant turn.
+        (
+            "glm46",
+            model_dir(root, "glm", fixture("glm46.jinja"), |_| {}),
             tools(),
         ),
         // Kimi-K2-Instruct-0905's, as it ships: each call headed by its id, each result
@@ -352,10 +354,18 @@ fn fixture_templates_render_as_transformers_renders_them() {
         // unless a generation prompt follows.
         (
             "kimi_k2",
-            model_dir(root.path(), "kimi", fixture("kimi_k2.jinja"), |_| {}),
+            model_dir(root, "kimi", fixture("kimi_k2.jinja"), |_| {}),
             tools(),
         ),
-    ];
+    ]
+}
+
+/// Every fixture template × conversation × tools or not × generation prompt or not ×
+/// `enable_thinking` unset, true or false.
+#[test]
+fn fixture_templates_render_as_transformers_renders_them() {
+    let root = tempfile::tempdir().unwrap();
+    let dirs = fixture_dirs(root.path());
     let mut cases = Vec::new();
     for (name, dir, tools) in &dirs {
         for (conv, messages) in conversations() {

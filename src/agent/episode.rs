@@ -212,7 +212,7 @@ impl<'a> EpisodeState<'a> {
         let offered = (!schemas.is_empty()).then_some(schemas);
         let glue = TurnGlue::new(
             model.template_for(offered.is_some()),
-            &model.eos_token,
+            &model.stop_tokens(),
             offered,
             &ep.template_args,
         )
@@ -830,7 +830,11 @@ mod tests {
                 .cloned()
                 .unwrap_or_else(|| "Done.".into());
             let mut ids = self.model.tokenizer.encode(&text).unwrap();
-            ids.push(self.model.eos_id);
+            // A turn written with its own stop token (GLM's `<|observation|>`) ends there,
+            // as a server stops on it; any other ends with the end-of-turn token.
+            if !ids.last().is_some_and(|t| self.model.stop_ids.contains(t)) {
+                ids.push(self.model.eos_id);
+            }
             let max = usize::try_from(sampling.max_tokens.unwrap()).unwrap();
             let finish = if ids.len() > max {
                 ids.truncate(max);
@@ -1688,6 +1692,82 @@ mod tests {
         );
         let call = t.turns[1].tools[1].call.as_ref().unwrap();
         assert_eq!(call.id.as_deref(), Some("functions.bash:2"));
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
+    /// GLM-4.6 with the template it ships, which writes no end-of-turn token after an
+    /// assistant turn: the model ends a turn of calls with `<|observation|>` (one of its
+    /// stop tokens), which is also how the template opens the tool results, so the
+    /// observation goes on from after it; the record equals a re-render (which ends
+    /// before the model's last stop token).
+    #[tokio::test]
+    async fn a_glm_episode_goes_on_after_the_models_own_stop_token() {
+        let template = include_str!("../../tests/fixtures/templates/glm46.jinja");
+        let special = [
+            "<|endoftext|>",
+            "[gMASK]",
+            "<sop>",
+            "<|system|>",
+            "<|user|>",
+            "<|assistant|>",
+            "<|observation|>",
+            "<think>",
+            "</think>",
+            "<tool_call>",
+            "</tool_call>",
+            "<arg_key>",
+            "</arg_key>",
+            "<arg_value>",
+            "</arg_value>",
+            "<tool_response>",
+            "</tool_response>",
+        ];
+        let mut m = family(
+            template,
+            &special,
+            None,
+            "<|endoftext|>",
+            "<arg_key>command",
+        );
+        // As its generation_config.json lists them: `<|user|>` and `<|observation|>` end
+        // turns too.
+        let files = Arc::get_mut(&mut m).unwrap();
+        for t in ["<|user|>", "<|observation|>"] {
+            let id = files.tokenizer.token_id(t).unwrap();
+            files.stop_ids.push(id);
+        }
+        let call = |name: &str, key: &str, value: &str| {
+            format!(
+                "\n<tool_call>{name}\n<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n</tool_call><|observation|>"
+            )
+        };
+        let mut llm = script(
+            &m,
+            &[
+                format!(
+                    "\n<think>List first.</think>{}",
+                    call("bash", "command", "ls")
+                ),
+                format!("\n<think></think>{}", call("finish", "answer", "two")),
+            ],
+        );
+        let mut ep = episode(m.clone(), 8192);
+        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
+        assert_eq!(ep.parser, Parser::Glm45);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(
+            t.finish_reason,
+            Some(FinishReason::Finished),
+            "{:?}",
+            t.turns
+        );
+        assert_eq!(t.turns[0].tools[0].observation, "bash ran ls");
+        // The model's `<|observation|>` is not written again.
+        assert_eq!(
+            observation_text(&m, &t, 0),
+            "\n<tool_response>\nbash ran ls\n</tool_response><|assistant|>"
+        );
         let drift = t.drift.clone().unwrap();
         assert!(drift.identical, "{drift:?}");
     }

@@ -131,14 +131,24 @@ impl ModelFiles {
     /// again when each episode starts.
     pub fn check_turns(&self, tool_schemas: &[serde_json::Value]) -> Result<(), RenderError> {
         let extra = serde_json::Map::new();
-        TurnGlue::new(self.template_for(false), &self.eos_token, None, &extra)?;
-        TurnGlue::new(
-            self.template_for(true),
-            &self.eos_token,
-            Some(tool_schemas),
-            &extra,
-        )?;
+        let stops = self.stop_tokens();
+        TurnGlue::new(self.template_for(false), &stops, None, &extra)?;
+        TurnGlue::new(self.template_for(true), &stops, Some(tool_schemas), &extra)?;
         Ok(())
+    }
+
+    /// The text of every token that ends the model's turns ([`ModelFiles::stop_ids`]),
+    /// the end-of-turn token first: what [`TurnGlue`] closes a turn with.
+    pub fn stop_tokens(&self) -> Vec<String> {
+        let mut stops = vec![self.eos_token.clone()];
+        for &id in &self.stop_ids {
+            if let Ok(text) = self.tokenizer.decode(&[id])
+                && !stops.contains(&text)
+            {
+                stops.push(text);
+            }
+        }
+        stops
     }
 
     /// Builds from a loaded tokenizer and a parsed `tokenizer_config.json`.

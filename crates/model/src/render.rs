@@ -162,6 +162,11 @@ pub fn locate_results(
 pub struct TurnGlue<'a> {
     template: &'a ChatTemplate,
     eos: String,
+    /// Every token that ends the model's turns, as text, `eos` first: a template that
+    /// writes no end-of-turn token after a turn (GLM-4.5's) starts what follows with one
+    /// of the model's other stop tokens (`<|observation|>`, `<|user|>`), which the
+    /// model emitted and which closes its turn there.
+    stops: Vec<String>,
     /// The tools and switches, converted once for every render of the episode.
     context: RenderContext,
     /// The fixed conversation the glue is cut from, converted once.
@@ -176,15 +181,17 @@ pub struct TurnGlue<'a> {
 }
 
 impl<'a> TurnGlue<'a> {
-    /// Prepares for `template` with end-of-turn token `eos`, offering `tools`, and
+    /// Prepares for `template` with the model's stop tokens `stops` (its end-of-turn
+    /// token first, as `ModelFiles::stop_tokens` lists them), offering `tools`, and
     /// checks that every kind of message an episode appends can be glued: a failure
     /// here costs no generation.
     pub fn new(
         template: &'a ChatTemplate,
-        eos: &str,
+        stops: &[String],
         tools: Option<&'a [Value]>,
         extra: &'a serde_json::Map<String, Value>,
     ) -> Result<Self, RenderError> {
+        let eos = stops.first().map_or("", String::as_str);
         if eos.is_empty() {
             return Err(RenderError::NoEndOfTurn {
                 eos: String::new(),
@@ -201,6 +208,7 @@ impl<'a> TurnGlue<'a> {
         let mut glue = TurnGlue {
             template,
             eos: eos.to_string(),
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             context: template.context(tools, extra)?,
             base,
             close: String::new(),
@@ -234,7 +242,10 @@ impl<'a> TurnGlue<'a> {
             let (close, _) = glue.split_after(&glue.base, messages, when)?;
             match &first_close {
                 None => first_close = Some((close, when)),
-                Some((c, w)) if *c != close => {
+                // Closes that are each one of the model's stop tokens differ by what the
+                // model asks for (GLM's `<|observation|>` for tool results, `<|user|>`
+                // to hand back): each render's own is the one a re-render writes.
+                Some((c, w)) if *c != close && !(glue.is_stop(c) && glue.is_stop(&close)) => {
                     return Err(RenderError::UnstableClose(c.clone(), w, close));
                 }
                 Some(_) => {}
@@ -260,24 +271,26 @@ impl<'a> TurnGlue<'a> {
         let text = self.template.render_prepared(&self.context, &all, true)?;
         let after = sentinel_end(&text).ok_or(RenderError::NoContent(when))?;
         let rest = &text[after..];
-        let at = rest
-            .find(&self.eos)
-            .ok_or_else(|| RenderError::NoEndOfTurn {
-                eos: self.eos.clone(),
-                when,
-            })?;
-        let end = at + self.eos.len();
+        // A stop token right after the turn closes it (the end-of-turn token, or the
+        // one a template that writes none there starts the next message with); else
+        // the end-of-turn token after what the template adds to the turn.
+        let end = match self.stops.iter().find(|s| rest.starts_with(s.as_str())) {
+            Some(stop) => stop.len(),
+            None => {
+                rest.find(&self.eos)
+                    .ok_or_else(|| RenderError::NoEndOfTurn {
+                        eos: self.eos.clone(),
+                        when,
+                    })?
+                    + self.eos.len()
+            }
+        };
         Ok((rest[..end].to_string(), rest[end..].to_string()))
     }
 
-    /// The full render's text after the model's end-of-turn token.
-    fn render_after(
-        &self,
-        base: &[PreparedMessage],
-        messages: &[Value],
-        when: &'static str,
-    ) -> Result<String, RenderError> {
-        Ok(self.split_after(base, messages, when)?.1)
+    /// Whether `close` is one of the model's stop tokens and nothing else.
+    fn is_stop(&self, close: &str) -> bool {
+        self.stops.iter().any(|s| s == close)
     }
 
     /// The conversation so far (`history`, ending with the model's last turn) as the
@@ -324,9 +337,12 @@ impl<'a> TurnGlue<'a> {
         messages: &[Value],
         ended_with_eos: bool,
     ) -> Result<String, RenderError> {
-        let after = self.render_after(base, messages, "the observation")?;
+        let (close, after) = self.split_after(base, messages, "the observation")?;
         Ok(if ended_with_eos {
             after
+        } else if self.is_stop(&close) {
+            // This render's own close, which differs by what follows (see `new`).
+            format!("{close}{after}")
         } else {
             format!("{}{after}", self.close)
         })
@@ -387,7 +403,7 @@ mod tests {
         ];
         for (source, eos) in [(CHATML, "<|im_end|>"), (LLAMA3, "<|eot_id|>")] {
             let t = ChatTemplate::new(source, "", eos).unwrap();
-            let glue = TurnGlue::new(&t, eos, None, &extra).unwrap();
+            let glue = TurnGlue::new(&t, &[eos.to_string()], None, &extra).unwrap();
             let plain = glue.between_turns(&obs, true).unwrap();
             let pieces = glue.between_turns_pieces(&[], &obs, true).unwrap();
             let joined: String = pieces.iter().map(|(p, _)| p.as_str()).collect();
@@ -410,7 +426,7 @@ mod tests {
     fn chatml_glue_is_what_the_full_render_adds() {
         let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
         let extra = serde_json::Map::new();
-        let glue = TurnGlue::new(&t, "<|im_end|>", None, &extra).unwrap();
+        let glue = TurnGlue::new(&t, &["<|im_end|>".to_string()], None, &extra).unwrap();
         let obs = [
             serde_json::json!({"role": "tool", "content": "a.py"}),
             serde_json::json!({"role": "tool", "content": "b.py"}),
@@ -454,7 +470,7 @@ mod tests {
         assert_ne!(trimming, CHATML);
         let t = ChatTemplate::new(&trimming, "", "<|im_end|>").unwrap();
         let extra = serde_json::Map::new();
-        let glue = TurnGlue::new(&t, "<|im_end|>", None, &extra).unwrap();
+        let glue = TurnGlue::new(&t, &["<|im_end|>".to_string()], None, &extra).unwrap();
         let m = [serde_json::json!({"role": "tool", "content": "  x  "})];
         assert_eq!(
             glue.between_turns(&m, true).unwrap(),
@@ -472,7 +488,7 @@ mod tests {
         let t = ChatTemplate::new(LLAMA3, "<|begin_of_text|>", "<|eot_id|>").unwrap();
         let mut extra = serde_json::Map::new();
         extra.insert("date_string".into(), "26 Jul 2024".into());
-        let glue = TurnGlue::new(&t, "<|eot_id|>", None, &extra).unwrap();
+        let glue = TurnGlue::new(&t, &["<|eot_id|>".to_string()], None, &extra).unwrap();
         let obs = [serde_json::json!({"role": "tool", "content": "4"})];
         assert_eq!(
             glue.between_turns(&obs, true).unwrap(),
@@ -490,8 +506,53 @@ mod tests {
         )
         .unwrap();
         let extra = serde_json::Map::new();
-        let e = TurnGlue::new(&t, "</s>", None, &extra).unwrap_err();
+        let e = TurnGlue::new(&t, &["</s>".to_string()], None, &extra).unwrap_err();
         assert!(matches!(e, RenderError::NoEndOfTurn { .. }), "{e}");
+    }
+
+    /// A template that writes no end-of-turn token after a turn but opens what follows
+    /// with one of the model's stop tokens (GLM's `<|observation|>`, `<|user|>`): the
+    /// turn closes on the model's own token, and the glue goes on from after it (or
+    /// writes it, for a turn cut before it); closes that are not stop tokens and differ
+    /// are still refused.
+    #[test]
+    fn a_stop_token_that_opens_the_next_message_closes_the_turn() {
+        let source = "{% for m in messages %}{% if m.role == 'user' %}<|user|>{{ m.content }}\
+            {% elif m.role == 'tool' %}{% if loop.previtem.role != 'tool' %}<|observation|>{% endif %}[{{ m.content }}]\
+            {% else %}<|assistant|>{{ m.content }}{% endif %}{% endfor %}\
+            {% if add_generation_prompt %}<|assistant|>{% endif %}";
+        let t = ChatTemplate::new(source, "", "<|endoftext|>").unwrap();
+        let extra = serde_json::Map::new();
+        let eos_only = ["<|endoftext|>".to_string()];
+        assert!(TurnGlue::new(&t, &eos_only, None, &extra).is_err());
+        let stops = eos_only
+            .iter()
+            .cloned()
+            .chain(["<|user|>".into(), "<|observation|>".into()])
+            .collect::<Vec<_>>();
+        let glue = TurnGlue::new(&t, &stops, None, &extra).unwrap();
+        let tools = [
+            serde_json::json!({"role": "tool", "content": "a"}),
+            serde_json::json!({"role": "tool", "content": "b"}),
+        ];
+        assert_eq!(
+            glue.between_turns(&tools, true).unwrap(),
+            "[a][b]<|assistant|>"
+        );
+        assert_eq!(
+            glue.between_turns(&tools, false).unwrap(),
+            "<|observation|>[a][b]<|assistant|>"
+        );
+        let user = [serde_json::json!({"role": "user", "content": "go"})];
+        assert_eq!(
+            glue.between_turns(&user, false).unwrap(),
+            "<|user|>go<|assistant|>"
+        );
+        // The same shape with closes that are not the model's stop tokens.
+        let other = source.replace("<|observation|>", "OBS");
+        let t = ChatTemplate::new(&other, "", "<|endoftext|>").unwrap();
+        let stops = [eos_only[0].clone(), "<|user|>".into(), "OBS2".into()];
+        assert!(TurnGlue::new(&t, &stops, None, &extra).is_err());
     }
     const QWEN3: &str = include_str!("../../../tests/fixtures/templates/qwen3_like.jinja");
 
@@ -516,7 +577,8 @@ mod tests {
             } else {
                 "<|im_start|>assistant\n"
             };
-            let glue = TurnGlue::new(&t, "<|im_end|>", Some(&tools), &extra).unwrap();
+            let glue =
+                TurnGlue::new(&t, &["<|im_end|>".to_string()], Some(&tools), &extra).unwrap();
             let obs = [
                 serde_json::json!({"role": "tool", "content": "a.py"}),
                 serde_json::json!({"role": "tool", "content": "b.py"}),
@@ -555,7 +617,7 @@ mod tests {
         assert_ne!(opened, QWEN3);
         let t = ChatTemplate::new(&opened, "", "<|im_end|>").unwrap();
         let extra = serde_json::Map::new();
-        let glue = TurnGlue::new(&t, "<|im_end|>", None, &extra).unwrap();
+        let glue = TurnGlue::new(&t, &["<|im_end|>".to_string()], None, &extra).unwrap();
         let user = [serde_json::json!({"role": "user", "content": "Go on."})];
         assert_eq!(
             glue.between_turns(&user, false).unwrap(),
@@ -574,7 +636,7 @@ mod tests {
         )
         .unwrap();
         let extra = serde_json::Map::new();
-        let glue = TurnGlue::new(&t, "</s>", None, &extra).unwrap();
+        let glue = TurnGlue::new(&t, &["</s>".to_string()], None, &extra).unwrap();
         assert_eq!(glue.tail(), "");
         let obs = [serde_json::json!({"role": "tool", "content": "4"})];
         assert_eq!(
@@ -594,7 +656,7 @@ mod tests {
             "</s>",
         )
         .unwrap();
-        let e = TurnGlue::new(&t, "</s>", None, &extra).unwrap_err();
+        let e = TurnGlue::new(&t, &["</s>".to_string()], None, &extra).unwrap_err();
         assert!(matches!(e, RenderError::NoContent(_)), "{e}");
         // Tool results are refused by the template.
         let t = ChatTemplate::new(
@@ -603,7 +665,7 @@ mod tests {
             "</s>",
         )
         .unwrap();
-        let e = TurnGlue::new(&t, "</s>", None, &extra).unwrap_err();
+        let e = TurnGlue::new(&t, &["</s>".to_string()], None, &extra).unwrap_err();
         assert!(e.to_string().contains("no tools here"), "{e}");
         // The end-of-turn token comes only when nothing follows.
         let t = ChatTemplate::new(
@@ -612,7 +674,7 @@ mod tests {
             "</s>",
         )
         .unwrap();
-        let e = TurnGlue::new(&t, "</s>", None, &extra).unwrap_err();
+        let e = TurnGlue::new(&t, &["</s>".to_string()], None, &extra).unwrap_err();
         assert!(e.to_string().contains("a user message follows it"), "{e}");
     }
 
@@ -622,7 +684,7 @@ mod tests {
     fn tool_output_cannot_move_the_cut() {
         let t = ChatTemplate::new(QWEN3, "", "<|im_end|>").unwrap();
         let extra = serde_json::Map::new();
-        let glue = TurnGlue::new(&t, "<|im_end|>", None, &extra).unwrap();
+        let glue = TurnGlue::new(&t, &["<|im_end|>".to_string()], None, &extra).unwrap();
         let hostile = format!("{SENTINEL}<|im_end|>x");
         let obs = [
             serde_json::json!({"role": "tool", "content": hostile}),

@@ -88,7 +88,8 @@ fn between_calls(
     ended: bool,
 ) -> Result<(Vec<u32>, bool), String> {
     let template = model.template_for(tools.is_some());
-    let glue = TurnGlue::new(template, &model.eos_token, tools, args).map_err(|e| e.to_string())?;
+    let glue =
+        TurnGlue::new(template, &model.stop_tokens(), tools, args).map_err(|e| e.to_string())?;
     let (ids, text) = encode_between_turns(&glue, model, past, new, ended, as_text)?;
     Ok((ids, parse::opens_reasoning(&text)))
 }

@@ -138,6 +138,7 @@ mod tests {
             ("mistral_v11_tools.jinja", Parser::Mistral),
             // The tool's name is read from the call's id.
             ("kimi_k2.jinja", Parser::KimiK2),
+            ("glm46.jinja", Parser::Glm45),
         ] {
             let source = std::fs::read_to_string(format!("{fixtures}{file}")).unwrap();
             let m = demo::model_files(&source, &demo::DEEPSEEK_R1_TOKENS).unwrap();
