@@ -20,7 +20,10 @@
 //! its long default system prompt shortened), and Kimi-K2-Instruct-0905's
 //! (`kimi_k2.jinja`, as published: calls headed by ids, results `## Return of` them,
 //! no end-of-turn token after the last message); GLM-4.6's (`glm46.jinja`, as
-//! published, MIT: no end-of-turn token after any assistant turn). Each is
+//! published, MIT: no end-of-turn token after any assistant turn); DeepSeek-V3.1's
+//! (`deepseek_v31.jinja`, as published, MIT: `NAME<｜tool▁sep｜>ARGS` calls, no
+//! generation prompt after tool outputs); the template vLLM's examples carry for Llama 4's
+//! pythonic calls (`llama4_pythonic.jinja`, Apache-2.0). Each is
 //! written into a model directory that
 //! both sides load as they load a real model's, so transformers also chooses the
 //! template and passes the special tokens itself. The conversations carry tools,
@@ -116,24 +119,47 @@ fn model_dir(root: &Path, name: &str, template: Value, tweak: impl FnOnce(&mut V
     dir
 }
 
-/// A model directory with DeepSeek-R1's template and a tokenizer that has its special
-/// tokens (the end-of-turn token must be one token of it).
-fn deepseek_r1_dir(root: &Path) -> PathBuf {
-    const SPECIAL: [&str; 13] = demo::DEEPSEEK_R1_TOKENS;
-    let dir = model_dir(root, "r1", fixture("deepseek_r1.jinja"), |c| {
-        c["bos_token"] = SPECIAL[0].into();
-        c["eos_token"] = SPECIAL[1].into();
+/// A model directory with the template `file` and a tokenizer that has the family's
+/// `special` tokens (the end-of-turn token must be one token of it), `bos` and `eos`
+/// named in its configuration, and `pad` too when given.
+fn family_dir(
+    root: &Path,
+    name: &str,
+    file: &str,
+    special: &[&str],
+    tokens: [Option<&str>; 3],
+) -> PathBuf {
+    let [bos, eos, pad] = tokens;
+    let dir = model_dir(root, name, fixture(file), |c| {
+        c["bos_token"] = json!(bos);
+        c["eos_token"] = json!(eos);
+        if let Some(pad) = pad {
+            c["pad_token"] = pad.into();
+        }
     });
     let corpus = [
         "<think>\nLet me check the files.\n</think>\n\nRun ls, then pytest -q.",
-        "function",
+        "def bash(command: str): function",
+        "[{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}]",
     ];
-    let tok = rollout::agent::tokenizer::Tokenizer::train_bpe(&corpus, 600, &SPECIAL).unwrap();
+    let tok = rollout::agent::tokenizer::Tokenizer::train_bpe(&corpus, 600, special).unwrap();
     std::fs::write(dir.join("tokenizer.json"), tok.to_json().unwrap()).unwrap();
     dir
 }
 
-/// A model directory with Seed-OSS's template and a tokenizer with its special tokens.
+/// A model directory with one of DeepSeek's templates (`file`) and its special tokens.
+fn deepseek_dir(root: &Path, name: &str, file: &str) -> PathBuf {
+    const SPECIAL: [&str; 13] = demo::DEEPSEEK_R1_TOKENS;
+    family_dir(
+        root,
+        name,
+        file,
+        &SPECIAL,
+        [Some(SPECIAL[0]), Some(SPECIAL[1]), None],
+    )
+}
+
+/// A model directory with Seed-OSS's template and its special tokens.
 fn seed_oss_dir(root: &Path) -> PathBuf {
     const SPECIAL: [&str; 9] = [
         "<seed:bos>",
@@ -146,18 +172,13 @@ fn seed_oss_dir(root: &Path) -> PathBuf {
         "<seed:cot_budget_reflect>",
         "</seed:cot_budget_reflect>",
     ];
-    let dir = model_dir(root, "seed", fixture("seed_oss.jinja"), |c| {
-        c["bos_token"] = SPECIAL[0].into();
-        c["eos_token"] = SPECIAL[1].into();
-        c["pad_token"] = SPECIAL[2].into();
-    });
-    let corpus = [
-        "def bash(command: str):",
-        "<function=bash>\n<parameter=command>ls</parameter>",
-    ];
-    let tok = rollout::agent::tokenizer::Tokenizer::train_bpe(&corpus, 600, &SPECIAL).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), tok.to_json().unwrap()).unwrap();
-    dir
+    family_dir(
+        root,
+        "seed",
+        "seed_oss.jinja",
+        &SPECIAL,
+        [Some(SPECIAL[0]), Some(SPECIAL[1]), Some(SPECIAL[2])],
+    )
 }
 
 /// Mistral's special tokens (tekken's and sentencepiece's alike).
@@ -175,18 +196,33 @@ const MISTRAL_TOKENS: [&str; 11] = [
     "[/SYSTEM_PROMPT]",
 ];
 
-/// A model directory with one of Mistral's templates and a tokenizer with its special
-/// tokens.
-fn mistral_dir(root: &Path, name: &str, template: &str) -> PathBuf {
-    let dir = model_dir(root, name, fixture(template), |c| {
-        c["bos_token"] = "<s>".into();
-        c["eos_token"] = "</s>".into();
-    });
-    let corpus = ["[{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}]"];
-    let tok =
-        rollout::agent::tokenizer::Tokenizer::train_bpe(&corpus, 600, &MISTRAL_TOKENS).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), tok.to_json().unwrap()).unwrap();
-    dir
+/// A model directory with one of Mistral's templates and its special tokens.
+fn mistral_dir(root: &Path, name: &str, file: &str) -> PathBuf {
+    family_dir(
+        root,
+        name,
+        file,
+        &MISTRAL_TOKENS,
+        [Some("<s>"), Some("</s>"), None],
+    )
+}
+
+/// A model directory with Llama 4's pythonic template (vLLM's) and its special tokens.
+fn llama4_dir(root: &Path) -> PathBuf {
+    const SPECIAL: [&str; 5] = [
+        "<|begin_of_text|>",
+        "<|eot|>",
+        "<|header_start|>",
+        "<|header_end|>",
+        "<|eom|>",
+    ];
+    family_dir(
+        root,
+        "llama4",
+        "llama4_pythonic.jinja",
+        &SPECIAL,
+        [Some(SPECIAL[0]), Some(SPECIAL[1]), None],
+    )
 }
 
 fn fixture(name: &str) -> Value {
@@ -313,7 +349,19 @@ fn fixture_dirs(root: &Path) -> Vec<(&'static str, PathBuf, Vec<Value>)> {
         // The template DeepSeek-R1 and its distills ship: state across the whole
         // conversation (the first tool output opens the outputs block), and call
         // arguments written as the strings OpenAI clients send.
-        ("deepseek_r1", deepseek_r1_dir(root), tools()),
+        (
+            "deepseek_r1",
+            deepseek_dir(root, "r1", "deepseek_r1.jinja"),
+            tools(),
+        ),
+        // DeepSeek-V3.1's, as it ships: `NAME<｜tool▁sep｜>ARGS` calls (the arguments
+        // concatenated, so only strings render), `thinking` or `enable_thinking` opening
+        // `<think>`, and no generation prompt after tool outputs.
+        (
+            "deepseek_v31",
+            deepseek_dir(root, "v31", "deepseek_v31.jinja"),
+            tools(),
+        ),
         // The template Seed-OSS ships: tools written as Python signatures, and call
         // arguments that are not strings printed with `|string` (Python's str()).
         ("seed_oss", seed_oss_dir(root), tools()),
@@ -340,6 +388,10 @@ fn fixture_dirs(root: &Path) -> Vec<(&'static str, PathBuf, Vec<Value>)> {
             mistral_dir(root, "mistral11", "mistral_v11_tools.jinja"),
             tools(),
         ),
+        // Llama 4's pythonic calls, with the template vLLM's examples carry for them:
+        // `[f(k="v")]` turns, every value through `"%s"|format`, results as JSON
+        // strings in `ipython` turns.
+        ("llama4_pythonic", llama4_dir(root), tools()),
         // GLM-4.6's, as it ships: calls as `<arg_key>`/`<arg_value>` pairs (values
         // that are not strings through `tojson`), reasoning kept only after the last
         // user message, results under one `<|observation|>`, and no end-of-turn token

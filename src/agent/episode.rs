@@ -1772,6 +1772,97 @@ mod tests {
         assert!(drift.identical, "{drift:?}");
     }
 
+    /// DeepSeek-V3.1 with the template it ships: `NAME<｜tool▁sep｜>JSON` calls read by
+    /// `deepseek_r1` (chosen from the template), outputs with no generation prompt after
+    /// them (the model goes on from the outputs' end), the record equal to a re-render.
+    #[tokio::test]
+    async fn a_deepseek_v31_episode_runs_its_calls() {
+        let template = include_str!("../../tests/fixtures/templates/deepseek_v31.jinja");
+        const SPECIAL: [&str; 13] = demo::DEEPSEEK_R1_TOKENS;
+        let m = family(
+            template,
+            &SPECIAL,
+            Some(SPECIAL[0]),
+            SPECIAL[1],
+            "bash ```json",
+        );
+        let call = |name: &str, args: &str| {
+            format!(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            )
+        };
+        let mut llm = script(
+            &m,
+            &[
+                format!("Let me look.{}", call("bash", r#"{"command": "ls"}"#)),
+                call("finish", r#"{"answer":"done"}"#),
+            ],
+        );
+        let mut ep = episode(m.clone(), 8192);
+        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
+        assert_eq!(ep.parser, Parser::DeepseekR1);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(
+            t.finish_reason,
+            Some(FinishReason::Finished),
+            "{:?}",
+            t.turns
+        );
+        assert_eq!(
+            observation_text(&m, &t, 0),
+            "<｜tool▁output▁begin｜>bash ran ls<｜tool▁output▁end｜>"
+        );
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
+    /// Llama 4's pythonic calls with the template vLLM's examples carry for them:
+    /// `[f(k="v")]` turns read by `pythonic` (chosen from the template), results as
+    /// JSON strings in `ipython` turns, the record equal to a re-render.
+    #[tokio::test]
+    async fn a_llama4_pythonic_episode_runs_its_calls() {
+        let template = include_str!("../../tests/fixtures/templates/llama4_pythonic.jinja");
+        let special = [
+            "<|begin_of_text|>",
+            "<|eot|>",
+            "<|header_start|>",
+            "<|header_end|>",
+            "<|eom|>",
+        ];
+        let m = family(
+            template,
+            &special,
+            Some(special[0]),
+            special[1],
+            "[bash(command=",
+        );
+        let mut llm = script(
+            &m,
+            &[
+                r#"[bash(command="ls"), bash(command="pwd")]"#.into(),
+                r#"[finish(answer="done")]"#.into(),
+            ],
+        );
+        let mut ep = episode(m.clone(), 8192);
+        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
+        assert_eq!(ep.parser, Parser::Pythonic);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(
+            t.finish_reason,
+            Some(FinishReason::Finished),
+            "{:?}",
+            t.turns
+        );
+        assert_eq!(
+            observation_text(&m, &t, 0),
+            "<|header_start|>ipython<|header_end|>\n\n\"bash ran ls\"<|eot|>\
+             <|header_start|>ipython<|header_end|>\n\n\"bash ran pwd\"<|eot|>\
+             <|header_start|>assistant<|header_end|>\n\n"
+        );
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
     /// Mistral's special tokens.
     const MISTRAL: [&str; 12] = [
         "<s>",

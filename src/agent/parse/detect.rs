@@ -6,7 +6,9 @@
 //! tool with a probe argument is rendered (the arguments as an object, and again as
 //! the JSON string OpenAI clients send, since some templates concatenate them; the
 //! call's id in Kimi-K2's shape, and again in Mistral's), and
-//! every parser reads the text after the user's turn. The parser that reads back
+//! every parser reads the text after the user's turn (and that text without what the
+//! template writes around any assistant message, Llama's header and end-of-turn token,
+//! which the model does not write). The parser that reads back
 //! exactly that call is the model's; none, or more than one, and the model is refused
 //! with what its template writes and the parsers there are.
 
@@ -21,6 +23,8 @@ const ARG: &str = "probe_arg";
 const VALUE: &str = "probe value 7";
 /// The user's message, after which the template writes the assistant's turn.
 const USER: &str = "PROBE-USER-TURN";
+/// An assistant message's text, to find what the template writes around it.
+const TEXT: &str = "PROBE-ASSISTANT-TEXT";
 
 /// The parser settings or a spec name (`name`) for episodes of `model`, and why it is
 /// that one: the one named, or for `auto` the one its template implies ([`detect`]).
@@ -44,6 +48,23 @@ pub fn detect(model: &ModelFiles) -> Result<(Parser, String), String> {
         "parameters": {"type": "object", "properties": {ARG: {"type": "string"}}, "required": [ARG]}
     }});
     let template = model.template_for(true);
+    let tools = Some(std::slice::from_ref(&schema));
+    let no_args = serde_json::Map::new();
+    // What the template writes around an assistant message's text (Llama's header
+    // before it, its end-of-turn token after): the model writes neither, and parsers
+    // that read a whole turn as calls (`pythonic`) are shown the turn without them too.
+    let plain = [
+        json!({"role": "user", "content": USER}),
+        json!({"role": "assistant", "content": TEXT}),
+    ];
+    let frame = template
+        .render(&plain, tools, false, &no_args)
+        .ok()
+        .and_then(|text| {
+            let after = &text[text.rfind(USER)? + USER.len()..];
+            let (head, tail) = after.split_once(TEXT)?;
+            Some((head.to_string(), tail.to_string()))
+        });
     let mut written = Vec::new();
     let mut errors = Vec::new();
     let forms = [
@@ -60,17 +81,19 @@ pub fn detect(model: &ModelFiles) -> Result<(Parser, String), String> {
                 {"id": id, "type": "function", "function": {"name": TOOL, "arguments": arguments}}
             ]}),
         ];
-        match template.render(
-            &messages,
-            Some(std::slice::from_ref(&schema)),
-            false,
-            &Default::default(),
-        ) {
+        match template.render(&messages, tools, false, &no_args) {
             Ok(text) => {
                 let after = text
                     .rfind(USER)
                     .map_or(&text[..], |at| &text[at + USER.len()..]);
                 written.push(after.to_string());
+                if let Some((head, tail)) = &frame
+                    && let Some(turn) = after
+                        .strip_prefix(head.as_str())
+                        .and_then(|t| t.strip_suffix(tail.as_str()))
+                {
+                    written.push(turn.to_string());
+                }
             }
             Err(e) => errors.push(e.to_string()),
         }
@@ -133,12 +156,14 @@ mod tests {
             ("qwen3_coder.jinja", Parser::Qwen3Coder),
             // Its template concatenates the arguments: only the JSON string renders.
             ("deepseek_r1.jinja", Parser::DeepseekR1),
+            ("deepseek_v31.jinja", Parser::DeepseekR1),
             // Ids of nine characters, or it refuses the conversation.
             ("mistral_v3_tools.jinja", Parser::Mistral),
             ("mistral_v11_tools.jinja", Parser::Mistral),
             // The tool's name is read from the call's id.
             ("kimi_k2.jinja", Parser::KimiK2),
             ("glm46.jinja", Parser::Glm45),
+            ("llama4_pythonic.jinja", Parser::Pythonic),
         ] {
             let source = std::fs::read_to_string(format!("{fixtures}{file}")).unwrap();
             let m = demo::model_files(&source, &demo::DEEPSEEK_R1_TOKENS).unwrap();
