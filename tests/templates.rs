@@ -23,7 +23,9 @@
 //! published, MIT: no end-of-turn token after any assistant turn); DeepSeek-V3.1's
 //! (`deepseek_v31.jinja`, as published, MIT: `NAME<｜tool▁sep｜>ARGS` calls, no
 //! generation prompt after tool outputs); the template vLLM's examples carry for Llama 4's
-//! pythonic calls (`llama4_pythonic.jinja`, Apache-2.0). Each is
+//! pythonic calls (`llama4_pythonic.jinja`, Apache-2.0); Mistral-Small-3.1's
+//! (`mistral_small31.jinja`, as published, Apache-2.0: backslash-newlines inside its
+//! string literals, and today's date from `strftime_now`). Each is
 //! written into a model directory that
 //! both sides load as they load a real model's, so transformers also chooses the
 //! template and passes the special tokens itself. The conversations carry tools,
@@ -381,6 +383,14 @@ fn fixture_dirs(root: &Path) -> Vec<(&'static str, PathBuf, Vec<Value>)> {
             mistral_dir(root, "mistral3", "mistral_v3_tools.jinja"),
             tools(),
         ),
+        // Mistral-Small-3.1's, as it ships: the same calls (ids cut to their last nine
+        // characters), a dated default system prompt written with backslash-newlines
+        // inside its string literals.
+        (
+            "mistral_small31",
+            mistral_dir(root, "ms31", "mistral_small31.jinja"),
+            tools(),
+        ),
         // v11's on (Devstral, Small 3.2, Ministral 3): `[TOOL_CALLS]NAME[ARGS]{…}`,
         // the arguments written as the string they are, results without ids.
         (
@@ -455,7 +465,7 @@ fn fixture_templates_render_as_transformers_renders_them() {
             cases.iter().filter(mine).any(|c| rollout(c).is_ok()),
             "{name}"
         );
-        if ["mistral_v3", "mistral_v11", "kimi_k2"].contains(name) {
+        if ["mistral_v3", "mistral_small31", "mistral_v11", "kimi_k2"].contains(name) {
             let agent = cases
                 .iter()
                 .filter(mine)

@@ -160,6 +160,7 @@ mod tests {
             // Ids of nine characters, or it refuses the conversation.
             ("mistral_v3_tools.jinja", Parser::Mistral),
             ("mistral_v11_tools.jinja", Parser::Mistral),
+            ("mistral_small31.jinja", Parser::Mistral),
             // The tool's name is read from the call's id.
             ("kimi_k2.jinja", Parser::KimiK2),
             ("glm46.jinja", Parser::Glm45),
