@@ -183,28 +183,13 @@ fn seed_oss_dir(root: &Path) -> PathBuf {
     )
 }
 
-/// Mistral's special tokens (tekken's and sentencepiece's alike).
-const MISTRAL_TOKENS: [&str; 11] = [
-    "<s>",
-    "</s>",
-    "[INST]",
-    "[/INST]",
-    "[TOOL_CALLS]",
-    "[AVAILABLE_TOOLS]",
-    "[/AVAILABLE_TOOLS]",
-    "[TOOL_RESULTS]",
-    "[/TOOL_RESULTS]",
-    "[SYSTEM_PROMPT]",
-    "[/SYSTEM_PROMPT]",
-];
-
 /// A model directory with one of Mistral's templates and its special tokens.
 fn mistral_dir(root: &Path, name: &str, file: &str) -> PathBuf {
     family_dir(
         root,
         name,
         file,
-        &MISTRAL_TOKENS,
+        &demo::MISTRAL_TOKENS,
         [Some("<s>"), Some("</s>"), None],
     )
 }

@@ -1569,15 +1569,13 @@ mod tests {
             "<|eot_id|>",
             "<|eom_id|>",
         ];
-        let config = json!({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
-                            "chat_template": template});
-        let corpus = [
+        let m = family(
             template,
+            &extra,
+            Some("<|begin_of_text|>"),
+            "<|eot_id|>",
             "{\"name\": \"bash\", \"parameters\": {\"command\": \"ls\"}}",
-        ];
-        let tokenizer =
-            crate::agent::tokenizer::Tokenizer::train_bpe(&corpus, 800, &extra).unwrap();
-        let m = Arc::new(ModelFiles::from_parts(tokenizer, &config).unwrap());
+        );
         let mut args = serde_json::Map::new();
         args.insert("date_string".into(), json!("26 Jul 2024"));
         let mut llm = script(
@@ -1625,6 +1623,23 @@ mod tests {
         Arc::new(ModelFiles::from_parts(tokenizer, &config).unwrap())
     }
 
+    /// Plays `turns` of `m` with the parser `auto` picks from its template, which must
+    /// be `want`, through to the finishing call; the trajectory.
+    async fn finished_with_auto(m: &Arc<ModelFiles>, turns: &[String], want: Parser) -> Trajectory {
+        let mut llm = script(m, turns);
+        let mut ep = episode(m.clone(), 8192);
+        ep.parser = crate::agent::parse::choose("auto", m).unwrap().0;
+        assert_eq!(ep.parser, want);
+        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
+        assert_eq!(
+            t.finish_reason,
+            Some(FinishReason::Finished),
+            "{:?}",
+            t.turns
+        );
+        t
+    }
+
     /// The text of turn `i`'s observation in `t`.
     fn observation_text(m: &ModelFiles, t: &Trajectory, i: usize) -> String {
         let [a, b] = t.turns[i].observation_range;
@@ -1659,30 +1674,18 @@ mod tests {
             }
             s + "<|tool_calls_section_end|>"
         };
-        let mut llm = script(
-            &m,
-            &[
-                format!(
-                    "Let me look.{}",
-                    calls(&[("functions.bash:0", r#"{"command": "ls"}"#)])
-                ),
-                calls(&[
-                    ("functions.bash:1", r#"{"command":"pwd"}"#),
-                    ("functions.bash:2", r#"{"command": "id"}"#),
-                ]),
-                calls(&[("functions.finish:3", r#"{"answer": "done"}"#)]),
-            ],
-        );
-        let mut ep = episode(m.clone(), 8192);
-        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
-        assert_eq!(ep.parser, Parser::KimiK2);
-        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
-        assert_eq!(
-            t.finish_reason,
-            Some(FinishReason::Finished),
-            "{:?}",
-            t.turns
-        );
+        let turns = [
+            format!(
+                "Let me look.{}",
+                calls(&[("functions.bash:0", r#"{"command": "ls"}"#)])
+            ),
+            calls(&[
+                ("functions.bash:1", r#"{"command":"pwd"}"#),
+                ("functions.bash:2", r#"{"command": "id"}"#),
+            ]),
+            calls(&[("functions.finish:3", r#"{"answer": "done"}"#)]),
+        ];
+        let t = finished_with_auto(&m, &turns, Parser::KimiK2).await;
         assert_eq!(t.answer.as_deref(), Some("done"));
         let obs = observation_text(&m, &t, 1);
         assert!(
@@ -1742,26 +1745,14 @@ mod tests {
                 "\n<tool_call>{name}\n<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n</tool_call><|observation|>"
             )
         };
-        let mut llm = script(
-            &m,
-            &[
-                format!(
-                    "\n<think>List first.</think>{}",
-                    call("bash", "command", "ls")
-                ),
-                format!("\n<think></think>{}", call("finish", "answer", "two")),
-            ],
-        );
-        let mut ep = episode(m.clone(), 8192);
-        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
-        assert_eq!(ep.parser, Parser::Glm45);
-        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
-        assert_eq!(
-            t.finish_reason,
-            Some(FinishReason::Finished),
-            "{:?}",
-            t.turns
-        );
+        let turns = [
+            format!(
+                "\n<think>List first.</think>{}",
+                call("bash", "command", "ls")
+            ),
+            format!("\n<think></think>{}", call("finish", "answer", "two")),
+        ];
+        let t = finished_with_auto(&m, &turns, Parser::Glm45).await;
         assert_eq!(t.turns[0].tools[0].observation, "bash ran ls");
         // The model's `<|observation|>` is not written again.
         assert_eq!(
@@ -1791,23 +1782,11 @@ mod tests {
                 "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{args}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
             )
         };
-        let mut llm = script(
-            &m,
-            &[
-                format!("Let me look.{}", call("bash", r#"{"command": "ls"}"#)),
-                call("finish", r#"{"answer":"done"}"#),
-            ],
-        );
-        let mut ep = episode(m.clone(), 8192);
-        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
-        assert_eq!(ep.parser, Parser::DeepseekR1);
-        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
-        assert_eq!(
-            t.finish_reason,
-            Some(FinishReason::Finished),
-            "{:?}",
-            t.turns
-        );
+        let turns = [
+            format!("Let me look.{}", call("bash", r#"{"command": "ls"}"#)),
+            call("finish", r#"{"answer":"done"}"#),
+        ];
+        let t = finished_with_auto(&m, &turns, Parser::DeepseekR1).await;
         assert_eq!(
             observation_text(&m, &t, 0),
             "<｜tool▁output▁begin｜>bash ran ls<｜tool▁output▁end｜>"
@@ -1836,23 +1815,11 @@ mod tests {
             special[1],
             "[bash(command=",
         );
-        let mut llm = script(
-            &m,
-            &[
-                r#"[bash(command="ls"), bash(command="pwd")]"#.into(),
-                r#"[finish(answer="done")]"#.into(),
-            ],
-        );
-        let mut ep = episode(m.clone(), 8192);
-        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
-        assert_eq!(ep.parser, Parser::Pythonic);
-        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
-        assert_eq!(
-            t.finish_reason,
-            Some(FinishReason::Finished),
-            "{:?}",
-            t.turns
-        );
+        let turns = [
+            r#"[bash(command="ls"), bash(command="pwd")]"#.into(),
+            r#"[finish(answer="done")]"#.into(),
+        ];
+        let t = finished_with_auto(&m, &turns, Parser::Pythonic).await;
         assert_eq!(
             observation_text(&m, &t, 0),
             "<|header_start|>ipython<|header_end|>\n\n\"bash ran ls\"<|eot|>\
@@ -1863,22 +1830,6 @@ mod tests {
         assert!(drift.identical, "{drift:?}");
     }
 
-    /// Mistral's special tokens.
-    const MISTRAL: [&str; 12] = [
-        "<s>",
-        "</s>",
-        "[INST]",
-        "[/INST]",
-        "[TOOL_CALLS]",
-        "[ARGS]",
-        "[AVAILABLE_TOOLS]",
-        "[/AVAILABLE_TOOLS]",
-        "[TOOL_RESULTS]",
-        "[/TOOL_RESULTS]",
-        "[SYSTEM_PROMPT]",
-        "[/SYSTEM_PROMPT]",
-    ];
-
     /// Mistral with the template of its tokenizers from v11 on (Devstral, Small 3.2):
     /// `NAME[ARGS]{…}` calls read by `mistral` (chosen from the template), results
     /// straight after the model's end-of-sequence token, the record equal to a
@@ -1888,29 +1839,17 @@ mod tests {
         let template = include_str!("../../tests/fixtures/templates/mistral_v11_tools.jinja");
         let m = family(
             template,
-            &MISTRAL,
+            &demo::MISTRAL_TOKENS,
             Some("<s>"),
             "</s>",
             "[TOOL_CALLS]bash[ARGS]",
         );
-        let mut llm = script(
-            &m,
-            &[
-                r#"[TOOL_CALLS]bash[ARGS]{"command": "ls"}[TOOL_CALLS]bash[ARGS]{"command":"pwd"}"#
-                    .into(),
-                r#"Done.[TOOL_CALLS]finish[ARGS]{"answer": "two"}"#.into(),
-            ],
-        );
-        let mut ep = episode(m.clone(), 8192);
-        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
-        assert_eq!(ep.parser, Parser::Mistral);
-        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
-        assert_eq!(
-            t.finish_reason,
-            Some(FinishReason::Finished),
-            "{:?}",
-            t.turns
-        );
+        let turns = [
+            r#"[TOOL_CALLS]bash[ARGS]{"command": "ls"}[TOOL_CALLS]bash[ARGS]{"command":"pwd"}"#
+                .into(),
+            r#"Done.[TOOL_CALLS]finish[ARGS]{"answer": "two"}"#.into(),
+        ];
+        let t = finished_with_auto(&m, &turns, Parser::Mistral).await;
         assert_eq!(
             observation_text(&m, &t, 0),
             "[TOOL_RESULTS]bash ran ls[/TOOL_RESULTS][TOOL_RESULTS]bash ran pwd[/TOOL_RESULTS]"
@@ -1929,30 +1868,18 @@ mod tests {
         let template = include_str!("../../tests/fixtures/templates/mistral_v3_tools.jinja");
         let m = family(
             template,
-            &MISTRAL,
+            &demo::MISTRAL_TOKENS,
             Some("<s>"),
             "</s>",
             "[TOOL_CALLS] [{\"name\"",
         );
-        let mut llm = script(
-            &m,
-            &[
-                r#"[TOOL_CALLS] [{"name": "bash", "arguments": {"command": "ls"}, "id": "a1b2c3d4e"}]"#
-                    .into(),
-                r#"[TOOL_CALLS] [{"name": "bash", "arguments": {"command": "pwd"}}]"#.into(),
-                r#"[TOOL_CALLS] [{"name": "finish", "arguments": {"answer": "done"}}]"#.into(),
-            ],
-        );
-        let mut ep = episode(m.clone(), 8192);
-        ep.parser = crate::agent::parse::choose("auto", &m).unwrap().0;
-        assert_eq!(ep.parser, Parser::Mistral);
-        let t = run(&ep, &mut llm, &Echo, &AlwaysWanted).await.unwrap();
-        assert_eq!(
-            t.finish_reason,
-            Some(FinishReason::Finished),
-            "{:?}",
-            t.turns
-        );
+        let turns = [
+            r#"[TOOL_CALLS] [{"name": "bash", "arguments": {"command": "ls"}, "id": "a1b2c3d4e"}]"#
+                .into(),
+            r#"[TOOL_CALLS] [{"name": "bash", "arguments": {"command": "pwd"}}]"#.into(),
+            r#"[TOOL_CALLS] [{"name": "finish", "arguments": {"answer": "done"}}]"#.into(),
+        ];
+        let t = finished_with_auto(&m, &turns, Parser::Mistral).await;
         assert_eq!(
             observation_text(&m, &t, 0),
             r#"[TOOL_RESULTS] {"content": bash ran ls, "call_id": "a1b2c3d4e"}[/TOOL_RESULTS]"#

@@ -120,6 +120,10 @@ impl TestEnv {
         let deps = rollout::wiring::connect(Arc::new(settings.clone()), "test", wait_for_nats)
             .await
             .expect("connect");
+        // The test's process is its node, as `rollout up`'s is: the sandboxes its
+        // in-process workers start end with it however it ends, so one a worker was
+        // still starting when the teardown swept the node cannot outlive the test.
+        deps.sandboxes.end_with_this_process();
         let shutdown = CancellationToken::new();
         let (base, gateway_stop) = spawn_gateway(&deps, &shutdown).await;
         TestEnv {

@@ -42,6 +42,23 @@ pub const DEEPSEEK_R1_TOKENS: [&str; 13] = [
     "<｜tool▁output▁end｜>",
 ];
 
+/// Mistral's special tokens (its tekken and sentencepiece tokenizers alike), for tests
+/// of its templates and calls.
+pub const MISTRAL_TOKENS: [&str; 12] = [
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+];
+
 const CORPUS: &[&str] = &[
     "You are a helpful assistant. Use the tools to inspect and change files, then answer.",
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n",

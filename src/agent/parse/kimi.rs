@@ -11,7 +11,9 @@
 //! are a JSON object (nothing is `{}`), kept as written, which the template writes
 //! back verbatim. The content is the text around the section.
 
-use super::{CallError, ParsedTurn, Sections, ToolCall, marked_sections, outside_reasoning};
+use super::{
+    CallError, ParsedTurn, Sections, ToolCall, marked_sections, object_arguments, outside_reasoning,
+};
 
 const MARKS: Sections = Sections {
     begin: "<|tool_calls_section_begin|>",
@@ -57,11 +59,7 @@ fn call(body: &str) -> Result<ToolCall, CallError> {
     let arguments = if raw.trim().is_empty() {
         serde_json::json!({})
     } else {
-        match serde_json::from_str::<serde_json::Value>(raw) {
-            Ok(v @ serde_json::Value::Object(_)) => v,
-            Ok(_) => return Err(err("the arguments must be a JSON object".into())),
-            Err(e) => return Err(err(format!("the arguments are not valid JSON ({e})"))),
-        }
+        object_arguments(raw).map_err(err)?
     };
     Ok(ToolCall {
         name: name.to_string(),

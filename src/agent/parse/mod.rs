@@ -477,17 +477,23 @@ fn r1_call(body: &str) -> Result<ToolCall, CallError> {
         .strip_prefix("```json\n")
         .and_then(|a| a.strip_suffix("\n```"))
         .ok_or_else(|| err(format!("the arguments are not in a ```json block; {form}")))?;
-    let arguments = match serde_json::from_str::<serde_json::Value>(raw) {
-        Ok(v @ serde_json::Value::Object(_)) => v,
-        Ok(_) => return Err(err("the arguments must be a JSON object".into())),
-        Err(e) => return Err(err(format!("the arguments are not valid JSON ({e})"))),
-    };
+    let arguments = object_arguments(raw).map_err(err)?;
     Ok(ToolCall {
         name: name.to_string(),
         arguments,
         raw_arguments: Some(raw.to_string()),
         id: None,
     })
+}
+
+/// A call's arguments written as a JSON object (`raw`), or what is wrong with them, for
+/// the model to read.
+pub(super) fn object_arguments(raw: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str::<serde_json::Value>(raw) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        Ok(_) => Err("the arguments must be a JSON object".into()),
+        Err(e) => Err(format!("the arguments are not valid JSON ({e})")),
+    }
 }
 
 /// A DeepSeek-V3.1 call: the tool's name before the separator, the arguments' JSON
@@ -498,11 +504,7 @@ fn v31_call(name: &str, raw: &str) -> Result<ToolCall, String> {
     if name.is_empty() {
         return Err(format!("the call names no tool; {form}"));
     }
-    let arguments = match serde_json::from_str::<serde_json::Value>(raw) {
-        Ok(v @ serde_json::Value::Object(_)) => v,
-        Ok(_) => return Err("the arguments must be a JSON object".into()),
-        Err(e) => return Err(format!("the arguments are not valid JSON ({e}); {form}")),
-    };
+    let arguments = object_arguments(raw).map_err(|e| format!("{e}; {form}"))?;
     Ok(ToolCall {
         name: name.to_string(),
         arguments,
