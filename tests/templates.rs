@@ -766,6 +766,43 @@ fn the_template_commands_show_what_the_service_makes_of_a_model() {
         json!([{"name": "bash", "arguments": {"command": "ls -la"}}])
     );
 
+    // Kimi-K2's calls carry the model's ids; Magistral's reasoning is in `[THINK]`.
+    let kimi = model_dir(root.path(), "kimi", fixture("kimi_k2.jinja"), |_| {});
+    let output = "Let me look.<|tool_calls_section_begin|><|tool_call_begin|>functions.bash:0\
+        <|tool_call_argument_begin|>{\"command\": \"ls\"}<|tool_call_end|><|tool_calls_section_end|>";
+    let (ok, out, err) = template_command(
+        &["parse", "--model", &kimi.display().to_string(), "--json"],
+        output,
+    );
+    assert!(ok, "{err}");
+    let parsed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(parsed["parser"], "kimi_k2", "{parsed}");
+    assert_eq!(
+        parsed["tool_calls"],
+        json!([{"name": "bash", "arguments": {"command": "ls"}, "id": "functions.bash:0"}])
+    );
+    let magistral = mistral_dir(root.path(), "magistral", "mistral_v11_tools.jinja");
+    let output = "[THINK]Maybe [TOOL_CALLS]rm[ARGS]{}[/THINK][TOOL_CALLS]ls[ARGS]{}";
+    let (ok, out, err) = template_command(
+        &[
+            "parse",
+            "--model",
+            &magistral.display().to_string(),
+            "--json",
+        ],
+        output,
+    );
+    assert!(ok, "{err}");
+    let parsed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        parsed["reasoning"],
+        json!(["[THINK]Maybe [TOOL_CALLS]rm[ARGS]{}[/THINK]"])
+    );
+    assert_eq!(
+        parsed["tool_calls"],
+        json!([{"name": "ls", "arguments": {}}])
+    );
+
     // Calls written in a shape no parser here reads.
     let other = "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}CALL {{ c.function.name }}({{ c.function.arguments }}){% endfor %}{% else %}{{ m.content }}{% endif %}{% endfor %}";
     let other = model_dir(root.path(), "other", json!(other), |_| {});

@@ -130,7 +130,7 @@ pub fn parse_output(
     let (chosen, why) =
         parse::choose(parser, &model).map_err(|e| anyhow::anyhow!("no parser: {e}"))?;
     let turn = parse::parse_turn(chosen, &text, reasoning_open);
-    let reasoning: Vec<&str> = parse::reasoning_spans(&text, reasoning_open)
+    let reasoning: Vec<&str> = parse::reasoning_for(chosen, &text, reasoning_open)
         .into_iter()
         .map(|(a, b)| &text[a..b])
         .collect();
@@ -138,6 +138,10 @@ pub fn parse_output(
         .calls
         .iter()
         .map(|c| match c {
+            // The id the model wrote, in the formats whose calls carry one.
+            Ok(c) if c.id.is_some() => {
+                json!({"name": c.name, "arguments": c.arguments, "id": c.id})
+            }
             Ok(c) => json!({"name": c.name, "arguments": c.arguments}),
             Err(e) => json!({"error": e.message, "raw": e.raw}),
         })

@@ -25,11 +25,17 @@ const THINK_END: &str = "[/THINK]";
 
 /// Parses Mistral's calls outside the model's reasoning (see [`super::parse_hermes`]).
 pub fn parse_mistral(text: &str, reasoning_open: bool) -> ParsedTurn {
-    if text.contains(THINK) || text.contains(THINK_END) {
-        let spans = marked_reasoning(text, reasoning_open, THINK, THINK_END);
-        return outside_spans(text, &spans, markers);
+    match think_spans(text, reasoning_open) {
+        Some(spans) => outside_spans(text, &spans, markers),
+        None => outside_reasoning(text, reasoning_open, markers),
     }
-    outside_reasoning(text, reasoning_open, markers)
+}
+
+/// Where Magistral's `[THINK]…[/THINK]` reasoning is in `text`, when it writes those
+/// tokens (`None` when it does not: then `<think>` marks it, as for the other families).
+pub(super) fn think_spans(text: &str, reasoning_open: bool) -> Option<Vec<(usize, usize)>> {
+    (text.contains(THINK) || text.contains(THINK_END))
+        .then(|| marked_reasoning(text, reasoning_open, THINK, THINK_END))
 }
 
 /// The calls after each `[TOOL_CALLS]` of `text` into `turn`, the rest into `content`.

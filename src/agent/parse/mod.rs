@@ -120,6 +120,17 @@ fn marked_reasoning(text: &str, opened: bool, open: &str, close: &str) -> Vec<(u
     spans
 }
 
+/// Where `parser`'s model reasons in `text` ([`reasoning_spans`], or Magistral's
+/// `[THINK]` tokens for `mistral`): what its calls are never taken from.
+pub fn reasoning_for(parser: Parser, text: &str, opened: bool) -> Vec<(usize, usize)> {
+    match parser {
+        Parser::Mistral => {
+            mistral::think_spans(text, opened).unwrap_or_else(|| reasoning_spans(text, opened))
+        }
+        _ => reasoning_spans(text, opened),
+    }
+}
+
 /// Parses `text` with `parser`, a turn whose prompt opened the model's reasoning when
 /// `reasoning_open` (see [`opens_reasoning`]). The parser is named in the shared words
 /// ([`Parser`]); what each one does is here.
