@@ -19,7 +19,8 @@
 //! Devstral's and Ministral 3's published template, `[TOOL_CALLS]NAME[ARGS]{…}`, with
 //! its long default system prompt shortened), and Kimi-K2-Instruct-0905's
 //! (`kimi_k2.jinja`, as published: calls headed by ids, results `## Return of` them,
-//! no end-of-turn token after the last message); GLM-4.6's (`glm46.jinja`, as
+//! no end-of-turn token after the last message) and Kimi-K2-Thinking's
+//! (`kimi_k2_thinking.jinja`, as published: `reasoning_content` in `<think>`); GLM-4.6's (`glm46.jinja`, as
 //! published, MIT: no end-of-turn token after any assistant turn); DeepSeek-V3.1's
 //! (`deepseek_v31.jinja`, as published, MIT: `NAME<｜tool▁sep｜>ARGS` calls, no
 //! generation prompt after tool outputs); the template vLLM's examples carry for Llama 4's
@@ -404,6 +405,18 @@ fn fixture_dirs(root: &Path) -> Vec<(&'static str, PathBuf, Vec<Value>)> {
             model_dir(root, "kimi", fixture("kimi_k2.jinja"), |_| {}),
             tools(),
         ),
+        // Kimi-K2-Thinking's, as it ships: the same calls, and each assistant turn after
+        // the last answer written with its `reasoning_content` in `<think>`.
+        (
+            "kimi_k2_thinking",
+            model_dir(
+                root,
+                "kimithinking",
+                fixture("kimi_k2_thinking.jinja"),
+                |_| {},
+            ),
+            tools(),
+        ),
     ]
 }
 
@@ -450,7 +463,14 @@ fn fixture_templates_render_as_transformers_renders_them() {
             cases.iter().filter(mine).any(|c| rollout(c).is_ok()),
             "{name}"
         );
-        if ["mistral_v3", "mistral_small31", "mistral_v11", "kimi_k2"].contains(name) {
+        let by_id = [
+            "mistral_v3",
+            "mistral_small31",
+            "mistral_v11",
+            "kimi_k2",
+            "kimi_k2_thinking",
+        ];
+        if by_id.contains(name) {
             let agent = cases
                 .iter()
                 .filter(mine)

@@ -348,7 +348,8 @@ impl<'a> EpisodeState<'a> {
             continued: u32::try_from(versions.parts - 1).unwrap_or(u32::MAX),
         };
         traj.note_logprobs_mode(logprobs_mode);
-        traj.messages.push(assistant_message(&parsed));
+        traj.messages
+            .push(assistant_message(&parsed, self.ep.parser));
         let cut = !ended_with_eos && g.finish == Finish::Length;
         (turn, parsed, !cut)
     }
@@ -692,8 +693,8 @@ pub(crate) fn encode_between_turns(
 }
 
 /// The assistant message a trainer re-rendering the conversation would build from the
-/// turn: its text outside tool calls, and the calls that parsed.
-fn assistant_message(parsed: &ParsedTurn) -> Value {
+/// turn (read by `parser`): its text outside tool calls, and the calls that parsed.
+fn assistant_message(parsed: &ParsedTurn, parser: Parser) -> Value {
     let calls: Vec<Value> = parsed
         .calls
         .iter()
@@ -713,11 +714,25 @@ fn assistant_message(parsed: &ParsedTurn) -> Value {
         })
         .collect();
     let mut m = json!({"role": "assistant", "content": parsed.content});
+    // Kimi-K2-Thinking's template writes a turn's reasoning from `reasoning_content`
+    // alone (`<think>{{ reasoning_content }}</think>` before the content), where the
+    // others read it from the content or drop it: its reasoning goes there, as written.
+    if parser == Parser::KimiK2
+        && let Some(rest) = parsed.content.strip_prefix(THINK_OPEN)
+        && let Some((reasoning, content)) = rest.split_once(THINK_CLOSE)
+    {
+        m["reasoning_content"] = json!(reasoning);
+        m["content"] = json!(content);
+    }
     if !calls.is_empty() {
         m["tool_calls"] = Value::Array(calls);
     }
     m
 }
+
+/// Where a model's reasoning opens and closes in its text.
+const THINK_OPEN: &str = "<think>";
+const THINK_CLOSE: &str = "</think>";
 
 /// Records a call that did not run (its text did not parse, or it names no tool the
 /// episode offers) with `error` as its observation (the result of call `id`), so the model sees what was wrong and
@@ -1646,34 +1661,39 @@ mod tests {
         m.tokenizer.decode(&t.response_ids[a..b]).unwrap()
     }
 
+    /// Kimi-K2's special tokens.
+    const KIMI: [&str; 10] = [
+        "<|im_end|>",
+        "<|im_user|>",
+        "<|im_assistant|>",
+        "<|im_system|>",
+        "<|im_middle|>",
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+    ];
+
+    /// A Kimi-K2 section of `calls`, each `(id, arguments)`.
+    fn kimi_calls(calls: &[(&str, &str)]) -> String {
+        let mut s = "<|tool_calls_section_begin|>".to_string();
+        for (id, args) in calls {
+            s += &format!(
+                "<|tool_call_begin|>{id}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
+            );
+        }
+        s + "<|tool_calls_section_end|>"
+    }
+
     /// Kimi-K2 end to end, with the template it ships: each call headed by its id
     /// (`functions.NAME:N`, which `kimi_k2`, chosen from the template, reads the name
     /// from), each result `## Return of` that id, the record equal to a re-render.
     #[tokio::test]
     async fn a_kimi_k2_episode_pairs_results_with_calls_by_id() {
         let template = include_str!("../../tests/fixtures/templates/kimi_k2.jinja");
-        let special = [
-            "<|im_end|>",
-            "<|im_user|>",
-            "<|im_assistant|>",
-            "<|im_system|>",
-            "<|im_middle|>",
-            "<|tool_calls_section_begin|>",
-            "<|tool_calls_section_end|>",
-            "<|tool_call_begin|>",
-            "<|tool_call_argument_begin|>",
-            "<|tool_call_end|>",
-        ];
-        let m = family(template, &special, None, "<|im_end|>", "functions.bash:0");
-        let calls = |calls: &[(&str, &str)]| {
-            let mut s = "<|tool_calls_section_begin|>".to_string();
-            for (id, args) in calls {
-                s += &format!(
-                    "<|tool_call_begin|>{id}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
-                );
-            }
-            s + "<|tool_calls_section_end|>"
-        };
+        let m = family(template, &KIMI, None, "<|im_end|>", "functions.bash:0");
+        let calls = kimi_calls;
         let turns = [
             format!(
                 "Let me look.{}",
@@ -1695,6 +1715,31 @@ mod tests {
         );
         let call = t.turns[1].tools[1].call.as_ref().unwrap();
         assert_eq!(call.id.as_deref(), Some("functions.bash:2"));
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
+    /// Kimi-K2-Thinking with the template it ships, which writes a turn's reasoning
+    /// from `reasoning_content` alone: the model's `<think>…</think>` goes there, so the
+    /// record equals a re-render.
+    #[tokio::test]
+    async fn a_kimi_k2_thinking_episode_keeps_its_reasoning_where_the_template_reads_it() {
+        let template = include_str!("../../tests/fixtures/templates/kimi_k2_thinking.jinja");
+        let m = family(template, &KIMI, None, "<|im_end|>", "functions.bash:0");
+        let turns = [
+            format!(
+                "<think>List first.</think>Let me look.{}",
+                kimi_calls(&[("functions.bash:0", r#"{"command": "ls"}"#)])
+            ),
+            format!(
+                "<think>\nDone.\n</think>{}",
+                kimi_calls(&[("functions.finish:1", r#"{"answer": "done"}"#)])
+            ),
+        ];
+        let t = finished_with_auto(&m, &turns, Parser::KimiK2).await;
+        let first = &t.messages[t.messages.len() - 3];
+        assert_eq!(first["reasoning_content"], "List first.", "{first}");
+        assert_eq!(first["content"], "Let me look.", "{first}");
         let drift = t.drift.clone().unwrap();
         assert!(drift.identical, "{drift:?}");
     }

@@ -163,6 +163,7 @@ mod tests {
             ("mistral_small31.jinja", Parser::Mistral),
             // The tool's name is read from the call's id.
             ("kimi_k2.jinja", Parser::KimiK2),
+            ("kimi_k2_thinking.jinja", Parser::KimiK2),
             ("glm46.jinja", Parser::Glm45),
             ("llama4_pythonic.jinja", Parser::Pythonic),
         ] {
