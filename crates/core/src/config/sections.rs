@@ -540,7 +540,7 @@ pub struct AgentSettings {
     /// How tool calls are read: `auto` (the default: the parser that reads the calls
     /// the model's own chat template writes), or a parser's name (`hermes`,
     /// `bash_block`, `deepseek_r1`, `qwen3_coder`, `glm45`, `llama3_json`, `pythonic`,
-    /// `mistral`, `kimi_k2`).
+    /// `mistral`, `kimi_k2`, `gpt_oss`).
     pub parser: String,
     /// Whether a turn without a tool call ends the episode (otherwise the model is told
     /// to use a tool).

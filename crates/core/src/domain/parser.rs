@@ -34,11 +34,14 @@ pub enum Parser {
     /// Kimi-K2's `<|tool_calls_section_begin|>` sections, each call named by its id
     /// `functions.NAME:N` (vLLM's `kimi_k2`).
     KimiK2,
+    /// gpt-oss's harmony messages: `analysis` reasoning, `final` answers, calls as
+    /// messages to `functions.NAME` (vLLM's harmony parser, `openai`).
+    GptOss,
 }
 
 impl Parser {
     /// Every parser, by the name settings and task specs give it.
-    pub const ALL: [(&'static str, Parser); 9] = [
+    pub const ALL: [(&'static str, Parser); 10] = [
         ("hermes", Parser::Hermes),
         ("bash_block", Parser::BashBlock),
         ("deepseek_r1", Parser::DeepseekR1),
@@ -48,6 +51,7 @@ impl Parser {
         ("pythonic", Parser::Pythonic),
         ("mistral", Parser::Mistral),
         ("kimi_k2", Parser::KimiK2),
+        ("gpt_oss", Parser::GptOss),
     ];
 
     /// The name that asks for the parser the model's own chat template implies (the
