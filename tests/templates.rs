@@ -26,7 +26,9 @@
 //! generation prompt after tool outputs); the template vLLM's examples carry for Llama 4's
 //! pythonic calls (`llama4_pythonic.jinja`, Apache-2.0); Mistral-Small-3.1's
 //! (`mistral_small31.jinja`, as published, Apache-2.0: backslash-newlines inside its
-//! string literals, and today's date from `strftime_now`). Each is
+//! string literals, and today's date from `strftime_now`); gpt-oss's (`gpt_oss.jinja`,
+//! the chat template of its Apache-2.0 model repository: harmony messages, tools as a
+//! TypeScript namespace, recursive macros). Each is
 //! written into a model directory that
 //! both sides load as they load a real model's, so transformers also chooses the
 //! template and passes the special tokens itself. The conversations carry tools,
@@ -388,6 +390,14 @@ fn fixture_dirs(root: &Path) -> Vec<(&'static str, PathBuf, Vec<Value>)> {
         // `[f(k="v")]` turns, every value through `"%s"|format`, results as JSON
         // strings in `ipython` turns.
         ("llama4_pythonic", llama4_dir(root), tools()),
+        // gpt-oss's (the chat template of its model repository): harmony messages,
+        // tools as a TypeScript namespace, a dated system message, the first call of a
+        // turn only, results named after the last call.
+        (
+            "gpt_oss",
+            model_dir(root, "gptoss", fixture("gpt_oss.jinja"), |_| {}),
+            tools(),
+        ),
         // GLM-4.6's, as it ships: calls as `<arg_key>`/`<arg_value>` pairs (values
         // that are not strings through `tojson`), reasoning kept only after the last
         // user message, results under one `<|observation|>`, and no end-of-turn token

@@ -717,6 +717,14 @@ fn assistant_message(parsed: &ParsedTurn, parser: Parser) -> Value {
     // Kimi-K2-Thinking's template writes a turn's reasoning from `reasoning_content`
     // alone (`<think>{{ reasoning_content }}</think>` before the content), where the
     // others read it from the content or drop it: its reasoning goes there, as written.
+    // gpt-oss's template writes the analysis from `thinking`, and refuses a turn of
+    // calls with both it and content (a preamble), which then goes.
+    if parser == Parser::GptOss && !parsed.reasoning.is_empty() {
+        m["thinking"] = json!(parsed.reasoning);
+        if !calls.is_empty() {
+            m["content"] = json!("");
+        }
+    }
     if parser == Parser::KimiK2
         && let Some(rest) = parsed.content.strip_prefix(THINK_OPEN)
         && let Some((reasoning, content)) = rest.split_once(THINK_CLOSE)
@@ -1740,6 +1748,55 @@ mod tests {
         let first = &t.messages[t.messages.len() - 3];
         assert_eq!(first["reasoning_content"], "List first.", "{first}");
         assert_eq!(first["content"], "Let me look.", "{first}");
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
+    /// gpt-oss with its chat template: harmony messages read by `gpt_oss` (chosen from
+    /// the template), each result named after the call before it, which the template
+    /// writes only after a call (so the glue is found with the turn as a call), the
+    /// analysis kept as `thinking`, the record equal to a re-render.
+    #[tokio::test]
+    async fn a_gpt_oss_episode_runs_its_harmony_calls() {
+        let template = include_str!("../../tests/fixtures/templates/gpt_oss.jinja");
+        let special = [
+            "<|return|>",
+            "<|call|>",
+            "<|endoftext|>",
+            "<|start|>",
+            "<|end|>",
+            "<|message|>",
+            "<|channel|>",
+            "<|constrain|>",
+        ];
+        let mut m = family(
+            template,
+            &special,
+            None,
+            "<|return|>",
+            "<|channel|>analysis",
+        );
+        let files = Arc::get_mut(&mut m).unwrap();
+        let call_id = files.tokenizer.token_id("<|call|>").unwrap();
+        files.stop_ids.push(call_id);
+        let call = |thought: &str, name: &str, args: &str| {
+            format!(
+                "<|channel|>analysis<|message|>{thought}<|end|><|start|>assistant to=functions.{name}\
+                 <|channel|>commentary json<|message|>{args}<|call|>"
+            )
+        };
+        let turns = [
+            call("Need ls.", "bash", r#"{"command": "ls"}"#),
+            call("Done.", "finish", r#"{"answer": "two"}"#),
+        ];
+        let t = finished_with_auto(&m, &turns, Parser::GptOss).await;
+        assert_eq!(t.turns[0].tools[0].observation, "bash ran ls");
+        assert_eq!(
+            observation_text(&m, &t, 0),
+            "<|start|>functions.bash to=assistant<|channel|>commentary<|message|>\"bash ran ls\"<|end|><|start|>assistant"
+        );
+        let first = &t.messages[2];
+        assert_eq!(first["thinking"], "Need ls.", "{first}");
         let drift = t.drift.clone().unwrap();
         assert!(drift.identical, "{drift:?}");
     }

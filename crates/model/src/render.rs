@@ -167,6 +167,10 @@ pub struct TurnGlue<'a> {
     /// of the model's other stop tokens (`<|observation|>`, `<|user|>`), which the
     /// model emitted and which closes its turn there.
     stops: Vec<String>,
+    /// Whether the model's last turn is rendered as a call holding the sentinel in its
+    /// arguments rather than as text: for templates that write a tool result only after
+    /// a call (gpt-oss's), its turn then closing at the first stop token after it.
+    calls: bool,
     /// The tools and switches, converted once for every render of the episode.
     context: RenderContext,
     /// The fixed conversation the glue is cut from, converted once.
@@ -191,6 +195,23 @@ impl<'a> TurnGlue<'a> {
         tools: Option<&'a [Value]>,
         extra: &'a serde_json::Map<String, Value>,
     ) -> Result<Self, RenderError> {
+        match Self::probed(template, stops, tools, extra, false) {
+            Ok(glue) => Ok(glue),
+            // A template that writes a tool result only after a call (gpt-oss's names the
+            // result after it): the turn before the results is a turn of calls.
+            Err(e) => Self::probed(template, stops, tools, extra, true).map_err(|_| e),
+        }
+    }
+
+    /// [`TurnGlue::new`] with the model's turn as text (`calls` false) or as a call
+    /// whose arguments hold the sentinel.
+    fn probed(
+        template: &'a ChatTemplate,
+        stops: &[String],
+        tools: Option<&'a [Value]>,
+        extra: &'a serde_json::Map<String, Value>,
+        calls: bool,
+    ) -> Result<Self, RenderError> {
         let eos = stops.first().map_or("", String::as_str);
         if eos.is_empty() {
             return Err(RenderError::NoEndOfTurn {
@@ -198,9 +219,17 @@ impl<'a> TurnGlue<'a> {
                 when: "anything",
             });
         }
+        let turn = if calls {
+            serde_json::json!({"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call00000", "type": "function",
+                 "function": {"name": "probe", "arguments": {"probe": SENTINEL}}}
+            ]})
+        } else {
+            serde_json::json!({"role": "assistant", "content": SENTINEL})
+        };
         let base = [
             serde_json::json!({"role": "user", "content": "Begin."}),
-            serde_json::json!({"role": "assistant", "content": SENTINEL}),
+            turn,
         ]
         .iter()
         .map(PreparedMessage::new)
@@ -209,6 +238,7 @@ impl<'a> TurnGlue<'a> {
             template,
             eos: eos.to_string(),
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            calls,
             context: template.context(tools, extra)?,
             base,
             close: String::new(),
@@ -274,17 +304,23 @@ impl<'a> TurnGlue<'a> {
         // A stop token right after the turn closes it (the end-of-turn token, or the
         // one a template that writes none there starts the next message with); else
         // the end-of-turn token after what the template adds to the turn.
-        let end = match self.stops.iter().find(|s| rest.starts_with(s.as_str())) {
-            Some(stop) => stop.len(),
-            None => {
-                rest.find(&self.eos)
-                    .ok_or_else(|| RenderError::NoEndOfTurn {
-                        eos: self.eos.clone(),
-                        when,
-                    })?
-                    + self.eos.len()
-            }
+        let first_stop = || {
+            self.stops
+                .iter()
+                .filter_map(|s| rest.find(s.as_str()).map(|at| at + s.len()))
+                .min()
         };
+        let end = match self.stops.iter().find(|s| rest.starts_with(s.as_str())) {
+            Some(stop) => Some(stop.len()),
+            // After a call's arguments (the sentinel's quotes and braces), the first stop
+            // token: gpt-oss's `<|call|>`.
+            None if self.calls => first_stop(),
+            None => rest.find(&self.eos).map(|at| at + self.eos.len()),
+        }
+        .ok_or_else(|| RenderError::NoEndOfTurn {
+            eos: self.eos.clone(),
+            when,
+        })?;
         Ok((rest[..end].to_string(), rest[end..].to_string()))
     }
 
@@ -298,7 +334,9 @@ impl<'a> TurnGlue<'a> {
     /// state across the whole conversation sees it (DeepSeek-R1's writes the opening of
     /// its tool outputs only before the first of them), and the last turn as the
     /// sentinel alone (its calls left out, so text in their arguments cannot be taken
-    /// for the end-of-turn token). Without a model turn at the end, the fixed base.
+    /// for the end-of-turn token), or, for templates that need a call before a result,
+    /// its calls with the sentinel for their arguments. Without a model turn at the end,
+    /// the fixed base.
     fn history_base(&self, history: &[Value]) -> Result<Vec<PreparedMessage>, RenderError> {
         match history.split_last() {
             Some((last, earlier)) if last["role"] == "assistant" => {
@@ -306,9 +344,19 @@ impl<'a> TurnGlue<'a> {
                     .iter()
                     .map(PreparedMessage::new)
                     .collect::<Result<Vec<_>, _>>()?;
-                base.push(PreparedMessage::new(
-                    &serde_json::json!({"role": "assistant", "content": SENTINEL}),
-                )?);
+                let turn = match last["tool_calls"].as_array() {
+                    // Its calls as they were (the template names the results after
+                    // them), their arguments the sentinel.
+                    Some(calls) if self.calls && !calls.is_empty() => {
+                        let mut turn = last.clone();
+                        for call in turn["tool_calls"].as_array_mut().into_iter().flatten() {
+                            call["function"]["arguments"] = serde_json::json!({"probe": SENTINEL});
+                        }
+                        turn
+                    }
+                    _ => serde_json::json!({"role": "assistant", "content": SENTINEL}),
+                };
+                base.push(PreparedMessage::new(&turn)?);
                 Ok(base)
             }
             _ => Ok(self.base.clone()),

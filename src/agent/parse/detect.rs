@@ -165,6 +165,7 @@ mod tests {
             ("kimi_k2.jinja", Parser::KimiK2),
             ("kimi_k2_thinking.jinja", Parser::KimiK2),
             ("glm46.jinja", Parser::Glm45),
+            ("gpt_oss.jinja", Parser::GptOss),
             ("llama4_pythonic.jinja", Parser::Pythonic),
         ] {
             let source = std::fs::read_to_string(format!("{fixtures}{file}")).unwrap();

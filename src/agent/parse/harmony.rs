@@ -91,10 +91,12 @@ fn call(name: &str, m: &Message) -> Result<ToolCall, CallError> {
         )));
     }
     let arguments = object_arguments(m.body.trim()).map_err(err)?;
+    // Not kept as written: gpt-oss's template writes the arguments back through
+    // `tojson`, which would quote a string.
     Ok(ToolCall {
         name: name.to_string(),
         arguments,
-        raw_arguments: Some(m.body.to_string()),
+        raw_arguments: None,
         id: None,
     })
 }
