@@ -28,7 +28,8 @@
 //! (`mistral_small31.jinja`, as published, Apache-2.0: backslash-newlines inside its
 //! string literals, and today's date from `strftime_now`); gpt-oss's (`gpt_oss.jinja`,
 //! the chat template of its Apache-2.0 model repository: harmony messages, tools as a
-//! TypeScript namespace, recursive macros). Each is
+//! TypeScript namespace, recursive macros; also compared with openai-harmony's encoder,
+//! `gpt_oss_template_against_harmony`). Each is
 //! written into a model directory that
 //! both sides load as they load a real model's, so transformers also chooses the
 //! template and passes the special tokens itself. The conversations carry tools,
@@ -854,4 +855,89 @@ fn the_template_commands_show_what_the_service_makes_of_a_model() {
         err.contains("`qwen3_coder`") && err.contains("`hermes`"),
         "{err}"
     );
+}
+
+/// gpt-oss's chat template against openai-harmony's encoder, the format gpt-oss was
+/// trained on and vLLM renders its prompts with (tests/fixtures/templates/
+/// render_with_harmony.py, run with the real-vLLM environment's python, the vocabulary
+/// from `ROLLOUT_O200K_DIR`). Conversations of text agree byte for byte: the system
+/// message, the developer's instructions and tools, user turns, final answers and the
+/// generation prompt. A conversation with a call does not, in the two places the
+/// template writes otherwise than harmony: the call's recipient before its channel and
+/// its content type without `<|constrain|>`, and the result's recipient before its
+/// channel and its text quoted through `tojson`. Those are pinned here, so that a
+/// release of either that closes them is seen: until then an episode's observations
+/// follow the template (as transformers renders it), not harmony.
+#[test]
+fn gpt_oss_template_against_harmony() {
+    let (Some(python), Some(_)) = (
+        std::env::var_os("ROLLOUT_VLLM_PYTHON").map(PathBuf::from),
+        std::env::var_os("ROLLOUT_O200K_DIR"),
+    ) else {
+        rollout_test_support::prerequisite::missing(
+            "templates",
+            "ROLLOUT_VLLM_PYTHON and ROLLOUT_O200K_DIR must be set (the test command sets them: scripts/real-vllm-env.sh, scripts/o200k-env.sh)",
+        );
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let dir = model_dir(root.path(), "gptoss", fixture("gpt_oss.jinja"), |_| {});
+    let model = ModelFiles::load(&dir).unwrap();
+    let bash = tools()[..1].to_vec();
+    let call = json!({"type": "function", "function": {"name": "bash", "arguments": {"command": "ls -la"}}});
+    let cases = [
+        (json!([{"role": "user", "content": "Hi — ünïcode?"}]), None),
+        (
+            json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List the files."}]),
+            Some(bash.clone()),
+        ),
+        (
+            json!([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+                   {"role": "user", "content": "And 3+3?"}]),
+            None,
+        ),
+        (
+            json!([{"role": "user", "content": "List the files."},
+                   {"role": "assistant", "content": "", "thinking": "Need ls.", "tool_calls": [call]},
+                   {"role": "tool", "content": "a.py"}]),
+            Some(bash.clone()),
+        ),
+    ];
+    let input: Vec<Value> = cases
+        .iter()
+        .map(|(m, t)| json!({"messages": m, "tools": t}))
+        .collect();
+    let theirs = rollout_test_support::reference::run_json(
+        &python,
+        &Path::new(FIXTURES).join("render_with_harmony.py"),
+        &input,
+        "openai-harmony, in the real-vLLM environment",
+    );
+    let ours: Vec<String> = cases
+        .iter()
+        .map(|(m, t)| {
+            let messages = m.as_array().unwrap();
+            model
+                .template_for(t.is_some())
+                .render(messages, t.as_deref(), true, &serde_json::Map::new())
+                .unwrap()
+        })
+        .collect();
+    for (i, (ours, theirs)) in ours.iter().zip(&theirs).enumerate().take(3) {
+        assert_eq!(ours, theirs["text"].as_str().unwrap(), "case {i}");
+    }
+    // The conversation with a call: equal once the template's two ways are written
+    // harmony's way, and not before.
+    let harmony = theirs[3]["text"].as_str().unwrap();
+    assert_ne!(ours[3], harmony);
+    let as_harmony = ours[3]
+        .replace(
+            "<|start|>assistant to=functions.bash<|channel|>commentary json<|message|>",
+            "<|start|>assistant<|channel|>commentary to=functions.bash <|constrain|>json<|message|>",
+        )
+        .replace(
+            "<|start|>functions.bash to=assistant<|channel|>commentary<|message|>\"a.py\"",
+            "<|start|>functions.bash<|channel|>commentary to=assistant<|message|>a.py",
+        );
+    assert_eq!(as_harmony, harmony);
 }
