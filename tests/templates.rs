@@ -24,7 +24,8 @@
 //! published, MIT: no end-of-turn token after any assistant turn); DeepSeek-V3.1's
 //! (`deepseek_v31.jinja`, as published, MIT: `NAME<｜tool▁sep｜>ARGS` calls, no
 //! generation prompt after tool outputs); the template vLLM's examples carry for Llama 4's
-//! pythonic calls (`llama4_pythonic.jinja`, Apache-2.0); Mistral-Small-3.1's
+//! pythonic calls (`llama4_pythonic.jinja`, Apache-2.0) and for Llama 3.2's JSON calls
+//! (`llama32_json.jinja`); Mistral-Small-3.1's
 //! (`mistral_small31.jinja`, as published, Apache-2.0: backslash-newlines inside its
 //! string literals, and today's date from `strftime_now`); gpt-oss's (`gpt_oss.jinja`,
 //! the chat template of its Apache-2.0 model repository: harmony messages, tools as a
@@ -197,6 +198,15 @@ fn mistral_dir(root: &Path, name: &str, file: &str) -> PathBuf {
         [Some("<s>"), Some("</s>"), None],
     )
 }
+
+/// Llama 3's special tokens, the begin and end tokens first.
+const LLAMA3_TOKENS: [&str; 5] = [
+    "<|begin_of_text|>",
+    "<|eot_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+];
 
 /// A model directory with Llama 4's pythonic template (vLLM's) and its special tokens.
 fn llama4_dir(root: &Path) -> PathBuf {
@@ -385,6 +395,19 @@ fn fixture_dirs(root: &Path) -> Vec<(&'static str, PathBuf, Vec<Value>)> {
         (
             "mistral_v11",
             mistral_dir(root, "mistral11", "mistral_v11_tools.jinja"),
+            tools(),
+        ),
+        // Llama 3.2's JSON calls, with the template vLLM's examples carry for them: tools
+        // through `tojson(indent=4)`, results as `{"output": …}` objects, today's date.
+        (
+            "llama32_json",
+            family_dir(
+                root,
+                "llama32",
+                "llama32_json.jinja",
+                &LLAMA3_TOKENS,
+                [Some(LLAMA3_TOKENS[0]), Some(LLAMA3_TOKENS[1]), None],
+            ),
             tools(),
         ),
         // Llama 4's pythonic calls, with the template vLLM's examples carry for them:

@@ -1897,6 +1897,44 @@ mod tests {
         assert!(drift.identical, "{drift:?}");
     }
 
+    /// Llama 3.2's JSON calls with the template vLLM's examples carry for them: read by
+    /// `llama3_json` (chosen from the template), results as `{"output": …}` in `ipython`
+    /// turns, the record equal to a re-render.
+    #[tokio::test]
+    async fn a_llama32_json_episode_runs_its_calls() {
+        let template = include_str!("../../tests/fixtures/templates/llama32_json.jinja");
+        let special = [
+            "<|begin_of_text|>",
+            "<|eot_id|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eom_id|>",
+        ];
+        // Split as Llama 3's tokenizer splits (a run of newlines whole, as Qwen2's
+        // does), so the generation prompt's `\n\n` is one token before a call too.
+        let config =
+            json!({"bos_token": special[0], "eos_token": special[1], "chat_template": template});
+        let tokenizer = crate::agent::tokenizer::Tokenizer::train_bpe_qwen2(
+            &[template, "{\"name\": \"bash\""],
+            800,
+            &special,
+        )
+        .unwrap();
+        let m = Arc::new(ModelFiles::from_parts(tokenizer, &config).unwrap());
+        let turns = [
+            r#"{"name": "bash", "parameters": {"command": "ls"}}"#.to_string(),
+            r#"{"name": "finish", "parameters": {"answer": "done"}}"#.to_string(),
+        ];
+        let t = finished_with_auto(&m, &turns, Parser::Llama3Json).await;
+        assert_eq!(
+            observation_text(&m, &t, 0),
+            "<|start_header_id|>ipython<|end_header_id|>\n\n{\"output\": \"bash ran ls\"}<|eot_id|>\
+             <|start_header_id|>assistant<|end_header_id|>\n\n"
+        );
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
     /// Llama 4's pythonic calls with the template vLLM's examples carry for them:
     /// `[f(k="v")]` turns read by `pythonic` (chosen from the template), results as
     /// JSON strings in `ipython` turns, the record equal to a re-render.

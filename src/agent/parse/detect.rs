@@ -167,6 +167,7 @@ mod tests {
             ("glm46.jinja", Parser::Glm45),
             ("gpt_oss.jinja", Parser::GptOss),
             ("llama4_pythonic.jinja", Parser::Pythonic),
+            ("llama32_json.jinja", Parser::Llama3Json),
         ] {
             let source = std::fs::read_to_string(format!("{fixtures}{file}")).unwrap();
             let m = demo::model_files(&source, &demo::DEEPSEEK_R1_TOKENS).unwrap();
