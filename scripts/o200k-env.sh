@@ -4,8 +4,9 @@
 # on top of it) offline: openai-harmony otherwise downloads the file from the web at
 # first use. The file is rebuilt from the `tiktoken` npm package, which ships the same
 # ranks in a layout of its own (`encoders/o200k_base.json`), and checked against the
-# file's published SHA-256, which openai-harmony checks too. Prints progress on stderr
-# and the directory holding the file (for TIKTOKEN_ENCODINGS_BASE) on stdout.
+# file's published SHA-256, which openai-harmony checks too; its split pattern is kept
+# beside it (o200k_base.pattern). Prints progress on stderr and the directory holding
+# the files (for TIKTOKEN_ENCODINGS_BASE) on stdout.
 #
 # Environment:
 #   ROLLOUT_O200K_DIR   where the file goes
@@ -19,7 +20,7 @@ FILE="$DIR/o200k_base.tiktoken"
 
 say() { printf '[o200k-env] %s\n' "$*" >&2; }
 
-if [[ -f "$FILE" ]] && echo "$SHA256  $FILE" | sha256sum --check --status; then
+if [[ -f "$FILE" && -s "$DIR/o200k_base.pattern" ]] && echo "$SHA256  $FILE" | sha256sum --check --status; then
     echo "$DIR"
     exit 0
 fi
@@ -35,12 +36,16 @@ tar -xzf "$tmp/tiktoken-$NPM_VERSION.tgz" -C "$tmp" package/encoders/o200k_base.
 mkdir -p "$DIR"
 # Each line of `bpe_ranks` is a label, the rank of its first token and the tokens
 # (base64) of consecutive ranks; the .tiktoken file is one `token rank` line per rank.
-python3 - "$tmp/package/encoders/o200k_base.json" "$FILE.part" <<'PY'
+# The split pattern goes beside it (o200k_base.pattern), for a tokenizer built from it.
+python3 - "$tmp/package/encoders/o200k_base.json" "$FILE.part" "$DIR/o200k_base.pattern" <<'PY'
 import json
 import sys
 
+encoder = json.load(open(sys.argv[1]))
+with open(sys.argv[3], "w") as out:
+    out.write(encoder["pat_str"])
 ranks = {}
-for line in json.load(open(sys.argv[1]))["bpe_ranks"].split("\n"):
+for line in encoder["bpe_ranks"].split("\n"):
     if not line:
         continue
     _, first, *tokens = line.split(" ")

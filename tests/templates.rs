@@ -883,9 +883,10 @@ fn the_template_commands_show_what_the_service_makes_of_a_model() {
 /// gpt-oss's chat template against openai-harmony's encoder, the format gpt-oss was
 /// trained on and vLLM renders its prompts with (tests/fixtures/templates/
 /// render_with_harmony.py, run with the real-vLLM environment's python, the vocabulary
-/// from `ROLLOUT_O200K_DIR`). Conversations of text agree byte for byte: the system
-/// message, the developer's instructions and tools, user turns, final answers and the
-/// generation prompt. A conversation with a call does not, in the two places the
+/// from `ROLLOUT_O200K_DIR`). Conversations of text agree byte for byte, and token for
+/// token with gpt-oss's tokenizer (built from that vocabulary as transformers builds
+/// it, `gpt_oss_tokenizer.py`): the system message, the developer's instructions and
+/// tools, user turns, final answers and the generation prompt. A conversation with a call does not, in the two places the
 /// template writes otherwise than harmony: the call's recipient before its channel and
 /// its content type without `<|constrain|>`, and the result's recipient before its
 /// channel and its text quoted through `tojson`. Those are pinned here, so that a
@@ -904,7 +905,20 @@ fn gpt_oss_template_against_harmony() {
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    let dir = model_dir(root.path(), "gptoss", fixture("gpt_oss.jinja"), |_| {});
+    // gpt-oss's own tokenizer (o200k_harmony), built as transformers builds it.
+    let dir = model_dir(root.path(), "gptoss", fixture("gpt_oss.jinja"), |c| {
+        c["eos_token"] = "<|return|>".into();
+    });
+    let built = std::process::Command::new(&python)
+        .arg(Path::new(FIXTURES).join("gpt_oss_tokenizer.py"))
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "gpt_oss_tokenizer.py: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let model = ModelFiles::load(&dir).unwrap();
     let bash = tools()[..1].to_vec();
     let call = json!({"type": "function", "function": {"name": "bash", "arguments": {"command": "ls -la"}}});
@@ -948,6 +962,9 @@ fn gpt_oss_template_against_harmony() {
         .collect();
     for (i, (ours, theirs)) in ours.iter().zip(&theirs).enumerate().take(3) {
         assert_eq!(ours, theirs["text"].as_str().unwrap(), "case {i}");
+        // And token for token, with the model's own tokenizer.
+        let ids: Vec<u32> = serde_json::from_value(theirs["ids"].clone()).unwrap();
+        assert_eq!(model.tokenizer.encode(ours).unwrap(), ids, "case {i}");
     }
     // The conversation with a call: equal once the template's two ways are written
     // harmony's way, and not before.
