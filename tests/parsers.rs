@@ -25,27 +25,34 @@ use rollout::agent::parse::{
 use rollout_test_support::prerequisite;
 use serde_json::{Value, json};
 
+/// The answers of `script` (in tests/fixtures/parsers/, run with the real-vLLM
+/// environment's `python`) to `cases`.
+fn vllm_script(python: &Path, script: &str, cases: &[Value]) -> Vec<Value> {
+    rollout_test_support::reference::run_json(
+        python,
+        &Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/parsers/"
+        ))
+        .join(script),
+        cases,
+        "vLLM's parsers, in the real-vLLM environment",
+    )
+}
+
 /// vLLM's arguments for each `(family, body)`, or its error.
 fn vllm(python: &Path, cases: &[(&str, String)]) -> Vec<Result<Value, String>> {
     let input: Vec<Value> = cases
         .iter()
         .map(|(family, body)| json!({"family": family, "body": body}))
         .collect();
-    rollout_test_support::reference::run_json(
-        python,
-        Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/parsers/vllm_arguments.py"
-        )),
-        &input,
-        "vLLM's parsers, in the real-vLLM environment",
-    )
-    .into_iter()
-    .map(|r| match r.get("arguments") {
-        Some(a) => Ok(a.clone()),
-        None => Err(r["error"].as_str().unwrap_or_default().to_string()),
-    })
-    .collect()
+    vllm_script(python, "vllm_arguments.py", &input)
+        .into_iter()
+        .map(|r| match r.get("arguments") {
+            Some(a) => Ok(a.clone()),
+            None => Err(r["error"].as_str().unwrap_or_default().to_string()),
+        })
+        .collect()
 }
 
 /// rollout's arguments for `body`, read in a whole call of `family`.
@@ -134,21 +141,13 @@ fn vllm_turns(python: &Path, cases: &[(&str, String)]) -> Vec<Result<Value, Stri
         .iter()
         .map(|(parser, text)| json!({"parser": parser, "text": text}))
         .collect();
-    rollout_test_support::reference::run_json(
-        python,
-        Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/parsers/vllm_tool_calls.py"
-        )),
-        &input,
-        "vLLM's parsers, in the real-vLLM environment",
-    )
-    .into_iter()
-    .map(|r| match r.get("calls") {
-        Some(_) => Ok(r),
-        None => Err(r["error"].as_str().unwrap_or_default().to_string()),
-    })
-    .collect()
+    vllm_script(python, "vllm_tool_calls.py", &input)
+        .into_iter()
+        .map(|r| match r.get("calls") {
+            Some(_) => Ok(r),
+            None => Err(r["error"].as_str().unwrap_or_default().to_string()),
+        })
+        .collect()
 }
 
 /// rollout's reading of a turn, in the script's shape: a turn with a call it could not
@@ -305,15 +304,7 @@ fn harmony_turns_read_as_vllm_reads_them() {
         ),
     ];
     let input: Vec<Value> = cases.iter().map(|c| json!(c)).collect();
-    let theirs = rollout_test_support::reference::run_json(
-        &python,
-        Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/parsers/vllm_harmony.py"
-        )),
-        &input,
-        "vLLM's harmony parser, in the real-vLLM environment",
-    );
+    let theirs = vllm_script(&python, "vllm_harmony.py", &input);
     let bad = rollout_test_support::reference::disagreements(
         cases.iter().zip(theirs).map(|(text, want)| {
             let turn = parse_gpt_oss(text);
