@@ -2,6 +2,15 @@
 """Builds a tiny random-weights Qwen3 model directory that `vllm serve` loads on CPU.
 
     python scripts/make-tiny-model.py OUT_DIR [--template PATH] [--layers 2] [--seed 0]
+    python scripts/make-tiny-model.py OUT_DIR --family llama3
+
+With `--family llama3` it is a Llama (LlamaForCausalLM, the same sizes) with Llama 3's
+special tokens (<|begin_of_text|>, <|end_of_text|>, the header tokens, <|eot_id|>,
+<|eom_id|>, <|python_tag|>), Llama 3's split pattern (a run of newlines whole),
+<|eot_id|> as the end of turn, all three of <|eot_id|>, <|eom_id|> and <|end_of_text|>
+as generation_config's end-of-sequence tokens (as Llama 3.2's), and the Llama 3.2
+JSON-call template vLLM's examples carry (tests/fixtures/templates/llama32_json.jinja)
+by default.
 
 Run it with the python printed by scripts/real-vllm-env.sh (it needs torch,
 transformers and tokenizers). Nothing is downloaded: the tokenizer is a byte-level
@@ -35,6 +44,22 @@ DEFAULT_TEMPLATE = REPO / "tests" / "fixtures" / "templates" / "qwen3_like.jinja
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>"]
 
+# Llama 3's: its special tokens, its split pattern, its template (vLLM's Llama 3.2 one).
+LLAMA3_SPECIAL = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+]
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_TEMPLATE = REPO / "tests" / "fixtures" / "templates" / "llama32_json.jinja"
+
 # Training text for the BPE: chat-ish English, JSON tool calls and code, so that
 # ordinary prompts tokenize into a reasonable number of tokens.
 CORPUS = [
@@ -57,28 +82,38 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(out: pathlib.Path, template: str, vocab_size: int):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+def build_tokenizer(out: pathlib.Path, template: str, vocab_size: int, family: str):
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
+    llama = family == "llama3"
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if llama:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL,
+        special_tokens=LLAMA3_SPECIAL if llama else SPECIAL,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+    if not llama:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
+        eos_token="<|eot_id|>" if llama else "<|im_end|>",
+        pad_token="<|end_of_text|>" if llama else "<|endoftext|>",
+        bos_token="<|begin_of_text|>" if llama else None,
         unk_token=None,
         clean_up_tokenization_spaces=False,
         model_max_length=4096,
@@ -91,7 +126,8 @@ def build_tokenizer(out: pathlib.Path, template: str, vocab_size: int):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=pathlib.Path)
-    ap.add_argument("--template", type=pathlib.Path, default=DEFAULT_TEMPLATE)
+    ap.add_argument("--family", choices=["qwen3", "llama3"], default="qwen3")
+    ap.add_argument("--template", type=pathlib.Path, default=None)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--bpe-vocab", type=int, default=1000, help="BPE vocabulary before the added tokens")
@@ -104,14 +140,18 @@ def main():
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
+    llama = args.family == "llama3"
+    template = args.template or (LLAMA3_TEMPLATE if llama else DEFAULT_TEMPLATE)
     args.out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(args.out, args.template.read_text(), args.bpe_vocab)
+    tokenizer = build_tokenizer(args.out, template.read_text(), args.bpe_vocab, args.family)
     n_tokens = len(tokenizer)
     pad = max(args.pad_vocab_to, 1)
     vocab = (n_tokens + pad - 1) // pad * pad
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL + ADDED}
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (LLAMA3_SPECIAL if llama else SPECIAL + ADDED)}
 
     torch.manual_seed(args.seed)
+    if llama:
+        return save_llama(args, tokenizer, n_tokens, vocab, ids)
     config = Qwen3Config(
         vocab_size=vocab,
         hidden_size=args.hidden,
@@ -129,12 +169,7 @@ def main():
         dtype="float32",
     )
     model = Qwen3ForCausalLM(config).to(torch.float32).eval()
-    # A larger spread than the default 0.02 makes the next-token distribution
-    # less flat, so greedy decoding and logprobs are less tie-prone.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.2)
+    spread(model)
     model.save_pretrained(args.out, safe_serialization=True)
     GenerationConfig(
         bos_token_id=ids["<|endoftext|>"],
@@ -142,8 +177,54 @@ def main():
         pad_token_id=ids["<|endoftext|>"],
     ).save_pretrained(args.out)
 
+    summarize(args.out, n_tokens, vocab, ids)
+
+
+def spread(model):
+    """A larger spread than the default 0.02 makes the next-token distribution less
+    flat, so greedy decoding and logprobs are less tie-prone."""
+    import torch
+
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+
+
+def save_llama(args, tokenizer, n_tokens, vocab, ids):
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 2,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        rope_theta=500_000.0,
+        tie_word_embeddings=True,
+        bos_token_id=ids["<|begin_of_text|>"],
+        eos_token_id=ids["<|eot_id|>"],
+        pad_token_id=ids["<|end_of_text|>"],
+        dtype="float32",
+    )
+    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    spread(model)
+    model.save_pretrained(args.out, safe_serialization=True)
+    GenerationConfig(
+        bos_token_id=ids["<|begin_of_text|>"],
+        eos_token_id=[ids["<|end_of_text|>"], ids["<|eom_id|>"], ids["<|eot_id|>"]],
+        pad_token_id=ids["<|end_of_text|>"],
+    ).save_pretrained(args.out)
+    summarize(args.out, n_tokens, vocab, ids)
+
+
+def summarize(out, n_tokens, vocab, ids):
     summary = {"tokenizer_len": n_tokens, "vocab_size": vocab, "token_ids": ids}
-    (args.out / "rollout-tiny-model.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "rollout-tiny-model.json").write_text(json.dumps(summary, indent=2) + "\n")
     json.dump(summary, sys.stdout, indent=2)
     print()
 

@@ -12,7 +12,9 @@
 //! `scripts/real-vllm-env.sh` makes (the test command sets it; a first install takes
 //! about 4 minutes and is cached). Without it the test skips, saying so; under
 //! `CI=true` it fails. One server serves every check, in order, in one test: a start
-//! takes about a minute. The server's log is printed when a check fails.
+//! takes about a minute. The server's log is printed when a check fails. A second test
+//! serves a tiny Llama with Llama 3's tokens and the Llama 3.2 JSON-call template the
+//! same way, for one episode.
 
 use crate::{helpers, host, prerequisite};
 
@@ -355,6 +357,65 @@ async fn a_real_vllm_serves_the_service_token_exact() {
     }
 }
 
+/// A second family's architecture and format through a real vLLM: a tiny Llama
+/// (`LlamaForCausalLM`) with Llama 3's special tokens and split pattern, the Llama 3.2
+/// JSON-call template (so `auto` picks `llama3_json`) and three end-of-sequence tokens
+/// (`<|eot_id|>`, `<|eom_id|>`, `<|end_of_text|>`, any of which ends a turn): a
+/// three-turn episode through the service whose every token and logprob is vLLM's own
+/// answer to the turn's prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_vllm_serves_a_llama_episode_token_exact() {
+    let Some(python) = std::env::var_os("ROLLOUT_VLLM_PYTHON").map(PathBuf::from) else {
+        prerequisite::missing(
+            "real_vllm",
+            "ROLLOUT_VLLM_PYTHON is not set: run `export ROLLOUT_VLLM_PYTHON=$(scripts/real-vllm-env.sh)` first (the test command does)",
+        );
+        return;
+    };
+    let dir = host::shared_tempdir();
+    let model = dir.path().join("tiny-llama");
+    let made = Command::new(&python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/make-tiny-model.py"
+        ))
+        .arg(&model)
+        .args(["--family", "llama3"])
+        .output()
+        .expect("run make-tiny-model.py");
+    assert!(
+        made.status.success(),
+        "make-tiny-model.py failed: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let mut vllm = Vllm::start(&python, &model, dir.path());
+    vllm.ready().await;
+    let backend = vllm.backend(&model);
+    let files = rollout::agent::model::ModelFiles::load(&model).expect("load the tiny model");
+    assert_eq!(
+        files.stop_ids.len(),
+        3,
+        "all three end-of-sequence tokens stop a turn"
+    );
+    let real = Real {
+        client: InferenceClient::new(ClientSettings::default()),
+        model: files,
+        backend,
+        vllm,
+    };
+    if let Err(panic) = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
+        episode_with(&real, &LLAMA3_CALL),
+    ))
+    .await
+    {
+        eprintln!(
+            "--- the vLLM server's log, last lines ---\n{}",
+            real.vllm.tail()
+        );
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// `/v1/models` lists the served name with the context; the client's health probe takes
 /// the backend registered under that name and refuses one registered under another.
 async fn models_and_health(real: &Real) {
@@ -682,7 +743,35 @@ async fn pause_modes(real: &Real) {
 /// regex makes the random model write one), the tool runs in the sandbox, and the
 /// trajectory's turns are, token for token and logprob for logprob, what vLLM answers
 /// to the same prompt sent directly.
+/// How a family writes the one call the episodes make: the structured-output regex that
+/// makes the random model write it, and the text around the word it says.
+struct CallFormat {
+    regex: &'static str,
+    before: &'static str,
+    after: &'static str,
+}
+
+/// Qwen's (Hermes) call.
+const HERMES_CALL: CallFormat = CallFormat {
+    regex: r#"<tool_call>\n\{"name": "bash", "arguments": \{"command": "echo [a-z]{2,8}"\}\}\n</tool_call>"#,
+    before: "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"echo ",
+    after: "\"}}\n</tool_call>",
+};
+
+/// Llama 3's JSON call.
+const LLAMA3_CALL: CallFormat = CallFormat {
+    regex: r#"\{"name": "bash", "parameters": \{"command": "echo [a-z]{2,8}"\}\}"#,
+    before: "{\"name\": \"bash\", \"parameters\": {\"command\": \"echo ",
+    after: "\"}}",
+};
+
 async fn episode(real: &Real) {
+    episode_with(real, &HERMES_CALL).await;
+}
+
+/// A three-turn episode through the service whose calls are written as `call` says,
+/// each turn's tokens and logprobs checked against vLLM's own answer to its prompt.
+async fn episode_with(real: &Real, call: &CallFormat) {
     let env = helpers::TestEnv::start(|s| {
         s.pool.retries = 1;
         s.pool.health_interval_ms = 60_000;
@@ -690,7 +779,7 @@ async fn episode(real: &Real) {
     .await;
     env.client.add_backend(&real.backend).await.unwrap();
     env.workers_in_process(1);
-    let regex = r#"<tool_call>\n\{"name": "bash", "arguments": \{"command": "echo [a-z]{2,8}"\}\}\n</tool_call>"#;
+    let regex = call.regex;
     let task = Task::new(
         "agent",
         json!({
@@ -745,7 +834,7 @@ async fn episode(real: &Real) {
     };
     for (i, turn) in turns.iter().enumerate() {
         let last = i + 1 == turns.len();
-        check_turn(real, &recorded, i, turn, last, &sampling).await;
+        check_turn(real, &recorded, (i, turn, last), &sampling, call).await;
     }
     drop(env);
 }
@@ -880,10 +969,9 @@ async fn assert_sample_is_vllms(real: &Real, sample: &Value, sampling: &Sampling
 async fn check_turn(
     real: &Real,
     run: &Recorded,
-    i: usize,
-    turn: &Value,
-    last: bool,
+    (i, turn, last): (usize, &Value, bool),
     sampling: &Sampling,
+    call: &CallFormat,
 ) {
     let Recorded {
         prompt_ids,
@@ -896,8 +984,8 @@ async fn check_turn(
     ];
     let text = turn["text"].as_str().unwrap();
     let said = text
-        .strip_prefix("<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"echo ")
-        .and_then(|rest| rest.split_once("\"}}\n</tool_call>"))
+        .strip_prefix(call.before)
+        .and_then(|rest| rest.split_once(call.after))
         .map(|(word, _)| word)
         .unwrap_or_else(|| panic!("turn {i} is the tool call the regex allows: {text:?}"));
     assert!(said.chars().all(|c| c.is_ascii_lowercase()), "{text:?}");
