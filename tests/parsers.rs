@@ -6,9 +6,9 @@
 //! edges where a hand-written parser drifts: newlines kept or trimmed, a parameter the
 //! model did not close, spaces around names, markup inside values, empty values.
 //!
-//! Whole turns of the families whose calls vLLM reads with the whole turn in view
-//! (Kimi-K2's sections, Mistral's `[TOOL_CALLS]` in both its shapes) are compared the
-//! same way (`tests/fixtures/parsers/vllm_tool_calls.py`): the calls' names, arguments
+//! Whole turns are compared the same way (Kimi-K2's sections, Mistral's `[TOOL_CALLS]`
+//! in both its shapes, DeepSeek's sections in V3's and V3.1's shapes, Llama 3's JSON
+//! calls and the pythonic lists) (`tests/fixtures/parsers/vllm_tool_calls.py`): the calls' names, arguments
 //! and (Kimi-K2's) ids, and the content, must be the same, and a turn one side takes
 //! no call from the other must not either.
 //!
@@ -20,7 +20,8 @@
 use std::path::{Path, PathBuf};
 
 use rollout::agent::parse::{
-    parse_glm45, parse_gpt_oss, parse_kimi_k2, parse_mistral, parse_qwen3_coder,
+    parse_deepseek_r1, parse_glm45, parse_gpt_oss, parse_kimi_k2, parse_llama3_json, parse_mistral,
+    parse_pythonic, parse_qwen3_coder,
 };
 use rollout_test_support::prerequisite;
 use serde_json::{Value, json};
@@ -156,6 +157,10 @@ fn vllm_turns(python: &Path, cases: &[(&str, String)]) -> Vec<Result<Value, Stri
 fn our_turn(parser: &str, text: &str) -> Result<Value, String> {
     let turn = match parser {
         "kimi_k2" => parse_kimi_k2(text, false),
+        // One parser here reads both of DeepSeek's shapes.
+        "deepseek_v3" | "deepseek_v31" => parse_deepseek_r1(text, false),
+        "llama3_json" => parse_llama3_json(text, false),
+        "pythonic" => parse_pythonic(text, false),
         _ => parse_mistral(text, false),
     };
     if turn.calls.is_empty() {
@@ -173,11 +178,9 @@ fn our_turn(parser: &str, text: &str) -> Result<Value, String> {
     Ok(json!({"calls": calls, "content": turn.content}))
 }
 
-#[test]
-fn whole_turns_read_as_vllm_reads_them() {
-    let Some(python) = vllm_python() else {
-        return;
-    };
+/// The turns compared: each parser's shapes as models write them, edges included, and
+/// turns with no call.
+fn whole_turn_cases() -> Vec<(&'static str, String)> {
     let kimi = |calls: &[(&str, &str)]| {
         let mut s = "<|tool_calls_section_begin|>".to_string();
         for (id, args) in calls {
@@ -187,7 +190,7 @@ fn whole_turns_read_as_vllm_reads_them() {
         }
         s + "<|tool_calls_section_end|>"
     };
-    let mut cases: Vec<(&str, String)> = [
+    let mut cases: Vec<(&'static str, String)> = [
         format!(
             "Let me look.{}",
             kimi(&[("functions.bash:0", r#"{"command": "ls"}"#)])
@@ -232,6 +235,76 @@ fn whole_turns_read_as_vllm_reads_them() {
         ]
         .map(|t| ("mistral_pre_v11", t.to_string())),
     );
+    cases.extend(more_turn_cases());
+    cases
+}
+
+/// DeepSeek's, Llama 3's and the pythonic turns of [`whole_turn_cases`].
+fn more_turn_cases() -> Vec<(&'static str, String)> {
+    let mut cases = Vec::new();
+    let r1 = |calls: &[(&str, &str)]| {
+        let mut s = "<｜tool▁calls▁begin｜>".to_string();
+        for (name, args) in calls {
+            s += &format!(
+                "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{args}\n```<｜tool▁call▁end｜>"
+            );
+        }
+        s + "<｜tool▁calls▁end｜>"
+    };
+    let v31 = |calls: &[(&str, &str)]| {
+        let mut s = "<｜tool▁calls▁begin｜>".to_string();
+        for (name, args) in calls {
+            s += &format!("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{args}<｜tool▁call▁end｜>");
+        }
+        s + "<｜tool▁calls▁end｜>"
+    };
+    cases.extend(
+        [
+            format!("Let me look.{}", r1(&[("bash", r#"{"command": "ls"}"#)])),
+            r1(&[
+                ("bash", r#"{"command": "pwd"}"#),
+                ("read_file", r#"{"path": "ü/a.py", "lines": [1, 2]}"#),
+            ]),
+        ]
+        .map(|t| ("deepseek_v3", t)),
+    );
+    cases.extend(
+        [
+            format!("Ok.{}", v31(&[("bash", r#"{"command": "ls"}"#)])),
+            v31(&[
+                ("bash", r#"{"command":"pwd"}"#),
+                ("finish", r#"{"answer": "done"}"#),
+            ]),
+        ]
+        .map(|t| ("deepseek_v31", t)),
+    );
+    cases.extend(
+        [
+            r#"<|python_tag|>{"name": "bash", "parameters": {"command": "ls"}}"#,
+            r#"{"name": "bash", "arguments": {"command": "ls -la"}}"#,
+            r#"{"name": "bash", "parameters": {"command": "pwd"}}; {"name": "finish", "parameters": {"answer": "a {b}"}}"#,
+            "No call here.",
+        ]
+        .map(|t| ("llama3_json", t.to_string())),
+    );
+    cases.extend(
+        [
+            r#"[bash(command="ls")]"#,
+            r#"[bash(command="pwd"), finish(answer='it\'s done')]"#,
+            r#"[write(path="a.py", lines=[1, 2], opts={"x": True, "y": None})]"#,
+            "Just an answer.",
+        ]
+        .map(|t| ("pythonic", t.to_string())),
+    );
+    cases
+}
+
+#[test]
+fn whole_turns_read_as_vllm_reads_them() {
+    let Some(python) = vllm_python() else {
+        return;
+    };
+    let cases = whole_turn_cases();
     let theirs = vllm_turns(&python, &cases);
     let bad = rollout_test_support::reference::disagreements(
         cases.iter().zip(theirs).map(|((parser, text), want)| {
