@@ -68,6 +68,13 @@ pub enum RenderError {
          {2:?} otherwise; a turn cut before its end-of-turn token cannot be closed consistently"
     )]
     UnstableClose(String, &'static str, String),
+    /// The template writes an end-of-turn token between a turn's calls, so what follows
+    /// the model's turn cannot be told from its later calls.
+    #[error(
+        "the chat template ends a turn of calls after its first call ({0}), so what follows \
+         the model's turn cannot be told from its other calls"
+    )]
+    CallsApart(&'static str),
     /// A tool result could not be found in the render as one stretch of text, so it
     /// cannot be tokenized as plain text (see [`locate_results`]).
     #[error(
@@ -321,6 +328,11 @@ impl<'a> TurnGlue<'a> {
             eos: self.eos.clone(),
             when,
         })?;
+        // Every call of the turn holds the sentinel: one after the close is a later call
+        // of the same turn, not what follows it.
+        if self.calls && rest[end..].contains(SENTINEL) {
+            return Err(RenderError::CallsApart(when));
+        }
         Ok((rest[..end].to_string(), rest[end..].to_string()))
     }
 
@@ -602,6 +614,42 @@ mod tests {
         let stops = [eos_only[0].clone(), "<|user|>".into(), "OBS2".into()];
         assert!(TurnGlue::new(&t, &stops, None, &extra).is_err());
     }
+    /// A template that writes a tool result only after a call (as gpt-oss's names the
+    /// result after it) is glued with the turn as a call: the turn closes at the first
+    /// stop token after the call's arguments, and the results follow. A template that
+    /// ends the turn after each of several calls cannot be glued so, and says why.
+    #[test]
+    fn a_template_that_needs_a_call_before_a_result_is_glued_after_the_call() {
+        let source = "{% set ns = namespace(last=none) %}{% for m in messages %}\
+            {% if m.role == 'user' %}<|start|>user<|message|>{{ m.content }}<|end|>\
+            {% elif m.tool_calls %}{% for c in m.tool_calls %}<|start|>assistant to={{ c.function.name }}\
+            <|message|>{{ c.function.arguments | tojson }}<|call|>{% set ns.last = c.function.name %}{% endfor %}\
+            {% elif m.role == 'tool' %}{% if ns.last is none %}{{ raise_exception('no call') }}{% endif %}\
+            <|start|>{{ ns.last }}<|message|>{{ m.content }}<|end|>\
+            {% else %}<|start|>assistant<|message|>{{ m.content }}<|end|>{% endif %}{% endfor %}\
+            {% if add_generation_prompt %}<|start|>assistant{% endif %}";
+        let t = ChatTemplate::new(source, "", "<|return|>").unwrap();
+        let extra = serde_json::Map::new();
+        let stops = ["<|return|>".to_string(), "<|call|>".to_string()];
+        let glue = TurnGlue::new(&t, &stops, None, &extra).unwrap();
+        let call = |name: &str| serde_json::json!({"type": "function", "function": {"name": name, "arguments": {"command": "ls"}}});
+        let history = [
+            serde_json::json!({"role": "user", "content": "Go."}),
+            serde_json::json!({"role": "assistant", "content": "", "tool_calls": [call("bash")]}),
+        ];
+        let result = [serde_json::json!({"role": "tool", "content": "a.py"})];
+        assert_eq!(
+            glue.between_turns_after(&history, &result, true).unwrap(),
+            "<|start|>bash<|message|>a.py<|end|><|start|>assistant"
+        );
+        let two = [
+            history[0].clone(),
+            serde_json::json!({"role": "assistant", "content": "", "tool_calls": [call("bash"), call("pwd")]}),
+        ];
+        let e = glue.between_turns_after(&two, &result, true).unwrap_err();
+        assert!(matches!(e, RenderError::CallsApart(_)), "{e}");
+    }
+
     const QWEN3: &str = include_str!("../../../tests/fixtures/templates/qwen3_like.jinja");
 
     fn tool_schema() -> Vec<Value> {
