@@ -25,6 +25,14 @@
 //! glue is probed with every kind of message an episode appends (one tool result,
 //! several, which some templates merge into one turn, and a user message) when it is
 //! built, so a template that cannot be glued is refused before a token is generated.
+//!
+//! Two kinds of template need more than the end-of-turn token. One that writes none
+//! after an assistant turn (GLM's) opens what follows with one of the model's other
+//! stop tokens (`<|observation|>` before results, `<|user|>` before a user turn): the
+//! model emitted that token, and the turn closes on it. One that writes a tool result
+//! only after a call (gpt-oss's names the result after its call) is probed with the
+//! turn as a call whose arguments hold the sentinel, the turn closing at the first stop
+//! token after them (`<|call|>`).
 
 use serde_json::Value;
 
