@@ -743,8 +743,8 @@ const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
 
 /// Records a call that did not run (its text did not parse, or it names no tool the
-/// episode offers) with `error` as its observation (the result of call `id`), so the model sees what was wrong and
-/// can correct the call in its next turn.
+/// episode offers) with `error` as its observation (the result of call `id`), so the
+/// model sees what was wrong and can correct the call in its next turn.
 fn refuse_call(
     observations: &mut Vec<Value>,
     turn: &mut Turn,
