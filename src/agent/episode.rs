@@ -1998,6 +1998,34 @@ mod tests {
         assert!(drift.identical, "{drift:?}");
     }
 
+    /// Mistral-Small-3.1 with the template it ships: calls as a JSON list whose ids the
+    /// template cuts to their last nine characters, each result naming its call's id, the
+    /// record equal to a re-render when the model writes the ids.
+    #[tokio::test]
+    async fn a_mistral_small_31_episode_pairs_results_with_ids() {
+        let template = include_str!("../../tests/fixtures/templates/mistral_small31.jinja");
+        let m = family(
+            template,
+            &demo::MISTRAL_TOKENS,
+            Some("<s>"),
+            "</s>",
+            "[TOOL_CALLS] [{\"name\"",
+        );
+        let turns = [
+            r#"[TOOL_CALLS] [{"name": "bash", "arguments": {"command": "ls"}, "id": "a1b2c3d4e"}]"#
+                .to_string(),
+            r#"[TOOL_CALLS] [{"name": "finish", "arguments": {"answer": "done"}, "id": "f9g8h7i6j"}]"#
+                .to_string(),
+        ];
+        let t = finished_with_auto(&m, &turns, Parser::Mistral).await;
+        assert_eq!(
+            observation_text(&m, &t, 0),
+            r#"[TOOL_RESULTS] {"content": bash ran ls, "call_id": "a1b2c3d4e"}[/TOOL_RESULTS]"#
+        );
+        let drift = t.drift.clone().unwrap();
+        assert!(drift.identical, "{drift:?}");
+    }
+
     /// Mistral with the template of its tokenizers before v11 (7B v0.3, Nemo): a JSON
     /// list of calls, each result naming its call's id. The model's own id is kept; a
     /// call written without one gets nine letters and digits, as the template insists
