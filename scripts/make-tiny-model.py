@@ -10,7 +10,11 @@ special tokens (<|begin_of_text|>, <|end_of_text|>, the header tokens, <|eot_id|
 <|eot_id|> as the end of turn, all three of <|eot_id|>, <|eom_id|> and <|end_of_text|>
 as generation_config's end-of-sequence tokens (as Llama 3.2's), and the Llama 3.2
 JSON-call template vLLM's examples carry (tests/fixtures/templates/llama32_json.jinja)
-by default.
+by default. With `--family mistral` it is a Mistral (MistralForCausalLM) with Mistral's
+control tokens, `</s>` the end of turn, and the v11+ template
+(tests/fixtures/templates/mistral_v11_tools.jinja) by default; `[TOOL_CALLS]` and
+`[ARGS]` are added as ordinary tokens (as the Qwen3 model's `<tool_call>` is) so that a
+structured-output regex can write a call.
 
 Run it with the python printed by scripts/real-vllm-env.sh (it needs torch,
 transformers and tokenizers). Nothing is downloaded: the tokenizer is a byte-level
@@ -60,6 +64,32 @@ LLAMA3_SPLIT = (
 )
 LLAMA3_TEMPLATE = REPO / "tests" / "fixtures" / "templates" / "llama32_json.jinja"
 
+MISTRAL_SPECIAL = [
+    "<unk>",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+]
+MISTRAL_TEMPLATE = REPO / "tests" / "fixtures" / "templates" / "mistral_v11_tools.jinja"
+
+# Each family's tokens: the special ones, the ordinary added ones, the split pattern
+# (None: byte-level GPT-2's), the begin, end-of-turn and padding tokens, the template.
+FAMILIES = {
+    "qwen3": dict(special=SPECIAL, added=ADDED, split=None, bos=None, eos="<|im_end|>",
+                  pad="<|endoftext|>", template=DEFAULT_TEMPLATE),
+    "llama3": dict(special=LLAMA3_SPECIAL, added=[], split=LLAMA3_SPLIT, bos="<|begin_of_text|>",
+                   eos="<|eot_id|>", pad="<|end_of_text|>", template=LLAMA3_TEMPLATE),
+    "mistral": dict(special=MISTRAL_SPECIAL, added=["[TOOL_CALLS]", "[ARGS]"], split=None, bos="<s>",
+                    eos="</s>", pad="<unk>", template=MISTRAL_TEMPLATE),
+}
+
 # Training text for the BPE: chat-ish English, JSON tool calls and code, so that
 # ordinary prompts tokenize into a reasonable number of tokens.
 CORPUS = [
@@ -82,16 +112,15 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(out: pathlib.Path, template: str, vocab_size: int, family: str):
+def build_tokenizer(out: pathlib.Path, template: str, vocab_size: int, family: dict):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    llama = family == "llama3"
     tok = Tokenizer(models.BPE())
-    if llama:
+    if family["split"]:
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+                pre_tokenizers.Split(Regex(family["split"]), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
@@ -101,19 +130,19 @@ def build_tokenizer(out: pathlib.Path, template: str, vocab_size: int, family: s
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=LLAMA3_SPECIAL if llama else SPECIAL,
+        special_tokens=family["special"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS * 4, trainer=trainer)
-    if not llama:
-        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+    if family["added"]:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in family["added"]])
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|eot_id|>" if llama else "<|im_end|>",
-        pad_token="<|end_of_text|>" if llama else "<|endoftext|>",
-        bos_token="<|begin_of_text|>" if llama else None,
+        eos_token=family["eos"],
+        pad_token=family["pad"],
+        bos_token=family["bos"],
         unk_token=None,
         clean_up_tokenization_spaces=False,
         model_max_length=4096,
@@ -126,7 +155,7 @@ def build_tokenizer(out: pathlib.Path, template: str, vocab_size: int, family: s
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=pathlib.Path)
-    ap.add_argument("--family", choices=["qwen3", "llama3"], default="qwen3")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen3")
     ap.add_argument("--template", type=pathlib.Path, default=None)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
@@ -140,18 +169,18 @@ def main():
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    llama = args.family == "llama3"
-    template = args.template or (LLAMA3_TEMPLATE if llama else DEFAULT_TEMPLATE)
+    family = FAMILIES[args.family]
+    template = args.template or family["template"]
     args.out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(args.out, template.read_text(), args.bpe_vocab, args.family)
+    tokenizer = build_tokenizer(args.out, template.read_text(), args.bpe_vocab, family)
     n_tokens = len(tokenizer)
     pad = max(args.pad_vocab_to, 1)
     vocab = (n_tokens + pad - 1) // pad * pad
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (LLAMA3_SPECIAL if llama else SPECIAL + ADDED)}
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in family["special"] + family["added"]}
 
     torch.manual_seed(args.seed)
-    if llama:
-        return save_llama(args, tokenizer, n_tokens, vocab, ids)
+    if args.family != "qwen3":
+        return save_llama_like(args, n_tokens, vocab, ids)
     config = Qwen3Config(
         vocab_size=vocab,
         hidden_size=args.hidden,
@@ -191,11 +220,14 @@ def spread(model):
                 p.normal_(0.0, 0.2)
 
 
-def save_llama(args, tokenizer, n_tokens, vocab, ids):
+def save_llama_like(args, n_tokens, vocab, ids):
+    """The Llama or Mistral model (one architecture, two names and token sets)."""
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-    config = LlamaConfig(
+    llama = args.family == "llama3"
+    bos, eos, pad = ("<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>") if llama else ("<s>", "</s>", "<unk>")
+    sizes = dict(
         vocab_size=vocab,
         hidden_size=args.hidden,
         intermediate_size=args.hidden * 2,
@@ -204,21 +236,23 @@ def save_llama(args, tokenizer, n_tokens, vocab, ids):
         num_key_value_heads=2,
         head_dim=32,
         max_position_embeddings=4096,
-        rope_theta=500_000.0,
         tie_word_embeddings=True,
-        bos_token_id=ids["<|begin_of_text|>"],
-        eos_token_id=ids["<|eot_id|>"],
-        pad_token_id=ids["<|end_of_text|>"],
+        bos_token_id=ids[bos],
+        eos_token_id=ids[eos],
+        pad_token_id=ids[pad],
         dtype="float32",
     )
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    if llama:
+        model = LlamaForCausalLM(LlamaConfig(rope_theta=500_000.0, **sizes))
+        # As Llama 3.2's generation_config.json: any of the three ends a turn.
+        ends = [ids["<|end_of_text|>"], ids["<|eom_id|>"], ids["<|eot_id|>"]]
+    else:
+        model = MistralForCausalLM(MistralConfig(rope_theta=1_000_000.0, sliding_window=None, **sizes))
+        ends = [ids["</s>"]]
+    model = model.to(torch.float32).eval()
     spread(model)
     model.save_pretrained(args.out, safe_serialization=True)
-    GenerationConfig(
-        bos_token_id=ids["<|begin_of_text|>"],
-        eos_token_id=[ids["<|end_of_text|>"], ids["<|eom_id|>"], ids["<|eot_id|>"]],
-        pad_token_id=ids["<|end_of_text|>"],
-    ).save_pretrained(args.out)
+    GenerationConfig(bos_token_id=ids[bos], eos_token_id=ends, pad_token_id=ids[pad]).save_pretrained(args.out)
     summarize(args.out, n_tokens, vocab, ids)
 
 

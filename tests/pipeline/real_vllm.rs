@@ -12,9 +12,9 @@
 //! `scripts/real-vllm-env.sh` makes (the test command sets it; a first install takes
 //! about 4 minutes and is cached). Without it the test skips, saying so; under
 //! `CI=true` it fails. One server serves every check, in order, in one test: a start
-//! takes about a minute. The server's log is printed when a check fails. A second test
-//! serves a tiny Llama with Llama 3's tokens and the Llama 3.2 JSON-call template the
-//! same way, for one episode.
+//! takes about a minute. The server's log is printed when a check fails. Two more tests
+//! serve a tiny Llama (Llama 3's tokens, the Llama 3.2 JSON-call template) and a tiny
+//! Mistral (Mistral's tokens, its v11+ template) the same way, for one episode each.
 
 use crate::{helpers, host, prerequisite};
 
@@ -365,6 +365,21 @@ async fn a_real_vllm_serves_the_service_token_exact() {
 /// answer to the turn's prompt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_vllm_serves_a_llama_episode_token_exact() {
+    family_episode("llama3", &LLAMA3_CALL, 3).await;
+}
+
+/// A third: a tiny Mistral (`MistralForCausalLM`) with Mistral's control tokens and the
+/// v11+ template (`NAME[ARGS]{…}` calls, read by `mistral`, which `auto` picks; results
+/// right after the model's `</s>`, with no generation prompt): the same episode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_vllm_serves_a_mistral_episode_token_exact() {
+    family_episode("mistral", &MISTRAL_CALL, 1).await;
+}
+
+/// Serves the tiny model `make-tiny-model.py --family family` makes, whose
+/// `generation_config.json` names `stops` end-of-sequence tokens, and checks an episode
+/// with calls written as `call` says.
+async fn family_episode(family: &str, call: &CallFormat, stops: usize) {
     let Some(python) = std::env::var_os("ROLLOUT_VLLM_PYTHON").map(PathBuf::from) else {
         prerequisite::missing(
             "real_vllm",
@@ -373,14 +388,14 @@ async fn a_real_vllm_serves_a_llama_episode_token_exact() {
         return;
     };
     let dir = host::shared_tempdir();
-    let model = dir.path().join("tiny-llama");
+    let model = dir.path().join(format!("tiny-{family}"));
     let made = Command::new(&python)
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/scripts/make-tiny-model.py"
         ))
         .arg(&model)
-        .args(["--family", "llama3"])
+        .args(["--family", family])
         .output()
         .expect("run make-tiny-model.py");
     assert!(
@@ -394,8 +409,8 @@ async fn a_real_vllm_serves_a_llama_episode_token_exact() {
     let files = rollout::agent::model::ModelFiles::load(&model).expect("load the tiny model");
     assert_eq!(
         files.stop_ids.len(),
-        3,
-        "all three end-of-sequence tokens stop a turn"
+        stops,
+        "every end-of-sequence token stops a turn"
     );
     let real = Real {
         client: InferenceClient::new(ClientSettings::default()),
@@ -403,10 +418,9 @@ async fn a_real_vllm_serves_a_llama_episode_token_exact() {
         backend,
         vllm,
     };
-    if let Err(panic) = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
-        episode_with(&real, &LLAMA3_CALL),
-    ))
-    .await
+    if let Err(panic) =
+        futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(episode_with(&real, call)))
+            .await
     {
         eprintln!(
             "--- the vLLM server's log, last lines ---\n{}",
@@ -756,6 +770,13 @@ const HERMES_CALL: CallFormat = CallFormat {
     regex: r#"<tool_call>\n\{"name": "bash", "arguments": \{"command": "echo [a-z]{2,8}"\}\}\n</tool_call>"#,
     before: "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"echo ",
     after: "\"}}\n</tool_call>",
+};
+
+/// Mistral's call, as its tokenizers from v11 on write it.
+const MISTRAL_CALL: CallFormat = CallFormat {
+    regex: r#"\[TOOL_CALLS\]bash\[ARGS\]\{"command": "echo [a-z]{2,8}"\}"#,
+    before: "[TOOL_CALLS]bash[ARGS]{\"command\": \"echo ",
+    after: "\"}",
 };
 
 /// Llama 3's JSON call.
