@@ -182,20 +182,8 @@ def main():
     if args.family != "qwen3":
         return save_llama_like(args, n_tokens, vocab, ids)
     config = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.hidden * 2,
-        num_hidden_layers=args.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=4096,
         rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        dtype="float32",
+        **sizes(args, vocab, ids, "<|endoftext|>", "<|im_end|>", "<|endoftext|>"),
     )
     model = Qwen3ForCausalLM(config).to(torch.float32).eval()
     spread(model)
@@ -207,6 +195,26 @@ def main():
     ).save_pretrained(args.out)
 
     summarize(args.out, n_tokens, vocab, ids)
+
+
+def sizes(args, vocab, ids, bos, eos, pad):
+    """Every family's model: 2 layers, hidden size 64, 4 query heads and 2 KV heads of
+    dimension 32 (a head size vLLM's CPU attention supports), tied embeddings, fp32."""
+    return dict(
+        vocab_size=vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 2,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=ids[bos],
+        eos_token_id=ids[eos],
+        pad_token_id=ids[pad],
+        dtype="float32",
+    )
 
 
 def spread(model):
@@ -227,27 +235,13 @@ def save_llama_like(args, n_tokens, vocab, ids):
 
     llama = args.family == "llama3"
     bos, eos, pad = ("<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>") if llama else ("<s>", "</s>", "<unk>")
-    sizes = dict(
-        vocab_size=vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.hidden * 2,
-        num_hidden_layers=args.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=ids[bos],
-        eos_token_id=ids[eos],
-        pad_token_id=ids[pad],
-        dtype="float32",
-    )
+    shape = sizes(args, vocab, ids, bos, eos, pad)
     if llama:
-        model = LlamaForCausalLM(LlamaConfig(rope_theta=500_000.0, **sizes))
+        model = LlamaForCausalLM(LlamaConfig(rope_theta=500_000.0, **shape))
         # As Llama 3.2's generation_config.json: any of the three ends a turn.
         ends = [ids["<|end_of_text|>"], ids["<|eom_id|>"], ids["<|eot_id|>"]]
     else:
-        model = MistralForCausalLM(MistralConfig(rope_theta=1_000_000.0, sliding_window=None, **sizes))
+        model = MistralForCausalLM(MistralConfig(rope_theta=1_000_000.0, sliding_window=None, **shape))
         ends = [ids["</s>"]]
     model = model.to(torch.float32).eval()
     spread(model)

@@ -295,20 +295,7 @@ async fn a_real_vllm_serves_the_service_token_exact() {
         return;
     };
     let dir = host::shared_tempdir();
-    let model = dir.path().join("tiny-qwen3");
-    let made = Command::new(&python)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/scripts/make-tiny-model.py"
-        ))
-        .arg(&model)
-        .output()
-        .expect("run make-tiny-model.py");
-    assert!(
-        made.status.success(),
-        "make-tiny-model.py failed: {}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    let model = tiny_model(&python, dir.path(), "qwen3");
     let mut vllm = Vllm::start(&python, &model, dir.path());
     let took = vllm.ready().await;
     eprintln!("real vLLM ready after {took:?}");
@@ -376,20 +363,10 @@ async fn a_real_vllm_serves_a_mistral_episode_token_exact() {
     family_episode("mistral", &MISTRAL_CALL, 1).await;
 }
 
-/// Serves the tiny model `make-tiny-model.py --family family` makes, whose
-/// `generation_config.json` names `stops` end-of-sequence tokens, and checks an episode
-/// with calls written as `call` says.
-async fn family_episode(family: &str, call: &CallFormat, stops: usize) {
-    let Some(python) = std::env::var_os("ROLLOUT_VLLM_PYTHON").map(PathBuf::from) else {
-        prerequisite::missing(
-            "real_vllm",
-            "ROLLOUT_VLLM_PYTHON is not set: run `export ROLLOUT_VLLM_PYTHON=$(scripts/real-vllm-env.sh)` first (the test command does)",
-        );
-        return;
-    };
-    let dir = host::shared_tempdir();
-    let model = dir.path().join(format!("tiny-{family}"));
-    let made = Command::new(&python)
+/// The tiny model of `family` that `scripts/make-tiny-model.py` makes, in `dir`.
+fn tiny_model(python: &Path, dir: &Path, family: &str) -> PathBuf {
+    let model = dir.join(format!("tiny-{family}"));
+    let made = Command::new(python)
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/scripts/make-tiny-model.py"
@@ -403,6 +380,22 @@ async fn family_episode(family: &str, call: &CallFormat, stops: usize) {
         "make-tiny-model.py failed: {}",
         String::from_utf8_lossy(&made.stderr)
     );
+    model
+}
+
+/// Serves the tiny model `make-tiny-model.py --family family` makes, whose
+/// `generation_config.json` names `stops` end-of-sequence tokens, and checks an episode
+/// with calls written as `call` says.
+async fn family_episode(family: &str, call: &CallFormat, stops: usize) {
+    let Some(python) = std::env::var_os("ROLLOUT_VLLM_PYTHON").map(PathBuf::from) else {
+        prerequisite::missing(
+            "real_vllm",
+            "ROLLOUT_VLLM_PYTHON is not set: run `export ROLLOUT_VLLM_PYTHON=$(scripts/real-vllm-env.sh)` first (the test command does)",
+        );
+        return;
+    };
+    let dir = host::shared_tempdir();
+    let model = tiny_model(&python, dir.path(), family);
     let mut vllm = Vllm::start(&python, &model, dir.path());
     vllm.ready().await;
     let backend = vllm.backend(&model);
