@@ -411,6 +411,18 @@ async fn family_episode(family: &str, call: &CallFormat, stops: usize) {
         backend,
         vllm,
     };
+    // The first request with a structured-output grammar compiles it, which takes tens
+    // of seconds on two busy cores: done here, outside the episode's time limit.
+    let warm = Sampling {
+        max_tokens: Some(4),
+        structured_outputs: Some(StructuredOutputs {
+            regex: Some(call.regex.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let hello = real.model.tokenizer.encode("Hello").expect("encode");
+    real.direct(&hello, &warm).await;
     if let Err(panic) =
         futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(episode_with(&real, call)))
             .await
@@ -787,6 +799,8 @@ async fn episode(real: &Real) {
 /// each turn's tokens and logprobs checked against vLLM's own answer to its prompt.
 async fn episode_with(real: &Real, call: &CallFormat) {
     let env = helpers::TestEnv::start(|s| {
+        // Three generations on two CPU cores shared with the rest of the suite.
+        s.stages.run.timeout_ms = 300_000;
         s.pool.retries = 1;
         s.pool.health_interval_ms = 60_000;
     })
