@@ -726,8 +726,7 @@ fn assistant_message(parsed: &ParsedTurn, parser: Parser) -> Value {
         }
     }
     if parser == Parser::KimiK2
-        && let Some(rest) = parsed.content.strip_prefix(THINK_OPEN)
-        && let Some((reasoning, content)) = rest.split_once(THINK_CLOSE)
+        && let Some((reasoning, content)) = parse::split_reasoning(&parsed.content)
     {
         m["reasoning_content"] = json!(reasoning);
         m["content"] = json!(content);
@@ -737,10 +736,6 @@ fn assistant_message(parsed: &ParsedTurn, parser: Parser) -> Value {
     }
     m
 }
-
-/// Where a model's reasoning opens and closes in its text.
-const THINK_OPEN: &str = "<think>";
-const THINK_CLOSE: &str = "</think>";
 
 /// Records a call that did not run (its text did not parse, or it names no tool the
 /// episode offers) with `error` as its observation (the result of call `id`), so the

@@ -287,11 +287,7 @@ fn sampling(max_tokens: u64, seed: u64) -> Sampling {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_vllm_serves_the_service_token_exact() {
-    let Some(python) = std::env::var_os("ROLLOUT_VLLM_PYTHON").map(PathBuf::from) else {
-        prerequisite::missing(
-            "real_vllm",
-            "ROLLOUT_VLLM_PYTHON is not set: run `export ROLLOUT_VLLM_PYTHON=$(scripts/real-vllm-env.sh)` first (the test command does)",
-        );
+    let Some(python) = vllm_python() else {
         return;
     };
     let dir = host::shared_tempdir();
@@ -363,6 +359,19 @@ async fn a_real_vllm_serves_a_mistral_episode_token_exact() {
     family_episode("mistral", &MISTRAL_CALL, 1).await;
 }
 
+/// The python of the real-vLLM environment, or `None` after saying it is not set (a
+/// failure under CI).
+fn vllm_python() -> Option<PathBuf> {
+    let python = std::env::var_os("ROLLOUT_VLLM_PYTHON").map(PathBuf::from);
+    if python.is_none() {
+        prerequisite::missing(
+            "real_vllm",
+            "ROLLOUT_VLLM_PYTHON is not set: run `export ROLLOUT_VLLM_PYTHON=$(scripts/real-vllm-env.sh)` first (the test command does)",
+        );
+    }
+    python
+}
+
 /// The tiny model of `family` that `scripts/make-tiny-model.py` makes, in `dir`.
 fn tiny_model(python: &Path, dir: &Path, family: &str) -> PathBuf {
     let model = dir.join(format!("tiny-{family}"));
@@ -387,11 +396,7 @@ fn tiny_model(python: &Path, dir: &Path, family: &str) -> PathBuf {
 /// `generation_config.json` names `stops` end-of-sequence tokens, and checks an episode
 /// with calls written as `call` says.
 async fn family_episode(family: &str, call: &CallFormat, stops: usize) {
-    let Some(python) = std::env::var_os("ROLLOUT_VLLM_PYTHON").map(PathBuf::from) else {
-        prerequisite::missing(
-            "real_vllm",
-            "ROLLOUT_VLLM_PYTHON is not set: run `export ROLLOUT_VLLM_PYTHON=$(scripts/real-vllm-env.sh)` first (the test command does)",
-        );
+    let Some(python) = vllm_python() else {
         return;
     };
     let dir = host::shared_tempdir();

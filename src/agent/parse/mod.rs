@@ -140,6 +140,12 @@ pub fn reasoning_for(parser: Parser, text: &str, opened: bool) -> Vec<(usize, us
     }
 }
 
+/// A turn's content that opens with its reasoning (`<think>R</think>rest`) split into the
+/// reasoning and the rest, both as written; `None` when it does not open so.
+pub fn split_reasoning(content: &str) -> Option<(&str, &str)> {
+    content.strip_prefix(THINK_OPEN)?.split_once(THINK_CLOSE)
+}
+
 /// Parses `text` with `parser`, a turn whose prompt opened the model's reasoning when
 /// `reasoning_open` (see [`opens_reasoning`]). The parser is named in the shared words
 /// ([`Parser`]); what each one does is here.
